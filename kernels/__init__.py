@@ -1,0 +1,110 @@
+"""minillm's kernels: paged attention, KV stores and block copies, each in Triton with
+a plain-torch reference beside it (the reference is also the engine's CPU backend).
+
+``import kernels`` is cheap and imports no Triton: the kernel modules load on first use,
+after :func:`use_interpreter_if_no_cuda` has had the chance to set ``TRITON_INTERPRET=1``
+on a machine without CUDA (see ``kernels/_triton_setup.py`` for why that must come first).
+
+Backends: ``"triton"`` (GPU, or Triton's interpreter on CPU: slow, for tests),
+``"torch"`` (the reference), ``"auto"`` (Triton on CUDA tensors, torch otherwise).
+
+This package deliberately has no ``__version__``: ``transformers`` probes for the Hugging
+Face *hub* package that is also called ``kernels``, and a version here could make it
+believe that package is installed (see ``tests/test_kernels_transformers.py``).
+"""
+
+from __future__ import annotations
+
+from ._triton_setup import interpreter_active, triton_available, use_interpreter_if_no_cuda
+
+__all__ = [
+    "paged_attention", "paged_attention_ref",
+    "store_kv", "store_kv_ref",
+    "copy_blocks", "copy_blocks_ref",
+    "swap_blocks", "swap_blocks_ref",
+    "triton_available", "use_interpreter_if_no_cuda", "interpreter_active",
+]
+
+_BACKENDS = ("triton", "torch", "auto")
+
+
+def _use_triton(backend: str, tensor) -> bool:
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return tensor.is_cuda
+    return backend == "triton"
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                    *, max_q_len=None, backend="triton", num_splits=None):
+    """Causal attention of a ragged batch of new query tokens over the paged KV cache.
+
+    q ``[total_q, H, D]``; k/v_cache ``[num_blocks, block_size, H_kv, D]``;
+    block_tables int32 ``[batch, max_blocks]``; cu_seqlens_q int32 ``[batch + 1]``;
+    context_lens int32 ``[batch]`` (KV length, the new tokens included). Query j of
+    request i sits at position ``context_lens[i] - q_len_i + j`` and sees keys up to it.
+    Returns ``[total_q, H, D]`` in ``q.dtype``. See ``kernels/attention.py``.
+    """
+    from . import attention
+
+    if _use_triton(backend, q):
+        return attention.paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
+                                                scale, max_q_len=max_q_len, num_splits=num_splits)
+    return attention.paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                                         max_q_len=max_q_len)
+
+
+def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None):
+    """Torch reference of :func:`paged_attention` (also the CPU backend)."""
+    from .attention import paged_attention_ref as ref
+
+    return ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len=max_q_len)
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping, *, backend="auto"):
+    """In place: write token i's ``k[i], v[i]`` ``[H_kv, D]`` to cache slot
+    ``slot_mapping[i]`` (= block_id * block_size + offset); -1 skips the token."""
+    from . import kv_store
+
+    if _use_triton(backend, k_cache):
+        return kv_store.store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
+    return kv_store.store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+
+
+def store_kv_ref(k, v, k_cache, v_cache, slot_mapping):
+    """Torch reference of :func:`store_kv`."""
+    from .kv_store import store_kv_ref as ref
+
+    return ref(k, v, k_cache, v_cache, slot_mapping)
+
+
+def copy_blocks(k_cache, v_cache, src, dst, *, backend="auto"):
+    """In place: copy block ``src[i]`` to block ``dst[i]`` in both caches (copy-on-write)."""
+    from . import block_copy
+
+    if _use_triton(backend, k_cache):
+        return block_copy.copy_blocks_triton(k_cache, v_cache, src, dst)
+    return block_copy.copy_blocks_ref(k_cache, v_cache, src, dst)
+
+
+def copy_blocks_ref(k_cache, v_cache, src, dst):
+    """Torch reference of :func:`copy_blocks`."""
+    from .block_copy import copy_blocks_ref as ref
+
+    return ref(k_cache, v_cache, src, dst)
+
+
+def swap_blocks(src_k, src_v, dst_k, dst_v, src_ids, dst_ids):
+    """Copy blocks ``src_ids[i] -> dst_ids[i]`` between a device cache and a host pool
+    (either direction; CPU <-> CPU works too)."""
+    from .block_copy import swap_blocks as impl
+
+    return impl(src_k, src_v, dst_k, dst_v, src_ids, dst_ids)
+
+
+def swap_blocks_ref(src_k, src_v, dst_k, dst_v, src_ids, dst_ids):
+    """Naive one-block-at-a-time reference of :func:`swap_blocks`."""
+    from .block_copy import swap_blocks_ref as ref
+
+    return ref(src_k, src_v, dst_k, dst_v, src_ids, dst_ids)

@@ -1,0 +1,389 @@
+"""Paged attention: one Triton kernel for every step of serving, and its torch reference.
+
+Seed concept: *the paged KV cache*. A request's keys and values do not sit in one
+contiguous tensor; they sit in fixed-size blocks of a shared pool, and the request's
+*block table* lists which blocks, in order. Token ``t`` of request ``i`` lives in block
+``block_tables[i, t // block_size]`` at offset ``t % block_size``.
+
+One rule covers decode, prefill, chunked prefill, prefill after a prefix-cache hit and
+verifying speculative tokens (the vLLM v1 view: there is no prefill *phase*): request
+``i`` brings ``q_len_i`` new query tokens and has ``ctx_len_i`` tokens of KV retained in
+the cache, the new tokens' own K/V included (``store_kv`` ran first). Query ``j`` of the
+request sits at absolute position ``ctx_len_i - q_len_i + j`` and attends to every
+position up to and including its own (causal). Decode is ``q_len = 1``; a whole prompt
+is ``q_len = ctx_len``; a chunk or a prefix hit is ``1 < q_len < ctx_len``.
+
+Layouts (per layer)::
+
+    q, out         [total_q, num_heads, head_dim]        the batch's new tokens, ragged
+    k/v_cache      [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables   int32 [batch, max_blocks]             padding entries never read
+    cu_seqlens_q   int32 [batch + 1]                     request i owns q[cu[i]:cu[i+1]]
+    context_lens   int32 [batch]                         ctx_len_i, new tokens included
+
+The kernel (FlashAttention's online softmax over a paged, ragged batch)
+-----------------------------------------------------------------------
+A program owns one *tile*: up to ``BLOCK_Q`` consecutive query tokens of one request
+times the ``GROUP`` query heads that share one KV head (GQA), so every K/V byte it
+loads serves all of them. The tile's ``BLOCK_M = BLOCK_Q * GROUP`` rows (padded to a
+power of two) form the left operand of the tensor-core matmuls. The program walks the
+request's keys ``BLOCK_N`` at a time, finding each key through the block table, and
+keeps a running max ``m``, running denominator ``l`` and running numerator ``acc``
+(online softmax), so scores never materialise beyond one ``BLOCK_M x BLOCK_N`` tile.
+
+Tiles are numbered across the ragged batch without padding: request ``i``'s tiles
+start at ``cu_seqlens_q[i] // BLOCK_Q + i``, and each program finds its request by a
+binary search over that (no host sync, no idle programs for short requests).
+
+Split-K (flash-decoding): in decode, a tile has one query token per head and the grid
+has only ``batch * num_kv_heads`` programs, too few to keep every SM streaming HBM
+when the batch is small and the contexts long. Then each tile's keys are cut into
+``NUM_SPLITS`` ranges handled by separate programs, which write partial results (the
+normalised partial output and its log-sum-exp); a small second kernel merges them.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from ._triton_setup import import_triton, interpreter_active
+
+triton, tl = import_triton()
+
+# ------------------------------------------------------------------------------------
+# Triton kernels
+# ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _find_request(cu_seqlens_q_ptr, tile_id, batch, BLOCK_Q: tl.constexpr):
+    """The request whose tiles include ``tile_id``: the last i with
+    ``cu_seqlens_q[i] // BLOCK_Q + i <= tile_id`` (binary search)."""
+    lo: tl.int32 = 0
+    hi = batch
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_tile = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= tile_id:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
+    part_out_ptr, part_lse_ptr,  # split-K scratch, unused when NUM_SPLITS == 1
+    scale, batch,
+    stride_qt, stride_qh,  # q [total_q, H, D]; the last dim of every tensor is contiguous
+    stride_ot, stride_oh,  # out [total_q, H, D]
+    stride_kb, stride_ks, stride_kh,  # k_cache [num_blocks, block_size, H_kv, D]
+    stride_vb, stride_vs, stride_vh,  # v_cache
+    stride_bt,  # block_tables [batch, max_blocks]
+    stride_pt, stride_ph, stride_ps,  # part_out [total_q, H, NUM_SPLITS, D] float32
+    stride_lt, stride_lh,  # part_lse [total_q, H, NUM_SPLITS] float32
+    HEAD_DIM: tl.constexpr,  # real head dim, e.g. 80
+    BLOCK_D: tl.constexpr,  # head dim padded to a power of two, e.g. 128; the tail is masked
+    GROUP: tl.constexpr,  # query heads per KV head (GQA ratio)
+    BLOCK_Q: tl.constexpr,  # query tokens per tile
+    BLOCK_M: tl.constexpr,  # rows per tile: BLOCK_Q * GROUP, padded to a power of two >= 16
+    BLOCK_N: tl.constexpr,  # keys per inner-loop step
+    PAGE: tl.constexpr,  # KV cache block size (tokens per block)
+    NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (split-K); 1 = off
+    DOT_DTYPE: tl.constexpr,  # matmul operand type: the input dtype (see _dot_dtype)
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs, so float32 stays exact
+):
+    tile_id = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    # --- which request, which of its query tokens ------------------------------------
+    req = _find_request(cu_seqlens_q_ptr, tile_id, batch, BLOCK_Q)
+    q_start = tl.load(cu_seqlens_q_ptr + req)
+    q_len = tl.load(cu_seqlens_q_ptr + req + 1) - q_start
+    local_tile = tile_id - (q_start // BLOCK_Q + req)
+    if local_tile * BLOCK_Q >= q_len:
+        return  # a spare tile number (the numbering leaves at most one per request)
+    ctx_len = tl.load(context_lens_ptr + req)
+
+    # Row r of the tile is query token r // GROUP of the tile, query head r % GROUP of
+    # this KV head's group.
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = local_tile * BLOCK_Q + rows // GROUP  # index among the request's new tokens
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
+    q_pos = ctx_len - q_len + q_idx  # absolute position = last key this row may see
+    token = (q_start + q_idx).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :], other=0.0,
+    ).to(DOT_DTYPE)
+
+    # --- which keys: causal end of the tile, then this program's split ----------------
+    kv_end = tl.minimum(ctx_len, ctx_len - q_len + (local_tile + 1) * BLOCK_Q)
+    if NUM_SPLITS == 1:
+        kv_lo = 0
+        kv_hi = kv_end
+    else:
+        per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        kv_lo = split * per_split
+        kv_hi = tl.minimum(kv_lo + per_split, kv_end)
+
+    # --- online softmax over the keys, in base 2 (exp2 is the hardware instruction) ---
+    qk_scale = scale * 1.4426950408889634  # log2(e)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # running sum of exp2(...) * v
+    block_table = block_tables_ptr + req.to(tl.int64) * stride_bt
+    for start in range(kv_lo, kv_hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)  # key positions
+        n_ok = n < kv_hi
+        # The block table turns a position into (physical block, offset in block).
+        block = tl.load(block_table + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        offset = n % PAGE
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(
+            k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks
+            + kv_head * stride_kh + d[None, :],
+            mask=kv_mask, other=0.0,
+        ).to(DOT_DTYPE)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
+        alpha = tl.exp2(m_i - m_safe)  # rescales what was summed under the old max
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
+            + kv_head * stride_vh + d[None, :],
+            mask=kv_mask, other=0.0,
+        )
+        p = p.to(v.dtype).to(DOT_DTYPE)  # probabilities in the cache's precision, as FlashAttention does
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    mask = row_ok[:, None] & d_ok[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty), mask=mask,
+        )
+    else:
+        # Partial result of this split, and its log2-sum-exp2 (-inf for an empty split).
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
+        part = token * stride_pt + head * stride_ph + split * stride_ps
+        tl.store(part_out_ptr + part[:, None] + d[None, :], out, mask=mask)
+        tl.store(part_lse_ptr + token * stride_lt + head * stride_lh + split, lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr,
+    stride_pt, stride_ph, stride_ps,
+    stride_lt, stride_lh,
+    stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Split-K epilogue: out = sum_s w_s * out_s / sum_s w_s, w_s = 2^(lse_s - max lse)."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < NUM_SPLITS
+    lse = tl.load(part_lse_ptr + token * stride_lt + head * stride_lh + s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)  # each split's share of the softmax mass (0 for an empty split)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    o = tl.load(
+        part_out_ptr + token * stride_pt + head * stride_ph + s[:, None] * stride_ps + d[None, :],
+        mask=s_ok[:, None] & d_ok[None, :], other=0.0,
+    )
+    res = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+# ------------------------------------------------------------------------------------
+# Host side: tile sizes, split-K, launch
+# ------------------------------------------------------------------------------------
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def pick_tiles(head_dim: int, group: int, max_q_len: int) -> dict:
+    """Tile sizes for one launch. Decode (and short speculative verifies) get 16-row
+    tiles, the smallest a tensor-core matmul takes; prefill chunks get 128-row tiles
+    (64 for head dims above 128, to stay within registers and shared memory)."""
+    block_d = max(16, _next_pow2(head_dim))
+    cap = 128 if block_d <= 128 else 64
+    block_m = min(cap, max(16, _next_pow2(max_q_len * group)))
+    block_m = max(block_m, _next_pow2(group))  # at least one whole token per tile
+    return dict(
+        BLOCK_D=block_d,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_m // group,
+        BLOCK_N=64 if block_d <= 128 else 32,
+        num_warps=4 if block_m <= 64 else 8,
+        num_stages=3 if block_m <= 64 else 2,
+    )
+
+
+def _dot_dtype(dtype: torch.dtype):
+    """The matmul operand type: the input dtype on a GPU. Triton's interpreter keeps
+    bfloat16 as raw uint16 and its ``tl.dot`` multiplies those as integers, so there we
+    widen bfloat16 operands to float32 (exact: every bfloat16 is a float32)."""
+    if dtype == torch.bfloat16 and interpreter_active():
+        return tl.float32
+    return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def auto_num_splits(programs: int, max_kv_len: int, device: torch.device) -> int:
+    """How many programs share one tile's keys (split-K). Aim for ~4 programs per SM so
+    that enough loads are in flight to saturate HBM, but keep >= 128 keys per split.
+    Off the GPU (interpreter) there is nothing to fill: 1."""
+    if device.type != "cuda" or programs <= 0:
+        return 1
+    want = math.ceil(4 * _sm_count(device.index or 0) / programs)
+    return max(1, min(want, max_kv_len // 128, 32))
+
+
+def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                           *, max_q_len=None, num_splits=None):
+    """Causal attention of a ragged batch of new tokens over the paged KV cache (Triton).
+
+    ``max_q_len``: the longest ``q_len_i`` in the batch, known to the scheduler; passing
+    it avoids a device-to-host sync. ``num_splits``: split-K factor (None = automatic).
+    """
+    total_q, num_heads, head_dim = q.shape
+    _, page, num_kv_heads, head_dim_kv = k_cache.shape
+    assert head_dim_kv == head_dim and v_cache.shape == k_cache.shape, "k/v cache shape mismatch"
+    assert num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads (GQA)"
+    group = num_heads // num_kv_heads
+    batch = cu_seqlens_q.numel() - 1
+    out = torch.empty((total_q, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    if total_q == 0 or batch == 0:
+        return out
+
+    # Kernels index the last dim with unit stride; everything else goes by strides.
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "cache head_dim must be contiguous"
+    block_tables = block_tables.to(device=q.device, dtype=torch.int32).contiguous()
+    cu_seqlens_q = cu_seqlens_q.to(device=q.device, dtype=torch.int32).contiguous()
+    context_lens = context_lens.to(device=q.device, dtype=torch.int32).contiguous()
+    if max_q_len is None:
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # syncs on a GPU
+
+    t = pick_tiles(head_dim, group, max(1, max_q_len))
+    n_tiles = total_q // t["BLOCK_Q"] + batch  # upper bound of the ragged tile numbering
+    if num_splits is None:
+        num_splits = auto_num_splits(n_tiles * num_kv_heads, block_tables.shape[1] * page, q.device)
+    if num_splits > 1:
+        part_out = torch.empty((total_q, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((total_q, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        part_strides = (*part_out.stride()[:3], *part_lse.stride()[:2])
+    else:
+        part_out = part_lse = out  # never touched
+        part_strides = (0, 0, 0, 0, 0)
+
+    _paged_attention_kernel[(n_tiles, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out,
+        block_tables, cu_seqlens_q, context_lens,
+        part_out, part_lse,
+        float(scale), batch,
+        q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        *part_strides,
+        HEAD_DIM=head_dim, BLOCK_D=t["BLOCK_D"], GROUP=group,
+        BLOCK_Q=t["BLOCK_Q"], BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"],
+        PAGE=page, NUM_SPLITS=num_splits,
+        DOT_DTYPE=_dot_dtype(q.dtype), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=t["num_warps"], num_stages=t["num_stages"],
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(total_q, num_heads)](
+            part_out, part_lse, out,
+            *part_strides,
+            out.stride(0), out.stride(1),
+            NUM_SPLITS=num_splits, BLOCK_S=_next_pow2(num_splits),
+            HEAD_DIM=head_dim, BLOCK_D=t["BLOCK_D"],
+            num_warps=4,
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------
+# Torch reference (and the engine's CPU backend)
+# ------------------------------------------------------------------------------------
+
+
+def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None):
+    """Same contract as the kernel, in plain torch: gather each request's keys and values
+    out of the paged cache into a padded dense batch, then one masked
+    ``scaled_dot_product_attention``. Computes in float32, returns ``q.dtype``.
+
+    Decode requests (one new token) and the rest are attended as two padded batches,
+    so one long prompt in the batch does not pad every decode request to its length.
+    ``max_q_len`` is accepted for signature parity and unused.
+    """
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    cu = cu_seqlens_q.to(device=q.device, dtype=torch.long)
+    q_lens = cu[1:] - cu[:-1]
+    ctx_lens = context_lens.to(device=q.device, dtype=torch.long)
+    block_tables = block_tables.to(device=q.device, dtype=torch.long)
+    for reqs in ((q_lens == 1).nonzero().flatten(), (q_lens > 1).nonzero().flatten()):
+        if reqs.numel():
+            _attend_padded(q, k_cache, v_cache, block_tables[reqs], cu[reqs], q_lens[reqs], ctx_lens[reqs],
+                           scale, out)
+    return out
+
+
+def _attend_padded(q, k_cache, v_cache, block_tables, q_starts, q_lens, ctx_lens, scale, out):
+    page = k_cache.shape[1]
+    dev = q.device
+    j = torch.arange(int(q_lens.max()), device=dev)  # query index within a request
+    n = torch.arange(int(ctx_lens.max()), device=dev)  # key position
+    q_ok = j < q_lens[:, None]  # [B, Lq] real (not padding) queries
+    kv_ok = n < ctx_lens[:, None]  # [B, Lk] positions holding KV of this request
+    rows = torch.where(q_ok, q_starts[:, None] + j, 0)  # row of q for each (request, j)
+
+    # Gather through the block table. Padding entries of the table may hold anything
+    # and the cache slots past ctx_len hold stale data (maybe NaN): mask both.
+    blocks = torch.where(kv_ok, block_tables[:, n // page], 0)  # [B, Lk]
+    k = k_cache[blocks, n % page].float().masked_fill(~kv_ok[:, :, None, None], 0.0)  # [B, Lk, Hkv, D]
+    v = v_cache[blocks, n % page].float().masked_fill(~kv_ok[:, :, None, None], 0.0)
+    qb = q[rows].float()  # [B, Lq, H, D]
+
+    # Query j of a request sits at position ctx_len - q_len + j and sees keys <= it.
+    q_pos = (ctx_lens - q_lens)[:, None] + j  # [B, Lq]
+    visible = (n[None, None, :] <= q_pos[:, :, None]) & kv_ok[:, None, :]  # [B, Lq, Lk]
+    o = F.scaled_dot_product_attention(
+        qb.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=visible[:, None], scale=scale, enable_gqa=True,
+    )  # [B, H, Lq, D]
+    out[rows[q_ok]] = o.transpose(1, 2)[q_ok].to(out.dtype)

@@ -1,0 +1,48 @@
+"""The engine's clock: measured wall time, or modeled time advanced by a cost model.
+
+With ``clock="modeled"`` a step takes as long as the cost model says (a roofline
+of the GPU you name), so a laptop can tell you what an H100 would do; the run is
+deterministic. With ``clock="wall"`` the step takes as long as it really took.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class WallClock:
+    name = "wall"
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def advance(self, seconds: float) -> None:
+        pass                      # real time advances by itself
+
+    def wait_until(self, t: float) -> None:
+        delay = t - self.now()
+        if delay > 0:
+            time.sleep(min(delay, 1.0))
+
+
+class ModeledClock:
+    name = "modeled"
+
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+    def wait_until(self, t: float) -> None:
+        self.t = max(self.t, t)   # an idle modeled clock jumps to the next arrival
+
+
+def make_clock(name: str):
+    return ModeledClock() if name == "modeled" else WallClock()

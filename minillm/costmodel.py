@@ -1,0 +1,528 @@
+"""The modeled GPU clock: how long one forward step, one swap, one scheduling pass take.
+
+The engine can run on two clocks (``EngineConfig.clock``): "wall" measures what the
+CPU actually spent, "modeled" advances by what a cost model says the step *would*
+cost on a real accelerator. The cost model is what lets a laptop show the seeds'
+batching math ("from batch 1 to 32, throughput ~20x for ~1.5x latency") and their
+swap-vs-recompute rule with the numbers of an H100 serving Llama-2-7B.
+
+Two cost models implement one interface (``CostModel``):
+
+* ``ConstantStepTime(0.010)``: the seeds' exercises' assumption, "per-step decode time
+  is independent of batch size and constant at 10 ms".
+* ``RooflineCostModel(hardware, model)``: a roofline. A step is bound either by
+  arithmetic (FLOPs / achievable FLOP/s) or by memory traffic (bytes / achievable
+  HBM bandwidth), whichever is slower, plus a fixed per-step overhead:
+
+      step_time = max(FLOPs / (peak_flops * flops_efficiency),
+                      bytes / (hbm_bandwidth * bandwidth_efficiency)) + step_overhead
+
+      FLOPs = 2 * params * (new tokens)                           # every linear layer
+            + 4 * layers * heads * head_dim * (query-key pairs)   # QK^T and PV, causal
+      bytes = weights (read once per step, shared by the whole batch)
+            + KV read (every request's context) + KV written (its new tokens)
+
+  Decode (one new token per request) moves the whole weight set to make one token
+  per request, so at small batch it is memory bound and batching is nearly free;
+  prefill (many tokens) is compute bound. That asymmetry is the seeds' "batching
+  converts a matrix-vector operation into a matrix-matrix one".
+
+The module also holds the small formulas the batching-math notebook uses:
+``kv_cache_bytes`` (the seeds' M_KV), ``max_batch_size``, ``bytes_per_generated_token``,
+``decode_step_time_vs_batch`` and ``swap_or_recompute`` (the seeds' preemption rule).
+No torch here: this module is plain arithmetic and stays importable anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+__all__ = [
+    "HardwareSpec", "HARDWARE", "ModelSpec", "MODELS",
+    "CostModel", "ConstantStepTime", "RooflineCostModel", "get_cost_model",
+    "get_hardware", "get_model_spec",
+    "kv_cache_bytes", "max_kv_tokens", "bytes_per_generated_token", "max_batch_size",
+    "decode_step_time_vs_batch", "swap_or_recompute",
+]
+
+GB = 1e9    # datasheets quote decimal gigabytes (and GB/s, TFLOP/s)
+
+
+# =====================================================================================
+# Hardware
+# =====================================================================================
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One accelerator, as the roofline sees it. Peak figures are *dense* (no sparsity)."""
+    name: str
+    peak_flops: float                 # dense bf16 tensor-core FLOP/s
+    hbm_bandwidth: float              # device memory bandwidth, bytes/s
+    hbm_bytes: float                  # device memory capacity, bytes
+    pcie_bandwidth: float             # host <-> device, one direction, bytes/s (swap)
+    step_overhead: float = 3e-4       # s: fixed cost of one forward (launches, sampling, sync)
+    schedule_overhead_base: float = 1e-4         # s: one scheduling pass, fixed part
+    schedule_overhead_per_request: float = 5e-6  # s: per running request per pass
+    schedule_overhead_per_waiting: float = 5e-7  # s: per queued request per pass (queue upkeep)
+
+    def __post_init__(self) -> None:
+        for f in ("peak_flops", "hbm_bandwidth", "hbm_bytes", "pcie_bandwidth"):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"HardwareSpec.{f}={getattr(self, f)!r}: must be > 0")
+        for f in ("step_overhead", "schedule_overhead_base", "schedule_overhead_per_request",
+                  "schedule_overhead_per_waiting"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"HardwareSpec.{f}={getattr(self, f)!r}: must be >= 0")
+
+    @property
+    def ridge_point(self) -> float:
+        """Arithmetic intensity (FLOP/byte) where the roofline turns from memory- to compute-bound."""
+        return self.peak_flops / self.hbm_bandwidth
+
+
+# Figures from NVIDIA's datasheets. Tensor-core numbers there are quoted "with sparsity";
+# the dense figure is half of it. PCIe is quoted bidirectional; one direction is half.
+# The overheads (step, scheduling) are not datasheet figures: they are round guesses of
+# what a CUDA-graph'd engine with a Python scheduler spends, kept the same on every GPU.
+HARDWARE: dict[str, HardwareSpec] = {
+    # NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): BF16 312 TFLOPS dense (624 sparse),
+    # HBM2e 2,039 GB/s, 80 GB; PCIe Gen4 x16 64 GB/s bidirectional -> 32 GB/s each way
+    # (the seeds: "PCIe 4.0 x16 provides approximately 32 GB/s").
+    "A100-80GB": HardwareSpec("A100-80GB", peak_flops=312e12, hbm_bandwidth=2039 * GB,
+                              hbm_bytes=80 * GB, pcie_bandwidth=32 * GB),
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity -> 989 dense,
+    # HBM3 3.35 TB/s, 80 GB; PCIe Gen5 x16 128 GB/s bidirectional -> 64 GB/s each way.
+    "H100-SXM": HardwareSpec("H100-SXM", peak_flops=989e12, hbm_bandwidth=3350 * GB,
+                             hbm_bytes=80 * GB, pcie_bandwidth=64 * GB),
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity -> 989 dense,
+    # HBM3e 4.8 TB/s, 141 GB; PCIe Gen5 x16 128 GB/s bidirectional -> 64 GB/s each way.
+    "H200": HardwareSpec("H200", peak_flops=989e12, hbm_bandwidth=4800 * GB,
+                         hbm_bytes=141 * GB, pcie_bandwidth=64 * GB),
+    # NVIDIA L4 Tensor Core GPU datasheet: BF16 242 TFLOPS with sparsity -> 121 dense,
+    # GDDR6 300 GB/s, 24 GB; PCIe Gen4 x16 64 GB/s bidirectional -> 32 GB/s each way.
+    "L4": HardwareSpec("L4", peak_flops=121e12, hbm_bandwidth=300 * GB,
+                       hbm_bytes=24 * GB, pcie_bandwidth=32 * GB),
+    # Not a datasheet: a rough laptop/desktop CPU (a few hundred GFLOP/s of vector math,
+    # ~50 GB/s DRAM; "swap" is a memcpy within the same DRAM). For orders of magnitude only.
+    "cpu": HardwareSpec("cpu", peak_flops=0.5e12, hbm_bandwidth=50 * GB, hbm_bytes=16 * GB,
+                        pcie_bandwidth=20 * GB, step_overhead=1e-3),
+}
+
+
+def _lookup(table: Mapping[str, Any], key: str, what: str) -> Any:
+    if key in table:
+        return table[key]
+    folded = {k.lower(): v for k, v in table.items()}
+    if key.lower() in folded:
+        return folded[key.lower()]
+    raise ValueError(f"unknown {what} {key!r}; choose one of {sorted(table)}")
+
+
+def get_hardware(hw: Union[str, HardwareSpec]) -> HardwareSpec:
+    """A ``HardwareSpec`` from itself or from a preset name in ``HARDWARE``."""
+    if isinstance(hw, HardwareSpec):
+        return hw
+    if isinstance(hw, str):
+        return _lookup(HARDWARE, hw, "hardware preset")
+    raise TypeError(f"hardware must be a HardwareSpec or a preset name, got {hw!r}")
+
+
+# =====================================================================================
+# Model
+# =====================================================================================
+
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
+                "bfloat16": 2, "bf16": 2, "float8": 1, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The sizes of a decoder-only transformer that set its compute and memory cost."""
+    name: str
+    num_params: int                  # all parameters (embeddings included)
+    num_layers: int                  # n_layer
+    hidden_size: int                 # d_model
+    num_heads: int                   # query heads
+    num_kv_heads: int                # key/value heads (< num_heads under GQA, 1 under MQA)
+    head_dim: int                    # d_head
+    dtype_bytes: int = 2             # sizeof(dtype): 2 for bf16/fp16 weights and KV
+    vocab_size: int = 32000
+    intermediate_size: Optional[int] = None   # MLP width (informational)
+
+    def __post_init__(self) -> None:
+        for f in ("num_params", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                  "head_dim", "dtype_bytes", "vocab_size"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"ModelSpec.{f}={v!r}: must be an integer >= 1")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"ModelSpec.num_kv_heads={self.num_kv_heads}: must divide "
+                             f"num_heads={self.num_heads}")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """M_KV per position: a K and a V vector per layer per KV head (the 2 in the formula)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes read from memory to run all layers once (every decode step pays this)."""
+        return self.num_params * self.dtype_bytes
+
+    @classmethod
+    def from_hf_config(cls, cfg: Any, name: Optional[str] = None, *,
+                       num_params: Optional[int] = None,
+                       dtype_bytes: Optional[int] = None) -> "ModelSpec":
+        """Build from a Hugging Face config: a ``transformers`` config object or a config.json dict.
+
+        Reads Llama-style names (``num_hidden_layers``, ``num_attention_heads``,
+        ``num_key_value_heads``, ``head_dim``, ``intermediate_size``, ...) and GPT-2 aliases
+        (``n_layer``, ``n_embd``, ``n_head``). ``num_params`` is counted from the shapes of a
+        gated-MLP (Llama/Qwen) decoder unless given; ``dtype_bytes`` comes from
+        ``torch_dtype``/``dtype`` (default 2).
+        """
+        def get(*keys, default=None):
+            for k in keys:
+                v = cfg.get(k) if isinstance(cfg, Mapping) else getattr(cfg, k, None)
+                if v is not None:
+                    return v
+            return default
+
+        layers = get("num_hidden_layers", "n_layer", "num_layers")
+        hidden = get("hidden_size", "n_embd", "d_model")
+        heads = get("num_attention_heads", "n_head", "num_heads")
+        if layers is None or hidden is None or heads is None:
+            raise ValueError("config lacks num_hidden_layers / hidden_size / num_attention_heads "
+                             f"(got {layers!r}, {hidden!r}, {heads!r})")
+        kv_heads = get("num_key_value_heads", "num_kv_heads", default=heads)
+        head_dim = get("head_dim", default=hidden // heads)
+        vocab = get("vocab_size", default=32000)
+        inter = get("intermediate_size", "n_inner", default=4 * hidden)
+        model_type = str(get("model_type", default="") or "")
+        if dtype_bytes is None:
+            dt = get("torch_dtype", "dtype", default="bfloat16")
+            dtype_bytes = _DTYPE_BYTES.get(str(dt).replace("torch.", "").lower(), 2)
+        if num_params is None:
+            q_out, kv_out = heads * head_dim, kv_heads * head_dim
+            attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden       # Wq, Wk, Wv, Wo
+            if get("attention_bias", default=False) or model_type.startswith("qwen2"):
+                attn += q_out + 2 * kv_out                                       # q/k/v biases
+            if model_type.startswith("qwen3"):
+                attn += 2 * head_dim                                             # q_norm, k_norm
+            mlp = 3 * hidden * inter                                             # gate, up, down
+            per_layer = attn + mlp + 2 * hidden                                  # two RMSNorms
+            tied = bool(get("tie_word_embeddings", default=False))
+            num_params = layers * per_layer + hidden + vocab * hidden * (1 if tied else 2)
+        if name is None:
+            name = str(get("_name_or_path", "name_or_path", default="") or model_type or "hf-model")
+        return cls(name=name, num_params=int(num_params), num_layers=int(layers),
+                   hidden_size=int(hidden), num_heads=int(heads), num_kv_heads=int(kv_heads),
+                   head_dim=int(head_dim), dtype_bytes=int(dtype_bytes), vocab_size=int(vocab),
+                   intermediate_size=int(inter))
+
+
+# The presets are built from the shapes in each model's config.json on the Hugging Face Hub,
+# so their parameter counts are derived, not typed in (tests check them by hand).
+_HF_CONFIGS: dict[str, dict] = {
+    "llama-2-7b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+                       num_key_value_heads=32, intermediate_size=11008, vocab_size=32000,
+                       tie_word_embeddings=False, model_type="llama"),
+    "llama-2-13b": dict(num_hidden_layers=40, hidden_size=5120, num_attention_heads=40,
+                        num_key_value_heads=40, intermediate_size=13824, vocab_size=32000,
+                        tie_word_embeddings=False, model_type="llama"),
+    # Llama-2-70B uses grouped-query attention: 64 query heads share 8 KV heads.
+    "llama-2-70b": dict(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64,
+                        num_key_value_heads=8, intermediate_size=28672, vocab_size=32000,
+                        tie_word_embeddings=False, model_type="llama"),
+    "llama-3-8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+                       num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
+                       tie_word_embeddings=False, model_type="llama"),
+    # Qwen3-0.6B: head_dim 128 although hidden/heads = 64; tied embeddings; q/k RMSNorm.
+    "qwen3-0.6b": dict(num_hidden_layers=28, hidden_size=1024, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+                       vocab_size=151936, tie_word_embeddings=True, model_type="qwen3"),
+}
+MODELS: dict[str, ModelSpec] = {name: ModelSpec.from_hf_config(cfg, name=name, dtype_bytes=2)
+                                for name, cfg in _HF_CONFIGS.items()}
+
+
+def get_model_spec(model: Union[str, ModelSpec, Mapping, Any]) -> ModelSpec:
+    """A ``ModelSpec`` from itself, a preset name in ``MODELS``, or a Hugging Face config."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, str):
+        return _lookup(MODELS, model, "model preset")
+    return ModelSpec.from_hf_config(model)
+
+
+# =====================================================================================
+# The interface the engine calls
+# =====================================================================================
+
+class CostModel:
+    """What the modeled clock asks. Subclasses override ``step_time`` at least.
+
+    ``step_time(num_new_tokens, context_lens)``: one forward over a batch, where request i
+    processes ``num_new_tokens[i]`` tokens and holds ``context_lens[i]`` positions of KV
+    *after* the step (so ``context_lens[i] >= num_new_tokens[i]``).
+
+    Only cost models that know a memory size (``RooflineCostModel``) have
+    ``kv_capacity_tokens(memory_fraction)``; test for it with ``hasattr``.
+    """
+    name: str = "cost-model"
+    kv_bytes_per_token: int = 0       # M_KV per position (0 if the model is unknown)
+
+    def step_time(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
+        raise NotImplementedError
+
+    def swap_time(self, num_bytes: int) -> float:
+        return 0.0
+
+    def schedule_time(self, num_running: int, num_waiting: int) -> float:
+        return 0.0
+
+    def prefill_tokens_per_s(self, context_len: int = 1024) -> float:
+        """S_prefill: tokens/s of one prompt of ``context_len`` tokens prefilled in one step."""
+        t = self.step_time([context_len], [context_len])
+        return math.inf if t <= 0 else context_len / t
+
+    def preemption_mode(self, num_tokens: int) -> str:
+        """The seeds' rule for a victim holding ``num_tokens`` positions: "swap" or "recompute"."""
+        kv = num_tokens * self.kv_bytes_per_token
+        swap = self.swap_time(kv)
+        recompute = num_tokens / self.prefill_tokens_per_s()
+        return "swap" if swap < recompute else "recompute"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+def _check_batch(num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> None:
+    if len(num_new_tokens) != len(context_lens):
+        raise ValueError(f"step_time: {len(num_new_tokens)} num_new_tokens but "
+                         f"{len(context_lens)} context_lens")
+    for q, c in zip(num_new_tokens, context_lens):
+        if q < 0 or c < q:
+            raise ValueError(f"step_time: need 0 <= num_new_tokens <= context_len (KV after the "
+                             f"step), got num_new_tokens={q}, context_len={c}")
+
+
+class ConstantStepTime(CostModel):
+    """Every step costs ``seconds``, whatever the batch: the seeds' exercises' 10 ms per step.
+
+    ``swap_bandwidth`` (bytes/s) makes swaps cost ``bytes / swap_bandwidth``; ``None`` = free.
+    ``kv_bytes_per_token`` lets ``preemption_mode`` price a swap; 0 (default) means unknown.
+    """
+
+    def __init__(self, seconds: float = 0.010, schedule_overhead: float = 0.0, *,
+                 swap_bandwidth: Optional[float] = None, kv_bytes_per_token: int = 0,
+                 name: Optional[str] = None):
+        if seconds < 0 or schedule_overhead < 0:
+            raise ValueError(f"ConstantStepTime: seconds={seconds!r} and "
+                             f"schedule_overhead={schedule_overhead!r} must be >= 0")
+        if swap_bandwidth is not None and swap_bandwidth <= 0:
+            raise ValueError(f"ConstantStepTime.swap_bandwidth={swap_bandwidth!r}: must be > 0 or None")
+        self.seconds = float(seconds)
+        self.schedule_overhead = float(schedule_overhead)
+        self.swap_bandwidth = swap_bandwidth
+        self.kv_bytes_per_token = int(kv_bytes_per_token)
+        self.name = name or f"constant({self.seconds * 1e3:g} ms/step)"
+
+    def step_time(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
+        _check_batch(num_new_tokens, context_lens)
+        return self.seconds
+
+    def swap_time(self, num_bytes: int) -> float:
+        return 0.0 if self.swap_bandwidth is None else num_bytes / self.swap_bandwidth
+
+    def schedule_time(self, num_running: int, num_waiting: int) -> float:
+        return self.schedule_overhead
+
+
+class RooflineCostModel(CostModel):
+    """max(compute time, memory time) + fixed overhead, for one model on one accelerator.
+
+    Efficiency knobs: kernels never reach datasheet peaks. ``flops_efficiency`` (default 0.7)
+    is the fraction of dense peak FLOP/s a good GEMM sustains; ``bandwidth_efficiency``
+    (default 0.8) the fraction of HBM bandwidth a streaming read sustains;
+    ``pcie_efficiency`` (default 1.0) the same for host copies. ``step_overhead`` overrides
+    the hardware's fixed per-step cost.
+    """
+
+    def __init__(self, hardware: Union[str, HardwareSpec] = "H100-SXM",
+                 model: Union[str, ModelSpec, Mapping, Any] = "llama-2-7b", *,
+                 flops_efficiency: float = 0.7, bandwidth_efficiency: float = 0.8,
+                 pcie_efficiency: float = 1.0, step_overhead: Optional[float] = None):
+        for k, v in (("flops_efficiency", flops_efficiency),
+                     ("bandwidth_efficiency", bandwidth_efficiency),
+                     ("pcie_efficiency", pcie_efficiency)):
+            if not 0 < v <= 1:
+                raise ValueError(f"RooflineCostModel.{k}={v!r}: must be in (0, 1]")
+        self.hardware = get_hardware(hardware)
+        self.model = get_model_spec(model)
+        if step_overhead is not None:
+            if step_overhead < 0:
+                raise ValueError(f"RooflineCostModel.step_overhead={step_overhead!r}: must be >= 0")
+            self.hardware = replace(self.hardware, step_overhead=float(step_overhead))
+        self.flops_efficiency = flops_efficiency
+        self.bandwidth_efficiency = bandwidth_efficiency
+        self.pcie_efficiency = pcie_efficiency
+        self.kv_bytes_per_token = self.model.kv_bytes_per_token
+        self.name = f"roofline({self.hardware.name}, {self.model.name})"
+
+    # --- the pieces, exposed so a notebook can show them ---------------------------------
+    @property
+    def flops_per_s(self) -> float:
+        return self.hardware.peak_flops * self.flops_efficiency
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.hardware.hbm_bandwidth * self.bandwidth_efficiency
+
+    def step_flops(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
+        """2 * params per new token + 4 * layers * heads * head_dim per (query, key) pair.
+
+        Causal: the j-th of q new tokens (positions c-q .. c-1) attends to c-q+j+1 keys,
+        so a request has q*(c-q) + q*(q+1)/2 pairs.
+        """
+        m = self.model
+        tokens = sum(num_new_tokens)
+        pairs = sum(q * (c - q) + q * (q + 1) / 2 for q, c in zip(num_new_tokens, context_lens))
+        return 2.0 * m.num_params * tokens + 4.0 * m.num_layers * m.num_heads * m.head_dim * pairs
+
+    def step_bytes(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
+        """Weights once (shared by the batch) + KV read (each context) + KV written (new tokens)."""
+        if sum(num_new_tokens) == 0:
+            return 0.0
+        kv = self.model.kv_bytes_per_token
+        return float(self.model.weight_bytes + kv * sum(context_lens) + kv * sum(num_new_tokens))
+
+    def breakdown(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> dict:
+        """Everything ``step_time`` computes, as a dict (for tables and plots)."""
+        _check_batch(num_new_tokens, context_lens)
+        flops = self.step_flops(num_new_tokens, context_lens)
+        nbytes = self.step_bytes(num_new_tokens, context_lens)
+        compute, memory = flops / self.flops_per_s, nbytes / self.bytes_per_s
+        empty = sum(num_new_tokens) == 0
+        return {"flops": flops, "bytes": nbytes, "compute_time": compute, "memory_time": memory,
+                "overhead": 0.0 if empty else self.hardware.step_overhead,
+                "bound": "idle" if empty else ("compute" if compute > memory else "memory"),
+                "arithmetic_intensity": flops / nbytes if nbytes else 0.0,
+                "time": 0.0 if empty else max(compute, memory) + self.hardware.step_overhead}
+
+    # --- the interface -----------------------------------------------------------------
+    def step_time(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
+        """Seconds for one forward over the batch; 0 for an empty batch (nothing runs)."""
+        return self.breakdown(num_new_tokens, context_lens)["time"]
+
+    def swap_time(self, num_bytes: int) -> float:
+        """Copy ``num_bytes`` of KV over PCIe: M_KV / B_PCIe."""
+        return num_bytes / (self.hardware.pcie_bandwidth * self.pcie_efficiency)
+
+    def schedule_time(self, num_running: int, num_waiting: int) -> float:
+        """One scheduling pass: a fixed part plus a part linear in the requests it looks at."""
+        hw = self.hardware
+        return (hw.schedule_overhead_base + hw.schedule_overhead_per_request * num_running
+                + hw.schedule_overhead_per_waiting * num_waiting)
+
+    def kv_capacity_tokens(self, memory_fraction: float = 0.9) -> int:
+        """(HBM * memory_fraction - weights) / KV bytes per position, at least 0."""
+        return max_kv_tokens(self.hardware, self.model, memory_fraction)
+
+
+def get_cost_model(spec: Any, model_spec: Union[str, ModelSpec, None] = None) -> Optional[CostModel]:
+    """Resolve ``EngineConfig.cost_model``.
+
+    * a ``CostModel`` (anything with ``step_time``): returned as is;
+    * a hardware preset name (``"H100-SXM"``) or a ``HardwareSpec``: a ``RooflineCostModel``
+      for ``model_spec`` (a name in ``MODELS``, a ``ModelSpec``; default "llama-2-7b");
+    * a number: ``ConstantStepTime(seconds)``;
+    * ``None``: ``None`` (the engine has no modeled clock).
+    """
+    if spec is None:
+        return None
+    if isinstance(spec, CostModel) or (callable(getattr(spec, "step_time", None))
+                                       and not isinstance(spec, type)):
+        return spec
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        return ConstantStepTime(float(spec))
+    if isinstance(spec, (str, HardwareSpec)):
+        if isinstance(spec, str) and not any(k.lower() == spec.lower() for k in HARDWARE):
+            raise ValueError(f"cost_model={spec!r}: unknown hardware preset; choose one of "
+                             f"{sorted(HARDWARE)}, a CostModel object, a number of seconds per "
+                             f"step, or None")
+        return RooflineCostModel(spec, model_spec if model_spec is not None else "llama-2-7b")
+    raise ValueError(f"cost_model={spec!r}: expected a CostModel, a hardware preset name "
+                     f"({sorted(HARDWARE)}), a number of seconds per step, or None")
+
+
+# =====================================================================================
+# The batching-math formulas
+# =====================================================================================
+
+def kv_cache_bytes(model: Union[str, ModelSpec], num_tokens: int, batch: int = 1) -> int:
+    """The seeds' M_KV = 2 x n_layer x d_head x n_kv_head x n_max x b x sizeof(dtype)."""
+    m = get_model_spec(model)
+    return m.kv_bytes_per_token * int(num_tokens) * int(batch)
+
+
+def max_kv_tokens(hardware: Union[str, HardwareSpec], model: Union[str, ModelSpec],
+                  memory_fraction: float = 0.9, num_gpus: int = 1) -> int:
+    """KV positions that fit beside the weights: (HBM x fraction - weights) / M_KV per token."""
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction={memory_fraction!r}: must be in (0, 1]")
+    hw, m = get_hardware(hardware), get_model_spec(model)
+    free = hw.hbm_bytes * num_gpus * memory_fraction - m.weight_bytes
+    return max(0, int(free // m.kv_bytes_per_token))
+
+
+def max_batch_size(hardware: Union[str, HardwareSpec], model: Union[str, ModelSpec],
+                   max_len: int, memory_fraction: float = 0.9, num_gpus: int = 1) -> int:
+    """How many requests of ``max_len`` positions each fit at once (reserving the full length).
+
+    0 means the weights alone do not fit (Llama-2-70B in bf16 on one 80 GB GPU).
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len={max_len!r}: must be >= 1")
+    return max_kv_tokens(hardware, model, memory_fraction, num_gpus) // int(max_len)
+
+
+def bytes_per_generated_token(model: Union[str, ModelSpec], batch: int, context_len: int = 0) -> float:
+    """Memory traffic per generated token in a decode step of ``batch`` requests.
+
+    The weights are read once and shared: weight_bytes / batch (the seeds' table,
+    "full model / 8", "full model / 32"); each request also reads its own
+    ``context_len`` positions of KV, which batching does not share.
+    """
+    if batch < 1:
+        raise ValueError(f"batch={batch!r}: must be >= 1")
+    m = get_model_spec(model)
+    return m.weight_bytes / batch + m.kv_bytes_per_token * context_len
+
+
+def decode_step_time_vs_batch(cost_model: CostModel, batch_sizes: Sequence[int],
+                              context_len: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step latency (s) and throughput (generated tokens/s) of decode at each batch size.
+
+    Every request decodes one token with ``context_len`` positions of KV after the step.
+    """
+    lat = np.array([cost_model.step_time([1] * int(b), [int(context_len)] * int(b))
+                    for b in batch_sizes], dtype=float)
+    thr = np.array(batch_sizes, dtype=float) / lat
+    return lat, thr
+
+
+def swap_or_recompute(kv_bytes: float, num_tokens: int, pcie_bandwidth: float,
+                      prefill_tokens_per_s: float) -> str:
+    """The seeds' preemption rule: swap when M_KV / B_PCIe < (n_input + n_generated) / S_prefill.
+
+    ``num_tokens`` is n_input + n_generated, what a recompute must prefill again.
+    Ties go to "recompute" (it needs no host memory).
+    """
+    if pcie_bandwidth <= 0 or prefill_tokens_per_s <= 0:
+        raise ValueError("pcie_bandwidth and prefill_tokens_per_s must be > 0")
+    return "swap" if kv_bytes / pcie_bandwidth < num_tokens / prefill_tokens_per_s else "recompute"

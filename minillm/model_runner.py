@@ -1,0 +1,149 @@
+"""The runner: turn a SchedulerOutput into tensors, run the model, sample.
+
+It owns the KV cache tensors (one (K, V) pair per layer, shaped
+``[num_blocks, block_size, num_kv_heads, head_dim]`` for paged access) and the
+host-memory swap pool. Batch preparation is vectorised: one Python loop over
+*requests* collects token ids and block tables; positions, cache slots and
+context lengths are computed as whole tensors, never token by token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .model.llama import AttentionMetadata
+from .sampler import Sampler
+from .scheduler import SchedulerOutput
+
+
+@dataclass
+class ExecutionResult:
+    sampled: dict[str, list[int]] = field(default_factory=dict)   # new output tokens per request
+    spec_accepted: dict[str, int] = field(default_factory=dict)   # accepted draft tokens per request
+    swap_bytes: int = 0
+
+
+def token_slice(req, start: int, end: int) -> list[int]:
+    """req.all_token_ids[start:end] without building the whole list."""
+    p = req.prompt_token_ids
+    if end <= len(p):
+        return p[start:end]
+    o = req.output_token_ids
+    if start >= len(p):
+        return o[start - len(p):end - len(p)]
+    return p[start:] + o[:end - len(p)]
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    return name
+
+
+class ModelRunner:
+    def __init__(self, config, model, hf_config, kv_manager, num_blocks: int, device: torch.device,
+                 dtype: torch.dtype):
+        self.config = config
+        self.model = model
+        self.kv = kv_manager
+        self.device = device
+        self.dtype = dtype
+        self.backend = resolve_backend(config.attention_backend, device)
+        if self.backend == "triton":
+            import kernels
+            kernels.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter
+        shape = (num_blocks, config.block_size, model.num_kv_heads, model.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
+                           torch.zeros(shape, dtype=dtype, device=device)) for _ in range(model.num_layers)]
+        self.swap_caches = []
+        if config.num_swap_blocks:
+            hshape = (config.num_swap_blocks,) + shape[1:]
+            pin = device.type == "cuda"
+            self.swap_caches = [(torch.zeros(hshape, dtype=dtype, pin_memory=pin),
+                                 torch.zeros(hshape, dtype=dtype, pin_memory=pin))
+                                for _ in range(model.num_layers)]
+        self.bytes_per_block = 2 * model.num_layers * config.block_size * model.num_kv_heads * \
+            model.head_dim * torch.finfo(dtype).bits // 8
+        self.sampler = Sampler(config.seed)
+
+    # --- swapping ---------------------------------------------------------------------
+    def swap(self, out: SchedulerOutput) -> int:
+        import kernels
+        moved = 0
+        for pairs, to_host in ((out.swap_out, True), (out.swap_in, False)):
+            if not pairs:
+                continue
+            src = torch.tensor([a for a, _ in pairs], dtype=torch.long)
+            dst = torch.tensor([b for _, b in pairs], dtype=torch.long)
+            for (dk, dv), (hk, hv) in zip(self.kv_caches, self.swap_caches):
+                if to_host:
+                    kernels.swap_blocks(dk, dv, hk, hv, src, dst)
+                else:
+                    kernels.swap_blocks(hk, hv, dk, dv, src, dst)
+            moved += len(pairs) * self.bytes_per_block
+        return moved
+
+    # --- one step ---------------------------------------------------------------------
+    def prepare(self, out: SchedulerOutput):
+        """Flat input ids, positions and attention metadata for the scheduled batch."""
+        reqs = out.scheduled
+        dev = self.device
+        ids: list[int] = []
+        tables: list[list[int]] = []
+        for s in reqs:
+            r = s.request
+            start, end = s.num_computed_before, s.num_computed_before + s.num_new_tokens
+            known = r.num_tokens
+            ids += token_slice(r, start, min(end, known))
+            if end > known:                       # speculative tokens to verify
+                ids += s.spec_token_ids[:end - known]
+            tables.append(self.kv.block_table(r.request_id))
+        q_lens = torch.tensor([s.num_new_tokens for s in reqs], dtype=torch.int32)
+        starts = torch.tensor([s.num_computed_before for s in reqs], dtype=torch.int32)
+        cu = torch.zeros(len(reqs) + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(q_lens, 0)
+        T = int(cu[-1])
+        req_idx = torch.repeat_interleave(torch.arange(len(reqs)), q_lens)
+        positions = torch.arange(T, dtype=torch.int32) - cu[:-1][req_idx] + starts[req_idx]
+        width = max(len(t) for t in tables)
+        bt = torch.zeros((len(reqs), width), dtype=torch.int32)
+        for i, t in enumerate(tables):          # one copy per request, not per token
+            bt[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+        abs_ = self.kv.attn_block_size
+        slots = bt[req_idx, (positions // abs_).long()].long() * abs_ + (positions % abs_).long()
+        meta = AttentionMetadata(slot_mapping=slots.to(dev), block_tables=bt.to(dev),
+                                 cu_seqlens_q=cu.to(dev), context_lens=(starts + q_lens).to(dev),
+                                 max_q_len=int(q_lens.max()), backend=self.backend)
+        return torch.tensor(ids, dtype=torch.long, device=dev), positions.long().to(dev), meta, cu
+
+    def caches_for_attention(self):
+        abs_ = self.kv.attn_block_size
+        if abs_ == self.config.block_size:
+            return self.kv_caches
+        # Reservation: regions are position-granular, so view the cache as blocks of 1.
+        return [(k.view(-1, 1, *k.shape[2:]), v.view(-1, 1, *v.shape[2:])) for k, v in self.kv_caches]
+
+    def forward(self, out: SchedulerOutput, logits_rows: torch.Tensor) -> torch.Tensor:
+        input_ids, positions, meta, _ = self.prepare(out)
+        return self.model(input_ids, positions, self.caches_for_attention(), meta, logits_rows.to(self.device))
+
+    def execute(self, out: SchedulerOutput) -> ExecutionResult:
+        res = ExecutionResult()
+        res.swap_bytes = self.swap(out)
+        if not out.scheduled:
+            return res
+        idx = [i for i, s in enumerate(out.scheduled) if s.samples and not s.spec_token_ids]
+        if not idx and not any(s.spec_token_ids for s in out.scheduled):
+            # Only partial prefill chunks: run the forward to fill the cache, sample nothing.
+            self.forward(out, torch.zeros(0, dtype=torch.long))
+            return res
+        ends = torch.cumsum(torch.tensor([s.num_new_tokens for s in out.scheduled]), 0) - 1
+        logits = self.forward(out, ends[idx])       # the LM head runs only on rows that sample
+        sampling = [out.scheduled[i] for i in idx]
+        toks = self.sampler.sample(logits, [s.request.sampling_params for s in sampling],
+                                   [s.request.request_id for s in sampling])
+        for s, t in zip(sampling, toks):
+            res.sampled[s.request.request_id] = [t]
+        return res

@@ -1,0 +1,67 @@
+"""Sampling: turn each request's logits into its next token.
+
+Greedy rows take the argmax (all at once). The others are scaled by their
+temperature, cut to top-k / top-p in one batched sort, and drawn with the
+request's own generator, so a seeded request gives the same tokens whatever
+else shares its batch.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor) -> torch.Tensor:
+    """Probabilities after temperature, top-k and top-p, batched over rows. [R, V] float32."""
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    sorted_p, idx = probs.sort(dim=-1, descending=True)
+    rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    k = torch.where(top_k > 0, top_k, probs.shape[-1])[:, None]
+    cum = sorted_p.cumsum(-1)
+    keep = (rank < k) & ((cum - sorted_p) < top_p[:, None])     # always keeps the top token
+    sorted_p = sorted_p * keep
+    out = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+    return out / out.sum(-1, keepdim=True)
+
+
+class Sampler:
+    def __init__(self, seed: int = 0):
+        self.default_gen = torch.Generator().manual_seed(seed)
+        self.generators: dict[str, torch.Generator] = {}
+
+    def generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
+        if params.seed is None:
+            return self.default_gen
+        g = self.generators.get(request_id)
+        if g is None:
+            g = self.generators[request_id] = torch.Generator().manual_seed(params.seed)
+        return g
+
+    def forget(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)
+
+    def probs(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        dev = logits.device
+        t = torch.tensor([max(p.temperature, 1e-6) for p in params], device=dev)
+        k = torch.tensor([p.top_k for p in params], device=dev)
+        tp = torch.tensor([p.top_p for p in params], device=dev)
+        return filter_probs(logits.float(), t, k, tp)
+
+    def sample(self, logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
+               probs: Optional[torch.Tensor] = None) -> list[int]:
+        """One token per row of ``logits`` [R, V]."""
+        out = logits.argmax(dim=-1).tolist()
+        rand_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if rand_rows:
+            if probs is None:
+                probs = self.probs(logits[rand_rows], [params[i] for i in rand_rows])
+            probs = probs.cpu()
+            for j, i in enumerate(rand_rows):
+                g = self.generator(request_ids[i], params[i])
+                out[i] = int(torch.multinomial(probs[j], 1, generator=g))
+        return out

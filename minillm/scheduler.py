@@ -1,0 +1,322 @@
+"""The scheduler: every step, decide who runs and how many tokens each processes.
+
+There is no separate prefill and decode phase in the data. Each request has
+``num_computed_tokens`` (positions with KV) and ``num_tokens`` (prompt +
+output); a step grants it ``num_new_tokens`` under the execution-token budget:
+
+* a decode is the case of 1 new token,
+* a prefill the case of many, a chunked prefill the case of a capped many,
+* a prefix-cache hit starts ``num_computed_tokens`` above zero.
+
+One pass (``schedule``) goes:
+
+1. **Running requests first**, one new token each (or the rest of a chunked
+   prompt). If one cannot get its next KV block, a victim is *preempted*.
+2. **Swapped-out requests** come back before anybody new is admitted.
+3. **Waiting requests** in policy order, each admitted only if the *admission
+   check* passes: a free slot under ``max_num_seqs``, tokens left in the budget,
+   and KV memory for its prefill (``kv.can_allocate``). The first request that
+   does not fit stops admission (FCFS head-of-line), and every request left
+   waiting gets a reason a person can read.
+
+The scheduler only decides and allocates; the runner executes its
+``SchedulerOutput`` and the engine applies the results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .request import Request, RequestStatus
+from .step_record import PreemptionEvent, WaitingEntry
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int          # tokens processed this step (counted against the budget)
+    num_computed_before: int
+    phase: str                   # "prefill" | "decode" (a label: one rule covers both)
+    spec_token_ids: list[int] = field(default_factory=list)   # draft tokens to verify
+
+    @property
+    def samples(self) -> bool:
+        """Does this step reach the end of the request's known tokens (so a token is sampled)?"""
+        return self.num_computed_before + self.num_new_tokens >= self.request.num_tokens + len(self.spec_token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    token_budget: int
+    admitted: list[str] = field(default_factory=list)
+    preempted: list[PreemptionEvent] = field(default_factory=list)
+    waiting: list[WaitingEntry] = field(default_factory=list)
+    rejected: list[WaitingEntry] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)   # (device block, host block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)    # (host block, device block)
+    swapped_in: list[str] = field(default_factory=list)
+    released: list[Request] = field(default_factory=list)  # finished earlier, returned now (static / every-N)
+    reformed: bool = True          # did this pass re-form the batch?
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config, kv, policy, cost_model=None):
+        self.config = config
+        self.kv = kv                     # PagedKVCacheManager | ReservedKVCacheManager
+        self.policy = policy
+        self.cost_model = cost_model     # for preemption_mode="auto"
+        self.waiting: list[Request] = []     # not running: new, or preempted (recompute)
+        self.running: list[Request] = []     # holds KV; scheduled every step
+        self.swapped: list[Request] = []     # KV sits in host memory
+        self.held: list[Request] = []        # done generating, waiting to be returned (static / every-N)
+        self.num_passes = 0
+        self._admit_counter = 0
+        self.watermark_blocks = int(config.watermark * kv.num_blocks)
+        self.counters = dict(preemptions_recompute=0, preemptions_swap=0, swapped_out_blocks=0,
+                             swapped_in_blocks=0, recomputed_tokens=0, rejected=0)
+
+    # --- bookkeeping ------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped or self.held)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out of every queue and give back its KV (abort)."""
+        for q in (self.waiting, self.running, self.swapped, self.held):
+            if req in q:
+                q.remove(req)
+        self.kv.free(req)
+
+    def finish(self, req: Request) -> bool:
+        """The request is done generating. Returns True if it leaves now, False if held back."""
+        self.running.remove(req)
+        self.kv.free(req)
+        if self.config.batching == "static" or self.config.schedule_every > 1:
+            self.held.append(req)        # returned only when the batch (or the next pass) comes
+            return False
+        return True
+
+    def _next_admit_seq(self) -> int:
+        self._admit_counter += 1
+        return self._admit_counter
+
+    # --- preemption -----------------------------------------------------------------
+    def _choose_mode(self, victim: Request) -> str:
+        mode = self.config.preemption_mode
+        if mode == "auto":
+            from .costmodel import swap_or_recompute
+            cm = self.cost_model
+            kv_bytes = getattr(cm, "kv_bytes_per_token", 0) * victim.num_computed_tokens
+            if cm is None or not kv_bytes:
+                return "recompute"
+            mode = swap_or_recompute(kv_bytes, victim.num_computed_tokens,
+                                     cm.hardware.pcie_bandwidth, cm.prefill_tokens_per_s())
+        if mode == "swap" and not self.kv.can_swap_out(victim):
+            return "recompute"            # swap pool full: fall back
+        return mode
+
+    def preempt(self, victim: Request, out: SchedulerOutput, reason: str) -> None:
+        mode = self._choose_mode(victim)
+        self.running.remove(victim)
+        if mode == "swap":
+            mapping = self.kv.swap_out(victim)
+            out.swap_out.extend(mapping)
+            self.counters["swapped_out_blocks"] += len(mapping)
+            victim.status = RequestStatus.SWAPPED
+            self.swapped.append(victim)
+        else:
+            self.kv.free(victim)
+            self.counters["recomputed_tokens"] += victim.num_computed_tokens
+            victim.metrics.num_recomputed_tokens += victim.num_computed_tokens
+            victim.num_computed_tokens = 0
+            victim.num_cached_tokens = 0
+            victim.status = RequestStatus.PREEMPTED
+            self.waiting.insert(0, victim)      # back to the front of the queue
+        self.counters[f"preemptions_{mode}"] += 1
+        victim.num_preemptions += 1
+        victim.metrics.num_preemptions += 1
+        out.preempted.append(PreemptionEvent(victim.request_id, mode, reason))
+
+    # --- the pass ----------------------------------------------------------------------
+    def schedule(self, now: float) -> SchedulerOutput:
+        cfg = self.config
+        reform = self.num_passes % cfg.schedule_every == 0
+        self.num_passes += 1
+        budget = cfg.max_num_batched_tokens
+        out = SchedulerOutput(scheduled=[], token_budget=budget, reformed=reform)
+        scheduled_ids: set[str] = set()
+
+        # Requests finished earlier leave now (every N steps; or when a static batch is done).
+        if self.held and ((cfg.batching == "static" and not self.running) or
+                          (cfg.batching != "static" and reform)):
+            out.released, self.held = self.held, []
+
+        self._shed_load(now, out)
+
+        static_blocked = cfg.batching == "static" and bool(self.running or self.held)
+        prefill_first = cfg.interference == "prefill-priority"
+        if prefill_first and reform and not static_blocked and self._admissible_head(now):
+            budget = self._admit_waiting(now, out, budget, scheduled_ids, allow_chunk=False)
+            if out.admitted:
+                return out                 # a prefill step: running decodes stall this step
+
+        # 1. Running requests: one new token each (or the next chunk of their prompt).
+        for req in list(self.running):
+            if req not in self.running or budget <= 0:
+                continue
+            n = req.num_tokens + len(req.spec_token_ids) - req.num_computed_tokens
+            n = min(n, budget)
+            before = req.num_computed_tokens
+            while not self.kv.allocate(req, n):
+                candidates = [r for r in self.running if r.request_id not in scheduled_ids]
+                victim = self.policy.pick_victim(candidates, now)
+                self.preempt(victim, out, f"{req.request_id} needed a KV block and none was free")
+                if victim is req:
+                    break
+            if req not in self.running:
+                continue
+            spec = req.spec_token_ids if n == req.num_tokens + len(req.spec_token_ids) - before else []
+            out.scheduled.append(ScheduledRequest(req, n, before, self._phase(req, before), list(spec)))
+            scheduled_ids.add(req.request_id)
+            budget -= n
+
+        if not reform:
+            return out
+
+        # 2. Swapped-out requests come back before anybody new is admitted.
+        while self.swapped and len(self.running) < cfg.max_num_seqs and budget > 0:
+            req = self.swapped[0]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            ok, need, free = self.kv.can_swap_in(req, self.watermark_blocks)
+            extra = self.kv.blocks_for(req.num_computed_tokens + n) - need
+            if not ok or need + extra > free - self.watermark_blocks:
+                out.waiting.append(WaitingEntry(req.request_id, f"swapped out: needs {need + extra} blocks "
+                                                f"to come back, {free} free"))
+                break
+            self.swapped.pop(0)
+            out.swap_in.extend(self.kv.swap_in(req))
+            self.counters["swapped_in_blocks"] += need
+            self.kv.allocate(req, n)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.swapped_in.append(req.request_id)
+            out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens,
+                                                  self._phase(req, req.num_computed_tokens)))
+            scheduled_ids.add(req.request_id)
+            budget -= n
+        for req in self.swapped[1:]:
+            out.waiting.append(WaitingEntry(req.request_id, "swapped out: queued behind "
+                                            f"{self.swapped[0].request_id}"))
+
+        # 3. Waiting requests, in policy order, through the admission check.
+        if static_blocked:
+            for req in self._arrived(now):
+                out.waiting.append(WaitingEntry(req.request_id, "static batching: waits until the "
+                                                "whole current batch has finished"))
+            return out
+        if cfg.interference == "decode-priority" and any(not r.is_prefill for r in self.running):
+            for req in self._arrived(now):
+                out.waiting.append(WaitingEntry(req.request_id, "decode-priority: no new prefill "
+                                                "while requests are decoding"))
+            return out
+        if self.swapped:
+            for req in self._arrived(now):
+                out.waiting.append(WaitingEntry(req.request_id, "swapped-out requests come back first"))
+            return out
+        self._admit_waiting(now, out, budget, scheduled_ids, allow_chunk=cfg.enable_chunked_prefill)
+        return out
+
+    def _phase(self, req: Request, before: int) -> str:
+        return "decode" if before >= req.num_tokens - 1 and req.num_output_tokens > 0 else "prefill"
+
+    def _arrived(self, now: float) -> list[Request]:
+        return [r for r in self.waiting if r.arrival_time <= now]
+
+    def _admissible_head(self, now: float) -> bool:
+        return bool(self._arrived(now)) and len(self.running) < self.config.max_num_seqs
+
+    def _admit_waiting(self, now, out, budget, scheduled_ids, allow_chunk) -> int:
+        cfg = self.config
+        arrived = self._arrived(now)
+        order = self.policy.order_waiting(arrived, now)
+        blocker: Optional[str] = None
+        for req in order:
+            if blocker is not None:
+                out.waiting.append(WaitingEntry(req.request_id, f"queued behind {blocker}"))
+                continue
+            if len(self.running) >= cfg.max_num_seqs:
+                victim = self.policy.preempt_for(req, self.running, now)
+                if victim is None or victim.request_id in scheduled_ids:
+                    out.waiting.append(WaitingEntry(
+                        req.request_id, f"max_num_seqs={cfg.max_num_seqs} requests already running"))
+                    blocker = req.request_id
+                    continue
+                self.preempt(victim, out, f"{req.request_id} has higher priority")
+            cached = self.kv.find_cached_prefix(req)
+            computed = len(cached) * self.kv.block_size
+            n = req.num_tokens - computed
+            if n > budget:
+                if not allow_chunk or budget <= 0:
+                    out.waiting.append(WaitingEntry(
+                        req.request_id, f"prefill of {n} tokens does not fit the {budget} tokens left "
+                        f"in the budget of {cfg.max_num_batched_tokens}"
+                        + ("" if allow_chunk else " (chunked prefill is off)")))
+                    blocker = req.request_id
+                    continue
+                n = budget                              # chunked prefill: take what fits
+            ok, need, free = self.kv.can_allocate(req, n, cached, self.watermark_blocks)
+            if not ok:
+                victim = self.policy.preempt_for(req, self.running, now)
+                if victim is not None and victim.request_id not in scheduled_ids:
+                    self.preempt(victim, out, f"{req.request_id} has higher priority and needs its memory")
+                    ok, need, free = self.kv.can_allocate(req, n, cached, self.watermark_blocks)
+            if not ok:
+                reason = self.kv.explain_wait(req, n, cached, self.watermark_blocks,
+                                              requests={r.request_id: r for r in self.running})
+                out.waiting.append(WaitingEntry(req.request_id, reason))
+                blocker = req.request_id
+                continue
+            self.kv.allocate(req, n, cached)
+            self.kv.record_lookup(req, cached)
+            self.waiting.remove(req)
+            req.num_computed_tokens = computed
+            req.num_cached_tokens = computed
+            req.metrics.num_cached_tokens = max(req.metrics.num_cached_tokens, computed)
+            req.status = RequestStatus.RUNNING
+            req.admit_seq = self._next_admit_seq()
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = now
+            self.running.append(req)
+            out.admitted.append(req.request_id)
+            out.scheduled.append(ScheduledRequest(req, n, computed, "prefill"))
+            scheduled_ids.add(req.request_id)
+            budget -= n
+        return budget
+
+    def _shed_load(self, now: float, out: SchedulerOutput) -> None:
+        """Admission control: reject cleanly rather than let the queue grow without bound."""
+        cfg = self.config
+        if cfg.max_queue_delay is not None:
+            for req in [r for r in self.waiting if r.status == RequestStatus.WAITING
+                        and r.arrival_time <= now and now - r.arrival_time > cfg.max_queue_delay]:
+                self._reject(req, out, f"waited {now - req.arrival_time:.3f}s > max_queue_delay="
+                             f"{cfg.max_queue_delay}")
+        if cfg.max_queue_len is not None:
+            queued = [r for r in self.waiting if r.status == RequestStatus.WAITING and r.arrival_time <= now]
+            for req in queued[cfg.max_queue_len:]:
+                self._reject(req, out, f"queue full: {len(queued)} waiting > max_queue_len={cfg.max_queue_len}")
+
+    def _reject(self, req: Request, out: SchedulerOutput, reason: str) -> None:
+        self.waiting.remove(req)
+        req.finish_reason = "rejected"
+        req.finish_detail = reason
+        self.counters["rejected"] += 1
+        out.rejected.append(WaitingEntry(req.request_id, reason))

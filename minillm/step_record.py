@@ -1,0 +1,136 @@
+"""StepRecord: everything one scheduler iteration did, as plain data.
+
+The engine emits one per ``engine.step()``. Widgets, notebooks and metrics read
+only these records, never the engine's internals, so what a reader sees is
+exactly what the engine decided. (A contract: field names are relied upon.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+
+@dataclass
+class BatchEntry:
+    """One request's share of this step's batch."""
+    request_id: str
+    phase: str                  # "prefill" (tokens it already knew) | "decode" (its newest token)
+    num_tokens: int             # new tokens processed this step (counted against the budget)
+    num_computed_before: int    # positions with KV before the step
+    context_len: int            # positions with KV after the step
+    num_spec_tokens: int = 0    # speculative tokens verified this step (inside num_tokens)
+    num_spec_accepted: int = 0  # of those, how many were accepted
+    num_output_tokens: int = 0  # tokens appended to the output this step
+
+
+@dataclass
+class WaitingEntry:
+    request_id: str
+    reason: str                 # a sentence a person can read: "needs 2 blocks, 1 free"
+
+
+@dataclass
+class PreemptionEvent:
+    request_id: str
+    mode: str                   # "recompute" | "swap"
+    reason: str
+
+
+@dataclass
+class BlockInfo:
+    """One KV block (or, under reservation, one block-sized slice of the address space)."""
+    block_id: int
+    owners: list[str]           # request ids holding a reference
+    num_filled: int             # token positions holding KV
+    ref_count: int
+    cached: bool = False        # carries a prefix hash (reusable)
+    reserved: int = 0           # positions reserved for an owner but not yet filled
+
+
+@dataclass
+class RequestKV:
+    used: int                   # positions holding this request's KV
+    reserved_unused: int = 0    # positions reserved for it but not yet filled
+    num_blocks: int = 0
+    cached_prefix: int = 0      # prompt positions reused from the prefix cache
+
+
+@dataclass
+class KVSnapshot:
+    """The KV cache after the step, in token positions and in blocks."""
+    total: int                  # capacity in token positions
+    used: int                   # positions holding KV (shared blocks counted once)
+    free: int                   # positions another request could be given now
+    blocks_total: int
+    blocks_used: int
+    blocks_free: int
+    block_size: int
+    reserved_unused: int = 0    # reserved for a request but empty (reservation mode)
+    cached: int = 0             # free but still holding a cached prefix (reusable)
+    partial_waste: int = 0      # empty positions in the last, partly filled block of each request
+    fragmentation: int = 0      # free positions in gaps too small for the next reservation
+    per_request: dict[str, RequestKV] = field(default_factory=dict)
+    blocks: list[BlockInfo] = field(default_factory=list)
+    swap_used_blocks: int = 0
+    swap_total_blocks: int = 0
+
+
+@dataclass
+class StepRecord:
+    step: int                   # index, from 0
+    time: float                 # clock time at the end of the step (seconds)
+    duration: float             # how long the step took on the clock
+    batch: list[BatchEntry]
+    num_batched_tokens: int
+    token_budget: int
+    admitted: list[str]
+    finished: list[str]
+    preempted: list[PreemptionEvent]
+    waiting: list[WaitingEntry]
+    kv: KVSnapshot
+    running: list[str] = field(default_factory=list)     # the running set after the step
+    swapped: list[str] = field(default_factory=list)     # requests whose KV sits in host memory
+    swapped_in: list[str] = field(default_factory=list)
+    rejected: list[WaitingEntry] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    finish_reasons: dict[str, str] = field(default_factory=dict)
+    scheduled: bool = True      # False on steps that reused the last batch (schedule_every > 1)
+    clock: str = "wall"
+    schedule_time: float = 0.0  # the scheduling pass's share of duration
+    swap_time: float = 0.0      # time spent copying blocks to/from host memory
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.batch if e.phase == "prefill")
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.batch if e.phase == "decode")
+
+    def entry(self, request_id: str) -> Optional[BatchEntry]:
+        for e in self.batch:
+            if e.request_id == request_id:
+                return e
+        return None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One paragraph a person can read."""
+        parts = [f"step {self.step} (t={self.time:.4f}s): {self.num_batched_tokens}/{self.token_budget} tokens"]
+        if self.batch:
+            parts.append("batch " + ", ".join(f"{e.request_id}:{e.phase}+{e.num_tokens}" for e in self.batch))
+        if self.admitted:
+            parts.append("admitted " + ", ".join(self.admitted))
+        for p in self.preempted:
+            parts.append(f"preempted {p.request_id} ({p.mode}: {p.reason})")
+        if self.finished:
+            parts.append("finished " + ", ".join(self.finished))
+        for w in self.waiting:
+            parts.append(f"{w.request_id} waits: {w.reason}")
+        parts.append(f"KV {self.kv.used}/{self.kv.total} positions used, {self.kv.free} free")
+        return "; ".join(parts)
