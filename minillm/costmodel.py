@@ -183,7 +183,7 @@ class ModelSpec:
         ``num_key_value_heads``, ``head_dim``, ``intermediate_size``, ...) and GPT-2 aliases
         (``n_layer``, ``n_embd``, ``n_head``). ``num_params`` is counted from the shapes of a
         gated-MLP (Llama/Qwen) decoder unless given; ``dtype_bytes`` comes from
-        ``torch_dtype``/``dtype`` (default 2).
+        ``dtype``/``torch_dtype`` (default 2).
         """
         def get(*keys, default=None):
             for k in keys:
@@ -204,7 +204,7 @@ class ModelSpec:
         inter = get("intermediate_size", "n_inner", default=4 * hidden)
         model_type = str(get("model_type", default="") or "")
         if dtype_bytes is None:
-            dt = get("torch_dtype", "dtype", default="bfloat16")
+            dt = get("dtype", "torch_dtype", default="bfloat16")
             dtype_bytes = _DTYPE_BYTES.get(str(dt).replace("torch.", "").lower(), 2)
         if num_params is None:
             q_out, kv_out = heads * head_dim, kv_heads * head_dim

@@ -112,13 +112,11 @@ class Scheduler:
     def _choose_mode(self, victim: Request) -> str:
         mode = self.config.preemption_mode
         if mode == "auto":
-            from .costmodel import swap_or_recompute
+            # The seeds' rule: swap when M_KV / B_PCIe < (n_input + n_generated) / S_prefill.
             cm = self.cost_model
-            kv_bytes = getattr(cm, "kv_bytes_per_token", 0) * victim.num_computed_tokens
-            if cm is None or not kv_bytes:
+            if cm is None or not getattr(cm, "kv_bytes_per_token", 0):
                 return "recompute"
-            mode = swap_or_recompute(kv_bytes, victim.num_computed_tokens,
-                                     cm.hardware.pcie_bandwidth, cm.prefill_tokens_per_s())
+            mode = cm.preemption_mode(victim.num_computed_tokens)
         if mode == "swap" and not self.kv.can_swap_out(victim):
             return "recompute"            # swap pool full: fall back
         return mode

@@ -66,6 +66,7 @@ def test_constant_step_time_ignores_the_batch():
     assert cm.schedule_time(100, 1000) == 0.0
     assert cm.swap_time(10 ** 9) == 0.0
     assert ConstantStepTime(0.01, swap_bandwidth=32e9).swap_time(32e9) == pytest.approx(1.0)
+    assert not hasattr(cm, "kv_capacity_tokens")   # no memory size: the engine sizes KV itself
 
 
 def test_seeds_exercise_scheduling_overhead_ratio():
@@ -253,3 +254,13 @@ def test_get_cost_model():
         get_cost_model("B300")
     with pytest.raises(ValueError, match="unknown model preset 'gpt-5'"):
         RooflineCostModel("H100-SXM", "gpt-5")
+
+
+@pytest.mark.slow
+def test_from_hf_config_transformers_object():
+    transformers = pytest.importorskip("transformers")   # slow to import: kept out of the quick run
+    c = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                                 num_hidden_layers=32, num_key_value_heads=32, vocab_size=32000,
+                                 tie_word_embeddings=False)
+    m = ModelSpec.from_hf_config(c)
+    assert (m.num_params, m.kv_bytes_per_token) == (6_738_415_616, 524_288)
