@@ -59,6 +59,8 @@ class BlockPool:
 
     @property
     def num_cached_free(self) -> int:
+        if not self.enable_caching:
+            return 0                 # nothing is ever hashed: skip the O(blocks) count
         return sum(1 for b in self.free_queue.values() if b.block_hash is not None)
 
     # --- allocation -----------------------------------------------------------------

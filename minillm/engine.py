@@ -53,17 +53,15 @@ class LLMEngine:
         self.tokenizer = tokenizer
 
         # --- the model (or, for the simulator, only its shape) -------------------------
-        from .model.loader import load_model, random_model_config
         self.model = None
         if config.executor == "simulated":
-            if self.model_path == "random":
-                self.hf_config = random_model_config(**config.random_model)
-            else:
-                from transformers import AutoConfig
-                self.hf_config = AutoConfig.from_pretrained(self.model_path)
+            self.hf_config, self.model_spec = self._simulated_shape(self.model_path, config)
         else:
+            from .model.loader import load_model
+            from .costmodel import ModelSpec
             self.model, self.hf_config = load_model(self.model_path, dtype_name, str(self.device),
                                                     config.seed, config.random_model)
+            self.model_spec = ModelSpec.from_hf_config(self.hf_config)
         if self.tokenizer is None and self.model_path != "random":
             self.tokenizer = self._load_tokenizer(self.model_path)
         self.vocab_size = self.hf_config.vocab_size
@@ -116,6 +114,27 @@ class LLMEngine:
         return os.fspath(model)
 
     @staticmethod
+    def _simulated_shape(path: str, cfg: EngineConfig):
+        """The simulator needs only the model's shape: a preset of ``costmodel.MODELS``
+        (``model="llama-2-70b"``), the tiny random Llama, or a checkpoint's config.json."""
+        from types import SimpleNamespace
+        from .costmodel import MODELS, ModelSpec
+        if path in MODELS and not os.path.isdir(path):
+            m = MODELS[path]
+            shape = SimpleNamespace(num_hidden_layers=m.num_layers, hidden_size=m.hidden_size,
+                                    num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
+                                    head_dim=m.head_dim, intermediate_size=m.intermediate_size,
+                                    vocab_size=m.vocab_size, eos_token_id=None)
+            return shape, m
+        if path == "random":              # a plain namespace: no need to import transformers
+            from .model.loader import RANDOM_DEFAULTS
+            shape = SimpleNamespace(**{**RANDOM_DEFAULTS, **cfg.random_model})
+        else:
+            from transformers import AutoConfig
+            shape = AutoConfig.from_pretrained(path)
+        return shape, ModelSpec.from_hf_config(shape)
+
+    @staticmethod
     def _load_tokenizer(path: str):
         if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer.model",
                                                                    "vocab.json")):
@@ -127,11 +146,14 @@ class LLMEngine:
         cfg = self.config
         if cfg.cost_model is None and cfg.clock != "modeled" and cfg.preemption_mode != "auto":
             return None
-        from .costmodel import ModelSpec, get_cost_model
+        from .costmodel import get_cost_model
         spec = cfg.cost_model if cfg.cost_model is not None else "H100-SXM"
-        return get_cost_model(spec, ModelSpec.from_hf_config(self.hf_config))
+        return get_cost_model(spec, self.model_spec)
 
     def _bytes_per_block(self) -> int:
+        cm = self.cost_model
+        if self.config.executor == "simulated" and getattr(cm, "kv_bytes_per_token", 0):
+            return cm.kv_bytes_per_token * self.config.block_size   # the cost model's shape (70B)
         c = self.hf_config
         kvh = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
         hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -266,12 +288,11 @@ class LLMEngine:
     def _idle_wait(self) -> None:
         """Nothing can run now: let the clock reach the next arrival."""
         s = self.scheduler
-        if s.running or s.swapped or s.held:
+        if s.running or s.swapped or s.held or s.waiting:
             return
-        now = self.clock.now()
-        if any(r.arrival_time <= now for r in s.waiting) or not s.waiting:
-            return
-        self.clock.wait_until(min(r.arrival_time for r in s.waiting))
+        t = s.next_arrival()
+        if t is not None and t > self.clock.now():
+            self.clock.wait_until(t)
 
     def _step_cost(self, out: SchedulerOutput, swap_bytes: int) -> tuple[float, float, float]:
         cm = self.cost_model

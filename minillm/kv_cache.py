@@ -203,12 +203,16 @@ class PagedKVCacheManager:
         per_request = {}
         used = partial = 0
         seen: set[int] = set()
+        shared = self.enable_prefix_caching or detail     # else no block has two owners
         for rid, blocks in self.req_blocks.items():
             req = requests.get(rid)
             n = req.num_computed_tokens if req is not None else 0
             per_request[rid] = RequestKV(used=n, num_blocks=len(blocks),
                                          cached_prefix=req.num_cached_tokens if req else 0)
             partial += len(blocks) * bs - n
+            if not shared:                   # fast path (long simulations): O(requests), not O(blocks)
+                used += max(0, min(n, len(blocks) * bs))
+                continue
             for i, b in enumerate(blocks):
                 f = max(0, min(bs, n - i * bs))
                 if b.block_id not in seen:

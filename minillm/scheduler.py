@@ -25,6 +25,7 @@ The scheduler only decides and allocates; the runner executes its
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -71,7 +72,11 @@ class Scheduler:
         self.kv = kv                     # PagedKVCacheManager | ReservedKVCacheManager
         self.policy = policy
         self.cost_model = cost_model     # for preemption_mode="auto"
-        self.waiting: list[Request] = []     # not running: new, or preempted (recompute)
+        self.waiting: list[Request] = []     # arrived, not running: new, or preempted (recompute)
+        self.incoming: list = []             # heap of (arrival_time, seq, request): not arrived yet
+        self.now = 0.0                       # the clock at the last pass
+        self._add_seq = 0                    # ties in ``incoming`` keep submission order
+        self.max_waiting_entries: Optional[int] = None   # cap on StepRecord.waiting (None = all)
         self.running: list[Request] = []     # holds KV; scheduled every step
         self.swapped: list[Request] = []     # KV sits in host memory
         self.held: list[Request] = []        # done generating, waiting to be returned (static / every-N)
@@ -83,16 +88,34 @@ class Scheduler:
 
     # --- bookkeeping ------------------------------------------------------------------
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        """Queue a request. One from the future (a trace) waits in ``incoming`` until the clock
+        reaches its arrival time, so a pass never looks at requests that have not arrived."""
+        if req.arrival_time <= self.now:
+            self.waiting.append(req)
+        else:
+            self._add_seq += 1
+            heapq.heappush(self.incoming, (req.arrival_time, self._add_seq, req))
+
+    def _release_arrivals(self, now: float) -> None:
+        self.now = max(self.now, now)
+        while self.incoming and self.incoming[0][0] <= now:
+            self.waiting.append(heapq.heappop(self.incoming)[2])
+
+    def next_arrival(self) -> Optional[float]:
+        """Arrival time of the next request that has not arrived yet (None if none)."""
+        return self.incoming[0][0] if self.incoming else None
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped or self.held)
+        return bool(self.waiting or self.running or self.swapped or self.held or self.incoming)
 
     def remove(self, req: Request) -> None:
         """Take a request out of every queue and give back its KV (abort)."""
         for q in (self.waiting, self.running, self.swapped, self.held):
             if req in q:
                 q.remove(req)
+        if any(item[2] is req for item in self.incoming):
+            self.incoming = [item for item in self.incoming if item[2] is not req]
+            heapq.heapify(self.incoming)
         self.kv.free(req)
 
     def finish(self, req: Request) -> bool:
@@ -148,6 +171,7 @@ class Scheduler:
         cfg = self.config
         reform = self.num_passes % cfg.schedule_every == 0
         self.num_passes += 1
+        self._release_arrivals(now)
         budget = cfg.max_num_batched_tokens
         out = SchedulerOutput(scheduled=[], token_budget=budget, reformed=reform)
         scheduled_ids: set[str] = set()
@@ -246,17 +270,21 @@ class Scheduler:
         arrived = self._arrived(now)
         order = self.policy.order_waiting(arrived, now)
         blocker: Optional[str] = None
+        cap = self.max_waiting_entries
         for req in order:
             if blocker is not None:
+                if cap is not None and len(out.waiting) >= cap:
+                    break                               # long queue: record only the first entries
                 out.waiting.append(WaitingEntry(req.request_id, f"queued behind {blocker}"))
                 continue
             if len(self.running) >= cfg.max_num_seqs:
                 victim = self.policy.preempt_for(req, self.running, now)
-                if victim is None or victim.request_id in scheduled_ids:
+                if victim is None or victim.request_id in out.admitted:
                     out.waiting.append(WaitingEntry(
                         req.request_id, f"max_num_seqs={cfg.max_num_seqs} requests already running"))
                     blocker = req.request_id
                     continue
+                budget += self._unschedule(victim, out, scheduled_ids)
                 self.preempt(victim, out, f"{req.request_id} has higher priority")
             cached = self.kv.find_cached_prefix(req)
             computed = len(cached) * self.kv.block_size
@@ -271,11 +299,13 @@ class Scheduler:
                     continue
                 n = budget                              # chunked prefill: take what fits
             ok, need, free = self.kv.can_allocate(req, n, cached, self.watermark_blocks)
-            if not ok:
+            while not ok:                               # priority: push lower classes out until it fits
                 victim = self.policy.preempt_for(req, self.running, now)
-                if victim is not None and victim.request_id not in scheduled_ids:
-                    self.preempt(victim, out, f"{req.request_id} has higher priority and needs its memory")
-                    ok, need, free = self.kv.can_allocate(req, n, cached, self.watermark_blocks)
+                if victim is None or victim.request_id in out.admitted:
+                    break
+                budget += self._unschedule(victim, out, scheduled_ids)
+                self.preempt(victim, out, f"{req.request_id} has higher priority and needs its memory")
+                ok, need, free = self.kv.can_allocate(req, n, cached, self.watermark_blocks)
             if not ok:
                 reason = self.kv.explain_wait(req, n, cached, self.watermark_blocks,
                                               requests={r.request_id: r for r in self.running})
@@ -298,6 +328,18 @@ class Scheduler:
             scheduled_ids.add(req.request_id)
             budget -= n
         return budget
+
+    def _unschedule(self, victim: Request, out: SchedulerOutput, scheduled_ids: set) -> int:
+        """Take a running request back out of this step's batch (it is about to be preempted);
+        returns the budget tokens it gave back."""
+        if victim.request_id not in scheduled_ids:
+            return 0
+        scheduled_ids.discard(victim.request_id)
+        for i, s in enumerate(out.scheduled):
+            if s.request is victim:
+                del out.scheduled[i]
+                return s.num_new_tokens
+        return 0
 
     def _shed_load(self, now: float, out: SchedulerOutput) -> None:
         """Admission control: reject cleanly rather than let the queue grow without bound."""

@@ -83,7 +83,7 @@ SAMPLE_PROMPT = "ROMEO:"
 @dataclass
 class ModelSize:
     """The size flags of one model. 4 query heads x 64 = 256 wide; 2 KV heads: GQA."""
-    layers: int = 6
+    layers: int = 4
     hidden: int = 256
     heads: int = 4
     kv_heads: int = 2
@@ -521,7 +521,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--vocab-size", type=int, default=1024)
     # big model size
-    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
@@ -538,12 +538,12 @@ def parse_args(argv=None):
     p.add_argument("--warmup-steps", type=int, default=50)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=1500)
+    p.add_argument("--max-steps", type=int, default=1800)
     p.add_argument("--max-minutes", type=float, default=50.0, help="big model's training budget")
     p.add_argument("--draft-steps", type=int, default=300)
     p.add_argument("--draft-minutes", type=float, default=6.0)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--eval-windows", type=int, default=16, help="val windows for periodic evals")
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--eval-windows", type=int, default=8, help="val windows for periodic evals")
     p.add_argument("--save-minutes", type=float, default=5.0)
     p.add_argument("--resume", action="store_true", help="continue from --run-dir state")
     p.add_argument("--skip-main", action="store_true", help="reuse the big model in --out")

@@ -1,0 +1,17 @@
+"""Step-through widgets: watch the scheduler decide, one iteration at a time.
+
+* ``Stepper``: Step / Run N / Play-Pause / Reset and a history slider over one engine;
+  shows the waiting queue and running set, the batch against the execution-token
+  budget, the KV memory map and the step's reasons in plain words.
+* ``LockstepStepper``: two engines (e.g. reservation vs paging) stepped together;
+  ``figure4_lockstep()`` builds the seeds' Figure 4.
+
+The figures they draw are in ``minillm.figures`` and work without any widget.
+"""
+
+from .lockstep import LockstepStepper, figure4_engine, figure4_lockstep
+from .panels import metrics_html, queue_html, reasons_html
+from .stepper import Stepper, as_engine, engine_factory
+
+__all__ = ["Stepper", "LockstepStepper", "figure4_engine", "figure4_lockstep", "engine_factory", "as_engine",
+           "metrics_html", "queue_html", "reasons_html"]

@@ -1,0 +1,216 @@
+"""LockstepStepper: two (or more) engines stepped together, side by side.
+
+The same trace on two configurations, one Step advancing each by one scheduler
+iteration, shows a difference as it happens. The seeds' Figure 4 is the case in
+point: with ``kv_allocation="reserved"`` request B holds 20 positions (6 of KV, 14
+reserved but unused) so C's 6-token prefill cannot be allocated although only 13
+positions would hold KV; with ``"paged"`` C joins at once::
+
+    from minillm.widgets import figure4_lockstep
+    figure4_lockstep()            # reserved (left) vs paged (right)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import ipywidgets as W
+
+from .. import figures as F
+from ..figures import ColorMap
+from ..step_record import StepRecord
+from .stepper import Stepper, as_engine
+
+__all__ = ["LockstepStepper", "figure4_engine", "figure4_lockstep"]
+
+
+class LockstepStepper:
+    """Several engines under one set of controls: Step advances every unfinished engine by
+    exactly one iteration; the history slider shows the same step index in each.
+
+    ``engines``: engines, ``LLM``s or factories (as for ``Stepper``). ``names``: a title per
+    engine (default: their ``kv_allocation`` when those differ, else A, B, ...).
+    Handles: ``step_button``, ``run_button``, ``reset_button``, ``history``, ``step()``,
+    ``run(n)``, ``reset()``, ``show(i)``, ``steppers`` (one ``Stepper`` each, also ``left`` and
+    ``right``), ``records`` (one list per engine), ``kv_figs`` / ``batch_figs``, ``widget``.
+    """
+
+    def __init__(self, engine_a: Any, engine_b: Any, *more: Any, names: Optional[Sequence[str]] = None,
+                 run_n: int = 10, speed: float = 2.0, max_cells: int = 512, per_position_max: int = 64,
+                 title: Optional[str] = None, fig_width: int = 480):
+        sources = [engine_a, engine_b, *more]
+        self.colors = ColorMap()
+        self.steppers = [Stepper(src, controls=False, compact=True, colors=self.colors, max_cells=max_cells,
+                                 per_position_max=per_position_max, fig_width=fig_width)
+                         for src in sources]
+        if names is None:
+            modes = [s.engine.config.kv_allocation for s in self.steppers]
+            names = modes if len(set(modes)) == len(modes) else [chr(ord("A") + i) for i in range(len(modes))]
+        self.names = list(names)
+        for s, name in zip(self.steppers, self.names):
+            s.title = name
+            s.title_html.value = f"<div style='font-size:14px;font-weight:600'>{name}</div>"
+            s.widget.children = s._layout_children()
+        self.title = title
+        btn = dict(layout=W.Layout(width="auto"))
+        self.step_button = W.Button(description="Step", icon="step-forward", button_style="primary",
+                                    tooltip="one scheduler iteration in every engine", **btn)
+        self.run_button = W.Button(description="Run N", icon="forward", **btn)
+        self.run_n = W.BoundedIntText(value=run_n, min=1, max=100000, description="N",
+                                      layout=W.Layout(width="110px"), style={"description_width": "16px"})
+        self.play = W.Play(value=0, min=0, max=10**9, step=1, interval=int(1000 / max(0.1, speed)),
+                           show_repeat=False, description="Play")
+        self.speed = W.FloatSlider(value=speed, min=0.5, max=20.0, step=0.5, description="steps/s",
+                                   layout=W.Layout(width="230px"), style={"description_width": "55px"})
+        self.reset_button = W.Button(description="Reset", icon="undo", button_style="warning", **btn)
+        self.history = W.IntSlider(value=0, min=0, max=0, description="view step", disabled=True,
+                                   continuous_update=False, layout=W.Layout(width="420px"),
+                                   style={"description_width": "70px"})
+        self.step_button.on_click(lambda _: self.step())
+        self.run_button.on_click(lambda _: self.run(self.run_n.value))
+        self.reset_button.on_click(lambda _: self.reset())
+        self.play.observe(self._on_play, names="value")
+        self.speed.observe(lambda ch: setattr(self.play, "interval", int(1000 / max(0.1, ch["new"]))),
+                           names="value")
+        self.history.observe(self._on_history, names="value")
+        self._syncing = False
+        controls = W.HBox([self.step_button, self.run_button, self.run_n, self.play, self.speed,
+                           self.reset_button], layout=W.Layout(flex_flow="row wrap", align_items="center"))
+        head = [W.HTML(f"<div style='font-size:15px;font-weight:600'>{title}</div>")] if title else []
+        self.widget = W.VBox(head + [controls, self.history,
+                                     W.HBox([s.widget for s in self.steppers],
+                                            layout=W.Layout(align_items="flex-start"))])
+        self.widget.add_class("minillm-lockstep")
+
+    # --- handles ----------------------------------------------------------------------------
+    @property
+    def left(self) -> Stepper:
+        return self.steppers[0]
+
+    @property
+    def right(self) -> Stepper:
+        return self.steppers[-1]
+
+    @property
+    def engines(self) -> list:
+        return [s.engine for s in self.steppers]
+
+    @property
+    def records(self) -> list[list[StepRecord]]:
+        return [s.records for s in self.steppers]
+
+    @property
+    def kv_figs(self) -> list:
+        return [s.kv_fig for s in self.steppers]
+
+    @property
+    def batch_figs(self) -> list:
+        return [s.batch_fig for s in self.steppers]
+
+    @property
+    def done(self) -> bool:
+        return all(s.done for s in self.steppers)
+
+    def step(self) -> list[Optional[StepRecord]]:
+        """One iteration in every engine that still has work (None for an engine that is done)."""
+        out = [None if s.done else s.step() for s in self.steppers]
+        self._sync()
+        return out
+
+    def run(self, n: Optional[int] = None) -> list[list[StepRecord]]:
+        n = self.run_n.value if n is None else int(n)
+        out = [s.run(n) for s in self.steppers]
+        self._sync()
+        return out
+
+    def reset(self) -> None:
+        self.play.playing = False
+        for s in self.steppers:
+            s.reset()
+        self._sync()
+
+    def show(self, index: int) -> None:
+        """Show step ``index`` in every engine (an engine that finished earlier shows its last step)."""
+        for s in self.steppers:
+            if s.records:
+                s.show(min(index, len(s.records) - 1))
+        self._sync(index)
+
+    def compare_figure(self, index: Optional[int] = None, **kw):
+        """A static figure of the engines' KV maps at step ``index`` (default: the last)."""
+        recs = {}
+        for name, s in zip(self.names, self.steppers):
+            if s.records:
+                i = len(s.records) - 1 if index is None else min(index, len(s.records) - 1)
+                recs[name] = s.records[i]
+            else:
+                recs[name] = s._empty_kv
+        return F.compare_kv_figure(recs, colors=self.colors, **kw)
+
+    def display(self) -> None:
+        from IPython.display import display
+        display(self.widget)
+
+    def _ipython_display_(self) -> None:
+        self.display()
+
+    # --- internals -----------------------------------------------------------------------------
+    def _sync(self, index: Optional[int] = None) -> None:
+        n = max((len(s.records) for s in self.steppers), default=0)
+        self._syncing = True
+        try:
+            self.history.max = max(0, n - 1)
+            self.history.value = max(0, n - 1 if index is None else index)
+            self.history.disabled = n < 2
+        finally:
+            self._syncing = False
+        done = self.done
+        self.step_button.disabled = done
+        self.run_button.disabled = done
+
+    def _on_history(self, change) -> None:
+        if self._syncing:
+            return
+        self.show(int(change["new"]))
+
+    def _on_play(self, change) -> None:
+        if change["new"] <= change["old"]:
+            return
+        if self.done:
+            self.play.playing = False
+            return
+        self.step()
+        if self.done:
+            self.play.playing = False
+
+
+# =====================================================================================
+# The seeds' Figure 4
+# =====================================================================================
+
+def figure4_engine(kv_allocation: str = "reserved", *, executor: str = "simulated", model: str = "random"):
+    """The seeds' Figure 4 set-up: KV capacity 24 positions (block_size 1), budget 8 tokens,
+    at most 2 requests. B (prompt 6, max_tokens 14: a 20-position reservation) arrives first;
+    C (prompt 6, max_tokens 4) arrives just after B's prefill. On the modeled clock (10 ms a
+    step) so the arrival order is the same on every machine.
+    """
+    from ..llm import LLM
+    from ..sampling_params import SamplingParams
+
+    llm = LLM(model=model, executor=executor, block_size=1, num_kv_blocks=24, max_num_batched_tokens=8,
+              max_num_seqs=2, kv_allocation=kv_allocation, clock="modeled", cost_model=0.010,
+              max_model_len=64)
+    eng = llm.engine
+    eng.add_request(list(range(10, 16)), SamplingParams(max_tokens=14, ignore_eos=True, temperature=0.0),
+                    request_id="B", arrival_time=0.0)
+    eng.add_request(list(range(20, 26)), SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0),
+                    request_id="C", arrival_time=0.005)
+    return eng
+
+
+def figure4_lockstep(executor: str = "simulated", model: str = "random", **kw) -> LockstepStepper:
+    """Reservation (left) vs paging (right) on the Figure 4 trace, stepped in lockstep."""
+    kw.setdefault("title", "Figure 4: unused reservations make new requests wait")
+    return LockstepStepper(lambda: figure4_engine("reserved", executor=executor, model=model),
+                           lambda: figure4_engine("paged", executor=executor, model=model),
+                           names=["reserved (max-length reservation)", "paged (blocks on demand)"], **kw)

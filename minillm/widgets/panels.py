@@ -1,0 +1,322 @@
+"""The text panels of the step-through widgets, as HTML built from ``StepRecord``s.
+
+Pure functions: (records, what is known about each request) -> an HTML string. The
+``Stepper`` puts them in ``ipywidgets.HTML``; tests read them as text. Nothing here
+touches an engine: what a reader sees is what the records say.
+
+* ``metrics_html``: the running numbers (step, clock, batch occupancy, KV use, TTFT/TPOT so far);
+* ``queue_html``: the waiting queue and the running set, each request with its phase and
+  progress (prompt computed / output generated);
+* ``reasons_html``: the step's decisions in plain words (admitted, who waits and why, who
+  was preempted and how, who finished).
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from ..figures import ColorMap
+from ..step_record import StepRecord
+
+__all__ = ["RequestInfo", "Progress", "progress_at", "metrics_html", "queue_html", "reasons_html",
+           "latency_so_far"]
+
+MAX_ROWS = 12      # requests listed per section; the rest are counted
+
+
+@dataclass
+class RequestInfo:
+    """What is fixed about a request when it is added: its sizes and its arrival."""
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    arrival_time: float
+    metrics: Any = None          # its RequestMetrics (timestamps), read for TTFT/TPOT so far
+
+
+@dataclass
+class Progress:
+    """The cumulative state after some step, folded from the records up to it."""
+    outputs: dict            # request id -> output tokens generated so far
+    finished: dict           # request id -> finish reason ("rejected" for rejected ones)
+    started: set             # request ids that have run at least once
+    preempted: set           # request ids preempted and not yet back
+    num_preemptions: int = 0
+
+    @classmethod
+    def empty(cls) -> "Progress":
+        return cls({}, {}, set(), set(), 0)
+
+    def copy(self) -> "Progress":
+        return Progress(dict(self.outputs), dict(self.finished), set(self.started), set(self.preempted),
+                        self.num_preemptions)
+
+    def apply(self, rec: StepRecord) -> "Progress":
+        """Fold one more step in (in place; returns self)."""
+        for p in rec.preempted:
+            self.preempted.add(p.request_id)
+            self.num_preemptions += 1
+        for e in rec.batch:
+            self.started.add(e.request_id)
+            if e.num_output_tokens:
+                self.outputs[e.request_id] = self.outputs.get(e.request_id, 0) + e.num_output_tokens
+        for rid in list(rec.admitted) + list(rec.swapped_in):
+            self.preempted.discard(rid)
+        for rid in rec.finished:
+            self.finished[rid] = rec.finish_reasons.get(rid, "finished")
+            self.preempted.discard(rid)
+        for w in rec.rejected:
+            self.finished[w.request_id] = "rejected"
+        for rid in rec.aborted:
+            self.finished[rid] = "abort"
+        return self
+
+
+def progress_at(records: Sequence[StepRecord], index: int) -> Progress:
+    """The cumulative ``Progress`` after ``records[index]`` (index -1: before any step)."""
+    p = Progress.empty()
+    for rec in records[:index + 1]:
+        p.apply(rec)
+    return p
+
+
+# --- small HTML helpers ------------------------------------------------------------------
+
+def _e(s: Any) -> str:
+    return html.escape(str(s))
+
+
+def _swatch(color: str) -> str:
+    return (f"<span style='display:inline-block;width:11px;height:11px;background:{color};"
+            f"border-radius:2px;margin-right:4px;vertical-align:-1px'></span>")
+
+
+def _bar(done: int, total: int, color: str, width: int = 70) -> str:
+    frac = 0.0 if total <= 0 else max(0.0, min(1.0, done / total))
+    return (f"<span style='display:inline-block;width:{width}px;height:8px;background:#eee;"
+            f"border-radius:2px;vertical-align:0px;margin:0 3px'>"
+            f"<span style='display:block;width:{frac * 100:.0f}%;height:8px;background:{color};"
+            f"border-radius:2px'></span></span>")
+
+
+def _fmt_s(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    if v < 1.0:
+        return f"{v * 1e3:.1f} ms"
+    return f"{v:.3f} s"
+
+
+# --- running numbers ---------------------------------------------------------------------
+
+def latency_so_far(infos: dict, t: float) -> dict:
+    """TTFT and TPOT of the requests as they stood at clock time ``t`` (means, counts)."""
+    ttft, tpot = [], []
+    for info in infos.values():
+        m = info.metrics
+        if m is None:
+            continue
+        if m.first_token_time is not None and m.first_token_time <= t + 1e-12:
+            ttft.append(m.first_token_time - m.arrival_time)
+        times = m.token_times
+        n = bisect.bisect_right(times, t + 1e-12)
+        if n >= 2:
+            tpot.append((times[n - 1] - times[0]) / (n - 1))
+    mean = (lambda v: sum(v) / len(v) if v else None)
+    return {"ttft_mean": mean(ttft), "ttft_n": len(ttft), "tpot_mean": mean(tpot), "tpot_n": len(tpot),
+            "ttft_max": max(ttft) if ttft else None}
+
+
+def metrics_html(rec: Optional[StepRecord], progress: Progress, infos: dict, *, max_num_seqs: int,
+                 token_budget: int, num_taken: int, viewing_history: bool = False,
+                 kv_total: Optional[int] = None, note: str = "") -> str:
+    """One line of numbers for the step on screen."""
+    parts = []
+    style = "font-family:var(--jp-ui-font-family, sans-serif);font-size:13px;line-height:1.6"
+    if rec is None:
+        queued = sum(1 for rid in infos if rid not in progress.finished)
+        head = (f"<span class='mlw-step' style='font-weight:600'>step -</span> "
+                f"(no step taken yet): {queued} request{'s' if queued != 1 else ''} added, "
+                f"budget {token_budget} tokens, {max_num_seqs} sequences"
+                + (f", KV {kv_total} positions" if kv_total else ""))
+        return f"<div class='mlw-metrics' style='{style}'>{head}{_note(note)}</div>"
+    hist = (f"<span style='background:#fff3cd;padding:0 4px;border-radius:3px'>history: "
+            f"viewing step {rec.step}, latest is {num_taken - 1}</span> " if viewing_history else "")
+    parts.append(f"<span class='mlw-step' style='font-weight:600'>step {rec.step}</span>")
+    parts.append(f"t = {rec.time:.4f} s ({_e(rec.clock)} clock, step took {_fmt_s(rec.duration)})")
+    parts.append(f"batch {len(rec.batch)}/{max_num_seqs} seqs ({len(rec.batch) / max(1, max_num_seqs):.0%})")
+    parts.append(f"{rec.num_batched_tokens}/{rec.token_budget} tokens "
+                 f"({rec.num_batched_tokens / max(1, rec.token_budget):.0%} of the budget)")
+    kv = rec.kv
+    held = kv.used + kv.reserved_unused
+    kv_s = f"KV {kv.used}/{kv.total} positions hold KV ({kv.used / max(1, kv.total):.0%})"
+    if kv.reserved_unused:
+        kv_s += f", {kv.reserved_unused} reserved unused (held {held / max(1, kv.total):.0%})"
+    parts.append(kv_s)
+    lat = latency_so_far(infos, rec.time)
+    parts.append(f"TTFT mean {_fmt_s(lat['ttft_mean'])} (n={lat['ttft_n']})")
+    parts.append(f"TPOT mean {_fmt_s(lat['tpot_mean'])} (n={lat['tpot_n']})")
+    parts.append(f"finished {len(progress.finished)}/{len(infos)}")
+    if progress.num_preemptions:
+        parts.append(f"preemptions {progress.num_preemptions}")
+    return (f"<div class='mlw-metrics' style='{style}'>{hist}" + " &middot; ".join(parts)
+            + f"{_note(note)}</div>")
+
+
+def _note(note: str) -> str:
+    return f"<br><span class='mlw-note' style='color:#a05a00'>{_e(note)}</span>" if note else ""
+
+
+# --- the queue and the running set ------------------------------------------------------
+
+def _request_row(rid: str, colors: ColorMap, info: Optional[RequestInfo], computed: int, outputs: int,
+                 status: str) -> str:
+    color = colors[rid]
+    plen = info.prompt_len if info else 0
+    mt = info.max_tokens if info else 0
+    pc = min(computed, plen) if plen else computed
+    return ("<tr>"
+            f"<td style='white-space:nowrap;padding-right:6px'>{_swatch(color)}<b>{_e(rid)}</b></td>"
+            f"<td style='white-space:nowrap;padding-right:6px;color:#333'>{status}</td>"
+            f"<td style='white-space:nowrap;font-size:11px;color:#555'>prompt{_bar(pc, plen, color)}"
+            f"{pc}/{plen}</td>"
+            f"<td style='white-space:nowrap;font-size:11px;color:#555;padding-left:6px'>output"
+            f"{_bar(outputs, mt, color)}{outputs}/{mt}</td>"
+            "</tr>")
+
+
+def _section(title: str, rows: list[str], extra: int = 0) -> str:
+    if not rows:
+        return ""
+    more = f"<div style='font-size:11px;color:#777'>... and {extra} more</div>" if extra > 0 else ""
+    return (f"<div style='margin-top:6px;font-weight:600'>{title}</div>"
+            f"<table style='border-collapse:collapse;font-size:12px'>{''.join(rows)}</table>{more}")
+
+
+def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, colors: ColorMap, *,
+               max_num_seqs: int, max_rows: int = MAX_ROWS) -> str:
+    """The running set and the waiting queue after the step, with each request's progress."""
+    style = "font-family:var(--jp-ui-font-family, sans-serif);font-size:12px;line-height:1.35"
+    out = [f"<div class='mlw-queue' style='{style}'>"]
+    t = rec.time if rec is not None else 0.0
+    per_req = rec.kv.per_request if rec is not None else {}
+
+    def computed(rid):
+        rk = per_req.get(rid)
+        return rk.used if rk is not None else 0
+
+    if rec is None:
+        waiting_ids = [rid for rid in infos if rid not in progress.finished]
+        rows = [_request_row(rid, colors, infos.get(rid), 0, 0, "queued") for rid in waiting_ids[:max_rows]]
+        out.append(_section(f"Waiting queue ({len(waiting_ids)})", rows, len(waiting_ids) - max_rows))
+        out.append("</div>")
+        return "".join(out)
+
+    # Running set.
+    rows = []
+    for rid in rec.running[:max_rows]:
+        e = rec.entry(rid)
+        if e is None:
+            status = "<span style='color:#a05a00'>not scheduled (budget spent)</span>"
+        elif e.phase == "decode":
+            status = f"decode +{e.num_tokens}"
+        else:
+            info = infos.get(rid)
+            whole = info is not None and e.context_len >= info.prompt_len + progress.outputs.get(rid, 0) - 1
+            status = f"prefill +{e.num_tokens}" + ("" if whole else " (chunk)")
+        rows.append(_request_row(rid, colors, infos.get(rid), computed(rid), progress.outputs.get(rid, 0),
+                                 status))
+    out.append(_section(f"Running ({len(rec.running)}/{max_num_seqs} seqs)", rows,
+                        len(rec.running) - max_rows) or
+               "<div style='margin-top:6px;font-weight:600'>Running (0)</div>")
+    # Swapped out.
+    rows = [_request_row(rid, colors, infos.get(rid), 0, progress.outputs.get(rid, 0), "swapped out")
+            for rid in rec.swapped[:max_rows]]
+    out.append(_section(f"Swapped out ({len(rec.swapped)})", rows, len(rec.swapped) - max_rows))
+    # Waiting queue, with the reason each waits.
+    rows = []
+    for w in rec.waiting[:max_rows]:
+        kind = "preempted, waits" if w.request_id in progress.preempted else "waits"
+        status = f"{kind}: <span style='color:#555'>{_e(w.reason)}</span>"
+        rows.append(_request_row(w.request_id, colors, infos.get(w.request_id), computed(w.request_id),
+                                 progress.outputs.get(w.request_id, 0),
+                                 f"<span style='white-space:normal'>{status}</span>"))
+    out.append(_section(f"Waiting queue ({len(rec.waiting)})", rows, len(rec.waiting) - max_rows)
+               or "<div style='margin-top:6px;font-weight:600'>Waiting queue (0)</div>")
+    # Not arrived yet (a trace with arrival times).
+    known = set(rec.running) | set(rec.swapped) | {w.request_id for w in rec.waiting} | set(progress.finished)
+    later = [rid for rid, info in infos.items() if rid not in known and info.arrival_time > t]
+    if later:
+        out.append(f"<div style='margin-top:6px;color:#777'>Not arrived yet ({len(later)}): "
+                   + ", ".join(_e(r) for r in later[:max_rows]) + (" ..." if len(later) > max_rows else "")
+                   + "</div>")
+    # Finished.
+    if progress.finished:
+        items = list(progress.finished.items())
+        shown = items[-max_rows:]
+        out.append(f"<div style='margin-top:6px'><b>Finished ({len(items)})</b>: "
+                   + ", ".join(f"{_swatch(colors[r])}{_e(r)} <span style='color:#777'>({_e(why)})</span>"
+                               for r, why in shown)
+                   + (" ..." if len(items) > max_rows else "") + "</div>")
+    out.append("</div>")
+    return "".join(out)
+
+
+# --- the step's decisions in plain words -------------------------------------------------
+
+def reasons_html(rec: Optional[StepRecord], infos: dict, *, max_rows: int = MAX_ROWS) -> str:
+    """What the scheduler decided in this step, one plain sentence per decision."""
+    style = ("font-family:var(--jp-ui-font-family, sans-serif);font-size:12.5px;line-height:1.5;"
+             "background:#f7f7f9;border-left:3px solid #4C78A8;padding:4px 10px;margin-top:4px")
+    if rec is None:
+        return (f"<div class='mlw-reasons' style='{style}'>Press <b>Step</b> to run one scheduler iteration: "
+                "it decides who runs and how many tokens each gets under the execution-token budget, "
+                "runs the batch, then shows what it did here.</div>")
+    items = []
+    if not rec.scheduled:
+        items.append("The batch was <b>not re-formed</b> this step (schedule_every &gt; 1): the last one ran again.")
+    if rec.batch:
+        parts = []
+        for e in rec.batch:
+            info = infos.get(e.request_id)
+            if e.phase == "decode":
+                parts.append(f"<b>{_e(e.request_id)}</b> decode +{e.num_tokens}")
+            else:
+                chunk = ""
+                if info is not None and e.context_len < info.prompt_len:
+                    chunk = f", a chunk: {e.context_len}/{info.prompt_len} prompt tokens computed"
+                parts.append(f"<b>{_e(e.request_id)}</b> prefill +{e.num_tokens}{chunk}")
+        items.append(f"Ran {rec.num_batched_tokens} of {rec.token_budget} budget tokens: " + "; ".join(parts) + ".")
+    else:
+        items.append("Nothing ran this step.")
+    if rec.admitted:
+        items.append("Admitted: " + ", ".join(f"<b>{_e(r)}</b>" for r in rec.admitted)
+                     + " (the resources it needs were free, so its prefill joined the batch).")
+    for rid in rec.swapped_in:
+        items.append(f"Swapped in: <b>{_e(rid)}</b> (its KV copied back from host memory).")
+    for p in rec.preempted:
+        how = ("its KV was dropped and will be recomputed" if p.mode == "recompute"
+               else "its KV was copied to host memory (swap)")
+        items.append(f"Preempted: <b>{_e(p.request_id)}</b>, {how}, because {_e(p.reason)}.")
+    for w in rec.waiting[:max_rows]:
+        items.append(f"<b>{_e(w.request_id)}</b> waits: {_e(w.reason)}.")
+    if len(rec.waiting) > max_rows:
+        items.append(f"... and {len(rec.waiting) - max_rows} more wait.")
+    idle = [rid for rid in rec.running if rec.entry(rid) is None]
+    if idle:
+        items.append("Running but given no tokens this step (budget spent): "
+                     + ", ".join(f"<b>{_e(r)}</b>" for r in idle) + ".")
+    for rid in rec.finished:
+        why = rec.finish_reasons.get(rid, "")
+        why_s = {"length": "reached max_tokens", "stop": "produced a stop token"}.get(why, why)
+        items.append(f"Finished: <b>{_e(rid)}</b> ({_e(why_s)}); its KV is freed.")
+    for w in rec.rejected:
+        items.append(f"Rejected: <b>{_e(w.request_id)}</b>: {_e(w.reason)}.")
+    for rid in rec.aborted:
+        items.append(f"Aborted: <b>{_e(rid)}</b>.")
+    body = "".join(f"<li>{it}</li>" for it in items)
+    return (f"<div class='mlw-reasons' style='{style}'><b>What step {rec.step} did</b>"
+            f"<ul style='margin:2px 0 2px 18px;padding:0'>{body}</ul></div>")
