@@ -1,0 +1,33 @@
+"""environment.yml (conda users) lists the same dependencies as pyproject.toml."""
+
+import re
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _name_spec(req: str) -> tuple[str, str]:
+    req = req.split(";")[0].strip()
+    m = re.match(r"^([A-Za-z0-9_.\-]+)\s*(.*)$", req)
+    return m.group(1).lower(), m.group(2).replace(" ", "")
+
+
+def test_environment_yml_matches_pyproject():
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    want = dict(_name_spec(r) for r in py["dependencies"] + py["optional-dependencies"]["dev"])
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    have = dict(_name_spec(r) for r in pip if not r.startswith("-e"))
+    assert have == want
+
+
+def test_torch_is_a_range_not_a_pin():
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    torch = next(r for r in py["dependencies"] if r.startswith("torch"))
+    assert "==" not in torch and ">=" in torch
