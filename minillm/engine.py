@@ -95,6 +95,7 @@ class LLMEngine:
         self._active: dict[str, Request] = {}       # not yet finished
         self._ids = itertools.count()
         self.step_count = 0
+        self.swapped_bytes = 0                      # KV bytes copied to/from host memory
         self.step_records: list[StepRecord] = []
         self.keep_records = True                    # set False for very long simulated runs
         self.record_block_map = num_blocks <= 4096  # per-block map in StepRecord.kv
@@ -319,6 +320,7 @@ class LLMEngine:
         else:
             duration, sched_time, swap_time = wall, t_sched, 0.0
         t = self.clock.now()
+        self.swapped_bytes += result.swap_bytes
 
         finished: list[str] = []
         reasons: dict[str, str] = {}
@@ -406,6 +408,7 @@ class LLMEngine:
 
     def stats(self) -> dict:
         d = dict(self.scheduler.counters)
+        d["swapped_bytes"] = self.swapped_bytes
         d["prefix_cache"] = self.kv.stats()
         d["steps"] = self.step_count
         return d

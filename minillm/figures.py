@@ -533,19 +533,25 @@ BATCH_TRACE_NAMES = ("decode", "prefill chunk", "unused budget")
 
 
 def _batch_trace_data(record: Optional[StepRecord], colors: ColorMap) -> list[dict]:
+    """Decode segments solid in the request's colour, prefill chunks a light tint of it with
+    an outline, the unused budget light grey."""
     seg = batch_segments(record)
     data = []
     for kind in ("decode", "prefill", "unused"):
         s = seg[kind]
-        cols = [colors[d["request_id"]] if d["request_id"] is not None else UNUSED_BUDGET for d in s]
-        text = [_short_label(d, kind) for d in s]
-        marker = dict(color=cols, line=dict(color="white", width=1.5))
-        if kind == "prefill":
-            marker["pattern"] = dict(shape=".", fgcolor="white", bgcolor=cols, size=5, solidity=0.25)
-        if kind == "unused":
-            marker["line"] = dict(color="#bbbbbb", width=1)
+        own = [colors[d["request_id"]] if d["request_id"] is not None else UNUSED_BUDGET for d in s]
+        if kind == "decode":
+            marker = dict(color=own, line=dict(color="white", width=1.5))
+            font = ["white"] * len(s)
+        elif kind == "prefill":
+            marker = dict(color=[_tint(c, 0.35) for c in own], line=dict(color=own, width=2))
+            font = ["#222"] * len(s)
+        else:
+            marker = dict(color=UNUSED_BUDGET, line=dict(color="#bbbbbb", width=1))
+            font = ["#666"] * len(s)
         data.append(dict(x=[d["tokens"] for d in s], base=[d["start"] for d in s], y=["tokens"] * len(s),
-                         text=text, hovertext=[d["label"] for d in s], marker=marker))
+                         text=[_short_label(d, kind) for d in s], hovertext=[d["label"] for d in s],
+                         customdata=[d["request_id"] or "" for d in s], marker=marker, textfont=dict(color=font, size=11)))
     return data
 
 
@@ -588,13 +594,13 @@ def batch_figure(record: Optional[StepRecord] = None, *, colors: Optional[ColorM
     traces = []
     for name, d in zip(BATCH_TRACE_NAMES, data):
         traces.append(go.Bar(name=name, orientation="h", width=0.6, textposition="inside",
-                             insidetextanchor="middle", textfont=dict(size=11),
+                             insidetextanchor="middle", constraintext="none",
                              hovertemplate="%{hovertext}<extra></extra>", **d))
     # Legend swatches in neutral colours (the bars themselves carry each request's colour).
     traces[0].showlegend = traces[1].showlegend = traces[2].showlegend = False
-    for name, kw in (("decode: 1 token", dict(color="#777")),
-                     ("prefill chunk", dict(color="#777", pattern=dict(shape=".", fgcolor="white",
-                                                                       size=5, solidity=0.25))),
+    for name, kw in (("decode (solid)", dict(color="#777")),
+                     ("prefill chunk (light, outlined)", dict(color=_tint("#777777", 0.35),
+                                                              line=dict(color="#777", width=2))),
                      ("unused budget", dict(color=UNUSED_BUDGET, line=dict(color="#bbbbbb", width=1)))):
         traces.append(go.Bar(name=name, x=[None], y=[None], orientation="h", marker=kw, hoverinfo="skip"))
     return go.Figure(data=traces, layout=_batch_layout(budget, _batch_title(record, budget), width))
@@ -653,6 +659,7 @@ def gantt_segments(records: Sequence[StepRecord], requests: Any = None) -> dict[
     started: set[str] = set()
     preempted: set[str] = set()
     done: set[str] = set()
+    seen: set[str] = set()
 
     def close(rid):
         if rid in open_:
@@ -687,11 +694,15 @@ def gantt_segments(records: Sequence[StepRecord], requests: Any = None) -> dict[
         for rid, st in states.items():
             if rid in done:
                 continue
-            if st == "queued" and rid not in open_ and rid in metrics:
-                a0 = min(a, metrics[rid].arrival_time)
-                extend(rid, st, a0, b)
-            else:
-                extend(rid, st, a, b)
+            arrival = getattr(metrics.get(rid), "arrival_time", None)
+            first = rid not in seen
+            seen.add(rid)
+            if first and arrival is not None and arrival < a:
+                if st == "queued":
+                    extend(rid, st, arrival, b)
+                    continue
+                out["queued"].append((rid, arrival, a))    # arrived while the last step ran
+            extend(rid, st, a, b)
         for rid in list(open_):
             if rid not in states:
                 close(rid)
@@ -752,8 +763,11 @@ def gantt_figure(records: Sequence[StepRecord], requests: Any = None, *, title: 
 
 
 def _ecdf(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    v = np.sort(np.asarray([x for x in values if x is not None], dtype=float))
-    return v, (np.arange(1, len(v) + 1) / len(v)) if len(v) else np.array([])
+    """Step-function points of the empirical CDF, starting at 0 (values rounded to 6 digits)."""
+    v = np.sort(np.asarray([float(f"{x:.6g}") for x in values if x is not None], dtype=float))
+    if not len(v):
+        return v, np.array([])
+    return np.concatenate([[v[0]], v]), np.concatenate([[0.0], np.arange(1, len(v) + 1) / len(v)])
 
 
 def latency_cdf_figure(configs: Mapping[str, Sequence[Any]], metrics: Sequence[str] = ("ttft", "tpot"), *,
@@ -774,18 +788,19 @@ def latency_cdf_figure(configs: Mapping[str, Sequence[Any]], metrics: Sequence[s
         for j, metric in enumerate(metrics, start=1):
             vals = [getattr(m, metric, None) for m in ms]
             x, y = _ecdf([v * scale for v in vals if v is not None])
-            p50 = np.percentile(x, 50) if len(x) else float("nan")
-            p99 = np.percentile(x, 99) if len(x) else float("nan")
+            raw = [v * scale for v in vals if v is not None]
+            p50 = np.percentile(raw, 50) if raw else float("nan")
+            p99 = np.percentile(raw, 99) if raw else float("nan")
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(shape="hv", color=color, width=2),
                                      name=cfg, legendgroup=cfg, showlegend=j == 1,
                                      hovertemplate=f"{cfg}: %{{x:.2f}} {unit} (p%{{y:.0%}})"
                                      f"<br>p50 {p50:.2f}, p99 {p99:.2f}<extra></extra>"),
                           row=1, col=j)
-            fig.update_xaxes(title_text=unit, row=1, col=j, showgrid=True, gridcolor="#eee")
+            fig.update_xaxes(title_text=unit, row=1, col=j, showgrid=True, gridcolor="#eee", rangemode="tozero")
     fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
     fig.update_yaxes(showgrid=True, gridcolor="#eee", range=[0, 1.02])
-    fig.update_layout(title=title, plot_bgcolor="white", height=360,
-                      legend=dict(orientation="h", y=-0.2, yanchor="top"))
+    fig.update_layout(title=title, plot_bgcolor="white", height=380, margin=dict(t=80),
+                      legend=dict(orientation="h", y=1.12, yanchor="bottom", x=0))
     if width:
         fig.update_layout(width=width)
     return fig
@@ -893,7 +908,7 @@ def roofline_figure(cost_model: Any = None, *, peak_flops: Optional[float] = Non
                                  marker=dict(size=10, symbol=symbols[k % 4], color=PALETTE[k % len(PALETTE)]),
                                  line=dict(dash="dot", width=1)))
     name = getattr(cost_model, "name", "") if cost_model is not None else ""
-    fig.update_layout(title=title or f"roofline {name}".strip(), plot_bgcolor="white", height=420,
+    fig.update_layout(title=title or (name or "roofline"), plot_bgcolor="white", height=420,
                       xaxis=dict(type="log", title="arithmetic intensity (FLOP / byte moved)", gridcolor="#eee"),
                       yaxis=dict(type="log", title="FLOP/s", gridcolor="#eee"),
                       legend=dict(orientation="h", y=-0.2, yanchor="top"))

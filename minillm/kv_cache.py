@@ -115,6 +115,9 @@ class PagedKVCacheManager:
 
     def allocate(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> bool:
         """Give the request blocks for ``num_new_tokens`` more positions (after its cached prefix)."""
+        held = self.req_blocks.get(req.request_id)
+        if held and not cached and req.num_computed_tokens + num_new_tokens <= len(held) * self.block_size:
+            return True                  # fast path: the last block still has room (most decodes)
         ok, need, _ = self.can_allocate(req, num_new_tokens, cached)
         if not ok:
             return False

@@ -192,7 +192,7 @@ class Scheduler:
 
         # 1. Running requests: one new token each (or the next chunk of their prompt).
         for req in list(self.running):
-            if req not in self.running or budget <= 0:
+            if req.status is not RequestStatus.RUNNING or budget <= 0:   # preempted above: O(1) test
                 continue
             n = req.num_tokens + len(req.spec_token_ids) - req.num_computed_tokens
             n = min(n, budget)
@@ -203,7 +203,7 @@ class Scheduler:
                 self.preempt(victim, out, f"{req.request_id} needed a KV block and none was free")
                 if victim is req:
                     break
-            if req not in self.running:
+            if req.status is not RequestStatus.RUNNING:
                 continue
             spec = req.spec_token_ids if n == req.num_tokens + len(req.spec_token_ids) - before else []
             out.scheduled.append(ScheduledRequest(req, n, before, self._phase(req, before), list(spec)))

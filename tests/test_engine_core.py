@@ -224,3 +224,13 @@ def test_random_workloads_keep_invariants(data):
         if rid not in aborts:
             assert o.finish_reason == "length"
             assert len(o.token_ids) == e.requests[rid].sampling_params.max_tokens
+
+
+def test_pickle_checkpoints_are_refused(tmp_path):
+    import json
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16,
+                                                      "hidden_size": 8, "num_hidden_layers": 1,
+                                                      "num_attention_heads": 2, "intermediate_size": 8}))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(ValueError, match="safetensors"):
+        LLM(str(tmp_path))

@@ -237,3 +237,10 @@ def test_random_memory_workloads_keep_invariants(data):
             e.abort_request(abort)
         assert steps < 3000
     check_all_free(e)
+
+
+def test_swap_counts_bytes():
+    _, _, e = outputs(num_kv_blocks=20, preemption_mode="swap", num_swap_blocks=40)
+    st_ = e.stats()
+    per_block = e.executor.bytes_per_block
+    assert st_["swapped_bytes"] == (st_["swapped_out_blocks"] + st_["swapped_in_blocks"]) * per_block > 0
