@@ -33,6 +33,8 @@ def _use_triton(backend: str, tensor) -> bool:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     if backend == "auto":
         return tensor.is_cuda
+    if backend == "triton" and not tensor.is_cuda:
+        use_interpreter_if_no_cuda()  # raises a clear error if the interpreter cannot be used
     return backend == "triton"
 
 

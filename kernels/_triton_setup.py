@@ -36,6 +36,7 @@ import os
 import sys
 
 _ENV = "TRITON_INTERPRET"
+_VERIFIED = False  # set once a late switch to the interpreter has been checked to work
 
 
 def cuda_available() -> bool:
@@ -47,7 +48,9 @@ def cuda_available() -> bool:
 
 def triton_installed() -> bool:
     """True when the ``triton`` package can be imported (it is not imported here)."""
-    return "triton" in sys.modules or importlib.util.find_spec("triton") is not None
+    if "triton" in sys.modules:
+        return sys.modules["triton"] is not None  # None: imports of triton are blocked
+    return importlib.util.find_spec("triton") is not None
 
 
 def interpreter_active() -> bool:
@@ -65,22 +68,29 @@ def use_interpreter_if_no_cuda() -> bool:
 
     Call this before the first ``import triton`` (see the module docstring for why).
     With CUDA present it changes nothing (a ``TRITON_INTERPRET=1`` you set yourself is
-    respected). Without CUDA it sets ``TRITON_INTERPRET=1``; if Triton was already
+    respected). An explicit ``TRITON_INTERPRET=0`` is respected too: it asks for compiled
+    kernels even without a GPU (to compile ahead of time for one, as
+    ``tests/test_kernels_compile.py`` does). Otherwise, without CUDA, it sets
+    ``TRITON_INTERPRET=1``; if Triton was already
     imported it verifies that kernels defined from now on are interpreted, and raises
     ``RuntimeError`` with instructions if they are not.
     """
-    if cuda_available():
+    if cuda_available() or os.environ.get(_ENV) == "0":
         return interpreter_active()
     if "triton" not in sys.modules:
         os.environ[_ENV] = "1"  # the normal case: Triton not imported yet
         return True
     # Triton is already imported. Flip the flag where this Triton reads it, then check.
+    global _VERIFIED
+    if _VERIFIED:
+        return True
     os.environ[_ENV] = "1"
     triton = sys.modules["triton"]
     knobs = getattr(triton, "knobs", None)
     if knobs is not None and not knobs.runtime.interpret:
         knobs.runtime.interpret = True  # an explicit `False` pinned in the knobs wins over the env
-    if not _jit_is_interpreted():
+    _VERIFIED = _jit_is_interpreted()
+    if not _VERIFIED:
         raise RuntimeError(
             "Triton was imported before TRITON_INTERPRET=1 was set, and this Triton "
             f"({getattr(triton, '__version__', '?')}) does not pick the flag up afterwards. "
@@ -101,7 +111,24 @@ def _jit_is_interpreted() -> bool:
         from triton.runtime.interpreter import InterpretedFunction
     except ImportError:  # pragma: no cover - very old Triton
         return False
-    return isinstance(triton.jit(_probe), InterpretedFunction)
+    if not isinstance(triton.jit(_probe), InterpretedFunction):
+        return False
+    # Triton's own library functions (tl.zeros, tl.maximum, ...) were defined when Triton was
+    # imported; if that was before the flag, they are compiled-mode and fail inside an
+    # interpreted kernel. Launch a tiny kernel that uses one to find out.
+    import torch
+    import triton.language as tl
+
+    @triton.jit
+    def _probe_kernel(out_ptr):
+        tl.store(out_ptr + tl.arange(0, 2), tl.zeros([2], tl.float32) + 1.0)
+
+    out = torch.zeros(2)
+    try:
+        _probe_kernel[(1,)](out)
+    except Exception:
+        return False
+    return bool((out == 1.0).all())
 
 
 def triton_available() -> bool:
@@ -112,10 +139,10 @@ def triton_available() -> bool:
     if not triton_installed():
         return False
     try:
-        use_interpreter_if_no_cuda()
+        interpreted = use_interpreter_if_no_cuda()
     except RuntimeError:
         return False
-    return True
+    return interpreted or cuda_available()
 
 
 def import_triton():
@@ -126,7 +153,10 @@ def import_triton():
     the kernels stay usable; launching a kernel then raises ImportError."""
     if not triton_installed():
         return _MissingTriton(), _MissingLanguage()
-    use_interpreter_if_no_cuda()
+    try:
+        use_interpreter_if_no_cuda()
+    except RuntimeError:
+        pass  # the torch references stay usable; asking for backend="triton" raises the error
     import triton
     import triton.language as tl
 

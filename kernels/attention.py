@@ -75,7 +75,7 @@ def _find_request(cu_seqlens_q_ptr, tile_id, batch, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch"])  # batch == 1 would become a constant, and the search needs a variable
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
@@ -227,12 +227,13 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def pick_tiles(head_dim: int, group: int, max_q_len: int) -> dict:
+def pick_tiles(head_dim: int, group: int, max_q_len: int, elem_size: int = 2) -> dict:
     """Tile sizes for one launch. Decode (and short speculative verifies) get 16-row
     tiles, the smallest a tensor-core matmul takes; prefill chunks get 128-row tiles
-    (64 for head dims above 128, to stay within registers and shared memory)."""
+    (64 for head dims above 128 or float32 data, to stay within registers and shared
+    memory)."""
     block_d = max(16, _next_pow2(head_dim))
-    cap = 128 if block_d <= 128 else 64
+    cap = 128 if block_d <= 128 and elem_size <= 2 else 64
     block_m = min(cap, max(16, _next_pow2(max_q_len * group)))
     block_m = max(block_m, _next_pow2(group))  # at least one whole token per tile
     return dict(
@@ -296,7 +297,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
     if max_q_len is None:
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # syncs on a GPU
 
-    t = pick_tiles(head_dim, group, max(1, max_q_len))
+    t = pick_tiles(head_dim, group, max(1, max_q_len), q.element_size())
     n_tiles = total_q // t["BLOCK_Q"] + batch  # upper bound of the ragged tile numbering
     if num_splits is None:
         num_splits = auto_num_splits(n_tiles * num_kv_heads, block_tables.shape[1] * page, q.device)
@@ -364,26 +365,37 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context
 
 
 def _attend_padded(q, k_cache, v_cache, block_tables, q_starts, q_lens, ctx_lens, scale, out):
-    page = k_cache.shape[1]
+    num_blocks, page, num_kv_heads, head_dim = k_cache.shape
+    batch, num_heads, group = len(q_lens), q.shape[1], q.shape[1] // num_kv_heads
     dev = q.device
-    j = torch.arange(int(q_lens.max()), device=dev)  # query index within a request
-    n = torch.arange(int(ctx_lens.max()), device=dev)  # key position
+    lq, lk = int(q_lens.max()), int(ctx_lens.max())
+    j = torch.arange(lq, device=dev)  # query index within a request
+    n = torch.arange(lk, device=dev)  # key position
     q_ok = j < q_lens[:, None]  # [B, Lq] real (not padding) queries
-    kv_ok = n < ctx_lens[:, None]  # [B, Lk] positions holding KV of this request
+    kv_ok = n < ctx_lens[:, None]  # [B, Lk] positions holding this request's KV
     rows = torch.where(q_ok, q_starts[:, None] + j, 0)  # row of q for each (request, j)
 
-    # Gather through the block table. Padding entries of the table may hold anything
-    # and the cache slots past ctx_len hold stale data (maybe NaN): mask both.
-    blocks = torch.where(kv_ok, block_tables[:, n // page], 0)  # [B, Lk]
-    k = k_cache[blocks, n % page].float().masked_fill(~kv_ok[:, :, None, None], 0.0)  # [B, Lk, Hkv, D]
-    v = v_cache[blocks, n % page].float().masked_fill(~kv_ok[:, :, None, None], 0.0)
-    qb = q[rows].float()  # [B, Lq, H, D]
+    # Gather whole blocks through the block table: [B, nb * page, Hkv, D], cut to Lk.
+    # Padding entries of the table may hold anything, and cache slots past ctx_len hold
+    # stale data (maybe NaN, and 0 * NaN is NaN): point the one at block 0, zero the other.
+    nb = -(-lk // page)
+    blocks_used = torch.arange(nb, device=dev) < (-(-ctx_lens // page))[:, None]
+    blocks = torch.where(blocks_used, block_tables[:, :nb], 0).flatten()
+    k = k_cache.index_select(0, blocks).view(batch, nb * page, num_kv_heads, head_dim)[:, :lk].float()
+    v = v_cache.index_select(0, blocks).view(batch, nb * page, num_kv_heads, head_dim)[:, :lk].float()
+    stale = (~kv_ok).nonzero(as_tuple=True)  # (request, position) pairs past ctx_len
+    k[stale] = 0.0  # in place (k is our own gathered copy), touching only those rows
+    v[stale] = 0.0
+
+    # GQA without copying K/V per query head: the `group` query heads that share a KV
+    # head become extra rows (as in the Triton kernel), [B, Hkv, Lq * group, D].
+    qb = q[rows].float().view(batch, lq, num_kv_heads, group, head_dim)
+    qb = qb.permute(0, 2, 1, 3, 4).reshape(batch, num_kv_heads, lq * group, head_dim)
 
     # Query j of a request sits at position ctx_len - q_len + j and sees keys <= it.
     q_pos = (ctx_lens - q_lens)[:, None] + j  # [B, Lq]
     visible = (n[None, None, :] <= q_pos[:, :, None]) & kv_ok[:, None, :]  # [B, Lq, Lk]
-    o = F.scaled_dot_product_attention(
-        qb.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=visible[:, None], scale=scale, enable_gqa=True,
-    )  # [B, H, Lq, D]
-    out[rows[q_ok]] = o.transpose(1, 2)[q_ok].to(out.dtype)
+    visible = visible.repeat_interleave(group, dim=1)[:, None]  # [B, 1, Lq * group, Lk]
+    o = F.scaled_dot_product_attention(qb, k.transpose(1, 2), v.transpose(1, 2), attn_mask=visible, scale=scale)
+    o = o.view(batch, num_kv_heads, lq, group, head_dim).permute(0, 2, 1, 3, 4).reshape(batch, lq, num_heads, head_dim)
+    out[rows[q_ok]] = o[q_ok].to(out.dtype)

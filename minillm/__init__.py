@@ -1,5 +1,13 @@
 """minillm: a compact LLM serving engine for teaching how serving batches and schedules requests."""
 
+# Before anything imports Triton (transformers may, through its model modules): on a
+# machine without CUDA, choose Triton's interpreter, so attention_backend="triton" runs
+# the real kernels on the CPU. Triton fixes this choice when it is first imported; see
+# kernels/_triton_setup.py.
+import kernels as _kernels
+
+_kernels.use_interpreter_if_no_cuda()
+
 from .config import EngineConfig
 from .engine import LLMEngine
 from .llm import LLM

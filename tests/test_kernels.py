@@ -33,6 +33,7 @@ SCENARIOS = {
 # Contexts above 128 make the kernel take several 64-key steps, so the online softmax
 # must rescale what it summed earlier.
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in TOL]
 
 
 def make_batch(q_lens, ctx_lens, *, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
@@ -95,7 +96,7 @@ def check_attention(args, dtype, **kw):
 # --- the reference against naive dense attention ------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [DTYPES[0], DTYPES[2]])
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_reference_matches_naive_attention(scenario, dtype):
     args, seqs = make_batch(*SCENARIOS[scenario], num_heads=8, num_kv_heads=2, dtype=dtype, seed=1)
@@ -115,7 +116,7 @@ def test_reference_matches_naive_across_block_sizes(block_size):
 
 
 @needs_triton
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_kernel_scenarios(scenario, dtype):
     args, _ = make_batch(*SCENARIOS[scenario], dtype=dtype, seed=3)
@@ -153,7 +154,7 @@ def test_kernel_block_table_order(permute):
 
 
 @needs_triton
-@pytest.mark.parametrize("num_splits", [2, 3, 7])
+@pytest.mark.parametrize("num_splits", [2, 5])
 @pytest.mark.parametrize("scenario", ["decode", "mixed"])
 def test_kernel_split_k(scenario, num_splits):
     # More splits than keys leaves some splits empty: they must weigh nothing.
@@ -204,7 +205,7 @@ def _cache(num_blocks=6, block_size=4, num_kv_heads=2, head_dim=80, dtype=torch.
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [DTYPES[0], DTYPES[2]])
 @pytest.mark.parametrize("block_size", [1, 4])
 def test_store_kv(backend, dtype, block_size):
     k_cache, v_cache = _cache(num_blocks=24 // block_size, block_size=block_size, dtype=dtype, seed=1)
@@ -277,18 +278,62 @@ def _run(code: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
 def test_import_is_lazy_and_late_triton_import_is_handled():
+    # Triton imported before the flag: its own library functions (tl.zeros, ...) are then
+    # compiled-mode and fail inside interpreted kernels, so the helper must say so clearly
+    # rather than let the attention kernel fail later; the torch path keeps working.
     r = _run("""
         import os, sys
         os.environ.pop("TRITON_INTERPRET", None)
         import kernels
         assert "triton" not in sys.modules, "import kernels must not import triton"
         import triton  # someone imports triton before the helper ran
-        assert kernels.use_interpreter_if_no_cuda() and kernels.interpreter_active()
+        try:
+            kernels.use_interpreter_if_no_cuda()
+            raise SystemExit("expected a RuntimeError")
+        except RuntimeError as e:
+            assert "TRITON_INTERPRET=1" in str(e)
         import torch
         kc, vc = torch.zeros(2, 4, 1, 16), torch.zeros(2, 4, 1, 16)
-        kernels.store_kv(torch.ones(1, 1, 16), torch.ones(1, 1, 16), kc, vc, torch.tensor([5]), backend="triton")
+        kernels.store_kv(torch.ones(1, 1, 16), torch.ones(1, 1, 16), kc, vc, torch.tensor([5]), backend="torch")
         assert kc[1, 1].sum() == 16
         print("ok")
+    """)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
+def test_minillm_import_chooses_the_interpreter_before_triton():
+    r = _run("""
+        import os, sys
+        os.environ.pop("TRITON_INTERPRET", None)
+        import minillm
+        import transformers.models.llama.modeling_llama  # may import triton
+        from minillm import LLM, SamplingParams
+        llm = LLM("random", attention_backend="triton", block_size=4, num_kv_blocks=8, max_model_len=16)
+        out = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=2))[0]
+        assert len(out.token_ids) == 2
+        print("ok")
+    """)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_torch_only_install_keeps_the_references():
+    r = _run("""
+        import sys
+        sys.modules["triton"] = None  # as if triton were not installed
+        import torch, kernels
+        assert not kernels.triton_available()
+        kc, vc = torch.zeros(2, 4, 1, 16), torch.zeros(2, 4, 1, 16)
+        kernels.store_kv(torch.ones(1, 1, 16), torch.ones(1, 1, 16), kc, vc, torch.tensor([5]), backend="torch")
+        cu, ctx = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([6], dtype=torch.int32)
+        bt = torch.tensor([[0, 1]], dtype=torch.int32)
+        out = kernels.paged_attention(torch.ones(1, 1, 16), kc, vc, bt, cu, ctx, 0.25, backend="torch")
+        w = torch.exp(torch.tensor(4.0)) / (torch.exp(torch.tensor(4.0)) + 5)  # only slot 5 holds k = v = 1
+        assert torch.allclose(out, torch.full_like(out, float(w)))
+        try:
+            kernels.paged_attention(torch.ones(1, 1, 16), kc, vc, bt, cu, ctx, 0.25, backend="triton")
+        except ImportError as e:
+            print("ok", e)
     """)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
