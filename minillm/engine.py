@@ -90,6 +90,10 @@ class LLMEngine:
             from .model_runner import ModelRunner
             self.executor = ModelRunner(config, self.model, self.hf_config, self.kv, num_blocks,
                                         self.device, self.dtype)
+        self.speculator = None                      # speculative decoding: proposes before each step
+        if config.speculative_model is not None:
+            from .speculative import make_speculator
+            self.speculator = make_speculator(self)
 
         self.requests: dict[str, Request] = {}      # every request ever added
         self._active: dict[str, Request] = {}       # not yet finished
@@ -165,8 +169,16 @@ class LLMEngine:
         cfg = self.config
         cm = self.cost_model
         if cfg.executor == "simulated" and cm is not None and hasattr(cm, "kv_capacity_tokens"):
-            return max(1, cm.kv_capacity_tokens() // cfg.block_size)
-        by_memory = int(cfg.kv_cache_memory_gb * 2**30) // self._bytes_per_block()
+            blocks = cm.kv_capacity_tokens() // cfg.block_size
+            if blocks < 1:
+                raise ValueError(f"cost_model={cm.name}: the weights leave no memory for a KV cache; "
+                                 "model more GPUs, e.g. RooflineCostModel(minillm.simulated."
+                                 "tensor_parallel('H100-SXM', 4), ...), or set num_kv_blocks")
+            return blocks
+        from .speculative import draft_kv_bytes_per_block   # a draft's KV shares each block
+        per_block = self._bytes_per_block() + (draft_kv_bytes_per_block(cfg, self.dtype)
+                                               if cfg.executor == "model" else 0)
+        by_memory = int(cfg.kv_cache_memory_gb * 2**30) // per_block
         enough = cfg.max_num_seqs * math.ceil(cfg.max_model_len / cfg.block_size) + 1
         return max(1, min(by_memory, enough))
 
@@ -274,6 +286,8 @@ class LLMEngine:
                                                                     "forget", None)
         if forget:
             forget(req.request_id)
+        if self.speculator is not None:
+            self.speculator.forget(req.request_id)
 
     def _stop_reason(self, req: Request, tok: int) -> Optional[str]:
         sp = req.sampling_params
@@ -281,7 +295,8 @@ class LLMEngine:
             return "stop"
         if tok in sp.stop_token_ids:
             return "stop"
-        if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.config.max_model_len:
+        n_out = len(req.output_token_ids)     # (plain len: this runs once per token, keep it cheap)
+        if n_out >= sp.max_tokens or len(req.prompt_token_ids) + n_out >= self.config.max_model_len:
             return "length"
         return None
 
@@ -310,12 +325,17 @@ class LLMEngine:
         self._idle_wait()
         now = self.clock.now()
         t0 = time.perf_counter()
+        # Speculative decoding: the proposer guesses for each decoding request first; the
+        # scheduler then decides how many guesses fit this step's budget.
+        draft_time = self.speculator.propose(self.scheduler.running) if self.speculator else 0.0
+        t1 = time.perf_counter()
         out = self.scheduler.schedule(now)
-        t_sched = time.perf_counter() - t0
+        t_sched = time.perf_counter() - t1
         result = self.executor.execute(out)
         wall = time.perf_counter() - t0
         if self.clock.name == "modeled":
             duration, sched_time, swap_time = self._step_cost(out, result.swap_bytes)
+            duration += draft_time                  # the draft's forwards, then the target's
             self.clock.advance(duration)
         else:
             duration, sched_time, swap_time = wall, t_sched, 0.0
@@ -348,10 +368,15 @@ class LLMEngine:
                 spec_accepted += accepted or 0
                 req.metrics.num_spec_proposed += len(s.spec_token_ids)
                 req.metrics.num_spec_accepted += accepted or 0
+            elif self.speculator is not None:
+                # Blocks reserved for guesses the scheduler did not keep go back to the pool.
+                self.kv.truncate(req, req.num_computed_tokens)
             req.spec_token_ids = []
             new = result.sampled.get(req.request_id, [])
             reason = None
+            appended = 0
             for tok in new:
+                appended += 1
                 req.output_token_ids.append(tok)
                 req.metrics.token_times.append(t)
                 if req.metrics.first_token_time is None:
@@ -365,7 +390,7 @@ class LLMEngine:
             self.kv.cache_full_blocks(req)
             batch.append(BatchEntry(req.request_id, s.phase, s.num_new_tokens, s.num_computed_before,
                                     req.num_computed_tokens, len(s.spec_token_ids), accepted or 0,
-                                    len(new)))
+                                    appended))
             if reason:
                 if self.scheduler.finish(req):
                     self._finalize(req, reason, t)
@@ -390,7 +415,8 @@ class LLMEngine:
             swapped=[r.request_id for r in self.scheduler.swapped], swapped_in=out.swapped_in,
             rejected=out.rejected, finish_reasons=reasons, scheduled=out.reformed,
             clock=self.clock.name, schedule_time=sched_time, swap_time=swap_time,
-            spec_proposed=spec_proposed, spec_accepted=spec_accepted)
+            spec_proposed=spec_proposed, spec_accepted=spec_accepted,
+            draft_time=draft_time)
         self.step_count += 1
         if self.keep_records:
             self.step_records.append(record)

@@ -4,7 +4,7 @@ Every figure here is a plain function that takes data and returns a ``plotly``
 figure, so a notebook can use it without any widget. The step-through widgets
 (``minillm.widgets``) draw with the same functions and then keep the figure
 alive, updating its traces in place after each step (``update_batch_figure``,
-``update_kv_map``).
+``update_kv_map``, inside ``fig.batch_update()``).
 
 What each figure shows, in the notebooks' vocabulary:
 
@@ -49,7 +49,7 @@ __all__ = [
     "KVCells", "kv_cells", "empty_kv_snapshot", "kv_map_figure", "update_kv_map", "compare_kv_figure",
     "batch_segments", "batch_figure", "update_batch_figure",
     "gantt_segments", "gantt_figure", "latency_cdf_figure", "kv_usage_figure",
-    "roofline_figure", "throughput_latency_figure", "make_widget",
+    "roofline_figure", "throughput_latency_figure",
 ]
 
 # =====================================================================================
@@ -449,11 +449,8 @@ def update_kv_map(fig: go.Figure, record: Union[StepRecord, KVSnapshot], *, colo
 
 
 def _batch(fig):
-    """``fig.batch_update()`` for a FigureWidget (one message per redraw), a no-op context otherwise."""
-    if hasattr(fig, "batch_update"):
-        return fig.batch_update()
-    import contextlib
-    return contextlib.nullcontext()
+    """``fig.batch_update()``: a live figure (``minillm.widgets.LiveFigure``) redraws once, at the end."""
+    return fig.batch_update()
 
 
 def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, colors: Optional[ColorMap] = None,
@@ -504,12 +501,15 @@ def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, c
 # The batch against the execution-token budget
 # =====================================================================================
 
-def batch_segments(record: Optional[StepRecord]) -> dict[str, list[dict]]:
+def batch_segments(record: Optional[StepRecord], token_budget: Optional[int] = None) -> dict[str, list[dict]]:
     """The stacked bar's segments: {"decode": [...], "prefill": [...], "unused": [...]}, each
     segment a dict(request_id, start, tokens, label). Sums: decode = record.num_decode_tokens,
     prefill = record.num_prefill_tokens, unused = token_budget - num_batched_tokens."""
     out: dict[str, list[dict]] = {"decode": [], "prefill": [], "unused": []}
-    if record is None:
+    if record is None:          # before the first step: the whole budget is unused
+        if token_budget:
+            out["unused"].append(dict(request_id=None, start=0, tokens=token_budget,
+                                      label=f"budget {token_budget}, nothing ran yet", context=0))
         return out
     pos = 0
     for e in record.batch:
@@ -532,10 +532,11 @@ def batch_segments(record: Optional[StepRecord]) -> dict[str, list[dict]]:
 BATCH_TRACE_NAMES = ("decode", "prefill chunk", "unused budget")
 
 
-def _batch_trace_data(record: Optional[StepRecord], colors: ColorMap) -> list[dict]:
+def _batch_trace_data(record: Optional[StepRecord], colors: ColorMap,
+                      token_budget: Optional[int] = None) -> list[dict]:
     """Decode segments solid in the request's colour, prefill chunks a light tint of it with
     an outline, the unused budget light grey."""
-    seg = batch_segments(record)
+    seg = batch_segments(record, token_budget)
     data = []
     for kind in ("decode", "prefill", "unused"):
         s = seg[kind]
@@ -590,7 +591,7 @@ def batch_figure(record: Optional[StepRecord] = None, *, colors: Optional[ColorM
     """One step's batch against the execution-token budget: decode | prefill chunk | unused."""
     colors = _colors(colors)
     budget = record.token_budget if record is not None else (token_budget or 1)
-    data = _batch_trace_data(record, colors)
+    data = _batch_trace_data(record, colors, budget)
     traces = []
     for name, d in zip(BATCH_TRACE_NAMES, data):
         traces.append(go.Bar(name=name, orientation="h", width=0.6, textposition="inside",
@@ -611,7 +612,7 @@ def update_batch_figure(fig: go.Figure, record: Optional[StepRecord], *, colors:
     """Redraw a ``batch_figure`` for another step, in place."""
     colors = _colors(colors)
     budget = record.token_budget if record is not None else (token_budget or 1)
-    data = _batch_trace_data(record, colors)
+    data = _batch_trace_data(record, colors, budget)
     with _batch(fig):
         for trace, d in zip(fig.data, data):
             trace.update(d)
@@ -954,16 +955,3 @@ def throughput_latency_figure(batch_sizes: Sequence[int], latency: Optional[Sequ
     if width:
         fig.update_layout(width=width)
     return fig
-
-
-# =====================================================================================
-# Widgets
-# =====================================================================================
-
-def make_widget(fig: go.Figure):
-    """``go.FigureWidget(fig)`` (updates in place in a notebook), or ``fig`` itself when
-    the widget back end (``anywidget``) is missing."""
-    try:
-        return go.FigureWidget(fig)
-    except ImportError:
-        return fig

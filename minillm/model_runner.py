@@ -42,6 +42,32 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
+def flat_batch(ids: list[int], q_lens: list[int], starts: list[int], tables: list[list[int]],
+               attn_block_size: int, device: torch.device, backend: str):
+    """The flattened batch of one forward: request i brings ``q_lens[i]`` new tokens (its slice of
+    ``ids``) at positions ``starts[i]...``, whose KV goes to the slots its block table maps them to.
+    Returns (input_ids, positions, AttentionMetadata, cu_seqlens_q on the host). Shared by the
+    target's step and the draft model's proposals (speculative decoding)."""
+    dev = device
+    q_lens = torch.tensor(q_lens, dtype=torch.int32)
+    starts = torch.tensor(starts, dtype=torch.int32)
+    cu = torch.zeros(len(tables) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(q_lens, 0)
+    T = int(cu[-1])
+    req_idx = torch.repeat_interleave(torch.arange(len(tables)), q_lens)
+    positions = torch.arange(T, dtype=torch.int32) - cu[:-1][req_idx] + starts[req_idx]
+    width = max(len(t) for t in tables)
+    bt = torch.zeros((len(tables), width), dtype=torch.int32)
+    for i, t in enumerate(tables):          # one copy per request, not per token
+        bt[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+    abs_ = attn_block_size
+    slots = bt[req_idx, (positions // abs_).long()].long() * abs_ + (positions % abs_).long()
+    meta = AttentionMetadata(slot_mapping=slots.to(dev), block_tables=bt.to(dev),
+                             cu_seqlens_q=cu.to(dev), context_lens=(starts + q_lens).to(dev),
+                             max_q_len=int(q_lens.max()), backend=backend)
+    return torch.tensor(ids, dtype=torch.long, device=dev), positions.long().to(dev), meta, cu
+
+
 class ModelRunner:
     def __init__(self, config, model, hf_config, kv_manager, num_blocks: int, device: torch.device,
                  dtype: torch.dtype):
@@ -67,6 +93,7 @@ class ModelRunner:
         self.bytes_per_block = 2 * model.num_layers * config.block_size * model.num_kv_heads * \
             model.head_dim * torch.finfo(dtype).bits // 8
         self.sampler = Sampler(config.seed)
+        self.proposer = None       # speculative decoding: set by the engine (draft probabilities q)
 
     # --- swapping ---------------------------------------------------------------------
     def swap(self, out: SchedulerOutput) -> int:
@@ -89,7 +116,6 @@ class ModelRunner:
     def prepare(self, out: SchedulerOutput):
         """Flat input ids, positions and attention metadata for the scheduled batch."""
         reqs = out.scheduled
-        dev = self.device
         ids: list[int] = []
         tables: list[list[int]] = []
         for s in reqs:
@@ -100,23 +126,8 @@ class ModelRunner:
             if end > known:                       # speculative tokens to verify
                 ids += s.spec_token_ids[:end - known]
             tables.append(self.kv.block_table(r.request_id))
-        q_lens = torch.tensor([s.num_new_tokens for s in reqs], dtype=torch.int32)
-        starts = torch.tensor([s.num_computed_before for s in reqs], dtype=torch.int32)
-        cu = torch.zeros(len(reqs) + 1, dtype=torch.int32)
-        cu[1:] = torch.cumsum(q_lens, 0)
-        T = int(cu[-1])
-        req_idx = torch.repeat_interleave(torch.arange(len(reqs)), q_lens)
-        positions = torch.arange(T, dtype=torch.int32) - cu[:-1][req_idx] + starts[req_idx]
-        width = max(len(t) for t in tables)
-        bt = torch.zeros((len(reqs), width), dtype=torch.int32)
-        for i, t in enumerate(tables):          # one copy per request, not per token
-            bt[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
-        abs_ = self.kv.attn_block_size
-        slots = bt[req_idx, (positions // abs_).long()].long() * abs_ + (positions % abs_).long()
-        meta = AttentionMetadata(slot_mapping=slots.to(dev), block_tables=bt.to(dev),
-                                 cu_seqlens_q=cu.to(dev), context_lens=(starts + q_lens).to(dev),
-                                 max_q_len=int(q_lens.max()), backend=self.backend)
-        return torch.tensor(ids, dtype=torch.long, device=dev), positions.long().to(dev), meta, cu
+        return flat_batch(ids, [s.num_new_tokens for s in reqs], [s.num_computed_before for s in reqs],
+                          tables, self.kv.attn_block_size, self.device, self.backend)
 
     def caches_for_attention(self):
         abs_ = self.kv.attn_block_size
@@ -134,16 +145,43 @@ class ModelRunner:
         res.swap_bytes = self.swap(out)
         if not out.scheduled:
             return res
-        idx = [i for i, s in enumerate(out.scheduled) if s.samples and not s.spec_token_ids]
-        if not idx and not any(s.spec_token_ids for s in out.scheduled):
-            # Only partial prefill chunks: run the forward to fill the cache, sample nothing.
-            self.forward(out, torch.zeros(0, dtype=torch.long))
-            return res
+        # Logits rows: the last row of each request that samples; for a request verifying k
+        # speculative tokens, its last k + 1 rows (the target's distribution after its newest
+        # token and after each draft token: k checks plus one bonus token).
         ends = torch.cumsum(torch.tensor([s.num_new_tokens for s in out.scheduled]), 0) - 1
-        logits = self.forward(out, ends[idx])       # the LM head runs only on rows that sample
-        sampling = [out.scheduled[i] for i in idx]
-        toks = self.sampler.sample(logits, [s.request.sampling_params for s in sampling],
-                                   [s.request.request_id for s in sampling])
-        for s, t in zip(sampling, toks):
-            res.sampled[s.request.request_id] = [t]
+        rows: list[int] = []
+        plain: list[tuple[int, object]] = []      # (logits row, ScheduledRequest)
+        spec: list[tuple[int, object]] = []       # (first logits row, ScheduledRequest)
+        for i, s in enumerate(out.scheduled):
+            if not s.samples:
+                continue                          # a partial prefill chunk: fills the cache only
+            k = len(s.spec_token_ids)
+            (spec if k else plain).append((len(rows), s))
+            rows += range(int(ends[i]) - k, int(ends[i]) + 1)
+        logits = self.forward(out, torch.tensor(rows, dtype=torch.long))   # LM head on these rows only
+        if plain:
+            toks = self.sampler.sample(logits[[r for r, _ in plain]],
+                                       [s.request.sampling_params for _, s in plain],
+                                       [s.request.request_id for _, s in plain])
+            for (_, s), t in zip(plain, toks):
+                res.sampled[s.request.request_id] = [t]
+        if spec:
+            from .speculative import verify
+            # The target's distributions p (temperature, top-k/p) for every row of every sampled
+            # (non-greedy) verifying request, in one batched call.
+            rand = [(r, s) for r, s in spec if not s.request.sampling_params.greedy]
+            probs = {}
+            if rand:
+                width = [len(s.spec_token_ids) + 1 for _, s in rand]
+                p = self.sampler.probs(logits[[r + j for (r, _), w in zip(rand, width) for j in range(w)]],
+                                       [s.request.sampling_params for (_, s), w in zip(rand, width)
+                                        for _ in range(w)]).cpu()
+                probs = {s.request.request_id: ps for (_, s), ps in zip(rand, p.split(width))}
+            for r, s in spec:
+                rid, k = s.request.request_id, len(s.spec_token_ids)
+                q = self.proposer.draft_probs(rid, k) if self.proposer is not None else None
+                toks = verify(logits[r:r + k + 1], s.spec_token_ids, q, s.request.sampling_params,
+                              self.sampler, rid, probs.get(rid))
+                res.sampled[rid] = toks
+                res.spec_accepted[rid] = len(toks) - 1
         return res

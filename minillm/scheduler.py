@@ -33,7 +33,7 @@ from .request import Request, RequestStatus
 from .step_record import PreemptionEvent, WaitingEntry
 
 
-@dataclass
+@dataclass(slots=True)          # one per request per step: slots make it cheap to create
 class ScheduledRequest:
     request: Request
     num_new_tokens: int          # tokens processed this step (counted against the budget)
@@ -168,6 +168,11 @@ class Scheduler:
 
     # --- the pass ----------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
+        out = self._schedule_pass(now)
+        self._cap_queue(now, out)        # after admission: a free slot never turns a request away
+        return out
+
+    def _schedule_pass(self, now: float) -> SchedulerOutput:
         cfg = self.config
         reform = self.num_passes % cfg.schedule_every == 0
         self.num_passes += 1
@@ -191,12 +196,23 @@ class Scheduler:
                 return out                 # a prefill step: running decodes stall this step
 
         # 1. Running requests: one new token each (or the next chunk of their prompt).
+        # Speculative tokens never crowd out another running request's next token.
+        decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) \
+            if any(r.spec_token_ids for r in self.running) else 0
         for req in list(self.running):
             if req.status is not RequestStatus.RUNNING or budget <= 0:   # preempted above: O(1) test
                 continue
-            n = req.num_tokens + len(req.spec_token_ids) - req.num_computed_tokens
-            n = min(n, budget)
             before = req.num_computed_tokens
+            n = req.num_tokens - before                   # known tokens without KV yet
+            if n == 1 and decodes_left:
+                decodes_left -= 1                         # this one's own next token
+            # Speculative tokens count against the budget: keep as many as fit after the known
+            # ones (and the later decodes'); if their KV does not fit, decode plainly rather
+            # than preempt anyone.
+            spec = req.spec_token_ids[:max(0, budget - n - decodes_left)]
+            if spec and not self.kv.allocate(req, n + len(spec)):
+                spec = []
+            n = min(n + len(spec), budget)
             while not self.kv.allocate(req, n):
                 candidates = [r for r in self.running if r.request_id not in scheduled_ids]
                 victim = self.policy.pick_victim(candidates, now)
@@ -205,7 +221,6 @@ class Scheduler:
                     break
             if req.status is not RequestStatus.RUNNING:
                 continue
-            spec = req.spec_token_ids if n == req.num_tokens + len(req.spec_token_ids) - before else []
             out.scheduled.append(ScheduledRequest(req, n, before, self._phase(req, before), list(spec)))
             scheduled_ids.add(req.request_id)
             budget -= n
@@ -279,7 +294,7 @@ class Scheduler:
                 continue
             if len(self.running) >= cfg.max_num_seqs:
                 victim = self.policy.preempt_for(req, self.running, now)
-                if victim is None or victim.request_id in out.admitted:
+                if victim is None or self._just_placed(victim, out):
                     out.waiting.append(WaitingEntry(
                         req.request_id, f"max_num_seqs={cfg.max_num_seqs} requests already running"))
                     blocker = req.request_id
@@ -301,7 +316,7 @@ class Scheduler:
             ok, need, free = self.kv.can_allocate(req, n, cached, self.watermark_blocks)
             while not ok:                               # priority: push lower classes out until it fits
                 victim = self.policy.preempt_for(req, self.running, now)
-                if victim is None or victim.request_id in out.admitted:
+                if victim is None or self._just_placed(victim, out):
                     break
                 budget += self._unschedule(victim, out, scheduled_ids)
                 self.preempt(victim, out, f"{req.request_id} has higher priority and needs its memory")
@@ -329,6 +344,11 @@ class Scheduler:
             budget -= n
         return budget
 
+    @staticmethod
+    def _just_placed(req: Request, out: SchedulerOutput) -> bool:
+        """Admitted or swapped in by this very pass: not preempted by it (no ping-pong)."""
+        return req.request_id in out.admitted or req.request_id in out.swapped_in
+
     def _unschedule(self, victim: Request, out: SchedulerOutput, scheduled_ids: set) -> int:
         """Take a running request back out of this step's batch (it is about to be preempted);
         returns the budget tokens it gave back."""
@@ -349,10 +369,20 @@ class Scheduler:
                         and r.arrival_time <= now and now - r.arrival_time > cfg.max_queue_delay]:
                 self._reject(req, out, f"waited {now - req.arrival_time:.3f}s > max_queue_delay="
                              f"{cfg.max_queue_delay}")
-        if cfg.max_queue_len is not None:
-            queued = [r for r in self.waiting if r.status == RequestStatus.WAITING and r.arrival_time <= now]
-            for req in queued[cfg.max_queue_len:]:
-                self._reject(req, out, f"queue full: {len(queued)} waiting > max_queue_len={cfg.max_queue_len}")
+
+    def _cap_queue(self, now: float, out: SchedulerOutput) -> None:
+        """Load shedding: new requests still waiting after a pass beyond ``max_queue_len`` are
+        rejected, latest arrivals first."""
+        cfg = self.config
+        if cfg.max_queue_len is None or not out.reformed:
+            return                       # between passes (schedule_every > 1) nobody could be admitted
+        queued = [r for r in self.waiting if r.status == RequestStatus.WAITING and r.arrival_time <= now]
+        if len(queued) <= cfg.max_queue_len:
+            return
+        for req in queued[cfg.max_queue_len:]:
+            self._reject(req, out, f"queue full: {len(queued)} waiting > max_queue_len={cfg.max_queue_len}")
+        gone = {w.request_id for w in out.rejected}
+        out.waiting = [w for w in out.waiting if w.request_id not in gone]
 
     def _reject(self, req: Request, out: SchedulerOutput, reason: str) -> None:
         self.waiting.remove(req)

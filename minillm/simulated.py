@@ -3,14 +3,37 @@
 ``executor="simulated"`` skips the forward pass and emits a placeholder token
 for every request that would sample one; each request ends at its
 ``max_tokens`` (a trace's output length). Paired with ``clock="modeled"`` it
-replays thousands of requests of a 70B-shaped model on a modeled H100 in
+replays thousands of requests of a 70B-shaped model on modeled H100s in
 seconds, which is how the notebooks explore load curves at realistic scale.
+
+Only the model's *shape* matters: ``model="llama-2-70b"`` (a preset of
+``costmodel.MODELS``), the tiny ``"random"`` Llama, or a checkpoint directory
+(its config.json). When the cost model carries its own ``ModelSpec``
+(``RooflineCostModel(hardware, "llama-2-70b")``), that shape sizes the KV cache
+(``kv_capacity_tokens``), prices every step, swap and preemption.
+
+``simulate(trace, ...)`` wires it all up for a notebook: one call, a trace in,
+``(engine, summary)`` out::
+
+    from minillm.simulated import simulate
+    from minillm.workloads import synthetic_trace, LogNormal
+    trace = synthetic_trace(10_000, rate=20, prompt_len=LogNormal(128, 1.0, 4, 2048),
+                            output_len=LogNormal(128, 0.9, 4, 1024))
+    engine, summary = simulate(trace, model="llama-2-70b", hardware="H100-SXM")   # 4 x H100
 """
 
 from __future__ import annotations
 
+import gc
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+
 from .model_runner import ExecutionResult
 from .scheduler import SchedulerOutput
+
+__all__ = ["SimulatedExecutor", "PLACEHOLDER_TOKEN", "simulate", "tensor_parallel", "gpus_needed",
+           "StepSummary"]
 
 PLACEHOLDER_TOKEN = 0
 
@@ -24,10 +47,190 @@ class SimulatedExecutor:
     def execute(self, out: SchedulerOutput) -> ExecutionResult:
         res = ExecutionResult()
         res.swap_bytes = (len(out.swap_out) + len(out.swap_in)) * self.bytes_per_block
+        sampled = res.sampled
         for s in out.scheduled:
-            if s.samples:
-                res.sampled[s.request.request_id] = [PLACEHOLDER_TOKEN]
+            if s.samples:                  # reached the end of its known tokens: one new token
+                sampled[s.request.request_id] = [PLACEHOLDER_TOKEN]
         return res
 
     def forget(self, request_id: str) -> None:
         pass
+
+
+# =====================================================================================
+# Hardware for a model that does not fit one GPU
+# =====================================================================================
+
+def tensor_parallel(hardware, num_gpus: int):
+    """``num_gpus`` GPUs serving one model copy, as one bigger device (ideal tensor parallelism).
+
+    FLOP/s, HBM bandwidth, HBM capacity and PCIe links add up; the all-reduce traffic
+    between GPUs is not modeled, so this is an optimistic bound (real 4-way TP loses a
+    few to ~15 percent of step time to communication).
+    """
+    from .costmodel import get_hardware
+    hw = get_hardware(hardware)
+    if not isinstance(num_gpus, int) or num_gpus < 1:
+        raise ValueError(f"num_gpus={num_gpus!r}: must be an integer >= 1")
+    if num_gpus == 1:
+        return hw
+    return replace(hw, name=f"{num_gpus}x{hw.name}", peak_flops=hw.peak_flops * num_gpus,
+                   hbm_bandwidth=hw.hbm_bandwidth * num_gpus, hbm_bytes=hw.hbm_bytes * num_gpus,
+                   pcie_bandwidth=hw.pcie_bandwidth * num_gpus)
+
+
+def gpus_needed(hardware, model, max_weight_fraction: float = 0.5) -> int:
+    """The smallest of 1, 2, 4, 8 GPUs on which the weights take at most ``max_weight_fraction``
+    of memory (the rest is KV cache): Llama-2-70B (138 GB of bf16) on 80 GB H100s -> 4."""
+    from .costmodel import get_hardware, get_model_spec
+    hw, m = get_hardware(hardware), get_model_spec(model)
+    for n in (1, 2, 4, 8):
+        if m.weight_bytes <= max_weight_fraction * n * hw.hbm_bytes:
+            return n
+    return 8
+
+
+# =====================================================================================
+# A step in a few numbers (long runs keep these instead of full StepRecords)
+# =====================================================================================
+
+class KVTotals(NamedTuple):
+    used: int                  # token positions holding KV
+    total: int                 # capacity in token positions
+    free: int
+
+
+@dataclass(slots=True)
+class StepSummary:
+    """One step as a handful of numbers: what a 10,000-request simulation keeps per step.
+
+    A full ``StepRecord`` holds an entry per request in the batch; at ~100 requests per step
+    and tens of thousands of steps that is gigabytes. ``metrics.summarize`` accepts these
+    too (it reads ``batch`` only for its length, and ``kv.used / kv.total``).
+    """
+    step: int
+    time: float
+    duration: float
+    batch_size: int
+    num_batched_tokens: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+    num_admitted: int
+    num_finished: int
+    num_preempted: int
+    num_rejected: int
+    kv: KVTotals
+    schedule_time: float
+    swap_time: float
+    clock: str
+
+    @property
+    def batch(self) -> range:
+        return range(self.batch_size)
+
+    @classmethod
+    def from_record(cls, rec, num_waiting: int) -> "StepSummary":
+        prefill = decode = 0
+        for e in rec.batch:
+            if e.phase == "decode":
+                decode += e.num_tokens
+            else:
+                prefill += e.num_tokens
+        return cls(rec.step, rec.time, rec.duration, len(rec.batch), rec.num_batched_tokens, prefill, decode,
+                   len(rec.running), num_waiting, len(rec.admitted), len(rec.finished), len(rec.preempted),
+                   len(rec.rejected), KVTotals(rec.kv.used, rec.kv.total, rec.kv.free),
+                   rec.schedule_time, rec.swap_time, rec.clock)
+
+
+# =====================================================================================
+# simulate(): a trace in, (engine, summary) out
+# =====================================================================================
+
+def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H100-SXM",
+             num_gpus: Optional[int] = None, cost_model: Any = None,
+             records: Union[str, bool] = "auto", progress: Optional[Callable] = None,
+             slo_ttft: Optional[float] = None, slo_tpot: Optional[float] = None,
+             max_waiting_entries: Optional[int] = 32, **config) -> tuple:
+    """Replay ``trace`` (a list of ``workloads.TraceRequest``) on the simulated executor with a
+    modeled clock; returns ``(engine, summary)``, ``summary`` being ``metrics.summarize``'s dict
+    plus ``wall_time`` (seconds this call took), ``num_gpus`` and ``cost_model`` (its name).
+
+    * ``model``: whose shape to simulate: a preset of ``costmodel.MODELS`` (default
+      "llama-2-70b"), "random", or a checkpoint directory.
+    * ``hardware`` / ``num_gpus``: the roofline's accelerator; ``num_gpus=None`` takes
+      ``gpus_needed`` (4 H100s for 70B) joined by ``tensor_parallel``. A ``cost_model``
+      (any ``CostModel``, e.g. ``ConstantStepTime(0.010)``) replaces both.
+    * ``records``: "full" keeps every ``StepRecord`` (``engine.step_records``, for the
+      widgets), "summary" keeps a ``StepSummary`` per step (``engine.step_summaries``),
+      "auto" is "full" up to 2,000 requests; ``False`` keeps nothing per step.
+    * ``max_waiting_entries``: at most this many waiting requests get a reason in each
+      record (a queue of thousands would otherwise cost O(queue) objects per step).
+    * every other keyword is an ``EngineConfig`` field (``policy="sjf"``,
+      ``max_num_seqs=...``); defaults here: ``max_num_seqs=256``,
+      ``max_num_batched_tokens=8192``, ``max_model_len`` long enough for the trace.
+    """
+    from .costmodel import MODELS, RooflineCostModel
+    from .llm import LLM
+    from .metrics import summarize
+    from .workloads import submit_trace
+
+    t0 = time.perf_counter()
+    trace = list(trace)
+    if cost_model is None:
+        if model in MODELS:
+            num_gpus = num_gpus or gpus_needed(hardware, model)
+            cost_model = RooflineCostModel(tensor_parallel(hardware, num_gpus), MODELS[model])
+        else:                     # "random" or a checkpoint: the engine prices its own shape
+            num_gpus = num_gpus or 1
+            cost_model = tensor_parallel(hardware, num_gpus)
+    longest = max((r.prompt_len + r.output_len for r in trace), default=0)
+    config.setdefault("max_num_seqs", 256)
+    config.setdefault("max_num_batched_tokens", 8192)
+    config.setdefault("max_model_len", max(2048, longest + 1))
+    config.update(executor="simulated", clock="modeled", cost_model=cost_model)
+    llm = LLM(model=model, **config)
+    engine = llm.engine
+    mode = records
+    if mode == "auto":
+        mode = "full" if len(trace) <= 2000 else "summary"
+    if mode not in ("full", "summary", True, False, None):
+        raise ValueError(f"simulate(records={records!r}): 'auto', 'full', 'summary' or False")
+    engine.keep_records = mode in ("full", True)
+    engine.step_summaries = []
+    engine.scheduler.max_waiting_entries = max_waiting_entries
+    submit_trace(engine, trace, vocab_size=engine.vocab_size)
+
+    summaries = engine.step_summaries
+    keep_summary = mode == "summary"
+
+    def on_step(rec):
+        if keep_summary:
+            summaries.append(StepSummary.from_record(rec, len(engine.scheduler.waiting)))
+        if progress is not None:
+            progress(rec)
+
+    # The run allocates millions of small, short-lived, acyclic objects (batch entries, KV
+    # snapshots): Python's cyclic garbage collector finds nothing to free in them yet costs
+    # ~40% of the run. It is paused for the loop and restored after.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        while engine.has_unfinished_requests():   # engine.run() without the list of every record
+            on_step(engine.step())
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+    recs = engine.step_records if engine.keep_records else summaries
+    stats = engine.stats()
+    prefix = stats["prefix_cache"] if engine.config.enable_prefix_caching else None
+    summary = summarize({rid: r.metrics for rid, r in engine.requests.items()}, recs,
+                        slo_ttft=slo_ttft, slo_tpot=slo_tpot, max_num_seqs=engine.config.max_num_seqs,
+                        prefix_cache_stats=prefix)
+    summary["num_rejected_by_engine"] = stats["rejected"]
+    summary["num_gpus"] = num_gpus
+    summary["cost_model"] = getattr(engine.cost_model, "name", repr(engine.cost_model))
+    summary["wall_time"] = time.perf_counter() - t0
+    return engine, summary

@@ -101,6 +101,7 @@ class StepRecord:
     swap_time: float = 0.0      # time spent copying blocks to/from host memory
     spec_proposed: int = 0
     spec_accepted: int = 0
+    draft_time: float = 0.0     # the draft model's share of duration (speculative decoding)
 
     @property
     def num_prefill_tokens(self) -> int:

@@ -21,8 +21,9 @@ It does everything, in order, and writes only under ``minillm/checkpoints/`` (wh
    training stream. Stops at ``--max-steps`` or ``--max-minutes``, whichever comes first (the
    cosine follows whichever is further along, so a slow machine still anneals). Every
    ``--save-minutes`` it writes a resumable state (``--resume`` continues) and the HF checkpoint.
-4. **Draft.** A 1-layer model with the same tokenizer, distilled on the big model's next-token
-   distribution (so its greedy token agrees with the big model's often: speculative decoding).
+4. **Draft.** A 1-layer model with the same tokenizer, started as a truncated copy of the big
+   model (embeddings, layer 0, final norm, lm_head) and distilled on the big model's next-token
+   distribution, so its greedy token agrees with the big model's often (speculative decoding).
 5. **Evaluation + cards.** Reloads each shipped checkpoint from disk in float32 and measures the
    held-out loss (nats/token, nats/char, perplexity) on the held-out plays and on the shipped
    ``heldout_slice.txt``; writes ``eval.json`` and a model card ``README.md``.
@@ -447,6 +448,20 @@ def greedy_agreement(big, draft, stream: np.ndarray, context: int, device: str,
     return same / total
 
 
+def init_from_teacher(draft, big) -> bool:
+    """Start the draft as a truncated copy of the big model (same widths): its embeddings,
+    its first draft-many layers, final norm and lm_head. Distillation then only has to teach
+    one layer to do the work of several; it starts from a model that already speaks."""
+    src = big.state_dict()
+    dst = draft.state_dict()
+    missing = [k for k in dst if k not in src or src[k].shape != dst[k].shape]
+    if missing:   # a draft narrower than the big model starts from its random init instead
+        print(f"draft: widths differ from the big model ({missing[0]}): random init", flush=True)
+        return False
+    draft.load_state_dict({k: src[k].to(dst[k].dtype) for k in dst})
+    return True
+
+
 def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -542,6 +557,8 @@ def parse_args(argv=None):
     p.add_argument("--max-minutes", type=float, default=50.0, help="big model's training budget")
     p.add_argument("--draft-steps", type=int, default=300)
     p.add_argument("--draft-minutes", type=float, default=6.0)
+    p.add_argument("--draft-lr", type=float, default=1e-3)
+    p.add_argument("--draft-warmup-steps", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--eval-windows", type=int, default=8, help="val windows for periodic evals")
     p.add_argument("--save-minutes", type=float, default=5.0)
@@ -670,16 +687,22 @@ def main(argv=None) -> None:
                       big.config.max_position_embeddings)
     torch.manual_seed(args.seed + 1)
     draft = LlamaForCausalLM(llama_config(dsize, args.vocab_size)).to(device)
+    if init_from_teacher(draft, big):
+        print(f"draft: initialized from the big model's embeddings, first {dsize.layers} "
+              f"layer(s), final norm and lm_head", flush=True)
     print(f"draft: {n_params(draft):,} parameters, {dsize}", flush=True)
     for p in big.parameters():
         p.requires_grad_(False)
-    result = train("shakespeare-draft", draft, train_stream, val_stream, args, args.draft_steps,
+    dargs = argparse.Namespace(**{**vars(args), "lr": args.draft_lr,
+                                  "warmup_steps": args.draft_warmup_steps,
+                                  "min_lr": args.draft_lr / 10})
+    result = train("shakespeare-draft", draft, train_stream, val_stream, dargs, args.draft_steps,
                    args.draft_minutes, os.path.join(args.run_dir, "draft.pt"), args.draft_out,
                    device, teacher=big)
     save_hf(draft, args.draft_out, torch.float16, GEN_CONFIG)
     d, ev = evaluate(args.draft_out)
     agree = greedy_agreement(big, d, val_stream, dsize.context, device)
-    run = run_info(result, args)
+    run = run_info(result, dargs)
     write_json(os.path.join(args.draft_out, "eval.json"),
                {**ev, "model": "shakespeare-draft", "parameters": n_params(d), "dtype": "float32",
                 "greedy_agreement_with_shakespeare": agree,
@@ -687,8 +710,10 @@ def main(argv=None) -> None:
                 "val_history": result["history"]})
     write_card(args.draft_out, "minillm / shakespeare-draft",
                "The draft model for speculative decoding with `minillm/checkpoints/shakespeare`: "
-               "same tokenizer (identical `tokenizer.json`), one layer, distilled on the big "
-               "model's next-token distributions over the training text.",
+               "same tokenizer (identical `tokenizer.json`), one layer, initialized as a "
+               "truncated copy of the big model (embeddings, layer 0, final norm, lm_head) and "
+               "distilled on the big model's next-token distributions over the training text "
+               "(cross-entropy to the teacher's softmax).",
                ev, run, dsize, n_params(d), cmd, data, samples_of(d),
                extra=f"Greedy agreement with `shakespeare` (the draft's argmax equals the big "
                      f"model's, over {dsize.context * 8:,} held-out positions): "

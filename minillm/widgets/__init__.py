@@ -9,9 +9,10 @@
 The figures they draw are in ``minillm.figures`` and work without any widget.
 """
 
+from .live import LiveFigure
 from .lockstep import LockstepStepper, figure4_engine, figure4_lockstep
 from .panels import metrics_html, queue_html, reasons_html
 from .stepper import Stepper, as_engine, engine_factory
 
-__all__ = ["Stepper", "LockstepStepper", "figure4_engine", "figure4_lockstep", "engine_factory", "as_engine",
+__all__ = ["Stepper", "LockstepStepper", "figure4_engine", "figure4_lockstep", "engine_factory", "as_engine", "LiveFigure",
            "metrics_html", "queue_html", "reasons_html"]

@@ -146,7 +146,9 @@ def metrics_html(rec: Optional[StepRecord], progress: Progress, infos: dict, *, 
     hist = (f"<span style='background:#fff3cd;padding:0 4px;border-radius:3px'>history: "
             f"viewing step {rec.step}, latest is {num_taken - 1}</span> " if viewing_history else "")
     parts.append(f"<span class='mlw-step' style='font-weight:600'>step {rec.step}</span>")
-    parts.append(f"t = {rec.time:.4f} s ({_e(rec.clock)} clock, step took {_fmt_s(rec.duration)})")
+    clock = ("wall clock: time between your clicks counts too" if rec.clock == "wall"
+             else f"{_e(rec.clock)} clock")
+    parts.append(f"t = {rec.time:.4f} s ({clock}; the step took {_fmt_s(rec.duration)})")
     parts.append(f"batch {len(rec.batch)}/{max_num_seqs} seqs ({len(rec.batch) / max(1, max_num_seqs):.0%})")
     parts.append(f"{rec.num_batched_tokens}/{rec.token_budget} tokens "
                  f"({rec.num_batched_tokens / max(1, rec.token_budget):.0%} of the budget)")
@@ -173,19 +175,25 @@ def _note(note: str) -> str:
 # --- the queue and the running set ------------------------------------------------------
 
 def _request_row(rid: str, colors: ColorMap, info: Optional[RequestInfo], computed: int, outputs: int,
-                 status: str) -> str:
+                 status: str, detail: str = "") -> str:
+    """One request: colour, id, status, prompt computed and output generated (bars); an
+    optional second line (why it waits) under it."""
     color = colors[rid]
     plen = info.prompt_len if info else 0
     mt = info.max_tokens if info else 0
     pc = min(computed, plen) if plen else computed
-    return ("<tr>"
-            f"<td style='white-space:nowrap;padding-right:6px'>{_swatch(color)}<b>{_e(rid)}</b></td>"
-            f"<td style='white-space:nowrap;padding-right:6px;color:#333'>{status}</td>"
-            f"<td style='white-space:nowrap;font-size:11px;color:#555'>prompt{_bar(pc, plen, color)}"
-            f"{pc}/{plen}</td>"
-            f"<td style='white-space:nowrap;font-size:11px;color:#555;padding-left:6px'>output"
-            f"{_bar(outputs, mt, color)}{outputs}/{mt}</td>"
-            "</tr>")
+    row = ("<tr>"
+           f"<td style='white-space:nowrap;padding-right:6px'>{_swatch(color)}<b>{_e(rid)}</b></td>"
+           f"<td style='white-space:nowrap;padding-right:6px;color:#333'>{status}</td>"
+           f"<td style='white-space:nowrap;font-size:11px;color:#555'>prompt{_bar(pc, plen, color, 56)}"
+           f"{pc}/{plen}</td>"
+           f"<td style='white-space:nowrap;font-size:11px;color:#555;padding-left:6px'>output"
+           f"{_bar(outputs, mt, color, 56)}{outputs}/{mt}</td>"
+           "</tr>")
+    if detail:
+        row += (f"<tr><td></td><td colspan='3' style='font-size:11px;color:#666;padding:0 0 3px 0;"
+                f"white-space:normal'>{detail}</td></tr>")
+    return row
 
 
 def _section(title: str, rows: list[str], extra: int = 0) -> str:
@@ -240,10 +248,8 @@ def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, color
     rows = []
     for w in rec.waiting[:max_rows]:
         kind = "preempted, waits" if w.request_id in progress.preempted else "waits"
-        status = f"{kind}: <span style='color:#555'>{_e(w.reason)}</span>"
         rows.append(_request_row(w.request_id, colors, infos.get(w.request_id), computed(w.request_id),
-                                 progress.outputs.get(w.request_id, 0),
-                                 f"<span style='white-space:normal'>{status}</span>"))
+                                 progress.outputs.get(w.request_id, 0), kind, detail=_e(w.reason)))
     out.append(_section(f"Waiting queue ({len(rec.waiting)})", rows, len(rec.waiting) - max_rows)
                or "<div style='margin-top:6px;font-weight:600'>Waiting queue (0)</div>")
     # Not arrived yet (a trace with arrival times).

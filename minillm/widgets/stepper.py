@@ -28,10 +28,12 @@ import time
 from typing import Any, Callable, Optional, Sequence, Union
 
 import ipywidgets as W
+import plotly.graph_objects as go
 
 from .. import figures as F
 from ..figures import ColorMap
 from ..step_record import StepRecord
+from .live import LiveFigure
 from .panels import Progress, RequestInfo, metrics_html, queue_html, reasons_html
 
 __all__ = ["Stepper", "as_engine", "engine_factory"]
@@ -106,19 +108,19 @@ def _add_requests(engine, requests: Sequence[Any]) -> None:
 
 
 # =====================================================================================
-# A figure slot: FigureWidget updated in place, or a static figure redrawn into an Output
+# A figure slot: a LiveFigure redrawn in place, or a static figure redrawn into an Output
 # =====================================================================================
 
 class _FigureSlot:
+    """A figure on screen: a ``LiveFigure`` redrawn in place (``Plotly.react``), or, without
+    anywidget, a static figure redrawn into an Output."""
+
     def __init__(self, fig):
-        self.fig = F.make_widget(fig)
-        if isinstance(self.fig, W.DOMWidget):
-            self.view = self.fig
-            self.live = True
-        else:                                   # no anywidget: redraw a static figure
-            self.view = W.Output()
-            self.live = False
-            self.refresh()
+        self.fig = LiveFigure(fig)
+        view = self.fig.widget
+        self.live = view is not None
+        self.view = view if self.live else W.Output()
+        self.refresh()
 
     def refresh(self) -> None:
         if self.live:
@@ -126,7 +128,7 @@ class _FigureSlot:
         from IPython.display import display
         with self.view:
             self.view.clear_output(wait=True)
-            display(self.fig)
+            display(go.Figure(self.fig))
 
 
 # =====================================================================================
@@ -145,8 +147,9 @@ class Stepper:
     ``reset_button`` (Buttons), ``run_n`` (how many steps Run takes), ``play`` and
     ``speed`` (Play/Pause and steps per second), ``history`` (the slider that looks back),
     ``step()``, ``run(n)``, ``reset()``, ``show(i)``; ``records`` (the StepRecords taken so
-    far), ``shown`` (the one on screen); ``batch_fig`` and ``kv_fig`` (plotly FigureWidgets,
-    updated in place); ``widget`` (the root to display).
+    far), ``shown`` (the one on screen); ``batch_fig`` and ``kv_fig`` (``LiveFigure``s: plotly
+    Figures whose traces are updated in place in ``batch_update()`` and redrawn on the page
+    with ``Plotly.react``); ``widget`` (the root to display).
     """
 
     def __init__(self, engine_or_factory: Any, requests: Optional[Sequence[Any]] = None, *,
@@ -169,7 +172,7 @@ class Stepper:
         self.per_position_max = per_position_max
         self.title = title
         self.compact = compact
-        self._fig_width = fig_width or (500 if compact else 620)
+        self._fig_width = fig_width or (480 if compact else 560)
         self._busy = False
         self._syncing = False
         self._last_tick = 0.0
@@ -195,6 +198,9 @@ class Stepper:
         self.history = W.IntSlider(value=0, min=0, max=0, description="view step", disabled=True,
                                    continuous_update=False, layout=W.Layout(width="420px"),
                                    style={"description_width": "70px"})
+        for b, cls in ((self.step_button, "mlw-step-button"), (self.run_button, "mlw-run-button"),
+                       (self.reset_button, "mlw-reset-button")):
+            b.add_class(cls)                    # stable hooks for the browser test
         self.step_button.on_click(lambda _: self.step())
         self.run_button.on_click(lambda _: self.run(self.run_n.value))
         self.reset_button.on_click(lambda _: self.reset())
@@ -206,9 +212,10 @@ class Stepper:
         self.title_html = W.HTML(f"<div style='font-size:14px;font-weight:600'>{self.title}</div>"
                                  if self.title else "")
         self.metrics_html = W.HTML()
-        self.queue_html = W.HTML(layout=W.Layout(min_width="300px", max_width="460px", overflow="auto"))
+        self.queue_html = W.HTML(layout=W.Layout(flex="0 1 400px", min_width="300px", max_width="420px",
+                                                 overflow="auto", margin="0 12px 0 0"))
         self.reasons_html = W.HTML()
-        self._batch_slot = _FigureSlot(F.batch_figure(None, colors=self.colors, width=self._fig_width))
+        self._batch_slot = None     # made in _attach (its budget comes from the engine)
         self._kv_slot = None        # made in _attach (its cell count depends on the engine)
         self.controls = W.HBox([self.step_button, self.run_button, self.run_n, self.play, self.speed,
                                 self.reset_button],
@@ -245,6 +252,8 @@ class Stepper:
                                  max_cells=self.max_cells, per_position_max=self.per_position_max,
                                  mode=self._mode, width=self._fig_width)
         if self._kv_slot is None:
+            self._batch_slot = _FigureSlot(F.batch_figure(first, colors=self.colors, width=self._fig_width,
+                                                          token_budget=cfg.max_num_batched_tokens))
             self._kv_slot = _FigureSlot(kv_fig)
             self.widget.children = self._layout_children()
         self._sync_history(len(self.records) - 1)
@@ -260,12 +269,12 @@ class Stepper:
     # --- public handles --------------------------------------------------------------------
     @property
     def batch_fig(self):
-        """The batch bar (a plotly FigureWidget: its traces are updated in place each step)."""
+        """The batch bar (a ``LiveFigure``: its traces are updated in place each step)."""
         return self._batch_slot.fig
 
     @property
     def kv_fig(self):
-        """The KV memory map (a plotly FigureWidget, updated in place each step)."""
+        """The KV memory map (a ``LiveFigure``, updated in place each step)."""
         return self._kv_slot.fig
 
     @property

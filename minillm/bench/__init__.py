@@ -1,0 +1,35 @@
+"""Benchmarks: ``python -m minillm.bench NAME [--size tiny|small|full] [--out DIR]``.
+
+Each benchmark measures the sides it compares in one run, prints a markdown table,
+the machine and the command that reproduces it, and writes ``DIR/NAME-SIZE.json``:
+
+* ``throughput``: continuous batching vs transformers' static ``generate`` (and
+  transformers' own continuous batching), output tokens/s on a long-tail trace.
+* ``sched-overhead``: time of one scheduling pass vs running / waiting requests, and the
+  scheduler + batch-preparation share of a real step at batch 64.
+* ``paging``: max-length reservation vs paged KV on one trace and one capacity.
+* ``prefix``: prefill computed and TTFT with and without prefix caching.
+* ``sim-scale``: the simulated executor on 10,000 requests of a 70B-shaped model.
+* ``all``: each of them at the chosen size.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+# name on the command line -> module in this package (each has ``main(args)``)
+BENCHMARKS = {
+    "throughput": "throughput",
+    "sched-overhead": "sched_overhead",
+    "paging": "paging",
+    "prefix": "prefix",
+    "sim-scale": "sim_scale",
+}
+if importlib.util.find_spec(f"{__name__}.spec") is not None:   # added by the speculative-decoding work
+    BENCHMARKS["spec"] = "spec"
+
+
+def get(name: str):
+    """The module of benchmark ``name``."""
+    return importlib.import_module(f"{__name__}.{BENCHMARKS[name]}")

@@ -1,0 +1,52 @@
+"""``python -m minillm.bench NAME [--size tiny|small|full] [--out DIR]`` (see ``minillm.bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+from . import BENCHMARKS, get
+from .common import SIZES
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m minillm.bench", description=__doc__)
+    p.add_argument("name", choices=sorted(BENCHMARKS) + ["all"], help="which benchmark ('all' runs each)")
+    p.add_argument("--size", choices=SIZES, default="full",
+                   help="tiny: seconds (the smoke test); small: a minute or so; full: the numbers we quote")
+    p.add_argument("--out", default="bench_results", help="directory for the JSON results")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (benchmarks with a real model)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the traces")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    """Run the benchmark(s); returns {name: result dict}. Exit status 1 if one failed."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = parse(argv)
+    names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    results, failed = {}, []
+    t0 = time.perf_counter()
+    for name in names:
+        try:
+            results[name] = get(name).main(args)
+        except Exception:
+            if len(names) == 1:
+                raise
+            traceback.print_exc()
+            failed.append(name)
+    if len(names) > 1:
+        print(f"\nall: {len(names) - len(failed)}/{len(names)} benchmarks ran in "
+              f"{time.perf_counter() - t0:.0f}s" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    if failed:
+        sys.exit(1)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Which implementation of the exercises runs: yours (``exercises/``) or the reference (``solutions/``).
+
+Every notebook ends with exercises. Your code lives in ``exercises/exNN_*.py`` (generated
+from ``solutions/`` by ``scripts/make_exercises.py``, with each answer replaced by a stub);
+the reference answers live in ``solutions/exNN_*.py``. Notebooks and graders never import
+either folder directly; they ask this module::
+
+    from minillm import impl
+    ex = impl.load("ex01_batching")     # exercises/ex01_batching.py, or solutions/... (see below)
+
+Which one is chosen by the environment variable ``MINILLM_IMPL``:
+
+* unset or ``exercises``: your code, in ``exercises/`` (the default: a notebook runs what you wrote);
+* ``solutions``: the reference answers (the tests and CI set this);
+* a path to a directory: modules from there (the generation test points it at freshly
+  generated stubs).
+
+``impl.attempt()`` lets a notebook cell call an exercise that is still a stub without
+stopping the notebook: the ``NotImplementedError`` is reported in one line instead.
+
+``impl.replace_kv_manager(engine, manager)`` is the wiring point where an exercise's
+memory manager (notebook 02's allocators) takes over from the engine's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+import zlib
+from pathlib import Path
+from types import ModuleType
+from typing import Optional, Union
+
+__all__ = ["ENV", "CHOICES", "REPO_ROOT", "which", "impl_dir", "load", "attempt", "replace_kv_manager"]
+
+ENV = "MINILLM_IMPL"
+CHOICES = ("exercises", "solutions")
+REPO_ROOT = Path(__file__).resolve().parent.parent     # the checkout: minillm/, exercises/, solutions/
+
+
+def which(impl: Optional[str] = None) -> str:
+    """The implementation in force: ``impl`` if given, else ``$MINILLM_IMPL``, else "exercises"."""
+    return (impl if impl is not None else os.environ.get(ENV, "")).strip() or "exercises"
+
+
+def impl_dir(impl: Optional[str] = None) -> Path:
+    """The folder the modules are loaded from."""
+    name = which(impl)
+    if name in CHOICES:
+        d = REPO_ROOT / name
+    else:
+        d = Path(name).expanduser().resolve()
+    if not d.is_dir():
+        hint = (f"choose one of {CHOICES} or a directory" if name not in CHOICES else
+                "run `make exercises` to generate it" if name == "exercises" else "is the checkout complete?")
+        raise FileNotFoundError(f"{ENV}={name!r}: no directory {d} ({hint})")
+    return d
+
+
+def load(module: str, impl: Optional[str] = None) -> ModuleType:
+    """The exercise module ``module`` (e.g. "ex01_batching") of the implementation in force.
+
+    ``exercises`` and ``solutions`` are imported as packages (``exercises.ex01_batching``), so
+    a module is loaded once per process; a directory given by path is loaded from its file
+    under the name ``minillm_impl_<dir checksum>_<module>``.
+    """
+    name = which(impl)
+    d = impl_dir(name)
+    path = d / f"{module}.py"
+    if not path.is_file():
+        available = sorted(p.stem for p in d.glob("ex*.py"))
+        raise ModuleNotFoundError(f"{ENV}={name!r}: no {module}.py in {d} (there: {available})")
+    if name in CHOICES:
+        root = str(REPO_ROOT)
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        return importlib.import_module(f"{name}.{module}")
+    qual = f"minillm_impl_{zlib.crc32(str(d).encode()):08x}_{module}"
+    if qual in sys.modules:
+        return sys.modules[qual]
+    spec = importlib.util.spec_from_file_location(qual, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[qual] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(qual, None)
+        raise
+    return mod
+
+
+@contextlib.contextmanager
+def attempt(what: str = ""):
+    """Run a notebook cell's exercise call; a stub's NotImplementedError becomes one line.
+
+        with impl.attempt():
+            print(ex.completion_times([100] * 8 + [1000] * 2, max_num_seqs=10))
+    """
+    try:
+        yield
+    except NotImplementedError as e:
+        label = f"{what}: " if what else ""
+        print(f"{label}not implemented yet ({e}). Write it in exercises/, then rerun this cell "
+              f"(the notebook is using {ENV}={which()!r}).")
+
+
+def replace_kv_manager(engine, manager) -> None:
+    """Make ``engine`` (an ``LLMEngine`` or ``LLM``) use ``manager`` for its KV memory.
+
+    Call it on a fresh engine, before the first step: the scheduler, the executor and the
+    engine all ask the same manager object who holds which KV positions.
+    """
+    engine = getattr(engine, "engine", engine)
+    if engine.step_count:
+        raise RuntimeError("replace_kv_manager: the engine has already run; replace the KV manager "
+                           "before the first step")
+    if manager.num_blocks != engine.num_kv_blocks or manager.block_size != engine.config.block_size:
+        raise ValueError(f"replace_kv_manager: the manager has {manager.num_blocks} blocks of "
+                         f"{manager.block_size}, the engine {engine.num_kv_blocks} of "
+                         f"{engine.config.block_size}")
+    engine.kv = manager
+    engine.scheduler.kv = manager
+    engine.scheduler.watermark_blocks = int(engine.config.watermark * manager.num_blocks)
+    engine.executor.kv = manager

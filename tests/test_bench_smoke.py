@@ -1,0 +1,46 @@
+"""Smoke test of the benchmarks: each runs at ``--size tiny`` and writes its JSON.
+
+No timing is asserted (timings belong in the benchmarks' own printed tables); this only
+keeps ``python -m minillm.bench NAME`` from rotting as the engine changes.
+"""
+
+import json
+
+import pytest
+
+from minillm.bench import BENCHMARKS
+from minillm.bench.__main__ import main
+from minillm.bench.common import RESULT_KEYS
+
+# What each benchmark's "results" must hold, beyond the common keys.
+EXPECTED = {
+    "throughput": ("minillm", "hf_static", "hf_continuous", "ratio_vs_hf_static", "ratio_vs_hf_continuous"),
+    "sched-overhead": ("scheduling_pass", "step_breakdown"),
+    "paging": ("reserved_cap", "reserved_exact", "paged", "paged_vs_reserved_mean_concurrent"),
+    "prefix": ("shared_prompt", "multi_turn"),
+    "sim-scale": ("requests", "steps", "wall_s", "steps_per_s"),
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_benchmark_runs_tiny(name, tmp_path, capsys):
+    main([name, "--size", "tiny", "--out", str(tmp_path), "--threads", "1"])
+    path = tmp_path / f"{name}-tiny.json"
+    assert path.exists(), f"{name} wrote no JSON"
+    data = json.loads(path.read_text())
+    for key in RESULT_KEYS:
+        assert key in data, f"{name}: result JSON lacks {key!r}"
+    assert data["benchmark"] == name and data["size"] == "tiny"
+    assert data["command"].startswith(f"python -m minillm.bench {name}")
+    for key in EXPECTED.get(name, ()):
+        assert key in data["results"], f"{name}: results lack {key!r}"
+    for g in data["goals"]:
+        assert {"goal", "target", "measured", "met"} <= set(g)
+    if name == "throughput":      # transformers' continuous batching ran, or the JSON says why not
+        res = data["results"]
+        assert res["hf_static"]["output_tokens"] == res["minillm"]["output_tokens"]
+        assert "tok_per_s" in res["hf_continuous"] or "error" in res["hf_continuous"]
+    printed = capsys.readouterr().out
+    assert "machine:" in printed and "command:" in printed
+

@@ -1,0 +1,245 @@
+"""The Stepper as a reader meets it: JupyterLab in headless Chromium, two clicks on Step.
+
+Starts JupyterLab on a free localhost port (token auth) in a temporary folder holding
+``tests/browser_nb/stepper_smoke.ipynb``, opens it in Debian's Chromium through Playwright,
+runs every cell, clicks the widget's Step button twice and checks that the step counter and
+the KV block map on screen changed. A screenshot is saved in the test's tmp dir and copied
+to /tmp/minillm_browser.png.
+
+Without Chromium (or Playwright) the test skips, unless ``MINILLM_REQUIRE_BROWSER=1`` (CI
+sets it): then it fails and says what is missing. Never downloads a browser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+NOTEBOOK = HERE / "browser_nb" / "stepper_smoke.ipynb"
+SCREENSHOT_COPY = Path("/tmp/minillm_browser.png")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-sync"]
+BOOT_TIMEOUT = 120        # s: JupyterLab answering
+KERNEL_TIMEOUT = 300      # s: kernel up, torch imported, the engine built, the widget drawn
+STEP_TIMEOUT = 120        # s: one click on Step reflected on screen
+
+
+def _missing_browser(reason: str):
+    if os.environ.get("MINILLM_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"browser test required (MINILLM_REQUIRE_BROWSER=1) but {reason}. Install Debian's "
+                    "Chromium (`apt-get install -y chromium`) and the Python package `playwright`; "
+                    "do not download a browser through playwright.", pytrace=False)
+    pytest.skip(f"{reason} (set MINILLM_REQUIRE_BROWSER=1 to make this a failure)")
+
+
+def _chromium() -> str:
+    for cand in (os.environ.get("MINILLM_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+                 shutil.which("chromium-browser")):
+        if cand and os.path.exists(cand):
+            return cand
+    _missing_browser("Chromium was not found at /usr/bin/chromium or on PATH")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read()
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path):
+    """A JupyterLab server of this venv in a temp dir; yields (base url, token, root dir)."""
+    root = tmp_path / "lab"
+    root.mkdir()
+    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    # No news or update toasts over the page (and no request to a website for them).
+    notif = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    notif.mkdir(parents=True)
+    (notif / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True}))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ)
+    # Keep the user's Jupyter state out: config, data (kernelspecs), runtime files in tmp.
+    for var, sub in (("JUPYTER_CONFIG_DIR", "cfg"), ("JUPYTER_RUNTIME_DIR", "run"),
+                     ("JUPYTER_DATA_DIR", "data"), ("IPYTHONDIR", "ipython")):
+        env[var] = str(tmp_path / sub)
+    env["JUPYTER_PLATFORM_DIRS"] = "1"
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser",
+           "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+           "--LabApp.expose_app_in_browser=True",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+           f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
+           f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
+           "--LabApp.extension_manager=readonly", "--ServerApp.terminals_enabled=False"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")          # CI runs as root
+    log = open(tmp_path / "jupyter.log", "wb")
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited with {proc.returncode}:\n"
+                                   + (tmp_path / "jupyter.log").read_text(errors="replace")[-3000:])
+            try:
+                status, _ = _get(f"{base}/api/status?token={token}")
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("JupyterLab did not answer within "
+                                   f"{BOOT_TIMEOUT}s:\n" + (tmp_path / "jupyter.log").read_text(errors="replace")[-3000:])
+            time.sleep(0.5)
+        yield base, token, root
+    finally:
+        # Shut the server (and its kernels) down cleanly, then make sure the process group is gone.
+        try:
+            req = urllib.request.Request(f"{base}/api/shutdown?token={token}", method="POST", data=b"")
+            urllib.request.urlopen(req, timeout=10)
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        log.close()
+
+
+def _stepper_state(page) -> dict:
+    """What the widget shows: its step counter, and the fill colours of the KV map's cells."""
+    return page.evaluate("""() => {
+        const root = document.querySelector('.minillm-stepper');
+        if (!root) return null;
+        const step = root.querySelector('.mlw-step');
+        const plots = root.querySelectorAll('.js-plotly-plot');
+        const kv = plots.length ? plots[plots.length - 1] : null;
+        const fills = kv ? Array.from(kv.querySelectorAll('g.trace.bars path')).map(
+            p => (p.style.fill || p.getAttribute('fill') || '') + '|' + (p.getAttribute('d') || '')) : [];
+        const title = kv ? (kv.querySelector('.gtitle') || {}).textContent : null;
+        return {step: step ? step.textContent.trim() : null, plots: plots.length,
+                kv_title: title, kv_paths: fills};
+    }""")
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(900)
+def test_stepper_in_jupyterlab(jupyter_lab, tmp_path):
+    chromium = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing_browser("the Python package playwright is not installed")
+    base, token, root = jupyter_lab
+    shot = tmp_path / "stepper.png"
+    console: list[str] = []
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            page.set_default_timeout(60_000)
+            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}&reset", wait_until="domcontentloaded")
+            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=KERNEL_TIMEOUT * 1000)
+            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands"
+                                   " && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
+                                   timeout=KERNEL_TIMEOUT * 1000)
+            _wait_kernel_idle(page)
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            try:
+                page.wait_for_selector(".minillm-stepper .mlw-step", timeout=KERNEL_TIMEOUT * 1000)
+                page.wait_for_function(
+                    "() => document.querySelectorAll('.minillm-stepper .js-plotly-plot g.trace.bars').length > 0",
+                    timeout=KERNEL_TIMEOUT * 1000)
+            except Exception:
+                page.screenshot(path=str(shot), full_page=True)
+                shutil.copy(shot, SCREENSHOT_COPY)
+                raise AssertionError("the Stepper did not appear; console:\n" + "\n".join(console[-40:])
+                                     + "\noutputs:\n" + _outputs_text(page))
+            _wait_kernel_idle(page)
+            before = _stepper_state(page)
+            assert before["step"] == "step -", before["step"]
+            assert before["plots"] == 2
+
+            step_button = page.locator(".minillm-stepper button.mlw-step-button")
+            seen = [before]
+            for want in ("step 0", "step 1"):
+                step_button.click()
+                page.wait_for_function(
+                    "(want) => { const e = document.querySelector('.minillm-stepper .mlw-step');"
+                    " return e && e.textContent.trim() === want; }", arg=want, timeout=STEP_TIMEOUT * 1000)
+                page.wait_for_timeout(600)          # let plotly finish redrawing
+                seen.append(_stepper_state(page))
+            after = seen[-1]
+            page.locator(".minillm-stepper").scroll_into_view_if_needed()
+            page.screenshot(path=str(shot), full_page=True)
+            shutil.copy(shot, SCREENSHOT_COPY)
+        finally:
+            browser.close()
+
+    assert [s["step"] for s in seen] == ["step -", "step 0", "step 1"]
+    # The block map on screen changed with each step: its title and its cells.
+    assert before["kv_title"] != seen[1]["kv_title"] != after["kv_title"], [s["kv_title"] for s in seen]
+    assert "after step 1" in after["kv_title"]
+    assert before["kv_paths"] != seen[1]["kv_paths"] != after["kv_paths"]
+    assert shot.exists() and shot.stat().st_size > 10_000
+
+
+def _wait_kernel_idle(page, timeout: float = KERNEL_TIMEOUT) -> None:
+    """Until the notebook's kernel reports idle (JupyterLab's execution indicator)."""
+    page.wait_for_function(
+        """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+                   const k = w && w.sessionContext && w.sessionContext.session
+                             && w.sessionContext.session.kernel;
+                   return !!k && k.status === 'idle' && Array.from(document.querySelectorAll(
+                       '.jp-InputPrompt')).every(e => !e.textContent.includes('*')); }""",
+        timeout=timeout * 1000, polling=500)
+
+
+def _outputs_text(page) -> str:
+    try:
+        return page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+                             ".map(e => e.innerText).join('\\n---\\n')")[-3000:]
+    except Exception as e:   # pragma: no cover - diagnostics only
+        return f"(could not read outputs: {e})"
+
+
+def test_browser_notebook_runs_headless(tmp_path):
+    """The same notebook, executed by nbclient (no browser): it builds and displays a Stepper."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    out = nb.cells[-1].outputs
+    assert out and "application/vnd.jupyter.widget-view+json" in out[0].get("data", {}), json.dumps(out)[:500]

@@ -1,0 +1,130 @@
+"""The simulated executor and ``simulate()``: a 70B-shaped model on modeled H100s.
+
+Expected capacities are worked out here by hand from datasheet figures and the model's
+shape (as in test_costmodel.py), never read from the code under test.
+"""
+
+import time
+
+import pytest
+
+from minillm import LLM
+from minillm.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
+from minillm.metrics import summarize
+from minillm.simulated import PLACEHOLDER_TOKEN, StepSummary, gpus_needed, simulate, tensor_parallel
+from minillm.workloads import LogNormal, TraceRequest, Uniform, submit_trace, synthetic_trace
+
+# Llama-2-70B: 68,976,648,192 parameters in bf16; KV per token 2 x 80 layers x 8 KV heads x 128 x 2 B.
+W70 = 68_976_648_192 * 2
+KV70 = 2 * 80 * 8 * 128 * 2                       # 327,680 bytes per position
+# 4 x H100 (80 GB each), 90% of memory usable: (288e9 - weights) / KV per position
+CAP_4xH100 = int((4 * 80e9 * 0.9 - W70) // KV70)  # 150,046,703,616 / 327,680 = 457,906 positions
+
+
+def test_tensor_parallel_and_gpus_needed():
+    hw = tensor_parallel("H100-SXM", 4)
+    h1 = HARDWARE["H100-SXM"]
+    assert hw.name == "4xH100-SXM"
+    assert hw.peak_flops == 4 * h1.peak_flops and hw.hbm_bandwidth == 4 * h1.hbm_bandwidth
+    assert hw.hbm_bytes == 4 * h1.hbm_bytes
+    assert tensor_parallel("H100-SXM", 1) is h1
+    assert gpus_needed("H100-SXM", "llama-2-70b") == 4          # 138 GB of weights: half of 4 x 80 GB
+    assert gpus_needed("H100-SXM", "llama-2-7b") == 1
+    with pytest.raises(ValueError):
+        tensor_parallel("H100-SXM", 0)
+
+
+def test_the_70b_shape_sizes_the_kv_cache_and_prices_swaps():
+    cm = RooflineCostModel(tensor_parallel("H100-SXM", 4), MODELS["llama-2-70b"])
+    eng = LLM(model="random", executor="simulated", clock="modeled", cost_model=cm).engine
+    assert CAP_4xH100 == 457_906 and CAP_4xH100 // 16 == 28_619
+    assert eng.num_kv_blocks == CAP_4xH100 // 16
+    assert eng.executor.bytes_per_block == KV70 * 16            # not the tiny random model's
+    # the same through a preset name: the engine prices its own (70B) shape
+    eng = LLM(model="llama-2-70b", executor="simulated", clock="modeled",
+              cost_model=tensor_parallel("H100-SXM", 4)).engine
+    assert eng.model_spec is MODELS["llama-2-70b"]
+    assert eng.cost_model.model is MODELS["llama-2-70b"]
+    assert eng.num_kv_blocks == CAP_4xH100 // 16
+    assert eng.vocab_size == 32000
+    # one H100 cannot even hold the weights (138 GB > 72 GB usable): no KV at all, said clearly
+    with pytest.raises(ValueError, match="no memory for a KV cache"):
+        LLM(model="llama-2-70b", executor="simulated", clock="modeled", cost_model="H100-SXM")
+
+
+def test_simulated_executor_generates_placeholders_to_max_tokens():
+    eng = LLM(model="random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.01)).engine
+    trace = [TraceRequest("a", 0.0, 30, 7), TraceRequest("b", 0.0, 5, 40)]
+    submit_trace(eng, trace, vocab_size=eng.vocab_size)
+    eng.run()
+    for r in trace:
+        out = eng.get_output(r.request_id)
+        assert out.token_ids == [PLACEHOLDER_TOKEN] * r.output_len
+        assert out.finish_reason == "length"
+    assert eng.step_count == 40 and eng.clock.now() == pytest.approx(0.40)
+
+
+def test_future_arrivals_wait_outside_the_queue_and_the_idle_clock_jumps():
+    eng = LLM(model="random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.01)).engine
+    submit_trace(eng, [TraceRequest("now", 0.0, 8, 3), TraceRequest("later", 5.0, 8, 3)],
+                 vocab_size=eng.vocab_size)
+    assert [r.request_id for r in eng.scheduler.waiting] == ["now"]
+    assert eng.scheduler.next_arrival() == 5.0
+    eng.step()
+    assert [r.request_id for r in eng.scheduler.waiting] == []
+    eng.run()
+    m = eng.requests["later"].metrics
+    assert m.first_scheduled_time == pytest.approx(5.0) and m.queue_wait == pytest.approx(0.0)
+    assert eng.clock.now() == pytest.approx(5.03)
+    # nothing is charged for waiting: 3 + 3 steps of 10 ms, and the jump
+    assert sum(r.duration for r in eng.step_records) == pytest.approx(0.06)
+    # an aborted future request leaves no trace in the arrival heap
+    eng.add_request([11, 12], request_id="x", arrival_time=9.0)
+    eng.abort_request("x")
+    assert not eng.has_unfinished_requests()
+
+
+def test_simulate_records_modes_agree():
+    trace = synthetic_trace(300, rate=40, prompt_len=LogNormal(128, 1.0, 4, 1024),
+                            output_len=LogNormal(64, 0.8, 2, 512), seed=5)
+    eng_f, s_full = simulate(trace, records="full")
+    eng_s, s_sum = simulate(trace, records="summary")
+    assert len(eng_f.step_records) == eng_f.step_count and not eng_f.step_summaries
+    assert not eng_s.step_records and len(eng_s.step_summaries) == eng_s.step_count
+    assert isinstance(eng_s.step_summaries[0], StepSummary)
+    for k in ("num_finished", "duration", "output_throughput", "ttft_mean", "e2e_p99", "batch_size_mean",
+              "kv_util_mean", "schedule_overhead_fraction", "num_steps"):
+        assert s_full[k] == s_sum[k], k
+    assert s_full["num_gpus"] == 4 and s_full["cost_model"] == "roofline(4xH100-SXM, llama-2-70b)"
+    assert s_full["num_finished"] == 300
+    # StepSummary matches the full record it came from
+    rec, summ = eng_f.step_records[10], eng_s.step_summaries[10]
+    assert summ.batch_size == len(rec.batch) and summ.kv.used == rec.kv.used
+    assert summ.num_prefill_tokens == rec.num_prefill_tokens
+    assert summ.num_decode_tokens == rec.num_decode_tokens
+
+
+def test_simulate_under_overload_loses_nothing():
+    # 3x what 8 slots can serve, with a queue cap: every request is either served or rejected
+    trace = synthetic_trace(400, rate=200, prompt_len=Uniform(32, 512), output_len=Uniform(16, 256), seed=6)
+    eng, s = simulate(trace, max_num_seqs=8, max_queue_len=20, policy="sjf")
+    assert s["num_finished"] + s["num_rejected"] == 400 and s["num_unfinished"] == 0
+    assert s["num_rejected"] == eng.stats()["rejected"] > 0
+    # records keep at most max_waiting_entries reasons per step, even with a long queue
+    assert max(len(r.waiting) for r in eng.step_records) <= 32
+    assert summarize(eng.request_metrics())["num_rejected"] == s["num_rejected"]
+
+
+def test_ten_thousand_requests_of_a_70b_model():
+    """The at-scale replay: 10,000 chat-like requests (ShareGPT-sized: ~200 tokens in, ~190 out)
+    at 20 req/s on 4 modeled H100s. Prints the wall time; asserts only that it completes."""
+    trace = synthetic_trace(10_000, rate=20, prompt_len=LogNormal(128, 1.0, 4, 2048),
+                            output_len=LogNormal(128, 0.9, 4, 1024), seed=0)
+    t0 = time.perf_counter()
+    eng, s = simulate(trace, model="llama-2-70b", hardware="H100-SXM")
+    wall = time.perf_counter() - t0
+    print(f"\n10,000 requests of llama-2-70b on 4 x H100 (modeled): {eng.step_count} steps, "
+          f"{s['duration']:.0f} s modeled, {wall:.1f} s wall; "
+          f"{s['output_throughput']:.0f} output tok/s, TTFT p99 {s['ttft_p99'] * 1e3:.0f} ms")
+    assert s["num_finished"] == 10_000 and s["num_unfinished"] == 0
+    assert s["total_output_tokens"] == sum(r.output_len for r in trace)

@@ -1,0 +1,510 @@
+"""The step-through widgets and figures, headless: click the buttons, read the figures back.
+
+What is checked is that the widget draws what the engine recorded: after each Step the
+batch bar's segments add up to the StepRecord's decode / prefill tokens and unused budget,
+the KV map's cells carry the owners and fill of ``record.kv.blocks``, the history slider
+puts an old record back on screen, and Reset rebuilds the engine at step 0. The seeds'
+Figure 4 numbers (reservation: C waits with 4 of 24 positions free; paging: B and C hold
+7 + 6 = 13 positions) come from the seed text, not from the engine.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("plotly")
+pytest.importorskip("anywidget", reason="the live figures are anywidgets")
+
+import plotly.graph_objects as go  # noqa: E402
+
+from minillm import LLM, SamplingParams  # noqa: E402
+from minillm import figures as F  # noqa: E402
+from minillm.widgets import LiveFigure, LockstepStepper, Stepper, figure4_engine, figure4_lockstep  # noqa: E402
+
+# (prompt length, max_tokens) of the small trace: more demand than 4 sequences / 16 tokens.
+TRACE = [(6, 5), (10, 3), (3, 8), (12, 4), (5, 6)]
+SMALL = dict(model="random", block_size=4, num_kv_blocks=16, max_num_batched_tokens=16, max_num_seqs=4)
+
+
+def small_engine(**over):
+    llm = LLM(**{**SMALL, **over})
+    for i, (p, o) in enumerate(TRACE):
+        llm.engine.add_request(list(range(10 + i, 10 + i + p)),
+                               SamplingParams(max_tokens=o, ignore_eos=True, temperature=0.0),
+                               request_id=chr(ord("A") + i))
+    return llm.engine
+
+
+def text(h: str) -> str:
+    """The visible text of an HTML panel, whitespace collapsed."""
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", h))).replace(" ,", ",").replace(" .", ".")
+
+
+# --- what the figures must say -------------------------------------------------------------
+
+def assert_batch_matches(fig, rec):
+    dec, pre, unused = fig.data[0], fig.data[1], fig.data[2]
+    assert sum(dec.x or ()) == rec.num_decode_tokens
+    assert sum(pre.x or ()) == rec.num_prefill_tokens
+    assert sum(dec.x or ()) + sum(pre.x or ()) == rec.num_batched_tokens
+    assert sum(unused.x or ()) == rec.token_budget - rec.num_batched_tokens
+    assert list(fig.layout.xaxis.range) == [0, rec.token_budget]
+    drawn = sorted(zip(list(dec.customdata or ()) + list(pre.customdata or ()),
+                       list(dec.x or ()) + list(pre.x or ())))
+    assert drawn == sorted((e.request_id, e.num_tokens) for e in rec.batch)
+    # Segments tile the bar from 0 without overlap.
+    segs = sorted(zip(list(dec.base or ()) + list(pre.base or ()) + list(unused.base or ()),
+                      list(dec.x or ()) + list(pre.x or ()) + list(unused.x or ())))
+    pos = 0
+    for base, width in segs:
+        assert base == pos
+        pos += width
+    assert pos == rec.token_budget
+
+
+def assert_kv_matches(fig, rec, stepper=None):
+    bg, filled, reserved, cached = fig.data[0], fig.data[1], fig.data[2], fig.data[3]
+    kv = rec.kv
+    blocks = {b.block_id: b for b in kv.blocks}
+    n = len(bg.x)
+    assert len(filled.y) == len(reserved.y) == len(cached.y) == n
+    per_block_filled: dict[int, float] = {}
+    per_block_res: dict[int, float] = {}
+    cells_per_block: dict[int, int] = {}
+    for i in range(n):
+        bid, owners, _ = bg.customdata[i]
+        b = blocks[int(bid)]
+        assert owners == ",".join(b.owners), f"cell {i}: block {bid}"
+        per_block_filled[b.block_id] = per_block_filled.get(b.block_id, 0.0) + filled.y[i] / F._CELL_H
+        per_block_res[b.block_id] = per_block_res.get(b.block_id, 0.0) + reserved.y[i] / F._CELL_H
+        cells_per_block[b.block_id] = cells_per_block.get(b.block_id, 0) + 1
+    assert set(cells_per_block) == set(blocks)
+    for bid, b in blocks.items():
+        scale = kv.block_size / cells_per_block[bid]          # positions per cell
+        want = b.num_filled if b.ref_count > 0 else 0
+        assert math.isclose(per_block_filled[bid] * scale, want, abs_tol=1e-9), bid
+        assert math.isclose(per_block_res[bid] * scale, b.reserved if b.ref_count else 0, abs_tol=1e-9)
+    # Owners colour the cells, with one stable colour per request.
+    if stepper is not None:
+        for i in range(n):
+            owners = bg.customdata[i][1]
+            if owners:
+                assert filled.marker.color[i] == stepper.colors[owners.split(",")[0]]
+
+
+def assert_shows(stepper, rec):
+    assert stepper.shown is rec
+    assert_batch_matches(stepper.batch_fig, rec)
+    assert_kv_matches(stepper.kv_fig, rec, stepper)
+    assert f"step {rec.step}" in text(stepper.metrics_html.value)
+    reasons = text(stepper.reasons_html.value)
+    for w in rec.waiting:
+        assert f"{w.request_id} waits: {w.reason}" in reasons
+    for rid in rec.admitted:
+        assert rid in reasons
+    for rid in rec.finished:
+        assert f"Finished: {rid}" in reasons
+    for p in rec.preempted:
+        assert f"Preempted: {p.request_id}" in reasons
+
+
+# --- the Stepper on the real (random-weight) model --------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_stepper():
+    return Stepper(small_engine)
+
+
+def test_step_and_run_advance_exactly(real_stepper):
+    s = real_stepper
+    s.reset()
+    assert s.engine.step_count == 0 and s.records == []
+    assert isinstance(s.batch_fig, LiveFigure) and isinstance(s.kv_fig, LiveFigure)
+    assert isinstance(s.batch_fig, go.Figure) and s.kv_fig.widget is not None
+    assert "step -" in text(s.metrics_html.value)
+
+    s.step_button.click()
+    assert s.engine.step_count == 1 and len(s.records) == 1
+    assert_shows(s, s.records[-1])
+
+    rec = s.step()                               # same as a click
+    assert rec is s.records[-1] and s.engine.step_count == 2
+    assert_shows(s, rec)
+
+    s.run_n.value = 3
+    s.run_button.click()
+    assert s.engine.step_count == 5 and len(s.records) == 5
+    assert [r.step for r in s.records] == [0, 1, 2, 3, 4]
+    assert s.records == s.engine.step_records
+    assert_shows(s, s.records[-1])
+    # The KV map of 64 positions is drawn one cell per position.
+    assert len(s.kv_fig.data[0].x) == 64
+
+
+def test_queue_panel_lists_running_and_waiting(real_stepper):
+    s = real_stepper
+    s.reset()
+    s.step()
+    rec = s.records[-1]
+    q = text(s.queue_html.value)
+    assert f"Running ({len(rec.running)}/4 seqs)" in q
+    assert f"Waiting queue ({len(rec.waiting)})" in q
+    for rid in rec.running:
+        e = rec.entry(rid)
+        assert f"{e.phase} +{e.num_tokens}" in q
+    for w in rec.waiting:
+        assert w.reason in q
+    # Progress: prompt computed / output generated of the first request after its prefill.
+    assert "prompt 6/6" in q
+
+
+def test_history_slider_shows_an_old_step(real_stepper):
+    s = real_stepper
+    s.reset()
+    s.run(4)
+    assert s.history.max == 3 and s.history.value == 3
+    s.history.value = 1                                   # as if the reader dragged it
+    assert s.engine.step_count == 4                       # looking back does not step
+    assert_shows(s, s.records[1])
+    assert "history: viewing step 1, latest is 3" in text(s.metrics_html.value)
+    s.history.value = 0
+    assert_shows(s, s.records[0])
+    s.step()                                              # a new step jumps back to the latest
+    assert s.history.value == 4
+    assert_shows(s, s.records[-1])
+
+
+def test_reset_restores_step_zero(real_stepper):
+    s = real_stepper
+    s.reset()
+    first = s.step()
+    s.run(3)
+    old_engine = s.engine
+    s.reset_button.click()
+    assert s.engine is not old_engine
+    assert s.engine.step_count == 0 and s.records == [] and s.shown is None
+    assert s.history.value == 0 and s.history.max == 0
+    assert sum(s.batch_fig.data[0].x or ()) == 0 and sum(s.batch_fig.data[1].x or ()) == 0
+    assert sum(s.batch_fig.data[2].x or ()) == SMALL["max_num_batched_tokens"]
+    assert sum(s.kv_fig.data[1].y) == 0                   # every cell free
+    assert all(c[1] == "" for c in s.kv_fig.data[0].customdata)
+    assert sorted(s.engine.requests) == list("ABCDE")
+    again = s.step()                                      # the same trace replays
+    assert [(e.request_id, e.phase, e.num_tokens) for e in again.batch] == \
+        [(e.request_id, e.phase, e.num_tokens) for e in first.batch]
+
+
+def _walk(w):
+    yield w
+    for c in getattr(w, "children", ()):
+        yield from _walk(c)
+
+
+def test_figures_are_updated_in_place(real_stepper):
+    s = real_stepper
+    s.reset()
+    batch_fig, kv_fig = s.batch_fig, s.kv_fig
+    views = (batch_fig.widget, kv_fig.widget)
+    uids = [t.uid for t in batch_fig.data] + [t.uid for t in kv_fig.data]
+    assert None not in uids
+    s.step()
+    s.run(2)
+    s.history.value = 0
+    s.reset()
+    rec = s.step()
+    assert s.batch_fig is batch_fig and s.kv_fig is kv_fig
+    assert (batch_fig.widget, kv_fig.widget) == views
+    assert [t.uid for t in batch_fig.data] + [t.uid for t in kv_fig.data] == uids
+    tree = list(_walk(s.widget))
+    assert views[0] in tree and views[1] in tree
+    # What the page is sent is the figure as it stands after the step.
+    sent = kv_fig.widget.figure
+    assert [t["uid"] for t in sent["data"]] == [t.uid for t in kv_fig.data]
+    assert sent["data"][1]["y"] == list(kv_fig.data[1].y)
+    assert sum(batch_fig.widget.figure["data"][1]["x"]) == rec.num_prefill_tokens
+    assert kv_fig.widget.figure["layout"]["title"]["text"] == kv_fig.layout.title.text
+
+
+def test_live_figure_sends_plotly_js_on_request():
+    fig = LiveFigure(F.batch_figure(None, token_budget=8))
+    view = fig.widget
+    sent = []
+    view.send = lambda content, buffers=None: sent.append((content, buffers))
+    view._on_msg(view, {"type": "need-plotly"}, [])
+    assert sent[0][0] == {"type": "plotly-js"}
+    assert b"Plotly" in sent[0][1][0][:2000] and len(sent[0][1][0]) > 1_000_000
+
+
+def test_runs_to_the_end_then_refuses_to_step(real_stepper):
+    s = real_stepper
+    s.reset()
+    s.run(1000)
+    assert s.done
+    n = s.engine.step_count
+    assert s.step() is None and s.run(5) == []
+    s.step_button.click()
+    assert s.engine.step_count == n
+    assert s.step_button.disabled and s.run_button.disabled
+    assert "every request has finished" in text(s.metrics_html.value)
+    fin = set()
+    for r in s.records:
+        fin.update(r.finished)
+    assert fin == set("ABCDE")
+    assert "Finished (5)" in text(s.queue_html.value)
+    s.reset()
+    assert not s.step_button.disabled
+
+
+def test_request_colours_are_stable(real_stepper):
+    s = real_stepper
+    s.reset()
+    before = {rid: s.colors[rid] for rid in "ABCDE"}
+    assert len(set(before.values())) == 5
+    s.run(3)
+    s.reset()
+    assert {rid: s.colors[rid] for rid in "ABCDE"} == before
+    assert F.ColorMap(list("ABCDE"))["C"] == before["C"]
+
+
+# --- the simulated executor, an engine (not a factory), the Play control ---------------------------
+
+def sim_engine(**over):
+    cfg = dict(SMALL, executor="simulated", clock="modeled", cost_model=0.01)
+    cfg.update(over)
+    llm = LLM(**cfg)
+    for i, (p, o) in enumerate(TRACE):
+        llm.engine.add_request(list(range(10, 10 + p)), SamplingParams(max_tokens=o, ignore_eos=True),
+                               request_id=f"r{i}", arrival_time=0.004 * i)
+    return llm
+
+
+def test_engine_is_replayed_on_reset():
+    s = Stepper(sim_engine())                             # an LLM: its requests are recorded now
+    first = [r.summary() for r in s.run(6)]
+    for rec in s.records:
+        s.show(rec.step)
+        assert_shows(s, rec)
+    s.reset()
+    assert s.engine.step_count == 0
+    assert [r.summary() for r in s.run(6)] == first       # modeled clock: the same run, exactly
+
+
+def test_play_steps_once_per_tick_and_stops_at_the_end():
+    s = Stepper(sim_engine())
+    s.play.value = 1                                      # the browser's Play ticks the value
+    assert s.engine.step_count == 1
+    s.play.value = 0                                      # Play's stop rewinds: no step
+    assert s.engine.step_count == 1
+    s.run(1000)
+    s.play.playing = True
+    s._last_tick = 0.0
+    s.play.value = 1
+    assert s.play.playing is False
+    s.speed.value = 10.0
+    assert s.play.interval == 100
+
+
+def test_requests_added_later_are_replayed():
+    s = Stepper(lambda: sim_engine().engine)
+    rid = s.add_request([5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True), request_id="late")
+    assert rid == "late" and "late" in text(s.queue_html.value)
+    s.run(3)
+    s.reset()
+    assert "late" in s.engine.requests and len(s.engine.requests) == len(TRACE) + 1
+
+
+def test_preemption_is_explained():
+    # 6 blocks of 4 positions: two long requests cannot both grow; one is preempted (recompute).
+    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=6, max_num_batched_tokens=16,
+              max_num_seqs=4, clock="modeled", cost_model=0.01)
+    for i in range(2):
+        llm.engine.add_request(list(range(10, 18)), SamplingParams(max_tokens=12, ignore_eos=True),
+                               request_id=f"P{i}")
+    s = Stepper(llm)
+    s.run(40)
+    pre = [r for r in s.records if r.preempted]
+    assert pre, "the trace was built to preempt"
+    s.show(pre[0].step)
+    assert_shows(s, pre[0])
+    ev = pre[0].preempted[0]
+    assert f"Preempted: {ev.request_id}, its KV was dropped and will be recomputed" in text(s.reasons_html.value)
+    g = F.gantt_figure(s.records, s.engine.requests)
+    preempted_trace = [t for t in g.data if t.name.startswith("preempted")][0]
+    assert ev.request_id in preempted_trace.y
+
+
+def test_prefix_sharing_and_cached_blocks_are_marked():
+    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=16, max_num_batched_tokens=32,
+              max_num_seqs=4, enable_prefix_caching=True, clock="modeled", cost_model=0.01)
+    prefix = list(range(10, 18))                          # two full blocks shared
+    llm.engine.add_request(prefix + [40, 41], SamplingParams(max_tokens=6, ignore_eos=True), request_id="X",
+                           arrival_time=0.0)
+    llm.engine.add_request(prefix + [50, 51, 52], SamplingParams(max_tokens=3, ignore_eos=True),
+                           request_id="Y", arrival_time=0.015)
+    s = Stepper(llm)
+    shared_seen = cached_seen = False
+    while not s.done:
+        rec = s.step()
+        assert_kv_matches(s.kv_fig, rec, s)
+        labels = list(s.kv_fig.data[4].text)
+        if any(b.ref_count > 1 for b in rec.kv.blocks):
+            shared_seen = True
+            assert any("\u00d72" in t for t in labels)
+        if any(b.ref_count == 0 and b.cached for b in rec.kv.blocks):
+            cached_seen = True
+            assert sum(s.kv_fig.data[3].y) > 0
+    assert shared_seen and cached_seen
+
+
+def test_thousands_of_blocks_are_aggregated():
+    llm = LLM(model="random", executor="simulated", block_size=16, num_kv_blocks=3000, max_num_batched_tokens=512,
+              max_num_seqs=32, clock="modeled", cost_model="H100-SXM")
+    for i in range(40):
+        llm.engine.add_request([10 + i] * (50 + 7 * i), SamplingParams(max_tokens=20, ignore_eos=True))
+    s = Stepper(llm, max_cells=300)
+    s.run(5)
+    cells = F.kv_cells(s.records[-1].kv, max_cells=300)
+    assert cells.unit == "blocks" and len(cells) <= 300 and cells.blocks_per_cell == 10
+    assert len(s.kv_fig.data[0].x) == len(cells)
+    # Aggregated fill still adds up to the positions holding KV.
+    kv = s.records[-1].kv
+    total = sum(y / F._CELL_H for y in s.kv_fig.data[1].y) * cells.positions_per_cell
+    assert math.isclose(total, kv.used, rel_tol=1e-9)
+    # Past 4096 blocks the engine records no block map: totals only.
+    big = LLM(model="random", executor="simulated", block_size=16, num_kv_blocks=5000, max_num_batched_tokens=512,
+              max_num_seqs=8, clock="modeled", cost_model="H100-SXM")
+    big.engine.add_request(list(range(10, 300)), SamplingParams(max_tokens=5, ignore_eos=True))
+    sb = Stepper(big)
+    rec = sb.step()
+    assert rec.kv.blocks == []
+    assert 0 < len(sb.kv_fig.data[0].x) <= 512
+    assert "totals only" in sb.kv_fig.layout.title.text
+
+
+# --- Figure 4: reservation vs paging, in lockstep ------------------------------------------------
+
+def fig4_engine(kv_allocation):
+    llm = LLM(model="random", block_size=1, num_kv_blocks=24, max_num_batched_tokens=8, max_num_seqs=2,
+              kv_allocation=kv_allocation, clock="modeled", cost_model=0.01, max_model_len=64)
+    llm.engine.add_request(list(range(10, 16)), SamplingParams(max_tokens=14, ignore_eos=True, temperature=0.0),
+                           request_id="B", arrival_time=0.0)      # 6 + 14 = a 20-position reservation
+    llm.engine.add_request(list(range(20, 26)), SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0),
+                           request_id="C", arrival_time=0.005)    # arrives during B's prefill
+    return llm.engine
+
+
+def cells_by_state(fig):
+    bg, filled, reserved = fig.data[0], fig.data[1], fig.data[2]
+    out = {"filled": [], "reserved": [], "free": 0}
+    for i in range(len(bg.x)):
+        owner = bg.customdata[i][1]
+        if filled.y[i] > 0:
+            out["filled"].append(owner)
+        elif reserved.y[i] > 0:
+            out["reserved"].append(owner)
+        elif not owner:
+            out["free"] += 1
+    return out
+
+
+def test_figure4_reservation_vs_paging_in_lockstep():
+    lk = LockstepStepper(lambda: fig4_engine("reserved"), lambda: fig4_engine("paged"))
+    assert lk.names == ["reserved", "paged"]
+    lk.step_button.click()
+    lk.step_button.click()
+    res, pag = lk.left, lk.right
+    assert res.engine.step_count == 2 and pag.engine.step_count == 2
+    r0, r1 = res.records
+    p0, p1 = pag.records
+
+    # Step 0: B's prefill (6 tokens) in both. Reserved: B holds 20 positions, 4 free.
+    assert [(e.request_id, e.num_tokens) for e in r0.batch] == [("B", 6)]
+    assert (r0.kv.used, r0.kv.reserved_unused, r0.kv.free) == (6, 14, 4)
+
+    # Step 1, reservation: B decodes inside its reservation; C's 6 positions cannot be allocated
+    # from the 4 free ones, although only 13 positions would hold KV.
+    assert [(e.request_id, e.phase, e.num_tokens) for e in r1.batch] == [("B", "decode", 1)]
+    assert [w.request_id for w in r1.waiting] == ["C"]
+    assert "4 free" in r1.waiting[0].reason
+    m = cells_by_state(res.kv_fig)
+    assert m["filled"] == ["B"] * 7 and m["reserved"] == ["B"] * 13 and m["free"] == 4
+    assert "C waits" in text(res.reasons_html.value)
+
+    # Step 1, paging: C joins: 1 + 6 = 7 tokens of the budget of 8, 7 + 6 = 13 positions of 24.
+    assert p1.admitted == ["C"] and p1.num_batched_tokens == 7 and p1.kv.used == 13
+    m = cells_by_state(pag.kv_fig)
+    assert m["filled"] == ["B"] * 7 + ["C"] * 6 and m["reserved"] == [] and m["free"] == 11
+    for s in lk.steppers:
+        assert_shows(s, s.records[-1])
+
+    # One colour per request on both sides.
+    bi = [i for i, c in enumerate(res.kv_fig.data[0].customdata) if c[1] == "B"][0]
+    assert res.kv_fig.data[1].marker.color[bi] == pag.kv_fig.data[1].marker.color[bi] == lk.colors["B"]
+
+    # History moves both; a static side-by-side figure of the same step.
+    lk.history.value = 0
+    assert res.shown is r0 and pag.shown is p0
+    fig = lk.compare_figure(1)
+    assert len(fig.data) == 2 * len(F.KV_TRACE_NAMES)
+    lk.reset()
+    assert [s.engine.step_count for s in lk.steppers] == [0, 0]
+
+
+def test_figure4_helper_matches_the_seed():
+    lk = figure4_lockstep()
+    lk.run(2)
+    r1, p1 = lk.left.records[1], lk.right.records[1]
+    assert r1.waiting and r1.waiting[0].request_id == "C" and r1.kv.free == 4
+    assert p1.admitted == ["C"] and p1.kv.used == 13
+    eng = figure4_engine("paged")
+    assert eng.config.block_size == 1 and eng.num_kv_blocks == 24
+
+
+# --- figures outside the widget -------------------------------------------------------------------
+
+def test_static_figures_from_records_and_metrics():
+    from minillm.costmodel import ConstantStepTime, RooflineCostModel
+
+    a, b = sim_engine().engine, sim_engine(max_num_seqs=2).engine
+    ra, rb = a.run(), b.run()
+    # Gantt: every request prefills then decodes, within [arrival, finish].
+    seg = F.gantt_segments(ra, a.requests)
+    for rid, req in a.requests.items():
+        pre = [s for s in seg["prefill"] if s[0] == rid]
+        dec = [s for s in seg["decode"] if s[0] == rid]
+        assert pre and dec and pre[0][1] < dec[0][1]
+        assert pre[0][1] >= req.metrics.arrival_time - 1e-12
+        assert dec[-1][2] == pytest.approx(req.metrics.finish_time)
+    g = F.gantt_figure(ra, a.requests)
+    assert [t.name for t in g.data][:3] == ["queued", "prefill", "decode"]
+    # CDFs: one step line per config and metric, ending at 1.
+    cdf = F.latency_cdf_figure({"4 seqs": a.request_metrics(), "2 seqs": b.request_metrics()})
+    assert len(cdf.data) == 4
+    ttft = cdf.data[0]
+    assert ttft.y[0] == 0 and ttft.y[-1] == 1 and len(ttft.x) == len(TRACE) + 1
+    assert sorted(ttft.x[1:]) == pytest.approx(sorted(m.ttft * 1e3 for m in a.request_metrics()), rel=1e-5)
+    # KV use over time: the stacked layer is kv.used of each record.
+    ku = F.kv_usage_figure(ra)
+    assert list(ku.data[0].y) == [r.kv.used for r in ra]
+    assert len(F.kv_usage_figure({"a": ra, "b": rb}).data) >= 2
+    # Roofline from a cost model and from arrays; decode at small batch sits on the memory roof.
+    rm = RooflineCostModel("H100-SXM", "llama-2-7b")
+    roof = F.roofline_figure(rm, batch_sizes=(1, 8, 64))
+    roofline, dec = roof.data[0], roof.data[2]
+    assert max(roofline.y) == pytest.approx(rm.flops_per_s)
+    assert all(f <= min(rm.flops_per_s, rm.bytes_per_s * i) * (1 + 1e-9) for i, f in zip(dec.x, dec.y))
+    F.roofline_figure(peak_flops=1e15, bandwidth=3e12, points={"mine": ([1, 10], [3e12, 2e13])})
+    # Throughput / latency vs batch: from arrays and from a cost model with step_time.
+    tl = F.throughput_latency_figure([1, 2, 4], latency=[0.01, 0.011, 0.012])
+    assert list(tl.data[0].y) == pytest.approx([100, 2 / 0.011, 4 / 0.012])
+    tl2 = F.throughput_latency_figure([1, 8], cost_model=ConstantStepTime(0.01))
+    assert list(tl2.data[0].y) == pytest.approx([100, 800])
+    # A KV map and a batch bar straight from one record.
+    F.kv_map_figure(ra[0]).to_dict()
+    bf = F.batch_figure(ra[0])
+    assert_batch_matches(bf, ra[0])
