@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.minillm-installed
 PYTEST_ARGS ?=
 
-.PHONY: install lab test grade exercises bench clean
+.PHONY: install lab test grade exercises notebooks bench clean
 
 install: $(STAMP)
 
@@ -31,11 +31,16 @@ test: $(STAMP)
 
 # Grade one exercise against your code in exercises/: make grade EX=01
 grade: $(STAMP)
-	$(PY) -m pytest -m ex$(EX) tests/test_exercises.py
+	MINILLM_IMPL=exercises $(PY) -m pytest -m ex$(EX) tests/test_exercises.py
 
 # Regenerate exercises/ from solutions/ (the single source of truth).
 exercises: $(STAMP)
 	$(PY) scripts/make_exercises.py
+
+# Rebuild the notebooks from their builder scripts (they are committed without outputs).
+notebooks: $(STAMP)
+	$(PY) scripts/build_notebooks.py
+	@test ! -f scripts/build_notebooks_part2.py || $(PY) scripts/build_notebooks_part2.py
 
 bench: $(STAMP)
 	$(PY) -m minillm.bench all

@@ -95,6 +95,7 @@ class LLMEngine:
             from .speculative import make_speculator
             self.speculator = make_speculator(self)
 
+        self._simulated = config.executor == "simulated"
         self.requests: dict[str, Request] = {}      # every request ever added
         self._active: dict[str, Request] = {}       # not yet finished
         self._ids = itertools.count()
@@ -298,6 +299,8 @@ class LLMEngine:
         n_out = len(req.output_token_ids)     # (plain len: this runs once per token, keep it cheap)
         if n_out >= sp.max_tokens or len(req.prompt_token_ids) + n_out >= self.config.max_model_len:
             return "length"
+        if self._simulated and req.expected_output_len is not None and n_out >= req.expected_output_len:
+            return "stop"       # the simulator's stand-in for the model emitting EOS at the trace length
         return None
 
     # --- one step ---------------------------------------------------------------------------------

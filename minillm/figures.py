@@ -379,28 +379,35 @@ def _kv_title(kv: KVSnapshot, cells: KVCells, step: Optional[int] = None) -> str
         parts.append(f"{kv.cached} cached (free)")
     parts.append(f"{kv.free} free")
     head = "" if step is None else f"after step {step}: "
-    unit = {"position": "one cell = one position",
-            "block": f"one cell = one block of {kv.block_size}",
-            "blocks": f"one cell = {cells.blocks_per_cell} blocks",
-            "aggregate": "totals only (no block map recorded)"}[cells.unit]
-    return f"{head}{', '.join(parts)}  <span style='font-size:11px;color:#666'>({unit})</span>"
+    return head + ", ".join(parts)
 
 
-KV_LEGEND = ("<span style='color:#444'>\u25a0 holds KV (owner's colour) \u00a0 \u25a8 reserved, unused "
-             "\u00a0 \u25a1 free \u00a0 <span style='color:#9aa'>\u25a0</span> cached prefix, free "
-             "\u00a0 \u00d7n shared by n</span>")
+def _kv_unit(kv: KVSnapshot, cells: KVCells) -> str:
+    return {"position": f"one cell = one token position ({kv.block_size} per block)" if kv.block_size > 1
+            else "one cell = one token position",
+            "block": f"one cell = one block of {kv.block_size} positions",
+            "blocks": f"one cell = {cells.blocks_per_cell} blocks of {kv.block_size} positions",
+            "aggregate": "totals only: the engine recorded no block map for this many blocks"}[cells.unit]
 
 
-def _kv_layout(cells: KVCells, title: str, width: Optional[int], legend: bool = True) -> dict:
+KV_LEGEND = ("\u25a0 holds KV (owner's colour) \u00a0 \u25a8 reserved, unused \u00a0 \u25a1 free "
+             "\u00a0 <span style='color:#9aa'>\u25a0</span> cached, free \u00a0 \u00d7n shared by n")
+
+
+def _kv_legend(unit: str) -> str:
+    return f"<span style='color:#555'>{unit}<br>{KV_LEGEND}</span>"
+
+
+def _kv_layout(cells: KVCells, title: str, width: Optional[int], legend: Optional[str] = None) -> dict:
     rows = cells.num_rows
-    height = int(min(620, 96 + 30 * rows + (18 if legend else 0)))
+    height = int(min(640, 100 + 30 * rows + (30 if legend else 0)))
     lay = dict(
         title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left", y=0.97, yanchor="top"),
-        barmode="overlay", bargap=0, height=height, margin=dict(l=10, r=10, t=40, b=26 if legend else 8),
+        barmode="overlay", bargap=0, height=height, margin=dict(l=10, r=10, t=40, b=44 if legend else 8),
         plot_bgcolor="white", paper_bgcolor="white", hovermode="closest", showlegend=False,
         xaxis=dict(visible=False, range=[-0.6, cells.x_max + 0.6], fixedrange=True),
         yaxis=dict(visible=False, range=[-(rows - 1) - 0.6, 0.6], fixedrange=True),
-        annotations=[dict(text=KV_LEGEND, xref="paper", yref="paper", x=0, y=0, yanchor="top",
+        annotations=[dict(text=legend, xref="paper", yref="paper", x=0, y=0, yanchor="top", align="left",
                           xanchor="left", showarrow=False, font=dict(size=11))] if legend else [],
     )
     if width:
@@ -416,7 +423,8 @@ def kv_map_figure(record: Union[StepRecord, KVSnapshot, None] = None, *, colors:
     colors = _colors(colors)
     cells = kv_cells(kv, max_cells=max_cells, per_position_max=per_position_max, mode=mode)
     fig = go.Figure(data=_kv_traces(cells, colors),
-                    layout=_kv_layout(cells, title or _kv_title(kv, cells, step), width))
+                    layout=_kv_layout(cells, title or _kv_title(kv, cells, step), width,
+                                      legend=_kv_legend(_kv_unit(kv, cells))))
     return fig
 
 
@@ -436,11 +444,13 @@ def update_kv_map(fig: go.Figure, record: Union[StepRecord, KVSnapshot], *, colo
     colors = _colors(colors)
     cells = kv_cells(kv, max_cells=max_cells, per_position_max=per_position_max, mode=mode)
     data = _kv_trace_data(cells, colors)
-    lay = _kv_layout(cells, title or _kv_title(kv, cells, step), None)
+    lay = _kv_layout(cells, title or _kv_title(kv, cells, step), None, legend=_kv_legend(_kv_unit(kv, cells)))
     with _batch(fig):
         for trace, d in zip(fig.data, data):
             trace.update(d)
         fig.layout.title.text = lay["title"]["text"]
+        if fig.layout.annotations:
+            fig.layout.annotations[0].text = lay["annotations"][0]["text"]
         if fig.layout.height != lay["height"]:
             fig.layout.height = lay["height"]
         fig.layout.xaxis.range = lay["xaxis"]["range"]
@@ -486,11 +496,13 @@ def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, c
         fig.update_yaxes(visible=False, range=[-(cells.num_rows - 1) - 0.6, 0.6], row=i, col=1)
     for a in fig.layout.annotations:
         a.update(x=0, xanchor="left", font=dict(size=12), align="left")
-    fig.add_annotation(text=KV_LEGEND, xref="paper", yref="paper", x=0, y=-0.02, yanchor="top",
-                       xanchor="left", showarrow=False, font=dict(size=11))
+    first = next(iter(cells_by.values()), None)
+    unit = _kv_unit(_kv_of(records[names[0]])[0], first) if first is not None else ""
+    fig.add_annotation(text=_kv_legend(unit), xref="paper", yref="paper", x=0, y=-0.02, yanchor="top",
+                       xanchor="left", align="left", showarrow=False, font=dict(size=11))
     fig.update_layout(barmode="overlay", bargap=0, plot_bgcolor="white", showlegend=False,
                       height=int(min(900, 60 + sum(110 + 30 * h for h in heights))),
-                      margin=dict(l=10, r=10, t=70 if title else 50, b=30),
+                      margin=dict(l=10, r=10, t=70 if title else 50, b=50),
                       title=dict(text=title, x=0.01) if title else None)
     if width:
         fig.update_layout(width=width)
@@ -569,7 +581,7 @@ def _batch_title(record: Optional[StepRecord], budget: int) -> str:
         return f"batch: nothing ran yet (execution-token budget {budget})"
     return (f"step {record.step}: {record.num_batched_tokens}/{record.token_budget} tokens "
             f"(decode {record.num_decode_tokens}, prefill {record.num_prefill_tokens}), "
-            f"{len(record.batch)} requests")
+            f"{len(record.batch)} request{'s' if len(record.batch) != 1 else ''}")
 
 
 def _batch_layout(budget: int, title: str, width: Optional[int]) -> dict:

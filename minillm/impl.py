@@ -32,7 +32,7 @@ import sys
 import zlib
 from pathlib import Path
 from types import ModuleType
-from typing import Optional, Union
+from typing import Optional
 
 __all__ = ["ENV", "CHOICES", "REPO_ROOT", "which", "impl_dir", "load", "attempt", "replace_kv_manager"]
 
@@ -60,12 +60,13 @@ def impl_dir(impl: Optional[str] = None) -> Path:
     return d
 
 
-def load(module: str, impl: Optional[str] = None) -> ModuleType:
+def load(module: str, impl: Optional[str] = None, *, reload: bool = False) -> ModuleType:
     """The exercise module ``module`` (e.g. "ex01_batching") of the implementation in force.
 
     ``exercises`` and ``solutions`` are imported as packages (``exercises.ex01_batching``), so
-    a module is loaded once per process; a directory given by path is loaded from its file
-    under the name ``minillm_impl_<dir checksum>_<module>``.
+    a module is loaded once per process; ``reload=True`` reads the file again (a notebook cell
+    that loads with it picks up your edits when you re-run it). A directory given by path is
+    loaded from its file under the name ``minillm_impl_<dir checksum>_<module>``.
     """
     name = which(impl)
     d = impl_dir(name)
@@ -77,9 +78,10 @@ def load(module: str, impl: Optional[str] = None) -> ModuleType:
         root = str(REPO_ROOT)
         if root not in sys.path:
             sys.path.insert(0, root)
-        return importlib.import_module(f"{name}.{module}")
+        mod = importlib.import_module(f"{name}.{module}")
+        return importlib.reload(mod) if reload else mod
     qual = f"minillm_impl_{zlib.crc32(str(d).encode()):08x}_{module}"
-    if qual in sys.modules:
+    if qual in sys.modules and not reload:
         return sys.modules[qual]
     spec = importlib.util.spec_from_file_location(qual, path)
     mod = importlib.util.module_from_spec(spec)
@@ -103,8 +105,8 @@ def attempt(what: str = ""):
         yield
     except NotImplementedError as e:
         label = f"{what}: " if what else ""
-        print(f"{label}not implemented yet ({e}). Write it in exercises/, then rerun this cell "
-              f"(the notebook is using {ENV}={which()!r}).")
+        print(f"{label}not implemented yet ({e}). Fill it in under exercises/, then re-run the "
+              f"impl.load cell and this one ({ENV}={which()!r}).")
 
 
 def replace_kv_manager(engine, manager) -> None:

@@ -1,8 +1,10 @@
 """The simulated executor: the same scheduler and memory manager, no model.
 
 ``executor="simulated"`` skips the forward pass and emits a placeholder token
-for every request that would sample one; each request ends at its
-``max_tokens`` (a trace's output length). Paired with ``clock="modeled"`` it
+for every request that would sample one; each request ends at its trace
+output length (``expected_output_len``, finish reason "stop", as if the model
+had emitted EOS there) or at ``max_tokens``, whichever comes first. A
+``max_tokens`` above the true length is what a max-length reservation pays for. Paired with ``clock="modeled"`` it
 replays thousands of requests of a 70B-shaped model on modeled H100s in
 seconds, which is how the notebooks explore load curves at realistic scale.
 

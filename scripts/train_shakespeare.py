@@ -494,8 +494,11 @@ def write_card(out: str, title: str, summary: str, ev: dict, run: dict, size: Mo
         f"({run['tokens_seen']:,} tokens seen), AdamW (betas 0.9/0.95, weight decay "
         f"{run['weight_decay']}), lr {run['lr']} with {run['warmup_steps']} warmup steps and "
         f"cosine decay to {run['min_lr']}, grad clip {run['grad_clip']}, seed {run['seed']}.",
-        f"- wall time: {run['train_minutes']} min on {run['hardware']} "
-        f"(stopped by {run['stopped_by']}).", "",
+        f"- wall time: {run['train_minutes']} min on {run['hardware']}, "
+        f"{run['tokens_seen'] / (run['train_minutes'] * 60):,.0f} training tokens/s "
+        f"(stopped by {run['stopped_by']}). The learning-rate cosine follows whichever of "
+        f"steps/--max-steps and minutes/--max-minutes is further along, so a slower or "
+        f"busier machine trains fewer steps but still anneals.", "",
         "## Evaluation (float32, reloaded from this directory)", "",
         "| text | chars | tokens | nats/token | nats/char | perplexity (per token) |",
         "|---|---:|---:|---:|---:|---:|",

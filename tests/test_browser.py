@@ -150,14 +150,22 @@ def _stepper_state(page) -> dict:
     }""")
 
 
-@pytest.mark.browser
-@pytest.mark.timeout(900)
-def test_stepper_in_jupyterlab(jupyter_lab, tmp_path):
-    chromium = _chromium()
+@pytest.fixture
+def chromium():
+    """Chromium's path, once Playwright is importable too (checked before JupyterLab starts)."""
+    path = _chromium()
     try:
-        from playwright.sync_api import sync_playwright
+        import playwright.sync_api  # noqa: F401
     except ImportError:
         _missing_browser("the Python package playwright is not installed")
+    return path
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(900)
+def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
+    from playwright.sync_api import sync_playwright
+
     base, token, root = jupyter_lab
     shot = tmp_path / "stepper.png"
     console: list[str] = []
@@ -242,4 +250,16 @@ def test_browser_notebook_runs_headless(tmp_path):
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     out = nb.cells[-1].outputs
-    assert out and "application/vnd.jupyter.widget-view+json" in out[0].get("data", {}), json.dumps(out)[:500]
+    views = [o for o in out if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(views) == 1, json.dumps(out)[:800]
+    assert not [o for o in out if o.get("output_type") == "error"]
+
+
+def test_missing_browser_skips_or_fails(monkeypatch):
+    """Without a browser: a skip on a developer's machine, a failure where CI requires it."""
+    monkeypatch.delenv("MINILLM_REQUIRE_BROWSER", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="MINILLM_REQUIRE_BROWSER=1"):
+        _missing_browser("Chromium was not found")
+    monkeypatch.setenv("MINILLM_REQUIRE_BROWSER", "1")
+    with pytest.raises(pytest.fail.Exception, match="apt-get install -y chromium"):
+        _missing_browser("Chromium was not found")

@@ -105,6 +105,10 @@ def test_impl_loader_respects_minillm_impl(monkeypatch):
     monkeypatch.setenv(impl.ENV, "solutions")
     assert Path(impl.load("ex01_batching").__file__).parent == SOLUTIONS
     assert Path(impl.load("ex01_batching", "exercises").__file__).parent == EXERCISES
+    first = impl.load("ex01_batching", "solutions")
+    assert impl.load("ex01_batching", "solutions") is first, "a module is loaded once per process"
+    old = first.plan_step
+    assert impl.load("ex01_batching", "solutions", reload=True).plan_step is not old, "reload=True reads the file again"
     monkeypatch.delenv(impl.ENV)
     assert impl.which() == "exercises", "without MINILLM_IMPL a notebook must use the student's code"
     with pytest.raises(FileNotFoundError, match="MINILLM_IMPL"):

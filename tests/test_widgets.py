@@ -161,6 +161,14 @@ def test_queue_panel_lists_running_and_waiting(real_stepper):
         assert w.reason in q
     # Progress: prompt computed / output generated of the first request after its prefill.
     assert "prompt 6/6" in q
+    s.step()
+    rec = s.records[-1]
+    q = text(s.queue_html.value)
+    chunks = [e for e in rec.batch if e.phase == "prefill" and e.num_output_tokens == 0]
+    assert chunks, "the trace was built so a prompt is split by the budget"
+    for e in chunks:
+        assert f"{e.request_id} prefill +{e.num_tokens} (chunk)" in q
+        assert f"{e.request_id} prefill +{e.num_tokens}, a chunk" in text(s.reasons_html.value)
 
 
 def test_history_slider_shows_an_old_step(real_stepper):
@@ -338,6 +346,27 @@ def test_preemption_is_explained():
     assert ev.request_id in preempted_trace.y
 
 
+def test_swapped_requests_are_shown_once():
+    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=6, max_num_batched_tokens=16,
+              max_num_seqs=4, clock="modeled", cost_model="H100-SXM", preemption_mode="swap", num_swap_blocks=16)
+    for i in range(3):
+        llm.engine.add_request(list(range(10, 18)), SamplingParams(max_tokens=12, ignore_eos=True),
+                               request_id=f"S{i}")
+    s = Stepper(llm)
+    s.run(200)
+    assert s.done
+    rec = next(r for r in s.records if r.swapped)
+    s.show(rec.step)
+    assert_shows(s, rec)
+    q = text(s.queue_html.value)
+    assert f"Swapped out ({len(rec.swapped)})" in q
+    waiting_part = q.split("Waiting queue")[1]
+    for rid in rec.swapped:
+        assert rid not in waiting_part
+    seg = F.gantt_segments(s.records, s.engine.requests)
+    assert {r for r, _, _ in seg["swapped"]} >= set(rec.swapped)
+
+
 def test_prefix_sharing_and_cached_blocks_are_marked():
     llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=16, max_num_batched_tokens=32,
               max_num_seqs=4, enable_prefix_caching=True, clock="modeled", cost_model=0.01)
@@ -383,7 +412,7 @@ def test_thousands_of_blocks_are_aggregated():
     rec = sb.step()
     assert rec.kv.blocks == []
     assert 0 < len(sb.kv_fig.data[0].x) <= 512
-    assert "totals only" in sb.kv_fig.layout.title.text
+    assert "totals only" in sb.kv_fig.layout.annotations[0].text
 
 
 # --- Figure 4: reservation vs paging, in lockstep ------------------------------------------------

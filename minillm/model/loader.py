@@ -33,7 +33,7 @@ def random_model_config(**overrides):
 
 def _torch_dtype(name: str, cfg=None) -> torch.dtype:
     if name == "auto":
-        d = getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", None)
+        d = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
         if isinstance(d, torch.dtype):
             return d
         name = str(d or "float32").replace("torch.", "")

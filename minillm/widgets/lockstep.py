@@ -12,6 +12,7 @@ positions would hold KV; with ``"paged"`` C joins at once::
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional, Sequence
 
 import ipywidgets as W
@@ -19,7 +20,7 @@ import ipywidgets as W
 from .. import figures as F
 from ..figures import ColorMap
 from ..step_record import StepRecord
-from .stepper import Stepper, as_engine
+from .stepper import Stepper
 
 __all__ = ["LockstepStepper", "figure4_engine", "figure4_lockstep"]
 
@@ -74,6 +75,7 @@ class LockstepStepper:
                            names="value")
         self.history.observe(self._on_history, names="value")
         self._syncing = False
+        self._last_tick = 0.0
         controls = W.HBox([self.step_button, self.run_button, self.run_n, self.play, self.speed,
                            self.reset_button], layout=W.Layout(flex_flow="row wrap", align_items="center"))
         head = [W.HTML(f"<div style='font-size:15px;font-weight:600'>{title}</div>")] if title else []
@@ -176,6 +178,11 @@ class LockstepStepper:
     def _on_play(self, change) -> None:
         if change["new"] <= change["old"]:
             return
+        now = time.monotonic()
+        # Ticks that piled up while a slow step ran are dropped, not replayed in a burst.
+        if now - self._last_tick < 0.5 * self.play.interval / 1000.0:
+            return
+        self._last_tick = now
         if self.done:
             self.play.playing = False
             return

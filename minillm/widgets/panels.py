@@ -218,7 +218,11 @@ def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, color
 
     if rec is None:
         waiting_ids = [rid for rid in infos if rid not in progress.finished]
-        rows = [_request_row(rid, colors, infos.get(rid), 0, 0, "queued") for rid in waiting_ids[:max_rows]]
+        first = min((infos[r].arrival_time for r in waiting_ids), default=0.0)
+        rows = [_request_row(rid, colors, infos.get(rid), 0, 0,
+                             "queued" if infos[rid].arrival_time <= first + 1e-9
+                             else f"arrives at t={infos[rid].arrival_time:.3f}s")
+                for rid in waiting_ids[:max_rows]]
         out.append(_section(f"Waiting queue ({len(waiting_ids)})", rows, len(waiting_ids) - max_rows))
         out.append("</div>")
         return "".join(out)
@@ -231,26 +235,28 @@ def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, color
             status = "<span style='color:#a05a00'>not scheduled (budget spent)</span>"
         elif e.phase == "decode":
             status = f"decode +{e.num_tokens}"
-        else:
-            info = infos.get(rid)
-            whole = info is not None and e.context_len >= info.prompt_len + progress.outputs.get(rid, 0) - 1
-            status = f"prefill +{e.num_tokens}" + ("" if whole else " (chunk)")
+        else:     # a prefill that reached the end of what it knew sampled a token; else a chunk
+            status = f"prefill +{e.num_tokens}" + ("" if e.num_output_tokens else " (chunk)")
         rows.append(_request_row(rid, colors, infos.get(rid), computed(rid), progress.outputs.get(rid, 0),
                                  status))
     out.append(_section(f"Running ({len(rec.running)}/{max_num_seqs} seqs)", rows,
                         len(rec.running) - max_rows) or
                "<div style='margin-top:6px;font-weight:600'>Running (0)</div>")
-    # Swapped out.
-    rows = [_request_row(rid, colors, infos.get(rid), 0, progress.outputs.get(rid, 0), "swapped out")
+    # Swapped out (their KV sits in host memory), with why they have not come back yet.
+    reasons = {w.request_id: w.reason for w in rec.waiting}
+    swapped = set(rec.swapped)
+    rows = [_request_row(rid, colors, infos.get(rid), 0, progress.outputs.get(rid, 0),
+                         "swapped out (KV in host memory)", detail=_e(reasons.get(rid, "")))
             for rid in rec.swapped[:max_rows]]
     out.append(_section(f"Swapped out ({len(rec.swapped)})", rows, len(rec.swapped) - max_rows))
     # Waiting queue, with the reason each waits.
+    waiting = [w for w in rec.waiting if w.request_id not in swapped]
     rows = []
-    for w in rec.waiting[:max_rows]:
+    for w in waiting[:max_rows]:
         kind = "preempted, waits" if w.request_id in progress.preempted else "waits"
         rows.append(_request_row(w.request_id, colors, infos.get(w.request_id), computed(w.request_id),
                                  progress.outputs.get(w.request_id, 0), kind, detail=_e(w.reason)))
-    out.append(_section(f"Waiting queue ({len(rec.waiting)})", rows, len(rec.waiting) - max_rows)
+    out.append(_section(f"Waiting queue ({len(waiting)})", rows, len(waiting) - max_rows)
                or "<div style='margin-top:6px;font-weight:600'>Waiting queue (0)</div>")
     # Not arrived yet (a trace with arrival times).
     known = set(rec.running) | set(rec.swapped) | {w.request_id for w in rec.waiting} | set(progress.finished)
@@ -292,8 +298,9 @@ def reasons_html(rec: Optional[StepRecord], infos: dict, *, max_rows: int = MAX_
                 parts.append(f"<b>{_e(e.request_id)}</b> decode +{e.num_tokens}")
             else:
                 chunk = ""
-                if info is not None and e.context_len < info.prompt_len:
-                    chunk = f", a chunk: {e.context_len}/{info.prompt_len} prompt tokens computed"
+                if not e.num_output_tokens:
+                    total = f"/{info.prompt_len}" if info is not None and e.context_len < info.prompt_len else ""
+                    chunk = f", a chunk: {e.context_len}{total} tokens computed so far"
                 parts.append(f"<b>{_e(e.request_id)}</b> prefill +{e.num_tokens}{chunk}")
         items.append(f"Ran {rec.num_batched_tokens} of {rec.token_budget} budget tokens: " + "; ".join(parts) + ".")
     else:

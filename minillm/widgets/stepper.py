@@ -25,7 +25,7 @@ Stepper is made and replayed into a fresh engine of the same config.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 import ipywidgets as W
 import plotly.graph_objects as go

@@ -7,7 +7,6 @@ scheduler decides on the same requests. Failure messages say what was expected.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import replace
 

@@ -193,7 +193,8 @@ def test_first_fit_reserve_and_release():
     a.release("X")
     a.release("Z")
     got = a.reserve("W", 10)
-    assert got is None, f"16 positions are free but the largest gap is 8: a 10-position reservation must fail, got {got}"
+    assert got is None, (f"16 positions are free but the largest gap is 8: a 10-position reservation must fail, "
+                         f"got {got}")
     assert a.reserve("V", 5) == 0, "first fit: the lowest gap that holds 5 positions starts at 0"
     assert a.reserve("U", 8) == 16, "first fit: the gap at 5..7 is too small, so 8 positions go to 16"
 

@@ -1,0 +1,227 @@
+"""Exercises of notebook 04, "Prefix caching": the block hash, the longest-prefix match, and eviction.
+
+The seeds (Request Scheduling and Batching, "Prefix Caching"): "a hash is computed for the token
+sequence of each block, serving as an index for the KV Cache block. When a new request arrives,
+the hashes of its prefix blocks are computed. If the hashes of the first 10 blocks match, the KV
+Cache for these 160 tokens can be directly reused", and "each physical block maintains a
+reference count recording how many requests are using that block ... blocks with a reference
+count of zero are recycled."
+
+* ``hash_block`` / ``block_hashes``: the key of a full block, chained on its parent's key.
+* ``longest_prefix_match``: the cached blocks a new request can reuse.
+* ``EvictingBlockPool``: reference counts, a free list in LRU order, and eviction of cached
+  prefixes only when a fresh block is needed.
+
+They plug into the real engine: ``prefix_engine(...)`` at the bottom builds an ``LLM`` with
+prefix caching whose block hashes, prefix lookups and block pool are *yours*. Check your work with
+
+    make grade EX=04            # or: MINILLM_IMPL=exercises pytest -m ex04 tests/test_exercises.py
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+from minillm.block_pool import Block, BlockPool
+from minillm.kv_cache import PagedKVCacheManager
+
+__all__ = ["hash_block", "block_hashes", "longest_prefix_match", "EvictingBlockPool",
+           "YourPrefixCachingKVCacheManager", "prefix_engine"]
+
+
+# =====================================================================================
+# Exercise 1: the block hash, a chain
+# =====================================================================================
+
+def hash_block(parent_hash: Optional[int], token_ids: Sequence[int]) -> int:
+    """The prefix-cache key of one full block of tokens: Python's ``hash`` of the pair
+    ``(parent_hash, tuple(token_ids))`` (the recipe minillm's engine uses, so your keys and its
+    keys agree). ``parent_hash`` is the key of the block before it, ``None`` for the first block.
+
+    Chaining on the parent makes the key stand for the *whole prefix* up to the end of this
+    block, not just its own tokens: two blocks with the same tokens after different prefixes
+    get different keys, because their KV differs (attention saw different context).
+    (Production engines use a cryptographic hash such as SHA-256 so that collisions cannot be
+    provoked; minillm also keeps each cached block's tokens and checks them on a hit.)
+    """
+    ### BEGIN SOLUTION
+    return hash((parent_hash, tuple(token_ids)))
+    ### END SOLUTION
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """The chained keys of every *full* block of ``token_ids``, in order.
+
+    Block i holds tokens ``i * block_size .. (i + 1) * block_size - 1``; a last block that is
+    not full has no key yet (its tokens may still change: it is the one being written).
+
+    >>> len(block_hashes(list(range(10)), 4))       # two full blocks; tokens 8, 9 are not hashed
+    2
+    """
+    ### BEGIN SOLUTION
+    out: list[int] = []
+    parent = None
+    for i in range(len(token_ids) // block_size):
+        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size])
+        out.append(parent)
+    return out
+    ### END SOLUTION
+
+
+# =====================================================================================
+# Exercise 2: the longest cached prefix
+# =====================================================================================
+
+def longest_prefix_match(token_ids: Sequence[int], block_size: int, cached: Mapping[int, Block]) -> list[Block]:
+    """The cached blocks a request with prompt ``token_ids`` can reuse: the longest run of its
+    full blocks, from the first, whose keys are in ``cached`` (key -> ``Block``).
+
+    Walk the blocks in order, chaining the keys as in ``block_hashes``, and stop at the first
+    miss (a later block can only be reused if every block before it is: its key is chained on
+    theirs). A block is a hit only if ``cached`` has its key **and** the block found there
+    holds the same tokens (``block.token_ids == tuple(tokens)``) after the same parent
+    (``block.parent_hash == parent key``): a guard against hash collisions.
+
+    Never return more than ``(len(token_ids) - 1) // block_size`` blocks: the last prompt token
+    is always computed, because its logits choose the first output token.
+    """
+    ### BEGIN SOLUTION
+    hits: list[Block] = []
+    parent = None
+    for i in range((len(token_ids) - 1) // block_size):
+        tokens = tuple(token_ids[i * block_size:(i + 1) * block_size])
+        h = hash_block(parent, tokens)
+        block = cached.get(h)
+        if block is None or block.token_ids != tokens or block.parent_hash != parent:
+            break
+        hits.append(block)
+        parent = h
+    return hits
+    ### END SOLUTION
+
+
+# =====================================================================================
+# Exercise 3: reference counts and LRU eviction
+# =====================================================================================
+
+class EvictingBlockPool(BlockPool):
+    """minillm's block pool (``minillm.block_pool.BlockPool``) with its four moving parts written
+    by you. What you inherit:
+
+    * ``self.blocks``: every ``Block`` (``block_id``, ``ref_count``, and for a cached block its
+      ``block_hash``, ``token_ids``, ``parent_hash``);
+    * ``self.free_queue``: an ``OrderedDict`` block id -> ``Block`` of the blocks nobody holds
+      (``ref_count == 0``), in eviction order: the front is handed out first. A free block may
+      still carry a cached prefix (its hash): it keeps its KV until it is handed out again;
+    * ``self.cached``: key -> the block holding that prefix (``lookup`` and ``cache``, given below,
+      fill and read it);
+    * ``self.stats["evictions"]``: how many cached prefixes were dropped.
+
+    The engine calls ``take(block)`` for every block of a prefix-cache hit, ``allocate()`` when a
+    request needs a fresh block, and ``free(blocks)`` with a request's block table when it
+    finishes or is preempted.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True):
+        super().__init__(num_blocks, enable_caching)
+
+    def evict(self, block: Block) -> None:
+        """Drop the cached prefix ``block`` carries (it is about to hold other tokens): remove its
+        key from ``self.cached`` if the entry there is this very block (another block may be
+        the canonical copy of the same prefix), clear ``block_hash``, ``token_ids`` and
+        ``parent_hash`` (set them to None), and count one eviction in ``self.stats``."""
+        ### BEGIN SOLUTION
+        if self.cached.get(block.block_hash) is block:
+            del self.cached[block.block_hash]
+        block.block_hash = block.token_ids = block.parent_hash = None
+        self.stats["evictions"] += 1
+        ### END SOLUTION
+
+    def allocate(self) -> Block:
+        """A fresh block: take the one at the *front* of the free queue (the least recently freed:
+        LRU), evict its cached prefix if it carries one, give it ``ref_count = 1`` and return it.
+        With no free block, raise ``RuntimeError``."""
+        ### BEGIN SOLUTION
+        if not self.free_queue:
+            raise RuntimeError("EvictingBlockPool.allocate: no free block")
+        _, block = self.free_queue.popitem(last=False)
+        if block.block_hash is not None:
+            self.evict(block)
+        block.ref_count = 1
+        return block
+        ### END SOLUTION
+
+    def take(self, block: Block) -> None:
+        """A prefix-cache hit: one more request holds ``block``. If nobody held it (it sat in the
+        free queue, cached), take it out of the free queue; then add one reference."""
+        ### BEGIN SOLUTION
+        if block.ref_count == 0:
+            del self.free_queue[block.block_id]
+        block.ref_count += 1
+        ### END SOLUTION
+
+    def free(self, blocks: Sequence[Block]) -> None:
+        """A request lets go of its block table ``blocks``. Go through them in *reverse* order
+        (last block first) and drop one reference from each. A block whose count reaches 0 joins
+        the *back* of the free queue, keeping its cached prefix if it has one (and caching is on;
+        otherwise clear its hash fields). Freeing a block nobody holds is a bug: ``RuntimeError``.
+
+        Why reverse: a request's blocks then reach the free queue child first, so the LRU order
+        evicts a prefix's *last* block before its first. Evicting a parent first would strand
+        its children: still cached, but unreachable, since a lookup walks from the first block.
+        """
+        ### BEGIN SOLUTION
+        for block in reversed(blocks):
+            if block.ref_count <= 0:
+                raise RuntimeError(f"EvictingBlockPool.free: block {block.block_id} is not held")
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is None or not self.enable_caching:
+                    block.block_hash = block.token_ids = block.parent_hash = None
+                self.free_queue[block.block_id] = block
+        ### END SOLUTION
+
+    # --- given: the cache index, keyed by your hash_block ---------------------------------
+    def lookup(self, parent_hash: Optional[int], token_ids: tuple) -> Optional[Block]:
+        block = self.cached.get(hash_block(parent_hash, token_ids))
+        if block is None or block.token_ids != token_ids or block.parent_hash != parent_hash:
+            return None
+        return block
+
+    def cache(self, block: Block, parent_hash: Optional[int], token_ids: tuple) -> int:
+        h = hash_block(parent_hash, token_ids)
+        if block.block_hash is None:
+            block.block_hash, block.token_ids, block.parent_hash = h, token_ids, parent_hash
+            self.cached.setdefault(h, block)
+        return h
+
+
+# =====================================================================================
+# Given: how your code plugs into minillm (nothing to write below)
+# =====================================================================================
+
+class YourPrefixCachingKVCacheManager(PagedKVCacheManager):
+    """minillm's paged KV manager with prefix caching, whose blocks come from your
+    ``EvictingBlockPool`` (hashed with your ``hash_block``) and whose prefix lookups are your
+    ``longest_prefix_match``."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_swap_blocks: int = 0):
+        super().__init__(num_blocks, block_size, enable_prefix_caching=True, num_swap_blocks=num_swap_blocks)
+        self.pool = EvictingBlockPool(num_blocks, enable_caching=True)
+
+    def find_cached_prefix(self, req) -> list[Block]:
+        return longest_prefix_match(req.all_token_ids, self.block_size, self.pool.cached)
+
+
+def prefix_engine(model: str = "random", **config):
+    """An ``LLM`` with automatic prefix caching run by your code (every other knob as usual)."""
+    from minillm import LLM, impl
+
+    if config.get("kv_allocation", "paged") != "paged":
+        raise ValueError("prefix_engine: prefix caching needs kv_allocation='paged'")
+    config["enable_prefix_caching"] = True
+    llm = LLM(model=model, **config)
+    eng = llm.engine
+    impl.replace_kv_manager(eng, YourPrefixCachingKVCacheManager(eng.num_kv_blocks, eng.config.block_size,
+                                                                 eng.config.num_swap_blocks))
+    return llm

@@ -1,0 +1,146 @@
+"""Exercises of notebook 05, "Preemption": the recompute-or-swap decision and the choice of victim.
+
+The seeds (Request Scheduling and Batching, "Preemption and Eviction Strategies"): "let M_KV be
+the KV Cache size, n_input the input length, S_prefill the Prefill speed (token/s), and B_PCIe
+the PCIe bandwidth (GB/s). Then the recovery time for preemption is M_KV / B_PCIe, and the
+recovery time for eviction is (n_input + n_generated) / S_prefill."
+
+* ``swap_time``, ``recompute_time``, ``swap_or_recompute``: that rule. ``YourCostModel`` (given)
+  makes the engine ask *your* rule whenever it preempts with ``preemption_mode="auto"``.
+* ``LeastProgressVictim``: which running request gives up its memory when one needs a block.
+* ``PriorityPreemption``: priority classes that push a lower class out (the seeds' priority
+  inversion fix).
+
+The policies plug in like any other (``LLM(policy=ex.LeastProgressVictim())``). Check your work with
+
+    make grade EX=05            # or: MINILLM_IMPL=exercises pytest -m ex05 tests/test_exercises.py
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from minillm.costmodel import RooflineCostModel
+from minillm.policies import Policy
+from minillm.request import Request
+
+__all__ = ["swap_time", "recompute_time", "swap_or_recompute", "YourCostModel", "LeastProgressVictim",
+           "PriorityPreemption"]
+
+
+# =====================================================================================
+# Exercise 1: recompute or swap
+# =====================================================================================
+
+def swap_time(kv_bytes: float, pcie_bandwidth: float) -> float:
+    """Seconds to bring a swapped-out request back: its KV (``kv_bytes``) copied over the
+    host link at ``pcie_bandwidth`` bytes/s (the seeds' M_KV / B_PCIe).
+
+    >>> round(swap_time(1e9, 32e9) * 1e3, 2)     # the seeds: 1 GB over PCIe 4.0 x16, "about 20ms"
+    31.25
+    """
+    ### BEGIN SOLUTION
+    return kv_bytes / pcie_bandwidth
+    ### END SOLUTION
+
+
+def recompute_time(num_tokens: int, prefill_tokens_per_s: float) -> float:
+    """Seconds to rebuild a dropped request's KV: prefill all ``num_tokens`` positions again
+    (prompt + tokens generated so far) at ``prefill_tokens_per_s`` (the seeds'
+    (n_input + n_generated) / S_prefill).
+
+    >>> recompute_time(2000, 4000.0)             # the seeds: a 2000-token prefill, "about 500ms"
+    0.5
+    """
+    ### BEGIN SOLUTION
+    return num_tokens / prefill_tokens_per_s
+    ### END SOLUTION
+
+
+def swap_or_recompute(kv_bytes: float, num_tokens: int, pcie_bandwidth: float,
+                      prefill_tokens_per_s: float) -> str:
+    """The seeds' rule: ``"swap"`` when ``swap_time(kv_bytes, pcie_bandwidth)`` is strictly less
+    than ``recompute_time(num_tokens, prefill_tokens_per_s)``, else ``"recompute"`` (a tie goes
+    to recompute: it needs no host memory and no copy)."""
+    ### BEGIN SOLUTION
+    swap = swap_time(kv_bytes, pcie_bandwidth)
+    recompute = recompute_time(num_tokens, prefill_tokens_per_s)
+    return "swap" if swap < recompute else "recompute"
+    ### END SOLUTION
+
+
+class YourCostModel(RooflineCostModel):
+    """(Given.) The engine's roofline cost model, asking *your* rule when the scheduler preempts
+    with ``preemption_mode="auto"``: the victim holds ``num_tokens`` positions of KV, of
+    ``kv_bytes_per_token`` bytes each; the host link runs at the hardware's PCIe bandwidth; the
+    prefill speed is the roofline's (``prefill_tokens_per_s()``)::
+
+        LLM(model="llama-2-7b", executor="simulated", clock="modeled", preemption_mode="auto",
+            num_swap_blocks=..., cost_model=YourCostModel("H100-SXM", "llama-2-7b"))
+    """
+
+    def preemption_mode(self, num_tokens: int) -> str:
+        return swap_or_recompute(num_tokens * self.kv_bytes_per_token, num_tokens,
+                                 self.hardware.pcie_bandwidth * self.pcie_efficiency, self.prefill_tokens_per_s())
+
+
+# =====================================================================================
+# Exercise 2: the victim under memory pressure
+# =====================================================================================
+
+class LeastProgressVictim(Policy):
+    """First come, first served, except for the choice of victim.
+
+    When a running request needs its next KV block and none is free, the scheduler asks
+    ``pick_victim(candidates, now)`` for a running request to preempt (the candidates include
+    the one that needs the block). minillm's default gives up the most recently admitted
+    request. This policy gives up the one that has made the least progress.
+    """
+    name = "least-progress"
+
+    def pick_victim(self, candidates: list[Request], now: float) -> Request:
+        """The candidate holding the fewest positions of KV (``num_computed_tokens``): the least
+        work lost if it is recomputed, and the fewest bytes to copy if it is swapped. Ties: the
+        most recently admitted (largest ``admit_seq``)."""
+        ### BEGIN SOLUTION
+        return min(candidates, key=lambda r: (r.num_computed_tokens, -r.admit_seq))
+        ### END SOLUTION
+
+
+# =====================================================================================
+# Exercise 3: priority classes that preempt
+# =====================================================================================
+
+class PriorityPreemption(Policy):
+    """Priority classes (the seeds: "higher-priority requests enter the batch first"). A smaller
+    ``request.priority`` is more urgent (vLLM's convention: 0 before 1).
+
+    Priority inversion: "if a low-priority request is already occupying the GPU (its KV Cache has
+    been allocated), and a high-priority request arrives but cannot immediately obtain resources,
+    the low-priority request must be preempted and its resources released."
+    """
+    name = "priority-preemption"
+
+    def order_waiting(self, waiting: list[Request], now: float) -> list[Request]:
+        """Waiting requests by ``(priority, arrival_time)``, smallest first (a new list)."""
+        ### BEGIN SOLUTION
+        return sorted(waiting, key=lambda r: (r.priority, r.arrival_time))
+        ### END SOLUTION
+
+    def pick_victim(self, candidates: list[Request], now: float) -> Request:
+        """The least urgent candidate (largest ``priority`` value); among those the most recently
+        admitted (largest ``admit_seq``)."""
+        ### BEGIN SOLUTION
+        return max(candidates, key=lambda r: (r.priority, r.admit_seq))
+        ### END SOLUTION
+
+    def preempt_for(self, request: Request, running: list[Request], now: float) -> Optional[Request]:
+        """``request`` is waiting and cannot be admitted (no free slot, or no KV memory). Return a
+        running request of a strictly *less urgent* class (``priority`` larger than
+        ``request.priority``) for the scheduler to preempt, chosen by ``pick_victim``; ``None``
+        when every running request is at least as urgent. (The scheduler asks again until the
+        request fits or you return None.)"""
+        ### BEGIN SOLUTION
+        lower = [r for r in running if r.priority > request.priority]
+        return self.pick_victim(lower, now) if lower else None
+        ### END SOLUTION

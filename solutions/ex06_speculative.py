@@ -1,0 +1,148 @@
+"""Exercises of notebook 06, "Speculative decoding": the acceptance rule.
+
+The seeds (Batching and Scheduling, "speculative decoding"): "A small draft model proposes several
+tokens; the target model verifies them in a single forward pass. Accepted tokens are kept, and the
+first rejection resets to that point."
+
+One verification step of a request: the proposer guessed ``draft = [d1, .., dk]``; the target ran
+one forward over the request's newest token and the k guesses, which gives k + 1 distributions:
+row j is the target's next-token distribution *before* guess j + 1 (row 0: after the newest
+token; row k: after all k guesses). The step emits the accepted guesses plus exactly one token
+of the target's own: the correction at the first rejection, or a *bonus* token after all k.
+
+* ``accept_greedy``: greedy requests keep a guess while it equals the target's argmax.
+* ``accept_sampled``: sampled requests use rejection sampling, which keeps the output
+  distributed exactly as the target alone would sample it, whatever the draft proposes.
+
+``speculative_engine(...)`` (given, at the bottom) builds an ``LLM`` whose verification step runs
+*your* rule. Check your work with
+
+    make grade EX=06            # or: MINILLM_IMPL=exercises pytest -m ex06 tests/test_exercises.py
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["accept_greedy", "accept_sampled", "verify", "speculative_engine"]
+
+
+# =====================================================================================
+# Exercise 1: greedy acceptance
+# =====================================================================================
+
+def accept_greedy(draft: Sequence[int], target: Sequence[int]) -> list[int]:
+    """The tokens a greedy verification step emits.
+
+    ``draft``: the k guesses. ``target``: k + 1 token ids, the target's argmax at each row
+    (``target[j]`` is what the target itself would generate in place of guess j + 1).
+    Keep guesses from the first while ``draft[j] == target[j]``; stop at the first mismatch.
+    Then add the target's token at that row: the correction (at a mismatch) or the bonus
+    (``target[k]``, when all k were accepted). Always at least one token, at most k + 1.
+
+    >>> accept_greedy([5, 7, 9], [5, 7, 2, 4])      # 5, 7 accepted; 9 rejected, 2 in its place
+    [5, 7, 2]
+    >>> accept_greedy([5, 7], [5, 7, 8])            # all accepted, plus the bonus token
+    [5, 7, 8]
+    """
+    ### BEGIN SOLUTION
+    k = len(draft)
+    a = 0
+    while a < k and draft[a] == target[a]:
+        a += 1
+    return list(draft[:a]) + [int(target[a])]
+    ### END SOLUTION
+
+
+# =====================================================================================
+# Exercise 2: rejection sampling
+# =====================================================================================
+
+def accept_sampled(draft: Sequence[int], p: torch.Tensor, q: Optional[torch.Tensor],
+                   generator: torch.Generator) -> list[int]:
+    """The tokens a sampled verification step emits (Leviathan et al. 2023, Chen et al. 2023).
+
+    ``p`` [k + 1, V]: the target's probabilities at each row. ``q`` [k, V]: the draft's
+    probabilities for each guess, or ``None`` for a deterministic proposer (the n-gram lookup:
+    then ``q`` is one-hot at the guess, so ``q(x) = 1``). ``generator``: the request's random
+    stream. Draw random numbers in exactly this order, so the engine's tests can replay them:
+
+    For j = 0 .. k - 1, with x = ``draft[j]``, px = ``float(p[j, x])``, qx = ``float(q[j, x])``
+    (1.0 when q is None):
+
+    1. draw ``u = float(torch.rand((), generator=generator))``;
+    2. **accept** x if ``u * qx < px`` (probability min(1, px / qx)) and go on to the next guess;
+    3. otherwise **reject** it: build the residual ``max(0, p[j] - q[j])`` (with q None: ``p[j]``
+       with entry x set to 0), fall back to ``p[j]`` itself if the residual sums to 0, draw one
+       token ``int(torch.multinomial(residual / residual.sum(), 1, generator=generator))`` and
+       return the accepted guesses followed by it.
+
+    If all k guesses are accepted, draw the bonus token from row k,
+    ``int(torch.multinomial(p[k], 1, generator=generator))``, and return all guesses + it.
+
+    Why the residual: a guess is kept where the draft under-proposes nothing the target wants;
+    where q puts more mass than p, part of it is rejected, and the residual puts back exactly
+    the mass p has and q lacks. Together, each emitted token is distributed as p.
+    """
+    ### BEGIN SOLUTION
+    k = len(draft)
+    for j, x in enumerate(draft):
+        px = float(p[j, x])
+        qx = 1.0 if q is None else float(q[j, x])
+        if float(torch.rand((), generator=generator)) * qx < px:
+            continue
+        if q is None:
+            residual = p[j].clone()
+            residual[x] = 0.0
+        else:
+            residual = (p[j] - q[j]).clamp_min(0.0)
+        if float(residual.sum()) <= 0.0:
+            residual = p[j]
+        tok = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+        return list(draft[:j]) + [tok]
+    return list(draft) + [int(torch.multinomial(p[k], 1, generator=generator))]
+    ### END SOLUTION
+
+
+# =====================================================================================
+# Given: how your rule plugs into minillm (nothing to write below)
+# =====================================================================================
+
+def verify(logits: torch.Tensor, draft: Sequence[int], draft_probs: Optional[torch.Tensor], params,
+           sampler, request_id: str, target_probs: Optional[torch.Tensor] = None) -> list[int]:
+    """The engine's ``minillm.speculative.verify``, calling your two functions: greedy requests
+    compare with the target's argmax, sampled ones get p (temperature, top-k, top-p applied)."""
+    k = len(draft)
+    if params.greedy:
+        return accept_greedy(list(draft), logits.argmax(dim=-1).tolist())
+    p = target_probs if target_probs is not None else sampler.probs(logits, [params] * (k + 1))
+    q = None if draft_probs is None else draft_probs.cpu().float()
+    return accept_sampled(list(draft), p.cpu(), q, sampler.generator(request_id, params))
+
+
+def speculative_engine(model: str = "random", **config):
+    """An ``LLM`` (with ``speculative_model=...`` and ``num_speculative_tokens=...`` among the
+    ``config``) whose verification steps accept and reject with your rule.
+
+    The runner looks ``minillm.speculative.verify`` up when it verifies; this engine's runner
+    puts yours in its place for the duration of each of its steps (and only its own).
+    """
+    import minillm.speculative as spec
+    from minillm import LLM
+
+    llm = LLM(model=model, **config)
+    runner = llm.engine.executor
+    engines_execute = runner.execute
+
+    def execute(out):
+        saved = spec.verify
+        spec.verify = verify
+        try:
+            return engines_execute(out)
+        finally:
+            spec.verify = saved
+
+    runner.execute = execute
+    return llm

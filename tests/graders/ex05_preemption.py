@@ -1,0 +1,196 @@
+"""Graders of notebook 05's exercises (``exercises/ex05_preemption.py``): ``make grade EX=05``.
+
+The recompute-or-swap rule is held against the seeds' worked numbers and against minillm's own
+rule (``minillm.costmodel.swap_or_recompute``), then run inside the engine through
+``YourCostModel`` with ``preemption_mode="auto"``. The victims are checked at every preemption of
+real runs (the candidates the scheduler offered, the one your policy gave up) and, for priority
+preemption, against the engine's ``Priority`` policy request by request.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from minillm import LLM, impl
+from minillm.costmodel import HARDWARE, ConstantStepTime, RooflineCostModel, swap_or_recompute
+from minillm.invariants import check_all_free, check_invariants
+from minillm.policies import Priority
+from minillm.workloads import TraceRequest, Uniform, submit_trace, synthetic_trace
+
+STEP = 0.010
+
+
+def ex():
+    return impl.load("ex05_preemption")
+
+
+def _engine(policy="fcfs", cost_model=None, **cfg):
+    cfg.setdefault("max_model_len", 2048)
+    cfg.setdefault("max_num_batched_tokens", 4096)
+    eng = LLM(model="random", executor="simulated", clock="modeled", policy=policy,
+              cost_model=cost_model if cost_model is not None else ConstantStepTime(STEP), **cfg).engine
+    eng.record_block_map = False
+    return eng
+
+
+def _run_checked(eng, trace):
+    submit_trace(eng, trace, vocab_size=eng.vocab_size)
+    while eng.has_unfinished_requests():
+        check_invariants(eng, eng.step())
+    check_all_free(eng)
+    return {rid: r.metrics for rid, r in eng.requests.items()}
+
+
+# --- Exercise 1: the recompute-or-swap rule ----------------------------------------------------------
+
+def test_the_seeds_numbers():
+    t = ex().swap_time(1e9, 32e9)
+    assert t == pytest.approx(1 / 32), f"1 GB over PCIe 4.0 x16 (32 GB/s): expected 31.25 ms, got {t * 1e3:.2f} ms"
+    t = ex().recompute_time(2000, 4000.0)
+    assert t == pytest.approx(0.5), f"2000 tokens at 4000 tokens/s: expected the seeds' 500 ms, got {t * 1e3:.1f} ms"
+    got = ex().swap_or_recompute(1e9, 2000, 32e9, 4000.0)
+    assert got == "swap", f"the seeds' example (swap ~20-30 ms vs recompute ~500 ms) should swap, got {got!r}"
+    got = ex().swap_or_recompute(8e9, 100, 32e9, 4000.0)
+    assert got == "recompute", f"8 GB to copy (250 ms) vs 100 tokens to prefill (25 ms): expected recompute, got {got!r}"
+    got = ex().swap_or_recompute(1e9, 1000, 1e9, 1000.0)
+    assert got == "recompute", f"a tie (1 s either way) goes to recompute, got {got!r}"
+
+
+def test_rule_agrees_with_the_engines_over_a_grid():
+    for kv, n, bw, s in itertools.product((1e6, 3e8, 1e9, 5e9, 4e10), (1, 100, 2000, 30000),
+                                          (16e9, 32e9, 64e9), (500.0, 4000.0, 50000.0)):
+        want = swap_or_recompute(kv, n, bw, s)
+        got = ex().swap_or_recompute(kv, n, bw, s)
+        assert got == want, (f"M_KV={kv:g} B, n={n}, B_PCIe={bw:g} B/s, S_prefill={s:g} tok/s: swap takes "
+                             f"{kv / bw * 1e3:.3g} ms, recompute {n / s * 1e3:.3g} ms: expected {want!r}, got {got!r}")
+
+
+def _pressure_trace():
+    return synthetic_trace(40, rate=60, prompt_len=Uniform(64, 400), output_len=Uniform(40, 300), seed=5)
+
+
+def _modes(eng):
+    return [(p.request_id, p.mode) for r in eng.step_records for p in r.preempted]
+
+
+@pytest.mark.parametrize("hardware", ["H100-SXM", "slow-link"])
+def test_your_rule_decides_inside_the_engine(hardware):
+    """preemption_mode="auto": the engine asks the cost model at every preemption. With your rule
+    (YourCostModel) it must decide as with its own, on the same run."""
+    hw = HARDWARE["H100-SXM"] if hardware == "H100-SXM" else replace(HARDWARE["H100-SXM"], name="slow-link",
+                                                                       pcie_bandwidth=2e9)
+    cfg = dict(max_num_seqs=16, num_kv_blocks=160, block_size=16, max_num_batched_tokens=1024,
+               preemption_mode="auto", num_swap_blocks=400)
+    ref = _engine(cost_model=RooflineCostModel(hw, "llama-2-7b"), **cfg)
+    yours = _engine(cost_model=ex().YourCostModel(hw, "llama-2-7b"), **cfg)
+    _run_checked(ref, _pressure_trace())
+    _run_checked(yours, _pressure_trace())
+    want, got = _modes(ref), _modes(yours)
+    assert want, "the trace must cause preemptions"
+    assert got == want, f"{hardware}: the engine's own rule preempted {want[:6]}..., with yours {got[:6]}..."
+    expected = "swap" if hardware == "H100-SXM" else "recompute"
+    assert {m for _, m in got} == {expected}, (f"on {hardware} every victim should be {expected!r}: "
+                                               f"got {sorted({m for _, m in got})}")
+
+
+# --- Exercise 2: LeastProgressVictim -----------------------------------------------------------------
+
+class _Recording:
+    """Wraps a policy and keeps, for every pick_victim call, what was offered and what it chose."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def pick_victim(self, candidates, now):
+        offered = [(r.request_id, r.num_computed_tokens, r.admit_seq) for r in candidates]
+        victim = self.policy.pick_victim(candidates, now)
+        self.calls.append((offered, victim.request_id))
+        return victim
+
+
+def test_least_progress_victim_by_hand():
+    eng = _engine()
+    submit_trace(eng, [TraceRequest(f"r{i}", 0.0, 8, 4) for i in range(4)], vocab_size=eng.vocab_size)
+    r = [eng.requests[f"r{i}"] for i in range(4)]
+    for req, computed, seq in zip(r, (40, 12, 12, 90), (1, 2, 3, 4)):
+        req.num_computed_tokens, req.admit_seq = computed, seq
+    got = ex().LeastProgressVictim().pick_victim(r, 0.0)
+    assert got is r[2], (f"r1 and r2 hold the fewest positions (12); r2 was admitted more recently: expected r2, "
+                         f"got {got.request_id}")
+    got = ex().LeastProgressVictim().pick_victim([r[0], r[3]], 0.0)
+    assert got is r[0], f"40 positions vs 90: expected r0, got {got.request_id}"
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_least_progress_victim_inside_the_engine(mode):
+    rec = _Recording(ex().LeastProgressVictim())
+    eng = _engine(rec, max_num_seqs=16, num_kv_blocks=120, block_size=16, max_num_batched_tokens=1024,
+                  preemption_mode=mode, num_swap_blocks=200 if mode == "swap" else 0)
+    m = _run_checked(eng, _pressure_trace())
+    assert rec.calls, "the trace must make the engine pick victims"
+    for offered, chosen in rec.calls:
+        want = min(offered, key=lambda c: (c[1], -c[2]))[0]
+        assert chosen == want, (f"offered (id, positions of KV, admit_seq) {offered}: the least progress is {want}, "
+                                f"your policy gave up {chosen}")
+    assert all(x.finish_reason == "length" for x in m.values()), "every request must still finish"
+
+
+# --- Exercise 3: PriorityPreemption ----------------------------------------------------------------------
+
+def _schedule(eng):
+    return {rid: (r.metrics.first_scheduled_time, tuple(r.metrics.token_times), r.metrics.num_preemptions)
+            for rid, r in eng.requests.items()}
+
+
+def _same_as_priority(trace, what, **cfg):
+    ref, yours = _engine(Priority(preempt=True), **cfg), _engine(ex().PriorityPreemption(), **cfg)
+    _run_checked(ref, trace)
+    _run_checked(yours, trace)
+    want, got = _schedule(ref), _schedule(yours)
+    for rid in want:
+        assert got[rid] == want[rid], (f"{what}, request {rid}: the engine's Priority policy started it at "
+                                       f"{want[rid][0]:.3f} s and preempted it {want[rid][2]} times; with yours "
+                                       f"{got[rid][0]} s and {got[rid][2]} times")
+    assert [(p.request_id, p.reason) for r in ref.step_records for p in r.preempted] == \
+           [(p.request_id, p.reason) for r in yours.step_records for p in r.preempted]
+    return yours
+
+
+def test_priority_order_by_hand():
+    eng = _engine()
+    submit_trace(eng, [TraceRequest("a", 0.0, 8, 4, priority=2), TraceRequest("b", 0.1, 8, 4, priority=0),
+                       TraceRequest("c", 0.2, 8, 4, priority=2), TraceRequest("d", 0.3, 8, 4, priority=1)],
+                 vocab_size=eng.vocab_size)
+    r = eng.requests
+    got = [q.request_id for q in ex().PriorityPreemption().order_waiting([r["d"], r["c"], r["b"], r["a"]], 1.0)]
+    assert got == ["b", "d", "a", "c"], f"by class, then arrival: expected ['b', 'd', 'a', 'c'], got {got}"
+    for q, seq in zip("abcd", (1, 2, 3, 4)):
+        r[q].admit_seq = seq
+    got = ex().PriorityPreemption().preempt_for(r["b"], [r["a"], r["c"], r["d"]], 1.0)
+    assert got is r["c"], f"for b (class 0): the lowest class is 2 (a, c), c most recent: got {got and got.request_id}"
+    got = ex().PriorityPreemption().preempt_for(r["d"], [r["b"]], 1.0)
+    assert got is None, "d (class 1) may not push out b (class 0)"
+
+
+def test_priority_preempts_for_a_slot_like_the_engine():
+    trace = [TraceRequest(f"low{i}", 0.0, 16, 300, priority=1) for i in range(4)]
+    trace += [TraceRequest(f"high{i}", 0.5, 16, 20, priority=0) for i in range(2)]
+    yours = _same_as_priority(trace, "no free slot", max_num_seqs=4)
+    assert all(yours.requests[f"high{i}"].metrics.queue_wait <= STEP for i in range(2))
+
+
+def test_priority_preempts_under_memory_pressure_like_the_engine():
+    trace = [TraceRequest(f"low{i}", 0.0, 200, 200, priority=1) for i in range(2)]
+    trace += [TraceRequest("high", 1.8, 100, 20, priority=0)]
+    _same_as_priority(trace, "no free KV memory", max_num_seqs=16, num_kv_blocks=50, block_size=16)
+    mixed = synthetic_trace(50, rate=40, prompt_len=Uniform(32, 300), output_len=Uniform(10, 200),
+                            priority_mix={0: 0.2, 1: 0.3, 2: 0.5}, seed=9)
+    _same_as_priority(mixed, "three classes under pressure", max_num_seqs=8, num_kv_blocks=90, block_size=16,
+                      max_num_batched_tokens=512)
