@@ -564,7 +564,8 @@ def _batch_trace_data(record: Optional[StepRecord], colors: ColorMap,
             font = ["#666"] * len(s)
         data.append(dict(x=[d["tokens"] for d in s], base=[d["start"] for d in s], y=["tokens"] * len(s),
                          text=[_short_label(d, kind) for d in s], hovertext=[d["label"] for d in s],
-                         customdata=[d["request_id"] or "" for d in s], marker=marker, textfont=dict(color=font, size=11)))
+                         customdata=[d["request_id"] or "" for d in s], marker=marker,
+                         textfont=dict(color=font, size=11)))
     return data
 
 

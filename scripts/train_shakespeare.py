@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import configparser
-import glob
 import hashlib
 import json
 import math
@@ -50,7 +49,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -269,7 +268,7 @@ def summed_nats(model, stream: np.ndarray, context: int, device: str, batch: int
     total, count = 0.0, 0
     ws.sort(key=len)                       # the one short tail window batches alone
     for i in range(0, len(ws), batch):
-        group = [w for w in ws[i:i + batch]]
+        group = ws[i:i + batch]
         for length in sorted({len(w) for w in group}):
             x = torch.stack([w for w in group if len(w) == length]).to(device)
             logits = model(input_ids=x[:, :-1]).logits.float()

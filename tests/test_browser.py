@@ -111,8 +111,8 @@ def jupyter_lab(tmp_path):
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("JupyterLab did not answer within "
-                                   f"{BOOT_TIMEOUT}s:\n" + (tmp_path / "jupyter.log").read_text(errors="replace")[-3000:])
+                tail = (tmp_path / "jupyter.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"JupyterLab did not answer within {BOOT_TIMEOUT}s:\n{tail}")
             time.sleep(0.5)
         yield base, token, root
     finally:

@@ -18,13 +18,16 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 pytest.importorskip("plotly")
-pytest.importorskip("anywidget", reason="the live figures are anywidgets")
 
 import plotly.graph_objects as go  # noqa: E402
 
 from minillm import LLM, SamplingParams  # noqa: E402
 from minillm import figures as F  # noqa: E402
 from minillm.widgets import LiveFigure, LockstepStepper, Stepper, figure4_engine, figure4_lockstep  # noqa: E402
+from minillm.widgets import live  # noqa: E402
+
+needs_anywidget = pytest.mark.skipif(not live.anywidget_available(),
+                                     reason="the live figures' page side is an anywidget")
 
 # (prompt length, max_tokens) of the small trace: more demand than 4 sequences / 16 tokens.
 TRACE = [(6, 5), (10, 3), (3, 8), (12, 4), (5, 6)]
@@ -125,7 +128,8 @@ def test_step_and_run_advance_exactly(real_stepper):
     s.reset()
     assert s.engine.step_count == 0 and s.records == []
     assert isinstance(s.batch_fig, LiveFigure) and isinstance(s.kv_fig, LiveFigure)
-    assert isinstance(s.batch_fig, go.Figure) and s.kv_fig.widget is not None
+    assert isinstance(s.batch_fig, go.Figure)
+    assert (s.kv_fig.widget is not None) == live.anywidget_available()
     assert "step -" in text(s.metrics_html.value)
 
     s.step_button.click()
@@ -213,6 +217,7 @@ def _walk(w):
         yield from _walk(c)
 
 
+@needs_anywidget
 def test_figures_are_updated_in_place(real_stepper):
     s = real_stepper
     s.reset()
@@ -238,6 +243,7 @@ def test_figures_are_updated_in_place(real_stepper):
     assert kv_fig.widget.figure["layout"]["title"]["text"] == kv_fig.layout.title.text
 
 
+@needs_anywidget
 def test_live_figure_sends_plotly_js_on_request():
     fig = LiveFigure(F.batch_figure(None, token_budget=8))
     view = fig.widget
@@ -315,6 +321,17 @@ def test_play_steps_once_per_tick_and_stops_at_the_end():
     assert s.play.playing is False
     s.speed.value = 10.0
     assert s.play.interval == 100
+
+
+def test_without_anywidget_figures_are_redrawn_into_an_output(monkeypatch):
+    import ipywidgets as W
+
+    monkeypatch.setattr(live, "anywidget_available", lambda: False)
+    s = Stepper(sim_engine())
+    assert s.kv_fig.widget is None
+    assert isinstance(s._kv_slot.view, W.Output) and isinstance(s._batch_slot.view, W.Output)
+    rec = s.step()
+    assert_shows(s, rec)
 
 
 def test_requests_added_later_are_replayed():

@@ -12,7 +12,10 @@ Two traces, each run twice on the shipped model (real forward, wall clock), with
 decoding (recomputation after preemption included). The *reusable* prefix of a request
 is the longest prefix (in whole KV blocks) it shares with an earlier request of the
 trace: what a cache could at best serve. The first request of a shared prompt has to
-compute it, so at most (n-1)/n of the shared prompt's prefill can be avoided.
+compute it, so at most (n-1)/n of the shared prompt's prefill can be avoided. Requests
+admitted in the *same* step cannot share either (a block is cached once its step has
+computed it): in the multi-turn trace every conversation's turn 0 arrives at once, so
+their common system prompt is computed once per conversation.
 """
 
 from __future__ import annotations

@@ -14,5 +14,6 @@ from .lockstep import LockstepStepper, figure4_engine, figure4_lockstep
 from .panels import metrics_html, queue_html, reasons_html
 from .stepper import Stepper, as_engine, engine_factory
 
-__all__ = ["Stepper", "LockstepStepper", "figure4_engine", "figure4_lockstep", "engine_factory", "as_engine", "LiveFigure",
+__all__ = ["Stepper", "LockstepStepper", "figure4_engine", "figure4_lockstep", "engine_factory", "as_engine",
+           "LiveFigure",
            "metrics_html", "queue_html", "reasons_html"]

@@ -135,6 +135,8 @@ def test_least_progress_victim_inside_the_engine(mode):
                   preemption_mode=mode, num_swap_blocks=200 if mode == "swap" else 0)
     m = _run_checked(eng, _pressure_trace())
     assert rec.calls, "the trace must make the engine pick victims"
+    assert any(ch != max(off, key=lambda c: c[2])[0] for off, ch in rec.calls), (
+        "on this trace the least progress is not always the most recent admission: some pick must differ")
     for offered, chosen in rec.calls:
         want = min(offered, key=lambda c: (c[1], -c[2]))[0]
         assert chosen == want, (f"offered (id, positions of KV, admit_seq) {offered}: the least progress is {want}, "

@@ -1,0 +1,160 @@
+"""Graders of notebook 06's exercises (``exercises/ex06_speculative.py``): ``make grade EX=06``.
+
+The acceptance rule is held against three things it did not compute: cases worked by hand; the
+target distribution itself (the first token a verification emits must be distributed as p,
+whatever the draft: a chi-square test); and minillm's own ``verify`` replaying the same random
+draws. Then inside the engine: greedy speculation must reproduce plain decoding token for token,
+and seeded sampling must reproduce the engine's own speculative run exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams, impl
+from minillm.invariants import check_all_free
+from minillm.model.loader import load_model
+from minillm.speculative import verify as engine_verify
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+def ex():
+    return impl.load("ex06_speculative")
+
+
+@functools.lru_cache(maxsize=None)
+def _draft_dir(vocab_size: int = 512) -> str:
+    """The random target's first layer (same embeddings and LM head): a plausible draft, written
+    once per process to a temporary directory (a plain function: graders are collected without
+    their module's fixtures)."""
+    from safetensors.torch import save_file
+    path = tempfile.mkdtemp(prefix="minillm_ex06_draft_")
+    m, cfg = load_model("random", "float32", "cpu", 0, {"vocab_size": vocab_size})
+    state = {k: v.contiguous() for k, v in m.state_dict().items() if not k.startswith("model.layers.1.")}
+    cfg.num_hidden_layers = 1
+    cfg.save_pretrained(path)
+    save_file(state, f"{path}/model.safetensors")
+    return str(path)
+
+
+# --- Exercise 1: accept_greedy ------------------------------------------------------------------------
+
+def test_accept_greedy_by_hand():
+    cases = [(([5, 7, 9], [5, 7, 2, 4]), [5, 7, 2]), (([5, 7], [5, 7, 8]), [5, 7, 8]),
+             (([1, 2, 3], [4, 2, 3, 9]), [4]), (([], [6]), [6]), (([3, 3, 3, 3], [3, 3, 3, 3, 1]), [3, 3, 3, 3, 1]),
+             (([3, 1], [3, 2, 1]), [3, 2])]
+    for (draft, target), want in cases:
+        got = ex().accept_greedy(draft, target)
+        assert list(got) == want, f"accept_greedy(draft={draft}, target={target}): expected {want}, got {got}"
+
+
+PROMPTS = [[11, 12, 13, 11, 12, 13, 11, 12], [20, 21, 22, 23, 20, 21], [30, 31, 32, 33, 34, 35, 36, 37, 38]]
+
+
+def _tokens(llm, prompts, sp):
+    outs = llm.generate(prompts, sp)
+    check_all_free(llm.engine)
+    return [o.token_ids for o in outs]
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_greedy_speculation_reproduces_plain_decoding(proposer):
+    cfg = dict(block_size=4, max_model_len=64, num_kv_blocks=40)
+    sp = SamplingParams(max_tokens=16, **GREEDY)
+    want = _tokens(LLM("random", **cfg), PROMPTS, sp)
+    llm = ex().speculative_engine("random", speculative_model="ngram" if proposer == "ngram" else _draft_dir(),
+                                  num_speculative_tokens=3, **cfg)
+    got = _tokens(llm, PROMPTS, sp)
+    assert got == want, f"greedy with {proposer} speculation and your rule: {got}\nplain decoding: {want}"
+    ms = llm.engine.request_metrics()
+    proposed, accepted = sum(m.num_spec_proposed for m in ms), sum(m.num_spec_accepted for m in ms)
+    assert proposed > 0 and 0 < accepted < proposed, (
+        f"the run should accept some guesses and reject others: {accepted} of {proposed} accepted")
+
+
+# --- Exercise 2: accept_sampled ------------------------------------------------------------------------
+
+class _FixedSampler:
+    def __init__(self, g):
+        self.g = g
+
+    def generator(self, request_id, params):
+        return self.g
+
+
+def _random_dists(k, V, seed, peaked=False):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(k + 1, V, generator=g) * (3.0 if peaked else 1.0), -1)
+    q = torch.softmax(torch.randn(k, V, generator=g) * (3.0 if peaked else 1.0), -1)
+    return p, q
+
+
+def test_accept_sampled_replays_the_engines_draws():
+    """Same random stream, same rule: the same tokens, and the same number of draws taken."""
+    params = SamplingParams(temperature=1.0)
+    for seed in range(60):
+        k, V = 1 + seed % 4, 6
+        p, q = _random_dists(k, V, seed, peaked=seed % 2 == 0)
+        gen = torch.Generator().manual_seed(seed)
+        draft = [int(torch.multinomial(q[j], 1, generator=gen)) for j in range(k)]
+        if seed % 3 == 0:
+            draft[-1] = int(p[k - 1].argmax())                 # a likely guess too
+        for use_q in (True, False):
+            g_ref, g_you = torch.Generator().manual_seed(1000 + seed), torch.Generator().manual_seed(1000 + seed)
+            want = engine_verify(torch.zeros(k + 1, V), draft, q if use_q else None, params, _FixedSampler(g_ref),
+                                 "r", target_probs=p)
+            got = ex().accept_sampled(list(draft), p, q if use_q else None, g_you)
+            assert list(got) == want, (f"seed {seed}, k={k}, draft={draft}, q {'given' if use_q else 'None (one-hot)'}:"
+                                       f" minillm's verify emits {want} with the same random draws, yours {got}")
+            nxt_ref, nxt_you = torch.rand((), generator=g_ref), torch.rand((), generator=g_you)
+            assert nxt_ref == nxt_you, "your rule took a different number of random draws than the docstring's order"
+
+
+def _chi2(counts, p):
+    expected = counts.sum() * p
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+CHI2_CRIT_3DF = 16.27          # 0.999 quantile of chi-square(3): a false alarm 1 time in 1000
+
+
+@pytest.mark.parametrize("use_q", [True, False])
+def test_accept_sampled_emits_the_target_distribution(use_q):
+    """Whatever the draft proposes, the first token a verification emits is distributed as p[0]."""
+    V, k, n = 4, 2, 4000
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.05, 0.15, 0.3, 0.5], [0.7, 0.1, 0.1, 0.1]])       # a poor draft: far from p
+    g = torch.Generator().manual_seed(7)
+    counts = torch.zeros(V, dtype=torch.float64)
+    for _ in range(n):
+        draft = [int(torch.multinomial(q[0], 1, generator=g)), int(torch.multinomial(q[1], 1, generator=g))]
+        out = ex().accept_sampled(draft, p, q if use_q else None, g)
+        assert 1 <= len(out) <= k + 1, f"a step emits between 1 and k + 1 = {k + 1} tokens, got {out}"
+        counts[out[0]] += 1
+    stat = _chi2(counts, p[0].double())
+    assert stat < CHI2_CRIT_3DF, (f"the first emitted token should follow p[0] = {p[0].tolist()}; over {n} steps "
+                                  f"it came out {counts.tolist()} (chi-square {stat:.1f} > {CHI2_CRIT_3DF})")
+    shown = _chi2(torch.bincount(torch.tensor([int(torch.multinomial(q[0], 1, generator=g)) for _ in range(n)]),
+                                 minlength=V).double(), p[0].double())
+    assert shown > 10 * CHI2_CRIT_3DF, "(the test has power: the draft's own guesses are far from p)"
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_seeded_sampling_reproduces_the_engines_speculation(proposer):
+    """A 16-token vocabulary, so sampled text repeats and the n-gram lookup finds guesses too."""
+    V = 16
+    cfg = dict(random_model=dict(vocab_size=V), block_size=4, max_model_len=64, num_kv_blocks=48,
+               speculative_model="ngram" if proposer == "ngram" else _draft_dir(V), num_speculative_tokens=3)
+    prompts = [[p % V for p in prompt] for prompt in PROMPTS]
+    sps = [SamplingParams(max_tokens=14, temperature=t, top_k=k, seed=s, ignore_eos=True)
+           for t, k, s in ((0.7, 0, 1), (1.0, 8, 2), (0.3, 0, 3))]
+    ref = LLM("random", **cfg)
+    want = [o.token_ids for o in ref.generate(prompts, sps)]
+    assert sum(m.num_spec_proposed for m in ref.engine.request_metrics()) > 0, "(the run must speculate)"
+    got = [o.token_ids for o in ex().speculative_engine("random", **cfg).generate(prompts, sps)]
+    assert got == want, f"seeded sampling with {proposer} guesses: the engine's rule emits {want}, yours {got}"
