@@ -42,6 +42,10 @@ notebooks: $(STAMP)
 	$(PY) scripts/build_notebooks.py
 	@test ! -f scripts/build_notebooks_part2.py || $(PY) scripts/build_notebooks_part2.py
 
+# Retrain the shipped Shakespeare model and its draft (about an hour on 2 CPU cores).
+train-default-model: $(STAMP)
+	$(PY) scripts/train_shakespeare.py
+
 bench: $(STAMP)
 	$(PY) -m minillm.bench all
 

@@ -6,7 +6,10 @@
 # kernels/_triton_setup.py.
 import kernels as _kernels
 
-_kernels.use_interpreter_if_no_cuda()
+try:
+    _kernels.use_interpreter_if_no_cuda()
+except RuntimeError:
+    pass  # Triton came first: the torch backend works; attention_backend="triton" explains why not
 
 from .config import EngineConfig
 from .engine import LLMEngine

@@ -204,7 +204,9 @@ class ModelSpec:
         inter = get("intermediate_size", "n_inner", default=4 * hidden)
         model_type = str(get("model_type", default="") or "")
         if dtype_bytes is None:
-            dt = get("dtype", "torch_dtype", default="bfloat16")
+            # (config objects: read only `dtype`; transformers warns on `torch_dtype`)
+            dt = get("dtype", "torch_dtype", default="bfloat16") if isinstance(cfg, Mapping) \
+                else (getattr(cfg, "dtype", None) or vars(cfg).get("torch_dtype") or "bfloat16")
             dtype_bytes = _DTYPE_BYTES.get(str(dt).replace("torch.", "").lower(), 2)
         if num_params is None:
             q_out, kv_out = heads * head_dim, kv_heads * head_dim

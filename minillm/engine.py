@@ -103,7 +103,7 @@ class LLMEngine:
         self.swapped_bytes = 0                      # KV bytes copied to/from host memory
         self.step_records: list[StepRecord] = []
         self.keep_records = True                    # set False for very long simulated runs
-        self.record_block_map = num_blocks <= 4096  # per-block map in StepRecord.kv
+        self.record_block_map = num_blocks <= 1024  # per-block map in StepRecord.kv (widgets draw it)
 
     # --- set-up helpers --------------------------------------------------------------------
     @staticmethod

@@ -57,9 +57,7 @@ def flat_batch(ids: list[int], q_lens: list[int], starts: list[int], tables: lis
     req_idx = torch.repeat_interleave(torch.arange(len(tables)), q_lens)
     positions = torch.arange(T, dtype=torch.int32) - cu[:-1][req_idx] + starts[req_idx]
     width = max(len(t) for t in tables)
-    bt = torch.zeros((len(tables), width), dtype=torch.int32)
-    for i, t in enumerate(tables):          # one copy per request, not per token
-        bt[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)  # one copy
     abs_ = attn_block_size
     slots = bt[req_idx, (positions // abs_).long()].long() * abs_ + (positions % abs_).long()
     meta = AttentionMetadata(slot_mapping=slots.to(dev), block_tables=bt.to(dev),

@@ -76,7 +76,7 @@ class Scheduler:
         self.incoming: list = []             # heap of (arrival_time, seq, request): not arrived yet
         self.now = 0.0                       # the clock at the last pass
         self._add_seq = 0                    # ties in ``incoming`` keep submission order
-        self.max_waiting_entries: Optional[int] = None   # cap on StepRecord.waiting (None = all)
+        self.max_waiting_entries: Optional[int] = 64     # cap on StepRecord.waiting (None = all)
         self.running: list[Request] = []     # holds KV; scheduled every step
         self.swapped: list[Request] = []     # KV sits in host memory
         self.held: list[Request] = []        # done generating, waiting to be returned (static / every-N)

@@ -19,6 +19,7 @@ EXPECTED = {
     "paging": ("reserved_cap", "reserved_exact", "paged", "paged_vs_reserved_mean_concurrent"),
     "prefix": ("shared_prompt", "multi_turn"),
     "sim-scale": ("requests", "steps", "wall_s", "steps_per_s"),
+    "spec": ("acceptance", "modeled", "at_scale"),
 }
 
 
