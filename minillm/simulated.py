@@ -200,6 +200,7 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
     if mode not in ("full", "summary", True, False, None):
         raise ValueError(f"simulate(records={records!r}): 'auto', 'full', 'summary' or False")
     engine.keep_records = mode in ("full", True)
+    engine.record_block_map = engine.keep_records and engine.record_block_map   # O(blocks) a step
     engine.step_summaries = []
     engine.scheduler.max_waiting_entries = max_waiting_entries
     submit_trace(engine, trace, vocab_size=engine.vocab_size)

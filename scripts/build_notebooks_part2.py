@@ -143,8 +143,8 @@ hol = LockstepStepper(lambda: hol_engine("fcfs"), lambda: hol_engine(SJF(predict
 hol
 '''),
         md(r'''
-Steps 0 and 1 prefill A and B and decode them; L and the short requests arrive during step 1. Step 2
-is where the policies part. Four steps, in code (the same as four clicks on **Step**):
+Step 0 prefills A and B and step 1 decodes them; L and the short requests arrive during step 1.
+Step 2 is where the policies part. Four steps, in code (the same as four clicks on **Step**):
 '''),
         code(r'''
 for _ in range(4):
@@ -184,7 +184,8 @@ figures.gantt_figure(eng.step_records, eng.requests, title="SJF: the short reque
 '''),
         md(r'''
 The seeds' supermarket: "someone buying a bottle of water does not have to wait for someone with a
-full cart." L finishes a little later under SJF, and the three short requests far sooner. In a
+full cart." L finishes later under SJF, the three short requests far sooner, and the mean over all
+six drops. In a
 real service the blocking request is often a long *prompt*: "a request with 2000 input tokens may
 take hundreds of milliseconds or even seconds for its Prefill, during which other requests in the
 batch that are decoding must wait" (section 6 measures that stall).
@@ -320,9 +321,10 @@ free up except the high-priority requests, and the slots do not free up for thre
 high-priority requests wait behind the low class that got there first: priority inversion. Preemption
 fixes it: the scheduler asks the policy `preempt_for(request, running)`, which names the lowest-class,
 most recently admitted running request; its KV is dropped and it goes back to the queue (it will
-recompute its prefix when it returns, notebook 05). The high class waits one step. The price is paid
-by the class that was preempted, and by the work it redoes. "Needs careful class definition": two
-classes of nearly equal size gain nothing, and a class that is always urgent starves the rest.
+recompute its prefix when it returns, notebook 05). The high class starts at once. The price is paid
+by the class that was preempted, and by the work it redoes. "Needs careful class definition": if
+most traffic is marked urgent, urgent means nothing, and a high class that never lets up starves the
+low one.
 
 ## 4. MLFQ: tokens as the time slice
 
@@ -355,6 +357,7 @@ Below, the level of three requests step by step, with a short boost interval (2 
 mlfq = MLFQ(quanta=(16, 64, 256), boost_interval=2.0)
 llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=TEN_MS, policy=mlfq, max_num_seqs=4,
           max_model_len=1024)
+llm.engine.record_block_map = False
 workloads.submit_trace(llm.engine, mlfq_trace, vocab_size=llm.engine.vocab_size)
 watch = ("long0", "long6", "s3")
 t, levels = [], {rid: [] for rid in watch}
@@ -508,7 +511,7 @@ The seeds' metrics: *throughput* (tokens per second), *TTFT* and *TPOT*, and **g
 "throughput meeting latency SLOs ... the honest combined metric." Here 500 requests of chat-like
 traffic (log-normal prompts around 512 tokens, answers around 128, both with long tails) arrive as a
 Poisson process and are served by a modeled Llama-2-70B on four H100s (`simulate`'s default), at
-most 64 at once, at rising rates: 3,000 requests in all, a few seconds of simulation each. The SLOs:
+most 64 at once, at six rising rates (3,000 requests, a couple of seconds of simulation per rate). The SLOs:
 first token within 2 s, then at most 100 ms per token.
 '''),
         code(r'''
@@ -565,8 +568,8 @@ for rate in (16, 20):
         md(r'''
 With the cap, the requests that are accepted are served within their SLO, so goodput stays near the
 machine's capacity instead of collapsing; the rejected ones get an immediate, explicit "no" they can
-retry elsewhere. The rules of thumb this section illustrates: "Measure goodput", "Watch the tail",
-"Keep headroom" and "Shed load explicitly."
+retry elsewhere. The seeds' rules of thumb this section illustrates: "Measure goodput", "Watch the
+tail", and "Shed load explicitly."
 '''),
         md(r'''
 ## Exercises
@@ -589,13 +592,9 @@ per quantum, the boost; section 4):
 '''),
         code(r'''
 with impl.attempt("ex03.MLFQPolicy"):
-    llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=TEN_MS,
-              policy=ex.MLFQPolicy(), max_num_seqs=4, max_model_len=1024)
-    workloads.submit_trace(llm.engine, mlfq_trace, vocab_size=llm.engine.vocab_size)
-    llm.engine.run()
-    m = {rid: r.metrics for rid, r in llm.engine.requests.items()}
-    print(f"your MLFQ: short requests {mean(m[r].e2e_latency for r in short_ids):.2f} s on average (section 4's MLFQ: "
-          f"compare above)")
+    eng, m, s = served(mlfq_trace, ex.MLFQPolicy(), max_num_seqs=4)
+    print(f"your MLFQ: short requests {mean(m[r].e2e_latency for r in short_ids):.2f} s, long ones "
+          f"{mean(m[f'long{i}'].e2e_latency for i in range(8)):.2f} s on average; {s['num_preemptions']} preemptions")
 '''),
         md(r'''
 **Exercise 3, `FairPolicy`**: `order_waiting` (interleave the tenants by their counters) and
@@ -613,10 +612,983 @@ with impl.attempt("ex03.FairPolicy"):
 
 
 # =====================================================================================
+# 04: prefix caching
+# =====================================================================================
+
+def nb04() -> list:
+    return [
+        md(r'''
+# 04 · Prefix caching
+
+"Many inference requests share the same prefix, with the most typical example being system prompts.
+... Without optimization, each request independently computes and caches KV Cache for these
+identical prefixes, resulting in massive redundant computation and GPU memory waste." Prefix caching
+computes the KV of a shared prefix once and lets every later request reuse it, which, in the seeds'
+words, cuts "Prefill computation (saving GPU compute)", "KV Cache memory usage (saving GPU memory)",
+and "time-to-first-token (TTFT) because the shared prefix Prefill is skipped".
+
+Paging makes it natural: "Prefix caching simply requires requests sharing the same prefix to point to
+the same set of physical blocks." This notebook builds it up from the pieces:
+
+1. the block hash, a chain: how a request finds the blocks it can reuse;
+2. reference counts and LRU eviction, stepped live on the real engine;
+3. a shared system prompt at scale: hit rate, prefill saved, TTFT, memory;
+4. multi-turn chat: each turn prefills only its new tokens;
+5. what invalidates the cache: editing an early part of the prefix;
+6. what it is worth: the seeds' cache-hit pricing;
+7. exercises: the block hash, the longest-prefix match, and eviction.
+
+minillm's prefix cache is *automatic* (vLLM's APC): nobody marks a prefix as shareable; every full
+block is hashed, and kept after its request finishes until its memory is needed.
+'''),
+        SETUP,
+        code(r'''
+from minillm.block_pool import hash_block
+from minillm.workloads import LogNormal
+
+ex = impl.load("ex04_prefix_cache")   # your exercises (or the reference answers, with MINILLM_IMPL=solutions)
+
+def serve(trace, **config):
+    """A modeled H100 serving Llama-2-7B with 8 GiB of KV cache, as in notebook 02 (the simulated executor: the
+    real scheduler and block pool, no forward pass). Returns the engine, its requests' metrics, the summary."""
+    config.setdefault("num_kv_blocks", 1024)                 # blocks of 16: 16,384 positions, 8 GiB of Llama-2-7B KV
+    llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", max_model_len=8192,
+              max_num_seqs=64, max_num_batched_tokens=2048, **config)
+    llm.engine.record_block_map = False      # per-request totals are enough here (and much faster)
+    workloads.submit_trace(llm.engine, trace)
+    records = llm.engine.run()
+    m = {rid: r.metrics for rid, r in llm.engine.requests.items()}
+    stats = llm.engine.kv.stats() if llm.config.enable_prefix_caching else None
+    return llm.engine, m, metrics.summarize(m, records, max_num_seqs=64, prefix_cache_stats=stats)
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs)
+'''),
+        md(r'''
+## 1. The block hash, a chain
+
+"A hash is computed for the token sequence of each block, serving as an index for the KV Cache block.
+When a new request arrives, the hashes of its prefix blocks are computed." One subtlety: a block's KV
+depends on every token *before* it (attention saw them), so its key must stand for the whole prefix,
+not only its own tokens. minillm chains it: a block's key is the hash of (its parent block's key, its
+own tokens). Only full blocks get a key; the last, partly filled block is still being written.
+'''),
+        code(r'''
+prompt = [501, 502, 503, 504, 601, 602, 603, 604, 701, 702]      # blocks of 4: two full, one partial
+parent = None
+for i in range(len(prompt) // 4):
+    key = hash_block(parent, prompt[4 * i:4 * i + 4])
+    print(f"block {i}: tokens {prompt[4 * i:4 * i + 4]}, parent key {parent}, key {key}")
+    parent = key
+print(f"tokens {prompt[8:]}: a partial block, no key yet")
+print("\nthe same four tokens after another prefix get another key:",
+      hash_block(None, [601, 602, 603, 604]) != hash_block(hash_block(None, prompt[:4]), [601, 602, 603, 604]))
+'''),
+        md(r'''
+A new request computes the keys of its blocks in order and looks each one up; the first miss ends the
+match, since every later key is chained on the missing one. The seeds' example: "If the hashes of the
+first 10 blocks match, the KV Cache for these 160 tokens can be directly reused (assuming a block
+size of 16 tokens), and Prefill only needs to be performed for tokens starting from the 11th block
+onward." The engine, blocks of 16: a first request with a 165-token shared prefix and its own
+question, then a second request with the same prefix and another question.
+'''),
+        code(r'''
+shared = list(range(1000, 1165))                           # 165 tokens: 10 full blocks of 16, and 5 more
+llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", enable_prefix_caching=True,
+          block_size=16, num_kv_blocks=64, max_model_len=512)
+first = llm.engine.add_request(shared + list(range(2000, 2035)), SamplingParams(max_tokens=4, ignore_eos=True))
+llm.engine.run()
+second = llm.engine.add_request(shared + list(range(3000, 3025)), SamplingParams(max_tokens=4, ignore_eos=True))
+rec = llm.engine.step()
+e = rec.entry(second)
+print(f"second request: {len(shared) + 25} prompt tokens; KV reused for {e.num_computed_before} "
+      f"({e.num_computed_before // 16} blocks); prefilled {e.num_tokens}")
+'''),
+        md(r'''
+The 11th block holds tokens 160 to 175: 5 shared ones and 11 that differ, so its key differs, and the
+prefill starts at token 160, the seeds' "from the 11th block onward".
+
+## 2. Reference counts and LRU eviction, stepped
+
+"vLLM's APC implementation manages prefix reuse through block-level reference counting. Each physical
+block maintains a reference count recording how many requests are using that block. When a new
+request's prefix block hash matches an existing block, the block is directly reused and its reference
+count is incremented. When a request completes, the reference count is decremented, and blocks with a
+reference count of zero are recycled."
+
+*Recycled*, in minillm, means: back on the free list **with its KV and its key intact**, so a later
+request with the same prefix can take it back. Only when a fresh block is needed and the free list
+hands out a block that still carries a prefix is that prefix *evicted*. The free list is in LRU order
+(least recently freed first), and a finishing request frees its blocks last block first, so a
+prefix's children are evicted before its parents.
+
+The widget: a KV cache of 12 blocks of 4 positions. A, B and C share an 8-token system prompt (two
+blocks) and ask different questions; later D arrives with a 36-token prompt that needs most of the
+cache, and after it E asks about the system prompt again. In the map a block shared by n requests is
+marked `xn`, and a free block that still holds a cached prefix is faded. Every Step runs the Triton
+attention kernel on the real (tiny, random) model.
+'''),
+        code(r'''
+SYSTEM = list(range(200, 208))              # the shared system prompt: two blocks of 4
+APC_REQUESTS = (("A", 0.0, SYSTEM + [31, 32, 33], 4), ("B", 0.005, SYSTEM + [41, 42], 4),
+                ("C", 0.015, SYSTEM + [51, 52, 53, 54], 3), ("D", 0.075, list(range(300, 336)), 6),
+                ("E", 0.17, SYSTEM + [61, 62], 2))
+
+def add_apc_requests(engine):
+    for rid, arrival, prompt, out_len in APC_REQUESTS:
+        engine.add_request(prompt, SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
+                           request_id=rid, arrival_time=arrival)
+
+def apc_engine():
+    llm = LLM(model="random", device=DEVICE, dtype="auto", attention_backend="triton", enable_prefix_caching=True,
+              block_size=4, num_kv_blocks=12, max_num_batched_tokens=32, max_num_seqs=3,
+              clock="modeled", cost_model=0.010)
+    add_apc_requests(llm.engine)
+    return llm
+
+apc = Stepper(apc_engine, title="prefix caching: 12 blocks of 4, a shared 8-token system prompt")
+apc
+'''),
+        md(r'''
+Three steps (three clicks): A prefills its 11 tokens and its two full system-prompt blocks get keys;
+B arrives, finds both, and prefills only its own 2 tokens; then C the same. The blocks:
+'''),
+        code(r'''
+def show_blocks(rec):
+    for b in rec.kv.blocks:
+        if b.ref_count:
+            print(f"  block {b.block_id:>2}: held by {', '.join(b.owners)} (ref_count {b.ref_count})")
+        elif b.cached:
+            print(f"  block {b.block_id:>2}: free, still caching a prefix")
+
+for _ in range(3):
+    rec = apc.step()
+    print(rec.summary())
+print(f"after step {rec.step}:")
+show_blocks(rec)
+st = apc.engine.kv.stats()
+print(f"prefix cache: {st['hit_blocks']} block hits, {st['prefill_tokens_saved']} prefill tokens saved")
+'''),
+        md(r'''
+Blocks 0 and 1 have three owners (`x3` in the map): the KV of the system prompt exists once and
+serves three requests. Two more steps and A, B, C are done: every count drops to 0, and the blocks
+with keys stay cached (faded in the map).
+'''),
+        code(r'''
+for _ in range(2):
+    rec = apc.step()
+print(rec.summary())
+show_blocks(rec)
+print("eviction order, front of the free list first:", list(apc.engine.kv.pool.free_queue))
+'''),
+        md(r'''
+The system prompt's blocks (0 and 1) are at the *back* of the free list: they were freed last, when
+the last request holding them finished, child before parent. D now needs 9 blocks for its prompt, and
+more as it decodes; fresh blocks come from the front of the free list, evicting the cached prefixes
+there. Run until D is done, then one more step for E:
+'''),
+        code(r'''
+while "D" not in rec.finished:
+    rec = apc.step()
+print(f"after D: {apc.engine.kv.stats()['evictions']} cached blocks evicted; free list {list(apc.engine.kv.pool.free_queue)}")
+rec = apc.step()
+print(rec.summary())
+e = rec.entry("E")
+print(f"E: {e.num_computed_before} of its {len(SYSTEM) + 2} prompt tokens reused, {e.num_tokens} prefilled")
+'''),
+        md(r'''
+D's growth took the last free blocks, down to one of the system prompt's: the *second* (block 1), the
+child, went before its parent. E finds block 0 still cached and recomputes from the second block on.
+Had the parent gone first, the surviving child would be unreachable: a lookup walks from the first
+block and stops at the first miss. The kernel, checked on this engine's cache (E's block table starts
+with the reused block):
+'''),
+        kernel_check("apc"),
+        md(r'''
+## 3. A shared system prompt at scale
+
+400 requests share a 1024-token system prompt, each with its own question (log-normal, around 128
+tokens) and answer (around 128), arriving at 12 per second, on a modeled H100 serving Llama-2-7B with
+8 GiB of KV cache (16,384 positions, as in notebook 02). Without and with prefix caching:
+'''),
+        code(r'''
+sys_trace = workloads.shared_prefix_trace(400, prefix_len=1024, suffix_len=LogNormal(128, 0.8, 4, 1024),
+                                          output_len=LogNormal(128, 0.9, 4, 1024), vocab_size=32000, rate=12, seed=0)
+apc_runs = {}
+for name, caching in (("no prefix cache", False), ("prefix cache", True)):
+    eng, m, s = serve(sys_trace, enable_prefix_caching=caching)
+    apc_runs[name] = (eng, m, s)
+    computed = s["total_input_tokens"] - s["prefill_tokens_saved"]
+    print(f"{name:<16} hit rate {s['prefix_cache_hit_rate']:4.0%}; prompt tokens prefilled {computed:>7,} of "
+          f"{s['total_input_tokens']:,}; TTFT p50 {s['ttft_p50'] * 1e3:7.1f} ms, p99 {s['ttft_p99'] * 1e3:7.1f} ms; "
+          f"KV in use {s['kv_util_mean']:4.0%} on average; {s['num_preemptions']} preemptions; "
+          f"{s['output_throughput']:5.0f} tokens/s")
+'''),
+        code(r'''
+figures.kv_usage_figure({name: eng.step_records for name, (eng, _, _) in apc_runs.items()},
+                        title="KV positions holding KV (a shared block counted once)")
+'''),
+        code(r'''
+figures.latency_cdf_figure({name: list(m.values()) for name, (_, m, _) in apc_runs.items()},
+                           metrics=("ttft", "e2e_latency"), unit="s", title="time to first token and end-to-end latency")
+'''),
+        md(r'''
+All three of the seeds' savings, and here memory is the one that matters most. Without the cache
+every request holds its own copy of the 1024-token prompt, so 8 GiB holds about a dozen requests; the
+queue grows, the cache overflows into preemptions, and the first token takes seconds. With it the
+prompt's 64 blocks exist once, each request adds only its question and answer, and every prompt after
+the first prefills about a seventh of its tokens.
+
+## 4. Multi-turn chat
+
+"In a dialogue system, each turn's input includes the context from all previous turns (user messages
+and assistant responses), and the KV Cache for this context can be directly reused. Without prefix
+caching, the k-th turn requires Prefill of the entire context ... With prefix caching, only the new
+user message needs Prefill ... reducing Prefill time from O(n_total) to O(n_new)."
+
+40 conversations of 6 turns: a 512-token system prompt, user messages around 64 tokens, answers
+around 128, about 8 s of "think time" between turns. (The trace scripts each answer into the next
+turn's prompt, so what is reused is the previous turn's prompt; an engine that also keeps its
+generated answer's blocks reuses those too.) Without a cache every turn prefills its whole context:
+the grey bars. With the cache, once with the 8 GiB of section 3, once with 32 GiB:
+'''),
+        code(r'''
+chat = workloads.multi_turn_trace(40, turns=6, system_len=512, user_len=LogNormal(64, 0.8, 4, 512),
+                                  answer_len=LogNormal(128, 0.8, 4, 512), vocab_size=32000, think_time=8.0, rate=2.0, seed=0)
+turns = sorted({r.turn for r in chat})
+chat_runs = {}
+for name, blocks in (("8 GiB of KV", 1024), ("32 GiB of KV", 4096)):
+    eng, m, s = serve(chat, enable_prefix_caching=True, num_kv_blocks=blocks)
+    prefilled = [mean(m[r.request_id].num_prompt_tokens - m[r.request_id].num_cached_tokens for r in chat if r.turn == k)
+                 for k in turns]
+    chat_runs[name] = (s, prefilled)
+    print(f"prefix cache, {name:<13} hit rate {s['prefix_cache_hit_rate']:4.0%}, {eng.kv.stats()['evictions']:>6,} evictions; "
+          f"TTFT p50 {s['ttft_p50'] * 1e3:4.0f} ms; tokens prefilled per turn: " + ", ".join(f"{p:4.0f}" for p in prefilled))
+context = [mean(r.prompt_len for r in chat if r.turn == k) for k in turns]
+fig = go.Figure([go.Bar(name="whole context = prefilled without a cache", x=turns, y=context, marker_color="#ccc")] +
+                [go.Bar(name=f"prefilled, prefix cache with {name}", x=turns, y=p) for name, (_, p) in chat_runs.items()])
+fig.update_layout(barmode="group", title="tokens prefilled per turn: O(n_total) without the cache, O(n_new) with it",
+                  xaxis_title="turn", yaxis_title="tokens (mean over conversations)", height=360, plot_bgcolor="white")
+fig
+'''),
+        md(r'''
+With 32 GiB each turn prefills about what is new in it (the previous answer and the new message),
+whatever the length of the conversation. With 8 GiB the forty conversations' contexts do not all
+fit: while a user thinks, other conversations need blocks, the free list evicts the oldest prefixes,
+and later turns recompute part of their history. A prefix cache is only as good as its capacity,
+which is why DeepSeek V4, the seeds' industrial example, "supports on-disk KV Cache storage". On
+agentic workloads, where "each turn appends only a few hundred tokens to a context that already
+contains tens of thousands or even hundreds of thousands of tokens", it reports a hit rate of up to
+98.7%.
+
+## 5. What invalidates the cache
+
+Chaining has a consequence: "If the generation result of an intermediate turn is modified — for
+example, in a coding scenario where the user edits tool listings, global prompts, or other information
+originally placed in the prefix cache (such as CLAUDE.md, AGENTS.md files) — the KV Cache of all
+subsequent turns is invalidated and must be recomputed from scratch." An agent's context of 2048
+tokens (tool list and project notes first, then the conversation) is cached; then one token is edited
+at a given position and the context is sent again:
+'''),
+        code(r'''
+agent = list(range(5000, 7048))                                       # 2048 tokens: 128 blocks of 16
+llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", enable_prefix_caching=True,
+          block_size=16, num_kv_blocks=1024, max_model_len=4096)
+llm.engine.record_block_map = False
+llm.engine.add_request(agent, SamplingParams(max_tokens=1, ignore_eos=True), request_id="original")
+llm.engine.run()
+positions = [0, 16, 256, 512, 1024, 1536, 1900, 2040]
+recomputed = []
+for pos in positions:
+    edited = list(agent)
+    edited[pos] = 9999                                                  # one token changed
+    rid = llm.engine.add_request(edited, SamplingParams(max_tokens=1, ignore_eos=True), request_id=f"edit@{pos}")
+    llm.engine.run()
+    recomputed.append(2048 - llm.engine.requests[rid].metrics.num_cached_tokens)
+    print(f"edit at token {pos:>4}: {2048 - recomputed[-1]:>4} of 2048 tokens reused, {recomputed[-1]:>4} prefilled again")
+fig = go.Figure(go.Scatter(x=positions, y=recomputed, mode="lines+markers"))
+fig.update_layout(title="one edited token: everything from its block on is recomputed", height=320, plot_bgcolor="white",
+                  xaxis_title="position of the edit (token)", yaxis_title="tokens prefilled again")
+fig
+'''),
+        md(r'''
+An edit in the first block (the tool list, the system prompt) costs the whole context; an edit near
+the end costs almost nothing. Hence the seeds' design rule: "the prefix content should remain as
+stable as possible." Put what changes (timestamps, the latest message) at the end; keep tool
+definitions and instructions fixed, and first.
+
+## 6. What it is worth
+
+"The economic effect of cache reuse is directly reflected in API pricing. In DeepSeek V4 Flash's API
+pricing, cache-hit input is \$0.0028/1M tokens, while cache-miss input is \$0.14/1M tokens — input cost
+is reduced by about 50x when the cache is hit." A workload pays a blend, weighted by its hit rate:
+'''),
+        code(r'''
+HIT, MISS = 0.0028, 0.14                    # $ per 1M input tokens, the seeds' DeepSeek V4 Flash prices
+print(f"a hit costs {MISS / HIT:.0f}x less than a miss")
+
+def price(hit_rate):
+    return hit_rate * HIT + (1 - hit_rate) * MISS
+
+points = {"no cache": 0.0, "shared system prompt (section 3)": apc_runs["prefix cache"][2]["prefix_cache_hit_rate"],
+          "multi-turn chat, 32 GiB (section 4)": chat_runs["32 GiB of KV"][0]["prefix_cache_hit_rate"],
+          "the seeds' agentic workload": 0.987}
+for name, h in points.items():
+    print(f"{name:<34} hit rate {h:6.1%}: ${price(h):.4f} per 1M input tokens, {MISS / price(h):4.1f}x less than no cache")
+h = np.linspace(0, 1, 201)
+fig = go.Figure(go.Scatter(x=h, y=price(h), mode="lines", name="effective price"))
+for name, hr in points.items():
+    fig.add_trace(go.Scatter(x=[hr], y=[price(hr)], mode="markers+text", text=[name], textposition="top left",
+                             showlegend=False))
+fig.update_layout(title="input price vs cache hit rate", xaxis=dict(title="cache hit rate", tickformat=".0%"),
+                  yaxis=dict(title="$ per 1M input tokens", type="log"), height=380, plot_bgcolor="white")
+fig
+'''),
+        md(r'''
+The price falls slowly until the hit rate is high, then fast: even at 98.7% the 1.3% of misses make
+up about two fifths of the bill. "A high cache hit rate is not just a technical metric but also a
+commercial competitive advantage."
+'''),
+        md(r'''
+## Exercises
+
+The pieces of this notebook, in `exercises/ex04_prefix_cache.py`. They plug into the real engine:
+`ex.prefix_engine(...)` builds an `LLM` whose block keys, prefix lookups and block pool are yours; the
+graders run the same requests with minillm's prefix cache and with yours, step by step.
+
+**Exercise 1, `hash_block` and `block_hashes`**: the chained key (section 1).
+'''),
+        code(r'''
+with impl.attempt("ex04.hash_block / block_hashes"):
+    mine = ex.block_hashes(prompt, 4)
+    print(f"{len(mine)} keys for {len(prompt)} tokens in blocks of 4; the first is the engine's: "
+          f"{mine[0] == hash_block(None, prompt[:4])}")
+'''),
+        md(r'''
+**Exercise 2, `longest_prefix_match`**: the cached blocks a request can reuse (section 1).
+**Exercise 3, `EvictingBlockPool`**: `evict`, `allocate`, `take` and `free` (section 2). Below,
+section 2's five requests on an engine built from your three pieces (on the simulated executor:
+only the block decisions matter here), next to minillm's own:
+'''),
+        code(r'''
+cfg = dict(executor="simulated", block_size=4, num_kv_blocks=12, max_num_batched_tokens=32, max_num_seqs=3,
+           clock="modeled", cost_model=0.010)
+with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
+    for name, llm in (("minillm's", LLM(model="random", enable_prefix_caching=True, **cfg)),
+                      ("yours", ex.prefix_engine(model="random", **cfg))):
+        add_apc_requests(llm.engine)
+        llm.engine.run()
+        st = llm.engine.kv.stats()
+        print(f"{name:>9} prefix cache: {st['hit_blocks']} block hits, {st['evictions']} evictions; "
+              f"E reused {llm.engine.requests['E'].metrics.num_cached_tokens} tokens")
+'''),
+        grading("04", "ex04_prefix_cache", "pool"),
+    ]
+
+
+# =====================================================================================
+# 05: preemption
+# =====================================================================================
+
+def nb05() -> list:
+    return [
+        md(r'''
+# 05 · Preemption
+
+Paging admits a request as soon as its prompt fits, without knowing how long its answer will be
+(notebook 02). So the cache can fill up while everyone is still generating, and then a running request
+needs a block that does not exist. The seeds: "under high load, even with prefix caching, GPU memory
+may still be insufficient to simultaneously accommodate the KV Cache of all active requests. At this
+point, a choice must be made: pause certain requests to free memory for more important ones."
+
+Two ways to pause one:
+
+- **Swap**: "move its KV cache to slower memory, restore later. Preserves work, costs bandwidth."
+- **Recompute**: "discard the cache, re-run prefill on resume. Frees memory immediately, wastes prior work."
+
+Either way the decision happens between steps: "After each Decode step, the scheduler can check whether
+preemption or eviction is needed without interrupting an executing Decode step." This notebook:
+
+1. memory pressure and the victim, stepped live: recompute and swap side by side;
+2. recompute or swap: the seeds' cost rule, and a map of which one wins;
+3. at scale: recompute, swap, and the rule choosing per victim;
+4. thrashing, and how headroom damps it;
+5. priority preemption: pushing a lower class out of memory;
+6. exercises: the recompute-or-swap decision and the choice of victim.
+'''),
+        SETUP,
+        code(r'''
+from dataclasses import replace
+
+from plotly.subplots import make_subplots
+
+from minillm.costmodel import HARDWARE, RooflineCostModel, swap_or_recompute
+from minillm.policies import Priority
+from minillm.workloads import LogNormal, TraceRequest, Uniform
+
+ex = impl.load("ex05_preemption")    # your exercises (or the reference answers, with MINILLM_IMPL=solutions)
+H100 = RooflineCostModel("H100-SXM", "llama-2-7b")
+
+def serve(trace, cost_model=H100, **config):
+    """The simulated executor (the real scheduler and KV manager, no forward pass) serving Llama-2-7B on the
+    modeled clock of `cost_model`. Returns the engine, its requests' metrics, and metrics.summarize's dict."""
+    config.setdefault("num_kv_blocks", 1024)             # 16,384 positions of KV (8 GiB), as in notebook 02
+    config.setdefault("max_num_seqs", 256)
+    llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model=cost_model, max_model_len=8192,
+              max_num_batched_tokens=8192, **config)
+    llm.engine.record_block_map = False      # per-request totals are enough here (and much faster)
+    workloads.submit_trace(llm.engine, trace, vocab_size=llm.engine.vocab_size)
+    records = llm.engine.run()
+    m = {rid: r.metrics for rid, r in llm.engine.requests.items()}
+    return llm.engine, m, metrics.summarize(m, records, max_num_seqs=llm.config.max_num_seqs)
+'''),
+        md(r'''
+## 1. Memory pressure, and the victim
+
+A cache of 8 blocks of 4 positions (32 positions) and three requests, A, B and C, with prompts of 7, 6
+and 5 tokens and answers of 7, 7 and 6 tokens. All three prompts fit (18 positions), so all three are
+admitted at once; together they will need 35. Left: `preemption_mode="recompute"`. Right:
+`preemption_mode="swap"` with a host pool of 12 blocks (`num_swap_blocks`). Each Step runs the Triton
+attention kernel (and, on the right, the block-copy kernel when blocks move to or from the host).
+'''),
+        code(r'''
+def pressure_engine(mode):
+    llm = LLM(model="random", device=DEVICE, dtype="auto", attention_backend="triton", block_size=4, num_kv_blocks=8,
+              max_num_batched_tokens=32, max_num_seqs=4, preemption_mode=mode, num_swap_blocks=12 if mode == "swap" else 0,
+              clock="modeled", cost_model=0.010)
+    for rid, prompt_len, out_len in (("A", 7, 7), ("B", 6, 7), ("C", 5, 6)):
+        llm.engine.add_request(list(range(100, 100 + prompt_len)),
+                               SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
+                               request_id=rid, arrival_time=0.0)
+    return llm
+
+pressure = LockstepStepper(lambda: pressure_engine("recompute"), lambda: pressure_engine("swap"),
+                           names=["recompute", "swap (host pool of 12 blocks)"],
+                           title="8 blocks of 4 positions; A, B, C admitted together")
+pressure
+'''),
+        md(r'''
+Five steps: the prefills, then three decodes that fill the last free block, and then C's next
+position needs a new block, and none is free.
+'''),
+        code(r'''
+for _ in range(5):
+    recs = pressure.step()
+for name, rec in zip(pressure.names, recs):
+    print(f"{name}: {rec.summary()}\n")
+'''),
+        md(r'''
+The scheduler serves running requests first, in admission order; when one cannot get its block it asks
+the policy for a *victim* (`Policy.pick_victim`). minillm's default gives up the **most recently
+admitted** request: it has done the least work (least to recompute, least to copy), and under FCFS the
+newest should yield to the oldest. Here that is C, the very request that needed the block. On the left
+C's KV is dropped and C goes back to the front of the queue; on the right C's 3 blocks are copied to
+host memory and C waits in the swapped list. A and B keep decoding; the kernel, checked against its
+torch reference on both caches:
+'''),
+        kernel_check("pressure.steppers[0]"),
+        kernel_check("pressure.steppers[1]"),
+        md(r'''
+Run both to the end:
+'''),
+        code(r'''
+pressure.run(10)
+for name, s in zip(pressure.names, pressure.steppers):
+    back = next(r for r in s.records[5:] if r.entry("C") is not None)
+    e = back.entry("C")
+    print(f"{name:<30} C returns at step {back.step} with a {e.phase} of {e.num_tokens} token(s) "
+          f"({e.num_computed_before} positions already in the cache); the run takes {len(s.records)} steps")
+'''),
+        md(r'''
+With recompute C's return is a prefill of its 5 prompt tokens *and* the 4 it had generated: "the
+recovery time for eviction is (n_input + n_generated) / S_prefill." With swap its blocks are copied
+back and it simply decodes its next token: "the recovery time for preemption is M_KV / B_PCIe." Both
+give the same tokens (greedy decoding here); only the cost differs.
+
+## 2. Recompute or swap: the cost rule
+
+"Which strategy to choose depends on the ratio between the preempted request's KV Cache size and its
+input length ... When M_KV / B_PCIe < n_input / S_prefill, preemption [swap] is superior; otherwise,
+eviction [recompute] is superior." The seeds' numbers: "PCIe 4.0 x16 provides approximately 32 GB/s,
+PCIe 5.0 x16 provides approximately 64 GB/s, and copying a 1 GB KV Cache takes about 20ms", while "for
+a request with an input length of 2000 tokens, Prefill may take about 500ms". minillm's
+`costmodel.swap_or_recompute` is that rule:
+'''),
+        code(r'''
+print("the seeds' example, 1 GB over PCIe 4.0 vs 2000 tokens at 4000 tokens/s:",
+      swap_or_recompute(1e9, 2000, 32e9, 2000 / 0.5))
+print(f"Llama-2-7B on a modeled H100: {H100.model.kv_bytes_per_token / 2**10:.0f} KiB of KV per position; a 2000-token "
+      f"prefill takes {H100.step_time([2000], [2000]) * 1e3:.0f} ms; its {2000 * H100.model.kv_bytes_per_token / 1e9:.2f} GB "
+      f"cross PCIe 5.0 in {H100.swap_time(2000 * H100.model.kv_bytes_per_token) * 1e3:.0f} ms")
+'''),
+        md(r'''
+Which one wins, over every prompt length and every KV size. Each cell applies the rule with the
+H100's prefill speed at that length (from the roofline: longer prompts cost more per token, because
+attention grows with the square of the length). The solid line is the boundary over a PCIe 5.0 link
+of its own (64 GB/s); the dashed one over a link four GPUs share (16 GB/s each, a common server
+layout). A real model's requests lie on a line through the origin, M_KV = n x (KV bytes per position):
+'''),
+        code(r'''
+n_grid = np.linspace(64, 8192, 64).astype(int)                  # tokens to recompute (prompt + generated)
+kv_grid = np.linspace(0.03e9, 4.5e9, 60)                        # bytes of KV to copy
+prefill_s = np.array([H100.step_time([int(n)], [int(n)]) for n in n_grid])
+wins = np.array([[1.0 if swap_or_recompute(kv, int(n), 64e9, n / t) == "swap" else 0.0
+                  for n, t in zip(n_grid, prefill_s)] for kv in kv_grid])
+fig = go.Figure(go.Heatmap(x=n_grid, y=kv_grid / 1e9, z=wins, showscale=False, hoverinfo="skip",
+                           colorscale=[[0, "#f4c7a1"], [1, "#a9d3ee"]]))
+for bw, dash, name in ((64e9, "solid", "boundary, PCIe 5.0 x16 (64 GB/s)"), (16e9, "dash", "boundary, 16 GB/s (a shared link)")):
+    fig.add_trace(go.Scatter(x=n_grid, y=bw * prefill_s / 1e9, mode="lines", name=name, line=dict(color="black", dash=dash)))
+for model, color in (("llama-2-7b", "#c0392b"), ("llama-3-8b", "#6c3483")):
+    per = RooflineCostModel("H100-SXM", model).model.kv_bytes_per_token
+    fig.add_trace(go.Scatter(x=n_grid, y=n_grid * per / 1e9, mode="lines", line=dict(color=color, width=3),
+                             name=f"{model} requests ({per / 2**10:.0f} KiB per position)"))
+fig.add_trace(go.Scatter(x=[2000], y=[1.0], mode="markers+text", text=["the seeds' example"], textposition="top center",
+                         marker=dict(size=12, color="black", symbol="star"), showlegend=False))
+fig.add_annotation(x=1200, y=4.0, text="recompute wins", showarrow=False, font=dict(size=14))
+fig.add_annotation(x=6500, y=0.5, text="swap wins", showarrow=False, font=dict(size=14))
+fig.update_layout(title="recompute or swap, on a modeled H100 (Llama-2-7B's prefill speed)",
+                  xaxis_title="tokens to recompute (n_input + n_generated)", yaxis_title="KV to copy, M_KV (GB)",
+                  yaxis_range=[0, 4.5], height=440, legend=dict(orientation="h", y=-0.2), plot_bgcolor="white")
+fig
+'''),
+        md(r'''
+On its own PCIe 5.0 link, swapping Llama-2-7B's KV (half a megabyte per position: full multi-head
+attention, 32 layers) beats recomputing it at every length, and grouped-query attention (Llama-3-8B,
+a quarter of that) makes swapping cheaper still. Share the link four ways and Llama-2-7B's line
+crosses into recompute territory. The rule is simple; its inputs are not. The seeds' other voice
+adds what the rule leaves out: "Recomputation is often cheaper than it sounds, because prefill is
+compute bound and efficient, while swapping consumes the bandwidth decode desperately needs", and it
+needs host memory. Their rule of thumb: "Prefer recompute to swap under pressure, unless measurement
+says otherwise."
+
+## 3. At scale: recompute, swap, and the rule
+
+150 requests with long prompts (500 to 1500 tokens) and answers (200 to 600) arrive at 40 per second on
+the modeled H100 with 8 GiB of KV: far more than fits, so the engine preempts all the time. minillm's
+`preemption_mode="auto"` applies the rule to each victim (`CostModel.preemption_mode`), with the cost
+model's PCIe bandwidth and prefill speed.
+'''),
+        code(r'''
+burst = workloads.synthetic_trace(150, rate=40, prompt_len=Uniform(500, 1500), output_len=Uniform(200, 600), seed=0)
+shared_link = RooflineCostModel(replace(HARDWARE["H100-SXM"], name="H100, shared 16 GB/s link", pcie_bandwidth=16e9),
+                                "llama-2-7b")
+modes = {"recompute": dict(preemption_mode="recompute"),
+         "swap": dict(preemption_mode="swap", num_swap_blocks=4096),
+         "auto, PCIe 5.0": dict(preemption_mode="auto", num_swap_blocks=4096),
+         "auto, shared 16 GB/s link": dict(preemption_mode="auto", num_swap_blocks=4096, cost_model=shared_link)}
+preempt_runs = {}
+for name, cfg in modes.items():
+    eng, m, s = serve(burst, **cfg)
+    st = eng.stats()
+    preempt_runs[name] = (eng, m, s)
+    print(f"{name:<26} {st['preemptions_recompute']:>3} recomputed, {st['preemptions_swap']:>3} swapped "
+          f"({st['recomputed_tokens']:>6,} tokens prefilled again, {s['swap_time_total']:.2f} s copying) | "
+          f"{s['output_throughput']:5.0f} tokens/s, TTFT p50 {s['ttft_p50']:5.1f} s, end-to-end p99 {s['e2e_p99']:5.1f} s")
+'''),
+        md(r'''
+The rule picks swap where the link is fast and recompute where it is shared. But look at the
+outcome: even on the fast link, recompute ends up as fast as swap, although it prefills tens of
+thousands of tokens again. The rule compares recovery times one victim at a time; in a running engine a
+recomputed prompt is prefilled *inside* a step that other requests' decodes share, where the extra
+tokens use arithmetic the memory-bound decode left idle, while a copy is time added to the step it
+happens in, in front of everyone's next token. (The modeled clock charges it that way; it does not
+model the host memory a swap pool takes.) That is the seeds' "Recomputation is often cheaper than it
+sounds, because prefill is compute bound and efficient, while swapping consumes the bandwidth decode
+desperately needs", and why their rule of thumb is to prefer recompute "unless measurement says
+otherwise." Either way the work lost is small next to the overload here: the queue, not the
+preemptions, sets the latency.
+
+## 4. Thrashing, and headroom
+
+"Throughput collapses under load: preemption thrashing." The mechanism: at 100% of the cache, every
+growing request that needs a block forces a preemption; a preempted request goes back to the front of
+the queue and is readmitted as soon as its prompt fits again, which fills the cache again, and the cycle
+repeats, redoing prefills nobody asked for. The fixes: "Admission control; headroom; hysteresis." "Keep
+headroom. A system at exactly 100% capacity has no room to absorb variance." minillm's `watermark` is
+headroom: admission keeps that fraction of the blocks free, for running requests to grow into.
+'''),
+        code(r'''
+watermarks = [0.0, 0.02, 0.05, 0.1, 0.2]
+wm_runs = {}
+for wm in watermarks:
+    eng, m, s = (preempt_runs["recompute"] if wm == 0.0 else serve(burst, preemption_mode="recompute", watermark=wm))
+    wm_runs[wm] = (eng.stats()["recomputed_tokens"], s)
+    print(f"watermark {wm:4.0%}: {s['num_preemptions']:3d} preemptions ({s['preemption_rate']:4.2f} per s), "
+          f"{wm_runs[wm][0]:>6,} tokens prefilled again | {s['output_throughput']:5.0f} tokens/s, mean batch "
+          f"{s['batch_size_mean']:4.1f}, KV in use {s['kv_util_mean']:4.0%}")
+useful = sum(r.prompt_len + r.output_len for r in burst)
+fig = make_subplots(specs=[[{"secondary_y": True}]])
+fig.add_trace(go.Bar(x=[f"{w:.0%}" for w in watermarks], y=[100 * wm_runs[w][0] / useful for w in watermarks],
+                     name="work redone (% of the trace's tokens)", marker_color="#e39a5b"), secondary_y=False)
+fig.add_trace(go.Scatter(x=[f"{w:.0%}" for w in watermarks], y=[wm_runs[w][1]["output_throughput"] for w in watermarks],
+                         name="throughput (tokens/s)", mode="lines+markers", line=dict(color="#2d6a9f")), secondary_y=True)
+fig.update_yaxes(title_text="% of tokens prefilled again", secondary_y=False, rangemode="tozero")
+fig.update_yaxes(title_text="tokens / s", secondary_y=True, rangemode="tozero")
+fig.update_layout(title="headroom: a little removes most of the thrashing; a lot leaves memory idle",
+                  xaxis_title="watermark (fraction of blocks admission keeps free)", height=380, plot_bgcolor="white")
+fig
+'''),
+        md(r'''
+Without headroom the engine prefills a quarter as many tokens again as the trace holds. A few percent of
+headroom removes most of it and throughput *rises*; with a fifth of the cache held back the batch
+shrinks and throughput falls. The preemption rate is the symptom to watch ("high values indicate
+thrashing"). On this modeled H100 a prefill is cheap, so thrashing wastes compute rather than
+collapsing throughput; where a prefill is expensive relative to a decode step (long prompts, slower
+compute), the same cycle eats the machine.
+
+## 5. Priority preemption
+
+Preemption is also how priority classes get memory (notebook 03's priority inversion, now for KV
+memory instead of a slot): "a high-priority request requiring immediate execution". Two low-priority
+requests grow until they hold 48 of the cache's 50 blocks; at 1.8 s a high-priority request arrives
+needing 7 blocks for its prompt. Under FCFS it waits for a low one to finish; `Priority` preempts
+the lowest class, most recent first, until the new request fits.
+'''),
+        code(r'''
+mem_trace = [TraceRequest(f"low{i}", 0.0, 200, 200, priority=1) for i in range(2)] + [TraceRequest("high", 1.8, 100, 20, priority=0)]
+prio = {}
+for name, pol in (("FCFS", "fcfs"), ("priority, preempting", Priority(preempt=True))):
+    eng, m, s = serve(mem_trace, cost_model=0.010, policy=pol, num_kv_blocks=50, max_num_seqs=16)
+    prio[name] = eng
+    events = [f"{p.request_id} ({p.mode}: {p.reason})" for r in eng.step_records for p in r.preempted]
+    print(f"{name:<22} high waits {m['high'].queue_wait * 1e3:5.0f} ms; preempted: {', '.join(events) or 'nobody'}")
+eng = prio["priority, preempting"]
+figures.gantt_figure(eng.step_records, eng.requests, title="the high-priority request pushes low1 out of memory")
+'''),
+        md(r'''
+The victim waits, then recomputes its 200-token prompt and everything it had generated: the price of
+the high class starting at once instead of 200 ms later, paid by the low class. That trade is the point of priority classes, and
+why they "need careful class definition".
+'''),
+        md(r'''
+## Exercises
+
+In `exercises/ex05_preemption.py`; each runs inside the engine.
+
+**Exercise 1, `swap_time`, `recompute_time`, `swap_or_recompute`**: the seeds' rule (section 2).
+`ex.YourCostModel` is the H100 roofline asking *your* rule whenever the engine preempts with
+`preemption_mode="auto"`. Section 3's trace, with your rule deciding:
+'''),
+        code(r'''
+with impl.attempt("ex05.swap_or_recompute"):
+    print("the seeds' example:", ex.swap_or_recompute(1e9, 2000, 32e9, 4000.0))
+    for name, hw in (("PCIe 5.0", HARDWARE["H100-SXM"]), ("shared 16 GB/s link", shared_link.hardware)):
+        eng, m, s = serve(burst, preemption_mode="auto", num_swap_blocks=4096,
+                          cost_model=ex.YourCostModel(hw, "llama-2-7b"))
+        st = eng.stats()
+        print(f"your rule, {name:<20} {st['preemptions_recompute']:>3} recomputed, {st['preemptions_swap']:>3} swapped")
+'''),
+        md(r'''
+**Exercise 2, `LeastProgressVictim.pick_victim`**: give up the running request with the least KV
+(the least work to redo or copy) instead of the most recently admitted. Section 3's trace, recompute:
+'''),
+        code(r'''
+with impl.attempt("ex05.LeastProgressVictim"):
+    for name, pol in (("most recently admitted (default)", "fcfs"), ("least progress (yours)", ex.LeastProgressVictim())):
+        eng, m, s = serve(burst, preemption_mode="recompute", policy=pol)
+        print(f"{name:<34} {s['num_preemptions']:3d} preemptions, {eng.stats()['recomputed_tokens']:>6,} tokens prefilled "
+              f"again, {s['output_throughput']:5.0f} tokens/s")
+'''),
+        md(r'''
+**Exercise 3, `PriorityPreemption`**: `order_waiting`, `pick_victim` and `preempt_for` (section 5):
+'''),
+        code(r'''
+with impl.attempt("ex05.PriorityPreemption"):
+    eng, m, s = serve(mem_trace, cost_model=0.010, policy=ex.PriorityPreemption(), num_kv_blocks=50, max_num_seqs=16)
+    print(f"your priority policy: high waits {m['high'].queue_wait * 1e3:.0f} ms; preempted "
+          f"{[p.request_id for r in eng.step_records for p in r.preempted]}")
+'''),
+        grading("05", "ex05_preemption", "least_progress"),
+    ]
+
+
+# =====================================================================================
+# 06: speculative decoding
+# =====================================================================================
+
+def nb06() -> list:
+    return [
+        md(r'''
+# 06 · Speculative decoding
+
+"A small draft model proposes several tokens; the target model verifies them in a single forward pass.
+Accepted tokens are kept, and the first rejection resets to that point. This works because
+verification of k tokens costs roughly the same as generating one — decode is bandwidth bound, so
+processing a few extra positions is nearly free. It converts spare compute into latency reduction."
+
+And the seeds' warning, in the same breath: "acceptance rate determines actual speedup, and a low
+acceptance rate can make things slower rather than faster." This notebook:
+
+1. draft and verify, stepped live on the shipped model and its shipped draft;
+2. the acceptance rule: greedy, and rejection sampling (why the output does not change);
+3. acceptance rate against speed-up;
+4. when speculation makes things slower: low acceptance, a costly draft, a large batch;
+5. the shipped draft (`speculative_model="default-draft"`) against the n-gram proposer (`"ngram"`);
+6. exercise: the acceptance rule, inside the engine.
+
+In minillm one step of a decoding request with speculation is: the proposer guesses up to k tokens;
+the scheduler grants the request 1 + k new tokens (they count against the execution-token budget);
+one target forward scores all of them; the engine keeps the accepted guesses plus one token of the
+target's own, and rolls the KV of the rejected guesses back (`minillm/speculative.py`).
+'''),
+        SETUP,
+        code(r'''
+from minillm.costmodel import MODELS, ModelSpec, RooflineCostModel
+from minillm.speculative import (alpha_from_tokens_per_step, expected_speedup, expected_tokens_per_step,
+                                 modeled_speedup, spec_stats)
+
+ex = impl.load("ex06_speculative")   # your exercise (or the reference answer, with MINILLM_IMPL=solutions)
+'''),
+        md(r'''
+## 1. Draft and verify, stepped
+
+The target is the Shakespeare model that ships with minillm (4 layers, 3.4 M parameters); the draft is
+its shipped companion (`speculative_model="default-draft"`: 1 layer, 1.25 M parameters, distilled from
+the target, same tokenizer). k = 4 guesses per step, greedy decoding, and `attention_backend="triton"`:
+every Step runs the Triton kernel for the draft's forwards and the target's verification (a query of
+5 tokens over the paged cache). The draft keeps its own KV in the *same* block ids as the target's,
+so one block table serves both models.
+'''),
+        code(r'''
+PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?\n"
+
+def spec_engine():
+    llm = LLM(device=DEVICE, dtype="auto", attention_backend="triton", speculative_model="default-draft",
+              num_speculative_tokens=4, block_size=8, num_kv_blocks=32, max_num_seqs=2, max_model_len=256,
+              clock="modeled", cost_model=0.010)
+    llm.engine.add_request(PROMPT, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True), request_id="R")
+    return llm
+
+spec = Stepper(spec_engine, title="speculative decoding: the shipped draft proposes 4, the target verifies")
+spec
+'''),
+        md(r'''
+Step 0 is the prompt's prefill (no guesses yet: speculation starts once the request decodes). From
+step 1 on, each step is one verification. Five steps, in code:
+'''),
+        code(r'''
+tok = spec.engine.tokenizer
+req = spec.engine.requests["R"]
+for _ in range(5):
+    before = req.num_output_tokens
+    rec = spec.step()
+    e = rec.entry("R")
+    new = req.output_token_ids[before:]
+    what = (f"{e.num_spec_tokens} guessed, {e.num_spec_accepted} accepted, + 1 from the target"
+            if e.num_spec_tokens else "the prompt's prefill")
+    print(f"step {rec.step}: {e.num_tokens:>2} tokens through the target ({what}) -> {len(new)} new: {tok.decode(new)!r}")
+'''),
+        md(r'''
+A step emits between 1 and k + 1 = 5 tokens: the accepted guesses, then the target's own token at the
+first rejection (or a *bonus* token after all four). Where a guess was wrong, its KV (written during
+verification) is rolled back: blocks left empty go back to the pool. The batch bar above shows each
+step's tokens against the budget, with the guesses among them. The kernel on this engine's cache:
+'''),
+        kernel_check("spec"),
+        md(r'''
+## 2. The acceptance rule
+
+**Greedy**: keep a guess while it equals the target's argmax at that position. The output is then
+exactly what the target alone would produce, token for token:
+'''),
+        code(r'''
+plain = LLM(attention_backend="auto")
+greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+a = plain.generate([PROMPT], greedy)[0].text
+b = LLM(attention_backend="auto", speculative_model="default-draft", num_speculative_tokens=4).generate([PROMPT], greedy)[0].text
+print(f"same text with and without speculation: {a == b}\n{a!r}")
+'''),
+        md(r'''
+**Sampling** needs more care: the guesses were *drawn* from the draft's distribution q, and the output
+must follow the target's p. Rejection sampling (Leviathan et al., Chen et al., 2023) accepts a guess x
+with probability min(1, p(x) / q(x)); at a rejection it draws a replacement from the residual
+norm(max(0, p − q)). The two paths add up to p exactly. One position, a vocabulary of 5 tokens:
+'''),
+        code(r'''
+p = torch.tensor([0.40, 0.25, 0.20, 0.10, 0.05])          # the target's next-token distribution
+q = torch.tensor([0.10, 0.45, 0.20, 0.05, 0.20])          # the draft's
+accepted = q * torch.clamp(p / q, max=1.0)                 # drawn from q, then kept: q(x) min(1, p(x)/q(x)) = min(q, p)
+reject = 1 - accepted.sum()                                # probability that the guess is rejected
+residual = torch.clamp(p - q, min=0) / torch.clamp(p - q, min=0).sum()
+total = accepted + reject * residual
+print(f"P(accept) = {accepted.sum():.2f}; accepted + rejected-then-resampled = {total.tolist()}; p = {p.tolist()}")
+fig = go.Figure([go.Bar(name="guess kept: min(p, q)", x=list(range(5)), y=accepted.tolist()),
+                 go.Bar(name="replacement after a rejection", x=list(range(5)), y=(reject * residual).tolist())])
+fig.add_trace(go.Scatter(name="target p", x=list(range(5)), y=p.tolist(), mode="markers", marker=dict(size=14, symbol="line-ew-open", line=dict(width=3))))
+fig.add_trace(go.Scatter(name="draft q", x=list(range(5)), y=q.tolist(), mode="markers", marker=dict(size=10, symbol="x")))
+fig.update_layout(barmode="stack", title="rejection sampling: the emitted token follows p, whatever q is",
+                  xaxis_title="token", yaxis_title="probability", height=340, plot_bgcolor="white")
+fig
+'''),
+        md(r'''
+The acceptance probability is the overlap of the two distributions, Σ min(p, q): a draft that puts its
+mass where the target does gets its guesses kept. The exercise asks you to write both rules; the
+graders check that your sampled output follows p, and that the engine, running your rule, emits the
+same tokens as with its own.
+
+## 3. Acceptance rate against speed-up
+
+If each guess is accepted with probability α, independently, one target step emits on average
+1 + α + α² + ... + α^k = (1 − α^(k+1)) / (1 − α) tokens. If a draft forward costs c target forwards
+and the verification costs one (the memory-bound assumption), the speed-up is
+(1 − α^(k+1)) / ((1 − α)(k c + 1)) (Leviathan et al., 2023; `speculative.expected_speedup`):
+'''),
+        code(r'''
+alphas = np.linspace(0.0, 0.98, 50)
+fig = go.Figure()
+for k in (1, 2, 4, 8):
+    fig.add_trace(go.Scatter(x=alphas, y=[expected_speedup(a, k, 0.05) for a in alphas], name=f"k = {k}, draft cost c = 0.05"))
+fig.add_trace(go.Scatter(x=alphas, y=[expected_speedup(a, 4, 0.36) for a in alphas], name="k = 4, c = 0.36 (the shipped pair)",
+                         line=dict(dash="dash", color="black")))
+fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
+fig.update_layout(title="expected speed-up vs acceptance rate", xaxis_title="per-token acceptance rate alpha",
+                  yaxis_title="speed-up (x)", height=380, plot_bgcolor="white")
+fig
+'''),
+        md(r'''
+More guesses pay only when they are likely to be kept: at low α, k = 8 wastes seven draft forwards
+for one token. Now the shipped pair, measured: the engine runs on a modeled clock where a target step
+costs 10 ms whatever its size (the seeds' memory-bound assumption) and a draft forward costs the
+target's 10 ms scaled by the ratio of their weights, c = 1.25 M / 3.43 M ≈ 0.36 (a small model's
+weights are largely embeddings, so its draft cannot be much smaller). Greedy, k = 1 to 6:
+'''),
+        code(r'''
+engines = {}
+
+def timed(prompts, params, **spec_config):
+    """Generate on the modeled clock (10 ms per target step); returns the modeled seconds per generated token
+    of the slowest request, the speculation stats of these steps, and the LLM (one per configuration, reused)."""
+    key = tuple(sorted(spec_config.items()))
+    if key not in engines:
+        engines[key] = LLM(attention_backend="auto", clock="modeled", cost_model=0.010, **spec_config)
+    llm = engines[key]
+    start, first = llm.engine.clock.now(), len(llm.engine.step_records)
+    outs = llm.generate(prompts, params)
+    elapsed = llm.engine.clock.now() - start
+    return elapsed / max(len(o.token_ids) for o in outs), spec_stats(llm.engine.step_records[first:]), llm
+
+base, _, _ = timed([PROMPT], greedy)
+rows = []
+for k in (1, 2, 4, 6):
+    t, st, llm = timed([PROMPT], greedy, speculative_model="default-draft", num_speculative_tokens=k)
+    ratio = llm.engine.speculator.draft_cost_model.ratio
+    alpha = alpha_from_tokens_per_step(st["tokens_per_target_step"], k)
+    rows.append((k, alpha, base / t, expected_speedup(alpha, k, ratio)))
+    print(f"k = {k}: {st['tokens_per_target_step']:.2f} tokens per target step (alpha ~ {alpha:.2f}); measured speed-up "
+          f"{base / t:.2f}x, the formula with c = {ratio:.2f}: {rows[-1][3]:.2f}x")
+'''),
+        md(r'''
+The engine's measurements follow the formula. A draft that agrees with its target on about 60% of
+greedy tokens, but costs over a third of it per forward, gains a little with one or two guesses and
+loses time from four on: each rejected guess wasted a draft forward. Real drafts are 10 to 50 times
+smaller than their targets (c of 0.02 to 0.1), where the same α gives a clear gain.
+
+## 4. When speculation makes things slower
+
+The seeds' failure table: "Speculative decoding slower — Low acceptance rate — Better draft model, or
+disable it." Low acceptance is one cause (the curves above fall below 1 on the left). The other is
+the assumption behind "nearly free": verification of k + 1 positions costs one plain step only while
+decode is memory bound, that is, while the batch is small. In a large batch the step is already
+compute bound, and k + 1 positions per request cost up to k + 1 times as much. The roofline cost
+model prices it (`speculative.modeled_speedup`): Llama-3-8B on an H100 with a Llama-shaped draft of
+about 125 M parameters, α = 0.8, 256 positions of context per request (and, dashed, 4096):
+'''),
+        code(r'''
+target = RooflineCostModel("H100-SXM", "llama-3-8b")
+draft = RooflineCostModel("H100-SXM", ModelSpec.from_hf_config(dict(num_hidden_layers=12, hidden_size=768,
+        num_attention_heads=12, num_key_value_heads=4, intermediate_size=2048, vocab_size=32000), name="draft"))
+print(f"draft: {draft.model.num_params / 1e6:.0f} M parameters, c = {draft.model.weight_bytes / target.model.weight_bytes:.3f}")
+batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+fig = go.Figure()
+for k, ctx, dash in ((2, 256, "solid"), (4, 256, "solid"), (8, 256, "solid"), (4, 4096, "dash")):
+    fig.add_trace(go.Scatter(x=batches, y=[modeled_speedup(target, draft, b, ctx, k, 0.8)["speedup"] for b in batches],
+                             name=f"k = {k}, {ctx} positions", mode="lines+markers", line=dict(dash=dash)))
+fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
+fig.update_layout(title="speculation on a modeled H100: the gain shrinks as the batch grows", height=380,
+                  xaxis=dict(title="batch size (requests decoding together)", type="log"), yaxis_title="speed-up (x)",
+                  plot_bgcolor="white")
+for b in (1, 64, 512):
+    r = modeled_speedup(target, draft, b, 256, 4, 0.8)
+    print(f"batch {b:>3}, k = 4: plain step {r['plain_step'] * 1e3:5.1f} ms, verification {r['verify_time'] * 1e3:5.1f} ms, "
+          f"drafts {r['draft_time'] * 1e3:4.1f} ms -> {r['speedup']:.2f}x")
+fig
+'''),
+        md(r'''
+At batch 1 the verification costs what a plain step does, and four guesses at α = 0.8 give a large
+gain. By a few hundred requests the step is compute bound, the verification of five positions per
+request costs several plain steps, and the gain is gone: speculation converts *spare* compute into
+latency, and a big batch has none to spare. Long contexts postpone this (dashed): each request's own
+KV reads keep the step memory bound. This is the seeds' "batch size becomes variable in a new way": an
+engine can speculate at low load and stop at high load.
+
+## 5. The shipped draft against the n-gram proposer
+
+A draft model is one way to guess. Another costs nothing: **prompt lookup** (`speculative_model="ngram"`)
+finds the last few tokens earlier in the request's own context and proposes what followed them there.
+It is right when text repeats: code, quotes, summaries of the prompt, and small models stuck in loops.
+Two prompts, four requests each, greedy and sampled (temperature 0.8), k = 4:
+'''),
+        code(r'''
+texts = {"Romeo": PROMPT,
+         "a dialogue": "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\nFirst Citizen:\n"}
+compare = []
+for temp in (0.0, 0.8):
+    params = SamplingParams(max_tokens=48, temperature=temp, seed=1, ignore_eos=True)
+    for name, text in texts.items():
+        base, _, _ = timed([text] * 4, params)
+        for proposer in ("default-draft", "ngram"):
+            t, st, _ = timed([text] * 4, params, speculative_model=proposer, num_speculative_tokens=4)
+            compare.append((temp, name, proposer, st["acceptance_rate"] or 0.0, st["tokens_per_target_step"], base / t))
+            print(f"T={temp}  {name:<11} {proposer:<14} {st['acceptance_rate'] or 0:4.0%} of guesses accepted, "
+                  f"{st['tokens_per_target_step']:.2f} tokens per target step -> {base / t:.2f}x")
+fig = go.Figure()
+for proposer in ("default-draft", "ngram"):
+    rows = [r for r in compare if r[2] == proposer]
+    fig.add_trace(go.Bar(name=proposer, x=[f"{n}, {'greedy' if t == 0 else 'T=0.8'}" for t, n, *_ in rows], y=[r[5] for r in rows]))
+fig.add_hline(y=1.0, line_dash="dot")
+fig.update_layout(barmode="group", title="speed-up on the modeled clock (10 ms per target step)", yaxis_title="x",
+                  height=360, plot_bgcolor="white")
+fig
+'''),
+        md(r'''
+Greedy, the small shipped model falls into loops (look at its text in section 2), so prompt lookup
+finds its guesses in the request's own recent output, keeps many of them, and costs nothing: the
+best results here, while the draft model, costing a third of a target step per guess, loses time.
+Sampled at T = 0.8 the text stops repeating and prompt lookup finds almost nothing to propose, while
+the draft model, which learned the target's distribution, does better than it did greedy on most
+prompts (rejection sampling accepts by overlap of distributions, not by exact match). Neither is
+always right: measure on your traffic ("Better draft model, or disable it").
+'''),
+        md(r'''
+## Exercise
+
+**`accept_greedy` and `accept_sampled`** in `exercises/ex06_speculative.py`: the acceptance rule of
+section 2. `ex.speculative_engine(...)` builds an `LLM` whose verification steps run your rule; below,
+the shipped pair with your rule, greedy (must equal plain decoding) and sampled:
+'''),
+        code(r'''
+with impl.attempt("ex06.accept_greedy"):
+    print(ex.accept_greedy([5, 7, 9], [5, 7, 2, 4]), "(expected [5, 7, 2])")
+    mine = ex.speculative_engine(None, attention_backend="auto", speculative_model="default-draft", num_speculative_tokens=4)
+    print("greedy with your rule equals plain decoding:", mine.generate([PROMPT], greedy)[0].text == a)
+with impl.attempt("ex06.accept_sampled"):
+    sampled = SamplingParams(max_tokens=40, temperature=0.8, seed=3, ignore_eos=True)
+    theirs = LLM(attention_backend="auto", speculative_model="default-draft", num_speculative_tokens=4).generate([PROMPT], sampled)
+    mine = ex.speculative_engine(None, attention_backend="auto", speculative_model="default-draft", num_speculative_tokens=4)
+    print("sampled with your rule equals the engine's rule (same random stream):",
+          mine.generate([PROMPT], sampled)[0].token_ids == theirs[0].token_ids)
+'''),
+        grading("06", "ex06_speculative", "accept_sampled"),
+    ]
+
+
+# =====================================================================================
 # Writing
 # =====================================================================================
 
-BUILDERS = {"03_scheduling_policies.ipynb": nb03}
+BUILDERS = {"03_scheduling_policies.ipynb": nb03, "04_prefix_caching.ipynb": nb04, "05_preemption.ipynb": nb05,
+             "06_speculative_decoding.ipynb": nb06}
 
 
 def main(argv=None) -> int:
