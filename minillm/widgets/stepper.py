@@ -245,6 +245,8 @@ class Stepper:
             self._latest.apply(rec)
         cfg = engine.config
         self._mode = cfg.kv_allocation
+        if getattr(engine, "num_kv_blocks", 0) <= 4096:
+            engine.record_block_map = True      # the Stepper draws the per-block map
         detail = getattr(engine, "record_block_map", True)
         self._empty_kv = F.empty_kv_snapshot(engine.num_kv_blocks, cfg.block_size, detail=detail)
         first = self.records[-1] if self.records else None
