@@ -950,23 +950,28 @@ def build(cells: list) -> nbformat.NotebookNode:
     return nb
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Build notebooks 00-02 (without outputs).")
+def write_notebooks(builders: dict, script: str, description: str, argv=None) -> int:
+    """Build each notebook without outputs and write it (or, with --check, report drift)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--check", action="store_true", help="exit 1 if a notebook on disk differs")
     args = ap.parse_args(argv)
     stale = 0
-    for name, builder in BUILDERS.items():
+    for name, builder in builders.items():
         text = nbformat.writes(build(builder())) + "\n"
         path = NOTEBOOKS / name
         if args.check:
             if not path.exists() or path.read_text(encoding="utf-8") != text:
-                print(f"out of date: notebooks/{name} (run scripts/build_notebooks.py)")
+                print(f"out of date: notebooks/{name} (run scripts/{script})")
                 stale += 1
             continue
         NOTEBOOKS.mkdir(exist_ok=True)
         path.write_text(text, encoding="utf-8")
         print(f"wrote notebooks/{name}")
     return 1 if stale else 0
+
+
+def main(argv=None) -> int:
+    return write_notebooks(BUILDERS, "build_notebooks.py", "Build notebooks 00-02 (without outputs).", argv)
 
 
 if __name__ == "__main__":

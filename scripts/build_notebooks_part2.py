@@ -13,12 +13,10 @@ Cells are plain strings here so a diff of this file is a diff of the notebooks.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 from pathlib import Path
 
-import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -33,7 +31,7 @@ def _part1():
 
 
 P1 = _part1()
-md, code, build = P1.md, P1.code, P1.build
+md, code, build, write_notebooks = P1.md, P1.code, P1.build, P1.write_notebooks
 SETUP, kernel_check, grading = P1.SETUP, P1.kernel_check, P1.grading
 
 
@@ -1592,22 +1590,8 @@ BUILDERS = {"03_scheduling_policies.ipynb": nb03, "04_prefix_caching.ipynb": nb0
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Build notebooks 03-06 (without outputs).")
-    ap.add_argument("--check", action="store_true", help="exit 1 if a notebook on disk differs")
-    args = ap.parse_args(argv)
-    stale = 0
-    for name, builder in BUILDERS.items():
-        text = nbformat.writes(build(builder())) + "\n"
-        path = NOTEBOOKS / name
-        if args.check:
-            if not path.exists() or path.read_text(encoding="utf-8") != text:
-                print(f"out of date: notebooks/{name} (run scripts/build_notebooks_part2.py)")
-                stale += 1
-            continue
-        NOTEBOOKS.mkdir(exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        print(f"wrote notebooks/{name}")
-    return 1 if stale else 0
+    return write_notebooks(BUILDERS, "build_notebooks_part2.py", "Build notebooks 03-06 (without outputs).",
+                           argv)
 
 
 if __name__ == "__main__":
