@@ -232,7 +232,8 @@ class LLMEngine:
                              f"{cfg.max_model_len} leaves no room for one output token")
         need = min(len(ids) + sp.max_tokens, cfg.max_model_len)
         if cfg.kv_allocation == "reserved":
-            cap = self.num_kv_blocks * cfg.block_size
+            # Admission keeps the watermark's headroom free, so a region must fit beside it.
+            cap = (self.num_kv_blocks - self.scheduler.watermark_blocks) * cfg.block_size
             if need > cap:
                 raise ValueError(f"request {request_id!r}: its reservation of {need} positions (prompt "
                                  f"{len(ids)} + max_tokens {sp.max_tokens}) exceeds the whole KV capacity "
