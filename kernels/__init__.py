@@ -18,7 +18,7 @@ from __future__ import annotations
 from ._triton_setup import interpreter_active, triton_available, use_interpreter_if_no_cuda
 
 __all__ = [
-    "paged_attention", "paged_attention_ref",
+    "paged_attention", "paged_attention_ref", "plan_attention_ref",
     "store_kv", "store_kv_ref",
     "copy_blocks", "copy_blocks_ref",
     "swap_blocks", "swap_blocks_ref",
@@ -39,7 +39,7 @@ def _use_triton(backend: str, tensor) -> bool:
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                    *, max_q_len=None, backend="triton", num_splits=None):
+                    *, max_q_len=None, backend="triton", num_splits=None, plan=None):
     """Causal attention of a ragged batch of new query tokens over the paged KV cache.
 
     q ``[total_q, H, D]``; k/v_cache ``[num_blocks, block_size, H_kv, D]``;
@@ -47,6 +47,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_len
     context_lens int32 ``[batch]`` (KV length, the new tokens included). Query j of
     request i sits at position ``context_lens[i] - q_len_i + j`` and sees keys up to it.
     Returns ``[total_q, H, D]`` in ``q.dtype``. See ``kernels/attention.py``.
+    ``plan``: the torch backend's per-step :func:`plan_attention_ref` (ignored by Triton).
     """
     from . import attention
 
@@ -54,7 +55,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_len
         return attention.paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                                                 scale, max_q_len=max_q_len, num_splits=num_splits)
     return attention.paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                                         max_q_len=max_q_len)
+                                         max_q_len=max_q_len, plan=plan)
 
 
 def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None):
@@ -62,6 +63,14 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context
     from .attention import paged_attention_ref as ref
 
     return ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len=max_q_len)
+
+
+def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page, group):
+    """The torch backend's layer-independent plan (length groups, gather indices, masks)
+    for one step; pass it to :func:`paged_attention` as ``plan=`` in every layer."""
+    from .attention import plan_attention_ref as impl
+
+    return impl(block_tables, cu_seqlens_q, context_lens, page, group)
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping, *, backend="auto"):

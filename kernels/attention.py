@@ -45,7 +45,9 @@ normalised partial output and its log-sum-exp); a small second kernel merges the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -343,59 +345,149 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
 # ------------------------------------------------------------------------------------
 
 
-def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None):
-    """Same contract as the kernel, in plain torch: gather each request's keys and values
-    out of the paged cache into a padded dense batch, then one masked
-    ``scaled_dot_product_attention``. Computes in float32, returns ``q.dtype``.
+# Requests of very different context lengths padded to one length waste the gather and
+# the matmuls on padding; one more group costs a dozen more torch calls per layer. A new
+# group starts where the keys it saves (requests left x length they no longer pad to)
+# outweigh that fixed cost, here expressed as this many padded key positions.
+GROUP_OVERHEAD_KEYS = 512
 
-    Decode requests (one new token) and the rest are attended as two padded batches,
-    so one long prompt in the batch does not pad every decode request to its length.
-    ``max_q_len`` is accepted for signature parity and unused.
+
+def length_groups(q_lens: list[int], ctx_lens: list[int], overhead: Optional[int] = None) -> list[list[int]]:
+    """Split a batch into groups attended as one padded batch each.
+
+    Decode requests (one new token) and the rest never share a group, so one long prompt
+    does not pad every decode row to its length. Within each kind, requests are sorted by
+    context length, longest first; walking down, a new group starts at request ``i`` when
+    ``(requests left) x (longest in group - ctx_len_i)``, the padded key positions a
+    split saves, exceeds ``overhead`` (default :data:`GROUP_OVERHEAD_KEYS`).
+    """
+    overhead = GROUP_OVERHEAD_KEYS if overhead is None else overhead
+    groups = []
+    for decode in (True, False):
+        order = sorted((i for i, n in enumerate(q_lens) if (n == 1) == decode), key=lambda i: -ctx_lens[i])
+        start = 0
+        for pos in range(1, len(order)):
+            if (len(order) - pos) * (ctx_lens[order[start]] - ctx_lens[order[pos]]) > overhead:
+                groups.append(order[start:pos])
+                start = pos
+        if order:
+            groups.append(order[start:])
+    return groups
+
+
+@dataclass
+class PaddedGroup:
+    """Everything about one group that does not depend on the layer: where its queries
+    sit in ``q``, which cache blocks hold its keys, and which scores each query may see.
+    Keys are padded to whole blocks: ``Lk = nb * page`` positions per request."""
+    batch: int
+    lq: int                      # longest q_len in the group (queries are padded to it)
+    q_rows: torch.Tensor         # [B * Lq] row of q for each (request, query j); 0 for padding
+    real: Optional[torch.Tensor]  # indices into the B * Lq padded queries that are real (None: all)
+    out_rows: torch.Tensor       # the rows of q (and out) those real queries are
+    blocks: torch.Tensor         # [B * nb] cache blocks to gather
+    stale: torch.Tensor          # indices into the B * Lk gathered positions past each ctx_len
+    visible: torch.Tensor        # [B, 1, Lq * group, Lk] causal and in-context
+
+
+def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page: int, group: int) -> list[PaddedGroup]:
+    """The layer-independent part of :func:`paged_attention_ref`: every layer of a step
+    attends the same requests over the same blocks, so the engine plans once per step."""
+    dev = block_tables.device
+    cu = cu_seqlens_q.tolist()
+    q_lens_l = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    ctx_l = context_lens.tolist()
+    plans = []
+    for reqs in length_groups(q_lens_l, ctx_l):
+        if q_lens_l[reqs[0]] == 1:
+            plans.append(_plan_decode_group(reqs, block_tables, cu, ctx_l, page, group))
+            continue
+        idx = torch.tensor(reqs, dtype=torch.long, device=dev)
+        q_lens = torch.tensor([q_lens_l[i] for i in reqs], dtype=torch.long, device=dev)
+        ctx_lens = torch.tensor([ctx_l[i] for i in reqs], dtype=torch.long, device=dev)
+        q_starts = torch.tensor([cu[i] for i in reqs], dtype=torch.long, device=dev)
+        lq = max(q_lens_l[i] for i in reqs)
+        nb = -(-max(ctx_l[i] for i in reqs) // page)
+        j = torch.arange(lq, device=dev)  # query index within a request
+        n = torch.arange(nb * page, device=dev)  # key position
+        q_ok = j < q_lens[:, None]  # [B, Lq]
+        kv_ok = n < ctx_lens[:, None]  # [B, Lk] positions holding this request's KV
+        rows = torch.where(q_ok, q_starts[:, None] + j, 0)
+        # Gather whole blocks through the block table. Padding entries of the table may
+        # hold anything, and cache slots past ctx_len hold stale data (maybe NaN, and
+        # 0 * NaN is NaN): point the one at block 0, zero the other after the gather.
+        table = block_tables[idx, :nb].long()
+        blocks_used = torch.arange(nb, device=dev) < (-(-ctx_lens // page))[:, None]
+        # Query j of a request sits at position ctx_len - q_len + j and sees keys <= it.
+        q_pos = (ctx_lens - q_lens)[:, None] + j  # [B, Lq]
+        visible = (n[None, None, :] <= q_pos[:, :, None]) & kv_ok[:, None, :]  # [B, Lq, Lk]
+        real = None if bool(q_ok.all()) else q_ok.flatten().nonzero().flatten()
+        plans.append(PaddedGroup(
+            batch=len(reqs), lq=lq, q_rows=rows.flatten(), real=real, out_rows=rows[q_ok],
+            blocks=torch.where(blocks_used, table, 0).flatten(),
+            stale=(~kv_ok).flatten().nonzero().flatten(),
+            visible=visible.repeat_interleave(group, dim=1)[:, None]))
+    return plans
+
+
+def _plan_decode_group(reqs, block_tables, cu, ctx_l, page, group) -> PaddedGroup:
+    """The common case, one query per request, with fewer torch calls: the query rows are
+    just ``cu[i]``, nothing is padding, and the causal mask is the context mask."""
+    dev = block_tables.device
+    nb = -(-max(ctx_l[i] for i in reqs) // page)
+    rows = torch.tensor([cu[i] for i in reqs], dtype=torch.long, device=dev)
+    ctx_lens = torch.tensor([ctx_l[i] for i in reqs], dtype=torch.long, device=dev)
+    kv_ok = torch.arange(nb * page, device=dev) < ctx_lens[:, None]  # [B, Lk]
+    table = block_tables[rows.new_tensor(reqs), :nb].long()
+    blocks_used = torch.arange(nb, device=dev) < (-(-ctx_lens // page))[:, None]
+    return PaddedGroup(batch=len(reqs), lq=1, q_rows=rows, real=None, out_rows=rows,
+                       blocks=torch.where(blocks_used, table, 0).flatten(),
+                       stale=(~kv_ok).flatten().nonzero().flatten(),
+                       visible=kv_ok[:, None, None, :].expand(len(reqs), 1, group, nb * page))
+
+
+def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None,
+                        plan=None):
+    """Same contract as the kernel, in plain torch: gather each request's keys and values
+    out of the paged cache into padded dense batches, then one masked
+    ``scaled_dot_product_attention`` per batch. Computes in float32, returns ``q.dtype``.
+
+    Requests are attended in groups of similar length (:func:`length_groups`), so a few
+    long contexts do not pad every request to their length. ``plan`` is
+    :func:`plan_attention_ref`'s result for these arguments, computed once per step and
+    reused by every layer (None: planned here). ``max_q_len`` is accepted for signature
+    parity and unused.
     """
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    cu = cu_seqlens_q.to(device=q.device, dtype=torch.long)
-    q_lens = cu[1:] - cu[:-1]
-    ctx_lens = context_lens.to(device=q.device, dtype=torch.long)
-    block_tables = block_tables.to(device=q.device, dtype=torch.long)
-    for reqs in ((q_lens == 1).nonzero().flatten(), (q_lens > 1).nonzero().flatten()):
-        if reqs.numel():
-            _attend_padded(q, k_cache, v_cache, block_tables[reqs], cu[reqs], q_lens[reqs], ctx_lens[reqs],
-                           scale, out)
+    if plan is None:
+        group = q.shape[1] // k_cache.shape[2]
+        plan = plan_attention_ref(block_tables.to(q.device), cu_seqlens_q.to(q.device),
+                                  context_lens.to(q.device), k_cache.shape[1], group)
+    for g in plan:
+        _attend_padded(q, k_cache, v_cache, g, scale, out)
     return out
 
 
-def _attend_padded(q, k_cache, v_cache, block_tables, q_starts, q_lens, ctx_lens, scale, out):
+def _attend_padded(q, k_cache, v_cache, g: PaddedGroup, scale, out):
     num_blocks, page, num_kv_heads, head_dim = k_cache.shape
-    batch, num_heads, group = len(q_lens), q.shape[1], q.shape[1] // num_kv_heads
-    dev = q.device
-    lq, lk = int(q_lens.max()), int(ctx_lens.max())
-    j = torch.arange(lq, device=dev)  # query index within a request
-    n = torch.arange(lk, device=dev)  # key position
-    q_ok = j < q_lens[:, None]  # [B, Lq] real (not padding) queries
-    kv_ok = n < ctx_lens[:, None]  # [B, Lk] positions holding this request's KV
-    rows = torch.where(q_ok, q_starts[:, None] + j, 0)  # row of q for each (request, j)
-
-    # Gather whole blocks through the block table: [B, nb * page, Hkv, D], cut to Lk.
-    # Padding entries of the table may hold anything, and cache slots past ctx_len hold
-    # stale data (maybe NaN, and 0 * NaN is NaN): point the one at block 0, zero the other.
-    nb = -(-lk // page)
-    blocks_used = torch.arange(nb, device=dev) < (-(-ctx_lens // page))[:, None]
-    blocks = torch.where(blocks_used, block_tables[:, :nb], 0).flatten()
-    k = k_cache.index_select(0, blocks).view(batch, nb * page, num_kv_heads, head_dim)[:, :lk].float()
-    v = v_cache.index_select(0, blocks).view(batch, nb * page, num_kv_heads, head_dim)[:, :lk].float()
-    stale = (~kv_ok).nonzero(as_tuple=True)  # (request, position) pairs past ctx_len
-    k[stale] = 0.0  # in place (k is our own gathered copy), touching only those rows
-    v[stale] = 0.0
+    batch, num_heads = g.batch, q.shape[1]
+    group = num_heads // num_kv_heads
+    lk = g.blocks.numel() // batch * page
+    k = k_cache.index_select(0, g.blocks).float().view(batch * lk, num_kv_heads, head_dim)
+    v = v_cache.index_select(0, g.blocks).float().view(batch * lk, num_kv_heads, head_dim)
+    if g.stale.numel():
+        k.index_fill_(0, g.stale, 0.0)  # in place (k is our own gathered copy)
+        v.index_fill_(0, g.stale, 0.0)
+    k = k.view(batch, lk, num_kv_heads, head_dim).transpose(1, 2)
+    v = v.view(batch, lk, num_kv_heads, head_dim).transpose(1, 2)
 
     # GQA without copying K/V per query head: the `group` query heads that share a KV
     # head become extra rows (as in the Triton kernel), [B, Hkv, Lq * group, D].
-    qb = q[rows].float().view(batch, lq, num_kv_heads, group, head_dim)
-    qb = qb.permute(0, 2, 1, 3, 4).reshape(batch, num_kv_heads, lq * group, head_dim)
-
-    # Query j of a request sits at position ctx_len - q_len + j and sees keys <= it.
-    q_pos = (ctx_lens - q_lens)[:, None] + j  # [B, Lq]
-    visible = (n[None, None, :] <= q_pos[:, :, None]) & kv_ok[:, None, :]  # [B, Lq, Lk]
-    visible = visible.repeat_interleave(group, dim=1)[:, None]  # [B, 1, Lq * group, Lk]
-    o = F.scaled_dot_product_attention(qb, k.transpose(1, 2), v.transpose(1, 2), attn_mask=visible, scale=scale)
-    o = o.view(batch, num_kv_heads, lq, group, head_dim).permute(0, 2, 1, 3, 4).reshape(batch, lq, num_heads, head_dim)
-    out[rows[q_ok]] = o[q_ok].to(out.dtype)
+    qb = q.index_select(0, g.q_rows).float().view(batch, g.lq, num_kv_heads, group, head_dim)
+    qb = qb.permute(0, 2, 1, 3, 4).reshape(batch, num_kv_heads, g.lq * group, head_dim)
+    o = F.scaled_dot_product_attention(qb, k, v, attn_mask=g.visible, scale=scale)
+    o = o.view(batch, num_kv_heads, g.lq, group, head_dim).permute(0, 2, 1, 3, 4)
+    o = o.reshape(batch * g.lq, num_heads, head_dim)
+    if g.real is not None:
+        o = o.index_select(0, g.real)
+    out.index_copy_(0, g.out_rows, o.to(out.dtype))

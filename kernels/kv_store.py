@@ -68,10 +68,17 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping):
 
 
 def store_kv_ref(k, v, k_cache, v_cache, slot_mapping):
-    """Torch reference (and CPU backend): one indexed assignment per cache."""
+    """Torch reference (and CPU backend): one indexed copy per cache, into its view as a
+    flat array of slots ``[num_blocks * block_size, H_kv, D]``."""
     slot_mapping = slot_mapping.to(device=k_cache.device, dtype=torch.long)
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    page = k_cache.shape[1]
-    k_cache[slots // page, slots % page] = k[keep].to(k_cache.dtype)
-    v_cache[slots // page, slots % page] = v[keep].to(v_cache.dtype)
+    if bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    for x, cache in ((k, k_cache), (v, v_cache)):
+        try:
+            slots = cache.view(-1, *cache.shape[2:])
+        except RuntimeError:                      # a cache whose blocks are not contiguous
+            page = cache.shape[1]
+            cache[slot_mapping // page, slot_mapping % page] = x.to(cache.dtype)
+            continue
+        slots.index_copy_(0, slot_mapping, x.to(cache.dtype))

@@ -124,8 +124,16 @@ class ModelRunner:
             if end > known:                       # speculative tokens to verify
                 ids += s.spec_token_ids[:end - known]
             tables.append(self.kv.block_table(r.request_id))
-        return flat_batch(ids, [s.num_new_tokens for s in reqs], [s.num_computed_before for s in reqs],
-                          tables, self.kv.attn_block_size, self.device, self.backend)
+        batch = flat_batch(ids, [s.num_new_tokens for s in reqs], [s.num_computed_before for s in reqs],
+                           tables, self.kv.attn_block_size, self.device, self.backend)
+        meta = batch[2]
+        if self.backend == "torch":
+            # The torch attention's gather indices and masks are the same in every layer:
+            # plan them once here, as part of preparing the batch.
+            import kernels
+            meta.plan = kernels.plan_attention_ref(meta.block_tables, meta.cu_seqlens_q, meta.context_lens,
+                                                   self.kv.attn_block_size, self.model.num_heads // self.model.num_kv_heads)
+        return batch
 
     def caches_for_attention(self):
         abs_ = self.kv.attn_block_size

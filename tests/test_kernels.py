@@ -112,6 +112,34 @@ def test_reference_matches_naive_across_block_sizes(block_size):
                                atol=1e-5, rtol=1e-5)
 
 
+def test_length_groups_partition_the_batch():
+    from kernels.attention import length_groups
+    q_lens = [1, 1, 5, 1, 1, 30, 1]
+    ctx = [900, 20, 5, 880, 25, 400, 30]
+    groups = length_groups(q_lens, ctx, overhead=512)
+    assert sorted(i for g in groups for i in g) == list(range(len(q_lens)))   # each request once
+    for g in groups:
+        assert len({q_lens[i] == 1 for i in g}) == 1           # decodes never pad to a prompt's length
+    # The two long decodes and the three short ones pad separately: 3 x 870 keys saved > 512.
+    assert [0, 3] in groups and sorted([1, 4, 6]) == sorted(next(g for g in groups if 1 in g))
+    assert len(length_groups(q_lens, ctx, overhead=10**9)) == 2   # only decode vs the rest
+
+
+@pytest.mark.parametrize("overhead", [0, 64, 10**9])
+def test_reference_with_length_groups_matches_naive(overhead, monkeypatch):
+    # Widely spread contexts: with a small overhead every request gets its own group,
+    # with a huge one all decodes share one padded batch; the answer must not change.
+    import kernels.attention as attention
+    monkeypatch.setattr(attention, "GROUP_OVERHEAD_KEYS", overhead)
+    q_lens, ctx = [1, 1, 1, 1, 6, 3, 1], [3, 260, 31, 250, 6, 90, 1]
+    args, seqs = make_batch(q_lens, ctx, num_heads=6, num_kv_heads=2, block_size=8, seed=12)
+    plan = kernels.plan_attention_ref(*args[3:6], 8, 3)
+    assert len(plan) == {0: 7, 64: 4, 10**9: 2}[overhead]
+    out = kernels.paged_attention(*args, backend="torch", plan=plan)
+    torch.testing.assert_close(out.double().cpu(), naive_attention(args, seqs), atol=1e-5, rtol=1e-5)
+    assert torch.equal(out, kernels.paged_attention_ref(*args))   # planning inside gives the same
+
+
 # --- the Triton kernel against the reference ----------------------------------------
 
 

@@ -31,6 +31,7 @@ class AttentionMetadata:
     context_lens: torch.Tensor      # int32 [B]: KV positions of request i after this step
     max_q_len: int
     backend: str = "torch"          # "torch" reference or "triton" kernel
+    plan: Optional[list] = None     # torch backend: the step's attention plan, shared by all layers
 
 
 class RMSNorm(nn.Module):
@@ -87,7 +88,7 @@ class Attention(nn.Module):
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
                                     meta.context_lens, self.scale, max_q_len=meta.max_q_len,
-                                    backend=meta.backend)
+                                    backend=meta.backend, plan=meta.plan)
         return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
 
 
@@ -136,7 +137,7 @@ class LlamaModel(nn.Module):
         if getattr(cfg, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
         attn = self.model.layers[0].self_attn
-        self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         # RoPE frequencies (with the config's theta and scaling) come from transformers'
         # own rotary-embedding class, so every rope_type it knows is handled identically.
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -162,6 +163,11 @@ class LlamaModel(nn.Module):
         Returns float32 logits [len(logits_indices), vocab] (all rows if None)."""
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rope(positions, x.dtype)
+        if meta.backend == "torch" and meta.plan is None and kv_caches:
+            # Which requests pad together, and the gather indices and masks: the same in
+            # every layer, so computed once per forward (the runner usually did it already).
+            meta.plan = kernels.plan_attention_ref(meta.block_tables, meta.cu_seqlens_q, meta.context_lens,
+                                                   kv_caches[0][0].shape[1], self.num_heads // self.num_kv_heads)
         for layer, kv in zip(self.model.layers, kv_caches):
             x = layer(x, cos, sin, kv, meta)
         if logits_indices is not None:
