@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -346,32 +347,39 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
 
 
 # Requests of very different context lengths padded to one length waste the gather and
-# the matmuls on padding; one more group costs a dozen more torch calls per layer. A new
-# group starts where the keys it saves (requests left x length they no longer pad to)
-# outweigh that fixed cost, here expressed as this many padded key positions.
+# the matmuls on padding; one more group costs a dozen more torch calls per layer, about
+# what gathering this many more key positions costs (on a CPU, for a small model).
 GROUP_OVERHEAD_KEYS = 512
+GROUP_MAX_PAD = 1.5     # no request pads to more than this times its own context
 
 
 def length_groups(q_lens: list[int], ctx_lens: list[int], overhead: Optional[int] = None) -> list[list[int]]:
-    """Split a batch into groups attended as one padded batch each.
+    """Split a batch into groups, each attended as one padded batch.
 
     Decode requests (one new token) and the rest never share a group, so one long prompt
     does not pad every decode row to its length. Within each kind, requests are sorted by
-    context length, longest first; walking down, a new group starts at request ``i`` when
-    ``(requests left) x (longest in group - ctx_len_i)``, the padded key positions a
-    split saves, exceeds ``overhead`` (default :data:`GROUP_OVERHEAD_KEYS`).
+    context length, longest first, and cut wherever a request would pad to more than
+    :data:`GROUP_MAX_PAD` times its own context. A cut is then undone where it saves less
+    padding than a group's fixed cost: when ``(requests in the shorter group) x (difference of
+    the two groups' longest contexts) <= overhead`` (default :data:`GROUP_OVERHEAD_KEYS`).
     """
     overhead = GROUP_OVERHEAD_KEYS if overhead is None else overhead
     groups = []
     for decode in (True, False):
         order = sorted((i for i, n in enumerate(q_lens) if (n == 1) == decode), key=lambda i: -ctx_lens[i])
-        start = 0
-        for pos in range(1, len(order)):
-            if (len(order) - pos) * (ctx_lens[order[start]] - ctx_lens[order[pos]]) > overhead:
-                groups.append(order[start:pos])
-                start = pos
-        if order:
-            groups.append(order[start:])
+        cuts: list[list[int]] = []
+        for i in order:
+            if cuts and GROUP_MAX_PAD * ctx_lens[i] >= ctx_lens[cuts[-1][0]]:
+                cuts[-1].append(i)
+            else:
+                cuts.append([i])
+        kind: list[list[int]] = []
+        for g in cuts:
+            if kind and len(g) * (ctx_lens[kind[-1][0]] - ctx_lens[g[0]]) <= overhead:
+                kind[-1] += g
+            else:
+                kind.append(g)
+        groups += kind
     return groups
 
 
@@ -392,58 +400,45 @@ class PaddedGroup:
 
 def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page: int, group: int) -> list[PaddedGroup]:
     """The layer-independent part of :func:`paged_attention_ref`: every layer of a step
-    attends the same requests over the same blocks, so the engine plans once per step."""
+    attends the same requests over the same blocks, so the engine plans once per step.
+
+    Index arithmetic on a few hundred integers: numpy on the host does it with calls of
+    about a microsecond each (torch's cost several), and the results become tensors once."""
     dev = block_tables.device
-    cu = cu_seqlens_q.tolist()
-    q_lens_l = [b - a for a, b in zip(cu[:-1], cu[1:])]
-    ctx_l = context_lens.tolist()
+    bt = block_tables.cpu().numpy()
+    cu = cu_seqlens_q.cpu().numpy().astype(np.int64)
+    ctx_all = context_lens.cpu().numpy().astype(np.int64)
+    q_all = cu[1:] - cu[:-1]
+    as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)  # noqa: E731
     plans = []
-    for reqs in length_groups(q_lens_l, ctx_l):
-        if q_lens_l[reqs[0]] == 1:
-            plans.append(_plan_decode_group(reqs, block_tables, cu, ctx_l, page, group))
-            continue
-        idx = torch.tensor(reqs, dtype=torch.long, device=dev)
-        q_lens = torch.tensor([q_lens_l[i] for i in reqs], dtype=torch.long, device=dev)
-        ctx_lens = torch.tensor([ctx_l[i] for i in reqs], dtype=torch.long, device=dev)
-        q_starts = torch.tensor([cu[i] for i in reqs], dtype=torch.long, device=dev)
-        lq = max(q_lens_l[i] for i in reqs)
-        nb = -(-max(ctx_l[i] for i in reqs) // page)
-        j = torch.arange(lq, device=dev)  # query index within a request
-        n = torch.arange(nb * page, device=dev)  # key position
+    for reqs in length_groups(q_all.tolist(), ctx_all.tolist()):
+        r = np.asarray(reqs)
+        q_lens, ctx_lens, q_starts = q_all[r], ctx_all[r], cu[r]
+        lq = int(q_lens.max())
+        nb = -(-int(ctx_lens.max()) // page)
+        j = np.arange(lq)  # query index within a request
+        n = np.arange(nb * page)  # key position
         q_ok = j < q_lens[:, None]  # [B, Lq]
         kv_ok = n < ctx_lens[:, None]  # [B, Lk] positions holding this request's KV
-        rows = torch.where(q_ok, q_starts[:, None] + j, 0)
+        rows = np.where(q_ok, q_starts[:, None] + j, 0)
         # Gather whole blocks through the block table. Padding entries of the table may
         # hold anything, and cache slots past ctx_len hold stale data (maybe NaN, and
         # 0 * NaN is NaN): point the one at block 0, zero the other after the gather.
-        table = block_tables[idx, :nb].long()
-        blocks_used = torch.arange(nb, device=dev) < (-(-ctx_lens // page))[:, None]
-        # Query j of a request sits at position ctx_len - q_len + j and sees keys <= it.
-        q_pos = (ctx_lens - q_lens)[:, None] + j  # [B, Lq]
-        visible = (n[None, None, :] <= q_pos[:, :, None]) & kv_ok[:, None, :]  # [B, Lq, Lk]
-        real = None if bool(q_ok.all()) else q_ok.flatten().nonzero().flatten()
+        blocks_used = kv_ok.reshape(len(reqs), nb, page)[:, :, 0]  # a block is used if its first slot is
+        blocks = np.where(blocks_used, bt[r, :nb], 0)
+        if lq == 1:   # decode: no padding queries, and the causal mask is the context mask
+            visible = torch.from_numpy(kv_ok).to(dev)[:, None, None, :].expand(len(reqs), 1, group, nb * page)
+        else:
+            # Query j of a request sits at position ctx_len - q_len + j and sees keys <= it.
+            q_pos = (ctx_lens - q_lens)[:, None] + j  # [B, Lq]
+            vis = (n[None, None, :] <= q_pos[:, :, None]) & kv_ok[:, None, :]  # [B, Lq, Lk]
+            visible = as_tensor(np.repeat(vis, group, axis=1)[:, None])  # one row per (query, head in group)
         plans.append(PaddedGroup(
-            batch=len(reqs), lq=lq, q_rows=rows.flatten(), real=real, out_rows=rows[q_ok],
-            blocks=torch.where(blocks_used, table, 0).flatten(),
-            stale=(~kv_ok).flatten().nonzero().flatten(),
-            visible=visible.repeat_interleave(group, dim=1)[:, None]))
+            batch=len(reqs), lq=lq, q_rows=as_tensor(rows.ravel()),
+            real=None if q_ok.all() else as_tensor(np.flatnonzero(q_ok)),
+            out_rows=as_tensor(rows[q_ok]), blocks=as_tensor(blocks.ravel().astype(np.int64)),
+            stale=as_tensor(np.flatnonzero(~kv_ok)), visible=visible))
     return plans
-
-
-def _plan_decode_group(reqs, block_tables, cu, ctx_l, page, group) -> PaddedGroup:
-    """The common case, one query per request, with fewer torch calls: the query rows are
-    just ``cu[i]``, nothing is padding, and the causal mask is the context mask."""
-    dev = block_tables.device
-    nb = -(-max(ctx_l[i] for i in reqs) // page)
-    rows = torch.tensor([cu[i] for i in reqs], dtype=torch.long, device=dev)
-    ctx_lens = torch.tensor([ctx_l[i] for i in reqs], dtype=torch.long, device=dev)
-    kv_ok = torch.arange(nb * page, device=dev) < ctx_lens[:, None]  # [B, Lk]
-    table = block_tables[rows.new_tensor(reqs), :nb].long()
-    blocks_used = torch.arange(nb, device=dev) < (-(-ctx_lens // page))[:, None]
-    return PaddedGroup(batch=len(reqs), lq=1, q_rows=rows, real=None, out_rows=rows,
-                       blocks=torch.where(blocks_used, table, 0).flatten(),
-                       stale=(~kv_ok).flatten().nonzero().flatten(),
-                       visible=kv_ok[:, None, None, :].expand(len(reqs), 1, group, nb * page))
 
 
 def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None,

@@ -9,8 +9,10 @@ context lengths are computed as whole tensors, never token by token.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .model.llama import AttentionMetadata
@@ -47,23 +49,29 @@ def flat_batch(ids: list[int], q_lens: list[int], starts: list[int], tables: lis
     """The flattened batch of one forward: request i brings ``q_lens[i]`` new tokens (its slice of
     ``ids``) at positions ``starts[i]...``, whose KV goes to the slots its block table maps them to.
     Returns (input_ids, positions, AttentionMetadata, cu_seqlens_q on the host). Shared by the
-    target's step and the draft model's proposals (speculative decoding)."""
-    dev = device
-    q_lens = torch.tensor(q_lens, dtype=torch.int32)
-    starts = torch.tensor(starts, dtype=torch.int32)
-    cu = torch.zeros(len(tables) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(q_lens, 0)
-    T = int(cu[-1])
-    req_idx = torch.repeat_interleave(torch.arange(len(tables)), q_lens)
-    positions = torch.arange(T, dtype=torch.int32) - cu[:-1][req_idx] + starts[req_idx]
+    target's step and the draft model's proposals (speculative decoding).
+
+    The arithmetic runs on the host in numpy, whose calls cost about a microsecond where a
+    torch call costs several; the results become tensors once, at the end (on a GPU this
+    is where they would be copied over, as vLLM does)."""
+    q = np.asarray(q_lens, dtype=np.int64)
+    cu = np.zeros(len(tables) + 1, dtype=np.int64)
+    np.cumsum(q, out=cu[1:])
+    req_idx = np.repeat(np.arange(len(tables)), q)               # which request each token is
+    positions = np.arange(cu[-1]) - cu[:-1][req_idx] + np.asarray(starts, dtype=np.int64)[req_idx]
     width = max(len(t) for t in tables)
-    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)  # one copy
-    abs_ = attn_block_size
-    slots = bt[req_idx, (positions // abs_).long()].long() * abs_ + (positions % abs_).long()
-    meta = AttentionMetadata(slot_mapping=slots.to(dev), block_tables=bt.to(dev),
-                             cu_seqlens_q=cu.to(dev), context_lens=(starts + q_lens).to(dev),
-                             max_q_len=int(q_lens.max()), backend=backend)
-    return torch.tensor(ids, dtype=torch.long, device=dev), positions.long().to(dev), meta, cu
+    bt = np.zeros((len(tables), width), dtype=np.int64)
+    for i, t in enumerate(tables):
+        bt[i, :len(t)] = t
+    slots = bt[req_idx, positions // attn_block_size] * attn_block_size + positions % attn_block_size
+    dev = device
+    cu_t = torch.from_numpy(cu.astype(np.int32))
+    meta = AttentionMetadata(slot_mapping=torch.from_numpy(slots).to(dev),
+                             block_tables=torch.from_numpy(bt.astype(np.int32)).to(dev),
+                             cu_seqlens_q=cu_t.to(dev),
+                             context_lens=torch.from_numpy((np.asarray(starts) + q).astype(np.int32)).to(dev),
+                             max_q_len=int(q.max()), backend=backend)
+    return torch.tensor(ids, dtype=torch.long, device=dev), torch.from_numpy(positions).to(dev), meta, cu_t
 
 
 class ModelRunner:
@@ -154,7 +162,7 @@ class ModelRunner:
         # Logits rows: the last row of each request that samples; for a request verifying k
         # speculative tokens, its last k + 1 rows (the target's distribution after its newest
         # token and after each draft token: k checks plus one bonus token).
-        ends = torch.cumsum(torch.tensor([s.num_new_tokens for s in out.scheduled]), 0) - 1
+        ends = [e - 1 for e in itertools.accumulate(s.num_new_tokens for s in out.scheduled)]
         rows: list[int] = []
         plain: list[tuple[int, object]] = []      # (logits row, ScheduledRequest)
         spec: list[tuple[int, object]] = []       # (first logits row, ScheduledRequest)
@@ -163,7 +171,7 @@ class ModelRunner:
                 continue                          # a partial prefill chunk: fills the cache only
             k = len(s.spec_token_ids)
             (spec if k else plain).append((len(rows), s))
-            rows += range(int(ends[i]) - k, int(ends[i]) + 1)
+            rows += range(ends[i] - k, ends[i] + 1)
         logits = self.forward(out, torch.tensor(rows, dtype=torch.long))   # LM head on these rows only
         if plain:
             toks = self.sampler.sample(logits[[r for r, _ in plain]],
