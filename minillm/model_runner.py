@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from . import speculative
 from .model.llama import AttentionMetadata
 from .sampler import Sampler
 from .scheduler import SchedulerOutput
@@ -100,6 +101,9 @@ class ModelRunner:
             model.head_dim * torch.finfo(dtype).bits // 8
         self.sampler = Sampler(config.seed)
         self.proposer = None       # speculative decoding: set by the engine (draft probabilities q)
+        # The acceptance rule applied to each verified request: minillm.speculative.verify, or
+        # one with the same signature put here (notebook 06's exercise plugs in this way).
+        self.verify = speculative.verify
 
     # --- swapping ---------------------------------------------------------------------
     def swap(self, out: SchedulerOutput) -> int:
@@ -180,7 +184,6 @@ class ModelRunner:
             for (_, s), t in zip(plain, toks):
                 res.sampled[s.request.request_id] = [t]
         if spec:
-            from .speculative import verify
             # The target's distributions p (temperature, top-k/p) for every row of every sampled
             # (non-greedy) verifying request, in one batched call.
             rand = [(r, s) for r, s in spec if not s.request.sampling_params.greedy]
@@ -194,7 +197,7 @@ class ModelRunner:
             for r, s in spec:
                 rid, k = s.request.request_id, len(s.spec_token_ids)
                 q = self.proposer.draft_probs(rid, k) if self.proposer is not None else None
-                toks = verify(logits[r:r + k + 1], s.spec_token_ids, q, s.request.sampling_params,
+                toks = self.verify(logits[r:r + k + 1], s.spec_token_ids, q, s.request.sampling_params,
                               self.sampler, rid, probs.get(rid))
                 res.sampled[rid] = toks
                 res.spec_accepted[rid] = len(toks) - 1

@@ -126,23 +126,11 @@ def speculative_engine(model: str = "random", **config):
     """An ``LLM`` (with ``speculative_model=...`` and ``num_speculative_tokens=...`` among the
     ``config``) whose verification steps accept and reject with your rule.
 
-    The runner looks ``minillm.speculative.verify`` up when it verifies; this engine's runner
-    puts yours in its place for the duration of each of its steps (and only its own).
+    The runner applies ``runner.verify`` (``minillm.speculative.verify`` by default) to each
+    verifying request; this engine's runner gets yours.
     """
-    import minillm.speculative as spec
     from minillm import LLM
 
     llm = LLM(model=model, **config)
-    runner = llm.engine.executor
-    engines_execute = runner.execute
-
-    def execute(out):
-        saved = spec.verify
-        spec.verify = verify
-        try:
-            return engines_execute(out)
-        finally:
-            spec.verify = saved
-
-    runner.execute = execute
+    llm.engine.executor.verify = verify
     return llm
