@@ -365,14 +365,18 @@ def length_groups(q_lens: list[int], ctx_lens: list[int], overhead: Optional[int
     """
     overhead = GROUP_OVERHEAD_KEYS if overhead is None else overhead
     groups = []
-    for decode in (True, False):
-        order = sorted((i for i, n in enumerate(q_lens) if (n == 1) == decode), key=lambda i: -ctx_lens[i])
+    decodes = [i for i, n in enumerate(q_lens) if n == 1]
+    others = [i for i, n in enumerate(q_lens) if n != 1]
+    for order in (decodes, others):
+        order.sort(key=ctx_lens.__getitem__, reverse=True)      # longest first (stable)
         cuts: list[list[int]] = []
+        longest = 0
         for i in order:
-            if cuts and GROUP_MAX_PAD * ctx_lens[i] >= ctx_lens[cuts[-1][0]]:
+            if cuts and GROUP_MAX_PAD * ctx_lens[i] >= longest:
                 cuts[-1].append(i)
             else:
                 cuts.append([i])
+                longest = ctx_lens[i]
         kind: list[list[int]] = []
         for g in cuts:
             if kind and len(g) * (ctx_lens[kind[-1][0]] - ctx_lens[g[0]]) <= overhead:

@@ -61,9 +61,7 @@ def flat_batch(ids: list[int], q_lens: list[int], starts: list[int], tables: lis
     req_idx = np.repeat(np.arange(len(tables)), q)               # which request each token is
     positions = np.arange(cu[-1]) - cu[:-1][req_idx] + np.asarray(starts, dtype=np.int64)[req_idx]
     width = max(len(t) for t in tables)
-    bt = np.zeros((len(tables), width), dtype=np.int64)
-    for i, t in enumerate(tables):
-        bt[i, :len(t)] = t
+    bt = np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int64)   # padded block tables
     slots = bt[req_idx, positions // attn_block_size] * attn_block_size + positions % attn_block_size
     dev = device
     cu_t = torch.from_numpy(cu.astype(np.int32))
@@ -128,14 +126,19 @@ class ModelRunner:
         reqs = out.scheduled
         ids: list[int] = []
         tables: list[list[int]] = []
+        block_table = self.kv.block_table
         for s in reqs:
             r = s.request
             start, end = s.num_computed_before, s.num_computed_before + s.num_new_tokens
-            known = r.num_tokens
-            ids += token_slice(r, start, min(end, known))
-            if end > known:                       # speculative tokens to verify
-                ids += s.spec_token_ids[:end - known]
-            tables.append(self.kv.block_table(r.request_id))
+            out_ids = r.output_token_ids
+            known = len(r.prompt_token_ids) + len(out_ids)
+            if end == known and start == known - 1 and out_ids:
+                ids.append(out_ids[-1])           # a decode: its newest token (the common case)
+            else:
+                ids += token_slice(r, start, min(end, known))
+                if end > known:                   # speculative tokens to verify
+                    ids += s.spec_token_ids[:end - known]
+            tables.append(block_table(r.request_id))
         batch = flat_batch(ids, [s.num_new_tokens for s in reqs], [s.num_computed_before for s in reqs],
                            tables, self.kv.attn_block_size, self.device, self.backend)
         meta = batch[2]
