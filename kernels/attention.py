@@ -391,14 +391,16 @@ def length_groups(q_lens: list[int], ctx_lens: list[int], overhead: Optional[int
 class PaddedGroup:
     """Everything about one group that does not depend on the layer: where its queries
     sit in ``q``, which cache blocks hold its keys, and which scores each query may see.
-    Keys are padded to whole blocks: ``Lk = nb * page`` positions per request."""
+    Keys are gathered in whole blocks (``nb * page`` positions per request) and attended up
+    to ``Lk``, the longest context in the group."""
     batch: int
     lq: int                      # longest q_len in the group (queries are padded to it)
+    lk: int                      # longest ctx_len in the group (keys are padded to it)
     q_rows: torch.Tensor         # [B * Lq] row of q for each (request, query j); 0 for padding
     real: Optional[torch.Tensor]  # indices into the B * Lq padded queries that are real (None: all)
     out_rows: torch.Tensor       # the rows of q (and out) those real queries are
     blocks: torch.Tensor         # [B * nb] cache blocks to gather
-    stale: torch.Tensor          # indices into the B * Lk gathered positions past each ctx_len
+    stale: torch.Tensor          # indices into the B * nb * page gathered positions in [ctx_len, Lk)
     visible: torch.Tensor        # [B, 1, Lq * group, Lk] causal and in-context
 
 
@@ -418,30 +420,31 @@ def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page: int, grou
     for reqs in length_groups(q_all.tolist(), ctx_all.tolist()):
         r = np.asarray(reqs)
         q_lens, ctx_lens, q_starts = q_all[r], ctx_all[r], cu[r]
-        lq = int(q_lens.max())
-        nb = -(-int(ctx_lens.max()) // page)
+        lq, lk = int(q_lens.max()), int(ctx_lens.max())
+        nb = -(-lk // page)
         j = np.arange(lq)  # query index within a request
-        n = np.arange(nb * page)  # key position
+        n = np.arange(lk)  # key position
         q_ok = j < q_lens[:, None]  # [B, Lq]
         kv_ok = n < ctx_lens[:, None]  # [B, Lk] positions holding this request's KV
         rows = np.where(q_ok, q_starts[:, None] + j, 0)
         # Gather whole blocks through the block table. Padding entries of the table may
         # hold anything, and cache slots past ctx_len hold stale data (maybe NaN, and
         # 0 * NaN is NaN): point the one at block 0, zero the other after the gather.
-        blocks_used = kv_ok.reshape(len(reqs), nb, page)[:, :, 0]  # a block is used if its first slot is
+        blocks_used = np.arange(nb) * page < ctx_lens[:, None]   # a block is used if its first slot is
         blocks = np.where(blocks_used, bt[r, :nb], 0)
+        stale_req, stale_pos = np.nonzero(~kv_ok)
         if lq == 1:   # decode: no padding queries, and the causal mask is the context mask
-            visible = torch.from_numpy(kv_ok).to(dev)[:, None, None, :].expand(len(reqs), 1, group, nb * page)
+            visible = torch.from_numpy(kv_ok).to(dev)[:, None, None, :].expand(len(reqs), 1, group, lk)
         else:
             # Query j of a request sits at position ctx_len - q_len + j and sees keys <= it.
             q_pos = (ctx_lens - q_lens)[:, None] + j  # [B, Lq]
             vis = (n[None, None, :] <= q_pos[:, :, None]) & kv_ok[:, None, :]  # [B, Lq, Lk]
             visible = as_tensor(np.repeat(vis, group, axis=1)[:, None])  # one row per (query, head in group)
         plans.append(PaddedGroup(
-            batch=len(reqs), lq=lq, q_rows=as_tensor(rows.ravel()),
+            batch=len(reqs), lq=lq, lk=lk, q_rows=as_tensor(rows.ravel()),
             real=None if q_ok.all() else as_tensor(np.flatnonzero(q_ok)),
             out_rows=as_tensor(rows[q_ok]), blocks=as_tensor(blocks.ravel().astype(np.int64)),
-            stale=as_tensor(np.flatnonzero(~kv_ok)), visible=visible))
+            stale=as_tensor(stale_req * (nb * page) + stale_pos), visible=visible))
     return plans
 
 
@@ -471,14 +474,14 @@ def _attend_padded(q, k_cache, v_cache, g: PaddedGroup, scale, out):
     num_blocks, page, num_kv_heads, head_dim = k_cache.shape
     batch, num_heads = g.batch, q.shape[1]
     group = num_heads // num_kv_heads
-    lk = g.blocks.numel() // batch * page
-    k = k_cache.index_select(0, g.blocks).float().view(batch * lk, num_kv_heads, head_dim)
-    v = v_cache.index_select(0, g.blocks).float().view(batch * lk, num_kv_heads, head_dim)
+    span = g.blocks.numel() // batch * page  # positions gathered per request: whole blocks
+    k = k_cache.index_select(0, g.blocks).float().view(batch * span, num_kv_heads, head_dim)
+    v = v_cache.index_select(0, g.blocks).float().view(batch * span, num_kv_heads, head_dim)
     if g.stale.numel():
         k.index_fill_(0, g.stale, 0.0)  # in place (k is our own gathered copy)
         v.index_fill_(0, g.stale, 0.0)
-    k = k.view(batch, lk, num_kv_heads, head_dim).transpose(1, 2)
-    v = v.view(batch, lk, num_kv_heads, head_dim).transpose(1, 2)
+    k = k.view(batch, span, num_kv_heads, head_dim)[:, :g.lk].transpose(1, 2)
+    v = v.view(batch, span, num_kv_heads, head_dim)[:, :g.lk].transpose(1, 2)
 
     # GQA without copying K/V per query head: the `group` query heads that share a KV
     # head become extra rows (as in the Triton kernel), [B, Hkv, Lq * group, D].
