@@ -45,3 +45,28 @@ def test_benchmark_runs_tiny(name, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "machine:" in printed and "command:" in printed
 
+
+
+def test_throughput_repeat_reports_rounds_and_medians(tmp_path, capsys):
+    data = main(["throughput", "--size", "tiny", "--out", str(tmp_path), "--threads", "1", "--repeat", "2"])
+    res = data["throughput"]["results"]
+    assert len(res["rounds"]) == 2
+    assert "--repeat 2" in data["throughput"]["command"]
+    for side, key in (("minillm", "minillm_tok_per_s"), ("hf_static", "hf_static_tok_per_s")):
+        rates = sorted(r[key] for r in res["rounds"])
+        assert res[side]["tok_per_s"] == pytest.approx(sum(rates) / 2)     # the median of two
+    assert res["greedy_agreement_hf_static"] == 1.0
+    with pytest.raises(ValueError, match="--repeat=0"):
+        main(["throughput", "--size", "tiny", "--out", str(tmp_path), "--repeat", "0"])
+
+
+def test_qwen3_shape_is_the_cost_models():
+    # The GPU comparison's random checkpoint and the cost model's preset describe one model.
+    from minillm.bench.throughput import QWEN3_06B
+    from minillm.costmodel import MODELS, ModelSpec
+    from transformers import Qwen3Config
+    spec = ModelSpec.from_hf_config(Qwen3Config(**QWEN3_06B), name="x", dtype_bytes=2)
+    want = MODELS["qwen3-0.6b"]
+    for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "num_params"):
+        assert getattr(spec, f) == getattr(want, f), f
+    assert 0.5e9 < want.num_params < 0.8e9

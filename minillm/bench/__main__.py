@@ -21,6 +21,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu | cuda (benchmarks with a real model)")
     p.add_argument("--seed", type=int, default=0, help="seeds the traces")
+    p.add_argument("--model", default="shipped", choices=("shipped", "qwen3-0.6b"),
+                   help="throughput: the shipped model, or a random Qwen3-0.6B-shaped checkpoint (for a GPU)")
     p.add_argument("--repeat", type=int, default=1,
                    help="throughput: measure every side this many times, in alternating rounds, and "
                         "report medians (wall times on a shared machine drift between runs)")

@@ -85,6 +85,8 @@ def command_line(name: str, args) -> str:
         cmd += f" --threads {args.threads}"
     if getattr(args, "device", "cpu") != "cpu":
         cmd += f" --device {args.device}"
+    if getattr(args, "model", "shipped") != "shipped" and name == "throughput":
+        cmd += f" --model {args.model}"
     if getattr(args, "repeat", 1) > 1 and name == "throughput":
         cmd += f" --repeat {args.repeat}"
     return cmd

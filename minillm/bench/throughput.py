@@ -73,7 +73,7 @@ def run_minillm(engine, trace) -> dict:
 
 
 def hf_model_from(engine):
-    """transformers' LlamaForCausalLM with exactly the engine's weights, float32."""
+    """The transformers model with exactly the engine's weights, in the engine's dtype."""
     from transformers import AutoModelForCausalLM
     if engine.model_path != "random":
         model = AutoModelForCausalLM.from_pretrained(engine.model_path, dtype=engine.dtype)
@@ -215,13 +215,54 @@ def agreement(a: dict, b: dict) -> float:
 
 # --------------------------------------------------------------------------------------
 
+# Qwen3-0.6B's shape (the cost model's preset), for the GPU comparison on a real-sized model.
+QWEN3_06B = dict(num_hidden_layers=28, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
+                 head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True,
+                 max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+                 bos_token_id=151643, eos_token_id=151645)
+MODELS = ("shipped", "qwen3-0.6b")
+
+
+def qwen3_random_checkpoint(dtype: torch.dtype) -> str:
+    """A seeded, randomly initialised checkpoint directory of Qwen3-0.6B's shape (transformers'
+    own initialisation), written once under the temp dir: both engines load the same files."""
+    import os
+    import tempfile
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    path = os.path.join(tempfile.gettempdir(), "minillm-bench", f"qwen3-0.6b-random-{str(dtype).split('.')[-1]}")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        torch.manual_seed(0)
+        model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_06B, dtype=dtype)).to(dtype)
+        model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def build_engine(args, max_num_seqs: int):
+    """(engine, label): the shipped model in float32, or (``--model qwen3-0.6b``) a random
+    Qwen3-0.6B-shaped checkpoint, in bfloat16 on a GPU and float32 on the CPU."""
+    from .. import LLM
+    name = getattr(args, "model", "shipped") or "shipped"
+    if name not in MODELS:
+        raise ValueError(f"--model={name!r}: choose one of {MODELS}")
+    if name == "shipped":
+        llm, label = make_llm(max_num_seqs=max_num_seqs, dtype="float32", device=args.device)
+    else:
+        dtype = torch.bfloat16 if str(args.device).startswith("cuda") else torch.float32
+        llm = LLM(qwen3_random_checkpoint(dtype), max_num_seqs=max_num_seqs, dtype=str(dtype).split(".")[-1],
+                  device=args.device)
+        label = f"random Qwen3-0.6B-shaped checkpoint ({str(dtype).split('.')[-1]})"
+    llm.engine.record_block_map = False      # the per-block map is for widgets; it costs O(blocks)/step
+    return llm.engine, label
+
+
 def run(args) -> dict:
     from ..workloads import synthetic_trace
     P = _sizes(args.size)
+    repeat = int(getattr(args, "repeat", 1))
+    if repeat < 1:
+        raise ValueError(f"--repeat={repeat}: must be >= 1")
     threads = set_threads(args)
-    llm, label = make_llm(max_num_seqs=P["max_num_seqs"], dtype="float32", device=args.device)
-    engine = llm.engine
-    engine.record_block_map = False          # the per-block map is for widgets; it costs O(blocks)/step
+    engine, label = build_engine(args, P["max_num_seqs"])
     trace = synthetic_trace(P["n"], rate=None, prompt_len=P["prompt_len"], output_len=P["output_len"],
                             vocab_size=engine.vocab_size, seed=args.seed)
     cfg = dict(model=label, n=P["n"], max_num_seqs=P["max_num_seqs"], block_size=engine.config.block_size,
@@ -231,16 +272,12 @@ def run(args) -> dict:
                output_tokens=sum(r.output_len for r in trace), max_output_len=max(r.output_len for r in trace),
                arrivals="all at once", ignore_eos=True, greedy=True)
 
-    repeat = max(1, int(getattr(args, "repeat", 1) or 1))
-    if repeat < 1:
-        raise ValueError(f"--repeat={repeat}: must be >= 1")
     model = hf_model_from(engine)
     assert next(model.parameters()).dtype == engine.dtype
     rounds = []
     for i in range(repeat):
         if i:                                   # a fresh engine: request ids are used once
-            engine = make_llm(max_num_seqs=P["max_num_seqs"], dtype="float32", device=args.device)[0].engine
-            engine.record_block_map = False
+            engine = build_engine(args, P["max_num_seqs"])[0]
         mini = run_minillm(engine, trace)
         static = run_hf_static(model, trace, P["max_num_seqs"])
         try:
