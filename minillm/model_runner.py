@@ -63,14 +63,13 @@ def flat_batch(ids: list[int], q_lens: list[int], starts: list[int], tables: lis
     width = max(len(t) for t in tables)
     bt = np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int64)   # padded block tables
     slots = bt[req_idx, positions // attn_block_size] * attn_block_size + positions % attn_block_size
-    dev = device
     cu_t = torch.from_numpy(cu.astype(np.int32))
-    meta = AttentionMetadata(slot_mapping=torch.from_numpy(slots).to(dev),
-                             block_tables=torch.from_numpy(bt.astype(np.int32)).to(dev),
-                             cu_seqlens_q=cu_t.to(dev),
-                             context_lens=torch.from_numpy((np.asarray(starts) + q).astype(np.int32)).to(dev),
+    meta = AttentionMetadata(slot_mapping=torch.from_numpy(slots).to(device),
+                             block_tables=torch.from_numpy(bt.astype(np.int32)).to(device),
+                             cu_seqlens_q=cu_t.to(device),
+                             context_lens=torch.from_numpy((np.asarray(starts) + q).astype(np.int32)).to(device),
                              max_q_len=int(q.max()), backend=backend)
-    return torch.tensor(ids, dtype=torch.long, device=dev), torch.from_numpy(positions).to(dev), meta, cu_t
+    return torch.tensor(ids, dtype=torch.long, device=device), torch.from_numpy(positions).to(device), meta, cu_t
 
 
 class ModelRunner:
