@@ -1,5 +1,7 @@
 """minillm's kernels: paged attention, KV stores and block copies, each in Triton with
 a plain-torch reference beside it (the reference is also the engine's CPU backend).
+Every one of them also works on a quantized cache (int8 or fp8 values with one scale
+per block and KV head: ``kernels/kv_quant.py``).
 
 ``import kernels`` is cheap and imports no Triton: the kernel modules load on first use,
 after :func:`use_interpreter_if_no_cuda` has had the chance to set ``TRITON_INTERPRET=1``
@@ -39,7 +41,7 @@ def _use_triton(backend: str, tensor) -> bool:
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                    *, max_q_len=None, backend="triton", num_splits=None, plan=None):
+                    *, max_q_len=None, backend="triton", num_splits=None, plan=None, k_scale=None, v_scale=None):
     """Causal attention of a ragged batch of new query tokens over the paged KV cache.
 
     q ``[total_q, H, D]``; k/v_cache ``[num_blocks, block_size, H_kv, D]``;
@@ -48,21 +50,26 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_len
     request i sits at position ``context_lens[i] - q_len_i + j`` and sees keys up to it.
     Returns ``[total_q, H, D]`` in ``q.dtype``. See ``kernels/attention.py``.
     ``plan``: the torch backend's per-step :func:`plan_attention_ref` (ignored by Triton).
+    ``k_scale, v_scale`` ``[num_blocks, H_kv]``: the scales of an int8/fp8 cache, which is
+    dequantized on load (``kernels/kv_quant.py``).
     """
     from . import attention
 
     if _use_triton(backend, q):
         return attention.paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
-                                                scale, max_q_len=max_q_len, num_splits=num_splits)
+                                                scale, max_q_len=max_q_len, num_splits=num_splits,
+                                                k_scale=k_scale, v_scale=v_scale)
     return attention.paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                                         max_q_len=max_q_len, plan=plan)
+                                         max_q_len=max_q_len, plan=plan, k_scale=k_scale, v_scale=v_scale)
 
 
-def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None):
+def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None,
+                        k_scale=None, v_scale=None):
     """Torch reference of :func:`paged_attention` (also the CPU backend)."""
     from .attention import paged_attention_ref as ref
 
-    return ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len=max_q_len)
+    return ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len=max_q_len,
+               k_scale=k_scale, v_scale=v_scale)
 
 
 def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page, group):
@@ -73,49 +80,75 @@ def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page, group):
     return impl(block_tables, cu_seqlens_q, context_lens, page, group)
 
 
-def store_kv(k, v, k_cache, v_cache, slot_mapping, *, backend="auto"):
+def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None, backend="auto"):
     """In place: write token i's ``k[i], v[i]`` ``[H_kv, D]`` to cache slot
-    ``slot_mapping[i]`` (= block_id * block_size + offset); -1 skips the token."""
-    from . import kv_store
+    ``slot_mapping[i]`` (= block_id * block_size + offset); -1 skips the token.
 
+    A quantized cache (int8 or fp8 values, see ``kernels/kv_quant.py``) comes with its scales
+    ``k_scale, v_scale`` ``[num_blocks, H_kv]``: the tokens are quantized on the way in, and a
+    block's scale grows (its earlier rows re-quantized) when a larger value arrives."""
+    from . import kv_store
+    from .kv_quant import kind_of
+
+    if kind_of(k_cache) is not None:
+        if k_scale is None or v_scale is None:
+            raise ValueError(f"a {k_cache.dtype} KV cache needs its k_scale and v_scale")
+        if _use_triton(backend, k_cache):
+            return kv_store.store_kv_quant_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+        return kv_store.store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
     if _use_triton(backend, k_cache):
         return kv_store.store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
     return kv_store.store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
 
 
-def store_kv_ref(k, v, k_cache, v_cache, slot_mapping):
+def store_kv_ref(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
     """Torch reference of :func:`store_kv`."""
-    from .kv_store import store_kv_ref as ref
+    from . import kv_store
+    from .kv_quant import kind_of
 
-    return ref(k, v, k_cache, v_cache, slot_mapping)
+    if kind_of(k_cache) is not None:
+        return kv_store.store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+    return kv_store.store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
 
 
-def copy_blocks(k_cache, v_cache, src, dst, *, backend="auto"):
-    """In place: copy block ``src[i]`` to block ``dst[i]`` in both caches (copy-on-write)."""
+def copy_blocks(k_cache, v_cache, src, dst, *, k_scale=None, v_scale=None, backend="auto"):
+    """In place: copy block ``src[i]`` to block ``dst[i]`` in both caches (copy-on-write),
+    and in the scales of a quantized cache when given (a block's values mean nothing
+    without its scales)."""
     from . import block_copy
 
-    if _use_triton(backend, k_cache):
-        return block_copy.copy_blocks_triton(k_cache, v_cache, src, dst)
-    return block_copy.copy_blocks_ref(k_cache, v_cache, src, dst)
+    pairs = [(k_cache, v_cache)] + ([(k_scale, v_scale)] if k_scale is not None else [])
+    for a, b in pairs:
+        if _use_triton(backend, k_cache):
+            block_copy.copy_blocks_triton(a, b, src, dst)
+        else:
+            block_copy.copy_blocks_ref(a, b, src, dst)
 
 
-def copy_blocks_ref(k_cache, v_cache, src, dst):
+def copy_blocks_ref(k_cache, v_cache, src, dst, *, k_scale=None, v_scale=None):
     """Torch reference of :func:`copy_blocks`."""
     from .block_copy import copy_blocks_ref as ref
 
-    return ref(k_cache, v_cache, src, dst)
+    ref(k_cache, v_cache, src, dst)
+    if k_scale is not None:
+        ref(k_scale, v_scale, src, dst)
 
 
-def swap_blocks(src_k, src_v, dst_k, dst_v, src_ids, dst_ids):
+def swap_blocks(src_k, src_v, dst_k, dst_v, src_ids, dst_ids, *, src_scales=None, dst_scales=None):
     """Copy blocks ``src_ids[i] -> dst_ids[i]`` between a device cache and a host pool
-    (either direction; CPU <-> CPU works too)."""
+    (either direction; CPU <-> CPU works too). A quantized cache's scales travel with its
+    blocks: ``src_scales = (k_scale, v_scale)`` of the source, ``dst_scales`` of the destination."""
     from .block_copy import swap_blocks as impl
 
-    return impl(src_k, src_v, dst_k, dst_v, src_ids, dst_ids)
+    impl(src_k, src_v, dst_k, dst_v, src_ids, dst_ids)
+    if src_scales is not None:
+        impl(*src_scales, *dst_scales, src_ids, dst_ids)
 
 
-def swap_blocks_ref(src_k, src_v, dst_k, dst_v, src_ids, dst_ids):
+def swap_blocks_ref(src_k, src_v, dst_k, dst_v, src_ids, dst_ids, *, src_scales=None, dst_scales=None):
     """Naive one-block-at-a-time reference of :func:`swap_blocks`."""
     from .block_copy import swap_blocks_ref as ref
 
-    return ref(src_k, src_v, dst_k, dst_v, src_ids, dst_ids)
+    ref(src_k, src_v, dst_k, dst_v, src_ids, dst_ids)
+    if src_scales is not None:
+        ref(*src_scales, *dst_scales, src_ids, dst_ids)

@@ -83,12 +83,14 @@ def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
     part_out_ptr, part_lse_ptr,  # split-K scratch, unused when NUM_SPLITS == 1
+    k_scale_ptr, v_scale_ptr,  # [num_blocks, H_kv] float32 scales of a quantized cache; unused if not QUANT
     scale, batch,
     stride_qt, stride_qh,  # q [total_q, H, D]; the last dim of every tensor is contiguous
     stride_ot, stride_oh,  # out [total_q, H, D]
     stride_kb, stride_ks, stride_kh,  # k_cache [num_blocks, block_size, H_kv, D]
     stride_vb, stride_vs, stride_vh,  # v_cache
     stride_bt,  # block_tables [batch, max_blocks]
+    stride_ksb, stride_vsb,  # k_scale, v_scale [num_blocks, H_kv] (head stride 1)
     stride_pt, stride_ph, stride_ps,  # part_out [total_q, H, NUM_SPLITS, D] float32
     stride_lt, stride_lh,  # part_lse [total_q, H, NUM_SPLITS] float32
     HEAD_DIM: tl.constexpr,  # real head dim, e.g. 80
@@ -101,6 +103,7 @@ def _paged_attention_kernel(
     NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (split-K); 1 = off
     DOT_DTYPE: tl.constexpr,  # matmul operand type: the input dtype (see _dot_dtype)
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs, so float32 stays exact
+    QUANT: tl.constexpr,  # int8/fp8 cache: multiply by the (block, head) scales on load
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -159,7 +162,14 @@ def _paged_attention_kernel(
             + kv_head * stride_kh + d[None, :],
             mask=kv_mask, other=0.0,
         ).to(DOT_DTYPE)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if QUANT:
+            # Dequantize on load: a key's scale is one number per (block, head), so it
+            # multiplies the whole score column. The matmul ran on the stored values
+            # themselves (int8 and e4m3 numbers are exact in every DOT_DTYPE).
+            k_s = tl.load(k_scale_ptr + block * stride_ksb + kv_head, mask=n_ok, other=0.0)
+            s = s * k_s[None, :]
+        s = s * qk_scale
         visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
 
@@ -173,7 +183,13 @@ def _paged_attention_kernel(
             + kv_head * stride_vh + d[None, :],
             mask=kv_mask, other=0.0,
         )
-        p = p.to(v.dtype).to(DOT_DTYPE)  # probabilities in the cache's precision, as FlashAttention does
+        if QUANT:
+            # sum_n p[m, n] * (v_s[n] * v_q[n, d]): the value scales go onto the probabilities
+            # (one per key column, as for k), in the compute precision.
+            v_s = tl.load(v_scale_ptr + block * stride_vsb + kv_head, mask=n_ok, other=0.0)
+            p = (p * v_s[None, :]).to(q_ptr.dtype.element_ty).to(DOT_DTYPE)
+        else:
+            p = p.to(v.dtype).to(DOT_DTYPE)  # probabilities in the cache's precision, as FlashAttention does
         acc = acc * alpha[:, None] + tl.dot(p, v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -274,11 +290,12 @@ def auto_num_splits(programs: int, max_kv_len: int, device: torch.device) -> int
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                           *, max_q_len=None, num_splits=None):
+                           *, max_q_len=None, num_splits=None, k_scale=None, v_scale=None):
     """Causal attention of a ragged batch of new tokens over the paged KV cache (Triton).
 
     ``max_q_len``: the longest ``q_len_i`` in the batch, known to the scheduler; passing
     it avoids a device-to-host sync. ``num_splits``: split-K factor (None = automatic).
+    ``k_scale, v_scale``: the ``[num_blocks, H_kv]`` scales of an int8/fp8 cache.
     """
     total_q, num_heads, head_dim = q.shape
     _, page, num_kv_heads, head_dim_kv = k_cache.shape
@@ -294,6 +311,13 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
     if q.stride(-1) != 1:
         q = q.contiguous()
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "cache head_dim must be contiguous"
+    quant = _check_scales(k_cache, k_scale, v_scale)
+    if quant:
+        assert k_scale.stride(-1) == 1 and v_scale.stride(-1) == 1, "scales must be contiguous per block"
+        scale_strides = (k_scale.stride(0), v_scale.stride(0))
+    else:
+        k_scale = v_scale = k_cache  # never touched
+        scale_strides = (0, 0)
     block_tables = block_tables.to(device=q.device, dtype=torch.int32).contiguous()
     cu_seqlens_q = cu_seqlens_q.to(device=q.device, dtype=torch.int32).contiguous()
     context_lens = context_lens.to(device=q.device, dtype=torch.int32).contiguous()
@@ -316,17 +340,20 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
         q, k_cache, v_cache, out,
         block_tables, cu_seqlens_q, context_lens,
         part_out, part_lse,
+        k_scale, v_scale,
         float(scale), batch,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         *k_cache.stride()[:3],
         *v_cache.stride()[:3],
         block_tables.stride(0),
+        *scale_strides,
         *part_strides,
         HEAD_DIM=head_dim, BLOCK_D=t["BLOCK_D"], GROUP=group,
         BLOCK_Q=t["BLOCK_Q"], BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"],
         PAGE=page, NUM_SPLITS=num_splits,
         DOT_DTYPE=_dot_dtype(q.dtype), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        QUANT=quant,
         num_warps=t["num_warps"], num_stages=t["num_stages"],
     )
     if num_splits > 1:
@@ -448,8 +475,20 @@ def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page: int, grou
     return plans
 
 
+def _check_scales(k_cache, k_scale, v_scale) -> bool:
+    """Whether the cache is quantized (and then that its scales came with it)."""
+    from .kv_quant import kind_of
+
+    if kind_of(k_cache) is None:
+        return False
+    if k_scale is None or v_scale is None:
+        raise ValueError(f"a {k_cache.dtype} KV cache needs its k_scale and v_scale")
+    assert k_scale.shape == k_cache.shape[::2] and v_scale.shape == k_scale.shape, "scales: [num_blocks, H_kv]"
+    return True
+
+
 def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None,
-                        plan=None):
+                        plan=None, k_scale=None, v_scale=None):
     """Same contract as the kernel, in plain torch: gather each request's keys and values
     out of the paged cache into padded dense batches, then one masked
     ``scaled_dot_product_attention`` per batch. Computes in float32, returns ``q.dtype``.
@@ -458,25 +497,33 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context
     long contexts do not pad every request to their length. ``plan`` is
     :func:`plan_attention_ref`'s result for these arguments, computed once per step and
     reused by every layer (None: planned here). ``max_q_len`` is accepted for signature
-    parity and unused.
+    parity and unused. A quantized cache (int8/fp8 with ``k_scale, v_scale``) is dequantized
+    as it is gathered: ``value * scale`` of its (block, head), in float32.
     """
+    if not _check_scales(k_cache, k_scale, v_scale):
+        k_scale = v_scale = None
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if plan is None:
         group = q.shape[1] // k_cache.shape[2]
         plan = plan_attention_ref(block_tables.to(q.device), cu_seqlens_q.to(q.device),
                                   context_lens.to(q.device), k_cache.shape[1], group)
     for g in plan:
-        _attend_padded(q, k_cache, v_cache, g, scale, out)
+        _attend_padded(q, k_cache, v_cache, g, scale, out, k_scale, v_scale)
     return out
 
 
-def _attend_padded(q, k_cache, v_cache, g: PaddedGroup, scale, out):
+def _attend_padded(q, k_cache, v_cache, g: PaddedGroup, scale, out, k_scale=None, v_scale=None):
     num_blocks, page, num_kv_heads, head_dim = k_cache.shape
     batch, num_heads = g.batch, q.shape[1]
     group = num_heads // num_kv_heads
     span = g.blocks.numel() // batch * page  # positions gathered per request: whole blocks
-    k = k_cache.index_select(0, g.blocks).float().view(batch * span, num_kv_heads, head_dim)
-    v = v_cache.index_select(0, g.blocks).float().view(batch * span, num_kv_heads, head_dim)
+    k = k_cache.index_select(0, g.blocks).float()
+    v = v_cache.index_select(0, g.blocks).float()
+    if k_scale is not None:   # dequantize: one scale per (block, KV head)
+        k.mul_(k_scale.index_select(0, g.blocks)[:, None, :, None])
+        v.mul_(v_scale.index_select(0, g.blocks)[:, None, :, None])
+    k = k.view(batch * span, num_kv_heads, head_dim)
+    v = v.view(batch * span, num_kv_heads, head_dim)
     if g.stale.numel():
         k.index_fill_(0, g.stale, 0.0)  # in place (k is our own gathered copy)
         v.index_fill_(0, g.stale, 0.0)

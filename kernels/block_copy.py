@@ -11,6 +11,9 @@ Seed concepts:
 
 Both work on one layer's ``k_cache, v_cache`` ``[num_blocks, block_size, H_kv, D]``;
 the host pool has the same per-block shape (pinned memory on CUDA, so copies overlap).
+Both move whole blocks of any dtype and per-block shape, so a quantized cache's scales
+``[num_blocks, H_kv]`` move by the same calls (``kernels.copy_blocks`` and
+``kernels.swap_blocks`` do that when given the scales).
 """
 
 from __future__ import annotations
@@ -80,9 +83,18 @@ def swap_blocks(src_k, src_v, dst_k, dst_v, src_ids, dst_ids):
     src_ids = torch.as_tensor(src_ids, dtype=torch.long).to(src_k.device)
     dst_ids = torch.as_tensor(dst_ids, dtype=torch.long).to(dst_k.device)
     for src, dst in ((src_k, dst_k), (src_v, dst_v)):
+        src, dst = _bytes(src), _bytes(dst)
         staged = src.index_select(0, src_ids)  # contiguous [n, block_size, H_kv, D]
         staged = staged.to(dst.device, dtype=dst.dtype)  # one transfer (no-op on one device)
         dst.index_copy_(0, dst_ids, staged)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """fp8 tensors as raw bytes: moving them needs no arithmetic, and torch's CPU
+    ``index_copy_`` has no float8 kernel."""
+    if t.dtype.is_floating_point and t.element_size() == 1:
+        return t.view(torch.uint8)
+    return t
 
 
 def swap_blocks_ref(src_k, src_v, dst_k, dst_v, src_ids, dst_ids):

@@ -82,3 +82,157 @@ def store_kv_ref(k, v, k_cache, v_cache, slot_mapping):
             cache[slot_mapping // page, slot_mapping % page] = x.to(cache.dtype)
             continue
         slots.index_copy_(0, slot_mapping, x.to(cache.dtype))
+
+
+# ------------------------------------------------------------------------------------
+# Quantized caches (int8 / fp8 values, one scale per block and KV head): see kv_quant.py
+# ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _round_e4m3(y):
+    """``kv_quant.round_to_e4m3`` in Triton: y (within +-448) to the nearest e4m3 value."""
+    a = tl.abs(y)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.maximum(e, -6)
+    step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    inv_step = ((127 - (e - 3)) << 23).to(tl.float32, bitcast=True)
+    r = tl.minimum(tl.floor(a * inv_step + 0.5) * step, 448.0)
+    return tl.where(y < 0, -r, r)
+
+
+@triton.jit
+def _quantize(x, s, QMAX: tl.constexpr, FP8: tl.constexpr):
+    """float32 x with scale s (a scalar) -> the value to store (still float32, exactly representable)."""
+    s_safe = tl.where(s > 0, s, 1.0)
+    y = tl.math.div_rn(x, s_safe + tl.zeros_like(x))
+    if FP8:
+        return _round_e4m3(tl.minimum(tl.maximum(y, -QMAX), QMAX))
+    return tl.minimum(tl.maximum(tl.floor(y + 0.5), -QMAX), QMAX)
+
+
+@triton.jit
+def _store_one_quantized(
+    x_ptr, stride_xn, stride_xh, cache_ptr, stride_cb, stride_cs, stride_ch, scale_ptr, stride_sb,
+    rows, mine, offs, first, block, h,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+    QMAX: tl.constexpr, FP8: tl.constexpr,
+):
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    new_mask = mine[:, None] & d_ok[None, :]
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xn + h * stride_xh + d[None, :],
+                mask=new_mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(x), 1), 0)
+    scale_at = scale_ptr + block * stride_sb + h
+    s_old = tl.load(scale_at)
+    s_old = tl.where(first > 0, s_old, 0.0)        # a write at offset 0 starts a fresh block
+    s_new = tl.maximum(s_old, tl.math.div_rn(amax, QMAX))
+    base = cache_ptr + block * stride_cb + h * stride_ch
+    # The rows already in the block, re-quantized when the scale grew.
+    p = tl.arange(0, BLOCK_P)
+    grew = (s_new > s_old).to(tl.int32)
+    old_mask = (p < first)[:, None] & d_ok[None, :] & (grew + tl.zeros_like(p)[:, None] > 0)
+    q_old = tl.load(base + p[:, None] * stride_cs + d[None, :], mask=old_mask, other=0.0).to(tl.float32)
+    q_old = _quantize(q_old * s_old, s_new, QMAX, FP8)
+    tl.store(base + p[:, None] * stride_cs + d[None, :], q_old.to(cache_ptr.dtype.element_ty), mask=old_mask)
+    # The new rows.
+    q = _quantize(x, s_new, QMAX, FP8)
+    tl.store(base + offs[:, None] * stride_cs + d[None, :], q.to(cache_ptr.dtype.element_ty), mask=new_mask)
+    tl.store(scale_at, s_new)
+
+
+@triton.jit
+def _store_kv_quant_kernel(
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, n_tokens,
+    stride_kn, stride_kh, stride_vn, stride_vh,  # k, v [N, H_kv, D]
+    stride_kcb, stride_kcs, stride_kch,  # k_cache [num_blocks, block_size, H_kv, D]
+    stride_vcb, stride_vcs, stride_vch,
+    stride_ksb, stride_vsb,  # k_scale, v_scale [num_blocks, H_kv], head stride 1
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr,
+    QMAX: tl.constexpr, FP8: tl.constexpr,
+):
+    # One program per (token, KV head); only the first token of each run of tokens going to the
+    # same block works: it handles the whole run, so one program owns the block's scale.
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + i)
+    prev = tl.load(slot_ptr + i - 1, mask=i > 0, other=-1)
+    block = slot // PAGE
+    leads = (slot >= 0) & ((prev < 0) | (prev // PAGE != block))  # (// of a negative: never used)
+    if not leads:
+        return
+    rows = i + tl.arange(0, BLOCK_P)  # a run is at most PAGE tokens long
+    rslot = tl.load(slot_ptr + rows, mask=rows < n_tokens, other=-1)
+    mine = (rslot >= 0) & (rslot // PAGE == block)
+    offs = tl.where(mine, rslot % PAGE, 0)
+    first = tl.min(tl.where(mine, offs, PAGE), 0)  # the run's first offset in the block
+    _store_one_quantized(k_ptr, stride_kn, stride_kh, k_cache_ptr, stride_kcb, stride_kcs, stride_kch,
+                         k_scale_ptr, stride_ksb, rows, mine, offs, first, block, h,
+                         HEAD_DIM, BLOCK_D, BLOCK_P, QMAX, FP8)
+    _store_one_quantized(v_ptr, stride_vn, stride_vh, v_cache_ptr, stride_vcb, stride_vcs, stride_vch,
+                         v_scale_ptr, stride_vsb, rows, mine, offs, first, block, h,
+                         HEAD_DIM, BLOCK_D, BLOCK_P, QMAX, FP8)
+
+
+def store_kv_quant_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping):
+    """In place: quantize the new tokens into an int8/fp8 cache, growing the blocks' scales
+    (re-quantizing their earlier rows) where needed. A block's new tokens must be consecutive
+    rows of the batch (they are: a request's tokens are, and blocks being written are not shared)."""
+    from .kv_quant import QMAX, kind_of
+
+    kind = kind_of(k_cache)
+    n, num_kv_heads, head_dim = k.shape
+    if n == 0:
+        return
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "cache head_dim must be contiguous"
+    assert k_scale.stride(-1) == 1 and v_scale.stride(-1) == 1, "scales [num_blocks, H_kv] must be contiguous per block"
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    slot_mapping = slot_mapping.to(device=k.device, dtype=torch.int64).contiguous()
+    page = k_cache.shape[1]
+    _store_kv_quant_kernel[(n, num_kv_heads)](
+        k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, n,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        k_scale.stride(0), v_scale.stride(0),
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=page,
+        BLOCK_P=triton.next_power_of_2(page), QMAX=QMAX[kind], FP8=kind == "fp8",
+        num_warps=4,
+    )
+
+
+def store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping):
+    """Torch reference (and CPU backend) of :func:`store_kv_quant_triton`, vectorised over the
+    blocks the batch writes: per (block, head), the new amax, the grown scale, the earlier rows
+    re-quantized where it grew, then the new rows."""
+    from .kv_quant import dequantize, kind_of, new_scale, quantize
+
+    kind = kind_of(k_cache)
+    slot_mapping = slot_mapping.to(device=k_cache.device, dtype=torch.long)
+    if bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    if slot_mapping.numel() == 0:
+        return
+    page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    blocks, offs = slot_mapping // page, slot_mapping % page
+    written, which = torch.unique(blocks, return_inverse=True)       # blocks touched, token -> block
+    first = torch.full((len(written),), page, dtype=torch.long, device=blocks.device)
+    first.scatter_reduce_(0, which, offs, reduce="amin")               # each block's first new offset
+    fresh = (first == 0)[:, None]                                      # starts a block: old scale void
+    earlier = torch.arange(page, device=blocks.device)[None, :] < first[:, None]   # [U, page]
+    for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        x = x.to(torch.float32)
+        amax = torch.zeros(len(written), num_kv_heads, dtype=torch.float32, device=x.device)
+        amax.scatter_reduce_(0, which[:, None].expand(-1, num_kv_heads), x.abs().amax(-1), reduce="amax")
+        s_old = torch.where(fresh, torch.zeros_like(amax), scale[written])
+        s_new = new_scale(s_old, amax, kind)
+        old = cache[written]                                           # [U, page, H_kv, D]
+        again = quantize(dequantize(old, s_old[:, None, :, None]), s_new[:, None, :, None], kind)
+        redo = earlier[:, :, None] & (s_new > s_old)[:, None, :]
+        cache[written] = torch.where(redo[..., None], again, old)
+        scale[written] = s_new
+        cache[blocks, offs] = quantize(x, s_new[which][:, :, None], kind)

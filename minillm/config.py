@@ -23,6 +23,8 @@ class EngineConfig:
     kv_cache_memory_gb: float = 0.25      # memory budget used when num_kv_blocks is None
     kv_allocation: str = "paged"          # "paged" (blocks on demand) | "reserved" (max-length reservation)
     enable_prefix_caching: bool = False   # automatic prefix caching (hash of full blocks)
+    kv_cache_dtype: str = "auto"          # "auto" (the model's dtype) | "int8" | "fp8": quantized KV,
+                                          # one scale per (block, KV head); ~2x the blocks of fp16
     watermark: float = 0.0                # fraction of blocks admission keeps free ("headroom")
 
     # --- the batch of one step ---------------------------------------------------
@@ -86,6 +88,7 @@ class EngineConfig:
             "executor": ("model", "simulated"),
             "device": ("cpu", "cuda", "auto"),
             "dtype": ("float32", "float16", "bfloat16", "auto"),
+            "kv_cache_dtype": ("auto", "int8", "fp8"),
             "attention_backend": ("torch", "triton", "auto"),
             "clock": ("wall", "modeled"),
         }
@@ -96,6 +99,10 @@ class EngineConfig:
         if self.kv_allocation == "reserved" and self.enable_prefix_caching:
             _fail("enable_prefix_caching", True,
                   "prefix caching needs kv_allocation='paged' (a reservation is not made of shareable blocks)")
+        if self.kv_cache_dtype != "auto" and self.kv_allocation == "reserved":
+            _fail("kv_cache_dtype", self.kv_cache_dtype,
+                  "a quantized KV cache needs kv_allocation='paged' (its scales are per block, and a "
+                  "reservation need not start on a block boundary)")
         if self.max_queue_len is not None and self.max_queue_len < 0:
             _fail("max_queue_len", self.max_queue_len, "must be >= 0 or None")
         if self.max_queue_delay is not None and self.max_queue_delay < 0:

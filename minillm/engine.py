@@ -154,7 +154,7 @@ class LLMEngine:
             return None
         from .costmodel import get_cost_model
         spec = cfg.cost_model if cfg.cost_model is not None else "H100-SXM"
-        return get_cost_model(spec, self.model_spec)
+        return get_cost_model(spec, self.model_spec, kv_cache_dtype=cfg.kv_cache_dtype)
 
     def _bytes_per_block(self) -> int:
         cm = self.cost_model
@@ -164,7 +164,8 @@ class LLMEngine:
         kvh = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
         hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         elt = 4 if self.config.executor == "model" and self.dtype == torch.float32 else 2
-        return 2 * c.num_hidden_layers * self.config.block_size * kvh * hd * elt
+        from .costmodel import kv_block_bytes   # values (1 byte for int8/fp8) and their per-block scales
+        return kv_block_bytes(c.num_hidden_layers, self.config.block_size, kvh, hd, elt, self.config.kv_cache_dtype)
 
     def _size_kv_from_memory(self) -> int:
         cfg = self.config

@@ -2,9 +2,14 @@
 
 It owns the KV cache tensors (one (K, V) pair per layer, shaped
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` for paged access) and the
-host-memory swap pool. Batch preparation is vectorised: one Python loop over
-*requests* collects token ids and block tables; positions, cache slots and
-context lengths are computed as whole tensors, never token by token.
+host-memory swap pool. With ``kv_cache_dtype="int8"`` or ``"fp8"`` the caches hold
+one-byte values and each layer also has its scales (one (K, V) pair of
+``[num_blocks, num_kv_heads]`` float32 tensors, ``kernels/kv_quant.py``), which travel
+with their blocks wherever the blocks go (swap out, swap in).
+
+Batch preparation is vectorised: one Python loop over *requests* collects token
+ids and block tables; positions, cache slots and context lengths are computed as
+whole tensors, never token by token.
 """
 
 from __future__ import annotations
@@ -72,6 +77,29 @@ def flat_batch(ids: list[int], q_lens: list[int], starts: list[int], tables: lis
     return torch.tensor(ids, dtype=torch.long, device=device), torch.from_numpy(positions).to(device), meta, cu_t
 
 
+def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                      dtype: torch.dtype, kv_cache_dtype: str = "auto", device="cpu", pin_memory: bool = False):
+    """Zeroed KV caches for ``num_layers`` layers: ``(caches, scales)``, where ``caches[layer] =
+    (k, v)`` ``[num_blocks, block_size, num_kv_heads, head_dim]`` and ``scales[layer] = (k_scale,
+    v_scale)`` ``[num_blocks, num_kv_heads]`` for a quantized cache ("int8" | "fp8"), else ``[]``.
+    ``kv_cache_dtype`` "auto" stores the model's ``dtype``; "float32" / "float16" / "bfloat16"
+    store that float type (for comparisons: the engine's config takes "auto", "int8", "fp8")."""
+    from kernels.kv_quant import SCALE_DTYPE, storage_dtype
+
+    floats = {"auto": dtype, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    quantized = kv_cache_dtype not in floats
+    elt = storage_dtype(kv_cache_dtype) if quantized else floats[kv_cache_dtype]
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+
+    def zeros(shape, dt):
+        return torch.zeros(shape, dtype=dt, device=device, pin_memory=pin_memory)
+
+    caches = [(zeros(shape, elt), zeros(shape, elt)) for _ in range(num_layers)]
+    scales = [(zeros(shape[::2], SCALE_DTYPE), zeros(shape[::2], SCALE_DTYPE))
+              for _ in range(num_layers)] if quantized else []
+    return caches, scales
+
+
 class ModelRunner:
     def __init__(self, config, model, hf_config, kv_manager, num_blocks: int, device: torch.device,
                  dtype: torch.dtype):
@@ -84,18 +112,17 @@ class ModelRunner:
         if self.backend == "triton":
             import kernels
             kernels.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter
-        shape = (num_blocks, config.block_size, model.num_kv_heads, model.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
-                           torch.zeros(shape, dtype=dtype, device=device)) for _ in range(model.num_layers)]
-        self.swap_caches = []
+        kv_dtype = getattr(config, "kv_cache_dtype", "auto")
+        layout = (config.block_size, model.num_kv_heads, model.head_dim, dtype, kv_dtype)
+        # kv_scales[layer] = (k_scale, v_scale) of a quantized cache; [] for a float one.
+        self.kv_caches, self.kv_scales = allocate_kv_cache(model.num_layers, num_blocks, *layout, device=device)
+        self.swap_caches, self.swap_scales = [], []
         if config.num_swap_blocks:
-            hshape = (config.num_swap_blocks,) + shape[1:]
-            pin = device.type == "cuda"
-            self.swap_caches = [(torch.zeros(hshape, dtype=dtype, pin_memory=pin),
-                                 torch.zeros(hshape, dtype=dtype, pin_memory=pin))
-                                for _ in range(model.num_layers)]
-        self.bytes_per_block = 2 * model.num_layers * config.block_size * model.num_kv_heads * \
-            model.head_dim * torch.finfo(dtype).bits // 8
+            self.swap_caches, self.swap_scales = allocate_kv_cache(
+                model.num_layers, config.num_swap_blocks, *layout, pin_memory=device.type == "cuda")
+        k0 = self.kv_caches[0][0]
+        self.bytes_per_block = sum(t[0].nbytes + t[1].nbytes for t in (self.kv_caches + self.kv_scales)) \
+            // k0.shape[0]   # K, V and their scales, every layer
         self.sampler = Sampler(config.seed)
         self.proposer = None       # speculative decoding: set by the engine (draft probabilities q)
         # The acceptance rule applied to each verified request: minillm.speculative.verify, or
@@ -111,11 +138,13 @@ class ModelRunner:
                 continue
             src = torch.tensor([a for a, _ in pairs], dtype=torch.long)
             dst = torch.tensor([b for _, b in pairs], dtype=torch.long)
-            for (dk, dv), (hk, hv) in zip(self.kv_caches, self.swap_caches):
+            for layer, ((dk, dv), (hk, hv)) in enumerate(zip(self.kv_caches, self.swap_caches)):
+                dev_s = self.kv_scales[layer] if self.kv_scales else None
+                host_s = self.swap_scales[layer] if self.kv_scales else None
                 if to_host:
-                    kernels.swap_blocks(dk, dv, hk, hv, src, dst)
+                    kernels.swap_blocks(dk, dv, hk, hv, src, dst, src_scales=dev_s, dst_scales=host_s)
                 else:
-                    kernels.swap_blocks(hk, hv, dk, dv, src, dst)
+                    kernels.swap_blocks(hk, hv, dk, dv, src, dst, src_scales=host_s, dst_scales=dev_s)
             moved += len(pairs) * self.bytes_per_block
         return moved
 
@@ -150,7 +179,10 @@ class ModelRunner:
         return batch
 
     def caches_for_attention(self):
+        """One entry per layer for the model: ``(k, v)``, or ``(k, v, k_scale, v_scale)`` when quantized."""
         abs_ = self.kv.attn_block_size
+        if self.kv_scales:   # quantized caches are paged (EngineConfig rejects a reservation)
+            return [kv + s for kv, s in zip(self.kv_caches, self.kv_scales)]
         if abs_ == self.config.block_size:
             return self.kv_caches
         # Reservation: regions are position-granular, so view the cache as blocks of 1.

@@ -83,12 +83,16 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + rotate_half(q) * sin                  # RoPE at each token's own position
         k = k * cos + rotate_half(k) * sin
-        k_cache, v_cache = kv_cache
+        # (k, v), or (k, v, k_scale, v_scale) for an int8/fp8 cache (quantized on store,
+        # dequantized on load, one scale per block and KV head).
+        k_cache, v_cache, *scales = kv_cache
+        k_scale, v_scale = scales or (None, None)
         # 1) write this step's K/V into the paged cache, 2) attend over the cache.
-        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
+        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale,
+                         backend=meta.backend)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
                                     meta.context_lens, self.scale, max_q_len=meta.max_q_len,
-                                    backend=meta.backend, plan=meta.plan)
+                                    backend=meta.backend, plan=meta.plan, k_scale=k_scale, v_scale=v_scale)
         return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
 
 
@@ -159,7 +163,8 @@ class LlamaModel(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list,
                 meta: AttentionMetadata, logits_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """input_ids, positions: [T]. kv_caches[layer] = (k_cache, v_cache).
+        """input_ids, positions: [T]. kv_caches[layer] = (k_cache, v_cache), or
+        (k_cache, v_cache, k_scale, v_scale) for a quantized cache.
         Returns float32 logits [len(logits_indices), vocab] (all rows if None)."""
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rope(positions, x.dtype)

@@ -1,0 +1,120 @@
+"""The quantized KV cache format: int8 or fp8 (e4m3) values, one float32 scale per (block, KV head).
+
+Seed concept: *cache quantization*, the fix for "batch size limited well below the compute
+limit by KV capacity". A KV position costs ``2 x layers x kv_heads x head_dim x sizeof(dtype)``
+bytes; storing the values in one byte instead of two (float16) or four (float32) fits about
+twice (four times) the positions, hence the requests, in the same memory.
+
+The format
+----------
+* ``k_cache, v_cache`` ``[num_blocks, block_size, H_kv, D]`` hold ``torch.int8`` or
+  ``torch.float8_e4m3fn`` values ``q``;
+* ``k_scale, v_scale`` ``[num_blocks, H_kv]`` float32 hold one scale ``s`` per block and KV head;
+* the value a slot stands for is ``q * s`` (symmetric: no zero point). ``s = amax / QMAX`` where
+  ``amax`` is the largest ``|x|`` the block has seen for that head, and ``QMAX`` is 127 for int8
+  and 448 (the largest finite e4m3 number) for fp8.
+
+How the scale is kept while a block fills token by token
+--------------------------------------------------------
+A block is written over many steps (a prompt chunk, then one decode token per step), and the
+scale must cover every value in it. The choice made here: **the scale only grows, and when a
+write brings a larger ``|x|``, the block's earlier rows are re-quantized to the new scale** in
+the same store. Why this rather than a scale fixed by the block's first write (with later values
+clamped)? In decode the first write is a single token, so a fixed scale would clip every later
+token that happens to be larger: a systematic error on exactly the long contexts quantization is
+for. Growing keeps every value in range, so the error of a value stays below one quantization
+step of its block's final scale (half a step when it was written at that scale, at most one step
+when it was re-quantized: two roundings). The kernel stays simple: one program per (run of a
+request's new tokens in one block, KV head) does it all (amax, re-quantize the earlier rows when
+the scale grew, write the new rows, store the scale), and no other program touches that block
+in that step. A write starting at offset 0 begins a fresh block: its old scale (left by a
+previous owner) is ignored. The scale of a full block never changes again, which is why prefix
+caching can share it, with its scale, between requests.
+
+Rounding (the reference defines it, the kernel repeats it operation for operation):
+
+* int8: ``q = clamp(floor(x / s + 0.5), -127, 127)``;
+* fp8: ``y = clamp(x / s, -448, 448)``, then ``y`` is rounded to the nearest e4m3 number, halves
+  away from zero, in float32 arithmetic (:func:`round_to_e4m3`), and only then cast: the cast is
+  exact. Triton's interpreter does not round float32 to fp8 correctly by itself (a value just
+  below a power of two can lose its carry), so neither side leaves the rounding to a cast.
+
+Both divisions are correctly rounded (IEEE), and ``s == 0`` (a block of zeros) writes zeros.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+QMAX = {"int8": 127.0, "fp8": 448.0}           # the largest magnitude a stored value may take
+SCALE_DTYPE = torch.float32
+SCALE_BYTES = 4                                  # bytes per scale (one per block, KV head, K or V)
+
+
+def fp8_available() -> Optional[str]:
+    """None when this torch has ``float8_e4m3fn``, else why fp8 KV cannot be used."""
+    if not hasattr(torch, "float8_e4m3fn"):
+        return f"torch {torch.__version__} has no float8_e4m3fn dtype"
+    return None
+
+
+def storage_dtype(kind: str) -> torch.dtype:
+    """The element dtype of a cache holding ``kind`` ("int8" | "fp8") values."""
+    if kind == "int8":
+        return torch.int8
+    if kind == "fp8":
+        why = fp8_available()
+        if why:
+            raise ValueError(f"kv_cache_dtype='fp8' is unavailable: {why}")
+        return torch.float8_e4m3fn
+    raise ValueError(f"unknown quantized KV kind {kind!r}; expected 'int8' or 'fp8'")
+
+
+def kind_of(cache: torch.Tensor) -> Optional[str]:
+    """"int8" / "fp8" for a quantized cache, None for a float one."""
+    if cache.dtype == torch.int8:
+        return "int8"
+    if cache.dtype == getattr(torch, "float8_e4m3fn", None):
+        return "fp8"
+    return None
+
+
+def round_to_e4m3(y: torch.Tensor) -> torch.Tensor:
+    """Round float32 ``y`` (already within +-448) to the nearest e4m3 value, halves away from
+    zero, in float32. e4m3 has 3 mantissa bits: between 2^e and 2^(e+1) its numbers are
+    2^(e-3) apart, for e from -6 up; below 2^-6 (subnormals) they are 2^-9 apart."""
+    a = y.abs()
+    e = ((a.view(torch.int32) >> 23) & 0xFF) - 127          # the binary exponent of |y|, exactly
+    e = e.clamp(min=-6)
+    step = ((e - 3 + 127) << 23).view(torch.float32)         # 2^(e-3), built from its bits
+    inv_step = ((127 - (e - 3)) << 23).view(torch.float32)   # 2^-(e-3)
+    r = torch.floor(a * inv_step + 0.5) * step               # both products are exact
+    return torch.copysign(r.clamp(max=448.0), y)
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor, kind: str) -> torch.Tensor:
+    """Quantize float32 ``x`` with ``scale`` (broadcast against it) to the storage dtype."""
+    s = torch.where(scale > 0, scale, torch.ones_like(scale))
+    y = x / s
+    if kind == "int8":
+        return torch.floor(y + 0.5).clamp(-127.0, 127.0).to(torch.int8)
+    return round_to_e4m3(y.clamp(-448.0, 448.0)).to(storage_dtype("fp8"))
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The float32 values ``q * scale`` stand for (``scale`` broadcast against ``q``)."""
+    return q.to(torch.float32) * scale
+
+
+def new_scale(old: torch.Tensor, amax: torch.Tensor, kind: str) -> torch.Tensor:
+    """The scale after a write whose largest ``|x|`` is ``amax``: it only grows."""
+    return torch.maximum(old, amax / QMAX[kind])
+
+
+def quantize_block(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block ``[block_size, H_kv, D]`` written at once: its values and its scales ``[H_kv]``."""
+    x = x.float()
+    scale = new_scale(torch.zeros(x.shape[1]), x.abs().amax(dim=(0, 2)), kind)
+    return quantize(x, scale[None, :, None], kind), scale
