@@ -10,6 +10,8 @@ the machine and the command that reproduces it, and writes ``DIR/NAME-SIZE.json`
 * ``paging``: max-length reservation vs paged KV on one trace and one capacity.
 * ``prefix``: prefill computed and TTFT with and without prefix caching.
 * ``sim-scale``: the simulated executor on 10,000 requests of a 70B-shaped model.
+* ``kv-quant``: the shipped model's held-out loss and greedy agreement with float32, float16,
+  int8 and fp8 KV caches, and the KV blocks each buys in the same memory.
 * ``all``: each of them at the chosen size.
 """
 
@@ -25,6 +27,7 @@ BENCHMARKS = {
     "paging": "paging",
     "prefix": "prefix",
     "sim-scale": "sim_scale",
+    "kv-quant": "kv_quant",
 }
 if importlib.util.find_spec(f"{__name__}.spec") is not None:   # added by the speculative-decoding work
     BENCHMARKS["spec"] = "spec"
