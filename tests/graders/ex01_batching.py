@@ -3,24 +3,71 @@
 Each answer is held against something it did not compute: the seeds' worked numbers, the
 engine's cost model, the KV tensors the engine really allocates, and what the real
 scheduler decides on the same requests. Failure messages say what was expected.
+
+The formulas are also graded on made-up models and hardware given as plain objects (only the
+attributes the docstrings name), and with the engine's own versions of them switched off, so an
+answer that hands the work to ``minillm.costmodel`` does not pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from minillm import LLM, SamplingParams, impl
-from minillm.costmodel import (HARDWARE, MODELS, ConstantStepTime, RooflineCostModel, kv_cache_bytes,
-                               max_batch_size)
+from minillm import costmodel
+from minillm.costmodel import (HARDWARE, MODELS, ConstantStepTime, HardwareSpec, ModelSpec, RooflineCostModel,
+                               kv_cache_bytes, max_batch_size)
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
 def ex():
     return impl.load("ex01_batching")
+
+
+# Made-up shapes and hardware: (engine spec for the expected value, plain object for your function).
+_SHAPES = [dict(num_params=1_234_567_890, num_layers=7, num_heads=12, num_kv_heads=3, head_dim=80, dtype_bytes=2),
+           dict(num_params=98_765_432, num_layers=3, num_heads=6, num_kv_heads=6, head_dim=48, dtype_bytes=4),
+           dict(num_params=45_000_000_000, num_layers=50, num_heads=40, num_kv_heads=1, head_dim=96, dtype_bytes=1)]
+_HARDWARE = [dict(peak_flops=2.5e13, hbm_bandwidth=9e11, hbm_bytes=6e10, pcie_bandwidth=1e10, step_overhead=1e-3),
+             dict(peak_flops=4e15, hbm_bandwidth=1e14, hbm_bytes=3e11, pcie_bandwidth=5e10, step_overhead=0.0),
+             dict(peak_flops=1e12, hbm_bandwidth=2e12, hbm_bytes=1.2e10, pcie_bandwidth=1e10, step_overhead=2e-4)]
+
+
+def _made_up_model(i):
+    d = _SHAPES[i]
+    spec = ModelSpec(name=f"made-up-{i}", hidden_size=d["num_heads"] * d["head_dim"], **d)
+    plain = SimpleNamespace(**d, weight_bytes=d["num_params"] * d["dtype_bytes"])
+    return spec, plain
+
+
+def _made_up_hardware(i):
+    d = _HARDWARE[i]
+    return HardwareSpec(name=f"made-up-hw-{i}", **d), SimpleNamespace(**d)
+
+
+def _tripwire(*args, **kwargs):
+    raise AssertionError("your answer called the engine's own version of this computation (minillm.costmodel: "
+                         "kv_cache_bytes, max_batch_size, RooflineCostModel or ModelSpec.kv_bytes_per_token); "
+                         "the exercise is to write it yourself")
+
+
+@contextlib.contextmanager
+def _engine_formulas_switched_off():
+    """Every engine function that computes what these exercises ask raises while the block runs."""
+    with pytest.MonkeyPatch.context() as mp:
+        for f in (costmodel.kv_cache_bytes, costmodel.max_kv_tokens, costmodel.max_batch_size,
+                  costmodel.bytes_per_generated_token, costmodel.RooflineCostModel.__init__,
+                  costmodel.RooflineCostModel.step_time, costmodel.RooflineCostModel.breakdown,
+                  costmodel.RooflineCostModel.step_flops, costmodel.RooflineCostModel.step_bytes,
+                  costmodel.ModelSpec.kv_bytes_per_token.fget):
+            mp.setattr(f, "__code__", _tripwire.__code__)
+        yield
 
 
 # --- Exercise 1: kv_cache_bytes ------------------------------------------------------------
@@ -33,6 +80,25 @@ def test_kv_cache_bytes_matches_the_formula():
             assert got == want, (f"kv_cache_bytes({name}, num_tokens={n}, batch={b}): expected {want} bytes "
                                  f"= 2 x {m.num_layers} layers x {m.head_dim} head_dim x {m.num_kv_heads} KV heads "
                                  f"x {n} x {b} x {m.dtype_bytes} bytes, got {got}")
+
+
+def test_kv_cache_bytes_on_made_up_models():
+    """Any object with the four attributes the docstring names will do (not only the presets)."""
+    for i in range(len(_SHAPES)):
+        spec, plain = _made_up_model(i)
+        for n, b in ((1, 1), (1000, 3)):
+            want = kv_cache_bytes(spec, n, b)
+            got = ex().kv_cache_bytes(plain, n, b)
+            assert got == want, (f"kv_cache_bytes on a made-up model {_SHAPES[i]}, num_tokens={n}, batch={b}: "
+                                 f"expected {want}, got {got}")
+
+
+def test_kv_cache_bytes_is_your_own_formula():
+    for name in ("llama-2-7b", "llama-2-70b", "qwen3-0.6b"):
+        want = kv_cache_bytes(MODELS[name], 4096, 2)
+        with _engine_formulas_switched_off():
+            got = ex().kv_cache_bytes(MODELS[name], 4096, 2)
+        assert got == want, f"kv_cache_bytes({name}, 4096, 2): expected {want}, got {got}"
 
 
 def test_kv_cache_bytes_seeds_70b_example():
@@ -71,6 +137,19 @@ def test_max_batch_size_matches_the_cost_model():
                                          f"memory_fraction={frac}): expected {want}, got {got}")
 
 
+def test_max_batch_size_on_made_up_hardware():
+    for i in range(len(_SHAPES)):
+        spec, plain = _made_up_model(i)
+        for j in range(len(_HARDWARE)):
+            hw_spec, hw_plain = _made_up_hardware(j)
+            for max_len, frac in ((512, 0.9), (3000, 0.75), (1, 1.0)):
+                want = max_batch_size(hw_spec, spec, max_len, frac)
+                with _engine_formulas_switched_off():
+                    got = ex().max_batch_size(hw_plain, plain, max_len, frac)
+                assert got == want, (f"max_batch_size on made-up hardware {_HARDWARE[j]} and model {_SHAPES[i]}, "
+                                     f"max_len={max_len}, memory_fraction={frac}: expected {want}, got {got}")
+
+
 def test_max_batch_size_is_zero_when_the_weights_do_not_fit():
     got = ex().max_batch_size(HARDWARE["A100-80GB"], MODELS["llama-2-70b"], 4096)
     assert got == 0, f"Llama-2-70B's bf16 weights (138 GB) do not fit one 80 GB GPU: expected 0, got {got}"
@@ -89,6 +168,23 @@ def test_decode_step_time_matches_the_roofline_cost_model():
                     assert got == pytest.approx(want, rel=1e-9), (
                         f"decode_step_time({m}, {hw}, batch={b}, context_len={c}): expected {want * 1e3:.6f} ms "
                         f"({cm.breakdown([1] * b, [c] * b)['bound']} bound), got {got * 1e3:.6f} ms")
+
+
+def test_decode_step_time_on_made_up_hardware():
+    """Made-up accelerators put some steps firmly on the compute side of the roofline."""
+    for i in range(len(_SHAPES)):
+        spec, plain = _made_up_model(i)
+        for j in range(len(_HARDWARE)):
+            hw_spec, hw_plain = _made_up_hardware(j)
+            for b, c, fe, be in ((1, 64, 0.7, 0.8), (1024, 16, 0.5, 0.9), (64, 4096, 0.9, 0.6), (4096, 1, 1.0, 1.0)):
+                cm = RooflineCostModel(hw_spec, spec, flops_efficiency=fe, bandwidth_efficiency=be)
+                want, bound = cm.step_time([1] * b, [c] * b), cm.breakdown([1] * b, [c] * b)["bound"]
+                with _engine_formulas_switched_off():
+                    got = ex().decode_step_time(plain, hw_plain, b, c, flops_efficiency=fe, bandwidth_efficiency=be)
+                assert got == pytest.approx(want, rel=1e-9), (
+                    f"decode_step_time on made-up hardware {_HARDWARE[j]} and model {_SHAPES[i]}, batch={b}, "
+                    f"context_len={c}, flops_efficiency={fe}, bandwidth_efficiency={be}: expected "
+                    f"{want * 1e3:.6f} ms ({bound} bound), got {got * 1e3:.6f} ms")
 
 
 def test_decode_step_time_efficiency_knobs():
@@ -170,6 +266,10 @@ def test_plan_step_small_cases():
         (([("A", 6, 5), ("B", 4, 3)], [("C", 2)], 8, 100, 2), {"A": 1, "B": 1}, "no slot left for C"),
         (([("A", 6, 5)], [("C", 7), ("D", 1)], 8, 5, 4), {"A": 1}, "C needs 7 positions, 4 left; D waits behind C"),
         (([("A", 6, 5), ("B", 4, 3)], [], 1, 100, 4), {"A": 1}, "the budget is spent before B"),
+        (([("A", 6, 5)], [("C", 5)], 8, 5, 4), {"A": 1},
+         "A's decode takes 1 of the 5 free KV positions, so only 4 are left for C's 5"),
+        (([("A", 20, 12), ("B", 9, 8)], [("C", 3), ("D", 1)], 16, 12, 4), {"A": 8, "B": 1, "C": 3},
+         "A's chunk (8) and B's decode (1) take 9 of the 12 free positions: C's 3 fit, D's 1 no longer does"),
     ]
     for args, want, why in cases:
         got = f(*args)

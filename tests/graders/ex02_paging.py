@@ -199,6 +199,20 @@ def test_first_fit_reserve_and_release():
     assert a.reserve("U", 8) == 16, "first fit: the gap at 5..7 is too small, so 8 positions go to 16"
 
 
+def test_first_fit_takes_the_lowest_gap_not_the_tightest_or_the_largest():
+    """Gaps of 6 at 0, 3 at 10 and 7 at 23: a 3-position request goes to 0 (first fit), not to the
+    exact fit at 10 (best fit) nor to the largest gap at 23 (worst fit)."""
+    a = ex().FirstFitAllocator(30)
+    starts = [a.reserve(r, n) for r, n in (("a", 6), ("b", 4), ("c", 3), ("d", 8), ("e", 2))]
+    assert starts == [0, 6, 10, 13, 21], f"five reservations into an empty space: expected [0, 6, 10, 13, 21], got {starts}"
+    a.release("a")
+    a.release("c")
+    assert a.gaps() == [(0, 6), (10, 3), (23, 7)], f"expected gaps [(0, 6), (10, 3), (23, 7)], got {a.gaps()}"
+    got = [a.reserve("x", 3), a.reserve("y", 3), a.reserve("z", 3), a.reserve("w", 5)]
+    assert got == [0, 3, 10, 23], (f"first fit: each reservation goes to the lowest gap that holds it, so 3, 3, 3 "
+                                   f"and 5 positions start at [0, 3, 10, 23]; got {got}")
+
+
 def test_first_fit_figure4_in_the_engine():
     """Figure 4 with your allocator: B (5-token prompt, max_tokens 15) reserves 20 of 24; after two steps
     C (6-token prompt) cannot be admitted."""

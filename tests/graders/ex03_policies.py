@@ -8,6 +8,8 @@ from the trace (the aging bound, the boost bound, the fair-share bound).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from minillm import LLM, impl
@@ -132,6 +134,53 @@ def test_mlfq_levels_by_hand():
     want = [expected(k) for k in range(1, 41)]
     assert levels == want, f"levels after each step: expected {want}, got {levels}"
     assert pol.num_boosts == 2, f"two boosts (after steps 16 and 31) in 40 steps, got {pol.num_boosts}"
+
+
+def _requests(n):
+    eng = _engine("fcfs")
+    submit_trace(eng, [TraceRequest(f"r{i}", 0.01 * i, 8, 400) for i in range(n)], vocab_size=eng.vocab_size)
+    return [eng.requests[f"r{i}"] for i in range(n)]
+
+
+def test_mlfq_on_step_demotes_through_several_levels_in_one_step():
+    """A speculative step can emit several tokens, enough to use up more than one quantum: the
+    request falls through every level whose quantum it used up, keeping the tokens left over."""
+    pol = ex().MLFQPolicy(quanta=(2, 3, 4), boost_interval=None)
+    a, b = _requests(2)
+
+    def step(req, tokens):
+        req.output_token_ids.extend([1] * tokens)
+        pol.on_step([SimpleNamespace(request=req, num_new_tokens=tokens, phase="decode")], 0.0)
+        return list(pol.state(req)[:2])
+
+    got = [step(a, 1), step(a, 10), step(a, 5)]
+    assert got == [[0, 1], [3, 2], [3, 7]], (
+        f"quanta (2, 3, 4), steps of 1, 10, then 5 tokens: 1 token stays at level 0; 1 + 10 = 11 tokens use up "
+        f"2 + 3 + 4 and leave 2 at level 3 (the last, no quantum); 5 more counted there: expected [level, count] "
+        f"after each step [[0, 1], [3, 2], [3, 7]], got {got}")
+    got = [step(b, 3), step(b, 4)]
+    assert got == [[1, 1], [2, 2]], (
+        f"steps of 3 then 4 tokens: 3 = 2 (level 0's quantum) + 1 counted at level 1; then 1 + 4 = 5 = 3 (level 1's "
+        f"quantum) + 2 at level 2: expected [[1, 1], [2, 2]], got {got}")
+
+
+def test_mlfq_victims_come_from_the_deepest_level():
+    pol = ex().MLFQPolicy(quanta=(4, 8))
+    r = _requests(5)
+    for req, level, seq in zip(r, (0, 2, 1, 2, 1), (5, 1, 2, 3, 4)):
+        st = pol.state(req)
+        st[0] = level
+        req.admit_seq = seq
+    got = pol.pick_victim(r, 0.0)
+    assert got is r[3], (f"levels {[pol.level(q) for q in r]}, admit_seq {[q.admit_seq for q in r]}: the victim is "
+                         f"the deepest level (2), most recently admitted there: r3; got {got.request_id}")
+    got = pol.pick_victim([r[0], r[2], r[4]], 0.0)
+    assert got is r[4], f"levels 0, 1, 1: the deepest is 1, r4 admitted after r2; got {got.request_id}"
+    got = pol.preempt_for(r[2], [r[0], r[1], r[3], r[4]], 0.0)
+    assert got is r[3], (f"a waiting request at level 1 may push out only a deeper one (r1, r3 at level 2), the most "
+                         f"recently admitted: r3; got {got and got.request_id}")
+    got = pol.preempt_for(r[1], [r[0], r[2], r[3]], 0.0)
+    assert got is None, f"a level-2 request may not push out requests at level 2 or above; got {got and got.request_id}"
 
 
 def test_mlfq_matches_the_engines_mlfq():

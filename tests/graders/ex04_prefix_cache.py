@@ -121,6 +121,20 @@ def test_longest_prefix_match_guards_against_collisions():
                                               f"only block 0 is a hit; got {[b.block_id for b in got]}")
 
 
+def test_longest_prefix_match_stops_at_the_first_miss():
+    """Blocks 0 and 2 of a prompt are cached, block 1 is not: only block 0 can be reused (block 2's KV
+    was computed after block 1's tokens, whose KV is not there)."""
+    toks = list(range(40, 53))
+    keys = _engine_chain(toks, 4)
+    cached = {}
+    for i in (0, 2):
+        b = Block(10 + i)
+        b.block_hash, b.token_ids, b.parent_hash = keys[i], tuple(toks[4 * i:4 * i + 4]), keys[i - 1] if i else None
+        cached[keys[i]] = b
+    got = [b.block_id for b in ex().longest_prefix_match(toks, 4, cached)]
+    assert got == [10], f"blocks 0 and 2 cached, block 1 missing: expected only block 0 (id 10), got ids {got}"
+
+
 # --- Exercise 3: EvictingBlockPool ------------------------------------------------------------------
 
 def test_pool_counts_references_and_evicts_lru_by_hand():

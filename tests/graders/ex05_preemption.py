@@ -5,16 +5,20 @@ rule (``minillm.costmodel.swap_or_recompute``), then run inside the engine throu
 ``YourCostModel`` with ``preemption_mode="auto"``. The victims are checked at every preemption of
 real runs (the candidates the scheduler offered, the one your policy gave up) and, for priority
 preemption, against the engine's ``Priority`` policy request by request.
+
+The rule is also graded with the engine's own version switched off, so an answer that hands the
+decision to ``minillm.costmodel`` does not pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import replace
 
 import pytest
 
-from minillm import LLM, impl
+from minillm import LLM, costmodel, impl
 from minillm.costmodel import HARDWARE, ConstantStepTime, RooflineCostModel, swap_or_recompute
 from minillm.invariants import check_all_free, check_invariants
 from minillm.policies import Priority
@@ -66,6 +70,32 @@ def test_rule_agrees_with_the_engines_over_a_grid():
         got = ex().swap_or_recompute(kv, n, bw, s)
         assert got == want, (f"M_KV={kv:g} B, n={n}, B_PCIe={bw:g} B/s, S_prefill={s:g} tok/s: swap takes "
                              f"{kv / bw * 1e3:.3g} ms, recompute {n / s * 1e3:.3g} ms: expected {want!r}, got {got!r}")
+
+
+def _tripwire(*args, **kwargs):
+    raise AssertionError("your answer called the engine's own recompute-or-swap rule (minillm.costmodel."
+                         "swap_or_recompute, or a cost model's preemption_mode / swap_time); the exercise is to "
+                         "write the rule yourself")
+
+
+@contextlib.contextmanager
+def _engine_rule_switched_off():
+    with pytest.MonkeyPatch.context() as mp:
+        for f in (costmodel.swap_or_recompute, costmodel.CostModel.preemption_mode, costmodel.CostModel.swap_time,
+                  costmodel.RooflineCostModel.swap_time, costmodel.ConstantStepTime.swap_time):
+            mp.setattr(f, "__code__", _tripwire.__code__)
+        yield
+
+
+def test_the_rule_is_your_own():
+    cases = [(1e9, 2000, 32e9, 4000.0), (8e9, 100, 32e9, 4000.0), (1e9, 1000, 1e9, 1000.0), (3e8, 30000, 16e9, 500.0)]
+    want = [swap_or_recompute(*c) for c in cases]
+    with _engine_rule_switched_off():
+        got = [ex().swap_or_recompute(*c) for c in cases]
+        times = [t for c in cases for t in (ex().swap_time(c[0], c[2]), ex().recompute_time(c[1], c[3]))]
+    assert got == want, f"cases {cases}: expected {want}, got {got}"
+    assert times == pytest.approx([t for c in cases for t in (c[0] / c[2], c[1] / c[3])]), (
+        f"swap_time and recompute_time on {cases}: got {times}")
 
 
 def _pressure_trace():

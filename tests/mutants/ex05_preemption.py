@@ -1,0 +1,53 @@
+"""Plausible wrong answers to notebook 05's exercises; each must fail tests/graders/ex05_preemption.py.
+
+Each entry: (what the mistake is, old text of solutions/ex05_preemption.py, new text), or
+(what, [(old, new), ...]) for a mistake that touches several lines.
+"""
+
+MUTANTS = [
+    # swap_time / recompute_time
+    ("swap_time: bytes times bandwidth", "return kv_bytes / pcie_bandwidth", "return kv_bytes * pcie_bandwidth / 1e18"),
+    ("swap_time: bandwidth taken as GB/s", "return kv_bytes / pcie_bandwidth", "return kv_bytes / (pcie_bandwidth * 1e9)"),
+    ("recompute_time: speed over tokens", "return num_tokens / prefill_tokens_per_s",
+     "return prefill_tokens_per_s / num_tokens"),
+    ("recompute_time: one token fewer (the last one is not recomputed)",
+     "return num_tokens / prefill_tokens_per_s", "return (num_tokens - 1) / prefill_tokens_per_s"),
+    # swap_or_recompute
+    ("rule: a tie goes to swap", "return \"swap\" if swap < recompute else \"recompute\"",
+     "return \"swap\" if swap <= recompute else \"recompute\""),
+    ("rule: the comparison the wrong way round", "return \"swap\" if swap < recompute else \"recompute\"",
+     "return \"swap\" if swap > recompute else \"recompute\""),
+    ("rule: delegated to the engine's swap_or_recompute",
+     "    swap = swap_time(kv_bytes, pcie_bandwidth)\n",
+     "    from minillm.costmodel import swap_or_recompute as engine_rule\n"
+     "    return engine_rule(kv_bytes, num_tokens, pcie_bandwidth, prefill_tokens_per_s)\n"),
+    ("rule: delegated to the engine's cost model",
+     "    swap = swap_time(kv_bytes, pcie_bandwidth)\n",
+     "    from minillm import costmodel\n"
+     "    return costmodel.swap_or_recompute(kv_bytes, num_tokens, pcie_bandwidth, prefill_tokens_per_s)\n"),
+    ("rule: always recompute", "return \"swap\" if swap < recompute else \"recompute\"", "return \"recompute\""),
+    # LeastProgressVictim.pick_victim
+    ("least-progress: the most progress",
+     "return min(candidates, key=lambda r: (r.num_computed_tokens, -r.admit_seq))",
+     "return max(candidates, key=lambda r: (r.num_computed_tokens, r.admit_seq))"),
+    ("least-progress: ties to the earliest admitted",
+     "return min(candidates, key=lambda r: (r.num_computed_tokens, -r.admit_seq))",
+     "return min(candidates, key=lambda r: (r.num_computed_tokens, r.admit_seq))"),
+    ("least-progress: progress measured in generated tokens",
+     "return min(candidates, key=lambda r: (r.num_computed_tokens, -r.admit_seq))",
+     "return min(candidates, key=lambda r: (r.num_output_tokens, -r.admit_seq))"),
+    # PriorityPreemption
+    ("priority: arrival order only", "return sorted(waiting, key=lambda r: (r.priority, r.arrival_time))",
+     "return sorted(waiting, key=lambda r: r.arrival_time)"),
+    ("priority: the largest priority value first", "return sorted(waiting, key=lambda r: (r.priority, r.arrival_time))",
+     "return sorted(waiting, key=lambda r: (-r.priority, r.arrival_time))"),
+    ("priority: the victim is the most urgent", "return max(candidates, key=lambda r: (r.priority, r.admit_seq))",
+     "return min(candidates, key=lambda r: (r.priority, -r.admit_seq))"),
+    ("priority: victim ties to the earliest admitted", "return max(candidates, key=lambda r: (r.priority, r.admit_seq))",
+     "return max(candidates, key=lambda r: (r.priority, -r.admit_seq))"),
+    ("priority: a request of the same class may be pushed out",
+     "lower = [r for r in running if r.priority > request.priority]",
+     "lower = [r for r in running if r.priority >= request.priority]"),
+    ("priority: never preempts", "return self.pick_victim(lower, now) if lower else None\n        ### END SOLUTION\n",
+     "return None\n        ### END SOLUTION\n"),
+]
