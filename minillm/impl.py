@@ -25,8 +25,10 @@ memory manager (notebook 02's allocators) takes over from the engine's own.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.util
+import linecache
 import os
 import sys
 import zlib
@@ -63,10 +65,13 @@ def impl_dir(impl: Optional[str] = None) -> Path:
 def load(module: str, impl: Optional[str] = None, *, reload: bool = False) -> ModuleType:
     """The exercise module ``module`` (e.g. "ex01_batching") of the implementation in force.
 
-    ``exercises`` and ``solutions`` are imported as packages (``exercises.ex01_batching``), so
-    a module is loaded once per process; ``reload=True`` reads the file again (a notebook cell
-    that loads with it picks up your edits when you re-run it). A directory given by path is
-    loaded from its file under the name ``minillm_impl_<dir checksum>_<module>``.
+    The file is read on every call: while it is unchanged the module already loaded is returned (the
+    same object, so its classes stay the same), and once it changes (you edited it) it is executed
+    again. Re-running a notebook's ``impl.load`` cell therefore picks up your edit, in every notebook,
+    without restarting the kernel. ``reload=True`` executes the file again even when it is unchanged.
+
+    ``exercises`` and ``solutions`` are loaded as modules of their packages (``exercises.ex01_batching``);
+    a directory given by path is loaded under the name ``minillm_impl_<dir checksum>_<module>``.
     """
     name = which(impl)
     d = impl_dir(name)
@@ -78,20 +83,38 @@ def load(module: str, impl: Optional[str] = None, *, reload: bool = False) -> Mo
         root = str(REPO_ROOT)
         if root not in sys.path:
             sys.path.insert(0, root)
-        mod = importlib.import_module(f"{name}.{module}")
-        return importlib.reload(mod) if reload else mod
-    qual = f"minillm_impl_{zlib.crc32(str(d).encode()):08x}_{module}"
-    if qual in sys.modules and not reload:
-        return sys.modules[qual]
+        package = importlib.import_module(name)
+        qual = f"{name}.{module}"
+    else:
+        package = None
+        qual = f"minillm_impl_{zlib.crc32(str(d).encode()):08x}_{module}"
+    source = path.read_bytes()
+    digest = hashlib.sha256(source).hexdigest()
+    loaded = sys.modules.get(qual)
+    if loaded is not None and not reload and _loaded_from.get(qual) == (str(path), digest):
+        return loaded
+    # Executed from the source just read, never from a cached .pyc: an edit within the same second
+    # as the previous one (same mtime in the .pyc header) must count too.
     spec = importlib.util.spec_from_file_location(qual, path)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[qual] = mod
+    code = compile(source, str(path), "exec", dont_inherit=True)
+    sys.modules[qual] = mod          # dataclasses and pickling look a module up while it executes
     try:
-        spec.loader.exec_module(mod)
+        exec(code, mod.__dict__)
     except BaseException:
-        sys.modules.pop(qual, None)
+        if loaded is not None:
+            sys.modules[qual] = loaded
+        else:
+            sys.modules.pop(qual, None)
         raise
+    _loaded_from[qual] = (str(path), digest)
+    if package is not None:
+        setattr(package, module, mod)
+    linecache.checkcache(str(path))  # tracebacks show the lines of the file as it is now
     return mod
+
+
+_loaded_from: dict[str, tuple[str, str]] = {}    # module name -> (file, sha256 of the source it ran)
 
 
 @contextlib.contextmanager

@@ -332,8 +332,8 @@ from dataclasses import replace
 from minillm.costmodel import (HARDWARE, MODELS, ConstantStepTime, RooflineCostModel, bytes_per_generated_token,
                                decode_step_time_vs_batch, kv_cache_bytes, max_batch_size)
 
-ex = impl.load("ex01_batching", reload=True)   # your exercises/ex01_batching.py (MINILLM_IMPL=solutions: the answers);
-                                               # re-run this cell after editing the file
+ex = impl.load("ex01_batching")   # your exercises/ex01_batching.py (MINILLM_IMPL=solutions: the answers);
+                                  # re-run this cell after editing the file: impl.load reads it again
 '''),
         md('''
 ## 1. Decode reads every weight to make one token
@@ -694,8 +694,8 @@ caches, measures the waste and its cost on a realistic trace, and ends with the 
         code('''
 from minillm.costmodel import ConstantStepTime
 
-ex = impl.load("ex02_paging", reload=True)     # your exercises/ex02_paging.py (MINILLM_IMPL=solutions: the answers);
-                                               # re-run this cell after editing the file
+ex = impl.load("ex02_paging")     # your exercises/ex02_paging.py (MINILLM_IMPL=solutions: the answers);
+                                  # re-run this cell after editing the file: impl.load reads it again
 '''),
         md('''
 ## 1. Figure 4: an unused reservation makes C wait

@@ -88,7 +88,8 @@ from minillm.policies import MLFQ, SJF, Fair, Priority, PromptPredictor
 from minillm.simulated import simulate
 from minillm.workloads import LogNormal, TraceRequest, Uniform
 
-ex = impl.load("ex03_policies")    # your exercises (or the reference answers, with MINILLM_IMPL=solutions)
+ex = impl.load("ex03_policies")    # your exercises/ex03_policies.py (MINILLM_IMPL=solutions: the answers);
+                                   # re-run this cell after editing the file: impl.load reads it again
 TEN_MS = ConstantStepTime(0.010)   # the seeds' exercises: every step takes 10 ms, whatever the batch
 
 def served(trace, policy="fcfs", cost_model=TEN_MS, **config):
@@ -644,7 +645,8 @@ block is hashed, and kept after its request finishes until its memory is needed.
 from minillm.block_pool import hash_block
 from minillm.workloads import LogNormal
 
-ex = impl.load("ex04_prefix_cache")   # your exercises (or the reference answers, with MINILLM_IMPL=solutions)
+ex = impl.load("ex04_prefix_cache")   # your exercises/ex04_prefix_cache.py (MINILLM_IMPL=solutions: the answers);
+                                      # re-run this cell after editing the file: impl.load reads it again
 
 def serve(trace, **config):
     """A modeled H100 serving Llama-2-7B with 8 GiB of KV cache, as in notebook 02 (the simulated executor: the
@@ -1025,7 +1027,8 @@ from minillm.costmodel import HARDWARE, RooflineCostModel, swap_or_recompute
 from minillm.policies import Priority
 from minillm.workloads import LogNormal, TraceRequest, Uniform
 
-ex = impl.load("ex05_preemption")    # your exercises (or the reference answers, with MINILLM_IMPL=solutions)
+ex = impl.load("ex05_preemption")    # your exercises/ex05_preemption.py (MINILLM_IMPL=solutions: the answers);
+                                     # re-run this cell after editing the file: impl.load reads it again
 H100 = RooflineCostModel("H100-SXM", "llama-2-7b")
 
 def serve(trace, cost_model=H100, **config):
@@ -1336,7 +1339,8 @@ from minillm.costmodel import MODELS, ModelSpec, RooflineCostModel
 from minillm.speculative import (alpha_from_tokens_per_step, expected_speedup, expected_tokens_per_step,
                                  modeled_speedup, spec_stats)
 
-ex = impl.load("ex06_speculative")   # your exercise (or the reference answer, with MINILLM_IMPL=solutions)
+ex = impl.load("ex06_speculative")   # your exercises/ex06_speculative.py (MINILLM_IMPL=solutions: the answer);
+                                     # re-run this cell after editing the file: impl.load reads it again
 '''),
         md(r'''
 ## 1. Draft and verify, stepped
