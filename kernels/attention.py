@@ -40,6 +40,12 @@ has only ``batch * num_kv_heads`` programs, too few to keep every SM streaming H
 when the batch is small and the contexts long. Then each tile's keys are cut into
 ``NUM_SPLITS`` ranges handled by separate programs, which write partial results (the
 normalised partial output and its log-sum-exp); a small second kernel merges them.
+
+Quantized caches (int8 or fp8 values, one float32 scale per block and KV head; see
+``kernels/kv_quant.py``) are dequantized on load. The matmuls run on the stored values
+themselves, exact in the compute type, and the scales enter where they cost least: a key's
+scale multiplies its column of scores after ``q k^T``, a value's scale multiplies its column
+of probabilities before ``p v``. The torch reference dequantizes the gathered blocks first.
 """
 
 from __future__ import annotations

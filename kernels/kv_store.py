@@ -8,6 +8,10 @@ of the request, the new ones included, through the block table alone.
 
 Layouts: ``k, v``: ``[N, num_kv_heads, head_dim]``; ``k_cache, v_cache``:
 ``[num_blocks, block_size, num_kv_heads, head_dim]``; ``slot_mapping``: int64 ``[N]``.
+
+A quantized cache (int8 / fp8 values and ``[num_blocks, num_kv_heads]`` scales) is written by
+``store_kv_quant_*``: the store quantizes, and keeps each block's scale covering everything in
+the block (it grows, re-quantizing the block's earlier rows; ``kernels/kv_quant.py`` says why).
 """
 
 from __future__ import annotations
@@ -131,6 +135,7 @@ def _store_one_quantized(
     base = cache_ptr + block * stride_cb + h * stride_ch
     # The rows already in the block, re-quantized when the scale grew.
     p = tl.arange(0, BLOCK_P)
+    # (the scalar "grew" is broadcast by hand: the interpreter cannot `&` a scalar bool with a block)
     grew = (s_new > s_old).to(tl.int32)
     old_mask = (p < first)[:, None] & d_ok[None, :] & (grew + tl.zeros_like(p)[:, None] > 0)
     q_old = tl.load(base + p[:, None] * stride_cs + d[None, :], mask=old_mask, other=0.0).to(tl.float32)
