@@ -10,12 +10,14 @@ What each figure shows, in the notebooks' vocabulary:
 
 * ``batch_figure``: one step's batch against the **execution-token budget**, a
   stacked bar of decode tokens, prefill-chunk tokens and unused budget (the
-  seeds' Figure 3, upper bar).
+  seeds' Figure 3, upper bar); with speculative decoding each request's draft
+  guesses are their own segments, marked accepted or rejected.
 * ``kv_map_figure``: the **KV memory map** after a step, one cell per block (or
   per token position when the capacity is small, as in the seeds' Figure 4),
   coloured by the request that owns it; **reserved but unused** positions are
   hatched, a prefix block shared by n requests is marked ``xn``, a free block
-  that still holds a cached prefix is faded, a free block is empty.
+  that still holds a cached prefix is dotted slate grey, a free block is empty;
+  the legend shows each state with its own fill.
 * ``compare_kv_figure``: the KV maps of several engines at the same step, one
   above the other: reservation vs paging (the seeds' Figure 4).
 * ``gantt_figure``: each request's life, queued -> prefill -> decode, with its
@@ -61,7 +63,7 @@ PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B
            "#FF9DA6", "#9D755D", "#7F3C8D", "#1F9E89", "#D4A017", "#3F51B5", "#C2185B",
            "#6D8B3A", "#8C6D31"]
 FREE_LINE = "#c4c4c4"       # outline of a free cell
-CACHED_FILL = "#dde3ea"     # a free block that still holds a cached prefix: faded
+CACHED_FILL = "#dde3ea"     # a free block that still holds a cached prefix (under a dotted pattern)
 UNUSED_BUDGET = "#eeeeee"   # execution-token budget left unused
 PHASE_COLORS = {"queued": "#c9c9c9", "prefill": "#F58518", "decode": "#4C78A8",
                 "stalled": "#EECA3B", "preempted": "#E45756", "swapped": "#B279A2"}
@@ -322,53 +324,126 @@ def _aggregate_cells(kv: KVSnapshot, max_cells: int, columns: int) -> KVCells:
 KV_TRACE_NAMES = ("cell", "holds KV", "reserved, unused", "cached prefix, free", "labels")
 _CELL_H = 0.86     # cell height in row units
 _CELL_W = 0.86
+_LABEL_PX = 6.4    # width of one label character at the labels' font size (10 px), with a margin
+_DEFAULT_WIDTH = 600   # the width a map is assumed to get when none is set (label fitting)
 
 
-def _kv_trace_data(cells: KVCells, colors: ColorMap, labels: Optional[bool] = None) -> list[dict]:
-    """The five traces of a KV map, as dicts (same order and length every step)."""
+def _cell_px(cells: KVCells, width: Optional[int]) -> float:
+    """Width of one cell on screen, in pixels, for a map ``width`` pixels wide."""
+    plot = max(100, (width or _DEFAULT_WIDTH) - 20)          # less the left and right margins
+    return plot * _CELL_W / (cells.x_max + 1.2)
+
+
+_LABEL_SIZES = ((10, _LABEL_PX), (8, 5.2))     # font size, px per character: normal, then small
+
+
+def _fit(candidates: Sequence[str], px: float, small: Sequence[str] = ()) -> tuple[str, int]:
+    """The first label that fits in ``px`` pixels at the normal font size, else the first of
+    ``small`` that fits at the small size; ("", 10) when none does."""
+    for (size, char_px), options in zip(_LABEL_SIZES, (candidates, small)):
+        for t in options:
+            if t and len(t) * char_px <= px:
+                return t, size
+    return "", _LABEL_SIZES[0][0]
+
+
+def kv_labels(cells: KVCells, width: Optional[int] = None, labels: Optional[bool] = None) -> tuple:
+    """Where the map writes text: (x, y, text, font size), one entry per label, never wider
+    than its room.
+
+    A cell holding KV is labelled with its owner; a block shared by n requests with ``×n``
+    ("A×3" when that fits, else "×3"). One cell per token position: one label per block,
+    centred over the block's positions, so the cells of a shared block do not each repeat it.
+    """
+    if labels is None:
+        labels = len(cells) <= 160
+    px = _cell_px(cells, width)
+    xs, ys, texts, sizes = [], [], [], []
+    i, n = 0, len(cells)
+    while i < n:
+        j = i + 1
+        if cells.unit == "position":     # the positions of one block, on one row
+            while j < n and cells.block_ids[j] == cells.block_ids[i] and cells.y[j] == cells.y[i]:
+                j += 1
+        o, ref = cells.owner[i], cells.ref_count[i]
+        used = [k for k in range(i, j) if cells.filled[k] > 0 or cells.reserved[k] > 0]
+        shared = f"\u00d7{ref}" if ref > 1 else ""
+        if o is not None and used:
+            if cells.unit == "position" and not shared:
+                for k in used:           # an owner's id in every position cell that fits it
+                    t, size = _fit([str(o)] if labels else [], px)
+                    if t:
+                        xs.append(cells.x[k]), ys.append(cells.y[k]), texts.append(t), sizes.append(size)
+            else:                        # the shared mark always shows, in a smaller font if need be
+                room = px + (cells.x[used[-1]] - cells.x[used[0]]) * px / _CELL_W
+                t, size = _fit(([f"{o}{shared}"] if labels else []) + [shared], room, [shared])
+                if t:
+                    xs.append((cells.x[used[0]] + cells.x[used[-1]]) / 2), ys.append(cells.y[i])
+                    texts.append(t), sizes.append(size)
+        i = j
+    return xs, ys, texts, sizes
+
+
+def _kv_trace_data(cells: KVCells, colors: ColorMap, labels: Optional[bool] = None,
+                   width: Optional[int] = None) -> list[dict]:
+    """The five traces of a KV map, as dicts (same order every step)."""
     h = _CELL_H
     bottoms = [y - h / 2 for y in cells.y]
     own_color = [colors[o] if o is not None else FREE_LINE for o in cells.owner]
+    line_color = [CACHED_LINE if o is None and c > 0 else oc
+                  for oc, o, c in zip(own_color, cells.owner, cells.cached)]
     bg_fill = [_tint(c, 0.16) if o is not None else "white" for c, o in zip(own_color, cells.owner)]
     filled_h = [h * f for f in cells.filled]
     res_base = [b + fh for b, fh in zip(bottoms, filled_h)]
     res_h = [h * r for r in cells.reserved]
     cached_h = [h * c for c in cells.cached]
     customdata = [[ids, ",".join(ow), hv] for ids, ow, hv in zip(cells.block_ids, cells.owners, cells.hover)]
-    if labels is None:
-        labels = len(cells) <= 160
-    text = []
-    for o, ow, ref, f, r in zip(cells.owner, cells.owners, cells.ref_count, cells.filled, cells.reserved):
-        t = ""
-        if labels and o is not None and (f > 0 or r > 0) and len(str(o)) <= 3:
-            t = str(o)
-        if ref > 1:
-            t = f"\u00d7{ref}" if not t else f"{t}\u00d7{ref}"
-        text.append(t)
+    lx, ly, text, sizes = kv_labels(cells, width, labels)
     return [
         dict(x=cells.x, y=[h] * len(cells), base=bottoms, customdata=customdata,
-             marker=dict(color=bg_fill, line=dict(color=own_color, width=1))),
+             marker=dict(color=bg_fill, line=dict(color=line_color, width=1))),
         dict(x=cells.x, y=filled_h, base=bottoms, customdata=customdata,
              marker=dict(color=own_color, line=dict(width=0))),
         dict(x=cells.x, y=res_h, base=res_base, customdata=customdata,
              marker=dict(color="white", line=dict(width=0),
                          pattern=dict(shape="/", fgcolor=own_color, bgcolor="white", size=6, solidity=0.4))),
-        dict(x=cells.x, y=cached_h, base=bottoms, customdata=customdata,
-             marker=dict(color=CACHED_FILL, line=dict(width=0))),
-        dict(x=cells.x, y=cells.y, text=text),
+        dict(x=cells.x, y=cached_h, base=bottoms, customdata=customdata, marker=_CACHED_MARKER),
+        dict(x=lx, y=ly, text=text, textfont=dict(size=sizes, color="#222")),
     ]
 
 
-def _kv_traces(cells: KVCells, colors: ColorMap) -> list:
-    data = _kv_trace_data(cells, colors)
+# A free block that still holds a cached prefix: dotted slate grey on a pale fill, so it reads
+# apart from a free (white) cell and from a request's colour.
+CACHED_LINE = "#7d8b99"
+_CACHED_MARKER = dict(color=CACHED_FILL, line=dict(width=0),
+                      pattern=dict(shape=".", fgcolor="#5f6f80", bgcolor=CACHED_FILL, size=5, solidity=0.45))
+
+# The map's legend: one entry per cell state, drawn with the cells' own fill and pattern.
+KV_LEGEND_ENTRIES = (
+    ("holds KV (owner's colour)", dict(color="#8a8a8a", line=dict(color="#8a8a8a", width=1))),
+    ("reserved, unused", dict(color="white", line=dict(color="#8a8a8a", width=1),
+                              pattern=dict(shape="/", fgcolor="#8a8a8a", bgcolor="white", size=6,
+                                           solidity=0.4))),
+    ("cached prefix, free (reusable)", dict(_CACHED_MARKER, line=dict(color=CACHED_LINE, width=1))),
+    ("free", dict(color="white", line=dict(color=FREE_LINE, width=1))),
+)
+
+
+def _kv_traces(cells: KVCells, colors: ColorMap, width: Optional[int] = None) -> list:
+    data = _kv_trace_data(cells, colors, width=width)
     hover = "%{customdata[2]}<extra></extra>"
     traces = []
     for name, d in zip(KV_TRACE_NAMES[:4], data[:4]):
         traces.append(go.Bar(name=name, width=_CELL_W, orientation="v", showlegend=False,
                              hovertemplate=hover, **d))
-    traces.append(go.Scatter(name="labels", mode="text", showlegend=False, hoverinfo="skip",
-                             textfont=dict(size=10, color="#222"), **data[4]))
+    traces.append(go.Scatter(name="labels", mode="text", showlegend=False, hoverinfo="skip", **data[4]))
     return traces
+
+
+def _kv_legend_traces() -> list:
+    """Legend-only traces (no data): the cell states with their real fill and pattern."""
+    return [go.Bar(name=name, x=[None], y=[None], marker=marker, hoverinfo="skip", showlegend=True)
+            for name, marker in KV_LEGEND_ENTRIES]
 
 
 def _kv_title(kv: KVSnapshot, cells: KVCells, step: Optional[int] = None) -> str:
@@ -390,25 +465,30 @@ def _kv_unit(kv: KVSnapshot, cells: KVCells) -> str:
             "aggregate": "totals only: the engine recorded no block map for this many blocks"}[cells.unit]
 
 
-KV_LEGEND = ("\u25a0 holds KV (owner's colour) \u00a0 \u25a8 reserved, unused \u00a0 \u25a1 free "
-             "\u00a0 <span style='color:#9aa'>\u25a0</span> cached, free \u00a0 \u00d7n shared by n")
+KV_LEGEND = "\u00d7n: a block shared by n requests"
 
 
 def _kv_legend(unit: str) -> str:
-    return f"<span style='color:#555'>{unit}<br>{KV_LEGEND}</span>"
+    return f"<span style='color:#555'>{unit} \u00b7 {KV_LEGEND}</span>"
+
+
+_LEGEND_H = 62     # px under the map: the unit line and the legend's entries (two rows when narrow)
 
 
 def _kv_layout(cells: KVCells, title: str, width: Optional[int], legend: Optional[str] = None) -> dict:
     rows = cells.num_rows
-    height = int(min(640, 100 + 30 * rows + (30 if legend else 0)))
+    height = int(min(640 + _LEGEND_H, 70 + 30 * rows + (_LEGEND_H if legend else 8)))
     lay = dict(
         title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left", y=0.97, yanchor="top"),
-        barmode="overlay", bargap=0, height=height, margin=dict(l=10, r=10, t=40, b=44 if legend else 8),
-        plot_bgcolor="white", paper_bgcolor="white", hovermode="closest", showlegend=False,
+        barmode="overlay", bargap=0, height=height,
+        margin=dict(l=10, r=10, t=40, b=_LEGEND_H if legend else 8, autoexpand=False),
+        plot_bgcolor="white", paper_bgcolor="white", hovermode="closest", showlegend=bool(legend),
+        legend=dict(orientation="h", x=0, xanchor="left", y=0, yanchor="bottom", yref="container",
+                    font=dict(size=11), itemclick=False, itemdoubleclick=False, tracegroupgap=0),
         xaxis=dict(visible=False, range=[-0.6, cells.x_max + 0.6], fixedrange=True),
         yaxis=dict(visible=False, range=[-(rows - 1) - 0.6, 0.6], fixedrange=True),
-        annotations=[dict(text=legend, xref="paper", yref="paper", x=0, y=0, yanchor="top", align="left",
-                          xanchor="left", showarrow=False, font=dict(size=11))] if legend else [],
+        annotations=[dict(text=legend, xref="paper", yref="paper", x=0, y=0, yanchor="top", yshift=-2,
+                          align="left", xanchor="left", showarrow=False, font=dict(size=11))] if legend else [],
     )
     if width:
         lay["width"] = width
@@ -422,7 +502,7 @@ def kv_map_figure(record: Union[StepRecord, KVSnapshot, None] = None, *, colors:
     kv, step = _kv_of(record)
     colors = _colors(colors)
     cells = kv_cells(kv, max_cells=max_cells, per_position_max=per_position_max, mode=mode)
-    fig = go.Figure(data=_kv_traces(cells, colors),
+    fig = go.Figure(data=_kv_traces(cells, colors, width) + _kv_legend_traces(),
                     layout=_kv_layout(cells, title or _kv_title(kv, cells, step), width,
                                       legend=_kv_legend(_kv_unit(kv, cells))))
     return fig
@@ -443,7 +523,7 @@ def update_kv_map(fig: go.Figure, record: Union[StepRecord, KVSnapshot], *, colo
     kv, step = _kv_of(record)
     colors = _colors(colors)
     cells = kv_cells(kv, max_cells=max_cells, per_position_max=per_position_max, mode=mode)
-    data = _kv_trace_data(cells, colors)
+    data = _kv_trace_data(cells, colors, width=fig.layout.width)
     lay = _kv_layout(cells, title or _kv_title(kv, cells, step), None, legend=_kv_legend(_kv_unit(kv, cells)))
     with _batch(fig):
         for trace, d in zip(fig.data, data):
@@ -490,7 +570,7 @@ def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, c
                         row_heights=[h / sum(heights) for h in heights])
     for i, name in enumerate(names, start=1):
         cells = cells_by[name]
-        for tr in _kv_traces(cells, colors):
+        for tr in _kv_traces(cells, colors, width):
             fig.add_trace(tr, row=i, col=1)
         fig.update_xaxes(visible=False, range=[-0.6, cells.x_max + 0.6], row=i, col=1)
         fig.update_yaxes(visible=False, range=[-(cells.num_rows - 1) - 0.6, 0.6], row=i, col=1)
@@ -498,11 +578,15 @@ def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, c
         a.update(x=0, xanchor="left", font=dict(size=12), align="left")
     first = next(iter(cells_by.values()), None)
     unit = _kv_unit(_kv_of(records[names[0]])[0], first) if first is not None else ""
-    fig.add_annotation(text=_kv_legend(unit), xref="paper", yref="paper", x=0, y=-0.02, yanchor="top",
+    for tr in _kv_legend_traces():
+        fig.add_trace(tr, row=1, col=1)
+    fig.add_annotation(text=_kv_legend(unit), xref="paper", yref="paper", x=0, y=0, yanchor="top", yshift=-4,
                        xanchor="left", align="left", showarrow=False, font=dict(size=11))
-    fig.update_layout(barmode="overlay", bargap=0, plot_bgcolor="white", showlegend=False,
-                      height=int(min(900, 60 + sum(110 + 30 * h for h in heights))),
-                      margin=dict(l=10, r=10, t=70 if title else 50, b=50),
+    fig.update_layout(barmode="overlay", bargap=0, plot_bgcolor="white", showlegend=True,
+                      legend=dict(orientation="h", x=0, xanchor="left", y=0, yanchor="bottom", yref="container",
+                                  font=dict(size=11), itemclick=False, itemdoubleclick=False),
+                      height=int(min(900 + _LEGEND_H, 60 + _LEGEND_H + sum(110 + 30 * h for h in heights))),
+                      margin=dict(l=10, r=10, t=70 if title else 50, b=_LEGEND_H + 10, autoexpand=False),
                       title=dict(text=title, x=0.01) if title else None)
     if width:
         fig.update_layout(width=width)
@@ -513,11 +597,20 @@ def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, c
 # The batch against the execution-token budget
 # =====================================================================================
 
+SEGMENT_KINDS = ("decode", "prefill", "unused", "accepted", "rejected")
+
+
 def batch_segments(record: Optional[StepRecord], token_budget: Optional[int] = None) -> dict[str, list[dict]]:
-    """The stacked bar's segments: {"decode": [...], "prefill": [...], "unused": [...]}, each
-    segment a dict(request_id, start, tokens, label). Sums: decode = record.num_decode_tokens,
-    prefill = record.num_prefill_tokens, unused = token_budget - num_batched_tokens."""
-    out: dict[str, list[dict]] = {"decode": [], "prefill": [], "unused": []}
+    """The stacked bar's segments: {"decode", "prefill", "unused", "accepted", "rejected"} -> a
+    list of dict(request_id, start, tokens, label, context).
+
+    A request's tokens are one segment of its phase; with speculative decoding its guesses
+    follow it as their own segments, the accepted ones, then the rejected ones (their KV is
+    rolled back). Sums: decode + prefill + accepted + rejected = record.num_batched_tokens,
+    accepted = the guesses kept, rejected = the guesses dropped, unused = token_budget -
+    num_batched_tokens.
+    """
+    out: dict[str, list[dict]] = {k: [] for k in SEGMENT_KINDS}
     if record is None:          # before the first step: the whole budget is unused
         if token_budget:
             out["unused"].append(dict(request_id=None, start=0, tokens=token_budget,
@@ -528,12 +621,24 @@ def batch_segments(record: Optional[StepRecord], token_budget: Optional[int] = N
         if e.num_tokens <= 0:
             continue
         kind = "decode" if e.phase == "decode" else "prefill"
+        spec = max(0, min(e.num_spec_tokens, e.num_tokens))
+        kept = max(0, min(e.num_spec_accepted, spec))
+        own = e.num_tokens - spec
         label = f"{e.request_id} {'decode' if kind == 'decode' else 'prefill'} {e.num_tokens}"
-        if e.num_spec_tokens:
-            label += f" ({e.num_spec_tokens} spec, {e.num_spec_accepted} kept)"
-        out[kind].append(dict(request_id=e.request_id, start=pos, tokens=e.num_tokens, label=label,
-                              context=e.context_len))
-        pos += e.num_tokens
+        if spec:
+            label += (f": {own} token{'s' if own != 1 else ''} of its own + {spec} draft guesses, "
+                      f"{kept} accepted, {spec - kept} rejected")
+        if own:
+            out[kind].append(dict(request_id=e.request_id, start=pos, tokens=own, label=label,
+                                  context=e.context_len))
+            pos += own
+        for part, n in (("accepted", kept), ("rejected", spec - kept)):
+            if n:
+                what = ("accepted: their KV stays" if part == "accepted"
+                        else "rejected: their KV is rolled back")
+                out[part].append(dict(request_id=e.request_id, start=pos, tokens=n, context=e.context_len,
+                                      label=f"{e.request_id}: {n} draft guess{'es' if n != 1 else ''} {what}"))
+                pos += n
     unused = max(0, record.token_budget - record.num_batched_tokens)
     if unused:
         out["unused"].append(dict(request_id=None, start=record.num_batched_tokens, tokens=unused,
@@ -541,56 +646,89 @@ def batch_segments(record: Optional[StepRecord], token_budget: Optional[int] = N
     return out
 
 
-BATCH_TRACE_NAMES = ("decode", "prefill chunk", "unused budget")
+# The bar's traces, in this order on every step (a live figure updates them in place);
+# legend-only traces follow them.
+BATCH_TRACE_NAMES = ("decode", "prefill chunk", "unused budget", "guess accepted", "guess rejected")
+ACCEPTED_LINE = "#2e7d32"      # outline of accepted draft guesses (green)
+REJECTED_COLOR = "#d62728"     # rejected draft guesses: red cross-hatch
+
+
+def _segment_marker(kind: str, own: list[str]) -> tuple[dict, list[str]]:
+    """Marker and label colours of one kind of segment, for segments of colours ``own``."""
+    if kind == "decode":
+        return dict(color=own, line=dict(color="white", width=1.5)), ["white"] * len(own)
+    if kind == "prefill":
+        return dict(color=[_tint(c, 0.35) for c in own], line=dict(color=own, width=2)), ["#222"] * len(own)
+    if kind == "accepted":      # the request's colour, hatched, with a green outline
+        return (dict(color=own, line=dict(color=ACCEPTED_LINE, width=2.5),
+                     pattern=dict(shape="/", fgcolor="white", size=7, solidity=0.25)), ["white"] * len(own))
+    if kind == "rejected":      # pale, red cross-hatch, red outline: computed, then thrown away
+        return (dict(color="#fdecea", line=dict(color=REJECTED_COLOR, width=2),
+                     pattern=dict(shape="x", fgcolor=REJECTED_COLOR, bgcolor="#fdecea", size=7, solidity=0.2)),
+                [REJECTED_COLOR] * len(own))
+    return dict(color=UNUSED_BUDGET, line=dict(color="#bbbbbb", width=1)), ["#666"] * len(own)
 
 
 def _batch_trace_data(record: Optional[StepRecord], colors: ColorMap,
-                      token_budget: Optional[int] = None) -> list[dict]:
+                      token_budget: Optional[int] = None, width: Optional[int] = None) -> list[dict]:
     """Decode segments solid in the request's colour, prefill chunks a light tint of it with
-    an outline, the unused budget light grey."""
+    an outline, draft guesses marked accepted (hatched, green outline) or rejected (red
+    cross-hatch), the unused budget light grey."""
     seg = batch_segments(record, token_budget)
+    budget = record.token_budget if record is not None else (token_budget or 1)
     data = []
-    for kind in ("decode", "prefill", "unused"):
+    for kind in ("decode", "prefill", "unused", "accepted", "rejected"):
         s = seg[kind]
         own = [colors[d["request_id"]] if d["request_id"] is not None else UNUSED_BUDGET for d in s]
-        if kind == "decode":
-            marker = dict(color=own, line=dict(color="white", width=1.5))
-            font = ["white"] * len(s)
-        elif kind == "prefill":
-            marker = dict(color=[_tint(c, 0.35) for c in own], line=dict(color=own, width=2))
-            font = ["#222"] * len(s)
-        else:
-            marker = dict(color=UNUSED_BUDGET, line=dict(color="#bbbbbb", width=1))
-            font = ["#666"] * len(s)
+        marker, font = _segment_marker(kind, own)
         data.append(dict(x=[d["tokens"] for d in s], base=[d["start"] for d in s], y=["tokens"] * len(s),
-                         text=[_short_label(d, kind) for d in s], hovertext=[d["label"] for d in s],
+                         text=[_short_label(d, kind, budget, width) for d in s], hovertext=[d["label"] for d in s],
                          customdata=[d["request_id"] or "" for d in s], marker=marker,
                          textfont=dict(color=font, size=11)))
     return data
 
 
-def _short_label(d: dict, kind: str) -> str:
+_BAR_CHAR_PX = 7.0    # one character of a segment's label (11 px font)
+_BAR_PAD_PX = 6       # room a label leaves at the segment's edges
+
+
+def _short_label(d: dict, kind: str, budget: int = 0, width: Optional[int] = None) -> str:
+    """The text inside a segment: the longest form that fits its width, else none (hover has it)."""
+    n = d["tokens"]
     if kind == "unused":
-        return f"unused {d['tokens']}"
-    tag = "d" if kind == "decode" else "p"
-    return f"{d['request_id']} {tag}{d['tokens']}" if d["tokens"] >= 2 or len(str(d["request_id"])) <= 2 \
-        else f"{tag}{d['tokens']}"
+        options = [f"unused {n}", f"{n}"]
+    elif kind in ("accepted", "rejected"):
+        mark = "\u2713" if kind == "accepted" else "\u2717"
+        options = [f"{mark}{n} {kind}", f"{mark}{n}", mark]
+    else:
+        tag = "d" if kind == "decode" else "p"
+        options = [f"{d['request_id']} {tag}{n}", f"{tag}{n}", str(d["request_id"])]
+    room = ((width or _DEFAULT_WIDTH) - 20) * n / max(1, budget) if budget else float("inf")
+    for t in options:
+        if len(t) * _BAR_CHAR_PX + _BAR_PAD_PX <= room:
+            return t
+    return ""
 
 
 def _batch_title(record: Optional[StepRecord], budget: int) -> str:
     if record is None:
         return f"batch: nothing ran yet (execution-token budget {budget})"
-    return (f"step {record.step}: {record.num_batched_tokens}/{record.token_budget} tokens "
+    head = (f"step {record.step}: {record.num_batched_tokens}/{record.token_budget} tokens "
             f"(decode {record.num_decode_tokens}, prefill {record.num_prefill_tokens}), "
             f"{len(record.batch)} request{'s' if len(record.batch) != 1 else ''}")
+    guessed = sum(e.num_spec_tokens for e in record.batch)
+    if guessed:
+        kept = sum(e.num_spec_accepted for e in record.batch)
+        head += f"; draft guesses {kept}/{guessed} accepted"
+    return head
 
 
 def _batch_layout(budget: int, title: str, width: Optional[int]) -> dict:
     lay = dict(title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
-               barmode="overlay", height=150, margin=dict(l=10, r=10, t=36, b=34),
+               barmode="overlay", height=160, margin=dict(l=10, r=10, t=36, b=44),
                plot_bgcolor="white", paper_bgcolor="white", hovermode="closest",
-               legend=dict(orientation="h", x=1, xanchor="right", y=-0.35, yanchor="top",
-                           font=dict(size=11)),
+               legend=dict(orientation="h", x=0, xanchor="left", y=0, yanchor="bottom", yref="container",
+                           font=dict(size=11), itemclick=False, itemdoubleclick=False),
                xaxis=dict(range=[0, max(1, budget)], title=None, fixedrange=True, showgrid=False,
                           tickfont=dict(size=10)),
                yaxis=dict(visible=False, fixedrange=True))
@@ -599,24 +737,35 @@ def _batch_layout(budget: int, title: str, width: Optional[int]) -> dict:
     return lay
 
 
+BATCH_LEGEND = ("decode (solid)", "prefill chunk (light, outlined)", "unused budget",
+                "draft guess accepted", "draft guess rejected")
+
+
 def batch_figure(record: Optional[StepRecord] = None, *, colors: Optional[ColorMap] = None,
-                 token_budget: Optional[int] = None, width: Optional[int] = None) -> go.Figure:
-    """One step's batch against the execution-token budget: decode | prefill chunk | unused."""
+                 token_budget: Optional[int] = None, width: Optional[int] = None,
+                 speculative: Optional[bool] = None) -> go.Figure:
+    """One step's batch against the execution-token budget: decode | prefill chunk | draft
+    guesses accepted / rejected | unused. ``speculative``: list the guesses in the legend
+    (default: when the record has any)."""
     colors = _colors(colors)
     budget = record.token_budget if record is not None else (token_budget or 1)
-    data = _batch_trace_data(record, colors, budget)
+    data = _batch_trace_data(record, colors, budget, width)
     traces = []
     for name, d in zip(BATCH_TRACE_NAMES, data):
         traces.append(go.Bar(name=name, orientation="h", width=0.6, textposition="inside",
-                             insidetextanchor="middle", constraintext="none",
+                             insidetextanchor="middle", constraintext="none", textangle=0, showlegend=False,
                              hovertemplate="%{hovertext}<extra></extra>", **d))
+    if speculative is None:
+        speculative = record is not None and any(e.num_spec_tokens for e in record.batch)
     # Legend swatches in neutral colours (the bars themselves carry each request's colour).
-    traces[0].showlegend = traces[1].showlegend = traces[2].showlegend = False
-    for name, kw in (("decode (solid)", dict(color="#777")),
-                     ("prefill chunk (light, outlined)", dict(color=_tint("#777777", 0.35),
-                                                              line=dict(color="#777", width=2))),
-                     ("unused budget", dict(color=UNUSED_BUDGET, line=dict(color="#bbbbbb", width=1)))):
-        traces.append(go.Bar(name=name, x=[None], y=[None], orientation="h", marker=kw, hoverinfo="skip"))
+    kinds = ("decode", "prefill", "unused") + (("accepted", "rejected") if speculative else ())
+    for kind in kinds:
+        marker, _ = _segment_marker(kind, ["#777777"])
+        marker = {k: (v[0] if isinstance(v, list) else v) for k, v in marker.items()}
+        if isinstance(marker.get("line"), dict):
+            marker["line"] = {k: (v[0] if isinstance(v, list) else v) for k, v in marker["line"].items()}
+        name = BATCH_LEGEND[SEGMENT_KINDS.index(kind)]
+        traces.append(go.Bar(name=name, x=[None], y=[None], orientation="h", marker=marker, hoverinfo="skip"))
     return go.Figure(data=traces, layout=_batch_layout(budget, _batch_title(record, budget), width))
 
 
@@ -625,7 +774,7 @@ def update_batch_figure(fig: go.Figure, record: Optional[StepRecord], *, colors:
     """Redraw a ``batch_figure`` for another step, in place."""
     colors = _colors(colors)
     budget = record.token_budget if record is not None else (token_budget or 1)
-    data = _batch_trace_data(record, colors, budget)
+    data = _batch_trace_data(record, colors, budget, fig.layout.width)
     with _batch(fig):
         for trace, d in zip(fig.data, data):
             trace.update(d)

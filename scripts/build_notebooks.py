@@ -54,7 +54,7 @@ print(f"device: {DEVICE}; Triton kernels {'compiled for the GPU' if GPU else 'ru
 def kernel_check(stepper: str) -> tuple:
     """The cell that holds the Triton kernel against its torch reference on an engine's own KV cache."""
     return code(f'''
-eng = {stepper}.engine                         # the engine the widget has been stepping
+eng = {stepper}.engine                         # the engine the cells above have been stepping
 rec = eng.step_records[-1]
 rids = rec.running                             # requests holding KV right now
 k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it

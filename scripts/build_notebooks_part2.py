@@ -726,8 +726,8 @@ prefix's children are evicted before its parents.
 The widget: a KV cache of 12 blocks of 4 positions. A, B and C share an 8-token system prompt (two
 blocks) and ask different questions; later D arrives with a 36-token prompt that needs most of the
 cache, and after it E asks about the system prompt again. In the map a block shared by n requests is
-marked `xn`, and a free block that still holds a cached prefix is faded. Every Step runs the Triton
-attention kernel on the real (tiny, random) model.
+marked `xn`, and a free block that still holds a cached prefix is dotted grey (see the legend). Every
+Step runs the Triton attention kernel on the real (tiny, random) model.
 '''),
         code(r'''
 SYSTEM = list(range(200, 208))              # the shared system prompt: two blocks of 4
@@ -752,9 +752,13 @@ apc
 '''),
         md(r'''
 Three steps (three clicks): A prefills its 11 tokens and its two full system-prompt blocks get keys;
-B arrives, finds both, and prefills only its own 2 tokens; then C the same. The blocks:
+B arrives, finds both, and prefills only its own 2 tokens; then C the same. The cells below run the
+same requests on their own copy of the engine (`apc_run`), so the widget above stays where you left
+it, ready to step, however many cells have run. The blocks after three steps:
 '''),
         code(r'''
+apc_run = apc_engine()                      # the cells' own copy: the widget above stays yours to step
+
 def show_blocks(rec):
     for b in rec.kv.blocks:
         if b.ref_count:
@@ -763,24 +767,25 @@ def show_blocks(rec):
             print(f"  block {b.block_id:>2}: free, still caching a prefix")
 
 for _ in range(3):
-    rec = apc.step()
+    rec = apc_run.engine.step()
     print(rec.summary())
 print(f"after step {rec.step}:")
 show_blocks(rec)
-st = apc.engine.kv.stats()
+st = apc_run.engine.kv.stats()
 print(f"prefix cache: {st['hit_blocks']} block hits, {st['prefill_tokens_saved']} prefill tokens saved")
+figures.kv_map_figure(rec, colors=apc.colors, width=560)
 '''),
         md(r'''
 Blocks 0 and 1 have three owners (`x3` in the map): the KV of the system prompt exists once and
 serves three requests. Two more steps and A, B, C are done: every count drops to 0, and the blocks
-with keys stay cached (faded in the map).
+with keys stay cached (dotted grey in the map: "cached prefix, free").
 '''),
         code(r'''
 for _ in range(2):
-    rec = apc.step()
+    rec = apc_run.engine.step()
 print(rec.summary())
 show_blocks(rec)
-print("eviction order, front of the free list first:", list(apc.engine.kv.pool.free_queue))
+print("eviction order, front of the free list first:", list(apc_run.engine.kv.pool.free_queue))
 '''),
         md(r'''
 The system prompt's blocks (0 and 1) are at the *back* of the free list: they were freed last, when
@@ -790,9 +795,10 @@ there. Run until D is done, then one more step for E:
 '''),
         code(r'''
 while "D" not in rec.finished:
-    rec = apc.step()
-print(f"after D: {apc.engine.kv.stats()['evictions']} cached blocks evicted; free list {list(apc.engine.kv.pool.free_queue)}")
-rec = apc.step()
+    rec = apc_run.engine.step()
+print(f"after D: {apc_run.engine.kv.stats()['evictions']} cached blocks evicted; "
+      f"free list {list(apc_run.engine.kv.pool.free_queue)}")
+rec = apc_run.engine.step()
 print(rec.summary())
 e = rec.entry("E")
 print(f"E: {e.num_computed_before} of its {len(SYSTEM) + 2} prompt tokens reused, {e.num_tokens} prefilled")
@@ -804,7 +810,7 @@ Had the parent gone first, the surviving child would be unreachable: a lookup wa
 block and stops at the first miss. The kernel, checked on this engine's cache (E's block table starts
 with the reused block):
 '''),
-        kernel_check("apc"),
+        kernel_check("apc_run"),
         md(r'''
 ## 3. A shared system prompt at scale
 
@@ -1071,35 +1077,40 @@ pressure
 '''),
         md(r'''
 Five steps: the prefills, then three decodes that fill the last free block, and then C's next
-position needs a new block, and none is free.
+position needs a new block, and none is free. The cells below step their own copies of the two
+engines (`pressure_runs`), so the widget above stays where you left it, ready to step.
 '''),
         code(r'''
+pressure_runs = [pressure_engine("recompute"), pressure_engine("swap")]   # the widget above stays yours
 for _ in range(5):
-    recs = pressure.step()
+    recs = [llm.engine.step() for llm in pressure_runs]
 for name, rec in zip(pressure.names, recs):
     print(f"{name}: {rec.summary()}\n")
+figures.compare_kv_figure(dict(zip(pressure.names, recs)), colors=pressure.colors, width=560)
 '''),
         md(r'''
 The scheduler serves running requests first, in admission order; when one cannot get its block it asks
 the policy for a *victim* (`Policy.pick_victim`). minillm's default gives up the **most recently
 admitted** request: it has done the least work (least to recompute, least to copy), and under FCFS the
-newest should yield to the oldest. Here that is C, the very request that needed the block. On the left
-C's KV is dropped and C goes back to the front of the queue; on the right C's 3 blocks are copied to
-host memory and C waits in the swapped list. A and B keep decoding; the kernel, checked against its
-torch reference on both caches:
+newest should yield to the oldest. Here that is C, the very request that needed the block. With
+recompute (the widget's left half, the upper map) C's KV is dropped and C goes back to the front of
+the queue; with swap (the right half, the lower map) C's 3 blocks are copied to host memory and C
+waits in the swapped list. A and B keep decoding; the kernel, checked against its torch reference on
+both caches:
 '''),
-        kernel_check("pressure.steppers[0]"),
-        kernel_check("pressure.steppers[1]"),
+        kernel_check("pressure_runs[0]"),
+        kernel_check("pressure_runs[1]"),
         md(r'''
 Run both to the end:
 '''),
         code(r'''
-pressure.run(10)
-for name, s in zip(pressure.names, pressure.steppers):
-    back = next(r for r in s.records[5:] if r.entry("C") is not None)
+for name, llm in zip(pressure.names, pressure_runs):
+    llm.engine.run()
+    records = llm.engine.step_records                # every step of this run, from step 0
+    back = next(r for r in records[5:] if r.entry("C") is not None)
     e = back.entry("C")
     print(f"{name:<30} C returns at step {back.step} with a {e.phase} of {e.num_tokens} token(s) "
-          f"({e.num_computed_before} positions already in the cache); the run takes {len(s.records)} steps")
+          f"({e.num_computed_before} positions already in the cache); the run takes {len(records)} steps")
 '''),
         md(r'''
 With recompute C's return is a prefill of its 5 prompt tokens *and* the 4 it had generated: "the
@@ -1358,6 +1369,7 @@ PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?\n"
 def spec_engine():
     llm = LLM(device=DEVICE, dtype="auto", attention_backend="triton", speculative_model="default-draft",
               num_speculative_tokens=4, block_size=8, num_kv_blocks=32, max_num_seqs=2, max_model_len=256,
+              max_num_batched_tokens=32,      # a budget the batch bar can show: 5 tokens are a sixth of it
               clock="modeled", cost_model=0.010)
     llm.engine.add_request(PROMPT, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True), request_id="R")
     return llm
@@ -1385,7 +1397,9 @@ for _ in range(5):
 A step emits between 1 and k + 1 = 5 tokens: the accepted guesses, then the target's own token at the
 first rejection (or a *bonus* token after all four). Where a guess was wrong, its KV (written during
 verification) is rolled back: blocks left empty go back to the pool. The batch bar above shows each
-step's tokens against the budget, with the guesses among them. The kernel on this engine's cache:
+step's tokens against a budget of 32: R's own token (solid), then its guesses, accepted (hatched, green
+outline, ✓) or rejected (red cross-hatch, ✗); drag *view step* to see each of the five. The kernel on
+this engine's cache:
 '''),
         kernel_check("spec"),
         md(r'''

@@ -51,18 +51,24 @@ def text(h: str) -> str:
 # --- what the figures must say -------------------------------------------------------------
 
 def assert_batch_matches(fig, rec):
-    dec, pre, unused = fig.data[0], fig.data[1], fig.data[2]
-    assert sum(dec.x or ()) == rec.num_decode_tokens
+    dec, pre, unused, acc, rej = fig.data[:5]
+    assert [t.name for t in fig.data[:5]] == list(F.BATCH_TRACE_NAMES)
+    spec = sum(e.num_spec_tokens for e in rec.batch)
+    kept = sum(e.num_spec_accepted for e in rec.batch)
+    assert sum(acc.x or ()) == kept and sum(rej.x or ()) == spec - kept
+    assert sum(dec.x or ()) + sum(acc.x or ()) + sum(rej.x or ()) == rec.num_decode_tokens
     assert sum(pre.x or ()) == rec.num_prefill_tokens
-    assert sum(dec.x or ()) + sum(pre.x or ()) == rec.num_batched_tokens
+    assert sum(dec.x or ()) + sum(pre.x or ()) + spec == rec.num_batched_tokens
     assert sum(unused.x or ()) == rec.token_budget - rec.num_batched_tokens
     assert list(fig.layout.xaxis.range) == [0, rec.token_budget]
-    drawn = sorted(zip(list(dec.customdata or ()) + list(pre.customdata or ()),
-                       list(dec.x or ()) + list(pre.x or ())))
-    assert drawn == sorted((e.request_id, e.num_tokens) for e in rec.batch)
+    per_request: dict[str, int] = {}
+    for tr in (dec, pre, acc, rej):
+        for rid, n in zip(tr.customdata or (), tr.x or ()):
+            per_request[rid] = per_request.get(rid, 0) + n
+    assert per_request == {e.request_id: e.num_tokens for e in rec.batch if e.num_tokens}
     # Segments tile the bar from 0 without overlap.
-    segs = sorted(zip(list(dec.base or ()) + list(pre.base or ()) + list(unused.base or ()),
-                      list(dec.x or ()) + list(pre.x or ()) + list(unused.x or ())))
+    segs = sorted(zip([b for tr in (dec, pre, unused, acc, rej) for b in (tr.base or ())],
+                      [x for tr in (dec, pre, unused, acc, rej) for x in (tr.x or ())]))
     pos = 0
     for base, width in segs:
         assert base == pos
@@ -164,7 +170,7 @@ def test_queue_panel_lists_running_and_waiting(real_stepper):
     for w in rec.waiting:
         assert w.reason in q
     # Progress: prompt computed / output generated of the first request after its prefill.
-    assert "prompt 6/6" in q
+    assert "prompt output A prefill +6 6/6 1/5" in q
     s.step()
     rec = s.records[-1]
     q = text(s.queue_html.value)
@@ -265,6 +271,11 @@ def test_runs_to_the_end_then_refuses_to_step(real_stepper):
     assert s.engine.step_count == n
     assert s.step_button.disabled and s.run_button.disabled
     assert "every request has finished" in text(s.metrics_html.value)
+    # Why Step is off, and what to do, stays on screen (not only after a click).
+    s.show(0)
+    banner = text(s.finished_html.value)
+    assert f"all 5 requests are done (last step: {n - 1})" in banner and "Press Reset" in banner
+    s.show(n - 1)
     fin = set()
     for r in s.records:
         fin.update(r.finished)
@@ -272,6 +283,7 @@ def test_runs_to_the_end_then_refuses_to_step(real_stepper):
     assert "Finished (5)" in text(s.queue_html.value)
     s.reset()
     assert not s.step_button.disabled
+    assert s.finished_html.value == ""
 
 
 def test_request_colours_are_stable(real_stepper):
@@ -409,7 +421,7 @@ def test_prefix_sharing_and_cached_blocks_are_marked():
 
 def test_thousands_of_blocks_are_aggregated():
     llm = LLM(model="random", executor="simulated", block_size=16, num_kv_blocks=3000, max_num_batched_tokens=512,
-              max_num_seqs=32, clock="modeled", cost_model="H100-SXM")
+              max_num_seqs=32, clock="modeled", cost_model="H100-SXM", record="full")   # the view needs the map
     for i in range(40):
         llm.engine.add_request([10 + i] * (50 + 7 * i), SamplingParams(max_tokens=20, ignore_eos=True))
     s = Stepper(llm, max_cells=300)
@@ -496,7 +508,7 @@ def test_figure4_reservation_vs_paging_in_lockstep():
     lk.history.value = 0
     assert res.shown is r0 and pag.shown is p0
     fig = lk.compare_figure(1)
-    assert len(fig.data) == 2 * len(F.KV_TRACE_NAMES)
+    assert len(fig.data) == 2 * len(F.KV_TRACE_NAMES) + len(F.KV_LEGEND_ENTRIES)
     lk.reset()
     assert [s.engine.step_count for s in lk.steppers] == [0, 0]
 

@@ -20,6 +20,7 @@ import ipywidgets as W
 from .. import figures as F
 from ..figures import ColorMap
 from ..step_record import StepRecord
+from .panels import finished_html
 from .stepper import Stepper
 
 __all__ = ["LockstepStepper", "figure4_engine", "figure4_lockstep"]
@@ -79,10 +80,15 @@ class LockstepStepper:
         controls = W.HBox([self.step_button, self.run_button, self.run_n, self.play, self.speed,
                            self.reset_button], layout=W.Layout(flex_flow="row wrap", align_items="center"))
         head = [W.HTML(f"<div style='font-size:15px;font-weight:600'>{title}</div>")] if title else []
-        self.widget = W.VBox(head + [controls, self.history,
+        self.finished_html = W.HTML()      # once every engine is done: why Step is off, and Reset
+        self.widget = W.VBox(head + [controls, self.history, self.finished_html,
                                      W.HBox([s.widget for s in self.steppers],
                                             layout=W.Layout(align_items="flex-start"))])
         self.widget.add_class("minillm-lockstep")
+        for b, cls in ((self.step_button, "mlw-step-button"), (self.run_button, "mlw-run-button"),
+                       (self.reset_button, "mlw-reset-button")):
+            b.add_class(cls)                    # stable hooks for the browser test
+        self._sync()
 
     # --- handles ----------------------------------------------------------------------------
     @property
@@ -169,6 +175,11 @@ class LockstepStepper:
         done = self.done
         self.step_button.disabled = done
         self.run_button.disabled = done
+        if done:
+            reqs = {rid for s in self.steppers for rid in s.engine.requests}
+            self.finished_html.value = finished_html(len(reqs), n - 1 if n else None)
+        else:
+            self.finished_html.value = ""
 
     def _on_history(self, change) -> None:
         if self._syncing:

@@ -22,7 +22,7 @@ from ..figures import ColorMap
 from ..step_record import StepRecord
 
 __all__ = ["RequestInfo", "Progress", "progress_at", "metrics_html", "queue_html", "reasons_html",
-           "latency_so_far"]
+           "latency_so_far", "arrived_during", "finished_html"]
 
 MAX_ROWS = 12      # requests listed per section; the rest are counted
 
@@ -73,6 +73,18 @@ class Progress:
         for rid in rec.aborted:
             self.finished[rid] = "abort"
         return self
+
+
+def arrived_during(rec: StepRecord, progress: Progress, infos: dict) -> list[str]:
+    """Requests that arrived while ``rec``'s step ran: after its batch was formed, so the
+    record lists them nowhere (not waiting, not running), and before its end, so they are
+    no longer "not arrived". The scheduler considers them from the next step on."""
+    known = (set(rec.running) | set(rec.swapped) | {w.request_id for w in rec.waiting}
+             | {w.request_id for w in rec.rejected} | set(rec.finished) | set(progress.finished)
+             | progress.started)
+    start = rec.time - rec.duration
+    return [rid for rid, info in infos.items()
+            if rid not in known and start < info.arrival_time <= rec.time + 1e-12]
 
 
 def progress_at(records: Sequence[StepRecord], index: int) -> Progress:
@@ -153,11 +165,12 @@ def metrics_html(rec: Optional[StepRecord], progress: Progress, infos: dict, *, 
     parts.append(f"{rec.num_batched_tokens}/{rec.token_budget} tokens "
                  f"({rec.num_batched_tokens / max(1, rec.token_budget):.0%} of the budget)")
     kv = rec.kv
-    held = kv.used + kv.reserved_unused
-    kv_s = f"KV {kv.used}/{kv.total} positions hold KV ({kv.used / max(1, kv.total):.0%})"
-    if kv.reserved_unused:
-        kv_s += f", {kv.reserved_unused} reserved unused (held {held / max(1, kv.total):.0%})"
-    parts.append(kv_s)
+    if kv is not None:
+        held = kv.used + kv.reserved_unused
+        kv_s = f"KV {kv.used}/{kv.total} positions hold KV ({kv.used / max(1, kv.total):.0%})"
+        if kv.reserved_unused:
+            kv_s += f", {kv.reserved_unused} reserved unused (held {held / max(1, kv.total):.0%})"
+        parts.append(kv_s)
     lat = latency_so_far(infos, rec.time)
     parts.append(f"TTFT mean {_fmt_s(lat['ttft_mean'])} (n={lat['ttft_n']})")
     parts.append(f"TPOT mean {_fmt_s(lat['tpot_mean'])} (n={lat['tpot_n']})")
@@ -168,27 +181,43 @@ def metrics_html(rec: Optional[StepRecord], progress: Progress, infos: dict, *, 
             + f"{_note(note)}</div>")
 
 
+def finished_html(num_requests: int, last_step: Optional[int]) -> str:
+    """The banner of a run that has finished: why Step is off, and what to press."""
+    when = f" (last step: {last_step})" if last_step is not None else ""
+    return ("<div class='mlw-finished' style='margin:3px 0;padding:3px 8px;background:#fff3cd;"
+            "border:1px solid #e0c060;border-radius:3px;font-family:var(--jp-ui-font-family, sans-serif);"
+            f"font-size:13px'><b>Finished</b>: all {num_requests} request{'s' if num_requests != 1 else ''} "
+            f"are done{_e(when)}, so Step and Run are off. Press <b>Reset</b> to step through again "
+            "from the start, or drag <i>view step</i> to look back.</div>")
+
+
 def _note(note: str) -> str:
     return f"<br><span class='mlw-note' style='color:#a05a00'>{_e(note)}</span>" if note else ""
 
 
 # --- the queue and the running set ------------------------------------------------------
 
+ID_PX = 84          # widest request id shown in full in the queue (longer ids end in "...")
+
+
 def _request_row(rid: str, colors: ColorMap, info: Optional[RequestInfo], computed: int, outputs: int,
                  status: str, detail: str = "") -> str:
     """One request: colour, id, status, prompt computed and output generated (bars); an
-    optional second line (why it waits) under it."""
+    optional second line (why it waits) under it. A long id is cut with an ellipsis (the whole
+    id on hover) and a long status wraps, so the counts stay inside the panel."""
     color = colors[rid]
     plen = info.prompt_len if info else 0
     mt = info.max_tokens if info else 0
     pc = min(computed, plen) if plen else computed
-    row = ("<tr>"
-           f"<td style='white-space:nowrap;padding-right:6px'>{_swatch(color)}<b>{_e(rid)}</b></td>"
-           f"<td style='white-space:nowrap;padding-right:6px;color:#333'>{status}</td>"
-           f"<td style='white-space:nowrap;font-size:11px;color:#555'>prompt{_bar(pc, plen, color, 56)}"
-           f"{pc}/{plen}</td>"
-           f"<td style='white-space:nowrap;font-size:11px;color:#555;padding-left:6px'>output"
-           f"{_bar(outputs, mt, color, 56)}{outputs}/{mt}</td>"
+    row = ("<tr class='mlw-row'>"
+           f"<td style='white-space:nowrap;padding-right:6px' title='{_e(rid)}'>{_swatch(color)}"
+           f"<b class='mlw-rid' style='display:inline-block;max-width:{ID_PX}px;overflow:hidden;"
+           f"text-overflow:ellipsis;white-space:nowrap;vertical-align:bottom'>{_e(rid)}</b></td>"
+           f"<td style='white-space:normal;padding-right:6px;color:#333;min-width:60px'>{status}</td>"
+           f"<td class='mlw-count' style='white-space:nowrap;font-size:11px;color:#555'>"
+           f"{_bar(pc, plen, color, 36)}{pc}/{plen}</td>"
+           f"<td class='mlw-count' style='white-space:nowrap;font-size:11px;color:#555;padding-left:4px'>"
+           f"{_bar(outputs, mt, color, 36)}{outputs}/{mt}</td>"
            "</tr>")
     if detail:
         row += (f"<tr><td></td><td colspan='3' style='font-size:11px;color:#666;padding:0 0 3px 0;"
@@ -196,12 +225,16 @@ def _request_row(rid: str, colors: ColorMap, info: Optional[RequestInfo], comput
     return row
 
 
+_HEAD = ("<tr style='font-size:10.5px;color:#777'><td></td><td></td><td style='padding-left:3px'>prompt</td>"
+         "<td style='padding-left:7px'>output</td></tr>")
+
+
 def _section(title: str, rows: list[str], extra: int = 0) -> str:
     if not rows:
         return ""
     more = f"<div style='font-size:11px;color:#777'>... and {extra} more</div>" if extra > 0 else ""
     return (f"<div style='margin-top:6px;font-weight:600'>{title}</div>"
-            f"<table style='border-collapse:collapse;font-size:12px'>{''.join(rows)}</table>{more}")
+            f"<table style='border-collapse:collapse;font-size:12px'>{_HEAD}{''.join(rows)}</table>{more}")
 
 
 def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, colors: ColorMap, *,
@@ -210,7 +243,7 @@ def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, color
     style = "font-family:var(--jp-ui-font-family, sans-serif);font-size:12px;line-height:1.35"
     out = [f"<div class='mlw-queue' style='{style}'>"]
     t = rec.time if rec is not None else 0.0
-    per_req = rec.kv.per_request if rec is not None else {}
+    per_req = rec.kv.per_request if rec is not None and rec.kv is not None else {}
 
     def computed(rid):
         rk = per_req.get(rid)
@@ -249,22 +282,31 @@ def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, color
                          "swapped out (KV in host memory)", detail=_e(reasons.get(rid, "")))
             for rid in rec.swapped[:max_rows]]
     out.append(_section(f"Swapped out ({len(rec.swapped)})", rows, len(rec.swapped) - max_rows))
-    # Waiting queue, with the reason each waits.
+    # Waiting queue, with the reason each waits; then those that arrived during the step (after
+    # its batch was formed: the scheduler sees them from the next step on).
     waiting = [w for w in rec.waiting if w.request_id not in swapped]
+    arrived = arrived_during(rec, progress, infos)
     rows = []
     for w in waiting[:max_rows]:
         kind = "preempted, waits" if w.request_id in progress.preempted else "waits"
         rows.append(_request_row(w.request_id, colors, infos.get(w.request_id), computed(w.request_id),
                                  progress.outputs.get(w.request_id, 0), kind, detail=_e(w.reason)))
-    out.append(_section(f"Waiting queue ({len(waiting)})", rows, len(waiting) - max_rows)
+    for rid in arrived[:max(0, max_rows - len(waiting))]:
+        rows.append(_request_row(rid, colors, infos.get(rid), 0, 0,
+                                 "<span class='mlw-arrived' style='color:#1f6f3f'>arrived during this step</span>",
+                                 detail=f"arrived at t={infos[rid].arrival_time:.3f}s, after the batch was "
+                                        "formed: it is considered from the next step"))
+    n_wait = len(waiting) + len(arrived)
+    out.append(_section(f"Waiting queue ({n_wait})", rows, n_wait - max_rows)
                or "<div style='margin-top:6px;font-weight:600'>Waiting queue (0)</div>")
     # Not arrived yet (a trace with arrival times).
-    known = set(rec.running) | set(rec.swapped) | {w.request_id for w in rec.waiting} | set(progress.finished)
+    known = (set(rec.running) | set(rec.swapped) | {w.request_id for w in rec.waiting} | set(progress.finished)
+             | set(arrived))
     later = [rid for rid, info in infos.items() if rid not in known and info.arrival_time > t]
     if later:
         out.append(f"<div style='margin-top:6px;color:#777'>Not arrived yet ({len(later)}): "
-                   + ", ".join(_e(r) for r in later[:max_rows]) + (" ..." if len(later) > max_rows else "")
-                   + "</div>")
+                   + ", ".join(f"{_e(r)} (t={infos[r].arrival_time:.3f}s)" for r in later[:max_rows])
+                   + (" ..." if len(later) > max_rows else "") + "</div>")
     # Finished.
     if progress.finished:
         items = list(progress.finished.items())
@@ -279,8 +321,10 @@ def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, color
 
 # --- the step's decisions in plain words -------------------------------------------------
 
-def reasons_html(rec: Optional[StepRecord], infos: dict, *, max_rows: int = MAX_ROWS) -> str:
-    """What the scheduler decided in this step, one plain sentence per decision."""
+def reasons_html(rec: Optional[StepRecord], infos: dict, *, max_rows: int = MAX_ROWS,
+                 progress: Optional[Progress] = None) -> str:
+    """What the scheduler decided in this step, one plain sentence per decision (with
+    ``progress``, the cumulative state after the step, also who arrived during it)."""
     style = ("font-family:var(--jp-ui-font-family, sans-serif);font-size:12.5px;line-height:1.5;"
              "background:#f7f7f9;border-left:3px solid #4C78A8;padding:4px 10px;margin-top:4px")
     if rec is None:
@@ -294,7 +338,12 @@ def reasons_html(rec: Optional[StepRecord], infos: dict, *, max_rows: int = MAX_
         parts = []
         for e in rec.batch:
             info = infos.get(e.request_id)
-            if e.phase == "decode":
+            if e.phase == "decode" and e.num_spec_tokens:
+                rejected = e.num_spec_tokens - e.num_spec_accepted
+                parts.append(f"<b>{_e(e.request_id)}</b> decode +{e.num_tokens} ({e.num_tokens - e.num_spec_tokens} "
+                             f"of its own + {e.num_spec_tokens} draft guesses: {e.num_spec_accepted} accepted, "
+                             f"{rejected} rejected and rolled back)")
+            elif e.phase == "decode":
                 parts.append(f"<b>{_e(e.request_id)}</b> decode +{e.num_tokens}")
             else:
                 chunk = ""
@@ -330,6 +379,9 @@ def reasons_html(rec: Optional[StepRecord], infos: dict, *, max_rows: int = MAX_
         items.append(f"Rejected: <b>{_e(w.request_id)}</b>: {_e(w.reason)}.")
     for rid in rec.aborted:
         items.append(f"Aborted: <b>{_e(rid)}</b>.")
+    for rid in (arrived_during(rec, progress, infos) if progress is not None else [])[:max_rows]:
+        items.append(f"Arrived during the step: <b>{_e(rid)}</b> (t={infos[rid].arrival_time:.3f}s), after "
+                     "the batch was formed; it joins the waiting queue at the next step.")
     body = "".join(f"<li>{it}</li>" for it in items)
     return (f"<div class='mlw-reasons' style='{style}'><b>What step {rec.step} did</b>"
             f"<ul style='margin:2px 0 2px 18px;padding:0'>{body}</ul></div>")

@@ -34,7 +34,7 @@ from .. import figures as F
 from ..figures import ColorMap
 from ..step_record import StepRecord
 from .live import LiveFigure
-from .panels import Progress, RequestInfo, metrics_html, queue_html, reasons_html
+from .panels import Progress, RequestInfo, finished_html, metrics_html, queue_html, reasons_html
 
 __all__ = ["Stepper", "as_engine", "engine_factory"]
 
@@ -78,7 +78,6 @@ def engine_factory(engine) -> Callable[[], Any]:
 
     def build():
         fresh = LLMEngine(model, config, tokenizer=tokenizer)
-        fresh.keep_records = engine.keep_records
         shift = min((r["arrival_time"] for r in trace), default=0.0) if wall else 0.0
         for kw in trace:
             kw = dict(kw)
@@ -212,6 +211,7 @@ class Stepper:
         self.title_html = W.HTML(f"<div style='font-size:14px;font-weight:600'>{self.title}</div>"
                                  if self.title else "")
         self.metrics_html = W.HTML()
+        self.finished_html = W.HTML()      # once every request is done: why Step is off, and Reset
         self.queue_html = W.HTML(layout=W.Layout(flex="0 1 400px", min_width="300px", max_width="420px",
                                                  overflow="auto", margin="0 12px 0 0"))
         self.reasons_html = W.HTML()
@@ -228,7 +228,7 @@ class Stepper:
         figs = W.VBox([self._batch_slot.view, self._kv_slot.view])
         head = [self.title_html] if self.title else []
         if self._show_controls:
-            head += [self.controls, self.history]
+            head += [self.controls, self.history, self.finished_html]
         if self.compact:
             return head + [self.metrics_html, figs, self.reasons_html, self.queue_html]
         body = W.HBox([self.queue_html, figs], layout=W.Layout(align_items="flex-start"))
@@ -245,17 +245,18 @@ class Stepper:
             self._latest.apply(rec)
         cfg = engine.config
         self._mode = cfg.kv_allocation
-        if getattr(engine, "num_kv_blocks", 0) <= 4096:
-            engine.record_block_map = True      # the Stepper draws the per-block map
-        detail = getattr(engine, "record_block_map", True)
+        # The per-block map is drawn when the engine records it (EngineConfig.record="full",
+        # the default up to 256 blocks).
+        detail = engine.record_mode == "full"
         self._empty_kv = F.empty_kv_snapshot(engine.num_kv_blocks, cfg.block_size, detail=detail)
         first = self.records[-1] if self.records else None
         kv_fig = F.kv_map_figure(first if first is not None else self._empty_kv, colors=self.colors,
                                  max_cells=self.max_cells, per_position_max=self.per_position_max,
                                  mode=self._mode, width=self._fig_width)
         if self._kv_slot is None:
-            self._batch_slot = _FigureSlot(F.batch_figure(first, colors=self.colors, width=self._fig_width,
-                                                          token_budget=cfg.max_num_batched_tokens))
+            self._batch_slot = _FigureSlot(F.batch_figure(
+                first, colors=self.colors, width=self._fig_width, token_budget=cfg.max_num_batched_tokens,
+                speculative=getattr(cfg, "speculative_model", None) is not None))
             self._kv_slot = _FigureSlot(kv_fig)
             self.widget.children = self._layout_children()
         self._sync_history(len(self.records) - 1)
@@ -427,7 +428,7 @@ class Stepper:
             num_taken=len(self.records), viewing_history=0 <= index < len(self.records) - 1,
             kv_total=self._empty_kv.total, note=self._note)
         self.queue_html.value = queue_html(rec, progress, self._infos, self.colors, max_num_seqs=cfg.max_num_seqs)
-        self.reasons_html.value = reasons_html(rec, self._infos)
+        self.reasons_html.value = reasons_html(rec, self._infos, progress=progress)
         F.update_batch_figure(self.batch_fig, rec, colors=self.colors, token_budget=cfg.max_num_batched_tokens)
         F.update_kv_map(self.kv_fig, rec if rec is not None else self._empty_kv, colors=self.colors,
                         max_cells=self.max_cells, per_position_max=self.per_position_max, mode=self._mode)
@@ -436,3 +437,5 @@ class Stepper:
         done = self.done
         self.step_button.disabled = done
         self.run_button.disabled = done
+        self.finished_html.value = finished_html(len(self._infos), self.records[-1].step if self.records
+                                                 else None) if done and self._show_controls else ""
