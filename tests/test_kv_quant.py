@@ -450,3 +450,30 @@ def test_engine_int8_with_speculative_decoding(shipped):
         outs[name] = [e.get_output(r).token_ids for r in rids]
     same = sum(a == b for x, y in zip(outs["plain"], outs["ngram"]) for a, b in zip(x, y))
     assert same >= 0.8 * sum(len(x) for x in outs["plain"])
+
+
+def prefix_runs(caching: bool, forget_scales: bool = False):
+    e = LLM("random", kv_cache_dtype="int8", block_size=4, enable_prefix_caching=caching, max_model_len=64).engine
+    shared = list(range(10, 22))                        # three full blocks
+    outs = []
+    for i in range(4):                                  # one after another: later ones hit the cache
+        rid = e.add_request(shared + [30 + i, 31 + i], SamplingParams(max_tokens=12, **GREEDY))
+        while e.has_unfinished_requests():
+            check_invariants(e, e.step())
+        outs.append(e.get_output(rid).token_ids)
+        if forget_scales:
+            for ks, vs in e.executor.kv_scales:
+                ks.zero_()
+                vs.zero_()
+    return outs, sum(r.num_cached_tokens for r in e.requests.values())
+
+
+def test_prefix_cache_hits_read_the_shared_blocks_with_their_scales():
+    """Requests served from cached int8 blocks produce the tokens they produce when they compute
+    the prefix themselves; wiping the scales between requests breaks that."""
+    computed, none = prefix_runs(caching=False)
+    cached, hits = prefix_runs(caching=True)
+    assert none == 0 and hits >= 3 * 12
+    assert cached == computed
+    wiped, _ = prefix_runs(caching=True, forget_scales=True)
+    assert wiped[0] == computed[0] and wiped[1:] != computed[1:]
