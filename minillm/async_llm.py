@@ -1,0 +1,392 @@
+"""AsyncLLM: the engine behind an asyncio front end, streaming each request's tokens as produced.
+
+One background task runs the step loop; ``engine.step()`` runs on one worker thread, so the event
+loop (an HTTP server, a notebook) stays responsive. Named after vLLM's ``AsyncLLM``.
+
+The engine is not thread-safe, so every call into it goes through one queue of commands that the
+engine thread applies between two steps: add a request, abort one, or any ``engine_call(fn)``.
+After each step the loop hands each request's new tokens to that request's ``asyncio.Queue``;
+``generate()`` reads them, decodes text incrementally and applies stop strings. A consumer that
+goes away (a client that disconnects) aborts its request, which frees its KV blocks.
+
+    llm = AsyncLLM.from_config(block_size=16, num_kv_blocks=256)
+    async with llm:
+        async for out in llm.generate("ROMEO:", SamplingParams(max_tokens=20, temperature=0)):
+            print(out.text, end="")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
+
+from .config import EngineConfig
+from .engine import LLMEngine
+from .request import RequestMetrics
+from .sampling_params import SamplingParams
+from .step_record import StepRecord
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncLLM", "StreamOutput", "EngineDeadError"]
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop failed; the requests that were in flight end with this error."""
+
+
+@dataclass
+class StreamOutput:
+    """What ``generate()`` yields: the tokens and text new since the previous output."""
+    request_id: str
+    token_ids: list[int]                 # new token ids
+    text: str                            # new text ("" without a tokenizer)
+    finished: bool = False
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "rejected"
+    finish_detail: Optional[str] = None  # why, in words (a rejection's reason)
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0           # output tokens so far
+    metrics: Optional[RequestMetrics] = None   # the engine's timestamps, on the last output
+
+
+@dataclass
+class _Delta:
+    """One request's share of one step, as the engine thread reads it."""
+    request_id: str
+    token_ids: list[int]
+    finish_reason: Optional[str]
+    finish_detail: Optional[str]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    metrics: Optional[RequestMetrics]
+
+
+@dataclass
+class _Command:
+    fn: Callable[[LLMEngine], Any]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+class IncrementalDetokenizer:
+    """Text of a growing token list, handed out as deltas.
+
+    Decodes the whole output each time (exactly what ``LLM.generate`` decodes at the end) and
+    holds back a trailing U+FFFD: a multi-byte character split across tokens waits for its rest.
+    ``stop``: strings that end the output; the text is cut before the first one found."""
+
+    def __init__(self, tokenizer, stop: Sequence[str] = ()):
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.token_ids: list[int] = []
+        self.text = ""                   # the text handed out so far
+        self.stopped = False
+
+    def add(self, token_ids: list[int], final: bool) -> str:
+        self.token_ids.extend(token_ids)
+        if self.tokenizer is None:
+            return ""
+        full = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        if not final and full.endswith("\ufffd"):
+            return ""
+        if self.stop:
+            start = max(0, len(self.text) - max(len(s) for s in self.stop) + 1)
+            hits = [i for i in (full.find(s, start) for s in self.stop) if i >= 0]
+            if hits:
+                full, self.stopped = full[:min(hits)], True
+        if not full.startswith(self.text):     # a tokenizer that re-spells earlier text: give what is new
+            common = 0
+            while common < min(len(full), len(self.text)) and full[common] == self.text[common]:
+                common += 1
+            self.text = self.text[:common]
+        delta, self.text = full[len(self.text):], full
+        return delta
+
+
+class _Stream:
+    """The event-loop side of one request: its queue and its detokenizer."""
+
+    def __init__(self, tokenizer, stop: Sequence[str]):
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.detok = IncrementalDetokenizer(tokenizer, stop)
+        self.finished = False
+
+
+class AsyncLLM:
+    """An ``LLMEngine`` driven by one background task, with per-request async streams."""
+
+    def __init__(self, engine: LLMEngine, *, stat_loggers: Sequence[Any] = ()):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.stat_loggers = list(stat_loggers)   # each gets .record(record, finished_outputs)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="minillm-engine")
+        self._commands: collections.deque[_Command] = collections.deque()
+        self._lock = threading.Lock()            # guards _commands between the loop and the engine thread
+        self._streams: dict[str, _Stream] = {}   # request id -> stream (event loop side)
+        self._sent: dict[str, int] = {}          # request id -> tokens handed out (engine thread side)
+        self._ids = itertools.count()
+        self._wake: Optional[asyncio.Event] = None
+        self._task: Optional[asyncio.Task] = None
+        self.last_record: Optional[StepRecord] = None
+        self.num_steps = 0
+        self.dead: Optional[BaseException] = None
+
+    @classmethod
+    def from_config(cls, model: Optional[str] = None, tokenizer=None, **config_fields) -> "AsyncLLM":
+        """Build the engine like ``LLM(model, **config_fields)`` does."""
+        unknown = set(config_fields) - EngineConfig.field_names()
+        if unknown:
+            raise TypeError(f"AsyncLLM: unknown config field(s) {sorted(unknown)}")
+        return cls(LLMEngine(model, EngineConfig(**config_fields), tokenizer=tokenizer))
+
+    # --- life cycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the step loop on the running event loop."""
+        if self._task is not None:
+            return
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="minillm-step-loop")
+
+    async def shutdown(self) -> None:
+        """Stop the step loop; streams still open end with ``EngineDeadError``."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        error = EngineDeadError("the engine was shut down")
+        self._fail_all(error)
+        with self._lock:
+            pending, self._commands = list(self._commands), collections.deque()
+        for cmd in pending:
+            _resolve(cmd.future, None, error)
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> "AsyncLLM":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.shutdown()
+
+    @property
+    def is_running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # --- commands: applied on the engine thread between two steps --------------------------------
+    def _submit(self, fn: Callable[[LLMEngine], Any]) -> asyncio.Future:
+        if self._task is None:
+            raise RuntimeError("AsyncLLM: call start() first (or use `async with`)")
+        if self.dead is not None:
+            raise EngineDeadError(f"the step loop failed: {self.dead!r}")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        with self._lock:
+            self._commands.append(_Command(fn, fut, loop))
+        self._wake.set()
+        return fut
+
+    async def engine_call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread between two steps; returns its result.
+        The one safe way to read the engine (a KV snapshot, ``stats()``) while it serves."""
+        return await self._submit(fn)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request in the engine (its KV blocks are freed before the next step)."""
+        await self._submit(lambda e: self._abort_on_engine(e, request_id))
+
+    def _abort_on_engine(self, engine: LLMEngine, request_id: str) -> None:
+        if request_id in engine.requests:
+            engine.abort_request(request_id)
+        self._sent.pop(request_id, None)
+
+    def _apply_commands(self) -> None:
+        """Engine thread: run the queued commands, resolve their futures on the event loop."""
+        while True:
+            with self._lock:
+                if not self._commands:
+                    return
+                cmd = self._commands.popleft()
+            try:
+                result, error = cmd.fn(self.engine), None
+            except Exception as e:          # a bad request: its caller gets the error
+                result, error = None, e
+            cmd.loop.call_soon_threadsafe(_resolve, cmd.future, result, error)
+
+    # --- requests --------------------------------------------------------------------------------
+    async def generate(self, prompt: Union[str, list[int]], sampling_params: Optional[SamplingParams] = None,
+                       request_id: Optional[str] = None, *, stop: Sequence[str] = (),
+                       priority: int = 0, tenant: Optional[str] = None) -> AsyncIterator[StreamOutput]:
+        """Add a request and yield its outputs as the engine produces them; the last one has
+        ``finished=True``. Bad input raises the engine's ValueError before anything is yielded.
+        ``stop``: strings that end the output (the text stops before them; the engine request
+        is aborted there). Closing the generator early aborts the request."""
+        sp = sampling_params if sampling_params is not None else SamplingParams()
+        rid = str(request_id) if request_id is not None else str(next(self._ids))
+        if rid in self._streams:
+            raise ValueError(f"request_id={rid!r}: already in flight")
+        stream = _Stream(self.tokenizer, stop)
+        self._streams[rid] = stream
+        # Arrival: when the front end received it (the command may wait for a step to end).
+        arrival = self.engine.clock.now() if self.engine.clock.name == "wall" else None
+
+        def add(engine: LLMEngine) -> str:
+            out = engine.add_request(prompt, sp, request_id=rid, arrival_time=arrival,
+                                     priority=priority, tenant=tenant)
+            self._sent[rid] = 0
+            return out
+
+        try:
+            await self._submit(add)
+        except BaseException as e:
+            self._streams.pop(rid, None)
+            if not isinstance(e, ValueError) and self.is_running:
+                self._submit(lambda e: self._abort_on_engine(e, rid))   # cancelled while being added
+            raise
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not stream.finished and self.is_running:
+                try:
+                    self._submit(lambda e: self._abort_on_engine(e, rid))
+                except Exception:           # shutting down: nothing left to free
+                    pass
+
+    # --- the step loop -----------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            try:
+                result = await loop.run_in_executor(self._executor, self._iteration)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:       # a failed step: the engine rolled it back; end what was in flight
+                logger.exception("engine step failed")
+                self._recover(e)
+                continue
+            if result is None:
+                await self._wake.wait()  # nothing to do until a command arrives
+                continue
+            record, deltas, finished = result
+            self.last_record = record
+            self.num_steps += 1
+            self._dispatch(deltas)
+            for stat_logger in self.stat_loggers:
+                try:
+                    stat_logger.record(record, finished)
+                except Exception:
+                    logger.exception("stat logger failed")
+            await asyncio.sleep(0)      # let handlers run between steps
+
+    def _iteration(self):
+        """Engine thread: apply commands, then one step if there is work. Returns
+        (record, deltas, finished metrics) or None when idle."""
+        self._apply_commands()
+        engine = self.engine
+        if not engine.has_unfinished_requests():
+            return None
+        record = engine.step()
+        touched = {e.request_id for e in record.batch if e.num_output_tokens}
+        touched.update(record.finished)
+        touched.update(w.request_id for w in record.rejected)
+        deltas, finished = [], []
+        for rid in touched:
+            sent = self._sent.get(rid)
+            if sent is None:            # not ours (added straight to the engine) or already aborted
+                continue
+            req = engine.requests[rid]
+            new = req.output_token_ids[sent:]
+            done = req.finish_reason is not None
+            if done:
+                del self._sent[rid]
+                finished.append(req.metrics)
+            else:
+                self._sent[rid] = sent + len(new)
+            deltas.append(_Delta(rid, list(new), req.finish_reason, req.finish_detail,
+                                 req.num_prompt_tokens, req.num_output_tokens, req.metrics if done else None))
+        return record, deltas, finished
+
+    def _dispatch(self, deltas: list[_Delta]) -> None:
+        """Event loop: turn each delta into a StreamOutput on its request's queue."""
+        for d in deltas:
+            stream = self._streams.get(d.request_id)
+            if stream is None or stream.finished:
+                continue
+            final = d.finish_reason is not None
+            text = stream.detok.add(d.token_ids, final)
+            reason, detail = d.finish_reason, d.finish_detail
+            if stream.detok.stopped:        # a stop string: end here, free the engine's KV
+                reason, detail = "stop", "stop string"
+                if not final:
+                    final = True
+                    self._submit(lambda e, rid=d.request_id: self._abort_on_engine(e, rid))
+            stream.finished = final
+            stream.queue.put_nowait(StreamOutput(
+                request_id=d.request_id, token_ids=d.token_ids, text=text, finished=final,
+                finish_reason=reason, finish_detail=detail, num_prompt_tokens=d.num_prompt_tokens,
+                num_output_tokens=d.num_output_tokens, metrics=d.metrics))
+
+    def _recover(self, error: Exception) -> None:
+        """After a failed step: every open stream gets the error; its request is aborted."""
+        rids = list(self._streams)
+        self._fail_all(EngineDeadError(f"engine step failed: {error!r}"))
+
+        def abort_all(engine: LLMEngine) -> None:
+            for rid in rids:
+                self._abort_on_engine(engine, rid)
+        try:
+            self._executor.submit(abort_all).result()
+        except Exception as e:          # the engine cannot even abort: stop serving
+            self.dead = e
+
+    def _fail_all(self, error: BaseException) -> None:
+        for stream in self._streams.values():
+            if not stream.finished:
+                stream.finished = True
+                stream.queue.put_nowait(error)
+
+    # --- what the front end shows --------------------------------------------------------------------
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    async def load(self) -> dict:
+        """Queue length, running and swapped requests and KV use right now (for /metrics, /health)."""
+        def read(engine: LLMEngine) -> dict:
+            rec = self.last_record
+            ours = set(self._sent)
+            running = [r for r in (rec.running if rec else []) if r in ours]
+            swapped = [r for r in (rec.swapped if rec else []) if r in ours]
+            total = engine.num_kv_blocks
+            free = engine.kv.num_free_blocks
+            return {"running": len(running), "swapped": len(swapped),
+                    "waiting": len(ours) - len(running) - len(swapped),
+                    "kv_blocks_total": total, "kv_blocks_free": free,
+                    "kv_usage": (total - free) / total if total else 0.0,
+                    "steps": engine.step_count, "time": time.time()}
+        return await self.engine_call(read)
+
+
+def _resolve(fut: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:
+    if fut.done():                      # its caller went away
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
