@@ -523,11 +523,15 @@ def _attend_padded(q, k_cache, v_cache, g: PaddedGroup, scale, out, k_scale=None
     batch, num_heads = g.batch, q.shape[1]
     group = num_heads // num_kv_heads
     span = g.blocks.numel() // batch * page  # positions gathered per request: whole blocks
-    k = k_cache.index_select(0, g.blocks).float()
-    v = v_cache.index_select(0, g.blocks).float()
-    if k_scale is not None:   # dequantize: one scale per (block, KV head)
-        k.mul_(k_scale.index_select(0, g.blocks)[:, None, :, None])
-        v.mul_(v_scale.index_select(0, g.blocks)[:, None, :, None])
+    k = k_cache.index_select(0, g.blocks)
+    v = v_cache.index_select(0, g.blocks)
+    if k_scale is None:
+        k, v = k.float(), v.float()
+    else:   # dequantize: one scale per (block, KV head); int8 * float32 is float32 in one pass
+        if k.dtype != torch.int8:
+            k, v = k.float(), v.float()   # fp8: torch does not promote it
+        k = k * k_scale.index_select(0, g.blocks)[:, None, :, None]
+        v = v * v_scale.index_select(0, g.blocks)[:, None, :, None]
     k = k.view(batch * span, num_kv_heads, head_dim)
     v = v.view(batch * span, num_kv_heads, head_dim)
     if g.stale.numel():

@@ -235,9 +235,14 @@ def store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping):
         amax.scatter_reduce_(0, which[:, None].expand(-1, num_kv_heads), x.abs().amax(-1), reduce="amax")
         s_old = torch.where(fresh, torch.zeros_like(amax), scale[written])
         s_new = new_scale(s_old, amax, kind)
-        old = cache[written]                                           # [U, page, H_kv, D]
-        again = quantize(dequantize(old, s_old[:, None, :, None]), s_new[:, None, :, None], kind)
-        redo = earlier[:, :, None] & (s_new > s_old)[:, None, :]
-        cache[written] = torch.where(redo[..., None], again, old)
+        # Re-quantize the earlier rows of the blocks whose scale grew (only those: in decode,
+        # a block's scale rarely grows once it holds a few tokens).
+        redo = earlier[:, :, None] & (s_new > s_old)[:, None, :]      # [U, page, H_kv]
+        grown = redo.flatten(1).any(1).nonzero().flatten()
+        if grown.numel():
+            sel, s_from, s_to = written[grown], s_old[grown], s_new[grown]
+            old = cache[sel]                                           # [G, page, H_kv, D]
+            again = quantize(dequantize(old, s_from[:, None, :, None]), s_to[:, None, :, None], kind)
+            cache[sel] = torch.where(redo[grown][..., None], again, old)
         scale[written] = s_new
         cache[blocks, offs] = quantize(x, s_new[which][:, :, None], kind)
