@@ -702,7 +702,8 @@ def _short_label(d: dict, kind: str, budget: int = 0, width: Optional[int] = Non
         options = [f"{mark}{n} {kind}", f"{mark}{n}", mark]
     else:
         tag = "d" if kind == "decode" else "p"
-        options = [f"{d['request_id']} {tag}{n}", f"{tag}{n}", str(d["request_id"])]
+        rid = str(d["request_id"])
+        options = [f"{rid} {tag}{n}"] + ([rid, f"{tag}{n}"] if len(rid) <= 3 else [f"{tag}{n}", rid])
     room = ((width or _DEFAULT_WIDTH) - 20) * n / max(1, budget) if budget else float("inf")
     for t in options:
         if len(t) * _BAR_CHAR_PX + _BAR_PAD_PX <= room:

@@ -1,10 +1,19 @@
-"""The Stepper as a reader meets it: JupyterLab in headless Chromium, two clicks on Step.
+"""The Stepper as a reader meets it: JupyterLab in headless Chromium, clicks on its buttons.
 
 Starts JupyterLab on a free localhost port (token auth) in a temporary folder holding
 ``tests/browser_nb/stepper_smoke.ipynb``, opens it in Debian's Chromium through Playwright,
-runs every cell, clicks the widget's Step button twice and checks that the step counter and
-the KV block map on screen changed. A screenshot is saved in the test's tmp dir and copied
-to /tmp/minillm_browser.png.
+runs every cell, then, reading what the page shows:
+
+* clicks the first widget's Step button twice: the step counter and the KV block map change;
+* steps the second: a request that arrived during a step is listed as such, the queue's counts
+  stay inside their panel with a long request id, the KV map's labels (``×3`` on shared blocks
+  in narrow cells) never overlap, and cached free blocks are drawn apart, with a legend entry;
+* the third (speculative decoding): the step's tokens fill a visible part of the batch bar and
+  the draft guesses are marked accepted / rejected;
+* the fourth, run to the end by its own cell: a banner says why Step is off; Reset, then Step.
+
+A full-page screenshot is copied to /tmp/minillm_browser.png and one per widget is kept under
+``test-artifacts/browser/`` (``MINILLM_ARTIFACTS`` to move it) for CI to keep.
 
 Without Chromium (or Playwright) the test skips, unless ``MINILLM_REQUIRE_BROWSER=1`` (CI
 sets it): then it fails and says what is missing. Never downloads a browser.
@@ -198,7 +207,7 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
             assert before["step"] == "step -", before["step"]
             assert before["plots"] == 2
 
-            step_button = page.locator(".minillm-stepper button.mlw-step-button")
+            step_button = page.locator(".minillm-stepper").first.locator("button.mlw-step-button")
             seen = [before]
             for want in ("step 0", "step 1"):
                 step_button.click()
@@ -208,9 +217,14 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
                 page.wait_for_timeout(600)          # let plotly finish redrawing
                 seen.append(_stepper_state(page))
             after = seen[-1]
-            page.locator(".minillm-stepper").scroll_into_view_if_needed()
+            page.locator(".minillm-stepper").first.scroll_into_view_if_needed()
             page.screenshot(path=str(shot), full_page=True)
             shutil.copy(shot, SCREENSHOT_COPY)
+            _keep_artifact(page.locator(".minillm-stepper").first, "stepper.png")
+
+            details = _check_details(page)
+            spec = _check_speculative(page)
+            finished = _check_finished_then_reset(page)
         finally:
             browser.close()
 
@@ -220,6 +234,128 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
     assert "after step 1" in after["kv_title"]
     assert before["kv_paths"] != seen[1]["kv_paths"] != after["kv_paths"]
     assert shot.exists() and shot.stat().st_size > 10_000
+
+    # An arrival during a step is on screen; counts stay inside the queue panel; labels never overlap.
+    arrived, shared, ended = details["step 0"], details["step 1"], details["end"]
+    assert "arrived during this step" in arrived["queue"] and "Arrived during the step" in arrived["reasons"]
+    assert "a-request-with-a-very-long-name-0042" in arrived["queue"]
+    for name, st in details.items():
+        assert st["counts_outside"] == [] and (st["counts"] > 0 or name == "end"), (name, st["counts_outside"])
+        assert st["label_overlaps"] == [], (name, st["label_overlaps"])
+    assert any("\u00d73" in t for t in shared["labels"]), shared["labels"]
+    # Cached free blocks: their own outline and fill, and an entry in the legend.
+    assert "cached prefix, free (reusable)" in ended["legend"]
+    assert ended["cached_cells"] > 0 and arrived["cached_cells"] == 0
+    # Speculative decoding: the tokens fill a visible part of the bar, the guesses are marked.
+    assert {"draft guess accepted", "draft guess rejected"} <= set(spec["legend"])
+    assert spec["guess_px"] >= 0.1 * spec["axis_px"], spec
+    assert spec["accepted"] + spec["rejected"] >= 1, spec
+    # A widget its own cell ran to the end says why Step is off, and Reset brings it back.
+    assert "Press Reset" in finished["banner"] and finished["step_disabled"]
+    assert finished["after_reset"] == "step -" and finished["after_step"] == "step 0"
+
+
+ARTIFACTS = Path(os.environ.get("MINILLM_ARTIFACTS", HERE.parent / "test-artifacts")) / "browser"
+
+# What the i-th Stepper on the page shows, read from the DOM: its step counter, panels, the
+# queue's counts against the panel's edge, the KV map's labels (boxes that overlap), cells
+# drawn as cached, the legends, and the batch bar's draft-guess segments.
+_WIDGET_JS = """(i) => {
+    const root = document.querySelectorAll('.minillm-stepper')[i];
+    const txt = (sel) => { const e = root.querySelector(sel); return e ? e.innerText : ''; };
+    const plots = root.querySelectorAll('.js-plotly-plot');
+    const batch = plots[0], kv = plots[plots.length - 1];
+    const queue = root.querySelector('.mlw-queue');
+    const panel = queue.closest('.widget-html').getBoundingClientRect();
+    const counts = Array.from(queue.querySelectorAll('.mlw-count'));
+    const outside = counts.filter(c => c.getBoundingClientRect().right > panel.right + 0.5)
+                          .map(c => c.innerText);
+    const labels = Array.from(kv.querySelectorAll('.scatterlayer .textpoint text'))
+                        .filter(t => t.textContent.trim() !== '');
+    const boxes = labels.map(t => t.getBoundingClientRect());
+    const overlaps = [];
+    for (let a = 0; a < boxes.length; a++) for (let b = a + 1; b < boxes.length; b++) {
+        const p = boxes[a], q = boxes[b];
+        if (p.left < q.right - 0.5 && q.left < p.right - 0.5 && p.top < q.bottom - 0.5 && q.top < p.bottom - 0.5)
+            overlaps.push(labels[a].textContent + ' / ' + labels[b].textContent);
+    }
+    const strokes = (plot, rgb) => Array.from(plot.querySelectorAll('.barlayer path'))
+        .filter(p => (p.style.stroke || '').replace(/ /g, '') === rgb);
+    const width = (ps) => ps.reduce((s, p) => s + p.getBoundingClientRect().width, 0);
+    const acc = strokes(batch, 'rgb(46,125,50)'), rej = strokes(batch, 'rgb(214,39,40)');
+    const axis = batch.querySelector('.nsewdrag');
+    const legend = (plot) => Array.from(plot.querySelectorAll('.legend .legendtext')).map(e => e.textContent);
+    const step = root.querySelector('.mlw-step');
+    const stepButton = root.querySelector('button.mlw-step-button');
+    return {step: step ? step.textContent.trim() : null, queue: queue.innerText, reasons: txt('.mlw-reasons'),
+            banner: txt('.mlw-finished'), step_disabled: stepButton ? stepButton.disabled : null,
+            counts: counts.length, counts_outside: outside, labels: labels.map(t => t.textContent),
+            label_overlaps: overlaps, cached_cells: strokes(kv, 'rgb(125,139,153)').length,
+            legend: legend(kv), batch_legend: legend(batch),
+            accepted: acc.length, rejected: rej.length, guess_px: width(acc) + width(rej),
+            axis_px: axis ? axis.getBoundingClientRect().width : 0};
+}"""
+
+
+def _widget(page, i: int) -> dict:
+    return page.evaluate(_WIDGET_JS, i)
+
+
+def _click_and_wait(page, i: int, button: str, want: str) -> None:
+    """Click a button of the i-th Stepper; wait until its step counter reads ``want``."""
+    page.locator(".minillm-stepper").nth(i).locator(f"button.{button}").click()
+    page.wait_for_function(
+        "([i, want]) => { const r = document.querySelectorAll('.minillm-stepper')[i];"
+        " const e = r && r.querySelector('.mlw-step'); return e && e.textContent.trim() === want; }",
+        arg=[i, want], timeout=STEP_TIMEOUT * 1000)
+    page.wait_for_timeout(600)          # let plotly finish redrawing
+
+
+def _keep_artifact(locator, name: str) -> None:
+    """A screenshot of one widget, kept under test-artifacts/browser/ (CI keeps it)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    locator.scroll_into_view_if_needed()
+    locator.screenshot(path=str(ARTIFACTS / name))
+
+
+def _check_details(page) -> dict:
+    """The second widget: arrivals during a step, a long id, shared then cached blocks."""
+    out = {}
+    for want in ("step 0", "step 1"):
+        _click_and_wait(page, 1, "mlw-step-button", want)
+        out[want] = _widget(page, 1)
+        _keep_artifact(page.locator(".minillm-stepper").nth(1), f"details_{want.replace(' ', '')}.png")
+    root = page.locator(".minillm-stepper").nth(1)
+    root.locator("input[type=number]").first.fill("50")
+    root.locator("input[type=number]").first.press("Enter")
+    root.locator("button.mlw-run-button").click()
+    page.wait_for_function(
+        "() => { const r = document.querySelectorAll('.minillm-stepper')[1];"
+        " return r && r.querySelector('.mlw-finished'); }", timeout=STEP_TIMEOUT * 1000)
+    page.wait_for_timeout(600)
+    out["end"] = _widget(page, 1)
+    _keep_artifact(root, "details_end.png")
+    return out
+
+
+def _check_speculative(page) -> dict:
+    """The third widget: stepped three times by its cell; draft guesses in the batch bar."""
+    st = _widget(page, 2)
+    st["legend"] = st["batch_legend"]
+    _keep_artifact(page.locator(".minillm-stepper").nth(2), "speculative.png")
+    return st
+
+
+def _check_finished_then_reset(page) -> dict:
+    """The fourth widget, run to the end by its cell: a banner says so; Reset, then Step."""
+    st = _widget(page, 3)
+    _keep_artifact(page.locator(".minillm-stepper").nth(3), "finished.png")
+    out = {"banner": st["banner"], "step_disabled": st["step_disabled"]}
+    _click_and_wait(page, 3, "mlw-reset-button", "step -")
+    out["after_reset"] = _widget(page, 3)["step"]
+    _click_and_wait(page, 3, "mlw-step-button", "step 0")
+    out["after_step"] = _widget(page, 3)["step"]
+    return out
 
 
 def _wait_kernel_idle(page, timeout: float = KERNEL_TIMEOUT) -> None:
@@ -249,10 +385,12 @@ def test_browser_notebook_runs_headless(tmp_path):
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
-    out = nb.cells[-1].outputs
-    views = [o for o in out if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
-    assert len(views) == 1, json.dumps(out)[:800]
-    assert not [o for o in out if o.get("output_type") == "error"]
+    shown = 0
+    for cell in nb.cells:
+        out = cell.get("outputs", [])
+        assert not [o for o in out if o.get("output_type") == "error"], json.dumps(out)[:800]
+        shown += sum("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in out)
+    assert shown == 4          # four Steppers
 
 
 def test_missing_browser_skips_or_fails(monkeypatch):

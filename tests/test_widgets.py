@@ -566,3 +566,132 @@ def test_static_figures_from_records_and_metrics():
     F.kv_map_figure(ra[0]).to_dict()
     bf = F.batch_figure(ra[0])
     assert_batch_matches(bf, ra[0])
+
+
+# --- what the issue of a reader's first run showed: arrivals, labels, cached blocks, guesses, the end ---
+
+def test_a_request_arriving_during_a_step_is_shown():
+    # C arrives at t=0.005 s, inside step 0 (B's prefill, 10 ms on the modeled clock): after the
+    # batch was formed, before the step ended. The record lists it nowhere; the view must.
+    s = Stepper(lambda: fig4_engine("paged"))
+    q = text(s.queue_html.value)
+    assert "C arrives at t=0.005s" in q
+    rec = s.step()
+    assert "C" not in rec.running and "C" not in [w.request_id for w in rec.waiting]   # the premise
+    q = text(s.queue_html.value)
+    assert "Waiting queue (1)" in q and "C arrived during this step" in q
+    assert "Not arrived yet" not in q
+    assert "Arrived during the step: C (t=0.005s)" in text(s.reasons_html.value)
+    rec = s.step()                                        # the next step admits it
+    assert rec.admitted == ["C"]
+    assert "arrived during" not in text(s.queue_html.value)
+    assert "Arrived during" not in text(s.reasons_html.value)
+
+
+def test_queue_rows_keep_long_ids_and_statuses_inside_the_panel():
+    from minillm.widgets.panels import ID_PX
+
+    llm = LLM(**{**SMALL, "executor": "simulated", "clock": "modeled", "cost_model": 0.01})
+    long_id = "a-request-with-a-very-long-name-0042"
+    llm.engine.add_request(list(range(10, 30)), SamplingParams(max_tokens=4, ignore_eos=True), request_id=long_id)
+    s = Stepper(llm)
+    s.step()
+    h = s.queue_html.value
+    # The id is cut with an ellipsis (whole on hover), the status may wrap, the counts never do.
+    assert f"title='{long_id}'" in h and f"max-width:{ID_PX}px" in h and "text-overflow:ellipsis" in h
+    assert "white-space:normal" in h.split("class='mlw-rid'")[1].split("mlw-count")[0]
+    assert h.count("class='mlw-count' style='white-space:nowrap") == 2
+
+
+def test_kv_labels_fit_their_cells_and_shared_blocks_stay_marked():
+    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=128, max_num_batched_tokens=128,
+              max_num_seqs=8, enable_prefix_caching=True, clock="modeled", cost_model=0.01)
+    prefix = list(range(10, 26))                          # four full blocks shared
+    for i, rid in enumerate(["A", "B", "longer-id", "C"]):
+        llm.engine.add_request(prefix + [40 + i], SamplingParams(max_tokens=3, ignore_eos=True), request_id=rid,
+                               arrival_time=0.002 * i)
+    s = Stepper(llm, fig_width=480)
+    rec = s.run(3)[-1]
+    shared = [b for b in rec.kv.blocks if b.ref_count > 1]
+    assert shared, "the trace was built to share blocks"
+    cells = F.kv_cells(rec.kv)
+    assert cells.unit == "block"
+    x, y, labels, sizes = F.kv_labels(cells, 480)
+    px = F._cell_px(cells, 480)
+    for t, size in zip(labels, sizes):                    # no label is wider than its cell
+        char = dict(F._LABEL_SIZES)[size]
+        assert len(t) * char <= px, (t, size, px)
+    # Every shared block carries its "×n", in this narrow map in the small font.
+    marks = [t for t in labels if "\u00d7" in t]
+    assert len(marks) == len(shared)
+    assert list(s.kv_fig.data[4].text) == labels
+    # Wide enough, the owner is named too ("A×4").
+    _, _, wide, _ = F.kv_labels(cells, 2400)
+    assert any(t.endswith(f"\u00d7{shared[0].ref_count}") and len(t) > 2 for t in wide)
+    # One cell per position: one label per shared block, not one per position.
+    small = F.kv_cells(s.records[-1].kv, per_position_max=10**6)
+    assert small.unit == "position"
+    _, _, pos_labels, _ = F.kv_labels(small, 10_000)
+    assert sum("\u00d7" in t for t in pos_labels) == len(shared)
+
+
+def test_cached_free_blocks_have_their_own_fill_and_legend_entry():
+    fig = F.kv_map_figure(empty_snapshot_with_cached())
+    cached = fig.data[3]
+    assert cached.marker.pattern.shape == "." and sum(cached.y) > 0
+    legend = {t.name: t for t in fig.data if t.showlegend}
+    entry = legend["cached prefix, free (reusable)"]
+    assert entry.marker.pattern.shape == "." and entry.marker.color == cached.marker.color
+    assert legend["free"].marker.color == "white" and legend["free"].marker.pattern.shape is None
+    # The cell outline tells a cached block from a free one too.
+    bg = fig.data[0]
+    assert bg.marker.line.color[0] == F.CACHED_LINE and bg.marker.line.color[4] == F.FREE_LINE   # blocks 0, 1
+
+
+def empty_snapshot_with_cached():
+    snap = F.empty_kv_snapshot(8, 4)
+    snap.blocks[0].cached = True
+    snap.blocks[0].num_filled = 4
+    snap.cached = 4
+    return snap
+
+
+def test_draft_guesses_are_marked_accepted_or_rejected_in_the_batch_bar():
+    def spec_engine():
+        llm = LLM(speculative_model="default-draft", num_speculative_tokens=4, block_size=8, num_kv_blocks=32,
+                  max_num_seqs=2, max_model_len=256, max_num_batched_tokens=32, clock="modeled", cost_model=0.01)
+        llm.engine.add_request("ROMEO:\nBut soft, what light through yonder window breaks?\n",
+                               SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), request_id="R")
+        return llm
+
+    s = Stepper(spec_engine)
+    names = [t.name for t in s.batch_fig.data if t.showlegend is not False]
+    assert "draft guess accepted" in names and "draft guess rejected" in names
+    seen = set()
+    for rec in s.run(6):
+        s.show(rec.step)
+        assert_batch_matches(s.batch_fig, rec)
+        e = rec.entry("R")
+        acc, rej = s.batch_fig.data[3], s.batch_fig.data[4]
+        if e.num_spec_tokens:
+            kept, dropped = e.num_spec_accepted, e.num_spec_tokens - e.num_spec_accepted
+            seen.update(["accepted"] * bool(kept) + ["rejected"] * bool(dropped))
+            # Own token, then accepted, then rejected guesses, side by side.
+            if kept:
+                assert list(acc.base) == [1] and list(acc.x) == [kept] and acc.text[0].startswith("\u2713")
+            if dropped:
+                assert list(rej.base) == [1 + kept] and list(rej.x) == [dropped] and rej.text[0].startswith("\u2717")
+            assert f"draft guesses {rec.spec_accepted}/{rec.spec_proposed} accepted" in s.batch_fig.layout.title.text
+            assert f"{e.num_spec_accepted} accepted, {dropped} rejected" in text(s.reasons_html.value)
+    assert seen == {"accepted", "rejected"}, "the shipped draft both hits and misses on this prompt"
+
+
+def test_lockstep_says_when_both_runs_are_done():
+    lk = LockstepStepper(lambda: fig4_engine("reserved"), lambda: fig4_engine("paged"))
+    assert lk.finished_html.value == ""
+    lk.run(1000)
+    assert lk.done and lk.step_button.disabled
+    banner = text(lk.finished_html.value)
+    assert "all 2 requests are done" in banner and "Press Reset" in banner
+    lk.reset()
+    assert lk.finished_html.value == "" and not lk.step_button.disabled

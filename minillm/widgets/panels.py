@@ -268,6 +268,8 @@ def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, color
             status = "<span style='color:#a05a00'>not scheduled (budget spent)</span>"
         elif e.phase == "decode":
             status = f"decode +{e.num_tokens}"
+            if e.num_spec_tokens:
+                status += f" ({e.num_spec_accepted}/{e.num_spec_tokens} guesses kept)"
         else:     # a prefill that reached the end of what it knew sampled a token; else a chunk
             status = f"prefill +{e.num_tokens}" + ("" if e.num_output_tokens else " (chunk)")
         rows.append(_request_row(rid, colors, infos.get(rid), computed(rid), progress.outputs.get(rid, 0),
