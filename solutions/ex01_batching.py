@@ -1,13 +1,16 @@
 """Exercises of notebook 01, "Batching math": memory, the roofline, static vs continuous batching,
 and how the scheduler forms one step's batch.
 
-Each function says which passage of the seeds it implements. Write the part marked
-``raise NotImplementedError`` in ``exercises/ex01_batching.py`` and check it with
+Each docstring states a contract: what the function is given, what it returns, the rules an
+answer must honour, and one worked example. How to get there is yours to work out; notebook
+01's exercise cells have optional hints. Write the parts marked ``raise NotImplementedError`` in
+``exercises/ex01_batching.py`` and check them with
 
     make grade EX=01            # or: MINILLM_IMPL=exercises pytest -m ex01 tests/test_exercises.py
 
 The graders hold your answers against the engine itself: the cost model's numbers, and what
-the real scheduler does on the same requests.
+the real scheduler does on the same requests. They also use made-up models and hardware, and
+switch ``minillm.costmodel``'s own formulas off: calling them is not an answer.
 """
 
 from __future__ import annotations
@@ -25,15 +28,16 @@ __all__ = ["kv_cache_bytes", "max_batch_size", "decode_step_time", "completion_t
 # =====================================================================================
 
 def kv_cache_bytes(model: ModelSpec, num_tokens: int, batch: int = 1) -> int:
-    """Bytes of KV cache that ``batch`` requests of ``num_tokens`` positions each occupy.
+    """Bytes of KV cache that ``batch`` requests of ``num_tokens`` positions each occupy: the
+    seeds' M_KV (Request Scheduling and Batching, "Memory Constraints").
 
-    The seeds' formula (Request Scheduling and Batching, "Memory Constraints"):
+    ``model``: only ``model.num_layers``, ``model.head_dim``, ``model.num_kv_heads`` and
+    ``model.dtype_bytes`` (bytes per element) count. A ``ModelSpec`` or any object with those
+    attributes (the graders also pass made-up shapes). Returns an ``int``.
 
-        M_KV = 2 x n_layer x d_head x n_head x n_max x b x sizeof(dtype)
-
-    The 2 is one K and one V vector. Under grouped-query attention only the *KV* heads are
-    stored, so n_head is ``model.num_kv_heads``. Use ``model.num_layers``, ``model.head_dim``,
-    ``model.num_kv_heads`` and ``model.dtype_bytes``.
+    Rules: every position of every request keeps, in every layer, one K and one V vector of
+    ``head_dim`` elements per *KV* head. Under grouped-query attention several query heads
+    share a KV head and only the KV heads are stored (Llama-2-70B: 64 query heads, 8 KV heads).
 
     >>> from minillm.costmodel import MODELS
     >>> kv_cache_bytes(MODELS["llama-2-7b"], 4096)      # 32 layers, 32 KV heads of 128, bf16
@@ -51,16 +55,22 @@ def kv_cache_bytes(model: ModelSpec, num_tokens: int, batch: int = 1) -> int:
 
 def max_batch_size(hardware: HardwareSpec, model: ModelSpec, max_len: int,
                    memory_fraction: float = 0.9) -> int:
-    """How many requests of ``max_len`` positions fit in the KV cache at once.
+    """How many requests of ``max_len`` positions fit in the KV cache at once, each given room
+    for all ``max_len`` positions up front (no paging yet). ("In practice, the batch size is
+    rarely limited by how many compute units can be filled; its upper bound is typically
+    constrained by GPU memory.")
 
-    The engine may use ``memory_fraction`` of the GPU's memory (``hardware.hbm_bytes``); the
-    weights (``model.weight_bytes``) come out of that first, and the rest holds KV. Each
-    request is given room for all ``max_len`` positions (no paging yet). Return 0 when the
-    weights alone do not fit. ("In practice, the batch size is rarely limited by how many
-    compute units can be filled; its upper bound is typically constrained by GPU memory.")
+    ``hardware.hbm_bytes``: the GPU's memory; ``memory_fraction``: the share of it the engine
+    may use. ``model``: its ``weight_bytes`` and its KV shape (as in ``kv_cache_bytes``). Plain
+    objects with these attributes will do. Returns an ``int``.
 
-    Use integer arithmetic on whole KV positions: first how many positions fit
-    (rounded down), then how many requests of ``max_len`` positions (rounded down).
+    Rules: the weights come out of the usable memory first and the rest holds KV; only whole
+    requests count, each with all ``max_len`` of its positions (round down, never up); 0 when
+    the weights alone do not fit, never a negative number.
+
+    >>> from minillm.costmodel import HARDWARE, MODELS
+    >>> max_batch_size(HARDWARE["H100-SXM"], MODELS["llama-2-7b"], 2048)   # 72 GB usable, 13.5 GB of weights
+    54
     """
     ### BEGIN SOLUTION
     free = hardware.hbm_bytes * memory_fraction - model.weight_bytes
@@ -76,24 +86,30 @@ def max_batch_size(hardware: HardwareSpec, model: ModelSpec, max_len: int,
 
 def decode_step_time(model: ModelSpec, hardware: HardwareSpec, batch: int, context_len: int, *,
                      flops_efficiency: float = 0.7, bandwidth_efficiency: float = 0.8) -> float:
-    """Seconds for one decode step: ``batch`` requests each generate one token and hold
-    ``context_len`` positions of KV *after* the step (the new token's included).
+    """Seconds for one decode step on the roofline: ``batch`` requests each generate one token
+    and hold ``context_len`` positions of KV *after* the step (the new token's included).
 
-    A step takes as long as the slower of its arithmetic and its memory traffic, plus a fixed
-    overhead (the roofline):
+    ``model``: ``num_params``, ``weight_bytes``, ``num_layers``, ``num_heads``, ``head_dim`` and
+    the KV shape of ``kv_cache_bytes``. ``hardware``: ``peak_flops`` (FLOP/s), ``hbm_bandwidth``
+    (bytes/s), ``step_overhead`` (s). The efficiencies are the fractions of those peaks a real
+    kernel reaches. Plain objects with these attributes will do. Returns seconds (a float).
 
-        time  = max(flops / (hardware.peak_flops * flops_efficiency),
-                    bytes / (hardware.hbm_bandwidth * bandwidth_efficiency))
-                + hardware.step_overhead
-        flops = 2 * model.num_params * batch                              # every weight, once per token
-              + 4 * model.num_layers * model.num_heads * model.head_dim * batch * context_len
-                                                                          # QK^T and PV over the context
-        bytes = model.weight_bytes                                        # read once, shared by the batch
-              + kv_bytes_per_token * batch * context_len                  # each request reads its own KV
-              + kv_bytes_per_token * batch                                # and writes its new token's
+    Rules (the engine's roofline cost model, which the graders compare with):
 
-    (``kv_bytes_per_token`` is ``kv_cache_bytes(model, 1)``.) At small batches the weight read
-    dominates and does not grow with the batch: that is why batching decode is nearly free.
+    * a step lasts as long as the slower of its arithmetic and its memory traffic, each at its
+      *achieved* rate, plus the fixed ``hardware.step_overhead``;
+    * arithmetic: 2 FLOPs per weight per generated token, plus attention: each query head
+      (``num_heads`` per layer) takes a ``head_dim``-long dot product with each of the
+      ``context_len`` keys and a weighted sum of as many values (2 FLOPs per multiply-add);
+    * memory: the weights are read once per step, shared by the whole batch; each request
+      reads its own ``context_len`` positions of KV and writes its new position's KV.
+
+    At small batches the weight read dominates and does not grow with the batch: that is why
+    batching decode is nearly free.
+
+    >>> from minillm.costmodel import HARDWARE, MODELS
+    >>> round(decode_step_time(MODELS["llama-2-7b"], HARDWARE["H100-SXM"], 1, 512) * 1e3, 3)   # ms
+    5.429
     """
     ### BEGIN SOLUTION
     b, c = int(batch), int(context_len)
@@ -165,10 +181,9 @@ def completion_times(output_lens: Sequence[int], max_num_seqs: int, step_time: f
 
 def plan_step(running: Sequence[tuple[str, int, int]], waiting: Sequence[tuple[str, int]],
               token_budget: int, free_kv_positions: int, max_num_seqs: int) -> dict[str, int]:
-    """Which requests run in the next step, and how many new tokens each processes.
-
-    The seeds' Figure 2 ("How the scheduler forms a batch") with Figure 3's two checks:
-    tokens processed in this execution (the *execution-token budget*) and KV retained after it.
+    """Which requests run in the next step, and how many new tokens each processes: the seeds'
+    Figure 2 ("How the scheduler forms a batch") with Figure 3's two checks, tokens processed
+    in this execution (the *execution-token budget*) and KV retained after it.
 
     * ``running``: ``(request_id, num_tokens, num_computed_tokens)`` for each running request,
       in running order. ``num_tokens`` is prompt + generated so far; ``num_computed_tokens``
@@ -177,23 +192,29 @@ def plan_step(running: Sequence[tuple[str, int, int]], waiting: Sequence[tuple[s
     * ``waiting``: ``(request_id, num_tokens)`` for each waiting request, in FCFS order; none
       of its tokens has KV yet.
     * ``token_budget``: the most new tokens this step may process, all requests together.
-    * ``free_kv_positions``: free KV positions (a paged cache of block size 1: a request that
-      processes n new tokens needs n more positions).
+    * ``free_kv_positions``: KV positions free *before* this step. A paged cache of block
+      size 1: every token any request processes this step takes one of them.
     * ``max_num_seqs``: the most requests running at once.
 
-    The rule (one rule for prefill and decode alike):
+    Returns ``{request_id: num_new_tokens}`` for every request in the step (none with 0).
 
-    1. Running requests first, in order: each gets ``min(tokens without KV, budget left)``
-       new tokens (a decode gets 1; a split prompt gets its next chunk). One that would get
-       0 tokens (budget spent) is left out of this step. Assume their KV positions are
-       available (the graders avoid steps where they are not).
-    2. Then waiting requests, in FCFS order. Stop at the first one that cannot be admitted
-       (later ones wait behind it). One is admitted if there is a free slot
-       (``max_num_seqs``), budget left, and KV room for what it processes now; it processes
-       ``min(num_tokens, budget left)`` (a prefill that does not fit the budget is split:
-       *chunked prefill*).
+    Rules (one rule for prefill and decode alike):
 
-    Returns ``{request_id: num_new_tokens}`` for every request in the step.
+    * Running requests come first, in their order, and each processes as many of its tokens
+      without KV as the budget still allows (a decode: 1; a split prompt: its next chunk).
+    * Every running request holds its slot under ``max_num_seqs``, including one that gets no
+      tokens this step.
+    * Then waiting requests, in FCFS order. One is admitted only if a slot is free, budget is
+      left and the free KV positions still cover the tokens it processes now; it processes
+      as many of its tokens as the budget allows (a prompt longer than that is split:
+      *chunked prefill*). The first that cannot be admitted stops admission: those behind it
+      wait too, even one that would fit.
+    * All requests together never exceed the budget nor the free KV positions.
+
+    The graders only ask about steps in which the running requests' tokens fit the free KV
+    (when they do not, the engine preempts someone: notebook 05).
+
+    Figure 3: B decodes (1 token) and C prefills (6), 7 tokens of the 8; D finds no free slot.
 
     >>> plan_step([("B", 7, 6)], [("C", 6), ("D", 3)], token_budget=8, free_kv_positions=18,
     ...           max_num_seqs=2)

@@ -7,7 +7,9 @@
 
 The two allocators plug into the real engine: ``paged_engine(...)`` and ``reserved_engine(...)``
 at the bottom of this file build an ``LLM`` whose KV memory is managed by *your* code, so
-every scheduler decision of a run goes through it. Check your work with
+every scheduler decision of a run goes through it. Each docstring states the contract (what
+comes in, what goes out, the rules, an example); notebook 02's exercise cells have optional
+hints. Check your work with
 
     make grade EX=02            # or: MINILLM_IMPL=exercises pytest -m ex02 tests/test_exercises.py
 """
@@ -96,10 +98,14 @@ class BlockAllocator:
         return len(self.free_queue)
 
     def allocate(self) -> Block:
-        """Take the block at the front of the free queue, give it ``ref_count = 1`` and return it.
+        """A block for one request: the one at the front of the free queue, now held once
+        (``ref_count == 1``) and out of the queue.
 
         With no free block, raise ``RuntimeError`` (the scheduler checks ``num_free`` first, so
         this means a bug somewhere).
+
+        >>> a = BlockAllocator(4); [a.allocate().block_id, a.allocate().block_id], a.num_free
+        ([0, 1], 2)
         """
         ### BEGIN SOLUTION
         if not self.free_queue:
@@ -110,12 +116,17 @@ class BlockAllocator:
         ### END SOLUTION
 
     def free(self, blocks: Sequence[Block]) -> None:
-        """Drop one reference from each block of ``blocks`` (a request's block table, in order).
+        """A request lets go of its block table ``blocks`` (in table order): each block loses
+        one holder.
 
-        A block whose ``ref_count`` reaches 0 is free again: it joins the back of the free
-        queue. Go through ``blocks`` in *reverse* order, so a request's last block is handed
-        out again before its first (notebook 04 relies on that order). Freeing a block that
-        is already free is a bug: raise ``RuntimeError``.
+        Rules: a block nobody holds any more is free again, at the *back* of the free queue; a
+        block another request still holds stays in use. The table's blocks join the queue last
+        block first, so a request's last block is handed out again before its first (notebook
+        04 relies on that order). Freeing a block that is already free is a bug:
+        ``RuntimeError``.
+
+        >>> a = BlockAllocator(4); t = [a.allocate(), a.allocate()]; a.free(t); list(a.free_queue)
+        [2, 3, 1, 0]
         """
         ### BEGIN SOLUTION
         for block in reversed(blocks):
@@ -168,11 +179,17 @@ class FirstFitAllocator:
         return max((length for _, length in self.gaps()), default=0)
 
     def reserve(self, request_id: str, length: int) -> Optional[int]:
-        """Reserve ``length`` positions for ``request_id`` in the first gap that holds them.
+        """Reserve ``length`` positions for ``request_id``; returns the region's start.
 
-        Records the region in ``self.regions`` and returns its start; returns ``None`` (and
-        changes nothing) when no gap is long enough. A request reserves at most once: asking
-        again for a request that holds a region is a bug (``RuntimeError``).
+        Rules: the region goes into the *first* gap, in address order, that holds it: not the
+        tightest one (best fit), not the largest (worst fit). It is recorded in
+        ``self.regions``. When no gap is long enough: return ``None`` and change nothing. A
+        request reserves at most once: asking again for a request that holds a region is a
+        bug (``RuntimeError``).
+
+        >>> a = FirstFitAllocator(24); a.regions = {"A": (4, 4), "B": (12, 12)}     # gaps: 0..3, 8..11
+        >>> a.reserve("C", 3), a.reserve("D", 2), a.regions["D"]
+        (0, 8, (8, 2))
         """
         ### BEGIN SOLUTION
         if request_id in self.regions:

@@ -19,7 +19,8 @@ Each class below plugs in like a built-in name::
 Requests carry what a policy needs: ``arrival_time``, ``num_output_tokens`` (generated so far),
 ``num_tokens`` / ``num_computed_tokens``, ``priority``, ``tenant``, ``admit_seq`` (order of the
 last admission) and ``policy_state``, a dict where a policy may keep its own per-request notes.
-Check your work with
+Each docstring states the contract (what comes in, what goes out, the rules, an example);
+notebook 03's exercise cells have optional hints. Check your work with
 
     make grade EX=03            # or: MINILLM_IMPL=exercises pytest -m ex03 tests/test_exercises.py
 
@@ -72,33 +73,35 @@ class SJFWithAging(Policy):
         return p
 
     def remaining(self, req: Request) -> float:
-        """Predicted tokens still to generate: ``predicted(req)`` minus the tokens it has already
-        generated (``req.num_output_tokens``), never below 0 (a request may outlive its prediction).
+        """Predicted tokens ``req`` still has to generate, given ``predicted(req)`` and the tokens
+        it has generated so far (``req.num_output_tokens``).
 
-        A request preempted and requeued keeps the tokens it generated, so it is "shorter" now.
+        Rules: never below 0 (a request may outlive its prediction). A request preempted and
+        requeued keeps the tokens it generated, so it is "shorter" now. Example: predicted 40,
+        15 generated: 25; 45 generated: 0.
         """
         ### BEGIN SOLUTION
         return max(0.0, self.predicted(req) - req.num_output_tokens)
         ### END SOLUTION
 
     def key(self, req: Request, now: float) -> float:
-        """The order key of a waiting request (smaller goes first)::
+        """The order key of a waiting request at time ``now`` (smaller goes first): its
+        ``remaining`` tokens, forgiven ``aging`` tokens for every second it has waited since
+        ``req.arrival_time`` (a request never counts negative waiting time).
 
-            key = remaining(req) - aging * (seconds waited)
-
-        where seconds waited is ``now - req.arrival_time``, never below 0. With ``aging = 0``
-        this is pure SJF. (Every waiting request ages at the same rate, so a request's rank
-        among the others is fixed when it arrives: one predicted at P is passed only by
-        requests that arrived before ``arrival + (P - P_min) / aging``. That is the bound
-        that ends starvation.)
+        With ``aging = 0`` this is pure SJF. Example: 40 tokens remaining, arrived at 0.0,
+        aging 10: key 40 at ``now = 0``, 20 at ``now = 2``. (Every waiting request ages at the
+        same rate, so a request's rank among the others is fixed when it arrives: one predicted
+        at P is passed only by requests that arrived before ``arrival + (P - P_min) / aging``.
+        That is the bound that ends starvation.)
         """
         ### BEGIN SOLUTION
         return self.remaining(req) - self.aging * max(0.0, now - req.arrival_time)
         ### END SOLUTION
 
     def order_waiting(self, waiting: list[Request], now: float) -> list[Request]:
-        """The waiting requests sorted by ``key(req, now)``, smallest first; ties by arrival
-        time (earliest first). Return a new list; do not change ``waiting``.
+        """The waiting requests in admission order: smallest ``key(req, now)`` first; equal
+        keys by arrival time, earliest first. A new list; ``waiting`` itself is left as it is.
         """
         ### BEGIN SOLUTION
         return sorted(waiting, key=lambda r: (self.key(r, now), r.arrival_time))
@@ -179,22 +182,27 @@ class MLFQPolicy(Policy):
 
     # --- yours ---------------------------------------------------------------------------
     def order_waiting(self, waiting: list[Request], now: float) -> list[Request]:
-        """Waiting requests by ``(level, arrival_time)``, smallest first (a new list)."""
+        """The waiting requests in admission order (a new list): shallower levels first (level 0
+        before 1), first come first served inside a level."""
         ### BEGIN SOLUTION
         return sorted(waiting, key=lambda r: (self.level(r), r.arrival_time))
         ### END SOLUTION
 
     def pick_victim(self, candidates: list[Request], now: float) -> Request:
-        """The candidate at the deepest level; among those, the most recently admitted (the
-        largest ``admit_seq``): it has done the least work at that level."""
+        """The running request to give up its memory: one at the *deepest* level among the
+        candidates (the longest-running kind); among those, the most recently admitted (the
+        largest ``admit_seq``), which has done the least work there. Example: levels 0, 2, 1, 2
+        admitted in that order: the fourth."""
         ### BEGIN SOLUTION
         return max(candidates, key=lambda r: (self.level(r), r.admit_seq))
         ### END SOLUTION
 
     def preempt_for(self, request: Request, running: list[Request], now: float) -> Optional[Request]:
-        """With ``preempt`` on: among the running requests at a level *deeper* than ``request``'s
-        (a strictly larger level number), the one ``pick_victim`` chooses; ``None`` if there is
-        none, or if ``preempt`` is off."""
+        """A running request that the waiting ``request`` may push out, or ``None``.
+
+        Rules: only with ``preempt`` on; only a request at a strictly *deeper* level than
+        ``request``'s (never one at the same level); among those, the one ``pick_victim``
+        would choose."""
         ### BEGIN SOLUTION
         if not self.preempt:
             return None
@@ -204,16 +212,22 @@ class MLFQPolicy(Policy):
         ### END SOLUTION
 
     def on_step(self, scheduled: list, now: float) -> None:
-        """After each step (``now``: the clock at its end):
+        """Bookkeeping after each step (``now``: the clock at its end; ``scheduled``: who ran).
 
-        1. **Demote.** For each ``s`` in ``scheduled``, add ``new_output_tokens(s.request)`` to
-           the tokens counted at its level (``state(req)[1]``). While the request is not at the
-           last level and its count has reached the quantum of its level, subtract that quantum
-           and move it one level down (a step may emit several tokens, with speculative decoding).
-        2. **Boost.** If ``boost_interval`` is not None: on the very first call, only start the
-           timer (``self.last_boost = now``). On later calls, if ``now - self.last_boost >=
-           boost_interval``: increment ``self.epoch`` (every request back to level 0, lazily)
-           and ``self.num_boosts``, and set ``self.last_boost = now``.
+        **Demotion.** Afterwards, every request that ran is at the level its output tokens put
+        it at: the tokens it generated in the step (``new_output_tokens``) count at its level
+        (``state(req)[1]``); a request that has counted ``quanta[i]`` tokens at level ``i``
+        moves to level ``i + 1`` and the tokens beyond the quantum count there. One step can
+        emit several tokens (speculative decoding) and so cross several levels at once. The
+        last level has no quantum. Example: quanta ``(2, 3, 4)``, a request at level 0 that has
+        counted 1 token emits 10 in one step: 11 = 2 + 3 + 4 + 2, so it ends at level 3 with 2
+        counted.
+
+        **Boost** (only when ``boost_interval`` is not None). The very first call only starts
+        the timer (``self.last_boost = now``). Later, once at least ``boost_interval`` seconds
+        have passed since ``self.last_boost``: every request goes back to level 0 (increment
+        ``self.epoch``; ``state`` resets the rest lazily), ``self.num_boosts`` counts it, and
+        the timer restarts at ``now``.
         """
         ### BEGIN SOLUTION
         for s in scheduled:
@@ -270,19 +284,24 @@ class FairPolicy(Policy):
         return max(0, req.num_output_tokens - last)
 
     def order_waiting(self, waiting: list[Request], now: float) -> list[Request]:
-        """An admission order that interleaves the tenants by their counters.
+        """Every waiting request once, in an admission order that interleaves the tenants by
+        their counters.
 
-        1. Sort ``waiting`` by arrival time (a stable sort) and split it into one first-come
-           first-served queue per tenant.
-        2. Repeatedly take the tenant with the smallest counter (ties: the tenant whose queue
-           was formed first in step 1, i.e. whose oldest waiting request arrived first), append
-           the head of its queue to the order, and *provisionally* charge the tenant
-           ``input_weight * (req.num_tokens - req.num_computed_tokens)`` (the prefill it is about
-           to get) so one pass does not admit a whole burst from one tenant. A tenant whose
-           queue is empty drops out.
+        Rules:
 
-        The provisional charges are for this ordering only: ``self.counters`` is not changed
-        here (a request in the order may still not be admitted). Return the full order.
+        * inside a tenant, first come first served (by ``arrival_time``);
+        * each next place in the order goes to the tenant with the smallest counter, where a
+          tenant's counter includes a *provisional* charge for each of its requests already
+          placed in this order: ``input_weight`` per token it has to prefill
+          (``num_tokens - num_computed_tokens``). So one pass does not admit a whole burst
+          from one tenant;
+        * equal counters: the tenant whose oldest waiting request arrived first goes first;
+        * the provisional charges are for this ordering only: ``self.counters`` is unchanged
+          (a request in the order may still not be admitted).
+
+        Example: counters at 0; tenant x waits with x1 (10 tokens, oldest), x2; tenant y with
+        y1 (30 tokens), y2. Order: x1 (tie, x's oldest came first; x now at 10), y1 (y at 0;
+        then 30), x2 (x at 10), y2.
         """
         ### BEGIN SOLUTION
         queues: dict[Any, list[Request]] = {}
@@ -304,10 +323,13 @@ class FairPolicy(Policy):
         ### END SOLUTION
 
     def on_step(self, scheduled: list, now: float) -> None:
-        """Charge each tenant for what its requests actually received in this step: for each
-        ``s`` in ``scheduled``, ``output_weight * new_output_tokens(s.request)``, plus
-        ``input_weight * s.num_new_tokens`` when ``s.phase == "prefill"``, added to
-        ``self.counters[s.request.tenant]``."""
+        """Charge each tenant (``self.counters[tenant]``) for what its requests received in this
+        step: ``output_weight`` per token generated (``new_output_tokens``), and for a prefill
+        (``s.phase == "prefill"``) ``input_weight`` per prompt token processed
+        (``s.num_new_tokens``). A decode step's token is paid as output only.
+
+        Example (weights 1 and 2): a 12-token prompt prefilled in one step, then 5 tokens
+        generated in all: 12 + 2 x 5 = 22."""
         ### BEGIN SOLUTION
         for s in scheduled:
             r = s.request

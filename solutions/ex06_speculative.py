@@ -38,9 +38,12 @@ def accept_greedy(draft: Sequence[int], target: Sequence[int]) -> list[int]:
 
     ``draft``: the k guesses. ``target``: k + 1 token ids, the target's argmax at each row
     (``target[j]`` is what the target itself would generate in place of guess j + 1).
-    Keep guesses from the first while ``draft[j] == target[j]``; stop at the first mismatch.
-    Then add the target's token at that row: the correction (at a mismatch) or the bonus
-    (``target[k]``, when all k were accepted). Always at least one token, at most k + 1.
+
+    Rules: the output is exactly what greedy decoding with the target alone would produce
+    from here, as far as one verification can tell. A guess is kept only if the target would
+    have generated it and every guess before it was kept. After the kept guesses comes one
+    token of the target's own: the correction in place of the first rejected guess, or the
+    bonus after all k. Always at least one token, at most k + 1.
 
     >>> accept_greedy([5, 7, 9], [5, 7, 2, 4])      # 5, 7 accepted; 9 rejected, 2 in its place
     [5, 7, 2]

@@ -6,11 +6,14 @@ from it, and no grader can pass on an untouched stub.
 * every ``solutions/exNN_*.py`` has graders (``tests/graders/exNN_*.py``) and a registered
   ``exNN`` marker;
 * run against freshly generated stubs, every grader fails, and fails with the
-  ``NotImplementedError`` of its own notebook's exercise.
+  ``NotImplementedError`` of its own notebook's exercise;
+* the worked examples in the docstrings (``>>>`` lines) hold for the reference answers, so the
+  example a student reads in a stub is right.
 """
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 import os
 import subprocess
@@ -49,6 +52,21 @@ def test_exercises_folder_is_what_the_script_generates(src):
         pytest.skip(f"exercises/{src.name} has been edited (your work): not compared with the generated stubs")
     assert have == want, (f"exercises/{src.name} is not what scripts/make_exercises.py generates from "
                           f"solutions/{src.name}: run `make exercises` (after editing solutions/, never exercises/)")
+
+
+@pytest.mark.parametrize("src", [p for p in MODULES if p.name != "__init__.py"], ids=lambda p: p.name)
+def test_docstring_examples_hold_for_the_reference(src):
+    mod = impl.load(src.stem, "solutions")
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    examples = 0
+    for test in finder.find(mod, src.stem):
+        test.globs = dict(vars(mod))
+        runner.run(test)
+        examples += len(test.examples)
+    if not examples:
+        pytest.skip(f"solutions/{src.name}: its worked examples are in prose, no >>> lines")
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0, f"solutions/{src.name}: {result.failed} of {examples} docstring examples fail (above)"
 
 
 def test_every_exercise_module_has_graders_and_a_marker(pytestconfig):

@@ -18,13 +18,9 @@ MUTANTS = [
      "return sum(int(n) % block_size for n in context_lens)"),
     # BlockAllocator.allocate
     ("allocate: takes the most recently freed block (the back of the queue)",
-     "_, block = self.free_queue.popitem(last=False)\n        block.ref_count = 1\n        return block\n"
-     "        ### END SOLUTION\n\n    def free(self, blocks: Sequence[Block]) -> None:\n        \"\"\"Drop",
-     "_, block = self.free_queue.popitem(last=True)\n        block.ref_count = 1\n        return block\n"
-     "        ### END SOLUTION\n\n    def free(self, blocks: Sequence[Block]) -> None:\n        \"\"\"Drop"),
+     "_, block = self.free_queue.popitem(last=False)", "_, block = self.free_queue.popitem(last=True)"),
     ("allocate: adds a reference instead of setting it to 1 (a stale count survives)",
-     "        block.ref_count = 1\n        return block\n        ### END SOLUTION\n\n    def free(self, blocks: Sequence[Block]) -> None:\n        \"\"\"Drop",
-     "        block.ref_count += 2\n        return block\n        ### END SOLUTION\n\n    def free(self, blocks: Sequence[Block]) -> None:\n        \"\"\"Drop"),
+     "        block.ref_count = 1\n        return block\n", "        block.ref_count += 2\n        return block\n"),
     ("allocate: no RuntimeError when nothing is free",
      "        if not self.free_queue:\n            raise RuntimeError(\"BlockAllocator.allocate: no free block\")\n", ""),
     # BlockAllocator.free
