@@ -9,9 +9,11 @@ Automatic prefix caching lives here too. A *full* block gets a hash chained on
 its parent's hash and its own tokens, so equal hashes mean equal prefixes. When a
 request frees a block that carries a hash, the block goes to the free list but
 keeps its KV and its hash: a later request with the same prefix can take it back
-(reference count +1, nothing recomputed). Only when a fresh block is needed is the
-least recently freed cached block evicted. Blocks of one request are returned in
-reverse order (last block first), so a child is always evicted before its parent.
+(reference count +1, nothing recomputed). A fresh block is a free block that holds
+nothing reusable when there is one (those sit at the front of the free list); only
+when none is left is the least recently freed cached block evicted. Blocks of one
+request are returned in reverse order (last block first), so a child is always
+evicted before its parent.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class BlockPool:
 
     # --- allocation -----------------------------------------------------------------
     def allocate(self) -> Block:
-        """A fresh block: the least recently freed one, evicting its cached prefix if any."""
+        """A fresh block: the front of the free list (one holding nothing reusable if any is free,
+        else the least recently freed cached block, whose prefix is evicted)."""
         if not self.free_queue:
             raise RuntimeError("BlockPool.allocate: no free block (the scheduler should have checked)")
         _, block = self.free_queue.popitem(last=False)
@@ -93,9 +96,24 @@ class BlockPool:
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {block.block_id} freed twice"
             if block.ref_count == 0:
-                if block.block_hash is None or not self.enable_caching:
-                    block.block_hash = block.token_ids = block.parent_hash = None
-                self.free_queue[block.block_id] = block
+                self._to_free_list(block)
+
+    def _to_free_list(self, block: Block) -> None:
+        """A block nobody holds: cached ones at the back (least recently freed evicted first),
+        ones holding nothing reusable at the front (handed out before any cached prefix)."""
+        self.free_queue[block.block_id] = block
+        if block.block_hash is None or not self.enable_caching:
+            block.block_hash = block.token_ids = block.parent_hash = None
+            if self.enable_caching:
+                self.free_queue.move_to_end(block.block_id, last=False)
+
+    def set_ref_count(self, block: Block, ref_count: int) -> None:
+        """Rollback of a failed step: give a block the reference count its holders imply."""
+        block.ref_count = ref_count
+        if ref_count == 0 and block.block_id not in self.free_queue:
+            self._to_free_list(block)
+        elif ref_count > 0 and block.block_id in self.free_queue:
+            del self.free_queue[block.block_id]
 
     # --- prefix cache -----------------------------------------------------------------
     def lookup(self, parent_hash: Optional[int], token_ids: tuple) -> Optional[Block]:
@@ -111,6 +129,17 @@ class BlockPool:
             block.block_hash, block.token_ids, block.parent_hash = h, token_ids, parent_hash
             self.cached.setdefault(h, block)              # keep the first copy as the canonical one
         return h
+
+    def uncache(self, block: Block) -> None:
+        """Forget a block's prefix hash (its KV was never computed: a step that failed, a
+        registration whose owner was preempted before computing it)."""
+        if block.block_hash is None:
+            return
+        if self.cached.get(block.block_hash) is block:
+            del self.cached[block.block_hash]
+        block.block_hash = block.token_ids = block.parent_hash = None
+        if block.ref_count == 0 and self.enable_caching:
+            self.free_queue.move_to_end(block.block_id, last=False)
 
     def reset_prefix_cache(self) -> None:
         for block in list(self.cached.values()):

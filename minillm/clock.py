@@ -27,6 +27,9 @@ class WallClock:
         if delay > 0:
             time.sleep(min(delay, 1.0))
 
+    def reset(self, t: float) -> None:
+        pass                      # a failed step cannot take back real time
+
 
 class ModeledClock:
     name = "modeled"
@@ -42,6 +45,9 @@ class ModeledClock:
 
     def wait_until(self, t: float) -> None:
         self.t = max(self.t, t)   # an idle modeled clock jumps to the next arrival
+
+    def reset(self, t: float) -> None:
+        self.t = t                # a failed step takes no modeled time
 
 
 def make_clock(name: str):

@@ -7,12 +7,23 @@ Each field carries a comment in the notebooks' vocabulary.
 
 from __future__ import annotations
 
+import numbers
+import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
+
+from .checks import as_bool, as_int, as_real, as_seed
 
 
 def _fail(name: str, value: Any, why: str) -> None:
     raise ValueError(f"EngineConfig.{name}={value!r}: {why}")
+
+
+def _cuda_index(device: str) -> bool:
+    """``"cuda:0"``, ``"cuda:1"``, ...: a CUDA device by index."""
+    return re.fullmatch(r"cuda:\d+", device) is not None
 
 
 @dataclass
@@ -63,23 +74,30 @@ class EngineConfig:
     # --- the random model used when model="random" ----------------------------------------
     random_model: dict = field(default_factory=dict)  # overrides for the tiny random Llama
 
+    # --- what each step records (StepRecord) --------------------------------------------------
+    record: str = "auto"                  # "full" (with the per-block KV map the widgets draw) |
+                                          # "summary" (KV totals only) | "none" (no KV snapshot, no history)
+                                          # | "auto" (full up to 256 KV blocks, else summary)
+    record_history: Optional[int] = 5000  # StepRecords kept in engine.step_records (None = all)
+    record_max_waiting: Optional[int] = 64  # waiting requests given a reason per record (None = all)
+
     def __post_init__(self) -> None:
+        self._check_record_options()
+        own = "EngineConfig"
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                      "schedule_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                _fail(name, v, "must be an integer >= 1")
-        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int)
-                                               or self.num_kv_blocks < 1):
-            _fail("num_kv_blocks", self.num_kv_blocks, "must be an integer >= 1 or None")
-        if not isinstance(self.num_swap_blocks, int) or self.num_swap_blocks < 0:
-            _fail("num_swap_blocks", self.num_swap_blocks, "must be an integer >= 0")
-        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 0:
-            _fail("num_speculative_tokens", self.num_speculative_tokens, "must be an integer >= 0")
-        if not 0.0 <= self.watermark < 1.0:
-            _fail("watermark", self.watermark, "must be in [0, 1)")
-        if self.kv_cache_memory_gb <= 0:
-            _fail("kv_cache_memory_gb", self.kv_cache_memory_gb, "must be > 0")
+            setattr(self, name, as_int(own, name, getattr(self, name), 1))
+        self.num_kv_blocks = as_int(own, "num_kv_blocks", self.num_kv_blocks, 1, optional=True)
+        self.num_swap_blocks = as_int(own, "num_swap_blocks", self.num_swap_blocks, 0)
+        self.num_speculative_tokens = as_int(own, "num_speculative_tokens", self.num_speculative_tokens, 0)
+        self.max_queue_len = as_int(own, "max_queue_len", self.max_queue_len, 0, optional=True)
+        self.seed = as_seed(own, "seed", self.seed)
+        self.watermark = as_real(own, "watermark", self.watermark, 0.0, 1.0, high_open=True)
+        self.kv_cache_memory_gb = as_real(own, "kv_cache_memory_gb", self.kv_cache_memory_gb, 0.0,
+                                          low_open=True)
+        self.max_queue_delay = as_real(own, "max_queue_delay", self.max_queue_delay, 0.0, optional=True)
+        for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+            setattr(self, name, as_bool(own, name, getattr(self, name)))
         choices = {
             "kv_allocation": ("paged", "reserved"),
             "batching": ("continuous", "static"),
@@ -94,8 +112,9 @@ class EngineConfig:
         }
         for name, allowed in choices.items():
             v = getattr(self, name)
-            if v not in allowed and not (name == "device" and str(v).startswith("cuda:")):
-                _fail(name, v, f"must be one of {allowed}")
+            if not isinstance(v, str) or (v not in allowed and not (name == "device" and _cuda_index(v))):
+                _fail(name, v, f"must be one of {allowed}" + (" or 'cuda:N'" if name == "device" else ""))
+        self._check_objects()
         if self.kv_allocation == "reserved" and self.enable_prefix_caching:
             _fail("enable_prefix_caching", True,
                   "prefix caching needs kv_allocation='paged' (a reservation is not made of shareable blocks)")
@@ -103,17 +122,45 @@ class EngineConfig:
             _fail("kv_cache_dtype", self.kv_cache_dtype,
                   "a quantized KV cache needs kv_allocation='paged' (its scales are per block, and a "
                   "reservation need not start on a block boundary)")
-        if self.max_queue_len is not None and self.max_queue_len < 0:
-            _fail("max_queue_len", self.max_queue_len, "must be >= 0 or None")
-        if self.max_queue_delay is not None and self.max_queue_delay < 0:
-            _fail("max_queue_delay", self.max_queue_delay, "must be >= 0 or None")
         if self.speculative_model is not None and self.num_speculative_tokens < 1:
             _fail("num_speculative_tokens", self.num_speculative_tokens,
                   "must be >= 1 when speculative_model is set")
-        if self.num_kv_blocks is not None and self.num_kv_blocks * self.block_size < 1:
-            _fail("num_kv_blocks", self.num_kv_blocks, "gives no KV capacity")
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < 1:
-            _fail("max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 1")
+
+    def _check_objects(self) -> None:
+        """The fields that take a name or an object: policy, cost_model, speculative_model, random_model."""
+        if isinstance(self.policy, str):
+            from .policies import POLICIES
+            if self.policy.lower() not in POLICIES:
+                _fail("policy", self.policy, f"must be one of {sorted(POLICIES)} or a Policy object")
+        elif self.policy is None or isinstance(self.policy, (numbers.Number, bytes, list, tuple, dict)):
+            _fail("policy", self.policy, "must be a policy name or a Policy object")
+        cm = self.cost_model
+        if cm is not None:
+            from .costmodel import HARDWARE, CostModel, HardwareSpec
+            if isinstance(cm, str):
+                if not any(k.lower() == cm.lower() for k in HARDWARE):
+                    _fail("cost_model", cm, f"unknown hardware preset; choose one of {sorted(HARDWARE)}, "
+                                            "a CostModel object, a number of seconds per step, or None")
+            elif isinstance(cm, numbers.Real) and not isinstance(cm, bool):
+                as_real("EngineConfig", "cost_model", cm, 0.0)     # seconds per step: finite, >= 0
+            elif not (isinstance(cm, (CostModel, HardwareSpec))
+                      or (callable(getattr(cm, "step_time", None)) and not isinstance(cm, type))):
+                raise TypeError(f"EngineConfig.cost_model={cm!r}: expected a CostModel, a hardware preset "
+                                f"name ({sorted(HARDWARE)}), a number of seconds per step, or None")
+        if self.speculative_model is not None and not isinstance(self.speculative_model, (str, os.PathLike)):
+            raise TypeError(f"EngineConfig.speculative_model={self.speculative_model!r}: must be a "
+                            "checkpoint directory, 'default-draft', 'ngram' or None")
+        if not isinstance(self.random_model, Mapping):
+            raise TypeError(f"EngineConfig.random_model={self.random_model!r}: must be a dict of "
+                            "LlamaConfig fields")
+
+    def _check_record_options(self) -> None:
+        if self.record not in ("auto", "full", "summary", "none"):
+            _fail("record", self.record, "must be one of ('auto', 'full', 'summary', 'none')")
+        for name in ("record_history", "record_max_waiting"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                _fail(name, v, "must be an integer >= 0 or None")
 
     @classmethod
     def field_names(cls) -> set[str]:

@@ -8,6 +8,7 @@ the results (append tokens, finish requests, free their KV) and emits a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -19,11 +20,12 @@ from typing import Optional, Union
 import torch
 
 from .clock import make_clock
+from .checks import as_int, as_real
 from .config import EngineConfig
 from .kv_cache import make_kv_manager
 from .outputs import RequestOutput
 from .policies import make_policy
-from .request import Request, RequestStatus
+from .request import Request
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .step_record import BatchEntry, StepRecord
@@ -76,6 +78,7 @@ class LLMEngine:
 
         # --- KV memory ---------------------------------------------------------------------
         num_blocks = config.num_kv_blocks or self._size_kv_from_memory()
+        self._check_kv_fits(num_blocks)
         self.num_kv_blocks = num_blocks
         self.kv = make_kv_manager(config, num_blocks)
         self._check_config()
@@ -97,13 +100,15 @@ class LLMEngine:
 
         self._simulated = config.executor == "simulated"
         self.requests: dict[str, Request] = {}      # every request ever added
-        self._active: dict[str, Request] = {}       # not yet finished
+        self._active: dict[str, Request] = {}       # not yet finished (what the KV snapshot looks up)
         self._ids = itertools.count()
         self.step_count = 0
         self.swapped_bytes = 0                      # KV bytes copied to/from host memory
-        self.step_records: list[StepRecord] = []
-        self.keep_records = True                    # set False for very long simulated runs
-        self.record_block_map = num_blocks <= 1024  # per-block map in StepRecord.kv (widgets draw it)
+        self.record_mode = config.record if config.record != "auto" else \
+            ("full" if num_blocks <= 256 else "summary")      # the per-block map costs O(blocks) a step
+        self.scheduler.max_waiting_entries = config.record_max_waiting
+        self.step_records: list[StepRecord] = []    # the latest records (EngineConfig.record_history)
+        self._aborted: list[str] = []               # aborted since the last record
 
     # --- set-up helpers --------------------------------------------------------------------
     @staticmethod
@@ -132,12 +137,12 @@ class LLMEngine:
                                     head_dim=m.head_dim, intermediate_size=m.intermediate_size,
                                     vocab_size=m.vocab_size, eos_token_id=None)
             return shape, m
+        from .model.loader import RANDOM_DEFAULTS, check_model_config, load_config
         if path == "random":              # a plain namespace: no need to import transformers
-            from .model.loader import RANDOM_DEFAULTS
             shape = SimpleNamespace(**{**RANDOM_DEFAULTS, **cfg.random_model})
-        else:
-            from transformers import AutoConfig
-            shape = AutoConfig.from_pretrained(path)
+            check_model_config(shape, "EngineConfig.random_model")
+        else:                             # a local checkpoint directory; never a model hub
+            shape = load_config(path, presets=sorted(MODELS))
         return shape, ModelSpec.from_hf_config(shape)
 
     @staticmethod
@@ -146,7 +151,7 @@ class LLMEngine:
                                                                    "vocab.json")):
             return None
         from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
     def _make_cost_model(self):
         cfg = self.config
@@ -184,6 +189,42 @@ class LLMEngine:
         enough = cfg.max_num_seqs * math.ceil(cfg.max_model_len / cfg.block_size) + 1
         return max(1, min(by_memory, enough))
 
+    # Host memory the block tables take per block (Block objects, free lists), a generous bound.
+    BOOKKEEPING_BYTES_PER_BLOCK = 512
+
+    def _check_kv_fits(self, num_blocks: int) -> None:
+        """Before anything is allocated: the KV cache (and the swap space) must fit in memory,
+        else a ValueError naming the field, the bytes needed and the bytes there are."""
+        from .model.loader import host_memory_bytes
+        cfg = self.config
+        field = (f"EngineConfig.num_kv_blocks={cfg.num_kv_blocks}" if cfg.num_kv_blocks is not None
+                 else f"EngineConfig.kv_cache_memory_gb={cfg.kv_cache_memory_gb}")
+        host = (num_blocks + cfg.num_swap_blocks) * self.BOOKKEEPING_BYTES_PER_BLOCK
+        device = 0
+        if cfg.executor == "model":
+            from .speculative import draft_kv_bytes_per_block
+            per_block = self._bytes_per_block() + draft_kv_bytes_per_block(cfg, self.dtype)
+            device = num_blocks * per_block
+            host += cfg.num_swap_blocks * self._bytes_per_block()
+        checks = []
+        if device and self.device.type == "cuda":
+            try:
+                free = torch.cuda.mem_get_info(self.device)[0]
+            except (RuntimeError, AssertionError):
+                free = None
+            if free is not None:
+                checks.append((device, free, f"{self.device} (free)"))
+        else:
+            host += device
+        checks.append((host, host_memory_bytes(), "host memory"))
+        for need, have, where in checks:
+            if need > have:
+                raise ValueError(
+                    f"{field}: {num_blocks} KV blocks"
+                    f"{f' + {cfg.num_swap_blocks} swap blocks' if cfg.num_swap_blocks else ''} need "
+                    f"{need:,} bytes ({need / 2**30:.1f} GiB), more than the {have:,} bytes "
+                    f"({have / 2**30:.1f} GiB) of {where}; lower num_kv_blocks (or num_swap_blocks)")
+
     def _check_config(self) -> None:
         cfg = self.config
         if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
@@ -204,15 +245,39 @@ class LLMEngine:
                     request_id: Optional[str] = None, arrival_time: Optional[float] = None,
                     priority: int = 0, tenant: Optional[str] = None,
                     expected_output_len: Optional[int] = None) -> str:
-        """Queue one request; returns its id. Bad input raises ValueError naming the field."""
-        sp = sampling_params if sampling_params is not None else SamplingParams()
-        if request_id is None:
-            request_id = str(next(self._ids))
-            while request_id in self.requests:
-                request_id = str(next(self._ids))
-        request_id = str(request_id)
-        if request_id in self.requests:
-            raise ValueError(f"request_id={request_id!r}: already used")
+        """Queue one request; returns its id. A bad value raises ValueError/TypeError naming the
+        field and the value before anything changes; the engine keeps its own copy of
+        ``sampling_params``, so changing the caller's object later changes nothing."""
+        return self._register(self._check_request(prompt, sampling_params, request_id, arrival_time,
+                                                  priority, tenant, expected_output_len))
+
+    def _check_request(self, prompt, sampling_params, request_id, arrival_time, priority, tenant,
+                       expected_output_len) -> dict:
+        """Every check of ``add_request``, changing nothing: the request's fields, normalised
+        (token ids and numbers as plain ints and floats, a validated copy of the params)."""
+        who = f" (request {str(request_id)!r})" if request_id is not None else ""
+        if sampling_params is None:
+            sp = SamplingParams()
+        elif isinstance(sampling_params, SamplingParams):
+            sp = dataclasses.replace(sampling_params)     # a copy, checked again (it may have been edited)
+        else:
+            raise TypeError(f"sampling_params={sampling_params!r}{who}: must be a SamplingParams or None")
+        if request_id is not None:
+            request_id = str(request_id)
+            if request_id in self.requests:
+                raise ValueError(f"request_id={request_id!r}: already used")
+        if arrival_time is not None:
+            arrival_time = as_real("", "arrival_time", arrival_time, where=who)
+        priority = as_int("", "priority", priority, where=who)
+        try:
+            hash(tenant)
+        except TypeError:
+            raise TypeError(f"tenant={tenant!r}{who}: must be hashable (a name such as 'alice', or None)") from None
+        expected_output_len = as_int("", "expected_output_len", expected_output_len, 0, optional=True, where=who)
+        for i, t in enumerate(sp.stop_token_ids):
+            if t >= self.vocab_size:
+                raise ValueError(f"SamplingParams.stop_token_ids[{i}]={t}{who}: token id outside the "
+                                 f"vocabulary [0, {self.vocab_size})")
         text = None
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -220,36 +285,61 @@ class LLMEngine:
                                  "model has none; pass a list of token ids")
             text = prompt
             prompt = self.tokenizer.encode(prompt, add_special_tokens=False)
-        ids = list(prompt)
+        elif isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise TypeError(f"prompt={bytes(prompt)[:30]!r}{who}: bytes are not a prompt; decode them to a "
+                            "str (text) or pass a list of token ids")
+        elif hasattr(prompt, "tolist") and not isinstance(prompt, list):   # a numpy array, a tensor
+            prompt = prompt.tolist()
+        try:
+            ids = list(prompt)
+        except TypeError:
+            raise TypeError(f"prompt={prompt!r}{who}: must be a str or a list of token ids") from None
         if not ids:
-            raise ValueError(f"prompt (request {request_id!r}): empty; it needs at least one token")
+            raise ValueError(f"prompt{who}: empty; it needs at least one token")
         for i, t in enumerate(ids):
-            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
-                raise ValueError(f"prompt[{i}]={t!r} (request {request_id!r}): token id outside the "
+            if type(t) is not int:        # numpy / torch integers become ints; floats, bools do not
+                try:
+                    t = ids[i] = as_int("", f"prompt[{i}]", t)
+                except TypeError:
+                    raise TypeError(f"prompt[{i}]={t!r}{who}: a token id must be an integer") from None
+            if not 0 <= t < self.vocab_size:
+                raise ValueError(f"prompt[{i}]={t!r}{who}: token id outside the "
                                  f"vocabulary [0, {self.vocab_size})")
         cfg = self.config
         if len(ids) >= cfg.max_model_len:
-            raise ValueError(f"prompt (request {request_id!r}) has {len(ids)} tokens: max_model_len="
+            raise ValueError(f"prompt{who} has {len(ids)} tokens: max_model_len="
                              f"{cfg.max_model_len} leaves no room for one output token")
         need = min(len(ids) + sp.max_tokens, cfg.max_model_len)
         if cfg.kv_allocation == "reserved":
             # Admission keeps the watermark's headroom free, so a region must fit beside it.
             cap = (self.num_kv_blocks - self.scheduler.watermark_blocks) * cfg.block_size
             if need > cap:
-                raise ValueError(f"request {request_id!r}: its reservation of {need} positions (prompt "
+                raise ValueError(f"request{who}: its reservation of {need} positions (prompt "
                                  f"{len(ids)} + max_tokens {sp.max_tokens}) exceeds the whole KV capacity "
                                  f"of {cap} positions; it could never run")
         else:
             usable = self.num_kv_blocks - self.scheduler.watermark_blocks
             blocks = math.ceil(need / cfg.block_size)
             if blocks > usable:
-                raise ValueError(f"request {request_id!r}: at its maximum length ({need} positions = "
+                raise ValueError(f"request{who}: at its maximum length ({need} positions = "
                                  f"{blocks} blocks) it would not fit the KV cache even alone "
                                  f"({usable} usable blocks); lower max_tokens or add blocks")
+        return dict(request_id=request_id, prompt_token_ids=ids, sampling_params=sp, arrival_time=arrival_time,
+                    priority=priority, tenant=tenant, expected_output_len=expected_output_len, prompt=text)
+
+    def _register(self, checked: dict) -> str:
+        """Queue a request ``_check_request`` accepted: nothing here can fail on its input."""
+        request_id = checked["request_id"]
+        if request_id is None:
+            request_id = str(next(self._ids))
+            while request_id in self.requests:
+                request_id = str(next(self._ids))
+        arrival_time = checked["arrival_time"]
         if arrival_time is None:
             arrival_time = self.clock.now()
-        req = Request(request_id, ids, sp, arrival_time, priority, tenant, self.eos_token_id,
-                      expected_output_len, prompt=text)
+        req = Request(request_id, checked["prompt_token_ids"], checked["sampling_params"], arrival_time,
+                      checked["priority"], checked["tenant"], self.eos_token_id,
+                      checked["expected_output_len"], prompt=checked["prompt"])
         req.metrics.clock = self.clock.name
         self.requests[request_id] = req
         self._active[request_id] = req
@@ -257,13 +347,17 @@ class LLMEngine:
         return request_id
 
     def abort_request(self, request_id: str) -> None:
+        """Stop a request wherever it is and free its KV; the next StepRecord lists it in
+        ``aborted``. Aborting a finished request does nothing."""
         req = self.requests.get(str(request_id))
         if req is None:
             raise KeyError(f"abort_request: unknown request_id={request_id!r}")
         if req.is_finished:
             return
         self.scheduler.remove(req)
-        self._finalize(req, "abort", self.clock.now())
+        self.scheduler.finish_request(req, "abort", self.clock.now())
+        self._aborted.append(req.request_id)
+        self._forget([req])
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
@@ -278,32 +372,16 @@ class LLMEngine:
                              metrics=r.metrics, num_cached_tokens=r.metrics.num_cached_tokens,
                              finish_detail=r.finish_detail)
 
-    def _finalize(self, req: Request, reason: str, t: float) -> None:
-        req.status = RequestStatus.FINISHED
-        req.finish_reason = reason
-        req.metrics.finish_reason = reason
-        req.metrics.finish_time = t
-        req.metrics.num_output_tokens = req.num_output_tokens
-        self._active.pop(req.request_id, None)
+    def _forget(self, finished: list[Request]) -> None:
+        """Finished requests leave the engine: the executor and the proposer drop their state."""
         forget = getattr(self.executor, "forget", None) or getattr(getattr(self.executor, "sampler", None),
                                                                     "forget", None)
-        if forget:
-            forget(req.request_id)
-        if self.speculator is not None:
-            self.speculator.forget(req.request_id)
-
-    def _stop_reason(self, req: Request, tok: int) -> Optional[str]:
-        sp = req.sampling_params
-        if not sp.ignore_eos and req.eos_token_id is not None and tok == req.eos_token_id:
-            return "stop"
-        if tok in sp.stop_token_ids:
-            return "stop"
-        n_out = len(req.output_token_ids)     # (plain len: this runs once per token, keep it cheap)
-        if n_out >= sp.max_tokens or len(req.prompt_token_ids) + n_out >= self.config.max_model_len:
-            return "length"
-        if self._simulated and req.expected_output_len is not None and n_out >= req.expected_output_len:
-            return "stop"       # the simulator's stand-in for the model emitting EOS at the trace length
-        return None
+        for req in finished:
+            self._active.pop(req.request_id, None)
+            if forget:
+                forget(req.request_id)
+            if self.speculator is not None:
+                self.speculator.forget(req.request_id)
 
     # --- one step ---------------------------------------------------------------------------------
     def _idle_wait(self) -> None:
@@ -326,7 +404,29 @@ class LLMEngine:
         return step + sched + swap, sched, swap
 
     def step(self) -> StepRecord:
-        """One scheduler iteration: schedule -> execute -> apply -> StepRecord."""
+        """One scheduler iteration: schedule -> execute -> update -> StepRecord.
+
+        All or nothing: if anything raises inside (a policy hook, the forward, Ctrl-C), the
+        queues, requests, KV tables, random streams and clock are put back as they were, the
+        exception propagates, and the next ``step()`` carries on from there."""
+        checkpoint = (self.scheduler.checkpoint(), self.executor.checkpoint(), self.clock.now())
+        try:
+            record, update = self._step()
+        except BaseException:
+            sched, execu, t = checkpoint
+            self.scheduler.rollback(sched)
+            self.executor.rollback(execu)
+            self.clock.reset(t)
+            raise
+        self.scheduler.commit()
+        self._forget(update.finished)
+        self._aborted = []
+        self.step_count += 1
+        self.swapped_bytes += record.swap_bytes
+        self._keep(record)
+        return record
+
+    def _step(self):
         self._idle_wait()
         now = self.clock.now()
         t0 = time.perf_counter()
@@ -337,6 +437,7 @@ class LLMEngine:
         out = self.scheduler.schedule(now)
         t_sched = time.perf_counter() - t1
         result = self.executor.execute(out)
+        self.kv.forward_done()
         wall = time.perf_counter() - t0
         if self.clock.name == "modeled":
             duration, sched_time, swap_time = self._step_cost(out, result.swap_bytes)
@@ -345,87 +446,33 @@ class LLMEngine:
         else:
             duration, sched_time, swap_time = wall, t_sched, 0.0
         t = self.clock.now()
-        self.swapped_bytes += result.swap_bytes
+        update = self.scheduler.update_from_output(out, result, t)
+        return self._record(out, update, t, duration, sched_time, swap_time, draft_time, result.swap_bytes), update
 
-        finished: list[str] = []
-        reasons: dict[str, str] = {}
-        for req in out.released:                 # held back until now (static batch / every-N)
-            self._finalize(req, req.pending_finish_reason, now)
-            finished.append(req.request_id)
-            reasons[req.request_id] = req.finish_reason
-        for w in out.rejected:
-            req = self.requests[w.request_id]
-            self._finalize(req, "rejected", now)
-            req.finish_detail = w.reason
-
-        batch = []
-        spec_proposed = spec_accepted = 0
-        for s in out.scheduled:
-            req = s.request
-            req.num_computed_tokens += s.num_new_tokens
-            accepted = result.spec_accepted.get(req.request_id)
-            if s.spec_token_ids:
-                # Speculative decoding: KV of rejected draft positions is rolled back.
-                rejected = len(s.spec_token_ids) - (accepted or 0)
-                req.num_computed_tokens -= rejected
-                self.kv.truncate(req, req.num_computed_tokens)
-                spec_proposed += len(s.spec_token_ids)
-                spec_accepted += accepted or 0
-                req.metrics.num_spec_proposed += len(s.spec_token_ids)
-                req.metrics.num_spec_accepted += accepted or 0
-            elif self.speculator is not None:
-                # Blocks reserved for guesses the scheduler did not keep go back to the pool.
-                self.kv.truncate(req, req.num_computed_tokens)
-            req.spec_token_ids = []
-            new = result.sampled.get(req.request_id, [])
-            reason = None
-            appended = 0
-            for tok in new:
-                appended += 1
-                req.output_token_ids.append(tok)
-                req.metrics.token_times.append(t)
-                if req.metrics.first_token_time is None:
-                    req.metrics.first_token_time = t
-                reason = self._stop_reason(req, tok)
-                if reason:
-                    break
-            if len(new) > 1 and reason:
-                # Tokens accepted past a stop are dropped: keep KV consistent with the output.
-                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
-            self.kv.cache_full_blocks(req)
-            batch.append(BatchEntry(req.request_id, s.phase, s.num_new_tokens, s.num_computed_before,
-                                    req.num_computed_tokens, len(s.spec_token_ids), accepted or 0,
-                                    appended))
-            if reason:
-                if self.scheduler.finish(req):
-                    self._finalize(req, reason, t)
-                    finished.append(req.request_id)
-                    reasons[req.request_id] = reason
-                else:
-                    req.pending_finish_reason = reason
-        if self.config.batching == "static" and not self.scheduler.running and self.scheduler.held:
-            for req in self.scheduler.held:      # the whole static batch is done: return it now
-                self._finalize(req, req.pending_finish_reason, t)
-                finished.append(req.request_id)
-                reasons[req.request_id] = req.finish_reason
-            self.scheduler.held = []
-        self.policy.on_step(out.scheduled, t)
-
-        record = StepRecord(
-            step=self.step_count, time=t, duration=duration, batch=batch,
+    def _record(self, out, update, t, duration, sched_time, swap_time, draft_time, swap_bytes) -> StepRecord:
+        mode = self.record_mode
+        kv = None if mode == "none" else self.kv.snapshot(self._active, detail=mode == "full")
+        return StepRecord(
+            step=self.step_count, time=t, duration=duration, batch=update.batch,
             num_batched_tokens=out.num_batched_tokens, token_budget=out.token_budget,
-            admitted=out.admitted, finished=finished, preempted=out.preempted, waiting=out.waiting,
-            kv=self.kv.snapshot(self._active, detail=self.record_block_map),
+            admitted=out.admitted, finished=[r.request_id for r in update.finished],
+            preempted=out.preempted, waiting=out.waiting, kv=kv,
             running=[r.request_id for r in self.scheduler.running],
             swapped=[r.request_id for r in self.scheduler.swapped], swapped_in=out.swapped_in,
-            rejected=out.rejected, finish_reasons=reasons, scheduled=out.reformed,
-            clock=self.clock.name, schedule_time=sched_time, swap_time=swap_time,
-            spec_proposed=spec_proposed, spec_accepted=spec_accepted,
-            draft_time=draft_time)
-        self.step_count += 1
-        if self.keep_records:
-            self.step_records.append(record)
-        return record
+            rejected=out.rejected, aborted=list(self._aborted),
+            finish_reasons={r.request_id: r.finish_reason for r in update.finished},
+            scheduled=out.reformed, clock=self.clock.name, schedule_time=sched_time, swap_time=swap_time,
+            spec_proposed=update.spec_proposed, spec_accepted=update.spec_accepted,
+            draft_time=draft_time, swap_bytes=swap_bytes)
+
+    def _keep(self, record: StepRecord) -> None:
+        """The bounded history ``engine.step_records`` (``EngineConfig.record_history``)."""
+        limit = self.config.record_history
+        if self.record_mode == "none" or limit == 0:
+            return
+        self.step_records.append(record)
+        if limit is not None and len(self.step_records) > 2 * limit:
+            del self.step_records[:len(self.step_records) - limit]     # amortised O(1) per step
 
     # --- conveniences -------------------------------------------------------------------------------
     def run(self, max_steps: Optional[int] = None, progress=None) -> list[StepRecord]:

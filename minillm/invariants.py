@@ -66,6 +66,7 @@ def check_paged(kv: PagedKVCacheManager, requests: dict) -> None:
     # The swap pool is never overfilled and no host block is used twice.
     host = [h for hs in kv.swapped.values() for h in hs]
     _check(len(host) == len(set(host)), "a host swap block is used twice")
+    _check(not set(host) & set(kv.swap_free), "a host swap block is both held and free")
     _check(len(host) + len(kv.swap_free) == kv.num_swap_blocks,
            f"swap pool: {len(host)} used + {len(kv.swap_free)} free != {kv.num_swap_blocks}")
 
@@ -83,9 +84,42 @@ def check_reserved(kv: ReservedKVCacheManager, requests: dict) -> None:
                    f"request {rid} wrote {req.num_computed_tokens} positions into a {l}-position region")
 
 
+def check_places(engine) -> None:
+    """Every unfinished request is in exactly one place (not arrived yet, waiting, running,
+    swapped out, held back), its status agrees with the place, and only the requests in a
+    place are unfinished: a request that is in no queue would never finish."""
+    sched = engine.scheduler
+    places: dict[str, list[str]] = {}
+    queues = (("not arrived", [item[2] for item in sched.incoming]), ("waiting", sched.waiting),
+              ("running", sched.running), ("swapped", sched.swapped), ("held", sched.held))
+    allowed = {"not arrived": (RequestStatus.WAITING,),
+               "waiting": (RequestStatus.WAITING, RequestStatus.PREEMPTED),
+               "running": (RequestStatus.RUNNING,), "swapped": (RequestStatus.SWAPPED,),
+               "held": (RequestStatus.RUNNING,)}
+    for name, queue in queues:
+        for r in queue:
+            places.setdefault(r.request_id, []).append(name)
+            _check(r.status in allowed[name], f"{r.request_id} is {name} with status {r.status.value}")
+            _check(not r.is_finished, f"{r.request_id} is finished but still {name}")
+    for rid, where in places.items():
+        _check(len(where) == 1, f"{rid} is in {len(where)} places at once: {where}")
+    unfinished = {rid for rid, r in engine.requests.items() if not r.is_finished}
+    lost = unfinished - set(places)
+    _check(not lost, f"unfinished requests in no queue (they would never finish): {sorted(lost)}")
+    _check(set(places) <= unfinished, f"finished requests still queued: {sorted(set(places) - unfinished)}")
+    _check(engine.has_unfinished_requests() == bool(unfinished),
+           f"has_unfinished_requests()={engine.has_unfinished_requests()} with {len(unfinished)} unfinished")
+    kv = engine.kv
+    if isinstance(kv, PagedKVCacheManager):
+        swapped = {r.request_id for r in sched.swapped}
+        _check(set(kv.swapped) == swapped,
+               f"host blocks held by {sorted(kv.swapped)} but swapped out: {sorted(swapped)}")
+
+
 def check_invariants(engine, record=None) -> None:
     kv = engine.kv
     active = {rid: r for rid, r in engine.requests.items() if not r.is_finished}
+    check_places(engine)
     if isinstance(kv, PagedKVCacheManager):
         check_paged(kv, active)
     else:
@@ -105,6 +139,8 @@ def check_invariants(engine, record=None) -> None:
         _check(len(record.batch) <= cfg.max_num_seqs,
                f"step {record.step}: batch of {len(record.batch)} > max_num_seqs={cfg.max_num_seqs}")
         k = record.kv
+        if k is None:                                     # record="none": no KV snapshot
+            return
         _check(k.blocks_used + k.blocks_free == k.blocks_total,
                f"step {record.step}: blocks used {k.blocks_used} + free {k.blocks_free} != {k.blocks_total}")
         if k.reserved_unused or isinstance(kv, ReservedKVCacheManager):

@@ -14,6 +14,12 @@ Two strategies behind one interface, switched by ``EngineConfig.kv_allocation``:
 
 The scheduler asks ``can_allocate`` / ``allocate`` and the runner asks
 ``block_table``; the snapshot for ``StepRecord.kv`` is taken here.
+
+A step is all or nothing. Between ``begin_step()`` and ``end_step()`` the manager
+remembers each block table it changes (the first time it changes it), the blocks it
+hands out and the prefixes it registers, so that ``rollback()`` can put every table
+back if anything in the step raises. Host swap blocks freed during a step are only
+reused after the step's copies have run (``end_step``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class PagedKVCacheManager:
         self.swap_free: list[int] = list(range(num_swap_blocks - 1, -1, -1))
         self.swapped: dict[str, list[int]] = {}         # request -> host-pool block ids
         self.prefill_tokens_saved = 0
+        self._journal: Optional[dict] = None            # the step in progress (see begin_step)
 
     # --- sizes ---------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -64,9 +71,10 @@ class PagedKVCacheManager:
         bs = self.block_size
         hits: list[Block] = []
         parent = None
+        unsafe = self._journal["unshared"] if self._journal is not None else ()
         for i in range((len(tokens) - 1) // bs):
             block = self.pool.lookup(parent, tuple(tokens[i * bs:(i + 1) * bs]))
-            if block is None:
+            if block is None or block.block_id in unsafe:
                 break
             hits.append(block)
             parent = block.block_hash
@@ -81,20 +89,35 @@ class PagedKVCacheManager:
         st["hit_blocks"] += len(hits)
         self.prefill_tokens_saved += len(hits) * self.block_size
 
-    def cache_full_blocks(self, req: Request) -> None:
-        """Hash every block of this request that has become full (called after each step)."""
+    def cache_full_blocks(self, req: Request, num_tokens: int, shareable: bool = True) -> None:
+        """Register in the prefix cache every block of this request that is full once its first
+        ``num_tokens`` positions hold KV. The scheduler calls it when it grants a step, so a
+        request admitted later in the same pass already finds the prefix (its KV is written
+        by this step's forward, before anyone attends over it). ``shareable=False`` (a running
+        request, which this pass may still preempt) keeps the blocks out of this pass's
+        lookups."""
         if not self.enable_prefix_caching:
             return
-        hashes = self.req_hashes.setdefault(req.request_id, [])
-        num_full = req.num_computed_tokens // self.block_size
-        if len(hashes) >= num_full:
+        hashes = self.req_hashes.get(req.request_id)
+        num_full = num_tokens // self.block_size
+        if hashes is not None and len(hashes) >= num_full:
             return
-        blocks = self.req_blocks[req.request_id]
+        rid = req.request_id
+        self._touch(rid)
+        hashes = self.req_hashes.setdefault(rid, [])
+        blocks = self.req_blocks[rid]
         tokens = req.all_token_ids
         bs = self.block_size
+        j = self._journal
         for i in range(len(hashes), num_full):
             parent = hashes[-1] if hashes else None
-            hashes.append(self.pool.cache(blocks[i], parent, tuple(tokens[i * bs:(i + 1) * bs])))
+            block = blocks[i]
+            fresh = block.block_hash is None
+            hashes.append(self.pool.cache(block, parent, tuple(tokens[i * bs:(i + 1) * bs])))
+            if j is not None and fresh and block.block_hash is not None:
+                j["hashed"][block.block_id] = rid
+                if not shareable:
+                    j["unshared"].add(block.block_id)
 
     # --- allocation ------------------------------------------------------------------------
     def num_blocks_needed(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> int:
@@ -121,6 +144,7 @@ class PagedKVCacheManager:
         ok, need, _ = self.can_allocate(req, num_new_tokens, cached)
         if not ok:
             return False
+        self._touch(req.request_id)
         blocks = self.req_blocks.setdefault(req.request_id, [])
         if cached:
             for b in cached:
@@ -128,26 +152,134 @@ class PagedKVCacheManager:
             blocks.extend(cached)
             self.req_hashes[req.request_id] = [b.block_hash for b in cached]
         for _ in range(need):
-            blocks.append(self.pool.allocate())
+            blocks.append(self._new_block())
         return True
 
+    def _new_block(self) -> Block:
+        block = self.pool.allocate()
+        if self._journal is not None:
+            self._journal["fresh"].add(block.block_id)
+        return block
+
     def free(self, req: Request) -> None:
-        self.pool.free(self.req_blocks.pop(req.request_id, []))
-        self.req_hashes.pop(req.request_id, None)
-        host = self.swapped.pop(req.request_id, None)
+        rid = req.request_id
+        if rid not in self.req_blocks and rid not in self.swapped and rid not in self.req_hashes:
+            return
+        self._touch(rid)
+        blocks = self.req_blocks.pop(rid, [])
+        self.pool.free(blocks)
+        self._forget_uncomputed(blocks)
+        self.req_hashes.pop(rid, None)
+        host = self.swapped.pop(rid, None)
         if host:
+            self._free_host(host)
+
+    def _forget_uncomputed(self, blocks: list[Block]) -> None:
+        """Blocks registered in this step whose owner leaves before the forward computes them
+        (preempted) would offer a prefix nobody wrote: forget their hashes."""
+        j = self._journal
+        if j is None or not j["hashed"]:
+            return
+        for b in blocks:
+            if b.block_id in j["hashed"] and b.ref_count == 0:
+                self.pool.uncache(b)
+                del j["hashed"][b.block_id]
+
+    def _free_host(self, host: list[int]) -> None:
+        if self._journal is not None:
+            self._journal["host_pending"].extend(reversed(host))   # reused after this step's copies
+        else:
             self.swap_free.extend(reversed(host))
 
     def truncate(self, req: Request, num_tokens: int) -> None:
         """Keep only the blocks that ``num_tokens`` positions need (speculative rollback)."""
-        blocks = self.req_blocks.get(req.request_id, [])
+        rid = req.request_id
+        blocks = self.req_blocks.get(rid, [])
         keep = self.blocks_for(num_tokens)
+        hashes = self.req_hashes.get(rid)
+        cut_hashes = bool(hashes) and len(hashes) > num_tokens // self.block_size
+        if len(blocks) <= keep and not cut_hashes:
+            return
+        self._touch(rid)
         if len(blocks) > keep:
             self.pool.free(blocks[keep:])
             del blocks[keep:]
-        hashes = self.req_hashes.get(req.request_id)
-        if hashes and len(hashes) > num_tokens // self.block_size:
+        if cut_hashes:
             del hashes[num_tokens // self.block_size:]
+
+    # --- one step, all or nothing -----------------------------------------------------------
+    def begin_step(self) -> None:
+        """Start remembering what this step changes (so ``rollback`` can undo it)."""
+        self._journal = dict(tables={}, fresh=set(), hashed={}, unshared=set(), host_pending=[],
+                             stats=(dict(self.pool.stats), self.prefill_tokens_saved))
+
+    def _touch(self, rid: str) -> None:
+        """Before the first change to a request's tables in this step, keep a copy."""
+        j = self._journal
+        if j is None or rid in j["tables"]:
+            return
+        blocks = self.req_blocks.get(rid)
+        hashes = self.req_hashes.get(rid)
+        host = self.swapped.get(rid)
+        j["tables"][rid] = (None if blocks is None else list(blocks), None if hashes is None else list(hashes),
+                            None if host is None else list(host))
+
+    def forward_done(self) -> None:
+        """The forward has written this step's KV: the blocks it registered hold their prefixes."""
+        if self._journal is not None:
+            self._journal["hashed"].clear()
+            self._journal["unshared"].clear()
+
+    def end_step(self) -> None:
+        """The step's copies have run: host blocks it freed can be handed out again."""
+        j, self._journal = self._journal, None
+        if j is not None and j["host_pending"]:
+            self.swap_free.extend(j["host_pending"])
+
+    def rollback(self) -> dict[str, int]:
+        """Undo the step: every table it changed goes back to how it was. Returns, for a request
+        whose blocks were handed to another request during the step (and so may have been
+        written over), the first position whose KV can no longer be trusted."""
+        j, self._journal = self._journal, None
+        if j is None:
+            return {}
+        pool = self.pool
+        for bid in j["hashed"]:                        # registered, but the forward may not have run
+            pool.uncache(pool.blocks[bid])
+        affected: dict[int, Block] = {}
+        readd_order: list[Block] = []
+        for rid, (blocks, hashes, host) in j["tables"].items():
+            for b in self.req_blocks.get(rid, ()):
+                affected[b.block_id] = b
+            readd_order.extend(reversed(self.req_blocks.get(rid, [])))
+            for table, saved in ((self.req_blocks, blocks), (self.req_hashes, hashes), (self.swapped, host)):
+                if saved is None:
+                    table.pop(rid, None)
+                else:
+                    table[rid] = saved
+            for b in blocks or ():
+                affected[b.block_id] = b
+        refs = dict.fromkeys(affected, 0)
+        for blocks in self.req_blocks.values():
+            for b in blocks:
+                if b.block_id in refs:
+                    refs[b.block_id] += 1
+        for b in readd_order + list(affected.values()):    # children before parents, like free()
+            pool.set_ref_count(b, refs[b.block_id])
+        used = {h for hs in self.swapped.values() for h in hs}
+        self.swap_free = [h for h in range(self.num_swap_blocks - 1, -1, -1) if h not in used]
+        pool.stats, self.prefill_tokens_saved = dict(j["stats"][0]), j["stats"][1]
+        bs = self.block_size
+        damaged: dict[str, int] = {}
+        for rid in j["tables"]:
+            for i, b in enumerate(self.req_blocks.get(rid, ())):
+                if b.block_id in j["fresh"]:
+                    damaged[rid] = i * bs
+                    hashes = self.req_hashes.get(rid)
+                    if hashes and len(hashes) > i:
+                        del hashes[i:]
+                    break
+        return damaged
 
     def block_table(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, ())]
@@ -157,13 +289,17 @@ class PagedKVCacheManager:
         return self.num_held_blocks(req.request_id) <= len(self.swap_free)
 
     def swap_out(self, req: Request) -> list[tuple[int, int]]:
-        """Move the request's blocks to the host pool: returns (device block, host block) copies."""
+        """Move the request's blocks to the host pool: returns (device block, host block) copies.
+        The device blocks are free at once: the runner copies every swap-out before anything
+        is written into them (swap-ins, then the forward)."""
+        self._touch(req.request_id)
         blocks = self.req_blocks.pop(req.request_id, [])
         self.req_hashes.pop(req.request_id, None)
         host = [self.swap_free.pop() for _ in blocks]
         self.swapped[req.request_id] = host
         mapping = [(b.block_id, h) for b, h in zip(blocks, host)]
         self.pool.free(blocks)
+        self._forget_uncomputed(blocks)
         return mapping
 
     def can_swap_in(self, req: Request, reserve_blocks: int = 0) -> tuple[bool, int, int]:
@@ -172,10 +308,11 @@ class PagedKVCacheManager:
 
     def swap_in(self, req: Request) -> list[tuple[int, int]]:
         """Bring swapped blocks back: returns (host block, device block) copies."""
+        self._touch(req.request_id)
         host = self.swapped.pop(req.request_id)
-        blocks = [self.pool.allocate() for _ in host]
+        blocks = [self._new_block() for _ in host]
         self.req_blocks[req.request_id] = blocks
-        self.swap_free.extend(reversed(host))
+        self._free_host(host)             # not reused before this step's copies have run
         return [(h, b.block_id) for h, b in zip(host, blocks)]
 
     @property
@@ -292,7 +429,7 @@ class ReservedKVCacheManager:
     def record_lookup(self, req, hits) -> None:
         pass
 
-    def cache_full_blocks(self, req: Request) -> None:
+    def cache_full_blocks(self, req: Request, num_tokens: int, shareable: bool = True) -> None:
         pass
 
     def can_allocate(self, req: Request, num_new_tokens: int, cached=(), reserve_blocks: int = 0):
@@ -317,6 +454,29 @@ class ReservedKVCacheManager:
 
     def truncate(self, req: Request, num_tokens: int) -> None:
         pass
+
+    # --- one step, all or nothing (see PagedKVCacheManager.begin_step) -------------------------
+    def begin_step(self) -> None:
+        self._saved_regions = dict(self.regions)
+
+    def forward_done(self) -> None:
+        pass
+
+    def end_step(self) -> None:
+        self._saved_regions = None
+
+    def rollback(self) -> dict[str, int]:
+        saved = getattr(self, "_saved_regions", None)
+        if saved is None:
+            return {}
+        new = [r for rid, r in self.regions.items() if saved.get(rid) != r]
+        self.regions, self._saved_regions = saved, None
+        damaged = {}
+        for rid, (start, length) in saved.items():
+            for s, n in new:
+                if s < start + length and start < s + n:     # handed to another request meanwhile
+                    damaged[rid] = min(damaged.get(rid, length), max(0, s - start))
+        return damaged
 
     def block_table(self, request_id: str) -> list[int]:
         """Position-granular 'blocks' (block size 1) covering the request's region."""

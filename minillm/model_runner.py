@@ -129,8 +129,19 @@ class ModelRunner:
         # one with the same signature put here (notebook 06's exercise plugs in this way).
         self.verify = speculative.verify
 
+    # --- one step, all or nothing ------------------------------------------------------
+    def checkpoint(self) -> None:
+        """Before a step: remember the random streams (a failed step draws nothing)."""
+        self.sampler.checkpoint()
+
+    def rollback(self, checkpoint) -> None:
+        self.sampler.rollback()
+
     # --- swapping ---------------------------------------------------------------------
     def swap(self, out: SchedulerOutput) -> int:
+        """Copy swapped blocks: every swap-out before any swap-in, so a device block freed by a
+        swap-out and handed to a swap-in in the same pass is read before it is written (a host
+        block freed by a swap-in is not reused until the step is over)."""
         import kernels
         moved = 0
         for pairs, to_host in ((out.swap_out, True), (out.swap_in, False)):
@@ -232,7 +243,8 @@ class ModelRunner:
                 rid, k = s.request.request_id, len(s.spec_token_ids)
                 q = self.proposer.draft_probs(rid, k) if self.proposer is not None else None
                 toks = self.verify(logits[r:r + k + 1], s.spec_token_ids, q, s.request.sampling_params,
-                              self.sampler, rid, probs.get(rid))
+                                   self.sampler, rid, probs.get(rid))
+                toks = speculative.check_verified(self.verify, toks, s.spec_token_ids, logits.shape[-1], rid)
                 res.sampled[rid] = toks
                 res.spec_accepted[rid] = len(toks) - 1
         return res

@@ -33,6 +33,7 @@ class Sampler:
     def __init__(self, seed: int = 0):
         self.default_gen = torch.Generator().manual_seed(seed)
         self.generators: dict[str, torch.Generator] = {}
+        self._saved: Optional[dict] = None     # random streams as they were when the step began
 
     def generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
         if params.seed is None:
@@ -40,7 +41,25 @@ class Sampler:
         g = self.generators.get(request_id)
         if g is None:
             g = self.generators[request_id] = torch.Generator().manual_seed(params.seed)
+            if self._saved is not None:
+                self._saved.setdefault(request_id, None)        # new in this step
+        elif self._saved is not None and request_id not in self._saved:
+            self._saved[request_id] = g.get_state()
         return g
+
+    # --- one step, all or nothing: a failed step draws no random numbers -------------------
+    def checkpoint(self) -> None:
+        self._saved = {None: self.default_gen.get_state()}
+
+    def rollback(self) -> None:
+        saved, self._saved = self._saved, None
+        for rid, state in (saved or {}).items():
+            if rid is None:
+                self.default_gen.set_state(state)
+            elif state is None:
+                self.generators.pop(rid, None)
+            else:
+                self.generators[rid].set_state(state)
 
     def forget(self, request_id: str) -> None:
         self.generators.pop(request_id, None)

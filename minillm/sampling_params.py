@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Optional
+
+from .checks import as_bool, as_int, as_real, as_seed
 
 
 @dataclass
@@ -17,15 +20,20 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end the request
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens={self.max_tokens!r}: must be an integer >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature={self.temperature!r}: must be >= 0")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"SamplingParams.top_p={self.top_p!r}: must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k={self.top_k!r}: must be an integer >= 0")
-        self.stop_token_ids = list(self.stop_token_ids)
+        # Checked here, so a bad value fails where it is written, naming the field; integer-like
+        # values (numpy, torch) become plain ints. LLMEngine.add_request checks a copy again.
+        own = "SamplingParams"
+        self.temperature = as_real(own, "temperature", self.temperature, 0.0)
+        self.top_k = as_int(own, "top_k", self.top_k, 0)
+        self.top_p = as_real(own, "top_p", self.top_p, 0.0, 1.0, low_open=True)
+        self.max_tokens = as_int(own, "max_tokens", self.max_tokens, 1)
+        self.seed = as_seed(own, "seed", self.seed, optional=True)
+        self.ignore_eos = as_bool(own, "ignore_eos", self.ignore_eos)
+        stop = self.stop_token_ids
+        if isinstance(stop, (str, bytes, bytearray)) or not isinstance(stop, Iterable):
+            raise TypeError(f"SamplingParams.stop_token_ids={stop!r}: must be a list of token ids "
+                            "(integers), e.g. [13]")
+        self.stop_token_ids = [as_int(own, f"stop_token_ids[{i}]", t, 0) for i, t in enumerate(stop)]
 
     @property
     def greedy(self) -> bool:

@@ -19,8 +19,13 @@ One pass (``schedule``) goes:
    does not fit stops admission (FCFS head-of-line), and every request left
    waiting gets a reason a person can read.
 
-The scheduler only decides and allocates; the runner executes its
-``SchedulerOutput`` and the engine applies the results.
+The scheduler decides and allocates; the runner executes its ``SchedulerOutput``;
+``update_from_output`` then applies the results where the requests live: append
+tokens, roll back rejected speculative guesses, check stops, finish and free, hold
+back or release (static batching, every-N), and tell the policy what ran.
+
+A step is all or nothing: ``checkpoint()`` before it, ``rollback()`` if anything in
+it raises (the queues, the requests and the KV tables go back to how they were).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .request import Request, RequestStatus
-from .step_record import PreemptionEvent, WaitingEntry
+from .step_journal import StepJournal
+from .step_record import BatchEntry, PreemptionEvent, WaitingEntry
 
 
 @dataclass(slots=True)          # one per request per step: slots make it cheap to create
@@ -55,6 +61,7 @@ class SchedulerOutput:
     preempted: list[PreemptionEvent] = field(default_factory=list)
     waiting: list[WaitingEntry] = field(default_factory=list)
     rejected: list[WaitingEntry] = field(default_factory=list)
+    rejected_requests: list[Request] = field(default_factory=list)  # the same, as requests
     swap_out: list[tuple[int, int]] = field(default_factory=list)   # (device block, host block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)    # (host block, device block)
     swapped_in: list[str] = field(default_factory=list)
@@ -64,6 +71,15 @@ class SchedulerOutput:
     @property
     def num_batched_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
+
+
+@dataclass
+class StepUpdate:
+    """What applying one step's results did (``Scheduler.update_from_output``)."""
+    batch: list[BatchEntry]
+    finished: list[Request]          # finished (or returned from the held set) this step
+    spec_proposed: int = 0
+    spec_accepted: int = 0
 
 
 class Scheduler:
@@ -76,7 +92,7 @@ class Scheduler:
         self.incoming: list = []             # heap of (arrival_time, seq, request): not arrived yet
         self.now = 0.0                       # the clock at the last pass
         self._add_seq = 0                    # ties in ``incoming`` keep submission order
-        self.max_waiting_entries: Optional[int] = 64     # cap on StepRecord.waiting (None = all)
+        self.max_waiting_entries: Optional[int] = config.record_max_waiting   # cap on StepRecord.waiting
         self.running: list[Request] = []     # holds KV; scheduled every step
         self.swapped: list[Request] = []     # KV sits in host memory
         self.held: list[Request] = []        # done generating, waiting to be returned (static / every-N)
@@ -85,6 +101,9 @@ class Scheduler:
         self.watermark_blocks = int(config.watermark * kv.num_blocks)
         self.counters = dict(preemptions_recompute=0, preemptions_swap=0, swapped_out_blocks=0,
                              swapped_in_blocks=0, recomputed_tokens=0, rejected=0)
+        self.simulated = config.executor == "simulated"
+        self.journal = StepJournal()        # what the step in progress changed (see checkpoint)
+        self._arrivals: list = []           # (time, seq, request) released from ``incoming`` this step
 
     # --- bookkeeping ------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -99,7 +118,9 @@ class Scheduler:
     def _release_arrivals(self, now: float) -> None:
         self.now = max(self.now, now)
         while self.incoming and self.incoming[0][0] <= now:
-            self.waiting.append(heapq.heappop(self.incoming)[2])
+            item = heapq.heappop(self.incoming)
+            self._arrivals.append(item)
+            self.waiting.append(item[2])
 
     def next_arrival(self) -> Optional[float]:
         """Arrival time of the next request that has not arrived yet (None if none)."""
@@ -118,14 +139,134 @@ class Scheduler:
             heapq.heapify(self.incoming)
         self.kv.free(req)
 
-    def finish(self, req: Request) -> bool:
-        """The request is done generating. Returns True if it leaves now, False if held back."""
+    def finish(self, req: Request, reason: str, t: float) -> bool:
+        """The request is done generating: its KV is freed. Returns True if it leaves now,
+        False if it is held back until the batch (static) or the next pass (every-N) comes."""
+        self.journal.save(req)
         self.running.remove(req)
         self.kv.free(req)
         if self.config.batching == "static" or self.config.schedule_every > 1:
-            self.held.append(req)        # returned only when the batch (or the next pass) comes
+            req.pending_finish_reason = reason
+            self.held.append(req)
             return False
+        self.finish_request(req, reason, t)
         return True
+
+    def finish_request(self, req: Request, reason: str, t: float, detail: Optional[str] = None) -> None:
+        """The request leaves the engine: status, reason and its last metrics."""
+        self.journal.save(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        if detail is not None:
+            req.finish_detail = detail
+        req.metrics.finish_reason = reason
+        req.metrics.finish_time = t
+        req.metrics.num_output_tokens = req.num_output_tokens
+
+    # --- one step, all or nothing -----------------------------------------------------
+    def checkpoint(self) -> tuple:
+        """Before a step: what ``rollback`` needs to undo it (the queues are copied; requests and
+        KV tables are saved as the step first touches them)."""
+        self.journal = StepJournal()
+        self._arrivals = []
+        self.kv.begin_step()
+        return (list(self.waiting), list(self.running), list(self.swapped), list(self.held),
+                dict(self.counters), self.num_passes, self._admit_counter, self.now)
+
+    def commit(self) -> None:
+        """The step is done (its copies and forward ran): forget the undo log."""
+        self.kv.end_step()
+        self.journal = StepJournal()
+        self._arrivals = []
+
+    def rollback(self, checkpoint: tuple) -> None:
+        """The step raised: put the queues, the requests and the KV tables back. A request whose
+        KV blocks another request wrote into during the step recomputes from that position."""
+        (self.waiting, self.running, self.swapped, self.held, self.counters, self.num_passes,
+         self._admit_counter, self.now) = checkpoint
+        self.journal.restore()
+        for item in self._arrivals:
+            heapq.heappush(self.incoming, item)
+        self._arrivals = []
+        for rid, pos in self.kv.rollback().items():
+            req = next((r for r in self.running if r.request_id == rid), None)
+            if req is not None and req.num_computed_tokens > pos:
+                req.num_computed_tokens = pos
+                req.num_cached_tokens = min(req.num_cached_tokens, pos)
+
+    # --- applying a step's results -----------------------------------------------------
+    def check_stop(self, req: Request, tok: int) -> Optional[str]:
+        """Does ``tok`` (just appended) end the request? "stop", "length" or None."""
+        sp = req.sampling_params
+        if not sp.ignore_eos and req.eos_token_id is not None and tok == req.eos_token_id:
+            return "stop"
+        if tok in sp.stop_token_ids:
+            return "stop"
+        n_out = len(req.output_token_ids)     # (plain len: this runs once per token, keep it cheap)
+        if n_out >= sp.max_tokens or len(req.prompt_token_ids) + n_out >= self.config.max_model_len:
+            return "length"
+        if self.simulated and req.expected_output_len is not None and n_out >= req.expected_output_len:
+            return "stop"       # the simulator's stand-in for the model emitting EOS at the trace length
+        return None
+
+    def update_from_output(self, out: SchedulerOutput, result, t: float) -> StepUpdate:
+        """Apply what the executor returned (``result.sampled``, ``result.spec_accepted``) at
+        clock time ``t``: each scheduled request advances, rejected guesses give back their
+        KV, stops finish requests, and held requests are returned when their batch is done."""
+        finished: list[Request] = []
+        for req in out.released:                 # held back until this pass (static / every-N)
+            self.finish_request(req, req.pending_finish_reason, self.now)
+            finished.append(req)
+        for req, w in zip(out.rejected_requests, out.rejected):
+            self.finish_request(req, "rejected", self.now, detail=w.reason)
+            finished.append(req)
+
+        upd = StepUpdate(batch=[], finished=finished)
+        sampled, accepted_by = result.sampled, result.spec_accepted
+        for s in out.scheduled:
+            req = s.request
+            self.journal.save_progress(req)
+            req.num_computed_tokens += s.num_new_tokens
+            accepted = accepted_by.get(req.request_id, 0)
+            if s.spec_token_ids:
+                # Speculative decoding: the KV of rejected guesses is rolled back.
+                req.num_computed_tokens -= len(s.spec_token_ids) - accepted
+                self.kv.truncate(req, req.num_computed_tokens)
+                upd.spec_proposed += len(s.spec_token_ids)
+                upd.spec_accepted += accepted
+                self.journal.save(req)
+                req.metrics.num_spec_proposed += len(s.spec_token_ids)
+                req.metrics.num_spec_accepted += accepted
+            elif req.spec_token_ids:
+                # Blocks reserved for guesses this pass did not keep go back to the pool.
+                self.kv.truncate(req, req.num_computed_tokens)
+            req.spec_token_ids = []
+            new = sampled.get(req.request_id, ())
+            reason = None
+            appended = 0
+            for tok in new:
+                appended += 1
+                req.output_token_ids.append(tok)
+                req.metrics.token_times.append(t)
+                if req.metrics.first_token_time is None:
+                    req.metrics.first_token_time = t
+                reason = self.check_stop(req, tok)
+                if reason:
+                    break
+            if appended > 1 and reason:
+                # Tokens accepted past a stop are dropped: keep KV consistent with the output.
+                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
+            upd.batch.append(BatchEntry(req.request_id, s.phase, s.num_new_tokens, s.num_computed_before,
+                                        req.num_computed_tokens, len(s.spec_token_ids), accepted, appended))
+            if reason and self.finish(req, reason, t):
+                finished.append(req)
+        if self.config.batching == "static" and not self.running and self.held:
+            for req in self.held:                # the whole static batch is done: return it now
+                self.finish_request(req, req.pending_finish_reason, t)
+                finished.append(req)
+            self.held = []
+        self.policy.on_step(out.scheduled, t)
+        return upd
 
     def _next_admit_seq(self) -> int:
         self._admit_counter += 1
@@ -146,6 +287,7 @@ class Scheduler:
 
     def preempt(self, victim: Request, out: SchedulerOutput, reason: str) -> None:
         mode = self._choose_mode(victim)
+        self.journal.save(victim)
         self.running.remove(victim)
         if mode == "swap":
             mapping = self.kv.swap_out(victim)
@@ -181,9 +323,9 @@ class Scheduler:
         out = SchedulerOutput(scheduled=[], token_budget=budget, reformed=reform)
         scheduled_ids: set[str] = set()
 
-        # Requests finished earlier leave now (every N steps; or when a static batch is done).
-        if self.held and ((cfg.batching == "static" and not self.running) or
-                          (cfg.batching != "static" and reform)):
+        # Requests finished earlier leave now (every N steps; a static batch leaves as a whole
+        # in update_from_output).
+        if self.held and cfg.batching != "static" and reform:
             out.released, self.held = self.held, []
 
         self._shed_load(now, out)
@@ -214,13 +356,16 @@ class Scheduler:
                 spec = []
             n = min(n + len(spec), budget)
             while not self.kv.allocate(req, n):
-                candidates = [r for r in self.running if r.request_id not in scheduled_ids]
-                victim = self.policy.pick_victim(candidates, now)
+                # The victim is chosen among all running requests; one already granted tokens
+                # this pass gives them back.
+                victim = self.policy.pick_victim(list(self.running), now)
+                budget += self._unschedule(victim, out, scheduled_ids)
                 self.preempt(victim, out, f"{req.request_id} needed a KV block and none was free")
                 if victim is req:
                     break
             if req.status is not RequestStatus.RUNNING:
                 continue
+            self.kv.cache_full_blocks(req, min(before + n, req.num_tokens), shareable=False)
             out.scheduled.append(ScheduledRequest(req, n, before, self._phase(req, before), list(spec)))
             scheduled_ids.add(req.request_id)
             budget -= n
@@ -239,9 +384,11 @@ class Scheduler:
                                                 f"to come back, {free} free"))
                 break
             self.swapped.pop(0)
+            self.journal.save(req)
             out.swap_in.extend(self.kv.swap_in(req))
             self.counters["swapped_in_blocks"] += need
             self.kv.allocate(req, n)
+            self.kv.cache_full_blocks(req, min(req.num_computed_tokens + n, req.num_tokens), shareable=False)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.swapped_in.append(req.request_id)
@@ -327,10 +474,12 @@ class Scheduler:
                 out.waiting.append(WaitingEntry(req.request_id, reason))
                 blocker = req.request_id
                 continue
+            self.journal.save(req)
             self.kv.allocate(req, n, cached)
             self.kv.record_lookup(req, cached)
             self.waiting.remove(req)
             req.num_computed_tokens = computed
+            self.kv.cache_full_blocks(req, min(computed + n, req.num_tokens))
             req.num_cached_tokens = computed
             req.metrics.num_cached_tokens = max(req.metrics.num_cached_tokens, computed)
             req.status = RequestStatus.RUNNING
@@ -385,8 +534,10 @@ class Scheduler:
         out.waiting = [w for w in out.waiting if w.request_id not in gone]
 
     def _reject(self, req: Request, out: SchedulerOutput, reason: str) -> None:
+        self.journal.save(req)
         self.waiting.remove(req)
         req.finish_reason = "rejected"
         req.finish_detail = reason
         self.counters["rejected"] += 1
         out.rejected.append(WaitingEntry(req.request_id, reason))
+        out.rejected_requests.append(req)

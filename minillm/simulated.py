@@ -58,6 +58,12 @@ class SimulatedExecutor:
     def forget(self, request_id: str) -> None:
         pass
 
+    def checkpoint(self) -> None:
+        pass                               # nothing of a step's is kept here
+
+    def rollback(self, checkpoint) -> None:
+        pass
+
 
 # =====================================================================================
 # Hardware for a model that does not fit one GPU
@@ -192,17 +198,19 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
     config.setdefault("max_num_batched_tokens", 8192)
     config.setdefault("max_model_len", max(2048, longest + 1))
     config.update(executor="simulated", clock="modeled", cost_model=cost_model)
-    llm = LLM(model=model, **config)
-    engine = llm.engine
     mode = records
     if mode == "auto":
         mode = "full" if len(trace) <= 2000 else "summary"
     if mode not in ("full", "summary", True, False, None):
         raise ValueError(f"simulate(records={records!r}): 'auto', 'full', 'summary' or False")
-    engine.keep_records = mode in ("full", True)
-    engine.record_block_map = engine.keep_records and engine.record_block_map   # O(blocks) a step
+    keep = mode in ("full", True)
+    config.setdefault("record_history", None if keep else 0)          # keep every record, or none
+    config.setdefault("record_max_waiting", max_waiting_entries)
+    if not keep:
+        config.setdefault("record", "summary")                         # no per-block map nobody keeps
+    llm = LLM(model=model, **config)
+    engine = llm.engine
     engine.step_summaries = []
-    engine.scheduler.max_waiting_entries = max_waiting_entries
     submit_trace(engine, trace, vocab_size=engine.vocab_size)
 
     summaries = engine.step_summaries
@@ -226,7 +234,7 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
         if gc_was_enabled:
             gc.enable()
 
-    recs = engine.step_records if engine.keep_records else summaries
+    recs = engine.step_records if keep else summaries
     stats = engine.stats()
     prefix = stats["prefix_cache"] if engine.config.enable_prefix_caching else None
     summary = summarize({rid: r.metrics for rid, r in engine.requests.items()}, recs,

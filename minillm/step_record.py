@@ -88,12 +88,12 @@ class StepRecord:
     finished: list[str]
     preempted: list[PreemptionEvent]
     waiting: list[WaitingEntry]
-    kv: KVSnapshot
+    kv: Optional[KVSnapshot]    # None with EngineConfig.record="none"
     running: list[str] = field(default_factory=list)     # the running set after the step
     swapped: list[str] = field(default_factory=list)     # requests whose KV sits in host memory
     swapped_in: list[str] = field(default_factory=list)
     rejected: list[WaitingEntry] = field(default_factory=list)
-    aborted: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)     # aborted since the previous record
     finish_reasons: dict[str, str] = field(default_factory=dict)
     scheduled: bool = True      # False on steps that reused the last batch (schedule_every > 1)
     clock: str = "wall"
@@ -102,6 +102,7 @@ class StepRecord:
     spec_proposed: int = 0
     spec_accepted: int = 0
     draft_time: float = 0.0     # the draft model's share of duration (speculative decoding)
+    swap_bytes: int = 0         # KV bytes copied to or from host memory this step
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -133,5 +134,8 @@ class StepRecord:
             parts.append("finished " + ", ".join(self.finished))
         for w in self.waiting:
             parts.append(f"{w.request_id} waits: {w.reason}")
-        parts.append(f"KV {self.kv.used}/{self.kv.total} positions used, {self.kv.free} free")
+        if self.aborted:
+            parts.append("aborted " + ", ".join(self.aborted))
+        if self.kv is not None:
+            parts.append(f"KV {self.kv.used}/{self.kv.total} positions used, {self.kv.free} free")
         return "; ".join(parts)

@@ -73,17 +73,21 @@ def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
 # =====================================================================================
 
 def longest_prefix_match(token_ids: Sequence[int], block_size: int, cached: Mapping[int, Block]) -> list[Block]:
-    """The cached blocks a request with prompt ``token_ids`` can reuse: the longest run of its
-    full blocks, from the first, whose keys are in ``cached`` (key -> ``Block``).
+    """The cached blocks a request with prompt ``token_ids`` can reuse, in order: the longest
+    run of its full blocks, from the first, found in ``cached`` (chained key -> ``Block``).
 
-    Walk the blocks in order, chaining the keys as in ``block_hashes``, and stop at the first
-    miss (a later block can only be reused if every block before it is: its key is chained on
-    theirs). A block is a hit only if ``cached`` has its key **and** the block found there
-    holds the same tokens (``block.token_ids == tuple(tokens)``) after the same parent
-    (``block.parent_hash == parent key``): a guard against hash collisions.
+    Rules:
 
-    Never return more than ``(len(token_ids) - 1) // block_size`` blocks: the last prompt token
-    is always computed, because its logits choose the first output token.
+    * a block is reused only if every block before it is (its KV was computed after theirs:
+      its key is chained on theirs), so the run ends at the first block that is not a hit;
+    * a hit needs ``cached`` to have the block's key **and** the block found there to hold the
+      same tokens (``block.token_ids``, a tuple) after the same parent (``block.parent_hash``,
+      the key of the block before, ``None`` for the first): a guard against hash collisions;
+    * the last prompt token is always computed, because its logits choose the first output
+      token: never more than ``(len(token_ids) - 1) // block_size`` blocks.
+
+    Example: block size 4, an 8-token prompt whose two blocks are both cached: only the first
+    is reused (the second holds the last prompt token).
     """
     ### BEGIN SOLUTION
     hits: list[Block] = []
@@ -138,8 +142,9 @@ class EvictingBlockPool(BlockPool):
         ### END SOLUTION
 
     def allocate(self) -> Block:
-        """A fresh block: take the one at the *front* of the free queue (the least recently freed:
-        LRU), evict its cached prefix if it carries one, give it ``ref_count = 1`` and return it.
+        """A fresh block: take the one at the *front* of the free queue (one holding nothing if any,
+        else the least recently freed cached block: LRU), evict its cached prefix if it carries
+        one, give it ``ref_count = 1`` and return it.
         With no free block, raise ``RuntimeError``."""
         ### BEGIN SOLUTION
         if not self.free_queue:
@@ -163,8 +168,10 @@ class EvictingBlockPool(BlockPool):
     def free(self, blocks: Sequence[Block]) -> None:
         """A request lets go of its block table ``blocks``. Go through them in *reverse* order
         (last block first) and drop one reference from each. A block whose count reaches 0 joins
-        the *back* of the free queue, keeping its cached prefix if it has one (and caching is on;
-        otherwise clear its hash fields). Freeing a block nobody holds is a bug: ``RuntimeError``.
+        the free queue: at the *back* if it keeps a cached prefix (caching on and a hash set), at
+        the *front* if it holds nothing reusable (clear its hash fields), so a fresh block is
+        one holding nothing before any cached prefix is evicted (as in vLLM). With caching off,
+        every freed block joins the back. Freeing a block nobody holds is a bug: ``RuntimeError``.
 
         Why reverse: a request's blocks then reach the free queue child first, so the LRU order
         evicts a prefix's *last* block before its first. Evicting a parent first would strand
@@ -176,9 +183,11 @@ class EvictingBlockPool(BlockPool):
                 raise RuntimeError(f"EvictingBlockPool.free: block {block.block_id} is not held")
             block.ref_count -= 1
             if block.ref_count == 0:
+                self.free_queue[block.block_id] = block
                 if block.block_hash is None or not self.enable_caching:
                     block.block_hash = block.token_ids = block.parent_hash = None
-                self.free_queue[block.block_id] = block
+                    if self.enable_caching:
+                        self.free_queue.move_to_end(block.block_id, last=False)
         ### END SOLUTION
 
     # --- given: the cache index, keyed by your hash_block ---------------------------------

@@ -22,9 +22,9 @@ STEP = 0.010
 def _engine(policy="fcfs", cost_model=None, **cfg):
     cfg.setdefault("max_model_len", 2048)
     cfg.setdefault("max_num_batched_tokens", 4096)
+    cfg.setdefault("record", "summary")          # per-block maps are for the widgets; not needed here
     engine = LLM(model="random", executor="simulated", clock="modeled", policy=policy,
                  cost_model=cost_model if cost_model is not None else ConstantStepTime(STEP), **cfg).engine
-    engine.record_block_map = False
     return engine
 
 

@@ -15,8 +15,8 @@ from minillm.workloads import TraceRequest, submit_trace
 def _engine(cost_model, **cfg):
     cfg.setdefault("max_model_len", 2048)
     cfg.setdefault("max_num_batched_tokens", 4096)
+    cfg.setdefault("record", "summary")          # per-block maps are for the widgets; not needed here
     engine = LLM(model="random", executor="simulated", clock="modeled", cost_model=cost_model, **cfg).engine
-    engine.record_block_map = False          # per-block maps are for the widgets; not needed here
     return engine
 
 

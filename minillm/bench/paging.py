@@ -62,11 +62,10 @@ def run_one(trace, P: dict, kv_allocation: str, oracle: bool) -> dict:
     from ..sampling_params import SamplingParams
     llm = LLM("llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM",
               kv_allocation=kv_allocation, num_kv_blocks=P["num_kv_blocks"], block_size=16,
-              max_num_seqs=1024, max_num_batched_tokens=8192, max_model_len=2048)
+              max_num_seqs=1024, max_num_batched_tokens=8192, max_model_len=2048,
+              record="summary", record_history=0,
+              record_max_waiting=8)             # we read KV, not the queue: skip O(queue) reasons/step
     e = llm.engine
-    e.record_block_map = False
-    e.keep_records = False
-    e.scheduler.max_waiting_entries = 8           # we read KV, not the queue: skip O(queue) reasons/step
     e.executor = StopAtTraceLength(e.executor)
     for r in trace:
         sp = SamplingParams(temperature=0.0, ignore_eos=True, stop_token_ids=[STOP_TOKEN],

@@ -61,9 +61,8 @@ def reusable_tokens(trace, block_size: int) -> list[int]:
 def run_trace(trace, caching: bool, device: str, desc: str) -> dict:
     from ..sampling_params import SamplingParams
     from ..workloads import submit_trace
-    llm, label = make_llm(enable_prefix_caching=caching, device=device, max_num_seqs=64)
+    llm, label = make_llm(enable_prefix_caching=caching, device=device, max_num_seqs=64, record="summary")
     e = llm.engine
-    e.record_block_map = False
     e.add_request([11, 12, 13, 14], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     e.run()                                       # warm up (shorter than a block: caches nothing)
     start = e.clock.now()

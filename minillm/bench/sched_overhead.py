@@ -43,10 +43,8 @@ def time_pass(running: int, waiting: int, passes: int, prompt_len: int = 16, see
     blocks_per_req = -(-(prompt_len + max_tokens) // 16)
     llm = LLM("random", executor="simulated", clock="modeled", max_num_seqs=running,
               num_kv_blocks=running * blocks_per_req + 1, max_num_batched_tokens=max(2048, running * prompt_len),
-              max_model_len=2048, seed=seed)
+              max_model_len=2048, seed=seed, record="summary", record_history=0)
     e = llm.engine
-    e.keep_records = False
-    e.record_block_map = False
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     prompt = list(range(10, 10 + prompt_len))
     for _ in range(running):
@@ -113,9 +111,8 @@ def part2(P: dict, device: str, seed: int = 0) -> tuple[dict, list[str], list[di
     import random
     from ..sampling_params import SamplingParams
     B, steps = P["batch"], P["steps"]
-    llm, label = make_llm(max_num_seqs=B, device=device)
+    llm, label = make_llm(max_num_seqs=B, device=device, record="summary")
     e = llm.engine
-    e.record_block_map = False
     rng = random.Random(seed)
     sp = SamplingParams(temperature=0.0, max_tokens=steps + 40, ignore_eos=True)
     for _ in range(B):
@@ -162,8 +159,8 @@ def part2(P: dict, device: str, seed: int = 0) -> tuple[dict, list[str], list[di
     map_ms = median(t_map.times) * 1e3
     t = table(["part of engine.step()", "median (ms)", "share of the median step"], rows,
               title=f"one decode step at batch {B} (median {clock_name}), {label} on {device} "
-                    f"({e.num_kv_blocks} KV blocks, record_block_map off)")
-    note = (f"with record_block_map on (the default at <= 4096 blocks) the KV snapshot alone takes "
+                    f"({e.num_kv_blocks} KV blocks, record=\"summary\")")
+    note = (f"with record=\"full\" (the default up to 256 blocks) the per-block KV map alone takes "
             f"{map_ms:.1f} ms per step ({map_ms / (step * 1e3):.0%} of this step)")
     res = dict(model=label, batch=B, steps=steps, clock=clock_name, step_ms=step * 1e3,
                parts_ms={n: m * 1e3 for n, m in med.items()}, rest_ms=rest * 1e3,

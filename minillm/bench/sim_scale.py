@@ -41,13 +41,11 @@ def run(args) -> dict:
     cfg = dict(n=P["n"], model="llama-2-70b (shape only)", hardware=cm.hardware.name, arrivals=f"Poisson {rate}/s",
                prompt_len=repr(LogNormal(400, 1.0, 8, 2048)), output_len=repr(LogNormal(200, 1.0, 4, 1024)),
                max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=4096,
-               keep_records=False, record_block_map=False)
+               record="summary", record_history=0)
     t_build = time.perf_counter()
     llm = LLM("random", executor="simulated", clock="modeled", cost_model=cm, max_num_seqs=256,
-              max_model_len=4096, max_num_batched_tokens=8192)
+              max_model_len=4096, max_num_batched_tokens=8192, record="summary", record_history=0)
     e = llm.engine
-    e.keep_records = False
-    e.record_block_map = False
     trace = synthetic_trace(P["n"], rate=rate, prompt_len=LogNormal(400, 1.0, 8, 2048),
                             output_len=LogNormal(200, 1.0, 4, 1024), seed=args.seed)
     submit_trace(e, trace, vocab_size=e.vocab_size, seed=args.seed)

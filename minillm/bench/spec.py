@@ -76,7 +76,7 @@ def run_one(prompts, output_len: int, batch: int, temperature: float, device: st
     from ..speculative import spec_stats
     cfg = dict(max_num_seqs=batch, max_model_len=len(prompts[0]) + output_len + 8, device=device,
                clock="modeled", cost_model="H100-SXM", seed=0,
-               max_num_batched_tokens=max(2048, batch * (k + 1)))
+               max_num_batched_tokens=max(2048, batch * (k + 1)), record="summary")
     if proposer:
         cfg.update(speculative_model=(paths or {}).get(proposer, proposer), num_speculative_tokens=k)
     if model is not None:
@@ -84,7 +84,6 @@ def run_one(prompts, output_len: int, batch: int, temperature: float, device: st
     else:
         llm = LLM("random", random_model=dict(SHIPPED_SHAPE), **cfg)
     e = llm.engine
-    e.record_block_map = False
     sp = SamplingParams(max_tokens=output_len, temperature=temperature, ignore_eos=True, seed=None)
     ids = [e.add_request(p, sp) for p in prompts]
     t0 = time.perf_counter()

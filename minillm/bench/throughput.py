@@ -245,13 +245,12 @@ def build_engine(args, max_num_seqs: int):
     if name not in MODELS:
         raise ValueError(f"--model={name!r}: choose one of {MODELS}")
     if name == "shipped":
-        llm, label = make_llm(max_num_seqs=max_num_seqs, dtype="float32", device=args.device)
+        llm, label = make_llm(max_num_seqs=max_num_seqs, dtype="float32", device=args.device, record="summary")
     else:
         dtype = torch.bfloat16 if str(args.device).startswith("cuda") else torch.float32
         llm = LLM(qwen3_random_checkpoint(dtype), max_num_seqs=max_num_seqs, dtype=str(dtype).split(".")[-1],
-                  device=args.device)
+                  device=args.device, record="summary")
         label = f"random Qwen3-0.6B-shaped checkpoint ({str(dtype).split('.')[-1]})"
-    llm.engine.record_block_map = False      # the per-block map is for widgets; it costs O(blocks)/step
     return llm.engine, label
 
 

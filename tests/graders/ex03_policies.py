@@ -27,9 +27,9 @@ def ex():
 def _engine(policy, **cfg):
     cfg.setdefault("max_model_len", 2048)
     cfg.setdefault("max_num_batched_tokens", 4096)
+    cfg.setdefault("record", "summary")          # per-block maps are for the widgets; not needed here
     eng = LLM(model="random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(STEP),
               policy=policy, **cfg).engine
-    eng.record_block_map = False
     return eng
 
 

@@ -230,7 +230,7 @@ def test_your_prefix_cache_in_the_engine_shared_system_prompt():
 def test_your_prefix_cache_in_the_engine_multi_turn():
     trace = multi_turn_trace(3, turns=3, system_len=12, user_len=5, answer_len=4, vocab_size=300, seed=4,
                              think_time=0.05)
-    cfg = dict(executor="simulated", block_size=4, num_kv_blocks=30, max_num_seqs=3, max_num_batched_tokens=24,
+    cfg = dict(executor="simulated", block_size=4, num_kv_blocks=24, max_num_seqs=3, max_num_batched_tokens=24,
                max_model_len=128, clock="modeled", cost_model=0.01)
     st = _compare(cfg, lambda e: submit_trace(e, trace), "multi-turn conversations")
     assert st["hit_blocks"] > 0 and st["evictions"] > 0

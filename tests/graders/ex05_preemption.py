@@ -34,9 +34,9 @@ def ex():
 def _engine(policy="fcfs", cost_model=None, **cfg):
     cfg.setdefault("max_model_len", 2048)
     cfg.setdefault("max_num_batched_tokens", 4096)
+    cfg.setdefault("record", "summary")          # per-block maps are for the widgets; not needed here
     eng = LLM(model="random", executor="simulated", clock="modeled", policy=policy,
               cost_model=cost_model if cost_model is not None else ConstantStepTime(STEP), **cfg).engine
-    eng.record_block_map = False
     return eng
 
 

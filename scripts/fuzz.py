@@ -1,0 +1,46 @@
+"""A long randomized differential campaign against the engine (``make fuzz``).
+
+Runs ``tests/fuzz_engine.py``'s ``fuzz_run`` on successive seeds until ``--steps`` engine steps
+have run, then prints runs, steps, aborts, faults, mismatches, lost requests and leaks, and
+the first problems found (each names its seed and configuration, so it can be replayed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from fuzz_engine import FuzzStats, fuzz_run  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=100_000, help="stop after this many engine steps")
+    ap.add_argument("--requests", type=int, default=16, help="requests per run")
+    ap.add_argument("--seed", type=int, default=1, help="first seed")
+    ap.add_argument("--fault-rate", type=float, default=0.05)
+    ap.add_argument("--abort-rate", type=float, default=0.03)
+    args = ap.parse_args(argv)
+    total = FuzzStats()
+    t0 = time.perf_counter()
+    seed = args.seed
+    with tqdm(total=args.steps, unit="step") as bar:
+        while total.steps < args.steps:
+            s = fuzz_run(seed, num_requests=args.requests, fault_rate=args.fault_rate, abort_rate=args.abort_rate)
+            total.add(s)
+            bar.update(s.steps)
+            bar.set_postfix(runs=total.runs, mismatches=total.mismatches, lost=total.lost, leaks=total.leaks)
+            seed += 1
+    print(f"seeds {args.seed}..{seed - 1}: {total.line()} ({time.perf_counter() - t0:.0f} s)")
+    for p in total.problems[:10]:
+        print("  " + p[:1000])
+    return 1 if total.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

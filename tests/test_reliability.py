@@ -1,0 +1,361 @@
+"""Nothing lost, nothing wrong: the step is all or nothing, and the scheduler's choices match
+vLLM's where the concept is the same.
+
+Each test reproduces one way the engine used to go wrong: a request receiving another's KV
+when one pass swaps in and out, a step that raises losing requests or KV, a victim chosen
+only among requests not yet scheduled, an abort no record mentions, a cached prefix evicted
+while empty blocks were free, a prefix computed twice in one pass, step records without
+bound. Outputs are checked against the same request run alone (greedy, batch-independent).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from minillm import LLM, SamplingParams
+from minillm.invariants import InvariantError, check_all_free, check_invariants, check_places
+from minillm.policies import Priority
+
+SMALL = dict(model="random", block_size=2, max_num_batched_tokens=64, max_model_len=128)
+
+
+def alone(prompt, max_tokens, **config):
+    """The tokens a request gets when it has the engine to itself (lots of KV, no contention)."""
+    cfg = dict(SMALL, num_kv_blocks=256, max_num_seqs=4)
+    cfg.update({k: v for k, v in config.items() if k in ("seed",)})
+    llm = LLM(**cfg)
+    return llm.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+                        use_tqdm=False)[0].token_ids
+
+
+def run_checked(engine, max_steps=2000, on_step=None):
+    records = []
+    while engine.has_unfinished_requests():
+        assert len(records) < max_steps, "the run does not end"
+        rec = engine.step()
+        check_invariants(engine, rec)
+        records.append(rec)
+        if on_step:
+            on_step(engine, rec)
+    check_all_free(engine)
+    return records
+
+
+def prompts(n, length=10, seed=0):
+    import random
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 500) for _ in range(length)] for _ in range(n)]
+
+
+# --- 1. swap-in and swap-out in one pass -------------------------------------------------------
+
+def test_swap_in_and_out_in_one_pass_keep_each_requests_kv():
+    """Random priority / MLFQ workloads under swap preemption: a pass that swaps one request back
+    in may swap another out (the admission check's priority preemption). Every request must
+    get exactly the tokens it gets alone (seed 4 gave request 1 another request's KV)."""
+    import fuzz_engine as fe
+
+    def swap_config(rng):
+        cfg = fe.random_config(rng)
+        cfg.update(policy=rng.choice(["priority", "mlfq"]), kv_allocation="paged", preemption_mode="swap",
+                   num_swap_blocks=200, batching="continuous", schedule_every=1)
+        for k in ("speculative_model", "num_speculative_tokens", "max_queue_len"):
+            cfg.pop(k, None)
+        return cfg
+    for seed in range(8):
+        stats = fe.fuzz_run(seed, num_requests=8, fault_rate=0.0, abort_rate=0.0, config=swap_config)
+        assert stats.mismatches == 0 and not stats.problems, stats.problems[:2]
+
+
+def test_a_host_block_freed_by_a_swap_in_is_not_reused_in_the_same_pass():
+    llm = LLM(**SMALL, num_kv_blocks=16, max_num_seqs=8, policy="priority", preemption_mode="swap",
+              num_swap_blocks=8)
+    kv = llm.engine.kv
+    kv.begin_step()
+    from minillm.request import Request
+    r = Request("x", [5, 6, 7, 8], SamplingParams(max_tokens=2), 0.0)
+    r.num_computed_tokens = 4
+    assert kv.allocate(r, 0) or True
+    kv.allocate(r, 4)
+    kv.end_step()
+    kv.begin_step()
+    host = [h for _, h in kv.swap_out(r)]
+    kv.end_step()
+    kv.begin_step()
+    kv.swap_in(r)
+    assert not set(host) & set(kv.swap_free), "host blocks handed out again before the copies ran"
+    kv.end_step()
+    assert set(host) <= set(kv.swap_free)
+
+
+# --- 2, 3. a step that raises: nothing lost, nothing half-done --------------------------------
+
+class Boom(Exception):
+    pass
+
+
+class FlakyPriority(Priority):
+    """A priority policy with a bug: a chosen hook raises on some calls."""
+
+    def __init__(self, hook, fail_on):
+        super().__init__()
+        self.hook, self.fail_on, self.calls = hook, set(fail_on), 0
+
+    def _maybe(self):
+        self.calls += 1
+        if self.calls in self.fail_on:
+            raise Boom(f"{self.hook} call {self.calls}")
+
+    def on_step(self, scheduled, now):
+        if self.hook == "on_step":
+            self._maybe()
+
+    def preempt_for(self, request, running, now):
+        victim = super().preempt_for(request, running, now)
+        if self.hook == "preempt_for" and victim is not None:
+            self._maybe()
+        return victim
+
+    def pick_victim(self, candidates, now):
+        if self.hook == "pick_victim":
+            self._maybe()
+        return super().pick_victim(candidates, now)
+
+
+def drive_through_faults(eng, max_steps=3000):
+    """Step to the end; each exception is caught, the invariants must hold after it, and the
+    next step carries on."""
+    faults = steps = 0
+    while eng.has_unfinished_requests():
+        assert steps < max_steps, "the run does not end"
+        steps += 1
+        try:
+            rec = eng.step()
+        except Boom:
+            faults += 1
+            check_invariants(eng)
+            continue
+        check_invariants(eng, rec)
+    check_all_free(eng)
+    return faults
+
+
+@pytest.mark.parametrize("hook,fail_on", [("on_step", range(2, 60, 3)), ("preempt_for", (1, 2, 4)),
+                                          ("pick_victim", (1, 3))])
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_a_policy_that_raises_loses_nothing_and_corrupts_nothing(hook, fail_on, mode):
+    pol = FlakyPriority(hook, fail_on)
+    llm = LLM(**SMALL, num_kv_blocks=24, max_num_seqs=8, policy=pol, preemption_mode=mode,
+              num_swap_blocks=40 if mode == "swap" else 0, clock="modeled", cost_model=0.01)
+    eng = llm.engine
+    ps = prompts(6, length=8, seed=2)
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    # The low class runs first; the high class arrives later and pushes it out.
+    ids = [eng.add_request(p, sp, priority=1 - i % 2, arrival_time=0.05 * (i % 2)) for i, p in enumerate(ps)]
+    faults = drive_through_faults(eng)
+    assert faults >= 1
+    for rid, p in zip(ids, ps):
+        assert eng.requests[rid].output_token_ids == alone(p, 12)
+
+
+class FlakyExecutorError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("config", [dict(schedule_every=2), dict(batching="static"),
+                                    dict(max_queue_len=1), dict(max_queue_delay=0.0)])
+def test_a_forward_that_raises_loses_no_request(config):
+    """Requests the pass released (static / every-N) or rejected (queue cap/delay) must not fall
+    out of every queue when a later part of the step raises."""
+    pol = FlakyPriority("on_step", fail_on=range(1, 200, 2))      # every other step fails at the end
+    llm = LLM(**dict(SMALL, max_num_batched_tokens=128), num_kv_blocks=64, max_num_seqs=3, policy=pol,
+              clock="modeled", cost_model=0.01, **config)
+    eng = llm.engine
+    ps = prompts(7, length=6, seed=3)
+    sp = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    ids = [eng.add_request(p, sp, arrival_time=0.001 * i) for i, p in enumerate(ps)]
+    faults = drive_through_faults(eng)
+    assert faults >= 2
+    for rid, p in zip(ids, ps):
+        r = eng.requests[rid]
+        assert r.is_finished
+        if r.finish_reason != "rejected":
+            assert r.output_token_ids == alone(p, 5)
+
+
+def test_keyboard_interrupt_in_the_forward_rolls_back_swaps_and_sampling():
+    """Ctrl-C in the forward, after the pass swapped a request out: the bookkeeping goes back
+    (the victim keeps its device blocks) and seeded sampling draws the same tokens after."""
+    base = dict(SMALL, num_kv_blocks=14, max_num_seqs=8, policy="priority", preemption_mode="swap",
+                num_swap_blocks=40)
+    ps = prompts(4, length=8, seed=4)
+    sps = [SamplingParams(max_tokens=10, temperature=0.9, seed=11 + i, ignore_eos=True) for i in range(4)]
+
+    def run(interrupt_at):
+        llm = LLM(**base)
+        eng = llm.engine
+        ids = [eng.add_request(p, s, priority=1 - i // 2, arrival_time=0.0) for i, (p, s) in enumerate(zip(ps, sps))]
+        model = eng.executor.model
+        real_forward = model.forward
+        calls = {"n": 0}
+
+        def forward(*a, **k):
+            calls["n"] += 1
+            if calls["n"] in interrupt_at:
+                raise KeyboardInterrupt
+            return real_forward(*a, **k)
+        model.forward = forward
+        interrupts = 0
+        while eng.has_unfinished_requests():
+            try:
+                rec = eng.step()
+            except KeyboardInterrupt:
+                interrupts += 1
+                check_invariants(eng)
+                continue
+            check_invariants(eng, rec)
+        check_all_free(eng)
+        return [eng.requests[i].output_token_ids for i in ids], interrupts
+
+    clean, _ = run(())
+    broken, n = run(set(range(2, 40, 3)))
+    assert n >= 3
+    assert broken == clean
+
+
+def test_places_invariant_catches_a_lost_request():
+    llm = LLM(**SMALL, num_kv_blocks=32)
+    eng = llm.engine
+    rid = eng.add_request([5, 6, 7], SamplingParams(max_tokens=3))
+    check_places(eng)
+    eng.scheduler.waiting.clear()                      # a request in no queue
+    eng.scheduler.incoming.clear()
+    with pytest.raises(InvariantError, match="in no queue"):
+        check_places(eng)
+    eng.scheduler.waiting.append(eng.requests[rid])
+    eng.scheduler.waiting.append(eng.requests[rid])    # a request in two places
+    with pytest.raises(InvariantError, match="places at once"):
+        check_places(eng)
+
+
+# --- 10. priority preemption picks the victim among all running requests -------------------------
+
+def test_priority_preemption_chooses_among_all_running_requests():
+    """vLLM's test_priority_scheduling_preemption: a running high-priority request that needs
+    a block preempts the running low-priority one, even if the pass scheduled it already."""
+    llm = LLM(**dict(SMALL, block_size=4), num_kv_blocks=5, max_num_seqs=4, policy="priority")
+    eng = llm.engine
+    sp = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    low = eng.add_request(list(range(10, 16)), sp, priority=5)    # admitted first: first in running
+    eng.step()
+    high = eng.add_request(list(range(20, 27)), sp, priority=0)
+    # Both reach position 8 in the same step; the low one is granted its block first, and the
+    # high one, short of a block, must take it from the low one rather than preempt itself.
+    events = []
+    while eng.has_unfinished_requests() and not events:
+        rec = eng.step()
+        check_invariants(eng, rec)
+        events += [(rec.step, p.request_id) for p in rec.preempted]
+    assert events and all(rid == low for _, rid in events), f"victims: {events}"
+    assert eng.requests[high].num_preemptions == 0
+
+
+# --- 11. aborts reach the records ---------------------------------------------------------------
+
+def test_an_abort_is_reported_in_the_next_record():
+    llm = LLM(**SMALL, num_kv_blocks=32)
+    eng = llm.engine
+    sp = SamplingParams(max_tokens=8, ignore_eos=True)
+    a, b = eng.add_request([5, 6, 7], sp), eng.add_request([8, 9, 10], sp)
+    eng.step()
+    eng.abort_request(a)
+    eng.abort_request(a)                               # twice: reported once
+    rec = eng.step()
+    assert rec.aborted == [a]
+    assert "aborted " + a in rec.summary()
+    assert eng.step().aborted == []
+    assert eng.requests[a].finish_reason == "abort"
+    run_checked(eng)
+    assert eng.requests[b].finish_reason == "length"
+
+
+# --- 12. eviction order: blocks holding nothing reusable go first -----------------------------------
+
+def test_blocks_without_a_cached_prefix_are_handed_out_before_cached_ones():
+    """vLLM's test_evict: a cached prefix survives while blocks holding nothing are free."""
+    llm = LLM(**dict(SMALL, block_size=4), num_kv_blocks=12, max_num_seqs=2, enable_prefix_caching=True)
+    eng = llm.engine
+    sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    shared = list(range(40, 56))                               # 4 full blocks
+    llm.generate([shared + [7]], sp, use_tqdm=False)           # cached, then freed
+    llm.generate([list(range(100, 121))], sp, use_tqdm=False)  # unrelated: 6 blocks of the 12
+    out = llm.generate([shared + [9]], sp, use_tqdm=False)[0]
+    assert out.num_cached_tokens == 16, "the cached prefix was evicted while empty blocks were free"
+    check_all_free(eng)
+
+
+# --- 13. a prefix is registered when its blocks are granted --------------------------------------
+
+def test_two_requests_with_one_prefix_admitted_in_one_pass_compute_it_once():
+    prefix = list(range(60, 92))                               # 32 tokens = 8 blocks of 4
+    ps = [prefix + [5, 6, 7], prefix + [8, 9]]
+    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    llm = LLM(**dict(SMALL, block_size=4), num_kv_blocks=64, max_num_seqs=4, enable_prefix_caching=True)
+    eng = llm.engine
+    ids = [eng.add_request(p, sp, arrival_time=0.0) for p in ps]
+    first = eng.step()
+    assert sorted(first.admitted) == sorted(ids)
+    assert first.num_batched_tokens == 35 + 2, "the second request recomputed the shared prefix"
+    assert eng.requests[ids[1]].num_cached_tokens == 32
+    run_checked(eng)
+    for rid, p in zip(ids, ps):
+        assert eng.requests[rid].output_token_ids == alone(p, 6, seed=0)
+    assert eng.stats()["prefix_cache"]["prefill_tokens_saved"] == 32
+
+
+def test_a_prefix_registered_by_a_request_preempted_in_the_same_pass_is_not_offered():
+    """A running request registers its next full block when granted; if the same pass then
+    preempts it, that block was never computed and must not be found by anyone."""
+    llm = LLM(**dict(SMALL, block_size=2), num_kv_blocks=10, max_num_seqs=4, enable_prefix_caching=True,
+              policy="priority")
+    eng = llm.engine
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    ps = prompts(4, length=5, seed=7)
+    ids = [eng.add_request(p, sp, priority=i % 2, arrival_time=0.0) for i, p in enumerate(ps)]
+    ids.append(eng.add_request(ps[0][:4] + [3], sp, priority=0, arrival_time=0.0))
+    run_checked(eng)
+    for rid, p in zip(ids, ps + [ps[0][:4] + [3]]):
+        assert eng.requests[rid].output_token_ids == alone(p, 12)
+
+
+# --- 14. step records: bounded, and only what is asked for --------------------------------------
+
+def test_step_records_are_bounded_and_configured_through_engine_config():
+    llm = LLM(**SMALL, num_kv_blocks=32, record_history=10)
+    eng = llm.engine
+    for p in prompts(3, seed=5):
+        eng.add_request(p, SamplingParams(max_tokens=40, ignore_eos=True))
+    records = run_checked(eng)
+    assert len(records) > 20 and len(eng.step_records) <= 20
+    assert eng.step_records[-1] is records[-1]
+    assert records[-1].kv.blocks, "32 blocks: the per-block map by default"
+
+    big = LLM(**SMALL, num_kv_blocks=1024).engine
+    big.add_request([5, 6, 7], SamplingParams(max_tokens=2))
+    assert big.step().kv.blocks == [], "no per-block map at 1,024 blocks unless asked for"
+    full = LLM(**SMALL, num_kv_blocks=1024, record="full").engine
+    full.add_request([5, 6, 7], SamplingParams(max_tokens=2))
+    assert len(full.step().kv.blocks) == 1024
+
+    none = LLM(**SMALL, num_kv_blocks=32, record="none").engine
+    none.add_request([5, 6, 7], SamplingParams(max_tokens=3))
+    rec = none.step()
+    assert rec.kv is None and none.step_records == []
+    check_invariants(none, rec)
+
+
+@pytest.mark.parametrize("field,value", [("record", "everything"), ("record_history", -1),
+                                         ("record_history", 2.5), ("record_max_waiting", True)])
+def test_bad_record_options_are_rejected_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"EngineConfig.{field}="):
+        LLM(**SMALL, num_kv_blocks=32, **{field: value})
