@@ -8,30 +8,84 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.minillm-installed
 PYTEST_ARGS ?=
 
-.PHONY: install lab test grade exercises notebooks bench clean
+# torch: without CUDA, the CPU build from PyTorch's CPU wheel index (the default index's Linux
+# wheel is the CUDA build, several GB with its nvidia-* wheels). When that index cannot be reached,
+# the default index is used instead; the timeout keeps an unreachable index from stalling the set-up.
+TORCH_VERSION   ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+PIP_QUICK       := --timeout 15 --retries 0
+
+# make lab: JupyterLab on 127.0.0.1:PORT (the next free port when PORT is taken), extra options in LAB_ARGS.
+PORT     ?= 8888
+LAB_ARGS ?=
+# The news pop-up (it covers the widgets) is this JupyterLab plugin, disabled in the environment.
+ANNOUNCEMENTS := @jupyterlab/apputils-extension:announcements
+
+.PHONY: install lab test grade exercises notebooks git-filter bench clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@# Without CUDA, install the CPU build of torch first, so the unpinned range in
-	@# pyproject.toml does not pull a multi-GB CUDA build. With CUDA, keep what pip picks.
-	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(PY) -c "import torch" 2>/dev/null; then \
-		$(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q "torch>=2.4"; fi
+	@if command -v nvidia-smi >/dev/null 2>&1 || $(PY) -c "import torch" 2>/dev/null; then :; \
+	elif $(PY) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
+			"$(TORCH_CPU_INDEX)/torch/" >/dev/null 2>&1; then \
+		echo "[install] no CUDA: torch $(TORCH_VERSION), CPU build, from PyTorch's CPU wheel index"; \
+		$(PY) -m pip install -q $(PIP_QUICK) --index-url "$(TORCH_CPU_INDEX)" \
+			--extra-index-url "$${PIP_INDEX_URL:-https://pypi.org/simple}" "torch==$(TORCH_VERSION)" \
+		|| { echo "[install] PyTorch's CPU wheel index failed: torch $(TORCH_VERSION) from the default index"; \
+		     $(PY) -m pip install -q "torch==$(TORCH_VERSION)" || $(PY) -m pip install -q "torch>=2.4"; }; \
+	else \
+		echo "[install] no CUDA, and PyTorch's CPU wheel index is unreachable: torch $(TORCH_VERSION) from the default index"; \
+		$(PY) -m pip install -q "torch==$(TORCH_VERSION)" || $(PY) -m pip install -q "torch>=2.4"; \
+	fi
 	$(PY) -m pip install -q -e ".[dev]"
+	@$(PY) -c "import torch; print('[install] torch', torch.__version__)" 2>/dev/null || true
+	@$(PY) -m jupyter labextension disable --level=sys_prefix "$(ANNOUNCEMENTS)" >/dev/null 2>&1 || true
+	@$(MAKE) --no-print-directory git-filter
 	@touch $(STAMP)
 
+# In a git checkout: notebooks are committed without outputs. The filter named in .gitattributes
+# strips them when a notebook is staged, so running the notebooks never dirties a commit.
+git-filter:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+		git config filter.nbstripout.clean "'$(abspath $(PY))' -m nbstripout --keep-id" && \
+		git config filter.nbstripout.smudge cat && \
+		git config diff.ipynb.textconv "'$(abspath $(PY))' -m nbstripout --keep-id -t" && \
+		echo "[install] git: notebooks are staged without outputs (nbstripout filter)"; fi
+
+# A token generated for this launch is passed explicitly, so no user config can turn authentication
+# off; the extension manager cannot install from the package index; --allow-root only as root.
 lab: $(STAMP)
-	@# JupyterLab's safe defaults: localhost only, token authentication on.
-	cd notebooks && ../$(PY) -m jupyter lab --ServerApp.ip=127.0.0.1
+	@grep -qs '"$(ANNOUNCEMENTS)": true' $(VENV)/etc/jupyter/labconfig/page_config.json \
+		|| $(PY) -m jupyter labextension disable --level=sys_prefix "$(ANNOUNCEMENTS)" >/dev/null 2>&1 || true
+	@token=$$($(PY) -c "import secrets; print(secrets.token_hex(24))"); \
+	port=$(PORT); \
+	$(PY) -c "import socket, sys; socket.socket().bind(('127.0.0.1', int(sys.argv[1])))" $$port 2>/dev/null \
+		|| port=$$($(PY) -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"); \
+	root=; if [ "$$(id -u)" = 0 ]; then root=--allow-root; fi; \
+	echo ""; \
+	echo "    JupyterLab: http://127.0.0.1:$$port/lab?token=$$token"; \
+	echo ""; \
+	cd notebooks && exec "$(abspath $(PY))" -m jupyter lab $$root \
+		--ServerApp.ip=127.0.0.1 --ServerApp.port=$$port --ServerApp.port_retries=0 \
+		--IdentityProvider.token=$$token \
+		--LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
+		--LabApp.extension_manager=readonly \
+		$(LAB_ARGS)
 
 test: $(STAMP)
 	MINILLM_IMPL=solutions $(PY) -m pytest $(PYTEST_ARGS)
 
 # Grade one exercise against your code in exercises/: make grade EX=01
+# One line per grader, the lines of your code where it failed, and last "k of n parts pass".
+# The exit status is 0 once grading ran (the verdict is that last line), non-zero if it could not run.
+GRADE_IMPL ?= exercises
 grade: $(STAMP)
-	MINILLM_IMPL=exercises $(PY) -m pytest -m ex$(EX) tests/test_exercises.py
+	@MINILLM_IMPL=$(GRADE_IMPL) $(PY) -m pytest -m ex$(EX) tests/test_exercises.py --grade \
+		-qq --no-header -rN --tb=no --disable-warnings -p no:cacheprovider -o console_output_style=classic; \
+	status=$$?; [ $$status -eq 1 ] && exit 0 || exit $$status
 
 # Regenerate exercises/ from solutions/ (the single source of truth).
 exercises: $(STAMP)

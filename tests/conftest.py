@@ -21,3 +21,135 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `make grade EX=NN` (pytest --grade): a report a student reads at a glance. One line per grader; where it
+# failed, only what concerns the graded code: the lines of *your* file the error passed through (never the
+# grader's or the engine's), or the grader's message when your function returned a wrong answer; last, a
+# line "k of n parts pass".
+
+def pytest_addoption(parser):
+    parser.addoption("--grade", action="store_true", default=False,
+                     help="grading report: one line per grader, the graded code's lines where it failed, "
+                          "and a last line 'k of n parts pass' (make grade EX=NN)")
+
+
+def pytest_configure(config):
+    if config.getoption("--grade"):
+        config.pluginmanager.register(GradeReport(config), "minillm-grade-report")
+
+
+class GradeReport:
+    MAX_MESSAGE_LINES = 6
+
+    def __init__(self, config):
+        self.config = config
+        self.outcomes: dict[str, str] = {}      # nodeid -> "passed" / "failed" / "skipped"
+
+    def _write(self, line: str = "") -> None:
+        self.config.pluginmanager.getplugin("terminalreporter").write_line(line)
+
+    # -- what is said about one failure ---------------------------------------------------------------------
+    @staticmethod
+    def _impl_dir():
+        from pathlib import Path
+
+        from minillm import impl
+        try:
+            return impl.impl_dir(), Path(impl.REPO_ROOT)
+        except FileNotFoundError:
+            return None, Path(impl.REPO_ROOT)
+
+    def detail(self, excinfo) -> list[str]:
+        """The lines shown under a failed grader."""
+        from pathlib import Path
+
+        graded, root = self._impl_dir()
+
+        def show(path) -> str:
+            path = Path(path)
+            try:
+                return str(path.relative_to(root))
+            except ValueError:
+                return str(path)
+
+        def ours(path) -> bool:
+            return graded is not None and Path(path).resolve().is_relative_to(graded.resolve())
+
+        exc = excinfo.value
+        kind = type(exc).__name__
+        if isinstance(exc, SyntaxError) and exc.filename and ours(exc.filename):
+            return [f"{show(exc.filename)}:{exc.lineno}: {kind}: {exc.msg}"]
+        frames = [e for e in excinfo.traceback if ours(e.path)]
+        message = str(exc).strip()
+        if isinstance(exc, NotImplementedError) and frames:
+            e = frames[-1]
+            return [f"not implemented yet: {show(e.path)}:{e.lineno + 1} in {e.name}"]
+        lines = []
+        for e in frames:
+            lines.append(f"{show(e.path)}:{e.lineno + 1} in {e.name}")
+            try:
+                lines.append("    " + str(e.statement).strip().splitlines()[0])
+            except Exception:
+                pass
+        text = message.splitlines() or [""]
+        if len(text) > self.MAX_MESSAGE_LINES:
+            text = text[:self.MAX_MESSAGE_LINES] + ["..."]
+        if frames or not isinstance(exc, AssertionError):
+            text[0] = f"{kind}: {text[0]}" if text[0] else kind
+        return lines + text
+
+    # -- hooks ------------------------------------------------------------------------------------------------
+    def pytest_collection_finish(self, session):
+        from minillm import impl
+        graded, root = self._impl_dir()
+        where = graded.relative_to(root) if graded is not None and graded.is_relative_to(root) else graded
+        marks = self.config.option.markexpr or "all exercises"
+        self._write(f"Grading {marks} against {where}/ ({impl.ENV}={impl.which()}): "
+                    f"{len(session.items)} parts")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        if report.failed and call.excinfo is not None:
+            report.grade_detail = self.detail(call.excinfo)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report, config):
+        if report.when == "call" or not report.passed:
+            return ("error" if report.when != "call" and report.failed else report.outcome), "", ""
+        return "", "", ""
+
+    def pytest_runtest_logreport(self, report):
+        if report.when != "call" and report.passed:
+            return
+        name = report.nodeid.split("::")[-1]
+        name = name[len("test_"):] if name.startswith("test_") else name
+        name = name.split("_", 1)[1] if name[:2] == "ex" and name[2:4].isdigit() else name
+        if report.when == "teardown" and self.outcomes.get(report.nodeid) == "passed":
+            self.outcomes[report.nodeid] = "failed"
+        elif report.nodeid in self.outcomes:
+            return
+        else:
+            self.outcomes[report.nodeid] = report.outcome
+        label = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[report.outcome]
+        if report.skipped:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+            self._write(f"  {label}  {name}" + (f"  ({reason.removeprefix('Skipped: ')})" if reason else ""))
+            return
+        detail = getattr(report, "grade_detail", []) if report.failed else []
+        if len(detail) == 1:
+            self._write(f"  {label}  {name}  ({detail[0]})")
+            return
+        self._write(f"  {label}  {name}")
+        for line in detail:
+            self._write(f"          {line}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter):
+        passed = sum(o == "passed" for o in self.outcomes.values())
+        skipped = sum(o == "skipped" for o in self.outcomes.values())
+        counted = len(self.outcomes) - skipped
+        terminalreporter.write_line(f"{passed} of {counted} parts pass" + (f" ({skipped} skipped)" if skipped else ""))

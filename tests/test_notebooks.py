@@ -4,12 +4,17 @@ Each notebook is executed by a fresh Jupyter kernel (nbclient) with ``MINILLM_IM
 and the Hugging Face hub offline, within ``NOTEBOOK_TIMEOUT`` seconds (120 on a 2-core CPU).
 Widget cells run too: their Python side is exercised by the cells that click in code
 (``stepper.step()``). Notebooks are discovered, so a new one is covered by being added.
-Committed notebooks carry no outputs.
+Committed notebooks carry no outputs: the check reads what git holds (the staged notebook), not the
+working file, so a student's copy with run notebooks passes; ``make install`` sets up the nbstripout
+filter that strips outputs when a notebook is staged.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,12 +34,74 @@ def test_notebooks_exist():
     assert NOTEBOOKS, "no notebooks found in notebooks/"
 
 
+def _git(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def staged_notebook(path: Path):
+    """The notebook at ``path`` as git holds it for the next commit (the index: in a fresh checkout, the
+    committed file), or ``None`` when git does not track it. Skips when ``path`` is not in a git checkout."""
+    top = _git("rev-parse", "--show-toplevel", cwd=path.parent) if shutil.which("git") else None
+    if top is None or top.returncode != 0:
+        why = "not a git checkout: what is committed cannot be read"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI checks the committed notebooks, so it must run in a git checkout")
+        pytest.skip(f"{why} (CI checks it)")
+    rel = path.resolve().relative_to(Path(top.stdout.strip()).resolve()).as_posix()
+    blob = _git("show", f":{rel}", cwd=path.parent)
+    return nbformat.reads(blob.stdout, as_version=4) if blob.returncode == 0 else None
+
+
+def cells_with_outputs(nb) -> list[int]:
+    return [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_notebook_is_committed_without_outputs(path):
-    nb = nbformat.read(path, as_version=4)
+    nb = staged_notebook(path)
+    if nb is None:
+        pytest.skip(f"{path.name} is not tracked by git yet")
     nbformat.validate(nb)
-    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
-    assert not dirty, f"{path.name}: cells {dirty} carry outputs; clear them before committing"
+    dirty = cells_with_outputs(nb)
+    assert not dirty, (f"{path.name}: cells {dirty} carry outputs in git; `make install` sets up the nbstripout "
+                       "filter that strips them when the notebook is staged (then `git add` it again)")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_running_a_notebook_does_not_dirty_a_commit(tmp_path):
+    """A student runs a notebook (outputs saved in the working file): the check above still passes, and
+    once ``make git-filter`` (part of ``make install``) has run, staging the notebook strips its outputs."""
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    shutil.copy(ROOT / ".gitattributes", repo / ".gitattributes")
+    clean = NOTEBOOKS[0]
+    path = repo / "notebooks" / clean.name
+    shutil.copy(clean, path)
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
+        assert _git(*args, cwd=repo).returncode == 0, args
+
+    nb = nbformat.read(path, as_version=4)
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.execution_count = 1
+    code.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n")]
+    nbformat.write(nb, path)
+    assert cells_with_outputs(nbformat.read(path, as_version=4)), "the working file carries outputs"
+    assert not cells_with_outputs(staged_notebook(path)), "the check reads what git holds"
+
+    # Without the filter, staging takes the outputs along, and the check sees them.
+    assert _git("add", str(path), cwd=repo).returncode == 0
+    assert cells_with_outputs(staged_notebook(path))
+
+    venv = Path(sys.executable).parent.parent
+    proc = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "git-filter", f"VENV={venv}"], cwd=repo,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _git("add", "--renormalize", str(path), cwd=repo).returncode == 0
+    staged = staged_notebook(path)
+    assert not cells_with_outputs(staged), "the nbstripout filter strips outputs when a notebook is staged"
+    assert nbformat.writes(staged) == nbformat.writes(nbformat.read(clean, as_version=4))
+    assert cells_with_outputs(nbformat.read(path, as_version=4)), "the working file keeps the student's outputs"
+    assert _git("diff", "--quiet", cwd=repo).returncode == 0, "`git diff` shows no change for outputs alone"
 
 
 @pytest.mark.parametrize("script", ["build_notebooks.py", "build_notebooks_part2.py"])

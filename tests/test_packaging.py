@@ -31,3 +31,22 @@ def test_torch_is_a_range_not_a_pin():
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     torch = next(r for r in py["dependencies"] if r.startswith("torch"))
     assert "==" not in torch and ">=" in torch
+
+
+def test_license_is_an_spdx_expression():
+    """A ``project.license`` table is deprecated (setuptools >= 77 warns on every install)."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert isinstance(data["project"]["license"], str), "license = \"MIT\" (an SPDX expression), not a table"
+    setuptools = next(r for r in data["build-system"]["requires"] if r.startswith("setuptools"))
+    m = re.search(r">=\s*(\d+)", setuptools)
+    assert m and int(m.group(1)) >= 77, "SPDX license strings need setuptools>=77 in [build-system]"
+
+
+def test_notebook_outputs_are_kept_out_of_commits_by_a_git_filter():
+    """``.gitattributes`` names the nbstripout filter, the dev extra installs it, ``make install`` defines it."""
+    attributes = (ROOT / ".gitattributes").read_text().split("\n")
+    assert "*.ipynb filter=nbstripout" in attributes
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "nbstripout" in dict(_name_spec(r) for r in py["optional-dependencies"]["dev"])
+    makefile = (ROOT / "Makefile").read_text()
+    assert "git config filter.nbstripout.clean" in makefile

@@ -1,0 +1,85 @@
+"""``make grade EX=NN`` reads at a glance: one line per grader, only the graded code's lines where it
+failed, and a last line "k of n parts pass" (tests/conftest.py's ``--grade`` report)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(sys.executable).parent.parent
+STAMP = VENV / ".minillm-installed"
+LINE = re.compile(r"^  (PASS|FAIL|SKIP)  (\S+)(  \((.*)\))?$")
+
+
+def _stubs(tmp_path: Path) -> Path:
+    """Freshly generated, untouched stubs (what a student starts from)."""
+    out = tmp_path / "stubs"
+    proc = subprocess.run([sys.executable, "scripts/make_exercises.py", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def _grade_with_pytest(impl_dir: Path, ex: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-m", f"ex{ex}", "tests/test_exercises.py", "--grade", "-qq",
+                           "--no-header", "-rN", "--tb=no", "--disable-warnings", "-p", "no:cacheprovider",
+                           "-o", "console_output_style=classic"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**_env(), "MINILLM_IMPL": str(impl_dir)})
+
+
+def _env() -> dict:
+    import os
+    return {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS", "PYTEST_"))}
+
+
+@pytest.mark.skipif(shutil.which("make") is None or not STAMP.exists(), reason="needs make and an installed .venv")
+def test_make_grade_on_untouched_stubs(tmp_path):
+    stubs = _stubs(tmp_path)
+    proc = subprocess.run(["make", "-s", "-o", str(STAMP), "grade", "EX=01", f"VENV={VENV}", f"GRADE_IMPL={stubs}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env())
+    out = proc.stdout.rstrip("\n").split("\n")
+    assert proc.returncode == 0, "grading ran: the verdict is the last line, not the exit status\n" + proc.stdout[-3000:] + proc.stderr
+    graded = [ln for ln in out if LINE.match(ln)]
+    assert graded and all(LINE.match(ln).group(1) == "FAIL" for ln in graded), proc.stdout
+    assert out[-1] == f"0 of {len(graded)} parts pass", out[-1]
+    assert len(out) <= len(graded) + 3, f"{len(out)} lines for {len(graded)} graders:\n" + proc.stdout
+    for ln in graded:
+        detail = LINE.match(ln).group(4) or ""
+        assert re.match(rf"not implemented yet: {re.escape(str(stubs))}/ex01_\w+\.py:\d+ in \w+$", detail), ln
+    names = [LINE.match(ln).group(2) for ln in graded]
+    assert len(set(names)) == len(names), "one line per grader"
+
+
+def test_a_failure_shows_the_students_lines_only(tmp_path):
+    """A wrong answer shows the grader's message; an exception shows the frames of the student's file (not
+    the grader's, nor the engine's) and the exception."""
+    d = tmp_path / "mine"
+    d.mkdir()
+    src = (ROOT / "solutions" / "ex01_batching.py").read_text()
+    # one function crashes, one returns a wrong number
+    ret_mbs = re.search(r"def max_batch_size\(.*?\n    return ([^\n]+)\n", src, re.S)
+    ret_kv = re.search(r"def kv_cache_bytes\(.*?\n    return ([^\n]+)\n", src, re.S)
+    assert ret_mbs and ret_kv, "solutions/ex01_batching.py changed shape: update this test"
+    src = src.replace(ret_mbs.group(0), ret_mbs.group(0).replace(ret_mbs.group(1), "1 // (len([]))"))
+    src = src.replace(ret_kv.group(0), ret_kv.group(0).replace(ret_kv.group(1), f"({ret_kv.group(1)}) + 1"))
+    (d / "ex01_batching.py").write_text(src)
+    crash_line = src.split("\n").index("    return 1 // (len([]))") + 1
+
+    proc = _grade_with_pytest(d, "01")
+    out = proc.stdout.rstrip("\n").split("\n")
+    graded = [ln for ln in out if LINE.match(ln)]
+    passed = sum(LINE.match(ln).group(1) == "PASS" for ln in graded)
+    assert 0 < passed < len(graded), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert out[-1] == f"{passed} of {len(graded)} parts pass"
+    assert f"{d}/ex01_batching.py:{crash_line} in max_batch_size" in proc.stdout
+    assert "ZeroDivisionError" in proc.stdout
+    assert "kv_cache_bytes" in proc.stdout and "expected" in proc.stdout, "a wrong answer shows the grader's message"
+    for noise in ("tests/graders", "minillm/", "Traceback", "____", "site-packages"):
+        assert noise not in proc.stdout, f"{noise!r} in the report:\n{proc.stdout}"
