@@ -43,7 +43,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	@$(PY) -c "import torch; print('[install] torch', torch.__version__)" 2>/dev/null || true
 	@$(PY) -m jupyter labextension disable --level=sys_prefix "$(ANNOUNCEMENTS)" >/dev/null 2>&1 || true
-	@$(MAKE) --no-print-directory git-filter
+	@$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) git-filter
 	@touch $(STAMP)
 
 # In a git checkout: notebooks are committed without outputs. The filter named in .gitattributes
