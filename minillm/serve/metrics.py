@@ -1,0 +1,92 @@
+"""The server's ``/metrics``: the engine's load and latencies in Prometheus' text format.
+
+Names follow vLLM's (``vllm:`` becomes ``minillm:``), so a Grafana board built for one reads the
+other. Latencies are the engine's own (``RequestMetrics``: arrival at the front end to the step
+that produced the token); a client sees them plus the network and the HTTP layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the server)
+
+disable_created_metrics()   # no "*_created" timestamp series beside each counter (as vLLM does)
+
+# Seconds; fine at the low end, where a small model on a CPU lives.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                   0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+class PrometheusStatLogger:
+    """Counters and histograms fed by every step (``record``); gauges set at each scrape."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r, labels = self.registry, ["model_name"]
+        self.labels = {"model_name": model_name}
+        # --- load, set when /metrics is read ---
+        self.running = Gauge("minillm:num_requests_running", "Requests in the running batch",
+                             labels, registry=r)
+        self.waiting = Gauge("minillm:num_requests_waiting", "Requests in the queue (not running)",
+                             labels, registry=r)
+        self.swapped = Gauge("minillm:num_requests_swapped", "Requests whose KV sits in host memory",
+                             labels, registry=r)
+        self.kv_usage = Gauge("minillm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)",
+                              labels, registry=r)
+        # --- per step ---
+        self.steps = Counter("minillm:num_steps", "Engine steps", labels, registry=r)
+        self.preemptions = Counter("minillm:num_preemptions", "Preemptions (recompute or swap)",
+                                   labels, registry=r)
+        self.prompt_tokens = Counter("minillm:prompt_tokens", "Prompt tokens of finished requests",
+                                     labels, registry=r)
+        self.generation_tokens = Counter("minillm:generation_tokens", "Generated tokens",
+                                         labels, registry=r)
+        self.finished = Counter("minillm:request_finished", "Finished requests by finish reason",
+                                labels + ["finished_reason"], registry=r)
+        # --- per finished request (the engine's clock) ---
+        self.ttft = Histogram("minillm:time_to_first_token_seconds", "Time to first token (engine)",
+                              labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("minillm:time_per_output_token_seconds",
+                              "Time per output token after the first (engine)", labels,
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("minillm:e2e_request_latency_seconds", "Arrival to last token (engine)",
+                             labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("minillm:request_queue_time_seconds", "Arrival to first scheduled (engine)",
+                               labels, buckets=LATENCY_BUCKETS, registry=r)
+        for metric in (self.running, self.waiting, self.swapped, self.kv_usage, self.steps, self.preemptions,
+                       self.prompt_tokens, self.generation_tokens, self.ttft, self.tpot, self.e2e, self.queue):
+            metric.labels(**self.labels)        # every series exists from the start, at 0
+
+    def record(self, record: Any, finished: Sequence[Any]) -> None:
+        """One StepRecord and the RequestMetrics of the requests it finished."""
+        lab = self.labels
+        self.steps.labels(**lab).inc()
+        if record.preempted:
+            self.preemptions.labels(**lab).inc(len(record.preempted))
+        new = sum(e.num_output_tokens for e in record.batch)
+        if new:
+            self.generation_tokens.labels(**lab).inc(new)
+        if record.aborted:
+            self.finished.labels(**lab, finished_reason="abort").inc(len(record.aborted))
+        for m in finished:
+            self.finished.labels(**lab, finished_reason=str(m.finish_reason)).inc()
+            if m.finish_reason in ("rejected", "abort"):
+                continue
+            self.prompt_tokens.labels(**lab).inc(m.num_prompt_tokens)
+            for hist, value in ((self.ttft, m.ttft), (self.tpot, m.tpot), (self.e2e, m.e2e_latency),
+                                (self.queue, m.queue_wait)):
+                if value is not None:
+                    hist.labels(**lab).observe(value)
+
+    def set_load(self, load: dict) -> None:
+        """The gauges, from ``AsyncLLM.load()``."""
+        lab = self.labels
+        self.running.labels(**lab).set(load["running"])
+        self.waiting.labels(**lab).set(load["waiting"])
+        self.swapped.labels(**lab).set(load["swapped"])
+        self.kv_usage.labels(**lab).set(load["kv_usage"])
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
