@@ -12,6 +12,8 @@ the machine and the command that reproduces it, and writes ``DIR/NAME-SIZE.json`
 * ``sim-scale``: the simulated executor on 10,000 requests of a 70B-shaped model.
 * ``kv-quant``: the shipped model's held-out loss and greedy agreement with float32, float16,
   int8 and fp8 KV caches, and the KV blocks each buys in the same memory.
+* ``serve``: a load generator for an OpenAI-compatible server (``--url``, ``--trace``, ``--rate``):
+  TTFT/TPOT/ITL percentiles and goodput as the client sees them, beside the engine's own.
 * ``all``: each of them at the chosen size.
 """
 
@@ -28,6 +30,7 @@ BENCHMARKS = {
     "prefix": "prefix",
     "sim-scale": "sim_scale",
     "kv-quant": "kv_quant",
+    "serve": "serve",
 }
 if importlib.util.find_spec(f"{__name__}.spec") is not None:   # added by the speculative-decoding work
     BENCHMARKS["spec"] = "spec"

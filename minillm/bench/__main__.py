@@ -26,6 +26,12 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1,
                    help="throughput: measure every side this many times, in alternating rounds, and "
                         "report medians (wall times on a shared machine drift between runs)")
+    # A benchmark with options of its own (serve: --url, --trace, --rate, ...) adds them.
+    words = sys.argv[1:] if argv is None else list(argv)
+    name = next((w for w in words if w in BENCHMARKS), None)
+    own = getattr(get(name), "add_arguments", None) if name is not None else None
+    if own is not None:
+        own(p.add_argument_group(f"{name} options"))
     return p.parse_args(argv)
 
 
