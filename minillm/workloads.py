@@ -399,6 +399,8 @@ def load_jsonl(path: Union[str, Path]) -> list[TraceRequest]:
             if "prompt_len" not in d:
                 if d.get("prompt_token_ids") is not None:
                     d["prompt_len"] = len(d["prompt_token_ids"])
+                elif d.get("prompt") is not None:
+                    d["prompt_len"] = 0     # text only (vLLM's datasets): its token count is the server's
                 else:
                     raise ValueError(f"{path}:{i + 1}: no prompt_len and no prompt_token_ids")
             if "output_len" not in d and "output_tokens" in d:
