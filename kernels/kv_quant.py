@@ -31,15 +31,16 @@ in that step. A write starting at offset 0 begins a fresh block: its old scale (
 previous owner) is ignored. The scale of a full block never changes again, which is why prefix
 caching can share it, with its scale, between requests.
 
-Rounding (the reference defines it, the kernel repeats it operation for operation):
+Rounding: to nearest, halves to even (what torch's casts and the GPU's conversions do).
 
-* int8: ``q = clamp(floor(x / s + 0.5), -127, 127)``;
-* fp8: ``y = clamp(x / s, -448, 448)``, then ``y`` is rounded to the nearest e4m3 number, halves
-  away from zero, in float32 arithmetic (:func:`round_to_e4m3`), and only then cast: the cast is
-  exact. Triton's interpreter does not round float32 to fp8 correctly by itself (a value just
-  below a power of two can lose its carry), so neither side leaves the rounding to a cast.
+* int8: ``q = clamp(round(x / s), -127, 127)``;
+* fp8: ``q = fp8(clamp(x / s, -448, 448))``, torch's own cast in the reference. The kernel
+  rounds to the nearest e4m3 number itself, in float32 arithmetic (:func:`round_to_e4m3` is the
+  same computation in torch), and then casts a value that is exact: Triton's interpreter does
+  not round float32 to fp8 correctly (a value just below a power of two can lose its carry).
 
-Both divisions are correctly rounded (IEEE), and ``s == 0`` (a block of zeros) writes zeros.
+Both divisions are correctly rounded (IEEE), so kernel and reference store the same bytes;
+``s == 0`` (a block of zeros) writes zeros.
 """
 
 from __future__ import annotations
@@ -82,15 +83,16 @@ def kind_of(cache: torch.Tensor) -> Optional[str]:
 
 
 def round_to_e4m3(y: torch.Tensor) -> torch.Tensor:
-    """Round float32 ``y`` (already within +-448) to the nearest e4m3 value, halves away from
-    zero, in float32. e4m3 has 3 mantissa bits: between 2^e and 2^(e+1) its numbers are
-    2^(e-3) apart, for e from -6 up; below 2^-6 (subnormals) they are 2^-9 apart."""
+    """Round float32 ``y`` (already within +-448) to the nearest e4m3 value, halves to even, in
+    float32 arithmetic: what ``y.to(torch.float8_e4m3fn)`` does, spelled out (the Triton store
+    does exactly this). e4m3 has 3 mantissa bits: between 2^e and 2^(e+1) its numbers are 2^(e-3)
+    apart, for e from -6 up; below 2^-6 (subnormals) they are 2^-9 apart."""
     a = y.abs()
     e = ((a.view(torch.int32) >> 23) & 0xFF) - 127          # the binary exponent of |y|, exactly
     e = e.clamp(min=-6)
     step = ((e - 3 + 127) << 23).view(torch.float32)         # 2^(e-3), built from its bits
     inv_step = ((127 - (e - 3)) << 23).view(torch.float32)   # 2^-(e-3)
-    r = torch.floor(a * inv_step + 0.5) * step               # both products are exact
+    r = torch.round(a * inv_step) * step                     # both products are exact
     return torch.copysign(r.clamp(max=448.0), y)
 
 
@@ -99,8 +101,8 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, kind: str) -> torch.Tensor:
     s = torch.where(scale > 0, scale, torch.ones_like(scale))
     y = x / s
     if kind == "int8":
-        return torch.floor(y + 0.5).clamp(-127.0, 127.0).to(torch.int8)
-    return round_to_e4m3(y.clamp(-448.0, 448.0)).to(storage_dtype("fp8"))
+        return torch.round(y).clamp(-127.0, 127.0).to(torch.int8)
+    return y.clamp(-448.0, 448.0).to(storage_dtype("fp8"))
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

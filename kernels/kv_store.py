@@ -94,6 +94,15 @@ def store_kv_ref(k, v, k_cache, v_cache, slot_mapping):
 
 
 @triton.jit
+def _round_half_even(t):
+    """t rounded to the nearest integer, halves to even (torch.round), in float32."""
+    r = tl.floor(t + 0.5)
+    tie = (r - t) == 0.5  # t was exactly halfway: floor(t + 0.5) went up
+    odd = (r * 0.5) != tl.floor(r * 0.5)
+    return tl.where(tie & odd, r - 1.0, r)
+
+
+@triton.jit
 def _round_e4m3(y):
     """``kv_quant.round_to_e4m3`` in Triton: y (within +-448) to the nearest e4m3 value."""
     a = tl.abs(y)
@@ -101,7 +110,7 @@ def _round_e4m3(y):
     e = tl.maximum(e, -6)
     step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
     inv_step = ((127 - (e - 3)) << 23).to(tl.float32, bitcast=True)
-    r = tl.minimum(tl.floor(a * inv_step + 0.5) * step, 448.0)
+    r = tl.minimum(_round_half_even(a * inv_step) * step, 448.0)
     return tl.where(y < 0, -r, r)
 
 
@@ -112,7 +121,7 @@ def _quantize(x, s, QMAX: tl.constexpr, FP8: tl.constexpr):
     y = tl.math.div_rn(x, s_safe + tl.zeros_like(x))
     if FP8:
         return _round_e4m3(tl.minimum(tl.maximum(y, -QMAX), QMAX))
-    return tl.minimum(tl.maximum(tl.floor(y + 0.5), -QMAX), QMAX)
+    return tl.minimum(tl.maximum(_round_half_even(y), -QMAX), QMAX)
 
 
 @triton.jit

@@ -58,16 +58,19 @@ def empty_cache(kind, num_blocks, block_size, num_kv_heads, head_dim):
 # --- the format ------------------------------------------------------------------------------
 
 
-def test_e4m3_rounding_matches_torch_away_from_ties():
-    # Every e4m3 number is a fixed point of the rounding...
+def test_e4m3_rounding_is_torchs_cast_ties_included():
+    """round_to_e4m3 (the arithmetic the Triton store does) is torch's float32 -> e4m3 cast."""
     codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-    codes = codes[torch.isfinite(codes)]
+    codes = codes[torch.isfinite(codes)].unique()                 # every e4m3 number, -448 .. 448
     assert torch.equal(round_to_e4m3(codes), codes)
-    # ...and elsewhere it agrees with torch's cast (which rounds ties to even; ours away from zero).
+    halfway = (codes[1:] + codes[:-1]) / 2                        # every tie, each exact in float32
     g = torch.Generator().manual_seed(0)
-    y = torch.cat([torch.randn(20000, generator=g) * 100, torch.randn(20000, generator=g) * 1e-2]).clamp(-448, 448)
+    y = torch.cat([halfway, torch.randn(20000, generator=g) * 100, torch.randn(20000, generator=g) * 1e-2])
+    y = y.clamp(-448, 448)
     assert torch.equal(round_to_e4m3(y), y.to(torch.float8_e4m3fn).float())
-    assert round_to_e4m3(torch.tensor([7.96, 2.0**-10, 460.0])).tolist() == [8.0, 2.0**-9, 448.0]
+    assert round_to_e4m3(torch.tensor([7.96, 2.0**-10, 3 * 2.0**-10, 8.5, 9.5])).tolist() == \
+        [8.0, 0.0, 2.0**-8, 8.0, 10.0]                            # halves to even
+    assert quantize(torch.tensor([2.5, 3.5, -2.5, 200.0]), torch.ones(()), "int8").tolist() == [2, 4, -2, 127]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -128,6 +131,29 @@ def test_store_kernel_matches_reference_block_size_1_and_16(kind):
             for c, backend in zip(caches, ("triton", "torch")):
                 kernels.store_kv(k, -2 * k, *c[:2], slots, k_scale=c[2], v_scale=c[3], backend=backend)
         assert all(same(a, b) for a, b in zip(*caches))
+
+
+@needs_triton
+@pytest.mark.parametrize("kind", KINDS)
+def test_store_kernel_rounds_ties_to_even_like_the_reference(kind):
+    """Values exactly halfway between two storable numbers (the block's amax is QMAX, so its
+    scale is exactly 1): the kernel's own rounding must pick the reference's (torch's) neighbour."""
+    if kind == "int8":
+        ties = torch.arange(-126, 127).float() + 0.5
+    else:
+        codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+        codes = codes[torch.isfinite(codes)].unique()
+        ties = (codes[1:] + codes[:-1]) / 2
+    n = math.ceil((ties.numel() + 1) / 64)
+    x = torch.zeros(n * 64)
+    x[0], x[1:ties.numel() + 1] = QMAX[kind], ties
+    k = x.view(n, 1, 64).to(DEVICE)
+    caches = [empty_cache(kind, 1, n, 1, 64) for _ in range(2)]
+    slots = torch.arange(n, device=DEVICE)
+    for c, backend in zip(caches, ("triton", "torch")):
+        kernels.store_kv(k, k, *c[:2], slots, k_scale=c[2], v_scale=c[3], backend=backend)
+    assert float(caches[1][2]) == 1.0
+    assert all(same(a, b) for a, b in zip(*caches))
 
 
 @pytest.mark.parametrize("kind", KINDS)
