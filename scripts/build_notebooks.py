@@ -620,6 +620,18 @@ your version; until you write it, they print a one-line reminder instead.
 **Exercise 1, `kv_cache_bytes(model, num_tokens, batch)`**: the seeds' $M_{KV}$ formula. The grader
 also checks it predicts the size of the KV tensors the engine really allocates.
 '''),
+        md('''
+<details><summary>Hint 1</summary>
+
+Count what one position of one request stores: in every one of the `num_layers` layers, a K vector and a V vector for each of the `num_kv_heads` KV heads, each `head_dim` elements of `dtype_bytes` bytes. Then scale by positions and requests.
+
+</details>
+<details><summary>Hint 2</summary>
+
+Per position: `2 * num_layers * num_kv_heads * head_dim * dtype_bytes` bytes (Llama-2-7B: 2 × 32 × 32 × 128 × 2 = 524,288). Times `num_tokens`, times `batch`.
+
+</details>
+'''),
         code('''
 with impl.attempt("ex01.kv_cache_bytes"):
     print(f"{ex.kv_cache_bytes(mha70, 4096) / 1e9:.2f} GB  (the seeds: approximately 10 GB)")
@@ -627,6 +639,18 @@ with impl.attempt("ex01.kv_cache_bytes"):
         md('''
 **Exercise 2, `max_batch_size(hardware, model, max_len)`**: how many requests of `max_len` positions fit
 beside the weights (section 3's plot).
+'''),
+        md('''
+<details><summary>Hint 1</summary>
+
+Usable bytes: `hbm_bytes * memory_fraction`. Take the weights out; what is left holds KV, at `kv_cache_bytes(model, 1)` bytes per position.
+
+</details>
+<details><summary>Hint 2</summary>
+
+Whole positions first (`//`, and never below 0), then whole requests: `positions // max_len`. An H100 with Llama-2-7B: 72e9 − 13.48e9 bytes hold 111,589 positions, 54 requests of 2,048.
+
+</details>
 '''),
         code('''
 with impl.attempt("ex01.max_batch_size"):
@@ -637,6 +661,18 @@ with impl.attempt("ex01.max_batch_size"):
 **Exercise 3, `decode_step_time(model, hardware, batch, context_len)`**: one decode step on the roofline
 (section 1). Your curve should reproduce the seeds' 20x / 1.5x.
 '''),
+        md('''
+<details><summary>Hint 1</summary>
+
+Work out the FLOPs and the bytes of the whole step, turn each into seconds at its achieved rate (`peak_flops * flops_efficiency`, `hbm_bandwidth * bandwidth_efficiency`), take the larger, add `step_overhead`.
+
+</details>
+<details><summary>Hint 2</summary>
+
+FLOPs: `2 * num_params * batch` for the weights, plus `4 * num_layers * num_heads * head_dim * batch * context_len` for attention (QKᵀ and PV, 2 FLOPs per multiply-add each). Bytes: `weight_bytes` once, plus `kv_per_position * batch * context_len` read, plus `kv_per_position * batch` written.
+
+</details>
+'''),
         code('''
 with impl.attempt("ex01.decode_step_time"):
     t = [ex.decode_step_time(MODELS["llama-2-7b"], HARDWARE["H100-SXM"], b, 512) for b in (1, 32)]
@@ -646,6 +682,18 @@ with impl.attempt("ex01.decode_step_time"):
 **Exercise 4, `completion_times(output_lens, max_num_seqs, step_time, batching)`**: when each request is
 returned under static and continuous batching (section 4). The grader runs the engine on random lists
 and compares.
+'''),
+        md('''
+<details><summary>Hint 1</summary>
+
+Count in steps and multiply by `step_time` at the end. Static: consecutive groups of `max_num_seqs`; a group runs as many steps as its longest member, starting where the previous group ended.
+
+</details>
+<details><summary>Hint 2</summary>
+
+Continuous: remember, for each of the `max_num_seqs` slots, the step from which it is free (all 0 at first). Each request, in order, takes the slot that frees earliest (a heap, `heapq`) and finishes `length` steps later; the slot is free again from then.
+
+</details>
 '''),
         code('''
 with impl.attempt("ex01.completion_times"):
@@ -658,6 +706,18 @@ with impl.attempt("ex01.completion_times"):
 the scheduler forms for the next step (section 5): running requests first, then waiting ones in arrival
 order while a slot, budget and KV room remain. The grader asks your function before every step of
 random workloads and compares with what the real scheduler ran.
+'''),
+        md('''
+<details><summary>Hint 1</summary>
+
+Keep three counters as you go: the budget left, the free KV positions left, and the occupied slots (which start at `len(running)`: every running request holds one).
+
+</details>
+<details><summary>Hint 2</summary>
+
+Running: `n = min(num_tokens - num_computed_tokens, budget left)`; if `n > 0`, plan it and take `n` off the budget *and* the free positions. Waiting: stop at the first request without a slot, without budget, or whose `n = min(num_tokens, budget left)` exceeds the free positions; otherwise plan it and take `n` off both counters and one slot.
+
+</details>
 '''),
         code('''
 with impl.attempt("ex01.plan_step"):
@@ -894,6 +954,18 @@ and the graders run the same requests through minillm's managers and yours, step
 **Exercise 2, `partial_block_waste(context_lens, block_size)`**: the empty tails of last blocks (the
 engine's `partial_waste`, section 3).
 '''),
+        md('''
+<details><summary>Hint 1</summary>
+
+`blocks_needed` is a division rounded *up*, in integers: `-(-n // b)` or `(n + b - 1) // b`.
+
+</details>
+<details><summary>Hint 2</summary>
+
+`partial_block_waste`: a request of `n` positions holds `blocks_needed(n, b) * b` positions; its waste is what they hold beyond `n`. Sum over the requests.
+
+</details>
+'''),
         code('''
 with impl.attempt("ex02.blocks_needed / partial_block_waste"):
     print(ex.blocks_needed(17, 16), ex.partial_block_waste([5, 16, 17], 16))
@@ -901,6 +973,18 @@ with impl.attempt("ex02.blocks_needed / partial_block_waste"):
         md('''
 **Exercise 3, `BlockAllocator`**: the free list of a paged cache with reference counts, `allocate()`
 and `free(blocks)`. Below, Figure 4's paged engine with your allocator inside.
+'''),
+        md('''
+<details><summary>Hint 1</summary>
+
+`free_queue` is an `OrderedDict`: `popitem(last=False)` takes the front; `free_queue[block_id] = block` puts a block at the back.
+
+</details>
+<details><summary>Hint 2</summary>
+
+`free`: `for block in reversed(blocks)`: refuse a block whose `ref_count` is already 0, take one off, and put the block at the back of the queue when it reaches 0.
+
+</details>
 '''),
         code('''
 with impl.attempt("ex02.BlockAllocator"):
@@ -916,6 +1000,18 @@ with impl.attempt("ex02.BlockAllocator"):
 **Exercise 4, `FirstFitAllocator`**: max-length reservation in one address space: `gaps()`,
 `reserve(request_id, length)` (first fit) and `release(request_id)`. Figure 4 again, on your allocator:
 C must wait.
+'''),
+        md('''
+<details><summary>Hint 1</summary>
+
+`gaps()`: walk the regions sorted by start with a cursor at 0. A region that starts past the cursor leaves a gap before it; the cursor then moves to the region's end. After the last region, the rest up to `capacity` is a gap too (if not empty).
+
+</details>
+<details><summary>Hint 2</summary>
+
+`reserve()`: refuse a request that holds a region; take the *first* `(start, size)` of `gaps()` with `size >= length` (not the smallest, not the largest), record `(start, length)`, return `start`; `None` when there is none. `release()`: `dict.pop(request_id, None)`.
+
+</details>
 '''),
         code('''
 with impl.attempt("ex02.FirstFitAllocator"):

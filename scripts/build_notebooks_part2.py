@@ -579,6 +579,18 @@ step, exactly like the built-in ones. The cells below run *your* classes inside 
 **Exercise 1, `SJFWithAging`**: `remaining`, `key` and `order_waiting` (section 2). The stream of
 section 2, with and without aging:
 '''),
+        md(r'''
+<details><summary>Hint 1</summary>
+
+`remaining`: the prediction minus `num_output_tokens`, clamped at 0. `key`: `remaining` minus `aging` times the seconds waited (`now - arrival_time`, clamped at 0).
+
+</details>
+<details><summary>Hint 2</summary>
+
+`order_waiting`: `sorted` (a new list) with a tuple key, `(self.key(r, now), r.arrival_time)`.
+
+</details>
+'''),
         code(r'''
 with impl.attempt("ex03.SJFWithAging"):
     for a in (0.0, 100.0):
@@ -589,6 +601,18 @@ with impl.attempt("ex03.SJFWithAging"):
 **Exercise 2, `MLFQPolicy`**: `order_waiting`, `pick_victim`, `preempt_for` and `on_step` (demotion
 per quantum, the boost; section 4):
 '''),
+        md(r'''
+<details><summary>Hint 1</summary>
+
+`order_waiting`, `pick_victim`: one `sorted` / `max` each, on tuples: `(level, arrival_time)` for the order; `(level, admit_seq)` for the victim, largest wins. `preempt_for`: keep the running requests whose level is strictly deeper than the waiting one's and ask `pick_victim`.
+
+</details>
+<details><summary>Hint 2</summary>
+
+`on_step`: `st = self.state(req)`; `st[1] += self.new_output_tokens(req)`; then *while* the request is not at the last level and `st[1] >= quanta[st[0]]`: `st[1] -= quanta[st[0]]`, `st[0] += 1` (a `while`, not an `if`: one step may cross several quanta). Boost: if `last_boost` is None, set it to `now`; else, when `now - last_boost >= boost_interval`, bump `epoch` and `num_boosts` and set `last_boost = now`.
+
+</details>
+'''),
         code(r'''
 with impl.attempt("ex03.MLFQPolicy"):
     eng, m, s = served(mlfq_trace, ex.MLFQPolicy(), max_num_seqs=4)
@@ -598,6 +622,18 @@ with impl.attempt("ex03.MLFQPolicy"):
         md(r'''
 **Exercise 3, `FairPolicy`**: `order_waiting` (interleave the tenants by their counters) and
 `on_step` (charge what ran; section 5):
+'''),
+        md(r'''
+<details><summary>Hint 1</summary>
+
+`order_waiting`: sort by arrival, then group by tenant into a dict of lists (its insertion order ranks the tenants by their oldest request). A heap of `(counter, rank, tenant)`, on copies of the counters, picks the next tenant.
+
+</details>
+<details><summary>Hint 2</summary>
+
+Pop the smallest, append the head of that tenant's queue; if the tenant has more waiting, push it back with `counter + input_weight * (num_tokens - num_computed_tokens)` of the request just placed. `on_step`: `output_weight * new_output_tokens(req)`, plus `input_weight * s.num_new_tokens` when `s.phase == "prefill"`.
+
+</details>
 '''),
         code(r'''
 with impl.attempt("ex03.FairPolicy"):
@@ -965,6 +1001,18 @@ graders run the same requests with minillm's prefix cache and with yours, step b
 
 **Exercise 1, `hash_block` and `block_hashes`**: the chained key (section 1).
 '''),
+        md(r'''
+<details><summary>Hint 1</summary>
+
+`hash_block` is one call to Python's `hash` on a pair; a list cannot be hashed, a tuple can.
+
+</details>
+<details><summary>Hint 2</summary>
+
+`block_hashes`: `parent = None`; for each *full* block (`len(token_ids) // block_size` of them), `parent = hash_block(parent, that block's tokens)` and keep it.
+
+</details>
+'''),
         code(r'''
 with impl.attempt("ex04.hash_block / block_hashes"):
     mine = ex.block_hashes(prompt, 4)
@@ -976,6 +1024,18 @@ with impl.attempt("ex04.hash_block / block_hashes"):
 **Exercise 3, `EvictingBlockPool`**: `evict`, `allocate`, `take` and `free` (section 2). Below,
 section 2's five requests on an engine built from your three pieces (on the simulated executor:
 only the block decisions matter here), next to minillm's own:
+'''),
+        md(r'''
+<details><summary>Hint 1</summary>
+
+`longest_prefix_match`: the loop of `block_hashes` over `(len(token_ids) - 1) // block_size` blocks, looking each key up in `cached`; `break` at the first key that is missing or whose block holds other `token_ids` or another `parent_hash`.
+
+</details>
+<details><summary>Hint 2</summary>
+
+The pool: `take` removes a block with `ref_count == 0` from the free queue before counting it; `allocate` is `popitem(last=False)`, then `evict` if the block has a hash; `evict` deletes the index entry only if it is this very block (`self.cached.get(h) is block`); `free` walks `reversed(blocks)` and puts a block that reaches 0 into the free queue where its docstring says.
+
+</details>
 '''),
         code(r'''
 cfg = dict(executor="simulated", block_size=4, num_kv_blocks=12, max_num_batched_tokens=32, max_num_seqs=3,
@@ -1282,6 +1342,13 @@ In `exercises/ex05_preemption.py`; each runs inside the engine.
 `ex.YourCostModel` is the H100 roofline asking *your* rule whenever the engine preempts with
 `preemption_mode="auto"`. Section 3's trace, with your rule deciding:
 '''),
+        md(r'''
+<details><summary>Hint 1</summary>
+
+Both times are one division: bytes over bytes/s, tokens over tokens/s. The rule compares them with a strict `<`, so a tie recomputes.
+
+</details>
+'''),
         code(r'''
 with impl.attempt("ex05.swap_or_recompute"):
     print("the seeds' example:", ex.swap_or_recompute(1e9, 2000, 32e9, 4000.0))
@@ -1295,6 +1362,13 @@ with impl.attempt("ex05.swap_or_recompute"):
 **Exercise 2, `LeastProgressVictim.pick_victim`**: give up the running request with the least KV
 (the least work to redo or copy) instead of the most recently admitted. Section 3's trace, recompute:
 '''),
+        md(r'''
+<details><summary>Hint 1</summary>
+
+One `min` over the candidates with a tuple key: `(num_computed_tokens, -admit_seq)`.
+
+</details>
+'''),
         code(r'''
 with impl.attempt("ex05.LeastProgressVictim"):
     for name, pol in (("most recently admitted (default)", "fcfs"), ("least progress (yours)", ex.LeastProgressVictim())):
@@ -1304,6 +1378,13 @@ with impl.attempt("ex05.LeastProgressVictim"):
 '''),
         md(r'''
 **Exercise 3, `PriorityPreemption`**: `order_waiting`, `pick_victim` and `preempt_for` (section 5):
+'''),
+        md(r'''
+<details><summary>Hint 1</summary>
+
+`order_waiting`: `sorted` by `(priority, arrival_time)`. `pick_victim`: `max` by `(priority, admit_seq)`. `preempt_for`: keep the running requests with `priority > request.priority`; `pick_victim` among them, `None` if there are none.
+
+</details>
 '''),
         code(r'''
 with impl.attempt("ex05.PriorityPreemption"):
@@ -1582,6 +1663,18 @@ always right: measure on your traffic ("Better draft model, or disable it").
 **`accept_greedy` and `accept_sampled`** in `exercises/ex06_speculative.py`: the acceptance rule of
 section 2. `ex.speculative_engine(...)` builds an `LLM` whose verification steps run your rule; below,
 the shipped pair with your rule, greedy (must equal plain decoding) and sampled:
+'''),
+        md(r'''
+<details><summary>Hint 1</summary>
+
+`accept_greedy`: count `a`, the length of the common prefix of `draft` and `target`; the answer is `draft[:a]` plus `target[a]`.
+
+</details>
+<details><summary>Hint 2</summary>
+
+`accept_sampled`: follow the docstring's order of random draws exactly (one `torch.rand` per guess while accepting; one `torch.multinomial` at the first rejection or for the bonus). With `q` None the residual is `p[j].clone()` with entry `x` set to 0.
+
+</details>
 '''),
         code(r'''
 with impl.attempt("ex06.accept_greedy"):

@@ -8,14 +8,18 @@ from it, and no grader can pass on an untouched stub.
 * run against freshly generated stubs, every grader fails, and fails with the
   ``NotImplementedError`` of its own notebook's exercise;
 * the worked examples in the docstrings (``>>>`` lines) hold for the reference answers, so the
-  example a student reads in a stub is right.
+  example a student reads in a stub is right;
+* in the notebooks, every exercise's description is followed by optional hints (collapsed
+  ``<details>`` cells): the docstrings state contracts, the step-by-step help lives there.
 """
 
 from __future__ import annotations
 
 import doctest
 import importlib.util
+import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -67,6 +71,24 @@ def test_docstring_examples_hold_for_the_reference(src):
         pytest.skip(f"solutions/{src.name}: its worked examples are in prose, no >>> lines")
     result = runner.summarize(verbose=False)
     assert result.failed == 0, f"solutions/{src.name}: {result.failed} of {examples} docstring examples fail (above)"
+
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_every_exercise_description_is_followed_by_hints(path):
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    text = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
+    described = [i for i, (c, t) in enumerate(zip(cells, text))
+                 if c["cell_type"] == "markdown" and re.search(r"^\*\*Exercise\b|^\*\*`\w+`", t, re.M)]
+    assert described, f"{path.name}: no exercise description (a markdown cell with **Exercise ...**)"
+    for i in described:
+        nxt = text[i + 1] if i + 1 < len(cells) and cells[i + 1]["cell_type"] == "markdown" else ""
+        assert "<details><summary>Hint 1</summary>" in nxt, (
+            f"{path.name}, cell {i} ({text[i][:60]!r}...): the next cell should hold its hints, "
+            "<details><summary>Hint 1</summary>...</details> (scripts/build_notebooks*.py)")
+        assert nxt.count("<details>") == nxt.count("</details>"), f"{path.name}, cell {i + 1}: unbalanced <details>"
 
 
 def test_every_exercise_module_has_graders_and_a_marker(pytestconfig):
