@@ -37,6 +37,8 @@ import pytest
 
 HERE = Path(__file__).parent
 NOTEBOOK = HERE / "browser_nb" / "stepper_smoke.ipynb"
+COURSE_NOTEBOOKS = ("04_prefix_caching.ipynb", "05_preemption.ipynb")
+COURSE_TIMEOUT = 900      # s: Run All of a course notebook on a CPU (Triton's interpreter)
 SCREENSHOT_COPY = Path("/tmp/minillm_browser.png")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync"]
@@ -78,6 +80,8 @@ def jupyter_lab(tmp_path):
     root = tmp_path / "lab"
     root.mkdir()
     shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    for name in COURSE_NOTEBOOKS:               # the course's notebooks whose widgets the cells also step
+        shutil.copy(HERE.parent / "notebooks" / name, root / name)
     # No news or update toasts over the page (and no request to a website for them).
     notif = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     notif.mkdir(parents=True)
@@ -92,6 +96,7 @@ def jupyter_lab(tmp_path):
     env["JUPYTER_PLATFORM_DIRS"] = "1"
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")      # tiny tensors: one thread is as fast, and shares the CPU well
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser",
            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
@@ -280,7 +285,8 @@ _WIDGET_JS = """(i) => {
             overlaps.push(labels[a].textContent + ' / ' + labels[b].textContent);
     }
     const strokes = (plot, rgb) => Array.from(plot.querySelectorAll('.barlayer path'))
-        .filter(p => (p.style.stroke || '').replace(/ /g, '') === rgb);
+        .filter(p => !p.closest('.legend') && p.getBoundingClientRect().width > 0
+                     && (p.style.stroke || '').replace(/ /g, '') === rgb);
     const width = (ps) => ps.reduce((s, p) => s + p.getBoundingClientRect().width, 0);
     const acc = strokes(batch, 'rgb(46,125,50)'), rej = strokes(batch, 'rgb(214,39,40)');
     const axis = batch.querySelector('.nsewdrag');
@@ -375,6 +381,60 @@ def _outputs_text(page) -> str:
                              ".map(e => e.innerText).join('\\n---\\n')")[-3000:]
     except Exception as e:   # pragma: no cover - diagnostics only
         return f"(could not read outputs: {e})"
+
+
+# Every Step button on the page: enabled, or its widget says why not (the finished banner).
+_STEPPABLE_JS = """() => Array.from(document.querySelectorAll('.minillm-lockstep, .minillm-stepper'))
+    .filter(r => r.querySelector('button.mlw-step-button') && !r.parentElement.closest('.minillm-lockstep'))
+    .map(r => { const b = r.querySelector('.mlw-finished');
+                return {title: r.innerText.split('\\n')[0],
+                        disabled: r.querySelector('button.mlw-step-button').disabled,
+                        banner: b ? b.innerText : '',
+                        steps: Array.from(r.querySelectorAll('.mlw-step')).map(e => e.textContent.trim())}; })"""
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(COURSE_TIMEOUT + 300)
+@pytest.mark.parametrize("name", COURSE_NOTEBOOKS)
+def test_course_widgets_can_be_stepped_after_run_all(chromium, jupyter_lab, name):
+    """A student runs every cell of a course notebook, scrolls up and presses Step: it steps (or
+    the widget says it has finished and offers Reset)."""
+    from playwright.sync_api import sync_playwright
+
+    base, token, root = jupyter_lab
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(f"{base}/lab/tree/{name}?token={token}&reset", wait_until="domcontentloaded")
+            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands"
+                                   " && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
+                                   timeout=KERNEL_TIMEOUT * 1000)
+            _wait_kernel_idle(page)
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.wait_for_selector("button.mlw-step-button", timeout=COURSE_TIMEOUT * 1000)
+            _wait_kernel_idle(page, COURSE_TIMEOUT)
+            widgets = page.evaluate(_STEPPABLE_JS)
+            assert widgets, f"{name}: no step-through widget on the page"
+            for w in widgets:
+                assert not w["disabled"] or "Press Reset" in w["banner"], (name, w)
+            first = page.locator("button.mlw-step-button").first
+            first.scroll_into_view_if_needed()
+            assert first.is_enabled(), (name, widgets[0])
+            first.click()
+            page.wait_for_function(
+                """() => { const b = document.querySelector('button.mlw-step-button');
+                           const r = b.closest('.minillm-lockstep') || b.closest('.minillm-stepper');
+                           const s = Array.from(r.querySelectorAll('.mlw-step'));
+                           return s.length && s.every(e => e.textContent.trim() === 'step 0'); }""",
+                timeout=STEP_TIMEOUT * 1000)
+            page.wait_for_timeout(600)
+            _keep_artifact(page.locator("button.mlw-step-button").first.locator(
+                "xpath=ancestor::*[contains(@class,'minillm-lockstep') or contains(@class,'minillm-stepper')][last()]"),
+                f"{name.split('_')[0]}_first_widget.png")
+        finally:
+            browser.close()
 
 
 def test_browser_notebook_runs_headless(tmp_path):
