@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -74,23 +75,53 @@ def _listening_addresses(port: int) -> set[str]:
     return found
 
 
+AS_USER = ["me", "an ordinary user"]      # as root (CI, containers): both; otherwise the first only
+
+
+@pytest.fixture(params=AS_USER)
+def as_user(request):
+    """(prefix of the command, uid) to run ``make lab`` as: this process's user, or "nobody" when root."""
+    if request.param == "me":
+        return [], os.getuid()
+    if os.getuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("running as an ordinary user is the first case here (needs root and setpriv to switch)")
+    import pwd
+    nobody = pwd.getpwnam("nobody")
+    prefix = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"]
+    if subprocess.run([*prefix, "sh", "-c", f"'{VENV}/bin/python' -c 'import jupyterlab'"], capture_output=True,
+                      cwd="/", timeout=60).returncode != 0:       # through a shell, as make runs it
+        pytest.skip(f"user nobody cannot run {VENV}/bin/python (the interpreter lies in a private folder)")
+    return prefix, nobody.pw_uid
+
+
 @pytest.fixture
-def clone(tmp_path) -> Path:
-    dest = tmp_path / "minillm"
+def workdir():
+    """A folder every user can read (the other user's run needs it), removed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix="minillm-lab-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _clone(dest: Path) -> Path:
     proc = subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     shutil.copy(ROOT / "Makefile", dest / "Makefile")
     return dest
 
 
-def test_make_lab_on_a_fresh_clone(clone, tmp_path):
-    home = tmp_path / "home"
+def test_make_lab_on_a_fresh_clone(as_user, workdir):
+    prefix, uid = as_user
+    clone = _clone(workdir / "minillm")
+    home = workdir / "home"
     (home / ".jupyter").mkdir(parents=True)
     (home / ".jupyter" / "jupyter_server_config.json").write_text(json.dumps(HOSTILE_CONFIG))
+    for p in [home, *home.rglob("*")]:
+        os.chown(p, uid, -1) if uid != os.getuid() else None
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "MAKE", "MFLAGS"))}
     env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), BROWSER="true")
     port = _free_port()
-    proc = subprocess.Popen(["make", "-o", str(STAMP), "lab", f"VENV={VENV}", f"PORT={port}", "LAB_ARGS=--no-browser"],
+    proc = subprocess.Popen([*prefix, "make", "-o", str(STAMP), "lab", f"VENV={VENV}", f"PORT={port}", "LAB_ARGS=--no-browser"],
                             cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     lines: list[str] = []
@@ -128,8 +159,7 @@ def test_make_lab_on_a_fresh_clone(clone, tmp_path):
         assert "@jupyterlab/apputils-extension:announcements" in config["disabledExtensions"], "news pop-up off"
         assert config["news"] == {"disabled": True}
         assert config["extensionManager"]["can_install"] is False, "the extension manager cannot install"
-        if os.getuid() == 0:
-            assert "--allow-root" in _cmdline_of_group(proc.pid), "as root, --allow-root is passed"
+        assert ("--allow-root" in _cmdline_of_group(proc.pid)) == (uid == 0), "--allow-root as root only"
     finally:
         _stop(proc)
 
