@@ -648,7 +648,7 @@ Usable bytes: `hbm_bytes * memory_fraction`. Take the weights out; what is left 
 </details>
 <details><summary>Hint 2</summary>
 
-Whole positions first (`//`, and never below 0), then whole requests: `positions // max_len`. An H100 with Llama-2-7B: 72e9 − 13.48e9 bytes hold 111,589 positions, 54 requests of 2,048.
+Whole positions first (`//`, and never below 0), then whole requests: `positions // max_len`. An H100 with Llama-2-7B: 72e9 − 13.48e9 bytes hold 111,624 positions, 54 requests of 2,048.
 
 </details>
 '''),
