@@ -54,11 +54,25 @@ SCALE_DTYPE = torch.float32
 SCALE_BYTES = 4                                  # bytes per scale (one per block, KV head, K or V)
 
 
-def fp8_available() -> Optional[str]:
-    """None when this torch has ``float8_e4m3fn``, else why fp8 KV cannot be used."""
+def fp8_available(device=None) -> Optional[str]:
+    """None when fp8 KV can be used, else why not: this torch has no ``float8_e4m3fn``, or (for a
+    CUDA ``device``, where the Triton kernels run) the GPU predates fp8 (Triton's e4m3 needs
+    compute capability 8.9: Ada, Hopper and later). On the CPU, Triton's interpreter handles it."""
     if not hasattr(torch, "float8_e4m3fn"):
         return f"torch {torch.__version__} has no float8_e4m3fn dtype"
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type == "cuda":
+        cap = torch.cuda.get_device_capability(device)
+        if cap < (8, 9):
+            return f"the GPU (compute capability {cap[0]}.{cap[1]}) has no fp8 conversions; e4m3 needs 8.9+"
     return None
+
+
+def check_fp8(device) -> None:
+    """Raise a clear error when fp8 KV cannot run on ``device`` (see :func:`fp8_available`)."""
+    why = fp8_available(device)
+    if why:
+        raise ValueError(f"kv_cache_dtype='fp8' is unavailable here: {why}; use 'int8'")
 
 
 def storage_dtype(kind: str) -> torch.dtype:

@@ -196,6 +196,9 @@ def store_kv_quant_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping
     from .kv_quant import QMAX, kind_of
 
     kind = kind_of(k_cache)
+    if kind == "fp8" and k_cache.is_cuda:
+        from .kv_quant import check_fp8
+        check_fp8(k_cache.device)
     n, num_kv_heads, head_dim = k.shape
     if n == 0:
         return

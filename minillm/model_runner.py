@@ -113,6 +113,9 @@ class ModelRunner:
             import kernels
             kernels.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter
         kv_dtype = getattr(config, "kv_cache_dtype", "auto")
+        if kv_dtype == "fp8" and self.backend == "triton" and device.type == "cuda":
+            from kernels.kv_quant import check_fp8
+            check_fp8(device)                      # say so now, not at the first store
         layout = (config.block_size, model.num_kv_heads, model.head_dim, dtype, kv_dtype)
         # kv_scales[layer] = (k_scale, v_scale) of a quantized cache; [] for a float one.
         self.kv_caches, self.kv_scales = allocate_kv_cache(model.num_layers, num_blocks, *layout, device=device)
