@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
 from .config import EngineConfig
@@ -80,7 +80,8 @@ class IncrementalDetokenizer:
 
     Decodes the whole output each time (exactly what ``LLM.generate`` decodes at the end) and
     holds back a trailing U+FFFD: a multi-byte character split across tokens waits for its rest.
-    ``stop``: strings that end the output; the text is cut before the first one found."""
+    ``stop``: strings that end the output; the text is cut before the first one found, and the
+    last ``len(stop) - 1`` characters wait until they cannot be the start of one."""
 
     def __init__(self, tokenizer, stop: Sequence[str] = ()):
         self.tokenizer = tokenizer
@@ -97,10 +98,13 @@ class IncrementalDetokenizer:
         if not final and full.endswith("\ufffd"):
             return ""
         if self.stop:
-            start = max(0, len(self.text) - max(len(s) for s in self.stop) + 1)
+            longest = max(len(s) for s in self.stop)
+            start = max(0, len(self.text) - longest + 1)
             hits = [i for i in (full.find(s, start) for s in self.stop) if i >= 0]
             if hits:
                 full, self.stopped = full[:min(hits)], True
+            elif not final:                 # the end may be the start of a stop string: hold it back
+                full = full[:max(len(self.text), len(full) - longest + 1)]
         if not full.startswith(self.text):     # a tokenizer that re-spells earlier text: give what is new
             common = 0
             while common < min(len(full), len(self.text)) and full[common] == self.text[common]:

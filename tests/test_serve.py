@@ -1,0 +1,302 @@
+"""The OpenAI-compatible server, driven by the official ``openai`` client over real HTTP.
+
+One server (in a thread of this process, on a free localhost port) with the shipped model and a
+small KV cache serves every test; a second one checks the API key and the full-queue answer.
+"""
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from minillm import LLM, SamplingParams
+from minillm.serve import BackgroundServer
+from minillm.serve.chat import PLAIN_STOP, plain_template
+
+CONFIG = dict(block_size=16, num_kv_blocks=96, max_model_len=256, max_num_seqs=64)
+PROMPTS = ["ROMEO:", "First Citizen:\nBefore we proceed", "To be, or not"]
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with BackgroundServer(**CONFIG) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """LLM.generate on the same model and configuration, one prompt at a time."""
+    return LLM(**CONFIG)
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _wait_for(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    return predicate()
+
+
+def _assert_openai_error(resp: httpx.Response, status: int, param=None):
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}
+    assert {"message", "type", "param", "code"} <= set(body["error"])
+    assert body["error"]["message"]
+    if param is not None:
+        assert body["error"]["param"] == param
+    return body["error"]
+
+
+def test_greedy_completions_equal_llm_generate(client, reference, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["shakespeare"]
+    for prompt in PROMPTS:
+        sp = SamplingParams(temperature=0, max_tokens=24)
+        want = reference.generate([prompt], sp)[0]
+        got = client.completions.create(model="shakespeare", prompt=prompt, max_tokens=24, temperature=0,
+                                        extra_body={"return_token_ids": True})
+        choice = got.choices[0]
+        assert choice.token_ids == want.token_ids
+        assert choice.text == want.text
+        assert choice.finish_reason == want.finish_reason
+        assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+        assert got.usage.completion_tokens == len(want.token_ids)
+        assert got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens
+    # token ids as the prompt, as vLLM's benchmark sends them
+    ids = reference.tokenizer.encode(PROMPTS[0], add_special_tokens=False)
+    got = client.completions.create(model="shakespeare", prompt=ids, max_tokens=8, temperature=0)
+    assert got.choices[0].text == reference.generate([ids], SamplingParams(temperature=0, max_tokens=8))[0].text
+
+
+def test_streaming_yields_the_same_tokens_in_order(client, reference):
+    prompt = PROMPTS[1]
+    want = reference.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
+    stream = client.completions.create(model="shakespeare", prompt=prompt, max_tokens=30, temperature=0,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"return_token_ids": True, "ignore_eos": True})
+    chunks = list(stream)
+    token_chunks = [c for c in chunks if c.choices]
+    assert len(token_chunks) > 1                       # streamed, not one block at the end
+    ids = [t for c in token_chunks for t in c.choices[0].token_ids]
+    assert ids == want.token_ids
+    assert "".join(c.choices[0].text for c in token_chunks) == want.text
+    assert [c.choices[0].finish_reason for c in token_chunks][-1] == "length"
+    assert all(c.choices[0].finish_reason is None for c in token_chunks[:-1])
+    assert chunks[-1].usage.completion_tokens == 30 and not chunks[-1].choices
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_sse_wire_format(server):
+    body = {"model": "shakespeare", "prompt": "ROMEO:", "max_tokens": 5, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    for e in events[:-2]:
+        assert e.startswith("data: ")
+        assert json.loads(e[len("data: "):])["object"] == "text_completion"
+
+
+def test_chat_uses_the_plain_template(client, reference):
+    messages = [{"role": "system", "content": "A scene in Verona."},
+                {"role": "user", "name": "Romeo", "content": "What light through yonder window breaks?"}]
+    prompt = plain_template(messages)
+    assert prompt.endswith("ROMEO:\nWhat light through yonder window breaks?\n\nASSISTANT:\n")
+    assert reference.tokenizer.chat_template is None      # the shipped model has none
+    got = client.chat.completions.create(model="shakespeare", messages=messages, max_tokens=40, temperature=0)
+    full = reference.generate([prompt], SamplingParams(temperature=0, max_tokens=40))[0].text
+    cut = min([full.find(s) for s in PLAIN_STOP if s in full] or [len(full)])
+    assert got.choices[0].message.content == full[:cut]
+    assert got.choices[0].message.role == "assistant"
+    assert got.usage.prompt_tokens == len(reference.tokenizer.encode(prompt, add_special_tokens=False))
+    stream = client.chat.completions.create(model="shakespeare", messages=messages, max_tokens=40,
+                                            temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == got.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == got.choices[0].finish_reason
+
+
+def test_stop_strings_end_the_text_before_them(client, reference):
+    full = reference.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=40))[0].text
+    stop = full.strip()[:3]
+    got = client.completions.create(model="shakespeare", prompt=PROMPTS[0], max_tokens=40, temperature=0,
+                                    stop=[stop])
+    assert got.choices[0].text == full[:full.find(stop)]
+    assert got.choices[0].finish_reason == "stop"
+
+
+def test_64_concurrent_streaming_clients_all_finish(server):
+    async def main():
+        aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+        async def one(i):
+            stream = await aclient.completions.create(
+                model="shakespeare", prompt=f"{PROMPTS[i % 3]} {i}", max_tokens=8, temperature=0.8, seed=i,
+                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            finish, usage = None, None
+            async for c in stream:
+                if c.choices and c.choices[0].finish_reason:
+                    finish = c.choices[0].finish_reason
+                if c.usage:
+                    usage = c.usage
+            return finish, usage.completion_tokens
+        try:
+            return await asyncio.gather(*(one(i) for i in range(64)))
+        finally:
+            await aclient.close()
+    results = asyncio.run(main())
+    assert results == [("length", 8)] * 64
+    load = server.call(server.llm.load())
+    assert load["running"] == load["waiting"] == 0
+    assert load["kv_blocks_free"] == load["kv_blocks_total"]
+
+
+def test_a_client_that_disconnects_frees_its_kv(client, server):
+    total = server.engine_call(lambda e: e.num_kv_blocks)
+    stream = client.completions.create(model="shakespeare", prompt=PROMPTS[0], max_tokens=240, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    it = iter(stream)
+    first = next(it)
+    next(it), next(it)
+    rid = first.id.split("-", 1)[1]
+    held = server.engine_call(lambda e: e.kv.num_held_blocks(rid))
+    assert held >= 1
+    stream.close()                                   # the client goes away mid-stream
+    state = _wait_for(lambda: server.engine_call(
+        lambda e: (e.requests[rid].finish_reason, e.kv.num_held_blocks(rid), e.kv.num_free_blocks))
+        if server.engine_call(lambda e: e.requests[rid].finish_reason) else None)
+    assert state == ("abort", 0, total)
+    n_out = server.engine_call(lambda e: e.requests[rid].num_output_tokens)
+    assert n_out < 240                               # stopped early, not run to the end
+    assert server.engine_call(lambda e: e.stats())["steps"] > 0
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client, server):
+    url = server.url + "/v1/completions"
+    good = {"model": "shakespeare", "prompt": "ROMEO:", "max_tokens": 3, "temperature": 0}
+    cases = [
+        (dict(content=b'{"model": "shakespeare", "prompt": '), 400, None),                  # malformed JSON
+        (dict(json={**good, "model": "gpt-9"}), 404, "model"),                              # unknown model
+        (dict(json={**good, "max_tokens": -5}), 400, "max_tokens"),                         # engine's check
+        (dict(json={**good, "prompt": "x" * 400}), 400, "prompt"),                          # longer than context
+        (dict(json={**good, "temperature": -1}), 400, "temperature"),
+        (dict(json={**good, "max_tokens": "many"}), 400, "max_tokens"),                     # wrong type
+        (dict(json={**good, "frobnicate": 1}), 400, "frobnicate"),                          # unknown field
+        (dict(json={**good, "n": 2}), 400, "n"),
+        (dict(json={k: v for k, v in good.items() if k != "prompt"}), 400, "prompt"),       # missing field
+        (dict(json=[1, 2]), 400, None),                                                      # not an object
+        (dict(json={**good, "prompt": [5, 10**9]}), 400, "prompt"),                          # id outside vocab
+    ]
+    for kwargs, status, param in cases:
+        headers = {"content-type": "application/json"}
+        err = _assert_openai_error(httpx.post(url, headers=headers, timeout=30, **kwargs), status, param)
+        assert err["type"] in ("invalid_request_error", "not_found_error")
+        # ...and the server still answers a good request
+        assert httpx.post(url, json=good, timeout=30).status_code == 200
+    # the same errors through the official client, streaming too
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-9", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model="shakespeare", prompt="x", max_tokens=-1, stream=True)
+    with pytest.raises(openai.BadRequestError, match="max_model_len"):
+        client.chat.completions.create(model="shakespeare", messages=[{"role": "user", "content": "x" * 400}])
+    _assert_openai_error(httpx.get(server.url + "/v1/nothing-here"), 404)
+    _assert_openai_error(httpx.get(url), 405)
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+def test_metrics_parse_as_prometheus_text(client, server):
+    client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=4, temperature=0)
+    text = httpx.get(server.url + "/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("minillm:num_requests_running", "minillm:num_requests_waiting", "minillm:kv_cache_usage_perc",
+                 "minillm:num_preemptions", "minillm:time_to_first_token_seconds",
+                 "minillm:time_per_output_token_seconds", "minillm:request_finished"):
+        assert name in families, name
+    samples = {s.name: s.value for f in families.values() for s in f.samples if not s.labels.get("le")}
+    assert samples["minillm:time_to_first_token_seconds_count"] >= 1
+    assert samples["minillm:time_to_first_token_seconds_sum"] > 0
+    assert 0.0 <= samples["minillm:kv_cache_usage_perc"] <= 1.0
+    assert samples["minillm:num_requests_running"] == 0
+    finished = server.engine_call(lambda e: sum(r.finish_reason in ("stop", "length") for r in e.requests.values()))
+    assert samples["minillm:time_to_first_token_seconds_count"] == finished
+
+
+def test_api_key_and_a_full_queue():
+    with BackgroundServer(api_key="sesame", block_size=16, num_kv_blocks=64, max_model_len=256,
+                          max_num_seqs=1, max_queue_len=0) as s:
+        base = s.url + "/v1"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+        err = _assert_openai_error(httpx.get(base + "/models"), 401)
+        assert err["code"] == "invalid_api_key"
+        assert httpx.get(s.url + "/health").status_code == 200          # health and metrics stay open
+        assert httpx.get(s.url + "/metrics").status_code == 200
+        client = openai.OpenAI(base_url=base, api_key="sesame", max_retries=0, timeout=60)
+        assert client.models.list().data[0].id == "shakespeare"
+        # One request runs (max_num_seqs=1); a second one waits beyond max_queue_len=0: rejected.
+        long = client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=200, temperature=0,
+                                         stream=True, extra_body={"ignore_eos": True})
+        it = iter(long)
+        next(it)
+        with pytest.raises(openai.APIStatusError) as e:
+            client.completions.create(model="shakespeare", prompt="JULIET:", max_tokens=4)
+        assert e.value.status_code in (429, 503)
+        assert "queue full" in e.value.body["message"]
+        assert sum(1 for _ in it) > 0                                     # the running one goes on
+        assert client.completions.create(model="shakespeare", prompt="JULIET:", max_tokens=4).usage
+
+
+def test_load_generator_percentiles_match_the_engine_within_the_overhead(server, tmp_path):
+    from minillm.bench import serve as bench
+    from minillm.metrics import percentile, summarize
+    from minillm.workloads import save_jsonl
+    trace = bench.series_trace("chat", 8, None, vocab_size=1024, seed=1)
+    path = tmp_path / "trace.jsonl"
+    save_jsonl(trace, path)
+    with open(path, "a", encoding="utf-8") as f:      # a vLLM-style line: text prompt and output_len only
+        f.write(json.dumps({"prompt": "ROMEO:", "output_len": 6}) + "\n")
+    requests = bench.read_trace(path)
+    assert len(requests) == 9 and requests[-1].prompt == "ROMEO:"
+    times = bench.schedule(requests, rate=10.0, seed=0)
+    client_side = asyncio.run(bench.replay(server.url, requests, times, show_progress=False))
+    assert [c.error for c in client_side] == [None] * 9
+    assert [c.num_output_tokens for c in client_side] == [r.output_len for r in requests]
+    ids = [bench.engine_request_id(c.response_id) for c in client_side]
+    engine = server.engine_call(lambda e: {i: e.requests[i].metrics for i in ids})
+    # Per request: the client's interval contains the engine's, so the overhead is >= 0 ...
+    d_ttft = [c.ttft - engine[i].ttft for c, i in zip(client_side, ids)]
+    d_e2e = [c.e2e_latency - engine[i].e2e_latency for c, i in zip(client_side, ids)]
+    assert min(d_ttft) >= 0 and min(d_e2e) >= 0
+    # ... and each percentile of the client's lies between the engine's and the engine's + the overhead.
+    cmp = bench.compare(client_side, engine)
+    assert cmp["num_paired"] == 9
+    for name, d in (("ttft", max(d_ttft)), ("e2e", max(d_e2e))):
+        for q in (50, 90, 99):
+            e, c = cmp[f"{name}_p{q}_engine"], cmp[f"{name}_p{q}_client"]
+            assert e <= c <= e + d + 1e-9, (name, q, e, c, d)
+    # TPOT: the first and last tokens are each late by at most the overhead.
+    for c, i in zip(client_side, ids):
+        n = c.num_output_tokens
+        if n > 1:
+            assert abs(c.tpot - engine[i].tpot) <= max(d_ttft + d_e2e) / (n - 1) + 1e-9
+    s = summarize(client_side, slo_ttft=60.0, slo_tpot=60.0)
+    assert s["num_finished"] == 9 and s["slo_attainment"] == 1.0
+    assert s["ttft_p50"] == percentile([c.ttft for c in client_side], 50)
