@@ -21,7 +21,7 @@ LAB_ARGS ?=
 # The news pop-up (it covers the widgets) is this JupyterLab plugin, disabled in the environment.
 ANNOUNCEMENTS := @jupyterlab/apputils-extension:announcements
 
-.PHONY: install lab test grade exercises notebooks git-filter bench clean
+.PHONY: install lab test grade exercises notebooks git-filter bench serve clean
 
 install: $(STAMP)
 
@@ -102,6 +102,13 @@ train-default-model: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m minillm.bench all
+
+# make serve: the OpenAI-compatible server (python -m minillm.serve) on 127.0.0.1:SERVE_PORT, the
+# shipped model unless SERVE_ARGS says otherwise, e.g. SERVE_ARGS="--num-kv-blocks 512 --api-key KEY".
+SERVE_PORT ?= 8000
+SERVE_ARGS ?=
+serve: $(STAMP)
+	$(PY) -m minillm.serve --port $(SERVE_PORT) $(SERVE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
