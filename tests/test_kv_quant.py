@@ -88,6 +88,17 @@ def test_quantize_round_trip_error_is_within_one_step(kind):
     assert torch.equal(quantize(torch.zeros(3), torch.zeros(()), kind).float(), torch.zeros(3))   # scale 0
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_quantize_block_is_what_the_store_writes_for_a_whole_block(kind):
+    from kernels.kv_quant import quantize_block
+    x = torch.randn(4, 2, 64, generator=torch.Generator().manual_seed(3)) * 3
+    q, scale = quantize_block(x, kind)
+    cache = empty_cache(kind, 2, 4, 2, 64)
+    kernels.store_kv(x.to(DEVICE), x.to(DEVICE), *cache[:2], torch.arange(4, 8, device=DEVICE),
+                     k_scale=cache[2], v_scale=cache[3], backend="torch")
+    assert same(cache[0][1].cpu(), q) and torch.equal(cache[2][1].cpu(), scale)
+
+
 # --- the store: kernel against reference, exactly -------------------------------------------------
 
 # Steps of writes into a cache of blocks of 4: prompts written at once, chunks and single decode
