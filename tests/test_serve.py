@@ -186,6 +186,14 @@ def test_a_client_that_disconnects_frees_its_kv(client, server):
     n_out = server.engine_call(lambda e: e.requests[rid].num_output_tokens)
     assert n_out < 240                               # stopped early, not run to the end
     assert server.engine_call(lambda e: e.stats())["steps"] > 0
+    # A client that gives up on a whole (non-streamed) answer is aborted too.
+    before = server.engine_call(lambda e: set(e.requests))
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/completions", timeout=0.5, json={
+            "prompt": PROMPTS[0], "max_tokens": 240, "temperature": 0, "ignore_eos": True})
+    (rid,) = server.engine_call(lambda e: set(e.requests)) - before
+    assert _wait_for(lambda: server.engine_call(lambda e: e.requests[rid].finish_reason)) == "abort"
+    assert _wait_for(lambda: server.engine_call(lambda e: e.kv.num_free_blocks) == total)
 
 
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client, server):
@@ -300,3 +308,39 @@ def test_load_generator_percentiles_match_the_engine_within_the_overhead(server,
     s = summarize(client_side, slo_ttft=60.0, slo_tpot=60.0)
     assert s["num_finished"] == 9 and s["slo_attainment"] == 1.0
     assert s["ttft_p50"] == percentile([c.ttft for c in client_side], 50)
+
+
+def test_command_line_serves(tmp_path):
+    """``python -m minillm.serve`` with engine options, as ``make serve`` runs it."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from minillm.serve.__main__ import engine_config_fields, make_parser
+    args = make_parser().parse_args(["--num-kv-blocks", "32", "--max-queue-len", "none", "--policy", "sjf",
+                                     "--no-enable-chunked-prefill", "--watermark", "0.1"])
+    assert engine_config_fields(args) == dict(num_kv_blocks=32, policy="sjf", enable_chunked_prefill=False,
+                                              watermark=0.1)
+    assert args.host == "127.0.0.1" and args.api_key is None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "minillm.serve", "--port", str(port), "--num-kv-blocks", "32",
+                             "--max-model-len", "128", "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "MINILLM_API_KEY": "k"})
+    try:
+        def up():
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return proc.poll() is not None        # exited: stop waiting
+        assert _wait_for(up, timeout=120) and proc.poll() is None
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        out = client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=3, temperature=0)
+        assert out.usage.completion_tokens == 3
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401   # $MINILLM_API_KEY
+    finally:
+        proc.terminate()
+        printed = proc.communicate(timeout=30)[0]
+    assert "serving 'shakespeare'" in printed and "32 KV blocks" in printed
