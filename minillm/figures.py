@@ -48,7 +48,7 @@ from .step_record import BlockInfo, KVSnapshot, StepRecord
 
 __all__ = [
     "PALETTE", "ColorMap", "request_color",
-    "KVCells", "kv_cells", "empty_kv_snapshot", "kv_map_figure", "update_kv_map", "compare_kv_figure",
+    "KVCells", "kv_cells", "kv_labels", "empty_kv_snapshot", "kv_map_figure", "update_kv_map", "compare_kv_figure",
     "batch_segments", "batch_figure", "update_batch_figure",
     "gantt_segments", "gantt_figure", "latency_cdf_figure", "kv_usage_figure",
     "roofline_figure", "throughput_latency_figure",

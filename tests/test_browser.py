@@ -244,9 +244,11 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
     arrived, shared, ended = details["step 0"], details["step 1"], details["end"]
     assert "arrived during this step" in arrived["queue"] and "Arrived during the step" in arrived["reasons"]
     assert "a-request-with-a-very-long-name-0042" in arrived["queue"]
+    assert arrived["bar_texts"] >= 2          # "A p17", "unused 47": the segment-label check below has labels
     for name, st in details.items():
         assert st["counts_outside"] == [] and (st["counts"] > 0 or name == "end"), (name, st["counts_outside"])
         assert st["label_overlaps"] == [], (name, st["label_overlaps"])
+        assert st["bar_text_outside"] == [], (name, st["bar_text_outside"])     # labels fit their segment
     assert any("\u00d73" in t for t in shared["labels"]), shared["labels"]
     # Cached free blocks: their own outline and fill, and an entry in the legend.
     assert "cached prefix, free (reusable)" in ended["legend"]
@@ -254,7 +256,7 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
     # Speculative decoding: the tokens fill a visible part of the bar, the guesses are marked.
     assert {"draft guess accepted", "draft guess rejected"} <= set(spec["legend"])
     assert spec["guess_px"] >= 0.1 * spec["axis_px"], spec
-    assert spec["accepted"] + spec["rejected"] >= 1, spec
+    assert spec["accepted"] + spec["rejected"] >= 1 and spec["bar_text_outside"] == [], spec
     # A widget its own cell ran to the end says why Step is off, and Reset brings it back.
     assert "Press Reset" in finished["banner"] and finished["step_disabled"]
     assert finished["after_reset"] == "step -" and finished["after_step"] == "step 0"
@@ -291,12 +293,19 @@ _WIDGET_JS = """(i) => {
     const acc = strokes(batch, 'rgb(46,125,50)'), rej = strokes(batch, 'rgb(214,39,40)');
     const axis = batch.querySelector('.nsewdrag');
     const legend = (plot) => Array.from(plot.querySelectorAll('.legend .legendtext')).map(e => e.textContent);
+    const barTexts = Array.from(batch.querySelectorAll('.barlayer .point text')).filter(t => t.textContent.trim());
+    const barText = Array.from(batch.querySelectorAll('.barlayer .point')).filter(pt => {
+        const t = pt.querySelector('text'), p = pt.querySelector('path');
+        if (!t || !p || !t.textContent.trim()) return false;
+        const a = t.getBoundingClientRect(), b = p.getBoundingClientRect();
+        return a.left < b.left - 1 || a.right > b.right + 1;
+    }).map(pt => pt.querySelector('text').textContent);
     const step = root.querySelector('.mlw-step');
     const stepButton = root.querySelector('button.mlw-step-button');
     return {step: step ? step.textContent.trim() : null, queue: queue.innerText, reasons: txt('.mlw-reasons'),
             banner: txt('.mlw-finished'), step_disabled: stepButton ? stepButton.disabled : null,
             counts: counts.length, counts_outside: outside, labels: labels.map(t => t.textContent),
-            label_overlaps: overlaps, cached_cells: strokes(kv, 'rgb(125,139,153)').length,
+            label_overlaps: overlaps, bar_text_outside: barText, bar_texts: barTexts.length, cached_cells: strokes(kv, 'rgb(125,139,153)').length,
             legend: legend(kv), batch_legend: legend(batch),
             accepted: acc.length, rejected: rej.length, guess_px: width(acc) + width(rej),
             axis_px: axis ? axis.getBoundingClientRect().width : 0};
