@@ -515,3 +515,14 @@ def test_prefix_cache_hits_read_the_shared_blocks_with_their_scales():
     assert cached == computed
     wiped, _ = prefix_runs(caching=True, forget_scales=True)
     assert wiped[0] == computed[0] and wiped[1:] != computed[1:]
+
+
+@needs_triton
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_bench_case_on_a_quantized_cache(kind):
+    """``python -m kernels.bench --kv-cache-dtype int8|fp8`` (GPU only) times these two sides:
+    they must agree, and the bytes it counts are one per value plus the scales."""
+    from kernels.bench import Case
+    c = Case(2, 40, 3, 4, 2, 64, 16, torch.float32, torch.device(DEVICE), kv_cache_dtype=kind)
+    torch.testing.assert_close(c.ours(), c.sdpa(), atol=2e-5, rtol=2e-5)
+    assert c.kv_bytes() == 2 * 2 * 40 * 2 * 64 + 2 * 2 * 3 * 2 * 4
