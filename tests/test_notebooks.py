@@ -134,6 +134,22 @@ def test_built_notebooks_match_their_build_script(script):
     assert not stale, f"notebooks {stale} are not what scripts/{script} builds: run `make notebooks`, commit them"
 
 
+FILTER_ARGS = ["-m", "nbstripout", "--keep-id"]       # the clean filter `make install` sets (see the Makefile)
+
+
+def test_the_filter_leaves_built_notebooks_as_they_are():
+    """Staging passes every notebook through the filter: a notebook without outputs must come out unchanged
+    (else what is committed drifts from what the build scripts write)."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"-m nbstripout {' '.join(FILTER_ARGS[2:])}\"" in makefile, "the Makefile's filter uses other options"
+    clean = [str(p) for p in NOTEBOOKS if not cells_with_outputs(nbformat.read(p, as_version=4))]
+    if not clean:
+        pytest.skip("every notebook carries outputs here (run in this copy)")
+    proc = subprocess.run([sys.executable, *FILTER_ARGS, "--verify", *clean], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, f"nbstripout would change notebooks without outputs:\n{proc.stdout}{proc.stderr}"
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 @pytest.mark.skipif(bool(os.environ.get("MINILLM_STUDENT_COPY")), reason="this is the student's copy being checked")
 def test_a_students_copy_with_run_notebooks_passes_these_checks(tmp_path):
