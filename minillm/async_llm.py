@@ -356,7 +356,7 @@ class AsyncLLM:
             for rid in rids:
                 self._abort_on_engine(engine, rid)
         try:
-            self._executor.submit(abort_all).result()
+            self._executor.submit(abort_all, self.engine).result()
         except Exception as e:          # the engine cannot even abort: stop serving
             self.dead = e
 

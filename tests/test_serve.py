@@ -230,6 +230,35 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client, ser
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 
 
+def test_a_failed_step_ends_the_requests_in_flight_and_serving_goes_on(client, server):
+    engine = server.llm.engine
+    real_step = engine.step
+
+    def failing_step():
+        engine.step = real_step                      # fail once
+        raise RuntimeError("injected failure")
+    engine.step = failing_step
+    try:
+        with pytest.raises(openai.InternalServerError, match="injected failure"):
+            client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=4)
+    finally:
+        engine.step = real_step
+    assert client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=4).usage.completion_tokens == 4
+    # Mid-stream: the stream ends with an error event (the 200 was sent), the request is aborted.
+    stream = iter(client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=200, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    rid = next(stream).id.split("-", 1)[1]
+    engine.step = failing_step
+    try:
+        with pytest.raises(openai.APIError, match="injected failure"):
+            list(stream)
+    finally:
+        engine.step = real_step
+    assert server.engine_call(lambda e: e.requests[rid].finish_reason) == "abort"
+    assert client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=4).usage.completion_tokens == 4
+    assert server.engine_call(lambda e: e.has_unfinished_requests()) is False
+
+
 def test_metrics_parse_as_prometheus_text(client, server):
     client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=4, temperature=0)
     text = httpx.get(server.url + "/metrics").text
