@@ -116,8 +116,9 @@ def test_make_lab_on_a_fresh_clone(as_user, workdir):
     home = workdir / "home"
     (home / ".jupyter").mkdir(parents=True)
     (home / ".jupyter" / "jupyter_server_config.json").write_text(json.dumps(HOSTILE_CONFIG))
-    for p in [home, *home.rglob("*")]:
-        os.chown(p, uid, -1) if uid != os.getuid() else None
+    if uid != os.getuid():
+        for p in [home, *home.rglob("*")]:
+            os.chown(p, uid, -1)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "MAKE", "MFLAGS"))}
     env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), BROWSER="true")
     port = _free_port()
@@ -165,8 +166,8 @@ def test_make_lab_on_a_fresh_clone(as_user, workdir):
 
 
 def _cmdline_of_group(pgid: int) -> str:
-    out = subprocess.run(["ps", "-o", "args=", "-g", str(pgid)], capture_output=True, text=True).stdout
-    return out
+    """The command lines of the processes started by ``make lab`` (its own session: ``ps -g`` selects it)."""
+    return subprocess.run(["ps", "-o", "args=", "-g", str(pgid)], capture_output=True, text=True).stdout
 
 
 def _stop(proc: subprocess.Popen) -> None:
