@@ -8,6 +8,9 @@ either folder directly; they ask this module::
     from minillm import impl
     ex = impl.load("ex01_batching")     # exercises/ex01_batching.py, or solutions/... (see below)
 
+``load`` reads the file on every call and executes it again when it changed, so re-running a
+notebook's load cell after an edit picks the edit up (no kernel restart).
+
 Which one is chosen by the environment variable ``MINILLM_IMPL``:
 
 * unset or ``exercises``: your code, in ``exercises/`` (the default: a notebook runs what you wrote);
