@@ -371,7 +371,7 @@ class AsyncLLM:
         return len(self._streams)
 
     async def load(self) -> dict:
-        """Queue length, running and swapped requests and KV use right now (for /metrics, /health)."""
+        """Queue length, running and swapped requests and KV use right now (what /metrics shows)."""
         def read(engine: LLMEngine) -> dict:
             rec = self.last_record
             ours = set(self._sent)

@@ -98,6 +98,8 @@ class OpenAIServing:
         self.model_name = model_name
         self.model_path = model_path
         self.max_model_len = llm.engine.config.max_model_len
+        # the longest a request may grow when it names no max_tokens: the context, or the whole KV cache
+        self.default_len = min(self.max_model_len, llm.engine.num_kv_blocks * llm.engine.config.block_size)
 
     def check_model(self, model: Optional[str]) -> None:
         if model is not None and model not in (self.model_name, self.model_path):
@@ -150,8 +152,8 @@ class OpenAIServing:
     def max_tokens(self, requested: Optional[int], num_prompt_tokens: Optional[int]) -> int:
         if requested is not None:
             return requested
-        # None: up to the context length (the engine stops at max_model_len)
-        return max(1, self.max_model_len - (num_prompt_tokens or 0))
+        # None: up to the context length, or what the KV cache holds (the engine says if even that cannot fit)
+        return max(1, self.default_len - (num_prompt_tokens or 0))
 
     def count_tokens(self, prompt: Union[str, list[int]]) -> Optional[int]:
         if isinstance(prompt, list):
