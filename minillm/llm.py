@@ -10,6 +10,7 @@ Every ``EngineConfig`` field is a keyword: ``LLM(block_size=1, num_kv_blocks=24)
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional, Sequence, Union
 
 from .config import EngineConfig
@@ -18,6 +19,14 @@ from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
 Prompt = Union[str, list[int]]
+
+
+def _is_token_ids(p) -> bool:
+    """One prompt given as token ids (a list or tuple of integers, a 1-D array or tensor)?"""
+    if getattr(p, "ndim", None) == 1:
+        return True
+    return isinstance(p, (list, tuple)) and len(p) > 0 and isinstance(p[0], numbers.Integral) \
+        and not isinstance(p[0], bool)
 
 
 class LLM:
@@ -36,8 +45,11 @@ class LLM:
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Run every prompt to completion with continuous batching; outputs in prompt order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        """Run every prompt to completion with continuous batching; outputs in prompt order.
+
+        All or nothing: every prompt and its params are checked first, and only then queued, so
+        one bad prompt raises (naming its index) with nothing queued."""
+        if isinstance(prompts, (str, bytes, bytearray)) or _is_token_ids(prompts):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -47,7 +59,15 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"sampling_params: {len(params)} given for {len(prompts)} prompts")
         engine = self.engine
-        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        checked = []
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            try:
+                checked.append(engine._check_request(p, sp, None, None, 0, None, None))
+            except (TypeError, ValueError) as e:
+                if type(e) not in (TypeError, ValueError):
+                    raise
+                raise type(e)(f"prompts[{i}]: {e}") from e
+        ids = [engine._register(c) for c in checked]
         pending = set(ids)
         bar = None
         if use_tqdm:

@@ -45,6 +45,7 @@ acceptances draw the bonus from ``p``. The output then follows the target distri
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
@@ -97,6 +98,36 @@ def verify(logits: torch.Tensor, draft: Sequence[int], draft_probs: Optional[tor
         tok = int(torch.multinomial(residual / residual.sum(), 1, generator=g))
         return list(draft[:j]) + [tok]
     return list(draft) + [int(torch.multinomial(p[k], 1, generator=g))]   # all accepted: bonus token
+
+
+def check_verified(hook, tokens, draft: Sequence[int], vocab_size: int, request_id: str) -> list[int]:
+    """What an acceptance rule (``ModelRunner.verify``) returned, checked before the engine
+    counts it: token ids (plain ints) in the vocabulary, the accepted guesses a prefix of the
+    draft, plus exactly one token of the target's: 1 to k + 1 tokens in all."""
+    def bad(why: str):
+        name = f"{getattr(hook, '__module__', '?')}.{getattr(hook, '__qualname__', repr(hook))}"
+        return ValueError(f"ModelRunner.verify (the acceptance rule {name}) returned {tokens!r} for "
+                          f"request {request_id!r} with draft {list(draft)} (k={len(draft)}): {why}")
+    toks = tokens.tolist() if hasattr(tokens, "tolist") else tokens
+    if isinstance(toks, (str, bytes)) or not isinstance(toks, (list, tuple)):
+        raise bad("expected a list of token ids")
+    out = []
+    for t in toks:
+        if isinstance(t, bool):
+            raise bad(f"{t!r} is not a token id")
+        try:
+            t = operator.index(t)
+        except TypeError:
+            raise bad(f"{t!r} is not a token id (an integer)") from None
+        if not 0 <= t < vocab_size:
+            raise bad(f"token {t} is outside the vocabulary [0, {vocab_size})")
+        out.append(int(t))
+    k = len(draft)
+    if not 1 <= len(out) <= k + 1:
+        raise bad(f"{len(out)} tokens; a verification emits the accepted guesses plus one token: 1 to {k + 1}")
+    if out[:-1] != [int(d) for d in draft[:len(out) - 1]]:
+        raise bad(f"the accepted tokens {out[:-1]} are not the first {len(out) - 1} draft tokens")
+    return out
 
 
 # =====================================================================================
@@ -385,8 +416,8 @@ def draft_kv_bytes_per_block(config, dtype: torch.dtype) -> int:
     """Bytes the draft's KV adds to each block (0 for the n-gram proposer): for memory sizing."""
     if config.speculative_model in (None, "ngram"):
         return 0
-    from transformers import AutoConfig
-    c = AutoConfig.from_pretrained(resolve_draft_path(config.speculative_model))
+    from .model.loader import load_config
+    c = load_config(resolve_draft_path(config.speculative_model))
     kvh = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     return 2 * c.num_hidden_layers * config.block_size * kvh * hd * torch.finfo(dtype).bits // 8

@@ -339,7 +339,7 @@ def train(name: str, model, train_stream: np.ndarray, val_stream: np.ndarray, ar
     gen = torch.Generator().manual_seed(args.seed + (1 if teacher is not None else 0))
     step, elapsed_before, history = 0, 0.0, []
     if args.resume and os.path.exists(state_path):
-        st = torch.load(state_path, weights_only=False)
+        st = torch.load(state_path, weights_only=True)    # tensors and plain values only: no code runs
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         gen.set_state(st["gen"])
@@ -403,8 +403,9 @@ def save_state(path, model, opt, gen, step, elapsed, history):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                "torch_rng": torch.get_rng_state(), "step": step, "elapsed": elapsed,
-                "history": history}, tmp)
+                "torch_rng": torch.get_rng_state(), "step": int(step), "elapsed": float(elapsed),
+                # plain JSON values only, so --resume can load with torch.load(weights_only=True)
+                "history": json.loads(json.dumps(history))}, tmp)
     os.replace(tmp, path)
 
 
