@@ -13,7 +13,8 @@ count of zero are recycled."
   prefixes only when a fresh block is needed.
 
 They plug into the real engine: ``prefix_engine(...)`` at the bottom builds an ``LLM`` with
-prefix caching whose block hashes, prefix lookups and block pool are *yours*. Check your work with
+prefix caching whose block hashes, prefix lookups and block pool are *yours*. Each docstring
+states the contract; notebook 04's exercise cells have optional hints. Check your work with
 
     make grade EX=04            # or: MINILLM_IMPL=exercises pytest -m ex04 tests/test_exercises.py
 """

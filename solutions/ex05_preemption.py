@@ -11,7 +11,9 @@ recovery time for eviction is (n_input + n_generated) / S_prefill."
 * ``PriorityPreemption``: priority classes that push a lower class out (the seeds' priority
   inversion fix).
 
-The policies plug in like any other (``LLM(policy=ex.LeastProgressVictim())``). Check your work with
+The policies plug in like any other (``LLM(policy=ex.LeastProgressVictim())``). Each docstring
+states the contract; notebook 05's exercise cells have optional hints. The rule is graded with
+``minillm.costmodel``'s own version switched off: write it, do not call it. Check your work with
 
     make grade EX=05            # or: MINILLM_IMPL=exercises pytest -m ex05 tests/test_exercises.py
 """
@@ -59,9 +61,14 @@ def recompute_time(num_tokens: int, prefill_tokens_per_s: float) -> float:
 
 def swap_or_recompute(kv_bytes: float, num_tokens: int, pcie_bandwidth: float,
                       prefill_tokens_per_s: float) -> str:
-    """The seeds' rule: ``"swap"`` when ``swap_time(kv_bytes, pcie_bandwidth)`` is strictly less
-    than ``recompute_time(num_tokens, prefill_tokens_per_s)``, else ``"recompute"`` (a tie goes
-    to recompute: it needs no host memory and no copy)."""
+    """The seeds' rule: ``"swap"`` when bringing the request back by copying its KV
+    (``swap_time``) is strictly faster than prefilling its ``num_tokens`` again
+    (``recompute_time``), else ``"recompute"``. A tie goes to recompute: it needs no host
+    memory and no copy.
+
+    >>> swap_or_recompute(1e9, 2000, 32e9, 4000.0)    # 31 ms to copy vs 500 ms to prefill
+    'swap'
+    """
     ### BEGIN SOLUTION
     swap = swap_time(kv_bytes, pcie_bandwidth)
     recompute = recompute_time(num_tokens, prefill_tokens_per_s)

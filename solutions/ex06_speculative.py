@@ -15,7 +15,9 @@ of the target's own: the correction at the first rejection, or a *bonus* token a
   distributed exactly as the target alone would sample it, whatever the draft proposes.
 
 ``speculative_engine(...)`` (given, at the bottom) builds an ``LLM`` whose verification step runs
-*your* rule. Check your work with
+*your* rule. Each docstring states the contract (``accept_sampled``'s order of random draws is
+part of it: the graders replay them); notebook 06's exercise cell has optional hints. Check your
+work with
 
     make grade EX=06            # or: MINILLM_IMPL=exercises pytest -m ex06 tests/test_exercises.py
 """
