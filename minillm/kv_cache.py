@@ -178,7 +178,7 @@ class PagedKVCacheManager:
         """Blocks registered in this step whose owner leaves before the forward computes them
         (preempted) would offer a prefix nobody wrote: forget their hashes."""
         j = self._journal
-        if j is None or not j["hashed"]:
+        if j is None or not j["hashed"] or j["computed"]:
             return
         for b in blocks:
             if b.block_id in j["hashed"] and b.ref_count == 0:
@@ -210,7 +210,7 @@ class PagedKVCacheManager:
     # --- one step, all or nothing -----------------------------------------------------------
     def begin_step(self) -> None:
         """Start remembering what this step changes (so ``rollback`` can undo it)."""
-        self._journal = dict(tables={}, fresh=set(), hashed={}, unshared=set(), host_pending=[],
+        self._journal = dict(tables={}, fresh=set(), hashed={}, unshared=set(), host_pending=[], computed=False,
                              stats=(dict(self.pool.stats), self.prefill_tokens_saved))
 
     def _touch(self, rid: str) -> None:
@@ -227,7 +227,7 @@ class PagedKVCacheManager:
     def forward_done(self) -> None:
         """The forward has written this step's KV: the blocks it registered hold their prefixes."""
         if self._journal is not None:
-            self._journal["hashed"].clear()
+            self._journal["computed"] = True
             self._journal["unshared"].clear()
 
     def end_step(self) -> None:
@@ -244,14 +244,16 @@ class PagedKVCacheManager:
         if j is None:
             return {}
         pool = self.pool
-        for bid in j["hashed"]:                        # registered, but the forward may not have run
+        # Prefixes registered in the step are forgotten: the forward may not have run, and a
+        # rolled-back request will not look for them (it registers its own blocks again).
+        for bid in j["hashed"]:
             pool.uncache(pool.blocks[bid])
         affected: dict[int, Block] = {}
-        readd_order: list[Block] = []
+        depth: dict[int, int] = {}                     # a block's position in a table the step made
         for rid, (blocks, hashes, host) in j["tables"].items():
-            for b in self.req_blocks.get(rid, ()):
+            for i, b in enumerate(self.req_blocks.get(rid, ())):
                 affected[b.block_id] = b
-            readd_order.extend(reversed(self.req_blocks.get(rid, [])))
+                depth[b.block_id] = max(depth.get(b.block_id, -1), i)
             for table, saved in ((self.req_blocks, blocks), (self.req_hashes, hashes), (self.swapped, host)):
                 if saved is None:
                     table.pop(rid, None)
@@ -264,7 +266,9 @@ class PagedKVCacheManager:
             for b in blocks:
                 if b.block_id in refs:
                     refs[b.block_id] += 1
-        for b in readd_order + list(affected.values()):    # children before parents, like free()
+        # Blocks nobody holds any more go back to the free list children first (deepest position
+        # first), as free() returns them, so a parent is never evicted before its child.
+        for b in sorted(affected.values(), key=lambda b: -depth.get(b.block_id, -1)):
             pool.set_ref_count(b, refs[b.block_id])
         used = {h for hs in self.swapped.values() for h in hs}
         self.swap_free = [h for h in range(self.num_swap_blocks - 1, -1, -1) if h not in used]
