@@ -8,6 +8,8 @@ from the trace (the aging bound, the boost bound, the fair-share bound).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +20,22 @@ from minillm.policies import MLFQ, SJF, Fair
 from minillm.workloads import TraceRequest, Uniform, submit_trace, synthetic_trace
 
 STEP = 0.010
+
+
+def _tripwire(*args, **kwargs):
+    raise AssertionError("your policy called one of the engine's own policies (minillm.policies: SJF, MLFQ, Fair); "
+                         "the exercise is to write the rule yourself")
+
+
+@contextlib.contextmanager
+def _engine_policies_switched_off():
+    """Every method of the engine's SJF, MLFQ, Fair raises while the block runs (your classes are untouched)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for cls in (SJF, MLFQ, Fair):
+            for f in vars(cls).values():
+                if inspect.isfunction(f) and not f.__code__.co_freevars:
+                    mp.setattr(f, "__code__", _tripwire.__code__)
+        yield
 
 
 def ex():
@@ -220,6 +238,25 @@ def test_mlfq_boost_bounds_the_gap_of_a_demoted_request():
     assert got <= boost + 4 * STEP + 1e-9, f"with a boost every {boost} s L waited {got:.2f} s between two tokens"
     got = worst_gap(ex().MLFQPolicy(quanta=(4,), boost_interval=None))
     assert got > 10.0, f"without boosting the stream should keep L waiting for seconds; its worst gap was {got:.2f} s"
+
+
+def _pressure_trace():
+    return synthetic_trace(40, rate=60, prompt_len=Uniform(16, 200), output_len=Uniform(8, 120),
+                           tenant_mix={"a": 0.5, "b": 0.5}, seed=4)
+
+
+@pytest.mark.parametrize("policy", ["SJFWithAging", "MLFQPolicy", "FairPolicy"])
+def test_your_policy_is_your_own(policy):
+    """Your policy runs a trace under memory pressure (every hook is asked) with the engine's own
+    policies switched off: an answer that hands the rule to minillm.policies fails here."""
+    pol = {"SJFWithAging": lambda: ex().SJFWithAging(aging=50.0),
+           "MLFQPolicy": lambda: ex().MLFQPolicy(quanta=(8, 32), boost_interval=0.3),
+           "FairPolicy": lambda: ex().FairPolicy()}[policy]()
+    eng = _engine(pol, max_num_seqs=6, num_kv_blocks=40, block_size=16, max_num_batched_tokens=256)
+    with _engine_policies_switched_off():
+        m = _run(eng, _pressure_trace())
+    assert all(x.finish_reason == "length" for x in m.values()), f"{policy}: every request must finish"
+    assert eng.stats()["preemptions_recompute"] > 0, "(the trace must make the engine ask for victims)"
 
 
 # --- Exercise 3: FairPolicy ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ decision to ``minillm.costmodel`` does not pass.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 from dataclasses import replace
 
@@ -96,6 +97,21 @@ def test_the_rule_is_your_own():
     assert got == want, f"cases {cases}: expected {want}, got {got}"
     assert times == pytest.approx([t for c in cases for t in (c[0] / c[2], c[1] / c[3])]), (
         f"swap_time and recompute_time on {cases}: got {times}")
+
+
+def _policy_tripwire(*args, **kwargs):
+    raise AssertionError("your policy called the engine's own Priority policy (minillm.policies.Priority); "
+                         "the exercise is to write the rule yourself")
+
+
+@contextlib.contextmanager
+def _engine_policies_switched_off():
+    """Every method of the engine's Priority policy raises while the block runs."""
+    with pytest.MonkeyPatch.context() as mp:
+        for f in vars(Priority).values():
+            if inspect.isfunction(f) and not f.__code__.co_freevars:
+                mp.setattr(f, "__code__", _policy_tripwire.__code__)
+        yield
 
 
 def _pressure_trace():
@@ -209,6 +225,19 @@ def test_priority_order_by_hand():
     assert got is r["c"], f"for b (class 0): the lowest class is 2 (a, c), c most recent: got {got and got.request_id}"
     got = ex().PriorityPreemption().preempt_for(r["d"], [r["b"]], 1.0)
     assert got is None, "d (class 1) may not push out b (class 0)"
+
+
+@pytest.mark.parametrize("policy", ["LeastProgressVictim", "PriorityPreemption"])
+def test_your_policy_is_your_own(policy):
+    """A run under memory pressure with the engine's Priority policy switched off."""
+    pol = ex().LeastProgressVictim() if policy == "LeastProgressVictim" else ex().PriorityPreemption()
+    trace = synthetic_trace(40, rate=40, prompt_len=Uniform(32, 300), output_len=Uniform(10, 200),
+                            priority_mix={0: 0.3, 1: 0.7}, seed=9)
+    eng = _engine(pol, max_num_seqs=8, num_kv_blocks=70, block_size=16, max_num_batched_tokens=512)
+    with _engine_policies_switched_off():
+        m = _run_checked(eng, trace)
+    assert all(x.finish_reason == "length" for x in m.values()), f"{policy}: every request must finish"
+    assert sum(x.num_preemptions for x in m.values()) > 0, "(the trace must cause preemptions)"
 
 
 def test_priority_preempts_for_a_slot_like_the_engine():

@@ -37,6 +37,14 @@ MUTANTS = [
      "return min(candidates, key=lambda r: (r.num_computed_tokens, -r.admit_seq))",
      "return min(candidates, key=lambda r: (r.num_output_tokens, -r.admit_seq))"),
     # PriorityPreemption
+    ("priority: delegated to the engine's Priority policy",
+     [("        return sorted(waiting, key=lambda r: (r.priority, r.arrival_time))\n",
+       "        from minillm.policies import Priority\n        return Priority().order_waiting(waiting, now)\n"),
+      ("        return max(candidates, key=lambda r: (r.priority, r.admit_seq))\n",
+       "        from minillm.policies import Priority\n        return Priority().pick_victim(candidates, now)\n"),
+      ("        lower = [r for r in running if r.priority > request.priority]\n"
+       "        return self.pick_victim(lower, now) if lower else None\n",
+       "        from minillm.policies import Priority\n        return Priority(preempt=True).preempt_for(request, running, now)\n")]),
     ("priority: arrival order only", "return sorted(waiting, key=lambda r: (r.priority, r.arrival_time))",
      "return sorted(waiting, key=lambda r: r.arrival_time)"),
     ("priority: the largest priority value first", "return sorted(waiting, key=lambda r: (r.priority, r.arrival_time))",
