@@ -45,12 +45,19 @@ class ScheduledRequest:
     num_new_tokens: int          # tokens processed this step (counted against the budget)
     num_computed_before: int
     phase: str                   # "prefill" | "decode" (a label: one rule covers both)
+    samples: bool                # does the step reach the end of the known tokens (a token is sampled)?
     spec_token_ids: list[int] = field(default_factory=list)   # draft tokens to verify
 
-    @property
-    def samples(self) -> bool:
-        """Does this step reach the end of the request's known tokens (so a token is sampled)?"""
-        return self.num_computed_before + self.num_new_tokens >= self.request.num_tokens + len(self.spec_token_ids)
+
+def grant(req: Request, num_new_tokens: int, spec_token_ids: list[int] = ()) -> ScheduledRequest:
+    """This step's grant to ``req``: ``num_new_tokens`` positions from ``num_computed_tokens`` on
+    (with ``spec_token_ids`` guesses to verify at the end). A *decode* is the grant of the newest
+    token of a request that has output; anything else is a *prefill* (the label only)."""
+    before = req.num_computed_tokens
+    num_tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
+    decode = before >= num_tokens - 1 and len(req.output_token_ids) > 0
+    return ScheduledRequest(req, num_new_tokens, before, "decode" if decode else "prefill",
+                            before + num_new_tokens >= num_tokens + len(spec_token_ids), list(spec_token_ids))
 
 
 @dataclass
@@ -198,9 +205,9 @@ class Scheduler:
     def check_stop(self, req: Request, tok: int) -> Optional[str]:
         """Does ``tok`` (just appended) end the request? "stop", "length" or None."""
         sp = req.sampling_params
-        if not sp.ignore_eos and req.eos_token_id is not None and tok == req.eos_token_id:
+        if tok == req.eos_token_id and not sp.ignore_eos:
             return "stop"
-        if tok in sp.stop_token_ids:
+        if sp.stop_token_ids and tok in sp.stop_token_ids:
             return "stop"
         n_out = len(req.output_token_ids)     # (plain len: this runs once per token, keep it cheap)
         if n_out >= sp.max_tokens or len(req.prompt_token_ids) + n_out >= self.config.max_model_len:
@@ -223,9 +230,10 @@ class Scheduler:
 
         upd = StepUpdate(batch=[], finished=finished)
         sampled, accepted_by = result.sampled, result.spec_accepted
+        save_progress = self.journal.save_progress
         for s in out.scheduled:
             req = s.request
-            self.journal.save_progress(req)
+            save_progress(req)
             req.num_computed_tokens += s.num_new_tokens
             accepted = accepted_by.get(req.request_id, 0)
             if s.spec_token_ids:
@@ -366,7 +374,7 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue
             self.kv.cache_full_blocks(req, min(before + n, req.num_tokens), shareable=False)
-            out.scheduled.append(ScheduledRequest(req, n, before, self._phase(req, before), list(spec)))
+            out.scheduled.append(grant(req, n, spec))
             scheduled_ids.add(req.request_id)
             budget -= n
 
@@ -392,8 +400,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.swapped_in.append(req.request_id)
-            out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens,
-                                                  self._phase(req, req.num_computed_tokens)))
+            out.scheduled.append(grant(req, n))
             scheduled_ids.add(req.request_id)
             budget -= n
         for req in self.swapped[1:]:
@@ -417,9 +424,6 @@ class Scheduler:
             return out
         self._admit_waiting(now, out, budget, scheduled_ids, allow_chunk=cfg.enable_chunked_prefill)
         return out
-
-    def _phase(self, req: Request, before: int) -> str:
-        return "decode" if before >= req.num_tokens - 1 and req.num_output_tokens > 0 else "prefill"
 
     def _arrived(self, now: float) -> list[Request]:
         return [r for r in self.waiting if r.arrival_time <= now]
@@ -488,7 +492,7 @@ class Scheduler:
                 req.metrics.first_scheduled_time = now
             self.running.append(req)
             out.admitted.append(req.request_id)
-            out.scheduled.append(ScheduledRequest(req, n, computed, "prefill"))
+            out.scheduled.append(grant(req, n))
             scheduled_ids.add(req.request_id)
             budget -= n
         return budget

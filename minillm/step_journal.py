@@ -33,9 +33,8 @@ class StepJournal:
 
     def save_progress(self, req) -> None:
         """The cheap save before applying a step's results to a running request: its computed
-        positions, output and token times (the only fields that change unless it finishes)."""
-        if req.request_id in self._saved:
-            return
+        positions, output and token times (the only fields that change unless it finishes).
+        (After a full save it is redundant but harmless: the log is replayed backwards.)"""
         m = req.metrics
         self._log.append((False, req, len(req.output_token_ids), len(m.token_times),
                           req.num_computed_tokens, m.first_token_time))
