@@ -392,8 +392,7 @@ measure the interpreter, not the hardware (the kernel itself is checked against 
 BACKEND = "triton" if GPU else "torch"
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
 bench = LLM(device=DEVICE, dtype="auto", attention_backend=BACKEND, block_size=16, max_num_seqs=64,
-            max_num_batched_tokens=4096, max_model_len=256)
-bench.engine.record_block_map = False      # time the model, not the per-block map the widgets draw
+            max_num_batched_tokens=4096, max_model_len=256, record="summary")   # no per-block KV map: totals are enough here
 
 def decode_step_times(batch, steps=4, prompt_len=32):
     """Run `batch` requests together; the durations of the steps where all of them decode."""
@@ -493,8 +492,7 @@ model) on the modeled clock, `ConstantStepTime(0.010)`:
         code('''
 def seeds_example(batching):
     llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.010),
-              batching=batching, max_num_seqs=10, max_model_len=1100)
-    llm.engine.record_block_map = False      # the timelines need no per-block KV map (and it is faster)
+              batching=batching, max_num_seqs=10, max_model_len=1100, record="summary")   # no per-block KV map: totals are enough here
     for i, n in enumerate([100] * 8 + [1000] * 2):
         llm.engine.add_request([10] * 8, SamplingParams(max_tokens=n, ignore_eos=True),
                                request_id=f"{'short' if n == 100 else 'long'}{i}", arrival_time=0.0)
@@ -533,8 +531,7 @@ tail = workloads.synthetic_trace(120, rate=30.0, prompt_len=workloads.LogNormal(
 served = {}
 for batching in ("static", "continuous"):
     llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM",
-              batching=batching, max_num_seqs=32, max_model_len=4096)
-    llm.engine.record_block_map = False
+              batching=batching, max_num_seqs=32, max_model_len=4096, record="summary")   # no per-block KV map: totals are enough here
     workloads.submit_trace(llm.engine, tail)
     recs = llm.engine.run()
     served[batching] = (llm.engine, recs, metrics.summarize(llm.engine.request_metrics(), recs, max_num_seqs=32))
@@ -850,8 +847,7 @@ trace = workloads.synthetic_trace(150, rate=40.0, prompt_len=workloads.LogNormal
 def serve(kv_allocation, block_size):
     llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM",
               kv_allocation=kv_allocation, block_size=block_size, num_kv_blocks=KV_POSITIONS // block_size,
-              max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=4096)
-    llm.engine.record_block_map = False   # per-request totals are enough here (and much faster)
+              max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=4096, record="summary")   # no per-block KV map: totals are enough here
     workloads.submit_trace(llm.engine, trace)
     recs = llm.engine.run()
     return llm.engine, recs, metrics.summarize(llm.engine.request_metrics(), recs, max_num_seqs=256)

@@ -96,8 +96,7 @@ def served(trace, policy="fcfs", cost_model=TEN_MS, **config):
     """Replay a trace on the simulated executor (the real scheduler and KV manager, no forward pass) on the
     modeled clock. Returns the engine, its requests' metrics by id, and metrics.summarize's dict."""
     config.setdefault("max_model_len", 2048)
-    llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=cost_model, policy=policy, **config)
-    llm.engine.record_block_map = False      # per-request totals are enough here (and much faster)
+    llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=cost_model, policy=policy, **config, record="summary")   # no per-block KV map: totals are enough here
     workloads.submit_trace(llm.engine, trace, vocab_size=llm.engine.vocab_size)
     records = llm.engine.run()
     m = {rid: r.metrics for rid, r in llm.engine.requests.items()}
@@ -355,8 +354,7 @@ Below, the level of three requests step by step, with a short boost interval (2 
         code(r'''
 mlfq = MLFQ(quanta=(16, 64, 256), boost_interval=2.0)
 llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=TEN_MS, policy=mlfq, max_num_seqs=4,
-          max_model_len=1024)
-llm.engine.record_block_map = False
+          max_model_len=1024, record="summary")   # no per-block KV map: totals are enough here
 workloads.submit_trace(llm.engine, mlfq_trace, vocab_size=llm.engine.vocab_size)
 watch = ("long0", "long6", "s3")
 t, levels = [], {rid: [] for rid in watch}
@@ -689,8 +687,7 @@ def serve(trace, **config):
     real scheduler and block pool, no forward pass). Returns the engine, its requests' metrics, the summary."""
     config.setdefault("num_kv_blocks", 1024)                 # blocks of 16: 16,384 positions, 8 GiB of Llama-2-7B KV
     llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", max_model_len=8192,
-              max_num_seqs=64, max_num_batched_tokens=2048, **config)
-    llm.engine.record_block_map = False      # per-request totals are enough here (and much faster)
+              max_num_seqs=64, max_num_batched_tokens=2048, **config, record="summary")   # no per-block KV map: totals are enough here
     workloads.submit_trace(llm.engine, trace)
     records = llm.engine.run()
     m = {rid: r.metrics for rid, r in llm.engine.requests.items()}
@@ -936,8 +933,7 @@ at a given position and the context is sent again:
         code(r'''
 agent = list(range(5000, 7048))                                       # 2048 tokens: 128 blocks of 16
 llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", enable_prefix_caching=True,
-          block_size=16, num_kv_blocks=1024, max_model_len=4096)
-llm.engine.record_block_map = False
+          block_size=16, num_kv_blocks=1024, max_model_len=4096, record="summary")   # no per-block KV map: totals are enough here
 llm.engine.add_request(agent, SamplingParams(max_tokens=1, ignore_eos=True), request_id="original")
 llm.engine.run()
 positions = [0, 16, 256, 512, 1024, 1536, 1900, 2040]
@@ -1103,8 +1099,7 @@ def serve(trace, cost_model=H100, **config):
     config.setdefault("num_kv_blocks", 1024)             # 16,384 positions of KV (8 GiB), as in notebook 02
     config.setdefault("max_num_seqs", 256)
     llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model=cost_model, max_model_len=8192,
-              max_num_batched_tokens=8192, **config)
-    llm.engine.record_block_map = False      # per-request totals are enough here (and much faster)
+              max_num_batched_tokens=8192, **config, record="summary")   # no per-block KV map: totals are enough here
     workloads.submit_trace(llm.engine, trace, vocab_size=llm.engine.vocab_size)
     records = llm.engine.run()
     m = {rid: r.metrics for rid, r in llm.engine.requests.items()}
