@@ -8,13 +8,15 @@ and leave nothing allocated at the end.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
 import pytest
 
 from minillm import LLM, SamplingParams, impl
-from minillm.block_pool import Block
+from minillm.block_pool import Block, BlockPool
+from minillm.kv_cache import ReservedKVCacheManager
 from minillm.invariants import check_all_free, check_invariants
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -22,6 +24,21 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 def ex():
     return impl.load("ex02_paging")
+
+
+def _tripwire(*args, **kwargs):
+    raise AssertionError("your allocator called the engine's own (minillm.block_pool.BlockPool or "
+                         "ReservedKVCacheManager._gaps); the exercise is to write it yourself")
+
+
+@contextlib.contextmanager
+def _engine_allocators_switched_off():
+    """The engine's block pool and gap finder raise while the block runs (your classes are untouched)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for f in (BlockPool.allocate, BlockPool.take, BlockPool.free, BlockPool._to_free_list,
+                  ReservedKVCacheManager._gaps):
+            mp.setattr(f, "__code__", _tripwire.__code__)
+        yield
 
 
 def _workload(engine, seed, n=10, max_prompt=20, max_out=12):
@@ -161,6 +178,26 @@ def test_block_allocator_runs_the_real_model():
     want = [o.token_ids for o in LLM(model="random", **cfg).generate(prompts, sp)]
     got = [o.token_ids for o in ex().paged_engine(model="random", **cfg).generate(prompts, sp)]
     assert got == want, f"greedy tokens with your allocator {got} differ from minillm's {want}"
+
+
+def test_your_allocators_are_your_own():
+    """Both allocators, by hand and inside the engine, with the engine's own switched off."""
+    cfg = dict(executor="simulated", block_size=4, num_kv_blocks=10, max_num_batched_tokens=16, max_num_seqs=4,
+               max_model_len=64)
+    with _engine_allocators_switched_off():
+        a = ex().BlockAllocator(3)
+        got = [a.allocate().block_id for _ in range(3)]
+        f = ex().FirstFitAllocator(16)
+        starts = [f.reserve("A", 4), f.reserve("B", 4)]
+        f.release("A")
+        gaps = f.gaps()
+        for make, what in ((ex().paged_engine, "paged"), (ex().reserved_engine, "reserved")):
+            eng = make(model="random", **cfg).engine
+            _workload(eng, seed=3, max_prompt=12, max_out=8)
+            while eng.has_unfinished_requests():
+                check_invariants(eng, eng.step())
+            check_all_free(eng)
+    assert got == [0, 1, 2] and starts == [0, 4] and gaps == [(0, 4), (8, 8)], (got, starts, gaps)
 
 
 # --- Exercise 4: FirstFitAllocator ----------------------------------------------------------------------

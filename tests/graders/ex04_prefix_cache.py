@@ -9,13 +9,15 @@ evictions), keep the engine's invariants, and leak nothing.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from types import SimpleNamespace
 
 import pytest
 
-from minillm import LLM, SamplingParams, impl
-from minillm.block_pool import Block
+from minillm import LLM, SamplingParams, block_pool, impl
+from minillm.block_pool import Block, BlockPool
+from minillm.kv_cache import PagedKVCacheManager
 from minillm.block_pool import hash_block as engine_hash_block
 from minillm.invariants import check_all_free, check_invariants
 from minillm.workloads import multi_turn_trace, shared_prefix_trace, submit_trace
@@ -25,6 +27,23 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 def ex():
     return impl.load("ex04_prefix_cache")
+
+
+def _tripwire(*args, **kwargs):
+    raise AssertionError("your answer called the engine's own prefix cache (minillm.block_pool.hash_block, "
+                         "BlockPool's allocate / take / free, or PagedKVCacheManager.find_cached_prefix): "
+                         "the exercise is to write it yourself")
+
+
+@contextlib.contextmanager
+def _engine_prefix_cache_switched_off():
+    """The engine's hash, lookup and block-pool moves raise while the block runs. (EvictingBlockPool
+    inherits BlockPool: ``super().allocate()`` would be the engine's answer, not yours.)"""
+    with pytest.MonkeyPatch.context() as mp:
+        for f in (block_pool.hash_block, BlockPool.allocate, BlockPool.take, BlockPool.free, BlockPool._evict,
+                  BlockPool._to_free_list, PagedKVCacheManager.find_cached_prefix):
+            mp.setattr(f, "__code__", _tripwire.__code__)
+        yield
 
 
 def _engine_chain(tokens, bs):
@@ -234,6 +253,32 @@ def test_your_prefix_cache_in_the_engine_multi_turn():
                max_model_len=128, clock="modeled", cost_model=0.01)
     st = _compare(cfg, lambda e: submit_trace(e, trace), "multi-turn conversations")
     assert st["hit_blocks"] > 0 and st["evictions"] > 0
+
+
+def test_your_prefix_cache_is_your_own():
+    """Your three pieces, by hand and inside the engine, with the engine's own switched off."""
+    trace = shared_prefix_trace(8, prefix_len=16, suffix_len=5, output_len=4, vocab_size=300, rate=200,
+                                num_prefixes=2, seed=5)
+    cfg = dict(executor="simulated", block_size=4, num_kv_blocks=16, max_num_seqs=3, max_num_batched_tokens=32,
+               max_model_len=64, clock="modeled", cost_model=0.01)
+    toks = list(range(20, 33))
+    with _engine_prefix_cache_switched_off():
+        keys = ex().block_hashes(toks, 4)
+        pool = ex().EvictingBlockPool(2)
+        a = pool.allocate()
+        pool.cache(a, None, tuple(toks[:4]))
+        pool.free([a])
+        pool.take(a)
+        pool.free([a])
+        b, c = pool.allocate(), pool.allocate()
+        eng = ex().prefix_engine(model="random", **cfg).engine
+        submit_trace(eng, trace)
+        while eng.has_unfinished_requests():
+            eng.step()                     # (the invariant checks use the engine's hash: checked elsewhere)
+    check_all_free(eng)
+    assert keys == _engine_chain(toks, 4), "block_hashes under the switch-off: not the engine's keys"
+    assert pool.stats["evictions"] == 1 and a.block_hash is None, "the cached block handed out again is evicted"
+    assert eng.kv.stats()["hit_blocks"] > 0, "(the trace must hit the prefix cache)"
 
 
 def test_your_prefix_cache_runs_the_real_model():
