@@ -15,7 +15,7 @@ Two cost models implement one interface (``CostModel``):
   HBM bandwidth), whichever is slower, plus a fixed per-step overhead:
 
       step_time = max(FLOPs / (peak_flops * flops_efficiency),
-                      bytes / (hbm_bandwidth * bandwidth_efficiency)) + step_overhead
+                      bytes / (hbm_bandwidth * bandwidth_efficiency)) + all-reduce + step_overhead
 
       FLOPs = 2 * params * (new tokens)                           # every linear layer
             + 4 * layers * heads * head_dim * (query-key pairs)   # QK^T and PV, causal
@@ -26,6 +26,12 @@ Two cost models implement one interface (``CostModel``):
   per request, so at small batch it is memory bound and batching is nearly free;
   prefill (many tokens) is compute bound. That asymmetry is the seeds' "batching
   converts a matrix-vector operation into a matrix-matrix one".
+
+  Tensor parallelism over N GPUs (``simulated.tensor_parallel(hw, N, link=...)``) divides
+  both terms by N and, when a ``link`` (``LINKS``: NVLink, PCIe, InfiniBand) is given, adds
+  the all-reduces: 2 per layer of ``tokens x hidden x dtype_bytes`` each, a ring moving
+  ``2 (N-1)/N`` of those bytes over the link plus a fixed latency. Without a link the TP is
+  ideal (no communication), the optimistic bound.
 
 The module also holds the small formulas the batching-math notebook uses:
 ``kv_cache_bytes`` (the seeds' M_KV), ``max_batch_size``, ``bytes_per_generated_token``,
@@ -44,7 +50,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 __all__ = [
-    "HardwareSpec", "HARDWARE", "ModelSpec", "MODELS",
+    "HardwareSpec", "HARDWARE", "ModelSpec", "MODELS", "LinkSpec", "LINKS", "get_link",
     "CostModel", "ConstantStepTime", "RooflineCostModel", "get_cost_model",
     "get_hardware", "get_model_spec",
     "kv_cache_bytes", "max_kv_tokens", "bytes_per_generated_token", "max_batch_size",
@@ -70,8 +76,12 @@ class HardwareSpec:
     schedule_overhead_base: float = 1e-4         # s: one scheduling pass, fixed part
     schedule_overhead_per_request: float = 5e-6  # s: per running request per pass
     schedule_overhead_per_waiting: float = 5e-7  # s: per queued request per pass (queue upkeep)
+    tp_size: int = 1                  # GPUs joined by tensor parallelism (simulated.tensor_parallel)
+    link: Optional["LinkSpec"] = None  # their interconnect; None = ideal TP (no all-reduce cost)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tp_size, (int, np.integer)) or self.tp_size < 1:
+            raise ValueError(f"HardwareSpec.tp_size={self.tp_size!r}: must be an integer >= 1")
         for f in ("peak_flops", "hbm_bandwidth", "hbm_bytes", "pcie_bandwidth"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"HardwareSpec.{f}={getattr(self, f)!r}: must be > 0")
@@ -113,6 +123,52 @@ HARDWARE: dict[str, HardwareSpec] = {
     "cpu": HardwareSpec("cpu", peak_flops=0.5e12, hbm_bandwidth=50 * GB, hbm_bytes=16 * GB,
                         pcie_bandwidth=20 * GB, step_overhead=1e-3),
 }
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """The interconnect tensor-parallel GPUs all-reduce over: one direction's bandwidth per GPU
+    (bytes/s) and a fixed cost per collective (s: launch and synchronisation)."""
+    name: str
+    bandwidth: float
+    latency: float
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth > 0 or self.latency < 0:
+            raise ValueError(f"LinkSpec({self.name!r}): bandwidth must be > 0 and latency >= 0")
+
+    def allreduce_time(self, num_bytes: float, num_gpus: int) -> float:
+        """A ring all-reduce of ``num_bytes`` over ``num_gpus``: each GPU sends and receives
+        ``2 (N-1)/N x bytes`` (reduce-scatter, then all-gather), plus the fixed latency.
+        0 for one GPU (nothing to reduce)."""
+        if num_gpus <= 1:
+            return 0.0
+        return self.latency + 2 * (num_gpus - 1) / num_gpus * num_bytes / self.bandwidth
+
+
+# Bandwidths from the vendors' published figures, one direction per GPU. The latencies are
+# not datasheet figures: round orders of magnitude of a small NCCL all-reduce on each fabric.
+LINKS: dict[str, LinkSpec] = {
+    # NVLink 4 (H100 SXM datasheet): 900 GB/s per GPU bidirectional -> 450 GB/s each way.
+    "NVLink": LinkSpec("NVLink", bandwidth=450 * GB, latency=10e-6),
+    # NVLink 3 (A100 SXM datasheet): 600 GB/s bidirectional -> 300 GB/s each way.
+    "NVLink3": LinkSpec("NVLink3", bandwidth=300 * GB, latency=10e-6),
+    # PCIe Gen5 x16: 128 GB/s bidirectional -> 64 GB/s each way (GPUs without NVLink).
+    "PCIe": LinkSpec("PCIe", bandwidth=64 * GB, latency=20e-6),
+    # PCIe Gen4 x16: 64 GB/s bidirectional -> 32 GB/s each way.
+    "PCIe4": LinkSpec("PCIe4", bandwidth=32 * GB, latency=20e-6),
+    # InfiniBand NDR: 400 Gb/s per port = 50 GB/s each way (TP across two nodes).
+    "InfiniBand": LinkSpec("InfiniBand", bandwidth=50 * GB, latency=30e-6),
+}
+
+
+def get_link(link: Union[str, LinkSpec, None]) -> Optional[LinkSpec]:
+    """A ``LinkSpec`` from itself or a preset name in ``LINKS``; None stays None (ideal TP)."""
+    if link is None or isinstance(link, LinkSpec):
+        return link
+    if isinstance(link, str):
+        return _lookup(LINKS, link, "link preset")
+    raise TypeError(f"link must be a LinkSpec, a preset name or None, got {link!r}")
 
 
 def _lookup(table: Mapping[str, Any], key: str, what: str) -> Any:
@@ -458,11 +514,26 @@ class RooflineCostModel(CostModel):
         nbytes = self.step_bytes(num_new_tokens, context_lens)
         compute, memory = flops / self.flops_per_s, nbytes / self.bytes_per_s
         empty = sum(num_new_tokens) == 0
+        comm = 0.0 if empty else self.allreduce_time(sum(num_new_tokens))
         return {"flops": flops, "bytes": nbytes, "compute_time": compute, "memory_time": memory,
                 "overhead": 0.0 if empty else self.hardware.step_overhead,
                 "bound": "idle" if empty else ("compute" if compute > memory else "memory"),
                 "arithmetic_intensity": flops / nbytes if nbytes else 0.0,
-                "time": 0.0 if empty else max(compute, memory) + self.hardware.step_overhead}
+                "allreduce_time": comm,
+                "time": 0.0 if empty else max(compute, memory) + comm + self.hardware.step_overhead}
+
+    def allreduce_time(self, num_tokens: int) -> float:
+        """Tensor parallelism's communication in one step of ``num_tokens`` new tokens: two
+        all-reduces per layer (after attention's output projection, after the MLP's down
+        projection), each of the activations, ``num_tokens x hidden x dtype_bytes``, over the
+        hardware's ``link``. 0 on one GPU or with ``link=None`` (ideal TP). Not overlapped
+        with compute: it adds to the step."""
+        hw = self.hardware
+        if hw.link is None or hw.tp_size <= 1 or num_tokens <= 0:
+            return 0.0
+        m = self.model
+        act = num_tokens * m.hidden_size * m.dtype_bytes
+        return 2 * m.num_layers * hw.link.allreduce_time(act, hw.tp_size)
 
     # --- the interface -----------------------------------------------------------------
     def step_time(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:

@@ -34,7 +34,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 from .model_runner import ExecutionResult
 from .scheduler import SchedulerOutput
 
-__all__ = ["SimulatedExecutor", "PLACEHOLDER_TOKEN", "simulate", "tensor_parallel", "gpus_needed",
+__all__ = ["SimulatedExecutor", "PLACEHOLDER_TOKEN", "simulate", "tensor_parallel", "tp_step_times", "gpus_needed",
            "StepSummary"]
 
 PLACEHOLDER_TOKEN = 0
@@ -69,22 +69,43 @@ class SimulatedExecutor:
 # Hardware for a model that does not fit one GPU
 # =====================================================================================
 
-def tensor_parallel(hardware, num_gpus: int):
-    """``num_gpus`` GPUs serving one model copy, as one bigger device (ideal tensor parallelism).
+def tensor_parallel(hardware, num_gpus: int, link=None):
+    """``num_gpus`` GPUs serving one model copy, as one bigger device.
 
-    FLOP/s, HBM bandwidth, HBM capacity and PCIe links add up; the all-reduce traffic
-    between GPUs is not modeled, so this is an optimistic bound (real 4-way TP loses a
-    few to ~15 percent of step time to communication).
+    FLOP/s, HBM bandwidth, HBM capacity and PCIe links add up. Two variants:
+
+    * ``link=None`` (ideal tensor parallelism): the all-reduce traffic between GPUs is not
+      modeled, an optimistic bound;
+    * ``link="NVLink" | "PCIe" | "InfiniBand"`` (a ``costmodel.LINKS`` preset or a
+      ``LinkSpec``): ``RooflineCostModel`` adds two all-reduces per layer of the step's
+      activations over that link (``RooflineCostModel.allreduce_time``), which is where TP
+      stops paying: the all-reduce shrinks only as 2(N-1)/N while compute and weight reads
+      shrink as 1/N.
     """
-    from .costmodel import get_hardware
+    from .costmodel import get_hardware, get_link
     hw = get_hardware(hardware)
     if not isinstance(num_gpus, int) or num_gpus < 1:
         raise ValueError(f"num_gpus={num_gpus!r}: must be an integer >= 1")
+    link = get_link(link)
     if num_gpus == 1:
         return hw
-    return replace(hw, name=f"{num_gpus}x{hw.name}", peak_flops=hw.peak_flops * num_gpus,
+    suffix = "" if link is None else f" over {link.name}"
+    return replace(hw, name=f"{num_gpus}x{hw.name}{suffix}", peak_flops=hw.peak_flops * num_gpus,
                    hbm_bandwidth=hw.hbm_bandwidth * num_gpus, hbm_bytes=hw.hbm_bytes * num_gpus,
-                   pcie_bandwidth=hw.pcie_bandwidth * num_gpus)
+                   pcie_bandwidth=hw.pcie_bandwidth * num_gpus, tp_size=num_gpus, link=link)
+
+
+def tp_step_times(hardware, model, sizes=(1, 2, 4, 8), link=None, *, num_new_tokens=(1,),
+                  context_lens=(1024,), **roofline) -> list[float]:
+    """Modeled seconds of one step (``num_new_tokens`` / ``context_lens`` per request, as
+    ``CostModel.step_time``) at each tensor-parallel size in ``sizes`` over ``link``
+    (None: ideal). The TP curve of the notebook: speedup = times[0] / times[i]."""
+    from .costmodel import RooflineCostModel
+    out = []
+    for n in sizes:
+        cm = RooflineCostModel(tensor_parallel(hardware, int(n), link), model, **roofline)
+        out.append(cm.step_time(list(num_new_tokens), list(context_lens)))
+    return out
 
 
 def gpus_needed(hardware, model, max_weight_fraction: float = 0.5) -> int:

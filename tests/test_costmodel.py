@@ -264,3 +264,41 @@ def test_from_hf_config_transformers_object():
                                  tie_word_embeddings=False)
     m = ModelSpec.from_hf_config(c)
     assert (m.num_params, m.kv_bytes_per_token) == (6_738_415_616, 524_288)
+
+
+# --- tensor parallelism's all-reduce ---------------------------------------------------------
+
+def test_allreduce_ring_bytes_and_latency_by_hand():
+    from minillm.costmodel import LINKS, LinkSpec
+    nv = LINKS["NVLink"]
+    assert nv.bandwidth == 450e9 and LINKS["PCIe"].bandwidth == 64e9 and LINKS["InfiniBand"].bandwidth == 50e9
+    # 1 MB over 4 GPUs: each sends 2 * 3/4 * 1e6 = 1.5e6 bytes; at 450 GB/s that is 3.333 us, + 10 us.
+    assert nv.allreduce_time(1e6, 4) == pytest.approx(10e-6 + 1.5e6 / 450e9)
+    assert nv.allreduce_time(1e6, 1) == 0.0
+    # 2 GPUs: 2 * 1/2 = 1 x the bytes.
+    link = LinkSpec("toy", bandwidth=1e9, latency=0.0)
+    assert link.allreduce_time(1e9, 2) == pytest.approx(1.0)
+    assert link.allreduce_time(1e9, 8) == pytest.approx(1.75)
+
+
+def test_tp_step_adds_two_allreduces_per_layer_and_ideal_stays_available():
+    from minillm.simulated import tensor_parallel
+    ideal = RooflineCostModel(tensor_parallel("H100-SXM", 4), "llama-2-7b")
+    pcie = RooflineCostModel(tensor_parallel("H100-SXM", 4, link="PCIe"), "llama-2-7b")
+    # 1024 new tokens of Llama-2-7B: activations 1024 * 4096 * 2 = 8,388,608 bytes per all-reduce;
+    # ring over 4 GPUs moves 1.5x that; PCIe Gen5 64 GB/s -> 196.608 us, + 20 us latency;
+    # 2 per layer x 32 layers = 64 all-reduces -> 13.862912 ms.
+    per = 20e-6 + 1.5 * 1024 * 4096 * 2 / 64e9
+    assert per == pytest.approx(216.608e-6)
+    q, c = [1024], [1024]
+    assert pcie.breakdown(q, c)["allreduce_time"] == pytest.approx(64 * per)
+    assert pcie.step_time(q, c) == pytest.approx(ideal.step_time(q, c) + 64 * per)
+    assert ideal.breakdown(q, c)["allreduce_time"] == 0.0          # link=None: ideal TP
+    # One GPU has nothing to reduce, whatever the link.
+    one = RooflineCostModel(tensor_parallel("H100-SXM", 1, link="PCIe"), "llama-2-7b")
+    assert one.breakdown(q, c)["allreduce_time"] == 0.0
+    # Decode at batch 1 over NVLink, 8 GPUs: 64 x (10 us + 2 * 7/8 * 8192 B / 450 GB/s).
+    nv8 = RooflineCostModel(tensor_parallel("H100-SXM", 8, link="NVLink"), "llama-2-7b")
+    assert nv8.breakdown([1], [512])["allreduce_time"] == pytest.approx(64 * (10e-6 + 1.75 * 8192 / 450e9))
+    with pytest.raises(ValueError, match="link preset"):
+        tensor_parallel("H100-SXM", 2, link="carrier-pigeon")
