@@ -62,6 +62,8 @@ class EngineConfig:
     dtype: str = "float32"                # "float32" | "float16" | "bfloat16" | "auto"
     attention_backend: str = "torch"      # "torch" | "triton" | "auto" (triton on CUDA, torch on CPU)
     seed: int = 0                         # seeds the random model and default sampling
+    tensor_parallel_size: int = 1         # ranks (processes) that split every layer's heads and MLP
+                                          # (Megatron style, minillm/tp_executor.py); 1 = one device
 
     # --- time --------------------------------------------------------------------------
     clock: str = "wall"                   # "wall" (measured) | "modeled" (cost model)
@@ -85,7 +87,7 @@ class EngineConfig:
         self._check_record_options()
         own = "EngineConfig"
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                     "schedule_every"):
+                     "schedule_every", "tensor_parallel_size"):
             setattr(self, name, as_int(own, name, getattr(self, name), 1))
         self.num_kv_blocks = as_int(own, "num_kv_blocks", self.num_kv_blocks, 1, optional=True)
         self.num_swap_blocks = as_int(own, "num_swap_blocks", self.num_swap_blocks, 0)
@@ -122,6 +124,10 @@ class EngineConfig:
             _fail("kv_cache_dtype", self.kv_cache_dtype,
                   "a quantized KV cache needs kv_allocation='paged' (its scales are per block, and a "
                   "reservation need not start on a block boundary)")
+        if self.tensor_parallel_size > 1 and self.executor != "model":
+            _fail("tensor_parallel_size", self.tensor_parallel_size,
+                  "runs the real model on that many processes (executor='model'); the simulator "
+                  "models tensor parallelism through its cost model (minillm.simulated.tensor_parallel)")
         if self.speculative_model is not None and self.num_speculative_tokens < 1:
             _fail("num_speculative_tokens", self.num_speculative_tokens,
                   "must be >= 1 when speculative_model is set")

@@ -58,6 +58,11 @@ class LLMEngine:
         self.model = None
         if config.executor == "simulated":
             self.hf_config, self.model_spec = self._simulated_shape(self.model_path, config)
+        elif config.tensor_parallel_size > 1:      # the weights live in the ranks' processes only
+            from .costmodel import ModelSpec
+            from .tp_executor import model_config
+            self.hf_config = model_config(self.model_path, config)
+            self.model_spec = ModelSpec.from_hf_config(self.hf_config)
         else:
             from .model.loader import load_model
             from .costmodel import ModelSpec
@@ -89,6 +94,10 @@ class LLMEngine:
         if config.executor == "simulated":
             from .simulated import SimulatedExecutor
             self.executor = SimulatedExecutor(config, self.kv, self._bytes_per_block())
+        elif config.tensor_parallel_size > 1:
+            from .tp_executor import TPExecutor   # N rank processes, each with a shard of the model
+            self.executor = TPExecutor(config, self.model_path, self.hf_config, self.kv, num_blocks,
+                                       self.device, self.dtype)
         else:
             from .model_runner import ModelRunner
             self.executor = ModelRunner(config, self.model, self.hf_config, self.kv, num_blocks,
@@ -365,7 +374,7 @@ class LLMEngine:
     def get_output(self, request_id: str) -> RequestOutput:
         r = self.requests[request_id]
         text = None
-        if self.tokenizer is not None and self.model is not None:
+        if self.tokenizer is not None and self.config.executor == "model":
             text = self.tokenizer.decode(r.output_token_ids, skip_special_tokens=True)
         return RequestOutput(request_id=r.request_id, prompt=r.prompt, prompt_token_ids=r.prompt_token_ids,
                              token_ids=list(r.output_token_ids), text=text, finish_reason=r.finish_reason,
@@ -483,6 +492,12 @@ class LLMEngine:
             if progress is not None:
                 progress(records[-1])
         return records
+
+    def close(self) -> None:
+        """Release the executor's processes (tensor parallelism's ranks); idempotent."""
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
 
     def stats(self) -> dict:
         d = dict(self.scheduler.counters)

@@ -38,6 +38,17 @@ class LLM:
         self.config = EngineConfig(**config_fields)
         self.engine = LLMEngine(model, self.config, tokenizer=tokenizer)
 
+    def close(self) -> None:
+        """Shut down the engine's worker processes (``tensor_parallel_size > 1``); idempotent.
+        ``with LLM(...) as llm:`` calls it on the way out."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def tokenizer(self):
         return self.engine.tokenizer

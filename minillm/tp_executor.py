@@ -1,0 +1,361 @@
+"""Tensor parallelism for real: one step on ``N`` ranks, each a process with a shard of the model.
+
+``LLM(..., tensor_parallel_size=N)`` makes the engine use ``TPExecutor`` in place of the
+single-device ``ModelRunner``. Who holds what:
+
+- **The driver** (the engine's own process) keeps everything that decides: the scheduler,
+  the block pool and block tables, the sampler and its random streams. It holds no weights
+  and no KV values. Each step it prepares the flat batch exactly as ``ModelRunner`` does
+  (``prepare``, inherited, so the two never drift) and sends it to every rank: **one
+  broadcast of the scheduler's decision** (input ids, positions, attention metadata, the
+  logits rows, the step's swaps).
+- **Rank r** (a worker process, started with ``torch.multiprocessing`` "spawn") holds its
+  shard of every layer (``minillm.model.parallel``: heads ``r*H/N ... (r+1)*H/N``, a slice of
+  the MLP and of the vocabulary) and **its heads' slice of every KV block**: block ``b`` is
+  the same block number on every rank, each rank storing its own ``num_kv_heads / N`` heads
+  in it. It runs **one forward** per step; the all-reduces inside (two per layer, plus the
+  embedding's) go between the ranks over ``torch.distributed`` (gloo on CPU, NCCL on CUDA),
+  never through the driver. Rank 0 gathers the LM head's vocabulary slices and sends the
+  logits back; the driver samples, as on one device.
+
+The driver is not itself a rank (nano-vllm runs rank 0 inside the engine's process). Keeping
+it outside the process group costs one more process, and buys a driver that is never blocked
+inside a collective: it waits for the ranks' replies with a timeout while watching every
+process, so a rank that dies or raises surfaces here as a ``TensorParallelError`` naming the
+rank, within ``step_timeout`` seconds at worst, and every rank is then shut down. The
+notebook kernel never joins a process group, so several engines can live side by side.
+
+One process per rank on CPU: the threads of the machine are divided between the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+import weakref
+from datetime import timedelta
+from multiprocessing.connection import wait
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from . import speculative
+from .model_runner import ModelRunner, resolve_backend
+from .sampler import Sampler
+from .scheduler import SchedulerOutput
+
+START_TIMEOUT = 300.0     # seconds for every rank to load its shard and report ready
+STEP_TIMEOUT = 300.0      # seconds for every rank to answer one step (the first may compile kernels)
+
+
+class TensorParallelError(RuntimeError):
+    """A rank died, raised or stopped answering; every rank has been shut down."""
+
+
+def model_config(model_path: str, config):
+    """The model's config, read in the driver (which loads no weights), checked for
+    ``config.tensor_parallel_size`` ranks: whole heads per rank."""
+    from .model.loader import SUPPORTED, load_config, random_model_config
+    from .model.parallel import check_heads
+    if model_path == "random":
+        cfg = random_model_config(**config.random_model)
+    else:
+        cfg = load_config(model_path)
+        if cfg.model_type not in SUPPORTED:
+            raise ValueError(f"model={model_path!r}: model_type {cfg.model_type!r} is not supported "
+                             f"(only {SUPPORTED})")
+    check_heads(cfg, config.tensor_parallel_size)
+    return cfg
+
+
+def _process_context():
+    """How rank processes start: "forkserver" where there is one (a clean process like "spawn",
+    forked from a server that imported torch and minillm once, so later engines start in
+    about a second), else "spawn". Never a plain fork of the driver, whose threads (and
+    CUDA state) a child cannot safely inherit."""
+    import multiprocessing
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = torch.multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["minillm.tp_executor", "minillm.model.parallel",
+                                    "transformers.models.llama.modeling_llama"])
+        return ctx
+    return torch.multiprocessing.get_context("spawn")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# =====================================================================================
+# A rank (runs in its own process)
+# =====================================================================================
+
+class Worker:
+    """One rank: its shard of the model and a ``ModelRunner`` over it, which owns this rank's
+    slice of the KV cache (and of the swap space) and does the swaps; batch preparation and
+    sampling stay in the driver."""
+
+    def __init__(self, rank: int, spec: SimpleNamespace):
+        import torch.distributed as dist
+        from .model.parallel import load_shard_model
+        self.rank, self.world = rank, spec.world
+        if spec.device == "cuda":
+            self.device = torch.device("cuda", rank)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+            torch.set_num_threads(spec.threads)
+        dist.init_process_group("nccl" if spec.device == "cuda" else "gloo", init_method=spec.init_method,
+                                rank=rank, world_size=spec.world, timeout=timedelta(seconds=spec.timeout))
+        self.model = load_shard_model(spec.model, spec.hf_config, rank, spec.world, spec.dtype,
+                                      str(self.device), spec.seed, spec.random_overrides)
+        kv = SimpleNamespace(attn_block_size=spec.attn_block_size)   # all a runner reads of the pool
+        self.runner = ModelRunner(spec.runner_config, self.model, spec.hf_config, kv, spec.num_blocks,
+                                  self.device, spec.dtype)
+
+    def step(self, swap_out, swap_in, batch: Optional[dict]):
+        """This step's swaps, then (if anything is scheduled) one forward over this rank's
+        shard. Rank 0 returns the logits (numpy); the other ranks None."""
+        from .model.llama import AttentionMetadata
+        if swap_out or swap_in:
+            self.runner.swap(SimpleNamespace(swap_out=swap_out, swap_in=swap_in))
+        if batch is None:
+            return None
+        t = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if isinstance(v, np.ndarray)}
+        meta = AttentionMetadata(slot_mapping=t["slot_mapping"], block_tables=t["block_tables"],
+                                 cu_seqlens_q=t["cu_seqlens_q"], context_lens=t["context_lens"],
+                                 max_q_len=batch["max_q_len"], backend=batch["backend"])
+        logits = self.model(t["input_ids"], t["positions"], self.runner.caches_for_attention(), meta,
+                            t["rows"])
+        return logits.cpu().numpy() if self.rank == 0 else None
+
+    def describe(self) -> dict:
+        """What this rank holds: its parameters' shapes and its KV cache slice."""
+        k = self.runner.kv_caches[0][0]
+        return dict(rank=self.rank, device=str(self.device),
+                    params={n: tuple(p.shape) for n, p in self.model.named_parameters()},
+                    num_heads=self.model.num_heads, num_kv_heads=self.model.num_kv_heads,
+                    kv_cache_shape=tuple(k.shape), kv_bytes_per_block=self.runner.bytes_per_block)
+
+
+def _rank_main(rank: int, spec: SimpleNamespace, conn) -> None:
+    """A rank's whole life: build its shard, report ready, then serve the driver's messages
+    until "close". An exception is sent to the driver (naming this rank) and ends the process;
+    so does the driver's end of the pipe closing (the driver is gone)."""
+    try:
+        worker = Worker(rank, spec)
+        conn.send(("ok", worker.runner.bytes_per_block))
+        while True:
+            msg = conn.recv()
+            if msg[0] == "close":
+                break
+            if msg[0] == "step":
+                reply = worker.step(*msg[1:])
+            else:                                    # ("call", fn, args): collective_rpc
+                reply = msg[1](worker, *msg[2])
+            conn.send(("ok", reply))
+    except (EOFError, KeyboardInterrupt):
+        os._exit(1)                                  # the driver is gone (or interrupted us)
+    except BaseException as e:                       # noqa: BLE001 (reported, then exit)
+        try:
+            conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+        finally:
+            os._exit(1)                              # peers may be stuck in a collective with us
+    import torch.distributed as dist
+    dist.destroy_process_group()
+
+
+def _shut_down(procs: list, conns: list, grace: float) -> None:
+    """Stop every rank: "close" to each, then terminate, then kill whatever is left."""
+    for c in conns:
+        try:
+            c.send(("close",))
+        except (OSError, ValueError):
+            pass
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(2.0)
+        if p.is_alive():
+            p.kill()
+            p.join(2.0)
+    for c in conns:
+        c.close()
+
+
+# =====================================================================================
+# The driver's side
+# =====================================================================================
+
+class TPExecutor(ModelRunner):
+    """The engine's executor over ``config.tensor_parallel_size`` ranks: same interface as
+    ``ModelRunner`` (``execute(out) -> ExecutionResult``, ``checkpoint``/``rollback``, the
+    sampler), plus ``close()`` and ``collective_rpc``. Batch preparation, sampling and the
+    verification of speculative tokens are ``ModelRunner``'s own; only ``swap`` and
+    ``forward`` go to the ranks."""
+
+    def __init__(self, config, model: str, hf_config, kv_manager, num_blocks: int, device: torch.device,
+                 dtype: torch.dtype, step_timeout: float = STEP_TIMEOUT, start_timeout: float = START_TIMEOUT):
+        from .model.parallel import check_heads, rank_config
+        self.world = config.tensor_parallel_size
+        check_heads(hf_config, self.world)
+        self.config, self.kv, self.dtype = config, kv_manager, dtype
+        self.device = torch.device("cpu")            # batches are prepared on the host and sent
+        self.backend = resolve_backend(config.attention_backend, device)
+        shard = rank_config(hf_config, 0, self.world)
+        # prepare() needs only the model's shape (heads per KV head); the weights are in the ranks.
+        self.model = SimpleNamespace(num_heads=shard.num_attention_heads, num_kv_heads=shard.num_key_value_heads,
+                                     head_dim=shard.head_dim, num_layers=hf_config.num_hidden_layers)
+        self.sampler = Sampler(config.seed)
+        self.proposer = None
+        self.verify = speculative.verify
+        self.step_timeout = step_timeout
+        self._swaps = None                           # this step's swaps, sent with its batch
+        self._closed: Optional[str] = None           # why the ranks are gone, once they are
+        self._procs, self._conns = self._start(model, hf_config, num_blocks, device, dtype)
+        self._finalizer = weakref.finalize(self, _shut_down, self._procs, self._conns, 5.0)
+        per_rank = self._gather(start_timeout, "start")   # each rank's KV bytes per block
+        self.bytes_per_block = sum(per_rank)
+
+    def _start(self, model, hf_config, num_blocks, device, dtype):
+        cuda = device.type == "cuda"
+        if cuda:
+            if device.index not in (None, 0):
+                raise ValueError(f"EngineConfig.device={str(device)!r}: with tensor_parallel_size="
+                                 f"{self.world}, rank r runs on cuda:r; use device='cuda'")
+            if torch.cuda.device_count() < self.world:
+                raise ValueError(f"tensor_parallel_size={self.world}: needs {self.world} CUDA devices, "
+                                 f"{torch.cuda.device_count()} visible")
+        c = self.config
+        spec = SimpleNamespace(
+            world=self.world, device="cuda" if cuda else "cpu", init_method=f"tcp://127.0.0.1:{_free_port()}",
+            timeout=self.step_timeout, threads=max(1, torch.get_num_threads() // self.world),
+            model=model, hf_config=hf_config, dtype=dtype, seed=c.seed, random_overrides=dict(c.random_model),
+            num_blocks=num_blocks, attn_block_size=self.kv.attn_block_size,
+            runner_config=SimpleNamespace(attention_backend=c.attention_backend, kv_cache_dtype=c.kv_cache_dtype,
+                                          block_size=c.block_size, num_swap_blocks=c.num_swap_blocks, seed=c.seed))
+        ctx = _process_context()
+        procs, conns = [], []
+        for rank in range(self.world):
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=_rank_main, args=(rank, spec, theirs), name=f"minillm-tp-rank{rank}",
+                            daemon=True)
+            p.start()
+            theirs.close()                           # only the rank holds its end: EOF when it exits
+            procs.append(p)
+            conns.append(mine)
+        return procs, conns
+
+    # --- talking to the ranks ---------------------------------------------------------------
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def _fail(self, why: str):
+        self.close()
+        self._closed = why
+        raise TensorParallelError(f"tensor parallelism ({self.world} ranks): {why}; every rank has been "
+                                  "shut down")
+
+    def _broadcast(self, msg, what: str) -> list:
+        """Send ``msg`` to every rank; return their replies (rank order)."""
+        if self._closed is not None:
+            raise TensorParallelError(f"tensor parallelism: the ranks are shut down ({self._closed})")
+        for rank, c in enumerate(self._conns):
+            try:
+                c.send(msg)
+            except (OSError, ValueError):
+                self._fail(f"rank {rank} cannot be reached (its process exited with code "
+                           f"{self._procs[rank].exitcode})")
+        return self._gather(self.step_timeout, what)
+
+    def _gather(self, timeout: float, what: str) -> list:
+        """One reply from every rank, watching each process while waiting: a rank that
+        raises, dies or is silent past ``timeout`` seconds ends every rank and raises here."""
+        replies: list = [None] * self.world
+        pending = set(range(self.world))
+        deadline = time.monotonic() + timeout
+        conn_rank = {id(c): r for r, c in enumerate(self._conns)}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._fail(f"no answer from rank(s) {sorted(pending)} to {what!r} within {timeout:g} s")
+            ready = wait([self._conns[r] for r in pending] + [p.sentinel for p in self._procs], left)
+            for obj in sorted(ready, key=lambda o: isinstance(o, int)):   # messages before deaths
+                rank = conn_rank.get(id(obj))
+                if rank is None:                     # a process ended
+                    rank = next(r for r, p in enumerate(self._procs) if p.sentinel == obj)
+                    if rank in pending and self._conns[rank].poll():
+                        continue                     # it left a message: read it first, next round
+                    self._procs[rank].join(1.0)
+                    self._fail(f"rank {rank} (pid {self._procs[rank].pid}) died during {what!r} "
+                               f"(exit code {self._procs[rank].exitcode})")
+                try:
+                    kind, *payload = obj.recv()
+                except (EOFError, OSError):
+                    self._procs[rank].join(1.0)
+                    self._fail(f"rank {rank} (pid {self._procs[rank].pid}) died during {what!r} "
+                               f"(exit code {self._procs[rank].exitcode})")
+                if kind == "error":
+                    self._fail(f"rank {rank} raised during {what!r}: {payload[0]}\n"
+                               f"--- rank {rank}'s traceback ---\n{payload[1]}")
+                replies[rank] = payload[0]
+                pending.discard(rank)
+        return replies
+
+    def collective_rpc(self, fn: Callable, *args) -> list:
+        """``fn(worker, *args)`` on every rank (``fn`` must be picklable: a module-level
+        function); the results in rank order. E.g. ``collective_rpc(Worker.describe)``."""
+        return self._broadcast(("call", fn, args), getattr(fn, "__name__", "call"))
+
+    def describe(self) -> list[dict]:
+        """What each rank holds (its parameters' shapes, its KV cache slice)."""
+        return self.collective_rpc(Worker.describe)
+
+    def close(self) -> None:
+        """Shut every rank down (idempotent; also runs at exit and when the executor is
+        garbage collected)."""
+        if self._closed is None:
+            self._closed = "closed"
+        self._finalizer()
+
+    # --- one step -------------------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        self._swaps = None
+        super().checkpoint()
+
+    def swap(self, out: SchedulerOutput) -> int:
+        """Not done here: the step's swaps travel to the ranks with its batch."""
+        self._swaps = (list(out.swap_out), list(out.swap_in))
+        return (len(out.swap_out) + len(out.swap_in)) * self.bytes_per_block
+
+    def _step_message(self, batch: Optional[dict]):
+        swap_out, swap_in = self._swaps or ([], [])
+        self._swaps = None
+        return ("step", swap_out, swap_in, batch)
+
+    def forward(self, out: SchedulerOutput, logits_rows: torch.Tensor) -> torch.Tensor:
+        input_ids, positions, meta, _ = self.prepare(out)
+        batch = dict(input_ids=input_ids.numpy(), positions=positions.numpy(),
+                     slot_mapping=meta.slot_mapping.numpy(), block_tables=meta.block_tables.numpy(),
+                     cu_seqlens_q=meta.cu_seqlens_q.numpy(), context_lens=meta.context_lens.numpy(),
+                     max_q_len=meta.max_q_len, backend=meta.backend, rows=logits_rows.numpy())
+        logits = self._broadcast(self._step_message(batch), "step")[0]
+        return torch.from_numpy(logits)
+
+    def execute(self, out: SchedulerOutput):
+        res = super().execute(out)                   # swap(), then forward() if anything is scheduled
+        if self._swaps is not None and (self._swaps[0] or self._swaps[1]):
+            self._broadcast(self._step_message(None), "swap")   # swaps in a step with no forward
+        self._swaps = None
+        return res
