@@ -167,10 +167,18 @@ class FlakyExecutorError(Exception):
 def test_a_forward_that_raises_loses_no_request(config):
     """Requests the pass released (static / every-N) or rejected (queue cap/delay) must not fall
     out of every queue when a later part of the step raises."""
-    pol = FlakyPriority("on_step", fail_on=range(1, 200, 2))      # every other step fails at the end
-    llm = LLM(**dict(SMALL, max_num_batched_tokens=128), num_kv_blocks=64, max_num_seqs=3, policy=pol,
+    llm = LLM(**dict(SMALL, max_num_batched_tokens=128), num_kv_blocks=64, max_num_seqs=3,
               clock="modeled", cost_model=0.01, **config)
     eng = llm.engine
+    real_execute, calls = eng.executor.execute, {"n": 0}
+
+    def execute(out):                  # every other forward raises after it ran (fault injection)
+        res = real_execute(out)
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise Boom("after the forward")
+        return res
+    eng.executor.execute = execute
     ps = prompts(7, length=6, seed=3)
     sp = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
     ids = [eng.add_request(p, sp, arrival_time=0.001 * i) for i, p in enumerate(ps)]
@@ -184,8 +192,8 @@ def test_a_forward_that_raises_loses_no_request(config):
 
 
 def test_keyboard_interrupt_in_the_forward_rolls_back_swaps_and_sampling():
-    """Ctrl-C in the forward, after the pass swapped a request out: the bookkeeping goes back
-    (the victim keeps its device blocks) and seeded sampling draws the same tokens after."""
+    """Ctrl-C after the forward and the sampling, in passes that swap requests out: the bookkeeping
+    goes back (a victim keeps its device blocks) and seeded sampling draws the same tokens again."""
     base = dict(SMALL, num_kv_blocks=14, max_num_seqs=8, policy="priority", preemption_mode="swap",
                 num_swap_blocks=40)
     ps = prompts(4, length=8, seed=4)
@@ -195,16 +203,17 @@ def test_keyboard_interrupt_in_the_forward_rolls_back_swaps_and_sampling():
         llm = LLM(**base)
         eng = llm.engine
         ids = [eng.add_request(p, s, priority=1 - i // 2, arrival_time=0.0) for i, (p, s) in enumerate(zip(ps, sps))]
-        model = eng.executor.model
-        real_forward = model.forward
+        sampler = eng.executor.sampler
+        real_sample = sampler.sample
         calls = {"n": 0}
 
-        def forward(*a, **k):
+        def sample(*a, **k):           # Ctrl-C just after the step drew its random numbers
+            toks = real_sample(*a, **k)
             calls["n"] += 1
             if calls["n"] in interrupt_at:
                 raise KeyboardInterrupt
-            return real_forward(*a, **k)
-        model.forward = forward
+            return toks
+        sampler.sample = sample
         interrupts = 0
         while eng.has_unfinished_requests():
             try:
@@ -282,15 +291,18 @@ def test_an_abort_is_reported_in_the_next_record():
 # --- 12. eviction order: blocks holding nothing reusable go first -----------------------------------
 
 def test_blocks_without_a_cached_prefix_are_handed_out_before_cached_ones():
-    """vLLM's test_evict: a cached prefix survives while blocks holding nothing are free."""
-    llm = LLM(**dict(SMALL, block_size=4), num_kv_blocks=12, max_num_seqs=2, enable_prefix_caching=True)
+    """vLLM's test_evict: a cached prefix survives while blocks holding nothing reusable are free.
+    A request's partly filled last block holds nothing a lookup can find; freed after the
+    prefix, it must still be handed out before the prefix's blocks."""
+    llm = LLM(**dict(SMALL, block_size=4), num_kv_blocks=8, max_num_seqs=1, enable_prefix_caching=True)
     eng = llm.engine
     sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    shared = list(range(40, 56))                               # 4 full blocks
-    llm.generate([shared + [7]], sp, use_tqdm=False)           # cached, then freed
-    llm.generate([list(range(100, 121))], sp, use_tqdm=False)  # unrelated: 6 blocks of the 12
+    shared = list(range(40, 56))                               # 4 full blocks, cached once computed
+    llm.generate([shared], sp, use_tqdm=False)                 # 4 of the 8 blocks, then free (cached)
+    llm.generate([list(range(100, 106))], sp, use_tqdm=False)  # 1 full block + 1 partly filled one
+    llm.generate([list(range(200, 209))], sp, use_tqdm=False)  # needs 3 blocks: 2 never used + the partial one
     out = llm.generate([shared + [9]], sp, use_tqdm=False)[0]
-    assert out.num_cached_tokens == 16, "the cached prefix was evicted while empty blocks were free"
+    assert out.num_cached_tokens == 16, "a cached prefix was evicted while a block holding nothing was free"
     check_all_free(eng)
 
 
