@@ -20,6 +20,7 @@ EXPECTED = {
     "prefix": ("shared_prompt", "multi_turn"),
     "sim-scale": ("requests", "steps", "wall_s", "steps_per_s"),
     "spec": ("acceptance", "modeled", "at_scale"),
+    "router": ("shared-prefix", "multi-turn"),
 }
 
 

@@ -14,6 +14,8 @@ the machine and the command that reproduces it, and writes ``DIR/NAME-SIZE.json`
   int8 and fp8 KV caches, and the KV blocks each buys in the same memory.
 * ``serve``: a load generator for an OpenAI-compatible server (``--url``, ``--trace``, ``--rate``):
   TTFT/TPOT/ITL percentiles and goodput as the client sees them, beside the engine's own.
+* ``router``: N simulated replicas behind round-robin, least-outstanding-tokens and prefix-aware
+  routers on shared-prefix and multi-turn traces (100,000 requests each at ``--size full``).
 * ``all``: each of them at the chosen size.
 """
 
@@ -31,6 +33,7 @@ BENCHMARKS = {
     "sim-scale": "sim_scale",
     "kv-quant": "kv_quant",
     "serve": "serve",
+    "router": "router",
 }
 if importlib.util.find_spec(f"{__name__}.spec") is not None:   # added by the speculative-decoding work
     BENCHMARKS["spec"] = "spec"
