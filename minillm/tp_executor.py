@@ -50,6 +50,7 @@ from .scheduler import SchedulerOutput
 
 START_TIMEOUT = 300.0     # seconds for every rank to load its shard and report ready
 STEP_TIMEOUT = 300.0      # seconds for every rank to answer one step (the first may compile kernels)
+GRACE = 2.0               # seconds, after a rank fails, to hear from the others before reporting
 
 
 class TensorParallelError(RuntimeError):
@@ -164,7 +165,7 @@ def _rank_main(rank: int, spec: SimpleNamespace, conn) -> None:
         os._exit(1)                                  # the driver is gone (or interrupted us)
     except BaseException as e:                       # noqa: BLE001 (reported, then exit)
         try:
-            conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+            conn.send(("error", time.time(), f"{type(e).__name__}: {e}", traceback.format_exc()))
         finally:
             os._exit(1)                              # peers may be stuck in a collective with us
     import torch.distributed as dist
@@ -262,7 +263,7 @@ class TPExecutor(ModelRunner):
         return [p.pid for p in self._procs]
 
     def _fail(self, why: str):
-        self.close()
+        self.close(grace=0.0)                        # a failed rank group: no orderly goodbye
         self._closed = why
         raise TensorParallelError(f"tensor parallelism ({self.world} ranks): {why}; every rank has been "
                                   "shut down")
@@ -271,47 +272,67 @@ class TPExecutor(ModelRunner):
         """Send ``msg`` to every rank; return their replies (rank order)."""
         if self._closed is not None:
             raise TensorParallelError(f"tensor parallelism: the ranks are shut down ({self._closed})")
+        unreachable = set()
         for rank, c in enumerate(self._conns):
             try:
                 c.send(msg)
-            except (OSError, ValueError):
-                self._fail(f"rank {rank} cannot be reached (its process exited with code "
-                           f"{self._procs[rank].exitcode})")
-        return self._gather(self.step_timeout, what)
+            except (OSError, ValueError):            # its end of the pipe is gone: it died
+                unreachable.add(rank)
+                break                                # the others fail anyway (a collective misses it)
+        return self._gather(self.step_timeout, what, unreachable)
 
-    def _gather(self, timeout: float, what: str) -> list:
-        """One reply from every rank, watching each process while waiting: a rank that
-        raises, dies or is silent past ``timeout`` seconds ends every rank and raises here."""
+    def _gather(self, timeout: float, what: str, dead: frozenset = frozenset()) -> list:
+        """One reply from every rank, watching each process while waiting. A rank that raises
+        or dies fails the step: the others then fail too (their collectives lose a peer), so
+        the driver waits up to ``GRACE`` seconds for the whole picture, and names the cause
+        first: a rank that died without a word, else the earliest exception. A rank silent
+        past ``timeout`` seconds fails the step as well. Every rank is then shut down."""
         replies: list = [None] * self.world
         pending = set(range(self.world))
-        deadline = time.monotonic() + timeout
+        errors: dict[int, tuple] = {}               # rank -> (time, message, traceback)
+        died = set(dead)
+        deadline = time.monotonic() + (GRACE if died else timeout)
         conn_rank = {id(c): r for r, c in enumerate(self._conns)}
-        while pending:
+        while pending - died - set(errors):
             left = deadline - time.monotonic()
             if left <= 0:
-                self._fail(f"no answer from rank(s) {sorted(pending)} to {what!r} within {timeout:g} s")
-            ready = wait([self._conns[r] for r in pending] + [p.sentinel for p in self._procs], left)
+                break
+            waiting = pending - died - set(errors)
+            ready = wait([self._conns[r] for r in waiting] + [self._procs[r].sentinel for r in waiting], left)
             for obj in sorted(ready, key=lambda o: isinstance(o, int)):   # messages before deaths
                 rank = conn_rank.get(id(obj))
                 if rank is None:                     # a process ended
                     rank = next(r for r, p in enumerate(self._procs) if p.sentinel == obj)
-                    if rank in pending and self._conns[rank].poll():
-                        continue                     # it left a message: read it first, next round
-                    self._procs[rank].join(1.0)
-                    self._fail(f"rank {rank} (pid {self._procs[rank].pid}) died during {what!r} "
-                               f"(exit code {self._procs[rank].exitcode})")
+                    if rank in errors or self._conns[rank].poll():
+                        continue                     # it left a message: read it (next round)
+                    died.add(rank)
+                    continue
                 try:
                     kind, *payload = obj.recv()
                 except (EOFError, OSError):
-                    self._procs[rank].join(1.0)
-                    self._fail(f"rank {rank} (pid {self._procs[rank].pid}) died during {what!r} "
-                               f"(exit code {self._procs[rank].exitcode})")
+                    died.add(rank)
+                    continue
                 if kind == "error":
-                    self._fail(f"rank {rank} raised during {what!r}: {payload[0]}\n"
-                               f"--- rank {rank}'s traceback ---\n{payload[1]}")
-                replies[rank] = payload[0]
-                pending.discard(rank)
-        return replies
+                    errors[rank] = tuple(payload)
+                else:
+                    replies[rank] = payload[0]
+                    pending.discard(rank)
+            if (died or errors) and deadline - time.monotonic() > GRACE:
+                deadline = time.monotonic() + GRACE  # a failure: collect the rest of the picture
+        if not (died or errors or pending):
+            return replies
+        for r in died:
+            self._procs[r].join(1.0)
+        causes = [f"rank {r} (pid {self._procs[r].pid}) died during {what!r} (exit code "
+                  f"{self._procs[r].exitcode})" for r in sorted(died - set(errors))]
+        for r, (_, msg, tb) in sorted(errors.items(), key=lambda e: e[1][0]):
+            if causes:                               # a consequence: one line is enough
+                causes.append(f"rank {r} raised {msg.splitlines()[0][:200]}")
+            else:                                    # the cause: with the rank's own traceback
+                causes.append(f"rank {r} raised during {what!r}: {msg}\n--- rank {r}'s traceback ---\n{tb}")
+        if not causes:
+            causes = [f"no answer from rank(s) {sorted(pending)} to {what!r} within {timeout:g} s"]
+        self._fail("; then ".join(causes))
 
     def collective_rpc(self, fn: Callable, *args) -> list:
         """``fn(worker, *args)`` on every rank (``fn`` must be picklable: a module-level
@@ -322,12 +343,13 @@ class TPExecutor(ModelRunner):
         """What each rank holds (its parameters' shapes, its KV cache slice)."""
         return self.collective_rpc(Worker.describe)
 
-    def close(self) -> None:
-        """Shut every rank down (idempotent; also runs at exit and when the executor is
-        garbage collected)."""
+    def close(self, grace: float = 5.0) -> None:
+        """Shut every rank down: "close" to each, ``grace`` seconds to exit, then terminate
+        (idempotent; also runs at exit and when the executor is garbage collected)."""
         if self._closed is None:
             self._closed = "closed"
-        self._finalizer()
+        if self._finalizer.detach() is not None:
+            _shut_down(self._procs, self._conns, grace)
 
     # --- one step -------------------------------------------------------------------------------
     def checkpoint(self) -> None:
