@@ -31,7 +31,9 @@ One process per rank on CPU: the threads of the machine are divided between the 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 import time
 import traceback
 import weakref
@@ -148,7 +150,9 @@ class Worker:
 def _rank_main(rank: int, spec: SimpleNamespace, conn) -> None:
     """A rank's whole life: build its shard, report ready, then serve the driver's messages
     until "close". An exception is sent to the driver (naming this rank) and ends the process;
-    so does the driver's end of the pipe closing (the driver is gone)."""
+    so does the driver's end of the pipe closing (the driver is gone). Ctrl-C is the driver's
+    to handle: a rank ignores it, and finishes the step it is in with the others."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         worker = Worker(rank, spec)
         conn.send(("ok", worker.runner.bytes_per_block))
@@ -161,8 +165,8 @@ def _rank_main(rank: int, spec: SimpleNamespace, conn) -> None:
             else:                                    # ("call", fn, args): collective_rpc
                 reply = msg[1](worker, *msg[2])
             conn.send(("ok", reply))
-    except (EOFError, KeyboardInterrupt):
-        os._exit(1)                                  # the driver is gone (or interrupted us)
+    except EOFError:
+        os._exit(1)                                  # the driver is gone
     except BaseException as e:                       # noqa: BLE001 (reported, then exit)
         try:
             conn.send(("error", time.time(), f"{type(e).__name__}: {e}", traceback.format_exc()))
@@ -170,6 +174,35 @@ def _rank_main(rank: int, spec: SimpleNamespace, conn) -> None:
             os._exit(1)                              # peers may be stuck in a collective with us
     import torch.distributed as dist
     dist.destroy_process_group()
+
+
+class _DeferredInterrupts:
+    """Ctrl-C while the ranks run a step: counted, not raised, until every rank has answered.
+    Raising at once would leave some ranks in the step and others not (their next collectives
+    would pair with the wrong step), or cut a message in the pipe in half. Only the main
+    thread receives Ctrl-C; elsewhere this does nothing."""
+
+    def __init__(self):
+        self.count = 0
+        self._old = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._note)
+        return self
+
+    def _note(self, signum, frame):
+        self.count += 1
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        if self.count and exc[0] is None:
+            if callable(self._old):
+                self._old(signal.SIGINT, None)       # KeyboardInterrupt, now that the step is whole
+            elif self._old == signal.SIG_DFL:
+                raise KeyboardInterrupt
+        return False
 
 
 def _shut_down(procs: list, conns: list, grace: float) -> None:
@@ -272,21 +305,24 @@ class TPExecutor(ModelRunner):
         """Send ``msg`` to every rank; return their replies (rank order)."""
         if self._closed is not None:
             raise TensorParallelError(f"tensor parallelism: the ranks are shut down ({self._closed})")
-        unreachable = set()
-        for rank, c in enumerate(self._conns):
-            try:
-                c.send(msg)
-            except (OSError, ValueError):            # its end of the pipe is gone: it died
-                unreachable.add(rank)
-                break                                # the others fail anyway (a collective misses it)
-        return self._gather(self.step_timeout, what, unreachable)
+        with _DeferredInterrupts() as interrupts:
+            unreachable = set()
+            for rank, c in enumerate(self._conns):
+                try:
+                    c.send(msg)
+                except (OSError, ValueError):        # its end of the pipe is gone: it died
+                    unreachable.add(rank)
+                    break                            # the others fail anyway (a collective misses it)
+            return self._gather(self.step_timeout, what, unreachable, interrupts)
 
-    def _gather(self, timeout: float, what: str, dead: frozenset = frozenset()) -> list:
+    def _gather(self, timeout: float, what: str, dead=frozenset(), interrupts=None) -> list:
         """One reply from every rank, watching each process while waiting. A rank that raises
         or dies fails the step: the others then fail too (their collectives lose a peer), so
         the driver waits up to ``GRACE`` seconds for the whole picture, and names the cause
         first: a rank that died without a word, else the earliest exception. A rank silent
-        past ``timeout`` seconds fails the step as well. Every rank is then shut down."""
+        past ``timeout`` seconds fails the step as well. Every rank is then shut down. A first
+        Ctrl-C waits for the step to end (then raises KeyboardInterrupt: the engine rolls the
+        step back); a second one stops waiting and shuts the ranks down."""
         replies: list = [None] * self.world
         pending = set(range(self.world))
         errors: dict[int, tuple] = {}               # rank -> (time, message, traceback)
@@ -297,8 +333,12 @@ class TPExecutor(ModelRunner):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
+            if interrupts is not None and interrupts.count >= 2:
+                self._fail(f"interrupted (Ctrl-C twice) while waiting for rank(s) {sorted(pending)} "
+                           f"to finish {what!r}")
             waiting = pending - died - set(errors)
-            ready = wait([self._conns[r] for r in waiting] + [self._procs[r].sentinel for r in waiting], left)
+            ready = wait([self._conns[r] for r in waiting] + [self._procs[r].sentinel for r in waiting],
+                         min(left, 0.25))
             for obj in sorted(ready, key=lambda o: isinstance(o, int)):   # messages before deaths
                 rank = conn_rank.get(id(obj))
                 if rank is None:                     # a process ended

@@ -148,6 +148,52 @@ def test_a_silent_rank_times_out():
     _assert_all_gone(llm)
 
 
+def _slow_first_forward_on_rank_1(worker: Worker, seconds: float) -> None:
+    if worker.rank == 1:
+        forward = worker.model.forward
+        calls = []
+
+        def slow(*args, **kwargs):
+            if not calls:
+                calls.append(1)
+                time.sleep(seconds)
+            return forward(*args, **kwargs)
+        worker.model.forward = slow
+
+
+def _interrupt_after(seconds: float, times: int = 1):
+    def fire():
+        for _ in range(times):
+            time.sleep(seconds)
+            os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=fire, daemon=True).start()
+
+
+def test_ctrl_c_during_a_step_keeps_the_ranks_in_step():
+    """Ctrl-C while the ranks compute: they finish the step together, the driver then raises
+    KeyboardInterrupt and the engine rolls the step back; the next steps give the same tokens."""
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    want = [o.token_ids for o in LLM("random", num_kv_blocks=32).generate(prompts, GREEDY)]
+    with LLM("random", tensor_parallel_size=2, num_kv_blocks=32) as llm:
+        llm.engine.executor.collective_rpc(_slow_first_forward_on_rank_1, 2.0)
+        ids = [llm.engine.add_request(p, GREEDY) for p in prompts]
+        _interrupt_after(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            llm.engine.step()
+        assert llm.engine.step_count == 0
+        llm.engine.run()
+        assert [llm.engine.get_output(i).token_ids for i in ids] == want
+
+
+def test_ctrl_c_twice_stops_waiting():
+    llm = LLM("random", tensor_parallel_size=2, num_kv_blocks=32)
+    llm.engine.executor.step_timeout = 60.0      # the bound, should the second Ctrl-C be ignored
+    _interrupt_after(0.3, times=2)               # Ctrl-C reaches the main thread: call from it
+    with pytest.raises(TensorParallelError, match="Ctrl-C twice"):
+        llm.engine.executor.collective_rpc(_stall_rank_1, 120.0)
+    _assert_all_gone(llm)
+
+
 def test_close_ends_every_rank():
     with LLM("random", tensor_parallel_size=2, num_kv_blocks=32) as llm:
         pids = llm.engine.executor.pids
