@@ -301,12 +301,15 @@ def _summary(metrics: dict, instances: Sequence[Instance], slo_ttft, slo_tpot) -
 def run_replicas(trace: Sequence, router: Union[str, Router] = "round-robin", num_replicas: int = 4, *,
                  model: str = "llama-2-7b", hardware: Any = "H100-SXM", num_gpus: Optional[int] = None,
                  link: Any = None, slo_ttft: Optional[float] = None, slo_tpot: Optional[float] = None,
-                 enable_prefix_caching: bool = True, **config) -> tuple[list[Instance], dict]:
+                 enable_prefix_caching: bool = True, keep_metrics: bool = False,
+                 **config) -> tuple[list[Instance], dict]:
     """Replay ``trace`` (``workloads.TraceRequest`` with ``prompt_token_ids``) on ``num_replicas``
     data-parallel replicas, each ``num_gpus`` GPUs (default ``gpus_needed``) of ``hardware``
     joined over ``link`` (None: ideal TP), behind ``router``. Returns ``(instances, summary)``:
     ``metrics.summarize`` over all requests, ``prefix_cache_hit_rate`` over every replica's
-    lookups, ``requests_per_instance``, ``wall_time``. Other keywords are ``EngineConfig`` fields."""
+    lookups, ``requests_per_instance``, ``wall_time``, and with ``keep_metrics`` every request's
+    ``RequestMetrics`` (``summary["metrics"]``, for ``metrics.summarize`` under other SLOs).
+    Other keywords are ``EngineConfig`` fields."""
     t0 = time.perf_counter()
     trace = sorted(trace, key=lambda r: r.arrival_time)
     router = make_router(router)
@@ -323,6 +326,8 @@ def run_replicas(trace: Sequence, router: Union[str, Router] = "round-robin", nu
     s = _summary(metrics, insts, slo_ttft, slo_tpot)
     s.update(router=router.name, num_replicas=num_replicas, gpus_per_replica=num_gpus,
              wall_time=time.perf_counter() - t0)
+    if keep_metrics:
+        s["metrics"] = metrics
     return insts, s
 
 
@@ -338,12 +343,14 @@ def run_disaggregated(trace: Sequence, num_prefill: int, num_decode: int, *, mod
                       hardware: Any = "H100-SXM", num_gpus: Optional[int] = None, link: Any = None,
                       kv_link: Any = "InfiniBand", slo_ttft: Optional[float] = None,
                       slo_tpot: Optional[float] = None, prefill_config: Optional[dict] = None,
-                      decode_config: Optional[dict] = None) -> tuple[list[Instance], list[Instance], dict]:
+                      decode_config: Optional[dict] = None,
+                      keep_metrics: bool = False) -> tuple[list[Instance], list[Instance], dict]:
     """Replay ``trace`` on ``num_prefill`` prefill instances and ``num_decode`` decode instances
     (each ``num_gpus`` GPUs joined over ``link``); the KV of each prefilled prompt crosses
     ``kv_link`` to the decode instance with the fewest outstanding tokens. Both pools route by
     least outstanding tokens. Returns ``(prefill, decode, summary)``; a request's metrics join its
-    two halves: TTFT ends at the prefill pool's token, TPOT spans the transfer and the decode pool.
+    two halves: TTFT ends at the prefill pool's token, TPOT spans the transfer and the decode pool
+    (``keep_metrics``: the joined ``RequestMetrics`` in ``summary["metrics"]``).
     """
     from .request import RequestMetrics
     t0 = time.perf_counter()
@@ -412,4 +419,6 @@ def run_disaggregated(trace: Sequence, num_prefill: int, num_decode: int, *, mod
     s["steps"] = sum(x.engine.step_count for x in everyone)
     s.update(num_prefill=num_prefill, num_decode=num_decode, gpus_per_instance=num_gpus,
              kv_link=lk.name, wall_time=time.perf_counter() - t0)
+    if keep_metrics:
+        s["metrics"] = metrics
     return pre, dec, s
