@@ -138,6 +138,11 @@ class Worker:
                             t["rows"])
         return logits.cpu().numpy() if self.rank == 0 else None
 
+    def comm(self) -> dict:
+        """This rank's collectives so far: calls and bytes of all-reduce and gather."""
+        from .model.parallel import COMM
+        return dict(COMM)
+
     def describe(self) -> dict:
         """What this rank holds: its parameters' shapes and its KV cache slice."""
         k = self.runner.kv_caches[0][0]

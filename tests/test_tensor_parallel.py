@@ -63,7 +63,15 @@ def test_two_ranks_give_the_same_greedy_tokens(tmp_path, arch):
         got = [o.token_ids for o in llm.generate(prompts, GREEDY)]
         held = llm.engine.executor.describe()
         assert llm.engine.executor.bytes_per_block == sum(h["kv_bytes_per_block"] for h in held)
+        comm = llm.engine.executor.collective_rpc(Worker.comm)
+        records = llm.engine.step_records
     assert got == want
+    # Per forward: 2 all-reduces per layer (o_proj, down_proj) + 1 (embedding) of [T, 64] fp32
+    # activations, and 1 gather of the logits.
+    forwards, tokens = len(records), sum(r.num_batched_tokens for r in records)
+    assert comm[0] == comm[1]
+    assert comm[0]["all_reduce"] == 5 * forwards and comm[0]["gather"] == forwards
+    assert comm[0]["all_reduce_bytes"] == 5 * tokens * 64 * 4
     for h in held:                                # each rank: half the heads, half of every KV block
         assert (h["num_heads"], h["num_kv_heads"]) == (2, 1)
         assert h["kv_cache_shape"] == (96, 4, 1, 16)
@@ -88,6 +96,17 @@ def test_swaps_and_prefix_caching_match_one_device():
         assert llm.engine.swapped_bytes > 0 and one.engine.swapped_bytes > 0    # swaps happened
         assert llm.engine.stats()["prefix_cache"] == one.engine.stats()["prefix_cache"]
     assert got == want
+
+
+def test_a_rank_that_cannot_load_its_shard_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+    tiny_hf_checkpoint(tmp_path, "llama")
+    f = tmp_path / "model.safetensors"
+    state = load_file(f)
+    del state["model.norm.weight"]
+    save_file(state, f, metadata={"format": "pt"})
+    with pytest.raises(TensorParallelError, match=r"rank \d raised during 'start'.*missing=\['model.norm.weight'\]"):
+        LLM(str(tmp_path), tensor_parallel_size=2, max_model_len=128)
 
 
 def test_head_counts_that_do_not_split_are_refused():

@@ -19,9 +19,9 @@
   zeros for the others, and an all-reduce sums the ``N`` partial lookups (exactly one is
   not zero, so the sum is exact). The LM head computes the logits of its own vocabulary
   slice and rank 0 *gathers* the slices into whole rows. Replicating them instead would be
-  simpler, but these two ``[V, hidden]`` matrices are among the largest of a small model
-  (a quarter of Qwen3-0.6B's weights): each rank would hold them whole, and compute the
-  whole LM head, for nothing.
+  simpler, but the ``[V, hidden]`` matrices are among the largest of a small model (Qwen3-0.6B's
+  tied embedding alone is a quarter of its weights): each rank would hold them whole, and
+  compute the whole LM head, for nothing.
 - Norms, RoPE and the residual adds are tiny and replicated: every rank does them all.
 
 A rank's shard is a ``LlamaModel`` built from a *per-rank config* (``num_heads / N`` heads,
@@ -44,6 +44,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .llama import LlamaModel
+
+# This process's collectives (one rank's): calls and bytes by kind, for the reader to inspect
+# (``TPExecutor.collective_rpc(Worker.comm)``): per forward, 2 all-reduces per layer + 1 for
+# the embedding, each of the ``[T, hidden]`` activations, and 1 gather of the logits.
+COMM: dict[str, int] = {"all_reduce": 0, "all_reduce_bytes": 0, "gather": 0, "gather_bytes": 0}
+
+
+def _all_reduce(t: torch.Tensor) -> None:
+    COMM["all_reduce"] += 1
+    COMM["all_reduce_bytes"] += t.numel() * t.element_size()
+    dist.all_reduce(t)                               # in place: the sum over every rank
 
 
 # --- how a dimension is split ----------------------------------------------------------
@@ -116,7 +127,7 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)               # this rank's partial sum
-        dist.all_reduce(y)                         # + every other rank's: the whole output
+        _all_reduce(y)                             # + every other rank's: the whole output
         return y + self.bias if self.bias is not None else y
 
 
@@ -139,7 +150,7 @@ class VocabParallelEmbedding(nn.Module):
         local = ids - self.start
         mine = (local >= 0) & (local < self.per_rank)
         y = F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * mine[:, None]
-        dist.all_reduce(y)                         # exactly one rank contributes each row
+        _all_reduce(y)                             # exactly one rank contributes each row
         return y
 
 
@@ -150,6 +161,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, self.weight)
         world = dist.get_world_size()
+        COMM["gather"] += 1
+        COMM["gather_bytes"] += logits.numel() * logits.element_size()
         if dist.get_rank() == 0:
             parts = [torch.empty_like(logits) for _ in range(world)]
             dist.gather(logits, parts, dst=0)
