@@ -197,3 +197,19 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
     assert not errors, f"{path.name}: error outputs {[(o.ename, o.evalue) for o in errors]}"
     assert elapsed <= NOTEBOOK_TIMEOUT, f"{path.name} took {elapsed:.0f} s (> {NOTEBOOK_TIMEOUT} s)"
     print(f"{path.name}: {elapsed:.1f} s")
+
+
+PAIRED = sorted((ROOT / "notebooks").glob("*.py"))     # jupytext percent sources, each paired with its .ipynb
+
+
+@pytest.mark.parametrize("path", PAIRED, ids=_ids(PAIRED))
+def test_jupytext_source_and_notebook_are_in_sync(path):
+    """A notebook written as a jupytext percent-format ``.py`` (its own source, edited as a file) and its
+    ``.ipynb`` hold the same cells: after editing the ``.py``, run ``jupytext --to ipynb`` on it."""
+    jupytext = pytest.importorskip("jupytext")
+    ipynb = path.with_suffix(".ipynb")
+    assert ipynb.exists(), f"{path.name} has no {ipynb.name}: run `jupytext --to ipynb notebooks/{path.name}`"
+    want = [(c.cell_type, c.source) for c in jupytext.read(path).cells]
+    have = [(c.cell_type, c.source) for c in nbformat.read(ipynb, as_version=4).cells]
+    assert have == want, (f"{ipynb.name} differs from {path.name}: run `jupytext --to ipynb notebooks/{path.name}` "
+                          "and commit both")

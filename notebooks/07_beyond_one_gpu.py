@@ -1,0 +1,335 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · Beyond one GPU
+#
+# Notebooks 00-06 served one model copy on one device. Three questions come next:
+#
+# 1. **The model does not fit one GPU** (Llama-2-70B's bf16 weights are 138 GB; an H100 has 80 GB).
+#    Tensor parallelism splits every layer across N GPUs (Megatron-LM, Shoeybi et al. 2019).
+#    What does each GPU hold, what do they exchange, and when does adding GPUs stop paying?
+# 2. **Prefill and decode interfere.** A long prefill in the batch stalls every decode beside it.
+#    Disaggregation gives each phase its own GPUs and moves the KV cache between them (DistServe,
+#    Zhong et al., OSDI 2024; Splitwise, Patel et al., ISCA 2024). When does that beat colocating
+#    both phases with chunked prefill?
+# 3. **A fleet of replicas.** N copies of the model behind a router. Which replica should a request go
+#    to, when each replica's prefix cache (notebook 04) only helps requests that reach it?
+#
+# Part 1 runs for real: two CPU processes split the random model's layers over `torch.distributed`.
+# Parts 2 and 3 are simulated: every instance is an `LLMEngine` with `executor="simulated"` and
+# `clock="modeled"` (the engine's own scheduler and paged KV, a roofline clock), and
+# `minillm/cluster.py` only decides which instance gets a request, and when.
+
+# %%
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from minillm import LLM, SamplingParams, cluster, impl, metrics
+from minillm.costmodel import LINKS, MODELS
+from minillm.simulated import tp_step_times
+from minillm.workloads import LogNormal, synthetic_trace
+
+ex = impl.load("ex07_router")   # your exercises/ex07_router.py (MINILLM_IMPL=solutions: the answer);
+                                # re-run this cell after editing the file: impl.load reads it again
+
+# %% [markdown]
+# ## 1. Tensor parallelism, stepped live
+#
+# Megatron-style sharding of one decoder layer over N ranks:
+#
+# * `q_proj`, `k_proj`, `v_proj` are split **by output** (column-parallel) on whole heads: rank r computes
+#   `num_heads / N` query heads and `num_kv_heads / N` KV heads, and stores only those KV heads in its
+#   slice of every KV block. Attention needs nothing from the other ranks.
+# * `o_proj` is split **by input** (row-parallel): each rank multiplies its heads' outputs by its
+#   columns of `W_o`, which gives a *partial sum* of the full output; an **all-reduce** adds the N partial
+#   sums so every rank holds the whole result.
+# * The MLP likewise: `gate_proj`/`up_proj` column-parallel, `down_proj` row-parallel, one more all-reduce.
+#
+# So: **two all-reduces per layer**, each of the activations (`tokens x hidden x dtype bytes`). The
+# scheduler and the block tables stay in the driver process; one step is one broadcast of the
+# scheduler's decision and one forward on every rank (`minillm/tp_executor.py`,
+# `minillm/model/parallel.py`). Below: the random model on 2 CPU ranks (gloo), float32, greedy.
+
+# %%
+PROMPTS = [[11, 12, 13, 14, 15, 16], [40, 41, 42]]
+greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+with LLM("random", tensor_parallel_size=2, dtype="float32") as tp2:
+    out_tp = tp2.generate(PROMPTS, greedy)
+    ranks = tp2.engine.executor.describe()
+out_one = LLM("random", dtype="float32").generate(PROMPTS, greedy)
+for r in ranks:
+    p = r["params"]
+    print(f"rank {r['rank']}: {r['num_heads']} query heads, {r['num_kv_heads']} KV heads; "
+          f"q_proj {p['model.layers.0.self_attn.q_proj.weight']}, o_proj {p['model.layers.0.self_attn.o_proj.weight']}, "
+          f"down_proj {p['model.layers.0.mlp.down_proj.weight']}; KV cache per layer {r['kv_cache_shape']}")
+same = [a.token_ids == b.token_ids for a, b in zip(out_tp, out_one)]
+print("greedy tokens, 2 ranks vs 1 process, identical:", same)
+assert all(same)
+
+# %% [markdown]
+# Each rank holds half the heads: `q_proj`'s output rows and `o_proj`'s input columns are halved, and
+# each rank's KV cache stores only its own KV heads. The tokens are identical to the single-process run:
+# the all-reduce restores exactly the sums a single device would compute (in float32 on CPU).
+#
+# ### Where TP stops paying
+#
+# The cost model prices a step on N GPUs as the roofline of N GPUs' FLOP/s and bandwidth, **plus** the
+# two all-reduces per layer: a ring all-reduce moves `2 (N-1)/N x bytes` per GPU over the link, plus a
+# fixed latency (`costmodel.LinkSpec.allreduce_time`). Compute and weight reads shrink as 1/N; the
+# all-reduce does not shrink at all. `link=None` is the ideal TP of notebook 01 (no communication).
+# Links (one direction per GPU, from the vendors' figures):
+
+# %%
+for name, lk in LINKS.items():
+    print(f"{name:11s} {lk.bandwidth / 1e9:6.0f} GB/s, {lk.latency * 1e6:.0f} us per all-reduce")
+
+SIZES = (1, 2, 4, 8)
+CASES = {"decode, batch 32, context 1024": dict(num_new_tokens=[1] * 32, context_lens=[1024] * 32),
+         "prefill, one 4096-token prompt": dict(num_new_tokens=[4096], context_lens=[4096])}
+fig = make_subplots(rows=1, cols=2, subplot_titles=list(CASES))
+for col, (case, kw) in enumerate(CASES.items(), start=1):
+    for link in (None, "NVLink", "PCIe", "InfiniBand"):
+        t = tp_step_times("H100-SXM", "llama-2-13b", SIZES, link, **kw)
+        speedup = [t[0] / x for x in t]
+        fig.add_trace(go.Scatter(x=list(SIZES), y=speedup, mode="lines+markers", name=link or "ideal",
+                                 legendgroup=link or "ideal", showlegend=col == 1), row=1, col=col)
+        print(f"{case:32s} {link or 'ideal':10s} step ms " + ", ".join(f"{x * 1e3:6.2f}" for x in t)
+              + "   speed-up at 8: " + f"{speedup[-1]:.2f}x")
+fig.update_xaxes(title_text="GPUs (tensor parallel)", type="log", tickvals=list(SIZES))
+fig.update_yaxes(title_text="speed-up over 1 GPU")
+fig.update_layout(title="Llama-2-13B on H100s: modeled step time speed-up by link", height=380)
+fig.show()
+
+# %% [markdown]
+# Read the printed speed-ups at 8 GPUs. Over NVLink the all-reduce costs little against the shrinking
+# weight reads, and decode keeps most of its gain. Over PCIe and InfiniBand the prefill step, whose
+# activations are thousands of tokens wide, is soon dominated by the all-reduce, which does not shrink
+# with N: each GPU added saves less than the one before, and the speed-up flattens far below N.
+# That is why TP stays inside one NVLink domain (Megatron-LM's own scaling put TP within a DGX node:
+# 8.3B parameters on 512 GPUs, 15.1 PFLOP/s, 76% scaling efficiency, with 8-way TP inside each server
+# and data parallelism across them). The model leaves out compute/communication overlap and NCCL's
+# algorithms other than the ring.
+#
+# ## 2. Disaggregated prefill/decode against chunked prefill
+#
+# `cluster.run_disaggregated(trace, P, D)`: P prefill instances (requests get `max_tokens=1`), whose KV
+# (`prompt x M_KV` bytes; 0.8 MB per token for Llama-2-13B) then crosses an InfiniBand link to the decode
+# instance with the fewest outstanding tokens. `cluster.run_colocated(trace, N)`: N instances doing both.
+# Four GPUs of A100-80GB each serving Llama-2-13B, on long prompts (median 1536 tokens) and 192-token
+# answers; the same trace at each rate for every deployment:
+#
+# * **1P3D** and **2P2D**: disaggregated;
+# * **chunked**: colocated, prefill chunks of at most 512 tokens share each step with the decodes
+#   (Sarathi-Serve's answer to the same interference);
+# * **unchunked**: colocated, a whole prompt per step, prefill first (vLLM before chunked prefill, the
+#   baseline DistServe compared against).
+#
+# Goodput counts requests meeting TTFT <= 1 s and TPOT <= the SLO, under a loose (100 ms) and a tight (25 ms) TPOT.
+
+# %%
+RATES = (2, 4, 6, 8)
+N_REQ = 240
+SLO_TTFT, TPOT_LOOSE, TPOT_TIGHT = 1.0, 0.100, 0.025
+SIM = dict(model="llama-2-13b", hardware="A100-80GB", keep_metrics=True)
+DEPLOY = {
+    "1P3D": lambda tr: cluster.run_disaggregated(tr, 1, 3, **SIM)[2],
+    "2P2D": lambda tr: cluster.run_disaggregated(tr, 2, 2, **SIM)[2],
+    "chunked": lambda tr: cluster.run_colocated(tr, 4, max_num_batched_tokens=512, **SIM)[1],
+    "unchunked": lambda tr: cluster.run_colocated(tr, 4, enable_chunked_prefill=False,
+                                                  interference="prefill-priority", **SIM)[1],
+}
+rows = {name: [] for name in DEPLOY}
+for rate in RATES:
+    trace = synthetic_trace(N_REQ, rate=rate, prompt_len=LogNormal(1536, 0.4, 128, 4000),
+                            output_len=LogNormal(192, 0.5, 8, 512), vocab_size=32000, seed=1)
+    for name, run in DEPLOY.items():
+        s = run(trace)
+        good = {tp: metrics.summarize(s["metrics"], slo_ttft=SLO_TTFT, slo_tpot=tp)["goodput_requests_per_s"]
+                for tp in (TPOT_LOOSE, TPOT_TIGHT)}
+        rows[name].append(dict(rate=rate, ttft_p99=s["ttft_p99"], tpot_p50=s["tpot_p50"], tpot_p99=s["tpot_p99"],
+                               good_loose=good[TPOT_LOOSE], good_tight=good[TPOT_TIGHT]))
+print(f"{'deployment':10s} {'rate':>4s} {'TTFT p99 ms':>11s} {'TPOT p50 ms':>11s} {'TPOT p99 ms':>11s} "
+      f"{'goodput@100ms':>13s} {'goodput@25ms':>12s}")
+for name, rs in rows.items():
+    for r in rs:
+        print(f"{name:10s} {r['rate']:4d} {r['ttft_p99'] * 1e3:11.0f} {r['tpot_p50'] * 1e3:11.1f} "
+              f"{r['tpot_p99'] * 1e3:11.1f} {r['good_loose']:13.2f} {r['good_tight']:12.2f}")
+
+# %%
+fig = make_subplots(rows=1, cols=4, subplot_titles=["TTFT p99 (s)", "TPOT p99 (ms)", "goodput, TPOT <= 100 ms",
+                                                    "goodput, TPOT <= 25 ms"])
+for name, rs in rows.items():
+    for col, (key, scale) in enumerate((("ttft_p99", 1), ("tpot_p99", 1e3), ("good_loose", 1), ("good_tight", 1)), 1):
+        fig.add_trace(go.Scatter(x=list(RATES), y=[r[key] * scale for r in rs], mode="lines+markers", name=name,
+                                 legendgroup=name, showlegend=col == 1), row=1, col=col)
+fig.update_xaxes(title_text="arrival rate (req/s)")
+fig.update_yaxes(type="log", row=1, col=1)
+fig.update_layout(height=380, title="4 x A100, Llama-2-13B: disaggregated vs colocated")
+fig.show()
+for key, label in (("good_loose", "TPOT <= 100 ms"), ("good_tight", "TPOT <= 25 ms")):
+    best = [max(rows, key=lambda n: rows[n][i][key]) for i in range(len(RATES))]
+    print(f"best goodput under TTFT <= 1 s and {label}: " +
+          ", ".join(f"{rate} req/s -> {b} ({rows[b][i][key]:.2f})" for i, (rate, b) in enumerate(zip(RATES, best))))
+
+# %% [markdown]
+# What to read off the printout and the plots:
+#
+# * **TPOT isolation.** A decode pool never runs a prefill. 1P3D's three decode GPUs keep TPOT p99
+#   nearly flat as the rate grows, while both colocated deployments' TPOT tails climb with the rate:
+#   every prefill (or prefill chunk) lengthens the decode steps it shares. (2P2D's two decode GPUs
+#   fill up instead: isolation does not help a pool that is simply too small.) This is the direction of
+#   DistServe's result: its gains are largest under tight TPOT SLOs (it reports serving up to 7.4x more
+#   requests, or a 12.6x tighter SLO, than vLLM and DeepSpeed-MII while over 90% of requests meet it).
+# * **The price: a fixed split.** 1P3D's single prefill GPU saturates first and its TTFT tail explodes
+#   (see the log-scale TTFT panel); 2P2D moves the bottleneck to decode. A colocated instance gives its
+#   time to whichever phase has work, so chunked prefill keeps up at rates where a fixed split has run
+#   out of one phase. The "best goodput" lines above name the winner at each rate for each SLO.
+# * **Chunking versus no chunking.** Against the unchunked baseline, disaggregation's tighter TPOT is
+#   the clearer win; chunked prefill recovers most of that isolation on the same GPUs.
+#
+# Where this model differs from DistServe: (a) DistServe searches each phase's parallelism and
+# placement per workload; here every instance is one A100, and the P:D ratio is all that varies;
+# (b) the KV transfer is one uncontended copy at link bandwidth, after the prefill ends (DistServe
+# overlaps it layer by layer and places pairs to use NVLink); (c) the decode pool re-admits each
+# request through the ordinary scheduler, priced as one decode step over the arrived KV
+# (`cluster.KVArrivedCostModel`); (d) the roofline has no kernel-level interference beyond time
+# sharing, which favours colocation. Splitwise (Patel et al.) reports 1.4x the throughput at 20% lower
+# cost, or 2.35x the throughput for the same cost and power, largely by putting each phase on
+# different hardware; that is one of the knobs this model could turn next (a cheaper GPU for decode).
+#
+# ## 3. Replicas behind a router
+#
+# Four Llama-2-7B replicas (one H100 each), prefix caching on. Three routers see, at each arrival, the
+# prompt and every replica's outstanding requests and tokens (`cluster.Load`):
+#
+# * **round robin**: blind to content and load;
+# * **least outstanding tokens**: the least loaded replica;
+# * **prefix-aware**: consistent hashing on the prompt's first 4 KV blocks (64 tokens), bounded at
+#   1.25 x the mean load ("consistent hashing with bounded loads", Mirrokni, Thorup and Zadimoghaddam,
+#   SODA 2018): a replica over the bound is passed over for the next one on the ring.
+#
+# Two traces from the `router` benchmark: 31 applications' 512-token system prompts before a
+# unique question; and 5-turn conversations, each with its own system prompt (turn k's prompt extends
+# turn k-1's). `python -m minillm.bench router --size full` runs the same comparison on 100,000
+# requests per trace.
+
+# %%
+from minillm.bench.router import traces
+
+TRACES = traces(1500, rate=60.0, seed=0)
+ROUTERS = {"round robin": "round-robin", "least tokens": "least-tokens", "prefix-aware": "prefix-aware",
+           "prefix-aware (yours)": None}
+res = {}
+for tname, trace in TRACES.items():
+    for label, router in ROUTERS.items():
+        if router is None:
+            try:
+                router = ex.ExerciseRouter()
+                router.route(trace[0].prompt_token_ids, [cluster.Load(0, 0)] * 4)
+            except NotImplementedError:
+                print("ex07 not written yet: the 'yours' row is skipped")
+                continue
+        _, s = cluster.run_replicas(trace, router, 4, model="llama-2-7b", hardware="H100-SXM",
+                                    slo_ttft=0.5, slo_tpot=0.05)
+        res[tname, label] = s
+        print(f"{tname:13s} {label:21s} hit rate {s['prefix_cache_hit_rate']:.3f}  TTFT p50 {s['ttft_p50'] * 1e3:6.1f} ms"
+              f"  p99 {s['ttft_p99'] * 1e3:6.1f} ms  goodput {s['goodput_requests_per_s']:6.2f} req/s"
+              f"  requests per replica {s['requests_per_instance']}  ({s['wall_time']:.1f} s wall)")
+
+# %%
+fig = make_subplots(rows=1, cols=3, subplot_titles=["prefix-cache hit rate", "TTFT p50 (ms)", "TTFT p99 (ms)"])
+for label in ROUTERS:
+    xs = [t for t in TRACES if (t, label) in res]
+    if not xs:
+        continue
+    for col, (key, scale) in enumerate((("prefix_cache_hit_rate", 1), ("ttft_p50", 1e3), ("ttft_p99", 1e3)), 1):
+        fig.add_trace(go.Bar(x=xs, y=[res[t, label][key] * scale for t in xs], name=label, legendgroup=label,
+                             showlegend=col == 1), row=1, col=col)
+fig.update_layout(barmode="group", height=380, title="4 replicas, 60 req/s: three routers")
+fig.show()
+
+# %% [markdown]
+# Prefix-aware routing sends each system prompt (or conversation) to the replica that already cached
+# it, so its hit rate leads on both traces; least-outstanding-tokens balances by load but scatters
+# prefixes, and round robin does both blindly. On the conversation trace the difference is
+# largest: each turn's whole history is a prefix only one replica holds. The price is balance: the
+# ring gives replicas unequal shares of the key space (the requests-per-replica lists), and only the
+# load bound keeps a popular prefix from burying one replica (`load_factor=math.inf` is plain
+# consistent hashing, with no bound at all). The same ideas are at work in production routers, e.g. SGLang's
+# cache-aware router (a prefix tree per replica with a load threshold) and llm-d's prefix-aware
+# scheduling. At 60 req/s the replicas are far from full, so TTFT differences stay small; the saved
+# prefill (the hit rate) is what grows into TTFT and goodput as the load rises.
+#
+# ## Exercise
+#
+# **`prefix_key`, `route_on_ring`** (consistent hashing with bounded loads) and **`kv_transfer_time`,
+# `max_prompt_for_transfer`** (the KV transfer's break-even) in `exercises/ex07_router.py`.
+# `ex.ExerciseRouter()` routes with your functions; the table above already ran it as
+# "prefix-aware (yours)". Below: the break-even, how long a prompt's KV can be and still cross within
+# one TPOT budget of 25 ms, per link, for Llama-2-13B.
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `route_on_ring`: `bisect.bisect_left` on the ring's points finds the first point at or after the key;
+# walk `ring[(start + j) % len(ring)]` for `j` in `range(len(ring))`, skipping replicas already seen.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `max_prompt_for_transfer`: solve `latency + n * M_KV / bandwidth <= budget` for the largest integer
+# n, then check n and n + 1 against `kv_transfer_time` itself: floating point can put the quotient a
+# hair under an integer.
+#
+# </details>
+
+# %%
+M_KV = MODELS["llama-2-13b"].kv_bytes_per_token
+with impl.attempt("ex07.prefix_key / route_on_ring"):
+    ring = [(10, 0), (20, 1), (30, 2)]
+    print("route_on_ring(15, ...):", ex.route_on_ring(15, ring, [0, 0, 0]), "(expected 1);",
+          "with replica 1 overloaded:", ex.route_on_ring(15, ring, [0, 10, 2]), "(expected 2)")
+with impl.attempt("ex07.kv_transfer_time / max_prompt_for_transfer"):
+    for name, lk in LINKS.items():
+        n = ex.max_prompt_for_transfer(0.025, M_KV, lk.bandwidth, lk.latency)
+        print(f"{name:11s} a 1,536-token prompt's KV crosses in "
+              f"{ex.kv_transfer_time(1536, M_KV, lk.bandwidth, lk.latency) * 1e3:6.2f} ms; "
+              f"within 25 ms: prompts up to {n:,} tokens")
+
+# %% [markdown]
+# ### Grading
+#
+# Your code goes in `exercises/ex07_router.py` (its stubs raise `NotImplementedError` until you fill them in;
+# the docstrings say exactly what each must do). From the repository root:
+#
+# ```bash
+# make grade EX=07                                            # every ex07 grader, against exercises/
+# MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex07 tests/test_exercises.py -k route_on_ring   # one exercise
+# ```
+#
+# ## References
+#
+# * Shoeybi et al., "Megatron-LM: Training Multi-Billion Parameter Language Models Using Model
+#   Parallelism", 2019: 8.3B parameters on 512 GPUs at 15.1 PFLOP/s, 76% scaling efficiency.
+# * Zhong et al., "DistServe: Disaggregating Prefill and Decoding for Goodput-optimized Large Language
+#   Model Serving", OSDI 2024: up to 7.4x more requests or 12.6x tighter SLO, > 90% of requests within it.
+# * Patel et al., "Splitwise: Efficient Generative LLM Inference Using Phase Splitting", ISCA 2024:
+#   1.4x throughput at 20% lower cost, or 2.35x throughput at the same cost and power.
+# * Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention"
+#   (vLLM), SOSP 2023: 2-4x the throughput of FasterTransformer and Orca at the same latency.
+# * Agrawal et al., "Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve", OSDI 2024
+#   (chunked prefill, stall-free batching).
+# * Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", SODA 2018.
