@@ -77,9 +77,9 @@ def model_config(model_path: str, config):
 
 def _process_context():
     """How rank processes start: "forkserver" where there is one (a clean process like "spawn",
-    forked from a server that imported torch and minillm once, so later engines start in
-    about a second), else "spawn". Never a plain fork of the driver, whose threads (and
-    CUDA state) a child cannot safely inherit."""
+    forked from a server that imported torch and minillm once, so the ranks of every later
+    engine start in a fraction of a second), else "spawn". Never a plain fork of the driver,
+    whose threads (and CUDA state) a child cannot safely inherit."""
     import multiprocessing
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = torch.multiprocessing.get_context("forkserver")
