@@ -80,7 +80,7 @@ def run(args) -> dict:
         goals.append(goal(f"{tname}: prefix-aware hit rate above round robin", "> round robin",
                           f"{pa['prefix_cache_hit_rate']:.3f} vs {rr['prefix_cache_hit_rate']:.3f}",
                           pa["prefix_cache_hit_rate"] > rr["prefix_cache_hit_rate"]))
-        goals.append(goal(f"{tname}: every request finishes", str(P["n"]),
+        goals.append(goal(f"{tname}: every request finishes", str(rr["num_requests"]),
                           min(x["num_finished"] for x in res[tname].values()),
                           all(x["num_finished"] == x["num_requests"] for x in res[tname].values())))
     return dict(config=cfg, results=res, goals=goals, _tables=[t])
