@@ -167,7 +167,7 @@ def test_make_lab_on_a_fresh_clone(as_user, workdir):
 
 def _cmdline_of_group(pgid: int) -> str:
     """The command lines of the processes started by ``make lab`` (its own session: ``ps -g`` selects it)."""
-    return subprocess.run(["ps", "-o", "args=", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return subprocess.run(["ps", "-ww", "-o", "args=", "-g", str(pgid)], capture_output=True, text=True).stdout
 
 
 def _stop(proc: subprocess.Popen) -> None:
