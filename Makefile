@@ -91,10 +91,9 @@ grade: $(STAMP)
 exercises: $(STAMP)
 	$(PY) scripts/make_exercises.py
 
-# Rebuild the notebooks from their builder scripts (they are committed without outputs).
+# Write each notebook's .ipynb from its jupytext source notebooks/NN_*.py (committed without outputs).
 notebooks: $(STAMP)
-	$(PY) scripts/build_notebooks.py
-	@test ! -f scripts/build_notebooks_part2.py || $(PY) scripts/build_notebooks_part2.py
+	@for src in notebooks/[0-9]*.py; do $(PY) -m jupytext --quiet --update --to ipynb "$$src" || exit 1; done
 
 # Retrain the shipped Shakespeare model and its draft (about an hour on 2 CPU cores).
 train-default-model: $(STAMP)

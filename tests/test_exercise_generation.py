@@ -87,7 +87,7 @@ def test_every_exercise_description_is_followed_by_hints(path):
         nxt = text[i + 1] if i + 1 < len(cells) and cells[i + 1]["cell_type"] == "markdown" else ""
         assert "<details><summary>Hint 1</summary>" in nxt, (
             f"{path.name}, cell {i} ({text[i][:60]!r}...): the next cell should hold its hints, "
-            "<details><summary>Hint 1</summary>...</details> (scripts/build_notebooks*.py)")
+            "<details><summary>Hint 1</summary>...</details> (in the notebook's .py source)")
         assert nxt.count("<details>") == nxt.count("</details>"), f"{path.name}, cell {i + 1}: unbalanced <details>"
 
 

@@ -1,0 +1,231 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 · A tour of minillm
+#
+# minillm is a small LLM serving engine built to be read and stepped through. Its subject is the
+# seeds' **batching and scheduling**: "Scheduling decides which requests run, when, and together with
+# which others. Batching is the mechanism that makes memory-bound decode efficient." Everything in this
+# series is the real engine running: a Llama-style model, a paged KV cache, a scheduler that re-forms
+# the batch every step, and attention computed by a Triton kernel.
+#
+# In this tour:
+#
+# 1. generate text with the model that ships in the repository;
+# 2. look at one engine step as plain data (a `StepRecord`);
+# 3. step the engine yourself with a widget;
+# 4. check the Triton attention kernel against its torch reference, on the engine's own KV cache;
+# 5. the map of the series.
+#
+# You need basic PyTorch. Everything runs offline. On a laptop CPU the Triton kernels run in Triton's
+# *interpreter* (slow, but exactly the same kernel); on a GPU they are compiled.
+
+# %%
+import kernels
+kernels.use_interpreter_if_no_cuda()   # no GPU: Triton kernels run in Triton's interpreter (say so before any model loads)
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
+from minillm.widgets import LockstepStepper, Stepper
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+print(f"device: {DEVICE}; Triton kernels {'compiled for the GPU' if GPU else 'run by Triton interpreter on the CPU'}")
+
+# %% [markdown]
+# ## 1. Generate text
+#
+# `LLM` is the front door, shaped like vLLM's so what you learn here transfers: build it, call
+# `generate` with prompts and `SamplingParams`. With no model named it loads the small Shakespeare
+# model in `minillm/checkpoints/shakespeare` (a few million parameters, trained for this series).
+
+# %%
+llm = LLM(device=DEVICE, dtype="auto", attention_backend="auto")   # the shipped model; Triton on a GPU
+params = SamplingParams(max_tokens=48, temperature=0.8, top_k=40, seed=0)
+prompts = ["ROMEO:\n", "JULIET:\nO "]
+if llm.tokenizer is None:      # only while the shipped checkpoint is missing: the random stand-in has no tokenizer
+    prompts = [[10, 11, 12], [20, 21]]
+for out in llm.generate(prompts, params):
+    m = out.metrics
+    print(f"{out.prompt or out.prompt_token_ids!r} -> {out.text if out.text is not None else out.token_ids!r}")
+    print(f"    {len(out.token_ids)} tokens ({out.finish_reason}), first after {m.ttft * 1e3:.1f} ms, "
+          f"then {m.tpot * 1e3:.1f} ms per token\n")
+
+# %% [markdown]
+# Both prompts ran **together**: `generate` adds each prompt as a request and calls `engine.step()`
+# until every request is done. Each step is one *scheduler iteration*: the scheduler picks the requests
+# that run and how many tokens each processes, the model runs that batch once, and the engine appends
+# the sampled tokens. The two numbers printed are the seeds' latency metrics: **TTFT**, the time to the
+# first token, and **TPOT**, the time per output token after it.
+
+# %% [markdown]
+# ## 2. One step, as data
+#
+# The engine does one thing per `step()`, always in one direction: the **scheduler decides** (who runs,
+# how many tokens, which KV blocks), the **runner executes** (tensors in, one forward pass, tokens out),
+# the **engine applies** the results (append tokens, finish requests, free their KV) and emits a
+# `StepRecord`. Everything you will see in this series (widgets, plots, metrics) is drawn from these
+# records only.
+#
+# There is no separate "prefill phase" and "decode phase" in the data. Each request knows how many of
+# its tokens already have KV in the cache (`num_computed_tokens`); a step grants it some new tokens
+# under the **execution-token budget** (`max_num_batched_tokens`). A *decode* is the case of one new
+# token; a *prefill* the case of many; a prompt too long for what is left of the budget gets a capped
+# many (*chunked prefill*). Below: four requests, a budget of 16 tokens, at most 3 requests at once, a
+# KV cache of 16 blocks of 4 positions.
+
+# %%
+small = LLM(device=DEVICE, dtype="auto", block_size=4, num_kv_blocks=16, max_num_batched_tokens=16, max_num_seqs=3)
+eng = small.engine
+for rid, prompt_len in (("A", 6), ("B", 9), ("C", 4), ("D", 5)):
+    eng.add_request(list(range(100, 100 + prompt_len)), SamplingParams(max_tokens=4, ignore_eos=True),
+                    request_id=rid)
+rec = eng.step()
+print(rec.summary())
+
+
+# %% [markdown]
+# The same record, field by field. `batch` has one entry per request in the step; `waiting` says, in
+# words, why each waiting request is not in it; `kv` is the KV cache after the step.
+
+# %%
+def show(rec):
+    print(f"step {rec.step}: {rec.num_batched_tokens} of {rec.token_budget} budget tokens, "
+          f"took {rec.duration * 1e3:.1f} ms ({rec.clock} clock)")
+    for e in rec.batch:
+        print(f"  {e.request_id}: {e.phase:<7} +{e.num_tokens:>2} tokens   KV {e.num_computed_before:>2} -> "
+              f"{e.context_len:>2} positions   {e.num_output_tokens} token(s) out")
+    for w in rec.waiting:
+        print(f"  {w.request_id} waits: {w.reason}")
+    kv = rec.kv
+    print(f"  KV: {kv.used} of {kv.total} positions hold KV, in {kv.blocks_used} of {kv.blocks_total} blocks "
+          f"of {kv.block_size} ({kv.partial_waste} positions empty in partly filled last blocks)")
+
+show(rec)
+print("\nevery field:", ", ".join(rec.to_dict()))
+
+# %% [markdown]
+# A and B prefilled whole (6 + 9 = 15 tokens), leaving 1 token of the budget: C's 4-token prompt was
+# **split**, and its first token went into this step. D waits because 3 requests are already running.
+# One more step: A, B decode one token each, C continues its prompt.
+
+# %%
+show(eng.step())
+
+# %% [markdown]
+# ## 3. Step it yourself
+#
+# The `Stepper` widget drives the same engine one iteration per click. **Step** runs exactly one
+# `engine.step()`; **Run N** runs N; **Play** keeps stepping; **Reset** rebuilds the engine and replays
+# the same requests; the slider looks back at earlier steps. It shows the waiting queue and the running
+# set, the step's batch against the token budget, the KV memory map (one cell per block, coloured by the
+# request that owns it) and, in words, what the scheduler decided.
+#
+# Here a small trace: 8 requests arriving at random (a Poisson process, about one every 10 ms) with
+# prompts of 4 to 14 tokens and 3 to 10 output tokens. The engine runs the real model with `attention_backend="triton"`: every
+# Step executes the Triton attention kernel (through the interpreter on a CPU, about a second a step).
+# Time is *modeled*: each step counts 10 ms, the seeds' assumption, so the arrival pattern is the same on
+# every machine.
+
+# %%
+trace = workloads.synthetic_trace(8, rate=100.0, prompt_len=workloads.Uniform(4, 14),
+                                  output_len=workloads.Uniform(3, 10), vocab_size=400, seed=2)
+
+def tour_engine():
+    return LLM(device=DEVICE, dtype="auto", attention_backend="triton",    # the Triton kernel, every step
+               block_size=4, num_kv_blocks=24, max_num_batched_tokens=16, max_num_seqs=4,
+               clock="modeled", cost_model=0.010)                        # 10 ms per step
+
+stepper = Stepper(tour_engine, requests=trace)
+stepper
+
+# %% [markdown]
+# Clicking **Step** is calling `stepper.step()`; a cell can click for you. Watch the *Not arrived yet*
+# list drain into the waiting queue, requests join the running set as soon as there is a slot and
+# budget (no one waits for the batch to finish: *continuous batching*), and each one's KV grow a
+# block at a time.
+
+# %%
+for _ in range(3):
+    rec = stepper.step()
+    print(rec.summary())
+
+# %% [markdown]
+# ## 4. The kernel, checked on the engine's own cache
+#
+# The attention in every step above ran in `kernels/attention.py`: a Triton kernel that reads each
+# request's keys and values through its **block table** (which blocks of the shared cache hold its
+# positions, in order). Beside it sits a plain-torch reference of the same computation. Here both run on
+# the KV cache the widget's engine has filled, for the requests running now, and must agree.
+
+# %%
+eng = stepper.engine                         # the engine the cells above have been stepping
+rec = eng.step_records[-1]
+rids = rec.running                             # requests holding KV right now
+k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
+dev = k_cache.device
+tables = [eng.kv.block_table(r) for r in rids]                # where each request's positions live
+width = max(len(t) for t in tables)
+block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
+cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
+heads, head_dim = eng.hf_config.num_attention_heads, k_cache.shape[-1]
+q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
+                generator=torch.Generator(device=dev).manual_seed(0))
+args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
+out_triton = kernels.paged_attention(*args, backend="triton")
+out_torch = kernels.paged_attention(*args, backend="torch")
+err = (out_triton.float() - out_torch.float()).abs().max().item()
+print(f"requests {rids}, KV lengths {context_lens.tolist()}: max |triton - torch| = {err:.1e}")
+assert err < (1e-4 if k_cache.dtype == torch.float32 else 3e-2), err
+
+# %% [markdown]
+# ## 5. The series
+#
+# | notebook | what it covers |
+# |---|---|
+# | [00 · A tour](00_tour.ipynb) | generate text, one engine step as data, the step-through widget |
+# | [01 · Batching math](01_batching_math.ipynb) | why decode is memory bound, the roofline, KV memory and the maximum batch, static vs continuous batching, the execution-token budget |
+# | [02 · Reservation vs paging](02_reservation_vs_paging.ipynb) | why max-length reservations make requests wait (Figure 4), paged KV blocks, waste, the block size |
+# | [03 · Scheduling policies](03_scheduling_policies.ipynb) | FCFS, shortest-first, priority classes, MLFQ, fair queuing; head-of-line blocking and starvation |
+# | [04 · Prefix caching](04_prefix_caching.ipynb) | block hashes, reference counts, shared system prompts and multi-turn conversations |
+# | [05 · Preemption](05_preemption.ipynb) | swap vs recompute and the cost rule that picks one; thrashing |
+# | [06 · Speculative decoding](06_speculative_decoding.ipynb) | a draft proposes, the target verifies in one pass; acceptance rate and when it stops paying |
+#
+# Each notebook runs the real engine and ends with exercises that plug into it.
+
+# %% [markdown]
+# ## Exercises
+#
+# How the exercises work, for the whole series: each notebook `NN` has a module `exercises/exNN_*.py` of
+# functions and classes to fill in. Their stubs raise `NotImplementedError` naming the task; their
+# docstrings say what to compute and which passage of the seeds it comes from. A notebook's last cells
+# call *your* implementation (`impl.load("ex01_batching")`), and `make grade EX=NN` runs the graders:
+#
+# ```bash
+# make grade EX=01        # from the repository root: notebook 01's graders, against exercises/
+# ```
+#
+# The reference answers are in `solutions/`; `MINILLM_IMPL=solutions` makes the notebooks use them.
+#
+# Warm-up, no grader (answer by predicting, then check with the widget above):
+#
+# 1. Before clicking **Step** in section 3, predict from the trace which requests the first step admits.
+#    Change `max_num_batched_tokens=16` to `8` in `tour_engine` and predict again: which prompt is split?
+# 2. In section 2, D waits because `max_num_seqs=3`. Rebuild `small` with `max_num_seqs=4`: does D run in
+#    step 0? (Check the budget first: 6 + 9 + 4 + 5 tokens against 16.)

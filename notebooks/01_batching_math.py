@@ -1,0 +1,480 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · The batching math
+#
+# > Decode reads the full weight set to produce one token. That read costs the same whether one request
+# > or thirty-two are in flight.
+#
+# That sentence from the seeds is the whole case for batching, and this notebook works it out in
+# numbers:
+#
+# 1. **bytes read per generated token** against the batch size, and the **roofline**: why decode is
+#    memory bound and batching amortises the weight read;
+# 2. **throughput and step latency vs batch size**, measured on this machine with the real engine, next
+#    to the modeled H100 curve (the seeds: about 20x the throughput for about 1.5x the latency from
+#    batch 1 to 32);
+# 3. the **KV-cache memory formula**, and what it does to the largest batch that fits;
+# 4. **static vs continuous batching**, on the seeds' worked example and on a long-tail trace;
+# 5. inside one step: the **execution-token budget** and the **KV retained** (the seeds' Figures 2 and 3),
+#    stepped with the widget;
+# 6. exercises.
+
+# %%
+import kernels
+kernels.use_interpreter_if_no_cuda()   # no GPU: Triton kernels run in Triton's interpreter (say so before any model loads)
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
+from minillm.widgets import LockstepStepper, Stepper
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+print(f"device: {DEVICE}; Triton kernels {'compiled for the GPU' if GPU else 'run by Triton interpreter on the CPU'}")
+
+# %%
+from dataclasses import replace
+
+from minillm.costmodel import (HARDWARE, MODELS, ConstantStepTime, RooflineCostModel, bytes_per_generated_token,
+                               decode_step_time_vs_batch, kv_cache_bytes, max_batch_size)
+
+ex = impl.load("ex01_batching")   # your exercises/ex01_batching.py (MINILLM_IMPL=solutions: the answers);
+                                  # re-run this cell after editing the file: impl.load reads it again
+
+# %% [markdown]
+# ## 1. Decode reads every weight to make one token
+#
+# A decode step of one request multiplies a single vector (the newest token's hidden state) by every
+# weight matrix of the model: a `(1 x d) @ (d x n)` product per layer. Each weight is fetched from memory,
+# used for one multiply-add, and dropped. With `b` requests decoding together the same fetch serves `b`
+# rows: a `(b x d) @ (d x n)` product, so the weight bytes **per generated token** fall as `1 / b`. What
+# batching does *not* share is each request's own KV cache, which its attention must read every step.
+# The seeds' table, for Llama-2-7B (13.5 GB of bf16 weights) with 512 positions of context:
+
+# %%
+m = MODELS["llama-2-7b"]
+ctx = 512
+batches = [1, 2, 4, 8, 16, 32, 64, 128]
+weights_per_tok = [m.weight_bytes / b / 1e9 for b in batches]
+kv_per_tok = [(bytes_per_generated_token(m, b, ctx) - m.weight_bytes / b) / 1e9 for b in batches]
+for b, w, k in zip(batches, weights_per_tok, kv_per_tok):
+    if b in (1, 8, 32):
+        print(f"batch {b:>3}: {w + k:6.3f} GB read per generated token = weights / {b} ({w:.3f}) + its own KV ({k:.3f})")
+
+fig = go.Figure([go.Bar(name="weights (shared by the batch)", x=[str(b) for b in batches], y=weights_per_tok),
+                 go.Bar(name=f"own KV ({ctx} positions)", x=[str(b) for b in batches], y=kv_per_tok)])
+fig.update_layout(barmode="stack", title="bytes read per generated token, Llama-2-7B", xaxis_title="batch size",
+                  yaxis_title="GB per generated token", height=360, plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# ### The roofline
+#
+# A step takes at least as long as its arithmetic at the GPU's peak rate, and at least as long as its
+# memory traffic at the GPU's bandwidth: `time = max(FLOPs / peak, bytes / bandwidth)`. The ratio
+# FLOPs / bytes of a computation (its *arithmetic intensity*) says which bound applies. A decode step
+# does about `2 x params x b` FLOPs for about `2 x params` bytes of bf16 weights: an intensity of about
+# `b` FLOP per byte. An H100 needs about 260 FLOP per byte (989 TFLOP/s over 3.35 TB/s, at the
+# efficiencies the cost model assumes) before compute becomes the limit. So a decode step of a small
+# batch is **memory bound**: the GPU waits on the weight read, and adding requests adds arithmetic that
+# is nearly free. A prefill of 512 tokens is far to the right: compute bound. ("Batching converts a
+# matrix-vector operation into a matrix-matrix one, moving decode up the roofline.") The points below
+# come from minillm's cost model, `RooflineCostModel`, which is the modeled clock the engine runs on.
+
+# %%
+h100 = RooflineCostModel("H100-SXM", "llama-2-7b")
+figures.roofline_figure(h100, batch_sizes=(1, 4, 16, 64, 256, 1024), context_len=512, prefill_lens=(512,))
+
+# %% [markdown]
+# ## 2. Throughput and latency vs batch size
+#
+# **Measured here.** The engine runs the shipped model with `b` requests decoding together, for
+# `b = 1 ... 64`, and we take the median duration of the decode steps (wall clock; the prefill step is
+# left out). On a GPU this is the Triton kernel, compiled. On a CPU we time the engine's torch backend
+# instead: Triton's interpreter executes one kernel instance after another in Python, so its timings
+# measure the interpreter, not the hardware (the kernel itself is checked against torch in section 5).
+
+# %%
+BACKEND = "triton" if GPU else "torch"
+BATCHES = [1, 2, 4, 8, 16, 32, 64]
+bench = LLM(device=DEVICE, dtype="auto", attention_backend=BACKEND, block_size=16, max_num_seqs=64,
+            max_num_batched_tokens=4096, max_model_len=256, record="summary")   # no per-block KV map: totals are enough here
+
+def decode_step_times(batch, steps=4, prompt_len=32):
+    """Run `batch` requests together; the durations of the steps where all of them decode."""
+    for _ in range(batch):
+        bench.engine.add_request(list(range(10, 10 + prompt_len)),
+                                 SamplingParams(max_tokens=steps + 1, ignore_eos=True, temperature=0.0))
+    recs = bench.engine.run()
+    return [r.duration for r in recs if len(r.batch) == batch and r.num_prefill_tokens == 0]
+
+decode_step_times(4)                  # warm-up (on a GPU this compiles the kernels)
+measured = np.array([np.median(decode_step_times(b)) for b in BATCHES])
+for b, t in zip(BATCHES, measured):
+    print(f"batch {b:>2}: {t * 1e3:7.2f} ms per step, {b / t:9.0f} tokens/s")
+i32 = BATCHES.index(32)
+print(f"\nhere, batch 1 -> 32: throughput x{(32 / measured[i32]) / (1 / measured[0]):.1f}, "
+      f"latency x{measured[i32] / measured[0]:.2f}")
+
+# %%
+figures.throughput_latency_figure(BATCHES, latency=measured,
+                                  title=f"measured on this machine ({DEVICE}, {BACKEND} attention, the shipped model)")
+
+# %% [markdown]
+# **Modeled H100.** The same curve for Llama-2-7B on an H100, from the cost model
+# (`costmodel.decode_step_time_vs_batch`). The seeds: "when the batch size grows from 1 to 32,
+# throughput improves by approximately 20x, while per-step latency increases by only about 1.5x". Past
+# that the KV reads (which batching does not share) and, much later, the arithmetic take over.
+
+# %%
+lat, thr = decode_step_time_vs_batch(h100, [1, 2, 4, 8, 16, 32, 64, 128], context_len=512)
+print(f"modeled H100, batch 1 -> 32: throughput x{thr[5] / thr[0]:.1f}, latency x{lat[5] / lat[0]:.2f}")
+figures.throughput_latency_figure([1, 2, 4, 8, 16, 32, 64, 128], latency=lat,
+                                  title="modeled: Llama-2-7B on an H100 (RooflineCostModel), 512 positions of context")
+
+# %% [markdown]
+# The machine you are on behaves like the model in shape, not in scale: the shipped model is tiny, so a
+# CPU step is dominated by fixed costs (Python, kernel launches) rather than by the weight read, and the
+# curve flattens for a different reason. The lesson carries over: as long as the step is bound by
+# something the batch shares, more requests are nearly free.
+#
+# The price is latency: every request in a batch waits for the whole step. Real-time chat favours small
+# batches, offline jobs large ones; the scheduler must trade one for the other.
+
+# %% [markdown]
+# ## 3. The KV cache sets the largest batch
+#
+# "The limit is memory: every concurrent request needs its own KV cache." Each position of each request
+# keeps a key and a value vector in every layer:
+#
+# $$M_{KV} = 2 \times n_{layer} \times d_{head} \times n_{head} \times n_{max} \times b \times sizeof(dtype)$$
+#
+# where, under grouped-query attention, $n_{head}$ counts the *KV* heads. The seeds' example:
+# Llama-2-70B's KV for one request is "approximately 10 GB" (that counts all 64 heads; the released model
+# shares 8 KV heads among them).
+
+# %%
+mha70 = replace(MODELS["llama-2-70b"], name="llama-2-70b (64 KV heads)", num_kv_heads=64)
+shipped = replace(bench.engine.model_spec, name="shipped model (this notebook)",
+                  dtype_bytes=bench.engine.executor.kv_caches[0][0].element_size())
+for spec in (mha70, MODELS["llama-2-70b"], MODELS["llama-2-7b"], MODELS["llama-3-8b"], shipped):
+    print(f"{spec.name:<28} {spec.kv_bytes_per_token / 2**10:8.1f} KiB per position, "
+          f"{kv_cache_bytes(spec, 4096) / 1e9:7.3f} GB for one request of 4096 positions")
+
+# %% [markdown]
+# If every request is given room for its maximum length up front (the next notebook's *reservation*),
+# the largest batch is the memory left after the weights divided by one request's maximum KV. Llama-2-70B
+# in bf16 does not fit one 80 GB GPU at all; a 7B model does, with room for a few dozen long requests:
+
+# %%
+lens = [512, 1024, 2048, 4096, 8192]
+fig = go.Figure()
+for hw, model in (("H100-SXM", "llama-2-7b"), ("H100-SXM", "llama-2-13b"), ("H100-SXM", "llama-3-8b"),
+                  ("A100-80GB", "llama-2-7b"), ("L4", "llama-2-7b")):
+    fig.add_trace(go.Scatter(x=lens, y=[max_batch_size(hw, model, n) for n in lens], mode="lines+markers",
+                             name=f"{model} on {hw}"))
+fig.update_layout(title="largest batch when each request holds its maximum length (90% of memory usable)",
+                  xaxis=dict(title="max length per request (positions)", type="log"),
+                  yaxis=dict(title="requests at once", type="log"), height=380, plot_bgcolor="white")
+fig
+
+
+# %% [markdown]
+# Compare with section 2: the batch where decode stops being nearly free is in the hundreds, but memory
+# caps it at a few dozen long requests. "Maximum batch size is set by cache capacity, which is why memory
+# management and scheduling are inseparable." The next notebook shows how paging recovers memory that
+# reservation wastes.
+
+# %% [markdown]
+# ## 4. Static vs continuous batching
+#
+# **The seeds' worked exercise.** Ten requests arrive together: 8 generate 100 tokens, 2 generate 1000;
+# every step costs 10 ms whatever the batch. *Static batching* runs the group until its longest member
+# finishes and returns everyone together ("a long-distance bus that departs only after all passengers
+# have boarded and arrives at the destination where all passengers disembark together"). *Continuous
+# batching* re-forms the batch every step: a finished request leaves at once, and its slot goes to a
+# waiting one. minillm runs both with its simulated executor (the real scheduler and KV manager, no
+# model) on the modeled clock, `ConstantStepTime(0.010)`:
+
+# %%
+def seeds_example(batching):
+    llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.010),
+              batching=batching, max_num_seqs=10, max_model_len=1100, record="summary")   # no per-block KV map: totals are enough here
+    for i, n in enumerate([100] * 8 + [1000] * 2):
+        llm.engine.add_request([10] * 8, SamplingParams(max_tokens=n, ignore_eos=True),
+                               request_id=f"{'short' if n == 100 else 'long'}{i}", arrival_time=0.0)
+    return llm.engine, llm.engine.run()
+
+runs = {b: seeds_example(b) for b in ("static", "continuous")}
+for batching, (eng, recs) in runs.items():
+    done = {rid: r.metrics.finish_time for rid, r in eng.requests.items()}
+    short = [t for rid, t in done.items() if rid.startswith("short")]
+    print(f"{batching:>10}: short requests returned after {np.mean(short):5.2f} s on average, "
+          f"long ones after {max(done.values()):5.2f} s ({len(recs)} steps)")
+
+# %% [markdown]
+# The seeds' reference answer, reproduced: 10 s vs 1 s for the short requests. The timelines show where
+# static batching's time goes: short requests finish generating after 1 s and then sit, done but held,
+# until the long ones end (*tail padding*).
+
+# %%
+eng, recs = runs["static"]
+figures.gantt_figure(recs, eng.requests, title="static batching: finished short requests wait for the long ones")
+
+# %%
+eng, recs = runs["continuous"]
+figures.gantt_figure(recs, eng.requests, title="continuous batching: each request leaves when it is done")
+
+# %% [markdown]
+# **A long-tail trace.** Real output lengths are uneven ("a few extremely long requests drag down overall
+# efficiency"). 120 requests arrive as a Poisson process at 30 per second, with log-normal prompt and
+# output lengths (median output 100 tokens, a tail up to 1000), served by a modeled H100 running
+# Llama-2-7B with at most 32 requests at once. Time now comes from the roofline cost model, so a larger
+# batch costs a little more per step, as it would.
+
+# %%
+tail = workloads.synthetic_trace(120, rate=30.0, prompt_len=workloads.LogNormal(200, 0.8, hi=1500),
+                                 output_len=workloads.LogNormal(100, 1.0, hi=1000), vocab_size=32000, seed=0)
+served = {}
+for batching in ("static", "continuous"):
+    llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM",
+              batching=batching, max_num_seqs=32, max_model_len=4096, record="summary")   # no per-block KV map: totals are enough here
+    workloads.submit_trace(llm.engine, tail)
+    recs = llm.engine.run()
+    served[batching] = (llm.engine, recs, metrics.summarize(llm.engine.request_metrics(), recs, max_num_seqs=32))
+
+for batching, (_, _, s) in served.items():
+    print(f"{batching:>10}: {s['output_throughput']:7.0f} tokens/s, mean batch {s['batch_size_mean']:5.1f}, "
+          f"TTFT p50 {s['ttft_p50']:6.2f} s, end-to-end p50 {s['e2e_p50']:6.2f} s / p99 {s['e2e_p99']:6.2f} s")
+
+# %%
+figures.latency_cdf_figure({b: e.request_metrics() for b, (e, _, _) in served.items()},
+                           metrics=("ttft", "e2e_latency"), unit="s",
+                           title="long-tail trace: time to first token and end-to-end latency")
+
+
+# %% [markdown]
+# Continuous batching keeps the batch full (compare the mean batch), so the same hardware produces
+# several times the tokens per second, and a request no longer waits for strangers' long answers
+# (the seeds cite vLLM's 2-4x throughput on ShareGPT). It is the baseline of every modern engine and of
+# the rest of this series: "Schedule per step, not per request."
+
+# %% [markdown]
+# ## 5. Inside one step: the token budget and the KV retained
+#
+# Continuous batching asks the same questions before every step: which requests finished, which
+# continue, which waiting ones can join? The seeds' Figure 2 walks through it with at most two requests:
+# A finishes, B continues, C and D wait; after A is cleaned up, B's decode and C's prefill form the next
+# batch while D keeps waiting. Figure 3 then counts **two different resources**:
+#
+# * **tokens processed in this execution**, under the *execution-token budget* of 8: B's decode is
+#   1 token, C's prefill 6, so **1 + 6 = 7** tokens fit. B's 6 earlier positions are not counted again
+#   (their K/V is cached), although its attention reads them;
+# * **KV retained after the execution**, in a capacity of 24 positions: B grows from 6 to 7 positions,
+#   C creates 6, so **7 + 6 = 13** positions.
+#
+# Here is that scenario on the real engine: `max_num_batched_tokens=8` (the budget), a KV cache of 24
+# blocks of one position (`block_size=1`, so the map shows positions), `max_num_seqs=2`. A (2-token
+# prompt, 2 output tokens) and B (5-token prompt) run first; C (6 tokens) and D (3) wait. Each Step runs
+# the Triton kernel. What the tokens say does not matter here, only how many there are, so the model is
+# minillm's tiny random Llama (`model="random"`, two layers): on a CPU, where the kernel runs in Triton's
+# interpreter, that keeps a Step well under a second.
+
+# %%
+def figure2_engine():
+    llm = LLM(model="random", device=DEVICE, dtype="auto", attention_backend="triton", block_size=1,
+              num_kv_blocks=24, max_num_batched_tokens=8, max_num_seqs=2, clock="modeled", cost_model=0.010)
+    for rid, prompt_len, out_len in (("A", 2, 2), ("B", 5, 10), ("C", 6, 4), ("D", 3, 3)):
+        llm.engine.add_request(list(range(100, 100 + prompt_len)),
+                               SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
+                               request_id=rid, arrival_time=0.0)
+    return llm
+
+fig23 = Stepper(figure2_engine, title="Figures 2 and 3: budget 8 tokens, KV capacity 24 positions, at most 2 requests")
+fig23
+
+# %% [markdown]
+# Step 0 prefills A and B (2 + 5 = 7 tokens). Step 1 decodes both; A reaches its stopping condition and
+# its KV is freed, while C and D wait (two requests already run). Step 2 is Figure 3: B's decode and C's
+# prefill. Three clicks, in code:
+
+# %%
+for _ in range(3):
+    rec = fig23.step()
+    print(rec.summary())
+print()
+print("tokens processed: " + " + ".join(str(e.num_tokens) for e in rec.batch)
+      + f" = {rec.num_batched_tokens} of the budget of {rec.token_budget}")
+print("KV retained:      " + " + ".join(str(rec.kv.per_request[e.request_id].used) for e in rec.batch)
+      + f" = {rec.kv.used} of {rec.kv.total} positions")
+
+# %% [markdown]
+# Equal token counts do not mean equal step times: the budget counts *new* positions, but B's attention
+# also reads its cached ones. And the 13 positions fit in 24 only if the memory manager can actually
+# hand them out: the next notebook shows a manager (max-length reservation) that cannot.
+#
+# The kernel, checked on this engine's cache after Figure 3's step:
+
+# %%
+eng = fig23.engine                         # the engine the cells above have been stepping
+rec = eng.step_records[-1]
+rids = rec.running                             # requests holding KV right now
+k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
+dev = k_cache.device
+tables = [eng.kv.block_table(r) for r in rids]                # where each request's positions live
+width = max(len(t) for t in tables)
+block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
+cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
+heads, head_dim = eng.hf_config.num_attention_heads, k_cache.shape[-1]
+q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
+                generator=torch.Generator(device=dev).manual_seed(0))
+args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
+out_triton = kernels.paged_attention(*args, backend="triton")
+out_torch = kernels.paged_attention(*args, backend="torch")
+err = (out_triton.float() - out_torch.float()).abs().max().item()
+print(f"requests {rids}, KV lengths {context_lens.tolist()}: max |triton - torch| = {err:.1e}")
+assert err < (1e-4 if k_cache.dtype == torch.float32 else 3e-2), err
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise is a function in `exercises/ex01_batching.py`, graded against the engine. The cells call
+# your version; until you write it, they print a one-line reminder instead.
+#
+# **Exercise 1, `kv_cache_bytes(model, num_tokens, batch)`**: the seeds' $M_{KV}$ formula. The grader
+# also checks it predicts the size of the KV tensors the engine really allocates.
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Count what one position of one request stores: in every one of the `num_layers` layers, a K vector and a V vector for each of the `num_kv_heads` KV heads, each `head_dim` elements of `dtype_bytes` bytes. Then scale by positions and requests.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Per position: `2 * num_layers * num_kv_heads * head_dim * dtype_bytes` bytes (Llama-2-7B: 2 × 32 × 32 × 128 × 2 = 524,288). Times `num_tokens`, times `batch`.
+#
+# </details>
+
+# %%
+with impl.attempt("ex01.kv_cache_bytes"):
+    print(f"{ex.kv_cache_bytes(mha70, 4096) / 1e9:.2f} GB  (the seeds: approximately 10 GB)")
+
+# %% [markdown]
+# **Exercise 2, `max_batch_size(hardware, model, max_len)`**: how many requests of `max_len` positions fit
+# beside the weights (section 3's plot).
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Usable bytes: `hbm_bytes * memory_fraction`. Take the weights out; what is left holds KV, at `kv_cache_bytes(model, 1)` bytes per position.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Whole positions first (`//`, and never below 0), then whole requests: `positions // max_len`. An H100 with Llama-2-7B: 72e9 − 13.48e9 bytes hold 111,624 positions, 54 requests of 2,048.
+#
+# </details>
+
+# %%
+with impl.attempt("ex01.max_batch_size"):
+    print(ex.max_batch_size(HARDWARE["H100-SXM"], MODELS["llama-2-7b"], 2048), "requests; the cost model says",
+          max_batch_size("H100-SXM", "llama-2-7b", 2048))
+
+# %% [markdown]
+# **Exercise 3, `decode_step_time(model, hardware, batch, context_len)`**: one decode step on the roofline
+# (section 1). Your curve should reproduce the seeds' 20x / 1.5x.
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Work out the FLOPs and the bytes of the whole step, turn each into seconds at its achieved rate (`peak_flops * flops_efficiency`, `hbm_bandwidth * bandwidth_efficiency`), take the larger, add `step_overhead`.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# FLOPs: `2 * num_params * batch` for the weights, plus `4 * num_layers * num_heads * head_dim * batch * context_len` for attention (QKᵀ and PV, 2 FLOPs per multiply-add each). Bytes: `weight_bytes` once, plus `kv_per_position * batch * context_len` read, plus `kv_per_position * batch` written.
+#
+# </details>
+
+# %%
+with impl.attempt("ex01.decode_step_time"):
+    t = [ex.decode_step_time(MODELS["llama-2-7b"], HARDWARE["H100-SXM"], b, 512) for b in (1, 32)]
+    print(f"batch 1 -> 32: throughput x{(32 / t[1]) / (1 / t[0]):.1f}, latency x{t[1] / t[0]:.2f}")
+
+# %% [markdown]
+# **Exercise 4, `completion_times(output_lens, max_num_seqs, step_time, batching)`**: when each request is
+# returned under static and continuous batching (section 4). The grader runs the engine on random lists
+# and compares.
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Count in steps and multiply by `step_time` at the end. Static: consecutive groups of `max_num_seqs`; a group runs as many steps as its longest member, starting where the previous group ended.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Continuous: remember, for each of the `max_num_seqs` slots, the step from which it is free (all 0 at first). Each request, in order, takes the slot that frees earliest (a heap, `heapq`) and finishes `length` steps later; the slot is free again from then.
+#
+# </details>
+
+# %%
+with impl.attempt("ex01.completion_times"):
+    for batching in ("static", "continuous"):
+        t = ex.completion_times([100] * 8 + [1000] * 2, max_num_seqs=10, step_time=0.010, batching=batching)
+        print(f"{batching:>10}: short requests {np.mean(t[:8]):.2f} s, long {np.mean(t[8:]):.2f} s")
+
+# %% [markdown]
+# **Exercise 5, `plan_step(running, waiting, token_budget, free_kv_positions, max_num_seqs)`**: the batch
+# the scheduler forms for the next step (section 5): running requests first, then waiting ones in arrival
+# order while a slot, budget and KV room remain. The grader asks your function before every step of
+# random workloads and compares with what the real scheduler ran.
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Keep three counters as you go: the budget left, the free KV positions left, and the occupied slots (which start at `len(running)`: every running request holds one).
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Running: `n = min(num_tokens - num_computed_tokens, budget left)`; if `n > 0`, plan it and take `n` off the budget *and* the free positions. Waiting: stop at the first request without a slot, without budget, or whose `n = min(num_tokens, budget left)` exceeds the free positions; otherwise plan it and take `n` off both counters and one slot.
+#
+# </details>
+
+# %%
+with impl.attempt("ex01.plan_step"):
+    print(ex.plan_step([("B", 7, 6)], [("C", 6), ("D", 3)], token_budget=8, free_kv_positions=18, max_num_seqs=2))
+
+# %% [markdown]
+# ### Grading
+#
+# Your code goes in `exercises/ex01_batching.py` (its stubs raise `NotImplementedError` until you fill them in;
+# the docstrings say exactly what each must do). The cells above run *your* version: `impl.load` reads
+# the environment variable `MINILLM_IMPL` (unset: `exercises`, yours; `solutions`: the reference answers).
+# From the repository root:
+#
+# ```bash
+# make grade EX=01                                            # every ex01 grader, against exercises/
+# MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex01 tests/test_exercises.py -k plan_step   # one exercise
+# ```
+#
+# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# the engine's cost model, or what the real scheduler did on the same requests).

@@ -1,0 +1,374 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Reservation vs paging
+#
+# A request's KV cache grows by one position per generated token, and nobody knows in advance when the
+# output will end. The memory manager must decide *when* to give a request the memory it will need.
+#
+# * **Max-length reservation**: at admission, set aside one contiguous region for the most positions the
+#   request may ever use (prompt + `max_tokens`). Simple: the region never needs to grow. Wasteful: "If
+#   B finishes before using all 20 positions, the remaining space will have gone unused. While generation
+#   is still in progress, there is also space that has not yet been filled."
+# * **Paging** (PagedAttention): cut the cache into fixed-size *blocks* and give a request a block only
+#   when its last one is full. A *block table* lists a request's blocks, which need not be contiguous;
+#   the attention kernel reads KV through it.
+#
+# This notebook steps the seeds' Figure 4 live in both modes side by side, checks the kernel on both
+# caches, measures the waste and its cost on a realistic trace, and ends with the block-size trade-off.
+
+# %%
+import kernels
+kernels.use_interpreter_if_no_cuda()   # no GPU: Triton kernels run in Triton's interpreter (say so before any model loads)
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
+from minillm.widgets import LockstepStepper, Stepper
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+print(f"device: {DEVICE}; Triton kernels {'compiled for the GPU' if GPU else 'run by Triton interpreter on the CPU'}")
+
+# %%
+from minillm.costmodel import ConstantStepTime
+
+ex = impl.load("ex02_paging")     # your exercises/ex02_paging.py (MINILLM_IMPL=solutions: the answers);
+                                  # re-run this cell after editing the file: impl.load reads it again
+
+
+# %% [markdown]
+# ## 1. Figure 4: an unused reservation makes C wait
+#
+# The seeds' setting: a KV capacity of 24 positions, an execution-token budget of 8 tokens, at most two
+# requests. B has a 5-token prompt and `max_tokens=15`: under reservation it holds **20 positions** from
+# the start. After two steps B has KV for 6 positions; the other 14 are *reserved but unused*. Then C
+# arrives with a 6-token prompt.
+#
+# Both engines below get exactly these requests: `kv_allocation="reserved"` on the left,
+# `kv_allocation="paged"` on the right (`block_size=1`, so each cell of the map is one position; hatched
+# cells are reserved but unused). The clock is modeled at 10 ms per step and C arrives at 15 ms, just
+# after B's second step. Every Step runs the Triton kernel in both engines (on the tiny random model,
+# `model="random"`: only the number of tokens matters here, and it keeps a Step quick on a CPU).
+
+# %%
+def figure4_engine(kv_allocation):
+    llm = LLM(model="random", device=DEVICE, dtype="auto", attention_backend="triton", kv_allocation=kv_allocation,
+              block_size=1, num_kv_blocks=24, max_num_batched_tokens=8, max_num_seqs=2,
+              clock="modeled", cost_model=0.010)
+    greedy = dict(ignore_eos=True, temperature=0.0)
+    llm.engine.add_request(list(range(100, 105)), SamplingParams(max_tokens=15, **greedy), request_id="B",
+                           arrival_time=0.0)
+    llm.engine.add_request(list(range(200, 206)), SamplingParams(max_tokens=4, **greedy), request_id="C",
+                           arrival_time=0.015)
+    return llm
+
+fig4 = LockstepStepper(lambda: figure4_engine("reserved"), lambda: figure4_engine("paged"),
+                       names=["reserved (max-length reservation)", "paged (blocks on demand)"],
+                       title="Figure 4: B (5-token prompt, max_tokens=15), then C (6-token prompt)")
+fig4
+
+# %% [markdown]
+# Step twice (B's prefill, then one decode) and look at B's memory in each engine:
+
+# %%
+fig4.step()
+fig4.step()
+for name, s in zip(fig4.names, fig4.steppers):
+    kv = s.records[-1].kv
+    b = kv.per_request["B"]
+    print(f"{name:<36} B: {b.used} positions of KV, {b.reserved_unused} reserved but unused; "
+          f"{kv.free} of {kv.total} positions free for anyone else")
+
+# %% [markdown]
+# Under reservation only 24 − 20 = **4** positions are free. C's prefill needs 6 newly allocated positions
+# ("there is insufficient space to hold the KV for its input context even before considering additional
+# room for its later generation"). Paging gave B only what it has filled, so 18 are free. One more step:
+
+# %%
+fig4.step()
+for name, s in zip(fig4.names, fig4.steppers):
+    rec = s.records[-1]
+    ran = ", ".join(f"{e.request_id} {e.phase} +{e.num_tokens}" for e in rec.batch)
+    waits = "; ".join(f"{w.request_id} waits: {w.reason}" for w in rec.waiting) or "nobody waits"
+    print(f"{name}\n    ran: {ran} ({rec.num_batched_tokens}/{rec.token_budget} tokens); KV {rec.kv.used} of "
+          f"{rec.kv.total} positions hold KV\n    {waits}")
+fig4.compare_figure()
+
+# %% [markdown]
+# The paged engine runs Figure 3's batch: B's decode and C's prefill, 1 + 6 = 7 tokens, **13 positions**
+# of KV out of 24. The reserved engine could hold the same 13 positions, but when it decided, B held 6
+# positions of KV and 14 reserved but unused (the figure's hatched cells), and only 4 were free: "C is
+# waiting because unused space is tied up in B's reservation, not because the two requests' actual KV
+# exceeds total capacity." Keep stepping (the
+# **Step** or **Run N** buttons) to watch C wait until B finishes.
+#
+# Both engines run the same attention kernel. A reservation is one contiguous run of positions, so to
+# the kernel it is a block table of blocks of one position; a paged request's table lists its blocks
+# wherever they are. The kernel against its torch reference, on each engine's cache:
+
+# %%
+eng = fig4.steppers[0].engine                         # the engine the cells above have been stepping
+rec = eng.step_records[-1]
+rids = rec.running                             # requests holding KV right now
+k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
+dev = k_cache.device
+tables = [eng.kv.block_table(r) for r in rids]                # where each request's positions live
+width = max(len(t) for t in tables)
+block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
+cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
+heads, head_dim = eng.hf_config.num_attention_heads, k_cache.shape[-1]
+q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
+                generator=torch.Generator(device=dev).manual_seed(0))
+args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
+out_triton = kernels.paged_attention(*args, backend="triton")
+out_torch = kernels.paged_attention(*args, backend="torch")
+err = (out_triton.float() - out_torch.float()).abs().max().item()
+print(f"requests {rids}, KV lengths {context_lens.tolist()}: max |triton - torch| = {err:.1e}")
+assert err < (1e-4 if k_cache.dtype == torch.float32 else 3e-2), err
+
+# %%
+eng = fig4.steppers[1].engine                         # the engine the cells above have been stepping
+rec = eng.step_records[-1]
+rids = rec.running                             # requests holding KV right now
+k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
+dev = k_cache.device
+tables = [eng.kv.block_table(r) for r in rids]                # where each request's positions live
+width = max(len(t) for t in tables)
+block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
+cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
+heads, head_dim = eng.hf_config.num_attention_heads, k_cache.shape[-1]
+q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
+                generator=torch.Generator(device=dev).manual_seed(0))
+args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
+out_triton = kernels.paged_attention(*args, backend="triton")
+out_torch = kernels.paged_attention(*args, backend="torch")
+err = (out_triton.float() - out_torch.float()).abs().max().item()
+print(f"requests {rids}, KV lengths {context_lens.tolist()}: max |triton - torch| = {err:.1e}")
+assert err < (1e-4 if k_cache.dtype == torch.float32 else 3e-2), err
+
+# %% [markdown]
+# ## 2. A realistic trace: what reservation costs
+#
+# Now hundreds of requests. A modeled H100 serves Llama-2-7B with **8 GiB for KV** (16,384 positions: the
+# rest of its memory holds the weights and everything else), at most 256 requests at once. 150 requests
+# arrive as a Poisson process at 40 per second with log-normal prompt and output lengths. The simulated
+# executor runs the real scheduler and KV managers without the model; the clock is the roofline cost
+# model.
+#
+# A word on fairness: the trace tells each request its exact output length as `max_tokens`, so this
+# reservation is the *best case*, sized exactly. A real engine does not know when the output will end
+# and must reserve for `max_tokens` or `max_model_len`: its waste is larger.
+
+# %%
+KV_POSITIONS = 16384                      # 8 GiB / 512 KiB per position (Llama-2-7B, bf16)
+trace = workloads.synthetic_trace(150, rate=40.0, prompt_len=workloads.LogNormal(200, 0.8, hi=1500),
+                                  output_len=workloads.LogNormal(150, 1.0, hi=1500), vocab_size=32000, seed=0)
+
+def serve(kv_allocation, block_size):
+    llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM",
+              kv_allocation=kv_allocation, block_size=block_size, num_kv_blocks=KV_POSITIONS // block_size,
+              max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=4096, record="summary")   # no per-block KV map: totals are enough here
+    workloads.submit_trace(llm.engine, trace)
+    recs = llm.engine.run()
+    return llm.engine, recs, metrics.summarize(llm.engine.request_metrics(), recs, max_num_seqs=256)
+
+runs = {"reserved": serve("reserved", 1), "paged (blocks of 16)": serve("paged", 16)}
+for name, (_, recs, s) in runs.items():
+    print(f"{name:<22} {s['output_throughput']:6.0f} tokens/s, mean batch {s['batch_size_mean']:5.1f}, "
+          f"queue wait p50 {s['queue_wait_p50']:5.2f} s / p99 {s['queue_wait_p99']:5.2f} s, "
+          f"TTFT p99 {s['ttft_p99']:5.2f} s, preemptions {s['num_preemptions']}")
+
+# %% [markdown]
+# Where the memory goes, step by step: the solid line is the fraction of the cache holding KV, the dashed
+# one adds what is reserved but unused.
+
+# %%
+figures.kv_usage_figure({name: recs for name, (_, recs, _) in runs.items()},
+                        title="KV cache: holds KV (solid), + reserved but unused (dashed)")
+
+
+# %% [markdown]
+# Averaged over the steps where someone was waiting (the moments memory decides who runs), the cache
+# splits into: positions holding KV; **reserved but unused** (reservation); **fragmentation**, free
+# positions in gaps too small for the next reservation (reservation); **the empty tail of each request's
+# last block** (paging's only waste, `partial_waste`); and free.
+
+# %%
+def waste_breakdown(recs):
+    busy = [r for r in recs if r.waiting] or recs
+    total = busy[0].kv.total
+    parts = {"holds KV": [r.kv.used for r in busy], "reserved but unused": [r.kv.reserved_unused for r in busy],
+             "fragmentation": [r.kv.fragmentation for r in busy],
+             "last-block tail": [r.kv.partial_waste for r in busy]}
+    out = {k: float(np.mean(v)) / total for k, v in parts.items()}
+    out["free"] = max(0.0, 1.0 - sum(out.values()))
+    return out
+
+shares = {name: waste_breakdown(recs) for name, (_, recs, _) in runs.items()}
+for name, parts in shares.items():
+    print(f"{name:<22} " + ", ".join(f"{part} {share:.0%}" for part, share in parts.items()))
+fig = go.Figure([go.Bar(name=part, y=list(shares), x=[s[part] for s in shares.values()], orientation="h")
+                 for part in next(iter(shares.values()))])
+fig.update_layout(barmode="stack", title="where the KV cache goes while requests wait", height=280,
+                  xaxis=dict(title="fraction of KV capacity", tickformat=".0%"), plot_bgcolor="white")
+fig
+
+# %%
+figures.latency_cdf_figure({name: eng.request_metrics() for name, (eng, _, _) in runs.items()},
+                           metrics=("queue_wait", "ttft"), unit="s", title="how long requests wait to start")
+
+# %% [markdown]
+# The reserved engine keeps a large share of its memory for tokens not generated yet, plus gaps between
+# regions that no new reservation fits; the paged one fills nearly all of it. (The seeds quote the
+# PagedAttention paper's measurement: memory utilisation from about 41% to nearly 100%.) It admits fewer requests at a time, so its batches are smaller,
+# its throughput lower and its queue longer. The paged engine wastes only the unfilled tail of each
+# request's last block. It pays differently: it admits requests without knowing whether their future
+# tokens will fit, and when the cache fills up it must **preempt** a running request (notebook 05).
+
+# %% [markdown]
+# ## 3. The block size
+#
+# Paging's waste is at most `block_size − 1` positions per request, so small blocks waste less. Why not
+# blocks of one position? Every block is an entry in a block table that the scheduler maintains and the
+# kernel must look up, and a kernel works best on keys that sit together in memory: larger blocks mean
+# fewer lookups and longer contiguous reads. The same trace, with blocks of 1 to 256 positions:
+
+# %%
+BLOCK_SIZES = [1, 16, 64, 256]
+sweep = {bs: runs["paged (blocks of 16)"] if bs == 16 else serve("paged", bs) for bs in BLOCK_SIZES}
+final_len = np.mean([r.prompt_len + r.output_len for r in trace])      # positions of a request when it ends
+for bs, (_, recs, s) in sweep.items():
+    tail = waste_breakdown(recs)["last-block tail"]
+    print(f"block_size {bs:>3}: last-block tail {tail:6.1%} of the cache, {s['output_throughput']:6.0f} tokens/s, "
+          f"preemptions {s['num_preemptions']:>3}, ~{final_len / bs:5.1f} block-table entries per finished request")
+
+# %% [markdown]
+# vLLM's default of 16 sits where the tail is already negligible. On a GPU, the other side of the
+# trade-off can be measured: the paged attention kernel on the same decode batch with different block
+# sizes (on a CPU this cell says so and skips: the interpreter's timings mean nothing).
+
+# %%
+if GPU:
+    from triton.testing import do_bench
+    from kernels.bench import Case
+    for bs in (1, 4, 16, 64, 256):
+        c = Case(batch=32, ctx=2048, q_len=1, heads=32, kv_heads=8, head_dim=128, block_size=bs,
+                 dtype=torch.bfloat16, dev=torch.device("cuda"))
+        ms = do_bench(lambda: kernels.paged_attention(c.q, c.k_cache, c.v_cache, c.block_tables, c.cu_seqlens_q,
+                                                      c.context_lens, c.scale, backend="triton"))
+        print(f"block_size {bs:>3}: {ms * 1e3:7.1f} us per decode step (batch 32, 2048 positions)")
+else:
+    print("no GPU: kernel timings skipped (Triton's interpreter runs one kernel instance at a time)")
+
+# %% [markdown]
+# ## Exercises
+#
+# The two allocators of this notebook, in `exercises/ex02_paging.py`. Both plug into the real engine:
+# `ex.paged_engine(...)` and `ex.reserved_engine(...)` build an `LLM` whose KV memory your code hands out,
+# and the graders run the same requests through minillm's managers and yours, step by step.
+#
+# **Exercise 1, `blocks_needed(num_tokens, block_size)`**: blocks that hold `num_tokens` positions.
+# **Exercise 2, `partial_block_waste(context_lens, block_size)`**: the empty tails of last blocks (the
+# engine's `partial_waste`, section 3).
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `blocks_needed` is a division rounded *up*, in integers: `-(-n // b)` or `(n + b - 1) // b`.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `partial_block_waste`: a request of `n` positions holds `blocks_needed(n, b) * b` positions; its waste is what they hold beyond `n`. Sum over the requests.
+#
+# </details>
+
+# %%
+with impl.attempt("ex02.blocks_needed / partial_block_waste"):
+    print(ex.blocks_needed(17, 16), ex.partial_block_waste([5, 16, 17], 16))
+
+# %% [markdown]
+# **Exercise 3, `BlockAllocator`**: the free list of a paged cache with reference counts, `allocate()`
+# and `free(blocks)`. Below, Figure 4's paged engine with your allocator inside.
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `free_queue` is an `OrderedDict`: `popitem(last=False)` takes the front; `free_queue[block_id] = block` puts a block at the back.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `free`: `for block in reversed(blocks)`: refuse a block whose `ref_count` is already 0, take one off, and put the block at the back of the queue when it reaches 0.
+#
+# </details>
+
+# %%
+with impl.attempt("ex02.BlockAllocator"):
+    llm = ex.paged_engine(model="random", executor="simulated", block_size=1, num_kv_blocks=24,
+                          max_num_batched_tokens=8, max_num_seqs=2, clock="modeled", cost_model=0.010)
+    llm.engine.add_request(list(range(100, 105)), SamplingParams(max_tokens=15, ignore_eos=True), request_id="B")
+    llm.engine.add_request(list(range(200, 206)), SamplingParams(max_tokens=4, ignore_eos=True), request_id="C",
+                           arrival_time=0.015)
+    for rec in llm.engine.run(max_steps=3):
+        print(rec.summary())
+
+# %% [markdown]
+# **Exercise 4, `FirstFitAllocator`**: max-length reservation in one address space: `gaps()`,
+# `reserve(request_id, length)` (first fit) and `release(request_id)`. Figure 4 again, on your allocator:
+# C must wait.
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `gaps()`: walk the regions sorted by start with a cursor at 0. A region that starts past the cursor leaves a gap before it; the cursor then moves to the region's end. After the last region, the rest up to `capacity` is a gap too (if not empty).
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `reserve()`: refuse a request that holds a region; take the *first* `(start, size)` of `gaps()` with `size >= length` (not the smallest, not the largest), record `(start, length)`, return `start`; `None` when there is none. `release()`: `dict.pop(request_id, None)`.
+#
+# </details>
+
+# %%
+with impl.attempt("ex02.FirstFitAllocator"):
+    llm = ex.reserved_engine(model="random", executor="simulated", block_size=1, num_kv_blocks=24,
+                             max_num_batched_tokens=8, max_num_seqs=2, clock="modeled", cost_model=0.010)
+    llm.engine.add_request(list(range(100, 105)), SamplingParams(max_tokens=15, ignore_eos=True), request_id="B")
+    llm.engine.add_request(list(range(200, 206)), SamplingParams(max_tokens=4, ignore_eos=True), request_id="C",
+                           arrival_time=0.015)
+    for rec in llm.engine.run(max_steps=3):
+        print(rec.summary())
+
+# %% [markdown]
+# ### Grading
+#
+# Your code goes in `exercises/ex02_paging.py` (its stubs raise `NotImplementedError` until you fill them in;
+# the docstrings say exactly what each must do). The cells above run *your* version: `impl.load` reads
+# the environment variable `MINILLM_IMPL` (unset: `exercises`, yours; `solutions`: the reference answers).
+# From the repository root:
+#
+# ```bash
+# make grade EX=02                                            # every ex02 grader, against exercises/
+# MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex02 tests/test_exercises.py -k first_fit   # one exercise
+# ```
+#
+# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# the engine's cost model, or what the real scheduler did on the same requests).

@@ -1,0 +1,663 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Scheduling policies
+#
+# Continuous batching decides *when* requests join and leave the batch; it does not decide *which*
+# waiting request goes next when there is room for only some. The seeds: "Continuous batching solves
+# the problem of when to add and remove requests, but it does not answer the question of 'which
+# request to add.'" The scheduler's inputs are the waiting queue, the running set and the resource
+# state (free slots, free KV memory); its objective is "a balance among latency (minimizing request
+# queuing and execution times), throughput (maximizing token output per unit time), and fairness
+# (avoiding indefinite postponement of certain requests)."
+#
+# | Policy | Behavior | Good for | Weakness |
+# |---|---|---|---|
+# | FCFS | First come, first served | Fairness, simplicity | Head-of-line blocking on long requests |
+# | Shortest-first | Prioritize short requests | Average latency | Long requests can starve |
+# | Priority classes | Tiered service levels | Mixed workloads | Needs careful class definition |
+# | Fair queuing | Equal share per user | Multi-tenant systems | More bookkeeping |
+#
+# That table (the seeds') is the plan of this notebook, with MLFQ, the seeds' "classic compromise",
+# and two questions about the scheduler itself:
+#
+# 1. FCFS and head-of-line blocking, stepped live: FCFS and SJF side by side;
+# 2. shortest job first: with an oracle, with a predictor, its starvation, and aging;
+# 3. priority classes and priority inversion;
+# 4. MLFQ: token quanta, demotion, boosting;
+# 5. fair queuing when one tenant floods;
+# 6. prefill against decode: prefill-priority, decode-priority, chunked prefill;
+# 7. scheduling every N steps (the seeds' worked exercise);
+# 8. at scale: goodput under SLOs, load shedding, and the tail as load rises;
+# 9. exercises: SJF with aging, MLFQ and fair queuing, written as policies and run inside the engine.
+#
+# A policy is an object the scheduler asks every step (`minillm/policies.py`): in what order to
+# consider the waiting requests (`order_waiting`), and, for the preemptive ones, whom to push out
+# (`preempt_for`, `pick_victim`). Built-in ones have names (`LLM(policy="fcfs")`); yours plugs in the
+# same way (`LLM(policy=MyPolicy())`).
+
+# %%
+import kernels
+kernels.use_interpreter_if_no_cuda()   # no GPU: Triton kernels run in Triton's interpreter (say so before any model loads)
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
+from minillm.widgets import LockstepStepper, Stepper
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+print(f"device: {DEVICE}; Triton kernels {'compiled for the GPU' if GPU else 'run by Triton interpreter on the CPU'}")
+
+# %%
+from types import SimpleNamespace
+
+from plotly.subplots import make_subplots
+
+from minillm.costmodel import ConstantStepTime
+from minillm.policies import MLFQ, SJF, Fair, Priority, PromptPredictor
+from minillm.simulated import simulate
+from minillm.workloads import LogNormal, TraceRequest, Uniform
+
+ex = impl.load("ex03_policies")    # your exercises/ex03_policies.py (MINILLM_IMPL=solutions: the answers);
+                                   # re-run this cell after editing the file: impl.load reads it again
+TEN_MS = ConstantStepTime(0.010)   # the seeds' exercises: every step takes 10 ms, whatever the batch
+
+def served(trace, policy="fcfs", cost_model=TEN_MS, **config):
+    """Replay a trace on the simulated executor (the real scheduler and KV manager, no forward pass) on the
+    modeled clock. Returns the engine, its requests' metrics by id, and metrics.summarize's dict."""
+    config.setdefault("max_model_len", 2048)
+    llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=cost_model, policy=policy, **config, record="summary")   # no per-block KV map: totals are enough here
+    workloads.submit_trace(llm.engine, trace, vocab_size=llm.engine.vocab_size)
+    records = llm.engine.run()
+    m = {rid: r.metrics for rid, r in llm.engine.requests.items()}
+    return llm.engine, m, metrics.summarize(m, records, max_num_seqs=llm.config.max_num_seqs)
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs)
+
+
+# %% [markdown]
+# ## 1. FCFS and head-of-line blocking
+#
+# "First Come First Served (FCFS) orders requests by arrival time ... The advantage of FCFS is
+# natural fairness without starvation. The disadvantage is that it completely ignores differences in
+# request execution time." Here is the smallest case where that matters. At most 3 requests run at
+# once and a step may process 16 tokens. A and B are decoding long answers. Then L arrives, with a
+# 24-token prompt and a 10-token answer, and right behind it three short requests s1, s2, s3
+# (4-token prompts, 2-token answers).
+#
+# Left, FCFS: the one free slot goes to L. Its prompt does not fit one step's budget, so its prefill
+# is split over two steps, and then it decodes for ten more; s1, s2 and s3 wait behind it, though
+# each would be done in two steps. Right, SJF (shortest job first) with the true answer lengths: the
+# free slot serves the three short requests first. Both engines run the real model with
+# `attention_backend="triton"` (the tiny random Llama: only the token counts matter here), and every
+# **Step** executes the Triton attention kernel in both.
+
+# %%
+def hol_engine(policy):
+    llm = LLM(model="random", device=DEVICE, dtype="auto", attention_backend="triton", policy=policy,
+              block_size=4, num_kv_blocks=32, max_num_batched_tokens=16, max_num_seqs=3,
+              clock="modeled", cost_model=0.010)
+    greedy = dict(ignore_eos=True, temperature=0.0)
+    for rid, arrival, prompt_len, out_len in (("A", 0.0, 6, 9), ("B", 0.0, 5, 12), ("L", 0.015, 24, 10),
+                                              ("s1", 0.016, 4, 2), ("s2", 0.017, 4, 2), ("s3", 0.018, 4, 2)):
+        llm.engine.add_request(list(range(100, 100 + prompt_len)), SamplingParams(max_tokens=out_len, **greedy),
+                               request_id=rid, arrival_time=arrival)
+    return llm
+
+hol = LockstepStepper(lambda: hol_engine("fcfs"), lambda: hol_engine(SJF(predictor="oracle", aging=0.0)),
+                      names=["FCFS", "SJF (true lengths)"],
+                      title="one free slot: a long request L, then three short ones")
+hol
+
+# %% [markdown]
+# Step 0 prefills A and B and step 1 decodes them; L and the short requests arrive during step 1.
+# Step 2 is where the policies part. Four steps, in code (the same as four clicks on **Step**):
+
+# %%
+for _ in range(4):
+    hol.step()
+for name, s in zip(hol.names, hol.steppers):
+    print(f"{name}:")
+    for rec in s.records[2:]:
+        ran = ", ".join(f"{e.request_id} {e.phase} +{e.num_tokens}" for e in rec.batch)
+        waits = "; ".join(f"{w.request_id}: {w.reason}" for w in rec.waiting[:2])
+        print(f"  step {rec.step}: ran {ran}" + (f"  | waiting {waits}" if waits else ""))
+
+# %% [markdown]
+# Under FCFS the short requests sit in the queue with the reason "max_num_seqs=3 requests already
+# running" (s2 and s3 "queued behind s1"): that is **head-of-line blocking**. The queue is served in
+# order, so the work at its head decides everyone's wait. The kernel, checked against its torch
+# reference on the FCFS engine's cache:
+
+# %%
+eng = hol.steppers[0].engine                         # the engine the cells above have been stepping
+rec = eng.step_records[-1]
+rids = rec.running                             # requests holding KV right now
+k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
+dev = k_cache.device
+tables = [eng.kv.block_table(r) for r in rids]                # where each request's positions live
+width = max(len(t) for t in tables)
+block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
+cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
+heads, head_dim = eng.hf_config.num_attention_heads, k_cache.shape[-1]
+q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
+                generator=torch.Generator(device=dev).manual_seed(0))
+args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
+out_triton = kernels.paged_attention(*args, backend="triton")
+out_torch = kernels.paged_attention(*args, backend="torch")
+err = (out_triton.float() - out_torch.float()).abs().max().item()
+print(f"requests {rids}, KV lengths {context_lens.tolist()}: max |triton - torch| = {err:.1e}")
+assert err < (1e-4 if k_cache.dtype == torch.float32 else 3e-2), err
+
+# %% [markdown]
+# The same six requests to the end, on the simulated executor (the same scheduler and memory
+# manager, no forward pass, the same 10 ms per step): when each one waits and runs.
+
+# %%
+hol_trace = [TraceRequest(rid, t, p, n) for rid, t, p, n in (("A", 0.0, 6, 9), ("B", 0.0, 5, 12), ("L", 0.015, 24, 10),
+             ("s1", 0.016, 4, 2), ("s2", 0.017, 4, 2), ("s3", 0.018, 4, 2))]
+hol_runs = {name: served(hol_trace, pol, max_num_seqs=3, max_num_batched_tokens=16, block_size=4)
+            for name, pol in (("FCFS", "fcfs"), ("SJF", SJF(predictor="oracle", aging=0.0)))}
+for name, (eng, m, s) in hol_runs.items():
+    print(f"{name}: short requests done after {mean(m[r].e2e_latency for r in ('s1', 's2', 's3')) * 1e3:.0f} ms "
+          f"on average, L after {m['L'].e2e_latency * 1e3:.0f} ms; mean over all six {s['e2e_mean'] * 1e3:.0f} ms")
+eng, _, _ = hol_runs["FCFS"]
+figures.gantt_figure(eng.step_records, eng.requests, title="FCFS: s1..s3 queue behind L")
+
+# %%
+eng, _, _ = hol_runs["SJF"]
+figures.gantt_figure(eng.step_records, eng.requests, title="SJF: the short requests go first, L a few steps later")
+
+# %% [markdown]
+# The seeds' supermarket: "someone buying a bottle of water does not have to wait for someone with a
+# full cart." L finishes later under SJF, the three short requests far sooner, and the mean over all
+# six drops. In a
+# real service the blocking request is often a long *prompt*: "a request with 2000 input tokens may
+# take hundreds of milliseconds or even seconds for its Prefill, during which other requests in the
+# batch that are decoding must wait" (section 6 measures that stall).
+#
+# ## 2. Shortest job first
+#
+# "SJF is theoretically optimal (it gives the smallest average completion time when all job lengths
+# are known)." Forty requests arrive at once, answers of 5 to 200 tokens, 4 slots:
+
+# %%
+batch40 = workloads.synthetic_trace(40, rate=None, prompt_len=16, output_len=Uniform(5, 200), seed=1)
+sjf_runs = {}
+for name, pol in (("FCFS", "fcfs"), ("SJF, true lengths", SJF(predictor="oracle", aging=0.0))):
+    eng, m, s = served(batch40, pol, max_num_seqs=4)
+    sjf_runs[name] = list(m.values())
+    print(f"{name:<18} mean completion {s['e2e_mean']:.2f} s, median {s['e2e_p50']:.2f} s, "
+          f"longest {s['e2e_max']:.2f} s")
+figures.latency_cdf_figure(sjf_runs, metrics=("e2e_latency",), unit="s",
+                           title="40 requests at once, 4 slots: when each one is done")
+
+# %% [markdown]
+# Same total work, same finish for the last request; but most requests are done much sooner. The
+# catch: "the generation length of a request is unknowable before execution." SJF needs a
+# **prediction**, and the seeds list three sources: historical statistics ("the average generation
+# length of similar requests from the same API endpoint or user group"), signals in the prompt ("a
+# prompt containing 'brief answer' suggests a shorter generation, while one containing 'explain in
+# detail' suggests a longer one"), and a small model. minillm has the first two
+# (`HistoryPredictor`, `PromptPredictor`):
+
+# %%
+hint = PromptPredictor(base=128)
+for text in ("Give a brief answer: what is 1+1?", "Explain in detail the basic principles of quantum mechanics",
+             "What is the capital of France?"):
+    print(f"{hint.predict(SimpleNamespace(prompt=text)):6.0f} tokens predicted for {text!r}")
+
+# %% [markdown]
+# A history predictor on mixed traffic: tenant "chat" asks short questions (answers around 20 tokens,
+# with a long tail: a few run past 200) and tenant "doc" long ones (around 150 tokens). 300 requests
+# arrive at 5.5 per second on 4 slots, about as much work as the slots can do. The predictor learns
+# each tenant's mean from the requests that finish: it knows the class, never the request.
+
+# %%
+mixed = workloads.synthetic_trace(300, rate=5.5, prompt_len=16, output_len=1, tenant_mix={"chat": 0.7, "doc": 0.3}, seed=2)
+chat_len = LogNormal(20, 1.2, hi=600).sample(300, np.random.default_rng(0))
+doc_len = LogNormal(150, 0.5, hi=800).sample(300, np.random.default_rng(1))
+for i, r in enumerate(mixed):
+    r.output_len = int(chat_len[i] if r.tenant == "chat" else doc_len[i])
+pred_runs = {}
+for name, pol in (("FCFS", "fcfs"), ("SJF, history predictor", SJF(predictor="history", aging=0.0)),
+                  ("SJF, true lengths", SJF(predictor="oracle", aging=0.0))):
+    eng, m, s = served(mixed, pol, max_num_seqs=4)
+    pred_runs[name] = list(m.values())
+    by = {t: mean(m[r.request_id].e2e_latency for r in mixed if r.tenant == t) for t in ("chat", "doc")}
+    print(f"{name:<24} mean {s['e2e_mean']:5.2f} s, p99 {s['e2e_p99']:5.2f} s, worst {s['e2e_max']:5.2f} s | "
+          f"chat {by['chat']:4.2f} s, doc {by['doc']:4.2f} s on average")
+figures.latency_cdf_figure(pred_runs, metrics=("e2e_latency",), unit="s", title="predicted vs true lengths")
+
+# %% [markdown]
+# Both SJFs beat FCFS on the mean; the predictor gets part of the oracle's gain. Now look at the
+# worst case. Even with true lengths, shortest-first makes the longest requests wait longer than FCFS
+# would. With the predictor it is worse: every doc request is predicted long, whatever its true
+# length, so it is passed by every chat request that arrives while it waits; and the chat answers
+# that turn out long were predicted short, so they jump the queue and then hold a slot as long as a
+# doc request would. "Mispredictions cause the starvation it was meant to avoid."
+#
+# ### Starvation, and aging
+#
+# Give SJF a steady stream of short requests and a long one never gets its turn. One slot, one
+# 200-token request L at time 0, and a 10-token request every 80 ms for 12 seconds (the slot is
+# busy 10 x 10 ms = 100 ms of every 80 ms: there is always a short request waiting). **Aging**
+# (`SJF(aging=a)`) forgives a waiting request `a` predicted tokens per second waited, so its rank
+# improves until it is served: a request predicted at P is passed only by requests that arrive in the
+# first (P - P_min) / a seconds of its wait.
+
+# %%
+stream = [TraceRequest("L", 0.0, 8, 200)] + [TraceRequest(f"s{j}", round(0.08 * j, 6), 8, 10) for j in range(150)]
+agings = [0, 30, 100, 300, 1000]
+wait_L, short_mean = [], []
+for a in agings:
+    eng, m, s = served(stream, SJF(predictor="oracle", aging=float(a)), max_num_seqs=1)
+    wait_L.append(m["L"].queue_wait)
+    short_mean.append(mean(m[f"s{j}"].e2e_latency for j in range(150)))
+    print(f"aging {a:>4} tokens/s: L waits {wait_L[-1]:6.2f} s; the short requests take {short_mean[-1]:5.2f} s on average")
+_, m_fcfs, _ = served(stream, "fcfs", max_num_seqs=1)
+print(f"FCFS (for comparison): L waits {m_fcfs['L'].queue_wait:.2f} s, "
+      f"short requests {mean(m_fcfs[f's{j}'].e2e_latency for j in range(150)):.2f} s on average")
+fig = go.Figure([go.Scatter(x=agings[1:], y=wait_L[1:], name="L's wait (s)", mode="lines+markers"),
+                 go.Scatter(x=agings[1:], y=short_mean[1:], name="short requests' mean latency (s)",
+                            mode="lines+markers", yaxis="y2")])
+fig.add_hline(y=wait_L[0], line_dash="dot", annotation_text="L's wait without aging (starved)")
+fig.update_layout(title="aging trades a little average latency for a bound on the longest wait",
+                  xaxis=dict(title="aging (predicted tokens forgiven per second waited)", type="log"),
+                  yaxis=dict(title="L's wait (s)", rangemode="tozero"),
+                  yaxis2=dict(title="short requests (s)", overlaying="y", side="right", rangemode="tozero"),
+                  height=380, plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# Without aging L waits for the whole stream to end ("long requests can starve"). With aging its wait
+# is bounded, and the more aging, the sooner it runs; the short requests pay for it, and at large
+# aging SJF has turned back into FCFS. The seeds' verdict on the whole approach: "Since output length
+# is unknown in advance, 'shortest-first' requires prediction, and mispredictions cause the starvation
+# it was meant to avoid. Most production systems use FCFS with priority classes and explicit preemption
+# rather than trying to predict."
+#
+# ## 3. Priority classes, and priority inversion
+#
+# "Paying users expect lower latency, internal services need more stable responses than external APIs,
+# and real-time conversation has lower latency tolerance than batch processing." `Priority` serves the
+# lowest `priority` value first (vLLM's convention), FCFS inside a class. But ordering the *queue* is not
+# enough: "If a low-priority request is already occupying the GPU (its KV Cache has been allocated),
+# and a high-priority request arrives but cannot immediately obtain resources, the low-priority
+# request must be preempted." Four low-priority requests (class 1, 300 tokens each) fill all 4 slots;
+# at 0.5 s two high-priority ones (class 0, 20 tokens) arrive:
+
+# %%
+prio_trace = [TraceRequest(f"low{i}", 0.0, 16, 300, priority=1) for i in range(4)]
+prio_trace += [TraceRequest(f"high{i}", 0.5, 16, 20, priority=0) for i in range(2)]
+prio_runs = {}
+for name, pol in (("FCFS", "fcfs"), ("priority, queue order only", Priority(preempt=False)),
+                  ("priority, preempting", Priority(preempt=True))):
+    eng, m, s = served(prio_trace, pol, max_num_seqs=4)
+    prio_runs[name] = eng
+    print(f"{name:<28} high-priority wait {mean(m[f'high{i}'].queue_wait for i in range(2)):5.2f} s; "
+          f"low-priority done after {mean(m[f'low{i}'].e2e_latency for i in range(4)):5.2f} s; "
+          f"{s['num_preemptions']} preemptions")
+eng = prio_runs["priority, preempting"]
+figures.gantt_figure(eng.step_records, eng.requests, title="priority with preemption: low3 and low2 step aside")
+
+# %% [markdown]
+# Ordering the queue by class changes nothing here: nobody of either class is waiting when the slots
+# free up except the high-priority requests, and the slots do not free up for three seconds. The
+# high-priority requests wait behind the low class that got there first: priority inversion. Preemption
+# fixes it: the scheduler asks the policy `preempt_for(request, running)`, which names the lowest-class,
+# most recently admitted running request; its KV is dropped and it goes back to the queue (it will
+# recompute its prefix when it returns, notebook 05). The high class starts at once. The price is paid
+# by the class that was preempted, and by the work it redoes. "Needs careful class definition": if
+# most traffic is marked urgent, urgent means nothing, and a high class that never lets up starves the
+# low one.
+#
+# ## 4. MLFQ: tokens as the time slice
+#
+# The multi-level feedback queue "combines the fairness of FCFS, the efficiency of SJF, and the tiered
+# handling of priority scheduling". New requests enter the top level; a request that generates its
+# level's quantum of tokens is demoted one level ("in LLM inference, a more natural metric is the
+# number of tokens already generated"); waiting requests go by level, and a newcomer may push out a
+# running request of a deeper level. "This adaptation allows MLFQ to automatically distinguish between
+# short and long requests without relying on generation length prediction." To prevent starvation,
+# every `boost_interval` seconds everyone returns to the top level.
+#
+# Eight long requests (400 tokens) fill the 4 slots; a short one (20 tokens) arrives every 0.2 s:
+
+# %%
+mlfq_trace = [TraceRequest(f"long{i}", 0.0, 16, 400) for i in range(8)]
+mlfq_trace += [TraceRequest(f"s{j}", 0.1 + 0.2 * j, 16, 20) for j in range(30)]
+short_ids = [f"s{j}" for j in range(30)]
+for name, pol in (("FCFS", "fcfs"), ("MLFQ, quanta 16/64/256, boost 30 s", MLFQ()),
+                  ("MLFQ without preemption", MLFQ(preempt=False))):
+    eng, m, s = served(mlfq_trace, pol, max_num_seqs=4)
+    print(f"{name:<36} short requests {mean(m[r].e2e_latency for r in short_ids):6.2f} s, long ones "
+          f"{mean(m[f'long{i}'].e2e_latency for i in range(8)):6.2f} s; {s['num_preemptions']} preemptions")
+
+# %% [markdown]
+# MLFQ never read a length: the long requests revealed themselves by running past 16 tokens. Without
+# preemption it could only reorder the queue, and the queue was not the problem (the slots were).
+# Below, the level of three requests step by step, with a short boost interval (2 s) so boosts show.
+
+# %%
+mlfq = MLFQ(quanta=(16, 64, 256), boost_interval=2.0)
+llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=TEN_MS, policy=mlfq, max_num_seqs=4,
+          max_model_len=1024, record="summary")   # no per-block KV map: totals are enough here
+workloads.submit_trace(llm.engine, mlfq_trace, vocab_size=llm.engine.vocab_size)
+watch = ("long0", "long6", "s3")
+t, levels = [], {rid: [] for rid in watch}
+while llm.engine.has_unfinished_requests():
+    rec = llm.engine.step()
+    t.append(rec.time)
+    for rid in watch:
+        req = llm.engine.requests[rid]
+        levels[rid].append(mlfq.level(req) if rid in rec.running or any(w.request_id == rid for w in rec.waiting)
+                           else None)
+fig = go.Figure([go.Scatter(x=t, y=levels[rid], name=rid, mode="lines", line=dict(shape="hv")) for rid in watch])
+fig.update_layout(title=f"MLFQ level over time ({mlfq.num_boosts} boosts, every 2 s)", xaxis_title="time (s)",
+                  yaxis=dict(title="level (0 = top)", autorange="reversed", dtick=1), height=320, plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# The seeds' advice on the knobs: "typically 3-5 levels"; quanta "set based on the request length
+# distribution, so that most short requests complete within the highest-priority queue"; the boost
+# "typically set to several tens of seconds, matching the average request lifecycle".
+#
+# ## 5. Fair queuing when one tenant floods
+#
+# In a multi-tenant service one tenant can send sixty requests at once while the others send a few.
+# FCFS serves the flood first. Fair queuing gives each tenant an equal share of service: minillm's
+# `Fair` keeps a *virtual token counter* per tenant (prompt tokens prefilled + 2 x tokens generated,
+# the VTC of Sheng et al., OSDI 2024) and admits next from the tenant that has received the least.
+
+# %%
+flood = workloads.flood_trace("flood", num_flood=60, polite_tenants=("a", "b"), num_polite=8, polite_rate=2.0,
+                              prompt_len=32, output_len=32)
+fair_runs = {}
+for name, pol in (("FCFS", "fcfs"), ("fair queuing (VTC)", Fair())):
+    eng, m, s = served(flood, pol, max_num_seqs=4)
+    fair_runs[name] = eng
+    per = {t: mean(mm.e2e_latency for rid, mm in m.items() if rid.startswith(t + "-")) for t in ("flood", "a", "b")}
+    print(f"{name:<20} mean latency: " + ", ".join(f"tenant {t} {v:5.2f} s" for t, v in per.items()))
+
+def service_over_time(eng):
+    """Cumulative service per tenant after each step (prefill tokens + 2 x generated), from the StepRecords."""
+    tenant = {rid: r.tenant for rid, r in eng.requests.items()}
+    total = {t: 0.0 for t in set(tenant.values())}
+    rows = []
+    for rec in eng.step_records:
+        for e in rec.batch:
+            total[tenant[e.request_id]] += (e.num_tokens if e.phase == "prefill" else 0) + 2 * e.num_output_tokens
+        rows.append((rec.time, dict(total)))
+    return rows
+
+fig = make_subplots(rows=1, cols=2, subplot_titles=list(fair_runs), shared_yaxes=True)
+for col, (name, eng) in enumerate(fair_runs.items(), start=1):
+    rows = service_over_time(eng)
+    for i, tnt in enumerate(("flood", "a", "b")):
+        fig.add_trace(go.Scatter(x=[r[0] for r in rows], y=[r[1][tnt] for r in rows], name=f"tenant {tnt}",
+                                 line=dict(color=figures.PALETTE[i]), showlegend=col == 1), row=1, col=col)
+fig.update_xaxes(title_text="time (s)")
+fig.update_yaxes(title_text="service received (weighted tokens)", col=1)
+fig.update_layout(title="who gets served while one tenant floods", height=360, plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# Under FCFS the polite tenants' requests wait behind the flood's sixty. Under fair queuing their
+# service curves climb with the flood's: while every tenant has requests waiting, their counters stay
+# within a bounded distance of each other (the bound in `Fair`'s docstring), and once the polite
+# tenants have nothing left the flood gets the whole machine. The cost is bookkeeping: a counter per
+# tenant, charged every step.
+#
+# ## 6. Prefill against decode
+#
+# The seeds' example of FCFS's blocking: "Suppose there are 10 requests decoding in the batch, and the
+# scheduler selects a new request with an input length of 2000 tokens to join the batch ... The Prefill
+# of this new request takes about 500ms, during which all 10 decoding requests are paused." Three
+# answers, from the seeds' table:
+#
+# | Approach | Idea | Tradeoff |
+# |---|---|---|
+# | Prefill priority | Run prefills first | Decode latency suffers |
+# | Decode priority | Never interrupt decode | Time-to-first-token suffers |
+# | Chunked prefill | Split a long prompt into pieces, interleave with decode | Slightly less efficient prefill, far smoother latency |
+#
+# The scenario on a modeled Llama-2-70B served by four A100s (the roofline cost model: a prefill of 2000
+# tokens is compute bound, a decode step memory bound). minillm's `interference` setting picks the
+# approach; chunked prefill runs under a budget of 512 tokens per step.
+
+# %%
+interf_trace = [TraceRequest(f"d{i}", 0.0, 200, 400) for i in range(10)] + [TraceRequest("P", 1.0, 2000, 20)]
+modes = {"prefill-priority": dict(interference="prefill-priority", enable_chunked_prefill=False, max_num_batched_tokens=4096),
+         "decode-priority": dict(interference="decode-priority", enable_chunked_prefill=False, max_num_batched_tokens=4096),
+         "chunked prefill, 512": dict(interference="chunked", enable_chunked_prefill=True, max_num_batched_tokens=512)}
+interf = {}
+for name, cfg in modes.items():
+    eng, s = simulate(interf_trace, model="llama-2-70b", hardware="A100-80GB", num_gpus=4, max_num_seqs=16, **cfg)
+    m = {rid: r.metrics for rid, r in eng.requests.items()}
+    interf[name] = m
+    stall = max(max(m[f"d{i}"].inter_token_latencies) for i in range(10))
+    print(f"{name:<22} P's TTFT {m['P'].ttft * 1e3:7.0f} ms | decoders' TPOT {mean(m[f'd{i}'].tpot for i in range(10)) * 1e3:5.1f} ms, "
+          f"worst stall between two tokens {stall * 1e3:5.0f} ms")
+fig = go.Figure()
+for name, m in interf.items():
+    times = m["d0"].token_times
+    fig.add_trace(go.Scatter(x=times[1:], y=[1e3 * g for g in m["d0"].inter_token_latencies], name=name, mode="lines"))
+fig.update_layout(title="request d0: the gap before each of its tokens (P arrives at 1.0 s)", xaxis_title="time (s)",
+                  yaxis=dict(title="ms since its previous token", type="log"), height=360, plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# Prefill priority gives P its first token soonest and stalls all ten decoders for the whole prefill
+# step (the "latency spike unrelated to their own request"). Decode priority never interrupts a decode,
+# and P waits until all ten have finished. Chunked prefill splits P's prompt into budget-sized pieces
+# that ride along with the decodes: each decode step grows a little, no step is long, and P's first
+# token comes only slightly later than under prefill priority. "Chunked prefill is the standard
+# compromise: it bounds the worst-case stall a decode request can experience, at modest cost." It is
+# minillm's default (`interference="chunked"`).
+#
+# ## 7. Scheduling every N steps
+#
+# The scheduling pass itself costs time, and continuous batching pays it every step. The seeds'
+# exercise: "a GPU Decode time of 15ms per step and a scheduling overhead of 0.5ms. If the scheduling
+# frequency is changed from every step to every 5 steps, calculate the change in scheduling overhead
+# ratio and the potential resource waste." The reference answer: 0.5 / 15 = 3.3% becomes
+# 0.5 / (15 x 5) = 0.67%; "completed requests may wait up to 4 steps (about 60ms) before being removed
+# from the batch, and new requests may wait up to 5 steps (about 75ms) before being added", and 60 ms
+# is "about 0.8%" of a 500-token request's 7500 ms. With `schedule_every=N` minillm re-forms the batch
+# only every N steps; in between it reuses the running set, and a request that finishes is returned at
+# the next pass.
+
+# %%
+every_trace = [TraceRequest(f"r{i}", 0.0, 8, 500 + i) for i in range(10)]         # 500..509 tokens
+late_trace = [TraceRequest(f"bg{i}", 0.0, 8, 300) for i in range(4)] + \
+             [TraceRequest(f"new{i}", 0.0101 + 0.0377 * i, 8, 20) for i in range(30)]   # arrivals at awkward moments
+cost = ConstantStepTime(0.015, schedule_overhead=0.0005)
+for n in (1, 5):
+    eng, m, s = served(every_trace, "fcfs", cost_model=cost, schedule_every=n, max_num_seqs=64)
+    sched = sum(r.schedule_time for r in eng.step_records)
+    forward = sum(r.duration - r.schedule_time for r in eng.step_records)
+    held = max(mm.finish_time - mm.token_times[-1] for mm in m.values())
+    _, m2, _ = served(late_trace, "fcfs", cost_model=cost, schedule_every=n, max_num_seqs=64)
+    admit = max(m2[f"new{i}"].queue_wait for i in range(30))
+    print(f"schedule every {n} step(s): overhead {sched / forward:6.2%} of decode time; a finished request is held "
+          f"up to {held * 1e3:3.0f} ms ({held / (500 * 0.015):.2%} of 500 x 15 ms); a new one waits up to {admit * 1e3:3.0f} ms")
+
+# %% [markdown]
+# The seeds' numbers, from the engine's own step records: the overhead falls five-fold, a finished
+# request is held at most 4 steps (60 ms, 0.8% of a 7.5 s answer), a newcomer waits at most 5 steps
+# (75 ms, plus the pass itself). The seeds' conclusion: "For latency-sensitive scenarios, this
+# increase is acceptable; for throughput-priority scenarios, reducing scheduling overhead is more
+# valuable," though vLLM keeps per-step scheduling, because paging keeps the pass cheap.
+#
+# ## 8. At scale: goodput, load shedding, and the tail
+#
+# The seeds' metrics: *throughput* (tokens per second), *TTFT* and *TPOT*, and **goodput**,
+# "throughput meeting latency SLOs ... the honest combined metric." Here 500 requests of chat-like
+# traffic (log-normal prompts around 512 tokens, answers around 128, both with long tails) arrive as a
+# Poisson process and are served by a modeled Llama-2-70B on four H100s (`simulate`'s default), at
+# most 64 at once, at six rising rates (3,000 requests, a couple of seconds of simulation per rate). The SLOs:
+# first token within 2 s, then at most 100 ms per token.
+
+# %%
+SLO = dict(slo_ttft=2.0, slo_tpot=0.100)
+rates = [4, 8, 12, 14, 16, 20]
+def chat_trace(rate, n=500):
+    return workloads.synthetic_trace(n, rate=rate, prompt_len=LogNormal(512, 1.0, 4, 4096),
+                                     output_len=LogNormal(128, 0.9, 4, 1024), seed=0)
+load = {}
+for rate in rates:
+    eng, s = simulate(chat_trace(rate), model="llama-2-70b", records="summary", max_num_seqs=64, **SLO)
+    load[rate] = s
+    print(f"{rate:>3} req/s: TTFT p50 {s['ttft_p50']:6.2f} s, p99 {s['ttft_p99']:6.2f} s | throughput "
+          f"{s['request_throughput']:5.1f} req/s, goodput {s['goodput_requests_per_s']:5.1f} req/s "
+          f"({s['slo_attainment']:.0%} meet the SLOs) | mean batch {s['batch_size_mean']:5.1f}  [{s['wall_time']:.1f} s to simulate]")
+
+# %%
+fig = make_subplots(rows=1, cols=2, subplot_titles=("time to first token", "served per second"))
+for q, dash in (("p50", "solid"), ("p99", "dash")):
+    fig.add_trace(go.Scatter(x=rates, y=[load[r][f"ttft_{q}"] for r in rates], name=f"TTFT {q}", mode="lines+markers",
+                             line=dict(dash=dash, color=figures.PALETTE[0])), row=1, col=1)
+fig.add_hline(y=SLO["slo_ttft"], line_dash="dot", annotation_text="TTFT SLO", row=1, col=1)
+fig.add_trace(go.Scatter(x=rates, y=[load[r]["request_throughput"] for r in rates], name="throughput",
+                         mode="lines+markers", line=dict(color=figures.PALETTE[1])), row=1, col=2)
+fig.add_trace(go.Scatter(x=rates, y=[load[r]["goodput_requests_per_s"] for r in rates], name="goodput",
+                         mode="lines+markers", line=dict(color=figures.PALETTE[2])), row=1, col=2)
+fig.update_yaxes(title_text="s", type="log", row=1, col=1)
+fig.update_yaxes(title_text="requests / s", row=1, col=2)
+fig.update_xaxes(title_text="arrival rate (requests / s)")
+fig.update_layout(height=380, plot_bgcolor="white", title="rising load on a modeled 4 x H100 serving Llama-2-70B")
+fig
+
+# %% [markdown]
+# Below capacity the median and the p99 both stay small. Near capacity the p99 leaves the median
+# behind ("Watch the tail. P99 latency reveals problems that averages hide entirely"). Past capacity
+# throughput flattens at what the hardware can do, the queue grows for as long as the overload lasts,
+# every newcomer waits behind all of it, and goodput *falls*: the engine is as busy as ever, serving
+# requests that miss their SLO. "Throughput and latency trade off directly through batch size.
+# Reporting either alone is misleading."
+#
+# **Shedding load.** The seeds' fix for "tail latency far worse than median: unbounded queueing" is to
+# "cap queue depth; shed load", because "rejecting a request cleanly beats accepting it and timing out".
+# `max_queue_len` rejects newcomers beyond that many waiting requests. At about 10 requests served per
+# second and a 2 s TTFT target, a queue much longer than 20 cannot be served in time; cap it at 16:
+
+# %%
+for rate in (16, 20):
+    capped = simulate(chat_trace(rate), model="llama-2-70b", records="summary", max_num_seqs=64, max_queue_len=16, **SLO)[1]
+    for cap, s in ((None, load[rate]), (16, capped)):
+        print(f"{rate:>3} req/s, queue cap {str(cap):>4}: rejected {s['num_rejected']:3d}, TTFT p50 {s['ttft_p50']:5.2f} s, "
+              f"p99 {s['ttft_p99']:5.2f} s, goodput {s['goodput_requests_per_s']:5.1f} req/s, "
+              f"SLOs met by {s['slo_attainment']:.0%} of all requests (rejected ones count as missed)")
+
+# %% [markdown]
+# With the cap, the requests that are accepted are served within their SLO, so goodput stays near the
+# machine's capacity instead of collapsing; the rejected ones get an immediate, explicit "no" they can
+# retry elsewhere. The seeds' rules of thumb this section illustrates: "Measure goodput", "Watch the
+# tail", and "Shed load explicitly."
+
+# %% [markdown]
+# ## Exercises
+#
+# Three policies in `exercises/ex03_policies.py`, each a `Policy` subclass that the engine asks every
+# step, exactly like the built-in ones. The cells below run *your* classes inside the engine.
+#
+# **Exercise 1, `SJFWithAging`**: `remaining`, `key` and `order_waiting` (section 2). The stream of
+# section 2, with and without aging:
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `remaining`: the prediction minus `num_output_tokens`, clamped at 0. `key`: `remaining` minus `aging` times the seconds waited (`now - arrival_time`, clamped at 0).
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `order_waiting`: `sorted` (a new list) with a tuple key, `(self.key(r, now), r.arrival_time)`.
+#
+# </details>
+
+# %%
+with impl.attempt("ex03.SJFWithAging"):
+    for a in (0.0, 100.0):
+        eng, m, s = served(stream, ex.SJFWithAging(aging=a), max_num_seqs=1)
+        print(f"your SJF, aging {a:>5}: L waits {m['L'].queue_wait:6.2f} s")
+
+# %% [markdown]
+# **Exercise 2, `MLFQPolicy`**: `order_waiting`, `pick_victim`, `preempt_for` and `on_step` (demotion
+# per quantum, the boost; section 4):
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `order_waiting`, `pick_victim`: one `sorted` / `max` each, on tuples: `(level, arrival_time)` for the order; `(level, admit_seq)` for the victim, largest wins. `preempt_for`: keep the running requests whose level is strictly deeper than the waiting one's and ask `pick_victim`.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `on_step`: `st = self.state(req)`; `st[1] += self.new_output_tokens(req)`; then *while* the request is not at the last level and `st[1] >= quanta[st[0]]`: `st[1] -= quanta[st[0]]`, `st[0] += 1` (a `while`, not an `if`: one step may cross several quanta). Boost: if `last_boost` is None, set it to `now`; else, when `now - last_boost >= boost_interval`, bump `epoch` and `num_boosts` and set `last_boost = now`.
+#
+# </details>
+
+# %%
+with impl.attempt("ex03.MLFQPolicy"):
+    eng, m, s = served(mlfq_trace, ex.MLFQPolicy(), max_num_seqs=4)
+    print(f"your MLFQ: short requests {mean(m[r].e2e_latency for r in short_ids):.2f} s, long ones "
+          f"{mean(m[f'long{i}'].e2e_latency for i in range(8)):.2f} s on average; {s['num_preemptions']} preemptions")
+
+# %% [markdown]
+# **Exercise 3, `FairPolicy`**: `order_waiting` (interleave the tenants by their counters) and
+# `on_step` (charge what ran; section 5):
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `order_waiting`: sort by arrival, then group by tenant into a dict of lists (its insertion order ranks the tenants by their oldest request). A heap of `(counter, rank, tenant)`, on copies of the counters, picks the next tenant.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Pop the smallest, append the head of that tenant's queue; if the tenant has more waiting, push it back with `counter + input_weight * (num_tokens - num_computed_tokens)` of the request just placed. `on_step`: `output_weight * new_output_tokens(req)`, plus `input_weight * s.num_new_tokens` when `s.phase == "prefill"`.
+#
+# </details>
+
+# %%
+with impl.attempt("ex03.FairPolicy"):
+    eng, m, s = served(flood, ex.FairPolicy(), max_num_seqs=4)
+    print("your fair queuing, mean latency: " + ", ".join(
+        f"tenant {t} {mean(mm.e2e_latency for rid, mm in m.items() if rid.startswith(t + '-')):.2f} s"
+        for t in ("flood", "a", "b")))
+
+# %% [markdown]
+# ### Grading
+#
+# Your code goes in `exercises/ex03_policies.py` (its stubs raise `NotImplementedError` until you fill them in;
+# the docstrings say exactly what each must do). The cells above run *your* version: `impl.load` reads
+# the environment variable `MINILLM_IMPL` (unset: `exercises`, yours; `solutions`: the reference answers).
+# From the repository root:
+#
+# ```bash
+# make grade EX=03                                            # every ex03 grader, against exercises/
+# MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex03 tests/test_exercises.py -k mlfq   # one exercise
+# ```
+#
+# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# the engine's cost model, or what the real scheduler did on the same requests).

@@ -1,0 +1,459 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Prefix caching
+#
+# "Many inference requests share the same prefix, with the most typical example being system prompts.
+# ... Without optimization, each request independently computes and caches KV Cache for these
+# identical prefixes, resulting in massive redundant computation and GPU memory waste." Prefix caching
+# computes the KV of a shared prefix once and lets every later request reuse it, which, in the seeds'
+# words, cuts "Prefill computation (saving GPU compute)", "KV Cache memory usage (saving GPU memory)",
+# and "time-to-first-token (TTFT) because the shared prefix Prefill is skipped".
+#
+# Paging makes it natural: "Prefix caching simply requires requests sharing the same prefix to point to
+# the same set of physical blocks." This notebook builds it up from the pieces:
+#
+# 1. the block hash, a chain: how a request finds the blocks it can reuse;
+# 2. reference counts and LRU eviction, stepped live on the real engine;
+# 3. a shared system prompt at scale: hit rate, prefill saved, TTFT, memory;
+# 4. multi-turn chat: each turn prefills only its new tokens;
+# 5. what invalidates the cache: editing an early part of the prefix;
+# 6. what it is worth: the seeds' cache-hit pricing;
+# 7. exercises: the block hash, the longest-prefix match, and eviction.
+#
+# minillm's prefix cache is *automatic* (vLLM's APC): nobody marks a prefix as shareable; every full
+# block is hashed, and kept after its request finishes until its memory is needed.
+
+# %%
+import kernels
+kernels.use_interpreter_if_no_cuda()   # no GPU: Triton kernels run in Triton's interpreter (say so before any model loads)
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
+from minillm.widgets import LockstepStepper, Stepper
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+print(f"device: {DEVICE}; Triton kernels {'compiled for the GPU' if GPU else 'run by Triton interpreter on the CPU'}")
+
+# %%
+from minillm.block_pool import hash_block
+from minillm.workloads import LogNormal
+
+ex = impl.load("ex04_prefix_cache")   # your exercises/ex04_prefix_cache.py (MINILLM_IMPL=solutions: the answers);
+                                      # re-run this cell after editing the file: impl.load reads it again
+
+def serve(trace, **config):
+    """A modeled H100 serving Llama-2-7B with 8 GiB of KV cache, as in notebook 02 (the simulated executor: the
+    real scheduler and block pool, no forward pass). Returns the engine, its requests' metrics, the summary."""
+    config.setdefault("num_kv_blocks", 1024)                 # blocks of 16: 16,384 positions, 8 GiB of Llama-2-7B KV
+    llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", max_model_len=8192,
+              max_num_seqs=64, max_num_batched_tokens=2048, **config, record="summary")   # no per-block KV map: totals are enough here
+    workloads.submit_trace(llm.engine, trace)
+    records = llm.engine.run()
+    m = {rid: r.metrics for rid, r in llm.engine.requests.items()}
+    stats = llm.engine.kv.stats() if llm.config.enable_prefix_caching else None
+    return llm.engine, m, metrics.summarize(m, records, max_num_seqs=64, prefix_cache_stats=stats)
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs)
+
+
+# %% [markdown]
+# ## 1. The block hash, a chain
+#
+# "A hash is computed for the token sequence of each block, serving as an index for the KV Cache block.
+# When a new request arrives, the hashes of its prefix blocks are computed." One subtlety: a block's KV
+# depends on every token *before* it (attention saw them), so its key must stand for the whole prefix,
+# not only its own tokens. minillm chains it: a block's key is the hash of (its parent block's key, its
+# own tokens). Only full blocks get a key; the last, partly filled block is still being written.
+
+# %%
+prompt = [501, 502, 503, 504, 601, 602, 603, 604, 701, 702]      # blocks of 4: two full, one partial
+parent = None
+for i in range(len(prompt) // 4):
+    key = hash_block(parent, prompt[4 * i:4 * i + 4])
+    print(f"block {i}: tokens {prompt[4 * i:4 * i + 4]}, parent key {parent}, key {key}")
+    parent = key
+print(f"tokens {prompt[8:]}: a partial block, no key yet")
+print("\nthe same four tokens after another prefix get another key:",
+      hash_block(None, [601, 602, 603, 604]) != hash_block(hash_block(None, prompt[:4]), [601, 602, 603, 604]))
+
+# %% [markdown]
+# A new request computes the keys of its blocks in order and looks each one up; the first miss ends the
+# match, since every later key is chained on the missing one. The seeds' example: "If the hashes of the
+# first 10 blocks match, the KV Cache for these 160 tokens can be directly reused (assuming a block
+# size of 16 tokens), and Prefill only needs to be performed for tokens starting from the 11th block
+# onward." The engine, blocks of 16: a first request with a 165-token shared prefix and its own
+# question, then a second request with the same prefix and another question.
+
+# %%
+shared = list(range(1000, 1165))                           # 165 tokens: 10 full blocks of 16, and 5 more
+llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", enable_prefix_caching=True,
+          block_size=16, num_kv_blocks=64, max_model_len=512)
+first = llm.engine.add_request(shared + list(range(2000, 2035)), SamplingParams(max_tokens=4, ignore_eos=True))
+llm.engine.run()
+second = llm.engine.add_request(shared + list(range(3000, 3025)), SamplingParams(max_tokens=4, ignore_eos=True))
+rec = llm.engine.step()
+e = rec.entry(second)
+print(f"second request: {len(shared) + 25} prompt tokens; KV reused for {e.num_computed_before} "
+      f"({e.num_computed_before // 16} blocks); prefilled {e.num_tokens}")
+
+# %% [markdown]
+# The 11th block holds tokens 160 to 175: 5 shared ones and 11 that differ, so its key differs, and the
+# prefill starts at token 160, the seeds' "from the 11th block onward".
+#
+# ## 2. Reference counts and LRU eviction, stepped
+#
+# "vLLM's APC implementation manages prefix reuse through block-level reference counting. Each physical
+# block maintains a reference count recording how many requests are using that block. When a new
+# request's prefix block hash matches an existing block, the block is directly reused and its reference
+# count is incremented. When a request completes, the reference count is decremented, and blocks with a
+# reference count of zero are recycled."
+#
+# *Recycled*, in minillm, means: back on the free list **with its KV and its key intact**, so a later
+# request with the same prefix can take it back. Only when a fresh block is needed and the free list
+# hands out a block that still carries a prefix is that prefix *evicted*. The free list is in LRU order
+# (least recently freed first), and a finishing request frees its blocks last block first, so a
+# prefix's children are evicted before its parents.
+#
+# The widget: a KV cache of 12 blocks of 4 positions. A, B and C share an 8-token system prompt (two
+# blocks) and ask different questions; later D arrives with a 36-token prompt that needs most of the
+# cache, and after it E asks about the system prompt again. In the map a block shared by n requests is
+# marked `xn`, and a free block that still holds a cached prefix is dotted grey (see the legend). Every
+# Step runs the Triton attention kernel on the real (tiny, random) model.
+
+# %%
+SYSTEM = list(range(200, 208))              # the shared system prompt: two blocks of 4
+APC_REQUESTS = (("A", 0.0, SYSTEM + [31, 32, 33], 4), ("B", 0.005, SYSTEM + [41, 42], 4),
+                ("C", 0.015, SYSTEM + [51, 52, 53, 54], 3), ("D", 0.075, list(range(300, 336)), 6),
+                ("E", 0.17, SYSTEM + [61, 62], 2))
+
+def add_apc_requests(engine):
+    for rid, arrival, prompt, out_len in APC_REQUESTS:
+        engine.add_request(prompt, SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
+                           request_id=rid, arrival_time=arrival)
+
+def apc_engine():
+    llm = LLM(model="random", device=DEVICE, dtype="auto", attention_backend="triton", enable_prefix_caching=True,
+              block_size=4, num_kv_blocks=12, max_num_batched_tokens=32, max_num_seqs=3,
+              clock="modeled", cost_model=0.010)
+    add_apc_requests(llm.engine)
+    return llm
+
+apc = Stepper(apc_engine, title="prefix caching: 12 blocks of 4, a shared 8-token system prompt")
+apc
+
+# %% [markdown]
+# Three steps (three clicks): A prefills its 11 tokens and its two full system-prompt blocks get keys;
+# B arrives, finds both, and prefills only its own 2 tokens; then C the same. The cells below run the
+# same requests on their own copy of the engine (`apc_run`), so the widget above stays where you left
+# it, ready to step, however many cells have run. The blocks after three steps:
+
+# %%
+apc_run = apc_engine()                      # the cells' own copy: the widget above stays yours to step
+
+def show_blocks(rec):
+    for b in rec.kv.blocks:
+        if b.ref_count:
+            print(f"  block {b.block_id:>2}: held by {', '.join(b.owners)} (ref_count {b.ref_count})")
+        elif b.cached:
+            print(f"  block {b.block_id:>2}: free, still caching a prefix")
+
+for _ in range(3):
+    rec = apc_run.engine.step()
+    print(rec.summary())
+print(f"after step {rec.step}:")
+show_blocks(rec)
+st = apc_run.engine.kv.stats()
+print(f"prefix cache: {st['hit_blocks']} block hits, {st['prefill_tokens_saved']} prefill tokens saved")
+figures.kv_map_figure(rec, colors=apc.colors, width=560)
+
+# %% [markdown]
+# Blocks 0 and 1 have three owners (`x3` in the map): the KV of the system prompt exists once and
+# serves three requests. Two more steps and A, B, C are done: every count drops to 0, and the blocks
+# with keys stay cached (dotted grey in the map: "cached prefix, free").
+
+# %%
+for _ in range(2):
+    rec = apc_run.engine.step()
+print(rec.summary())
+show_blocks(rec)
+print("eviction order, front of the free list first:", list(apc_run.engine.kv.pool.free_queue))
+
+# %% [markdown]
+# The system prompt's blocks (0 and 1) are at the *back* of the free list: they were freed last, when
+# the last request holding them finished, child before parent. D now needs 9 blocks for its prompt, and
+# more as it decodes; fresh blocks come from the front of the free list, evicting the cached prefixes
+# there. Run until D is done, then one more step for E:
+
+# %%
+while "D" not in rec.finished:
+    rec = apc_run.engine.step()
+print(f"after D: {apc_run.engine.kv.stats()['evictions']} cached blocks evicted; "
+      f"free list {list(apc_run.engine.kv.pool.free_queue)}")
+rec = apc_run.engine.step()
+print(rec.summary())
+e = rec.entry("E")
+print(f"E: {e.num_computed_before} of its {len(SYSTEM) + 2} prompt tokens reused, {e.num_tokens} prefilled")
+
+# %% [markdown]
+# D's growth took the last free blocks, down to one of the system prompt's: the *second* (block 1), the
+# child, went before its parent. E finds block 0 still cached and recomputes from the second block on.
+# Had the parent gone first, the surviving child would be unreachable: a lookup walks from the first
+# block and stops at the first miss. The kernel, checked on this engine's cache (E's block table starts
+# with the reused block):
+
+# %%
+eng = apc_run.engine                         # the engine the cells above have been stepping
+rec = eng.step_records[-1]
+rids = rec.running                             # requests holding KV right now
+k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
+dev = k_cache.device
+tables = [eng.kv.block_table(r) for r in rids]                # where each request's positions live
+width = max(len(t) for t in tables)
+block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
+cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
+heads, head_dim = eng.hf_config.num_attention_heads, k_cache.shape[-1]
+q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
+                generator=torch.Generator(device=dev).manual_seed(0))
+args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
+out_triton = kernels.paged_attention(*args, backend="triton")
+out_torch = kernels.paged_attention(*args, backend="torch")
+err = (out_triton.float() - out_torch.float()).abs().max().item()
+print(f"requests {rids}, KV lengths {context_lens.tolist()}: max |triton - torch| = {err:.1e}")
+assert err < (1e-4 if k_cache.dtype == torch.float32 else 3e-2), err
+
+# %% [markdown]
+# ## 3. A shared system prompt at scale
+#
+# 400 requests share a 1024-token system prompt, each with its own question (log-normal, around 128
+# tokens) and answer (around 128), arriving at 12 per second, on a modeled H100 serving Llama-2-7B with
+# 8 GiB of KV cache (16,384 positions, as in notebook 02). Without and with prefix caching:
+
+# %%
+sys_trace = workloads.shared_prefix_trace(400, prefix_len=1024, suffix_len=LogNormal(128, 0.8, 4, 1024),
+                                          output_len=LogNormal(128, 0.9, 4, 1024), vocab_size=32000, rate=12, seed=0)
+apc_runs = {}
+for name, caching in (("no prefix cache", False), ("prefix cache", True)):
+    eng, m, s = serve(sys_trace, enable_prefix_caching=caching)
+    apc_runs[name] = (eng, m, s)
+    computed = s["total_input_tokens"] - s["prefill_tokens_saved"]
+    print(f"{name:<16} hit rate {s['prefix_cache_hit_rate']:4.0%}; prompt tokens prefilled {computed:>7,} of "
+          f"{s['total_input_tokens']:,}; TTFT p50 {s['ttft_p50'] * 1e3:7.1f} ms, p99 {s['ttft_p99'] * 1e3:7.1f} ms; "
+          f"KV in use {s['kv_util_mean']:4.0%} on average; {s['num_preemptions']} preemptions; "
+          f"{s['output_throughput']:5.0f} tokens/s")
+
+# %%
+figures.kv_usage_figure({name: eng.step_records for name, (eng, _, _) in apc_runs.items()},
+                        title="KV positions holding KV (a shared block counted once)")
+
+# %%
+figures.latency_cdf_figure({name: list(m.values()) for name, (_, m, _) in apc_runs.items()},
+                           metrics=("ttft", "e2e_latency"), unit="s", title="time to first token and end-to-end latency")
+
+# %% [markdown]
+# All three of the seeds' savings, and here memory is the one that matters most. Without the cache
+# every request holds its own copy of the 1024-token prompt, so 8 GiB holds about a dozen requests; the
+# queue grows, the cache overflows into preemptions, and the first token takes seconds. With it the
+# prompt's 64 blocks exist once, each request adds only its question and answer, and every prompt after
+# the first prefills about a seventh of its tokens.
+#
+# ## 4. Multi-turn chat
+#
+# "In a dialogue system, each turn's input includes the context from all previous turns (user messages
+# and assistant responses), and the KV Cache for this context can be directly reused. Without prefix
+# caching, the k-th turn requires Prefill of the entire context ... With prefix caching, only the new
+# user message needs Prefill ... reducing Prefill time from O(n_total) to O(n_new)."
+#
+# 40 conversations of 6 turns: a 512-token system prompt, user messages around 64 tokens, answers
+# around 128, about 8 s of "think time" between turns. (The trace scripts each answer into the next
+# turn's prompt, so what is reused is the previous turn's prompt; an engine that also keeps its
+# generated answer's blocks reuses those too.) Without a cache every turn prefills its whole context:
+# the grey bars. With the cache, once with the 8 GiB of section 3, once with 32 GiB:
+
+# %%
+chat = workloads.multi_turn_trace(40, turns=6, system_len=512, user_len=LogNormal(64, 0.8, 4, 512),
+                                  answer_len=LogNormal(128, 0.8, 4, 512), vocab_size=32000, think_time=8.0, rate=2.0, seed=0)
+turns = sorted({r.turn for r in chat})
+chat_runs = {}
+for name, blocks in (("8 GiB of KV", 1024), ("32 GiB of KV", 4096)):
+    eng, m, s = serve(chat, enable_prefix_caching=True, num_kv_blocks=blocks)
+    prefilled = [mean(m[r.request_id].num_prompt_tokens - m[r.request_id].num_cached_tokens for r in chat if r.turn == k)
+                 for k in turns]
+    chat_runs[name] = (s, prefilled)
+    print(f"prefix cache, {name:<13} hit rate {s['prefix_cache_hit_rate']:4.0%}, {eng.kv.stats()['evictions']:>6,} evictions; "
+          f"TTFT p50 {s['ttft_p50'] * 1e3:4.0f} ms; tokens prefilled per turn: " + ", ".join(f"{p:4.0f}" for p in prefilled))
+context = [mean(r.prompt_len for r in chat if r.turn == k) for k in turns]
+fig = go.Figure([go.Bar(name="whole context = prefilled without a cache", x=turns, y=context, marker_color="#ccc")] +
+                [go.Bar(name=f"prefilled, prefix cache with {name}", x=turns, y=p) for name, (_, p) in chat_runs.items()])
+fig.update_layout(barmode="group", title="tokens prefilled per turn: O(n_total) without the cache, O(n_new) with it",
+                  xaxis_title="turn", yaxis_title="tokens (mean over conversations)", height=360, plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# With 32 GiB each turn prefills about what is new in it (the previous answer and the new message),
+# whatever the length of the conversation. With 8 GiB the forty conversations' contexts do not all
+# fit: while a user thinks, other conversations need blocks, the free list evicts the oldest prefixes,
+# and later turns recompute part of their history. A prefix cache is only as good as its capacity,
+# which is why DeepSeek V4, the seeds' industrial example, "supports on-disk KV Cache storage". On
+# agentic workloads, where "each turn appends only a few hundred tokens to a context that already
+# contains tens of thousands or even hundreds of thousands of tokens", it reports a hit rate of up to
+# 98.7%.
+#
+# ## 5. What invalidates the cache
+#
+# Chaining has a consequence: "If the generation result of an intermediate turn is modified — for
+# example, in a coding scenario where the user edits tool listings, global prompts, or other information
+# originally placed in the prefix cache (such as CLAUDE.md, AGENTS.md files) — the KV Cache of all
+# subsequent turns is invalidated and must be recomputed from scratch." An agent's context of 2048
+# tokens (tool list and project notes first, then the conversation) is cached; then one token is edited
+# at a given position and the context is sent again:
+
+# %%
+agent = list(range(5000, 7048))                                       # 2048 tokens: 128 blocks of 16
+llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", enable_prefix_caching=True,
+          block_size=16, num_kv_blocks=1024, max_model_len=4096, record="summary")   # no per-block KV map: totals are enough here
+llm.engine.add_request(agent, SamplingParams(max_tokens=1, ignore_eos=True), request_id="original")
+llm.engine.run()
+positions = [0, 16, 256, 512, 1024, 1536, 1900, 2040]
+recomputed = []
+for pos in positions:
+    edited = list(agent)
+    edited[pos] = 9999                                                  # one token changed
+    rid = llm.engine.add_request(edited, SamplingParams(max_tokens=1, ignore_eos=True), request_id=f"edit@{pos}")
+    llm.engine.run()
+    recomputed.append(2048 - llm.engine.requests[rid].metrics.num_cached_tokens)
+    print(f"edit at token {pos:>4}: {2048 - recomputed[-1]:>4} of 2048 tokens reused, {recomputed[-1]:>4} prefilled again")
+fig = go.Figure(go.Scatter(x=positions, y=recomputed, mode="lines+markers"))
+fig.update_layout(title="one edited token: everything from its block on is recomputed", height=320, plot_bgcolor="white",
+                  xaxis_title="position of the edit (token)", yaxis_title="tokens prefilled again")
+fig
+
+# %% [markdown]
+# An edit in the first block (the tool list, the system prompt) costs the whole context; an edit near
+# the end costs almost nothing. Hence the seeds' design rule: "the prefix content should remain as
+# stable as possible." Put what changes (timestamps, the latest message) at the end; keep tool
+# definitions and instructions fixed, and first.
+#
+# ## 6. What it is worth
+#
+# "The economic effect of cache reuse is directly reflected in API pricing. In DeepSeek V4 Flash's API
+# pricing, cache-hit input is \$0.0028/1M tokens, while cache-miss input is \$0.14/1M tokens — input cost
+# is reduced by about 50x when the cache is hit." A workload pays a blend, weighted by its hit rate:
+
+# %%
+HIT, MISS = 0.0028, 0.14                    # $ per 1M input tokens, the seeds' DeepSeek V4 Flash prices
+print(f"a hit costs {MISS / HIT:.0f}x less than a miss")
+
+def price(hit_rate):
+    return hit_rate * HIT + (1 - hit_rate) * MISS
+
+points = {"no cache": 0.0, "shared system prompt (section 3)": apc_runs["prefix cache"][2]["prefix_cache_hit_rate"],
+          "multi-turn chat, 32 GiB (section 4)": chat_runs["32 GiB of KV"][0]["prefix_cache_hit_rate"],
+          "the seeds' agentic workload": 0.987}
+for name, h in points.items():
+    print(f"{name:<34} hit rate {h:6.1%}: ${price(h):.4f} per 1M input tokens, {MISS / price(h):4.1f}x less than no cache")
+h = np.linspace(0, 1, 201)
+fig = go.Figure(go.Scatter(x=h, y=price(h), mode="lines", name="effective price"))
+for name, hr in points.items():
+    fig.add_trace(go.Scatter(x=[hr], y=[price(hr)], mode="markers+text", text=[name], textposition="top left",
+                             showlegend=False))
+fig.update_layout(title="input price vs cache hit rate", xaxis=dict(title="cache hit rate", tickformat=".0%"),
+                  yaxis=dict(title="$ per 1M input tokens", type="log"), height=380, plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# The price falls slowly until the hit rate is high, then fast: even at 98.7% the 1.3% of misses make
+# up about two fifths of the bill. "A high cache hit rate is not just a technical metric but also a
+# commercial competitive advantage."
+
+# %% [markdown]
+# ## Exercises
+#
+# The pieces of this notebook, in `exercises/ex04_prefix_cache.py`. They plug into the real engine:
+# `ex.prefix_engine(...)` builds an `LLM` whose block keys, prefix lookups and block pool are yours; the
+# graders run the same requests with minillm's prefix cache and with yours, step by step.
+#
+# **Exercise 1, `hash_block` and `block_hashes`**: the chained key (section 1).
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `hash_block` is one call to Python's `hash` on a pair; a list cannot be hashed, a tuple can.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `block_hashes`: `parent = None`; for each *full* block (`len(token_ids) // block_size` of them), `parent = hash_block(parent, that block's tokens)` and keep it.
+#
+# </details>
+
+# %%
+with impl.attempt("ex04.hash_block / block_hashes"):
+    mine = ex.block_hashes(prompt, 4)
+    print(f"{len(mine)} keys for {len(prompt)} tokens in blocks of 4; the first is the engine's: "
+          f"{mine[0] == hash_block(None, prompt[:4])}")
+
+# %% [markdown]
+# **Exercise 2, `longest_prefix_match`**: the cached blocks a request can reuse (section 1).
+# **Exercise 3, `EvictingBlockPool`**: `evict`, `allocate`, `take` and `free` (section 2). Below,
+# section 2's five requests on an engine built from your three pieces (on the simulated executor:
+# only the block decisions matter here), next to minillm's own:
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `longest_prefix_match`: the loop of `block_hashes` over `(len(token_ids) - 1) // block_size` blocks, looking each key up in `cached`; `break` at the first key that is missing or whose block holds other `token_ids` or another `parent_hash`.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# The pool: `take` removes a block with `ref_count == 0` from the free queue before counting it; `allocate` is `popitem(last=False)`, then `evict` if the block has a hash; `evict` deletes the index entry only if it is this very block (`self.cached.get(h) is block`); `free` walks `reversed(blocks)` and puts a block that reaches 0 into the free queue where its docstring says.
+#
+# </details>
+
+# %%
+cfg = dict(executor="simulated", block_size=4, num_kv_blocks=12, max_num_batched_tokens=32, max_num_seqs=3,
+           clock="modeled", cost_model=0.010)
+with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
+    for name, llm in (("minillm's", LLM(model="random", enable_prefix_caching=True, **cfg)),
+                      ("yours", ex.prefix_engine(model="random", **cfg))):
+        add_apc_requests(llm.engine)
+        llm.engine.run()
+        st = llm.engine.kv.stats()
+        print(f"{name:>9} prefix cache: {st['hit_blocks']} block hits, {st['evictions']} evictions; "
+              f"E reused {llm.engine.requests['E'].metrics.num_cached_tokens} tokens")
+
+# %% [markdown]
+# ### Grading
+#
+# Your code goes in `exercises/ex04_prefix_cache.py` (its stubs raise `NotImplementedError` until you fill them in;
+# the docstrings say exactly what each must do). The cells above run *your* version: `impl.load` reads
+# the environment variable `MINILLM_IMPL` (unset: `exercises`, yours; `solutions`: the reference answers).
+# From the repository root:
+#
+# ```bash
+# make grade EX=04                                            # every ex04 grader, against exercises/
+# MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex04 tests/test_exercises.py -k pool   # one exercise
+# ```
+#
+# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# the engine's cost model, or what the real scheduler did on the same requests).

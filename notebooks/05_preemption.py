@@ -1,0 +1,416 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Preemption
+#
+# Paging admits a request as soon as its prompt fits, without knowing how long its answer will be
+# (notebook 02). So the cache can fill up while everyone is still generating, and then a running request
+# needs a block that does not exist. The seeds: "under high load, even with prefix caching, GPU memory
+# may still be insufficient to simultaneously accommodate the KV Cache of all active requests. At this
+# point, a choice must be made: pause certain requests to free memory for more important ones."
+#
+# Two ways to pause one:
+#
+# - **Swap**: "move its KV cache to slower memory, restore later. Preserves work, costs bandwidth."
+# - **Recompute**: "discard the cache, re-run prefill on resume. Frees memory immediately, wastes prior work."
+#
+# Either way the decision happens between steps: "After each Decode step, the scheduler can check whether
+# preemption or eviction is needed without interrupting an executing Decode step." This notebook:
+#
+# 1. memory pressure and the victim, stepped live: recompute and swap side by side;
+# 2. recompute or swap: the seeds' cost rule, and a map of which one wins;
+# 3. at scale: recompute, swap, and the rule choosing per victim;
+# 4. thrashing, and how headroom damps it;
+# 5. priority preemption: pushing a lower class out of memory;
+# 6. exercises: the recompute-or-swap decision and the choice of victim.
+
+# %%
+import kernels
+kernels.use_interpreter_if_no_cuda()   # no GPU: Triton kernels run in Triton's interpreter (say so before any model loads)
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
+from minillm.widgets import LockstepStepper, Stepper
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+print(f"device: {DEVICE}; Triton kernels {'compiled for the GPU' if GPU else 'run by Triton interpreter on the CPU'}")
+
+# %%
+from dataclasses import replace
+
+from plotly.subplots import make_subplots
+
+from minillm.costmodel import HARDWARE, RooflineCostModel, swap_or_recompute
+from minillm.policies import Priority
+from minillm.workloads import LogNormal, TraceRequest, Uniform
+
+ex = impl.load("ex05_preemption")    # your exercises/ex05_preemption.py (MINILLM_IMPL=solutions: the answers);
+                                     # re-run this cell after editing the file: impl.load reads it again
+H100 = RooflineCostModel("H100-SXM", "llama-2-7b")
+
+def serve(trace, cost_model=H100, **config):
+    """The simulated executor (the real scheduler and KV manager, no forward pass) serving Llama-2-7B on the
+    modeled clock of `cost_model`. Returns the engine, its requests' metrics, and metrics.summarize's dict."""
+    config.setdefault("num_kv_blocks", 1024)             # 16,384 positions of KV (8 GiB), as in notebook 02
+    config.setdefault("max_num_seqs", 256)
+    llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model=cost_model, max_model_len=8192,
+              max_num_batched_tokens=8192, **config, record="summary")   # no per-block KV map: totals are enough here
+    workloads.submit_trace(llm.engine, trace, vocab_size=llm.engine.vocab_size)
+    records = llm.engine.run()
+    m = {rid: r.metrics for rid, r in llm.engine.requests.items()}
+    return llm.engine, m, metrics.summarize(m, records, max_num_seqs=llm.config.max_num_seqs)
+
+
+# %% [markdown]
+# ## 1. Memory pressure, and the victim
+#
+# A cache of 8 blocks of 4 positions (32 positions) and three requests, A, B and C, with prompts of 7, 6
+# and 5 tokens and answers of 7, 7 and 6 tokens. All three prompts fit (18 positions), so all three are
+# admitted at once; together they will need 35. Left: `preemption_mode="recompute"`. Right:
+# `preemption_mode="swap"` with a host pool of 12 blocks (`num_swap_blocks`). Each Step runs the Triton
+# attention kernel (and, on the right, the block-copy kernel when blocks move to or from the host).
+
+# %%
+def pressure_engine(mode):
+    llm = LLM(model="random", device=DEVICE, dtype="auto", attention_backend="triton", block_size=4, num_kv_blocks=8,
+              max_num_batched_tokens=32, max_num_seqs=4, preemption_mode=mode, num_swap_blocks=12 if mode == "swap" else 0,
+              clock="modeled", cost_model=0.010)
+    for rid, prompt_len, out_len in (("A", 7, 7), ("B", 6, 7), ("C", 5, 6)):
+        llm.engine.add_request(list(range(100, 100 + prompt_len)),
+                               SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
+                               request_id=rid, arrival_time=0.0)
+    return llm
+
+pressure = LockstepStepper(lambda: pressure_engine("recompute"), lambda: pressure_engine("swap"),
+                           names=["recompute", "swap (host pool of 12 blocks)"],
+                           title="8 blocks of 4 positions; A, B, C admitted together")
+pressure
+
+# %% [markdown]
+# Five steps: the prefills, then three decodes that fill the last free block, and then C's next
+# position needs a new block, and none is free. The cells below step their own copies of the two
+# engines (`pressure_runs`), so the widget above stays where you left it, ready to step.
+
+# %%
+pressure_runs = [pressure_engine("recompute"), pressure_engine("swap")]   # the widget above stays yours
+for _ in range(5):
+    recs = [llm.engine.step() for llm in pressure_runs]
+for name, rec in zip(pressure.names, recs):
+    print(f"{name}: {rec.summary()}\n")
+figures.compare_kv_figure(dict(zip(pressure.names, recs)), colors=pressure.colors, width=560)
+
+# %% [markdown]
+# The scheduler serves running requests first, in admission order; when one cannot get its block it asks
+# the policy for a *victim* (`Policy.pick_victim`). minillm's default gives up the **most recently
+# admitted** request: it has done the least work (least to recompute, least to copy), and under FCFS the
+# newest should yield to the oldest. Here that is C, the very request that needed the block. With
+# recompute (the widget's left half, the upper map) C's KV is dropped and C goes back to the front of
+# the queue; with swap (the right half, the lower map) C's 3 blocks are copied to host memory and C
+# waits in the swapped list. A and B keep decoding; the kernel, checked against its torch reference on
+# both caches:
+
+# %%
+eng = pressure_runs[0].engine                         # the engine the cells above have been stepping
+rec = eng.step_records[-1]
+rids = rec.running                             # requests holding KV right now
+k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
+dev = k_cache.device
+tables = [eng.kv.block_table(r) for r in rids]                # where each request's positions live
+width = max(len(t) for t in tables)
+block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
+cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
+heads, head_dim = eng.hf_config.num_attention_heads, k_cache.shape[-1]
+q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
+                generator=torch.Generator(device=dev).manual_seed(0))
+args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
+out_triton = kernels.paged_attention(*args, backend="triton")
+out_torch = kernels.paged_attention(*args, backend="torch")
+err = (out_triton.float() - out_torch.float()).abs().max().item()
+print(f"requests {rids}, KV lengths {context_lens.tolist()}: max |triton - torch| = {err:.1e}")
+assert err < (1e-4 if k_cache.dtype == torch.float32 else 3e-2), err
+
+# %%
+eng = pressure_runs[1].engine                         # the engine the cells above have been stepping
+rec = eng.step_records[-1]
+rids = rec.running                             # requests holding KV right now
+k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
+dev = k_cache.device
+tables = [eng.kv.block_table(r) for r in rids]                # where each request's positions live
+width = max(len(t) for t in tables)
+block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
+cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
+heads, head_dim = eng.hf_config.num_attention_heads, k_cache.shape[-1]
+q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
+                generator=torch.Generator(device=dev).manual_seed(0))
+args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
+out_triton = kernels.paged_attention(*args, backend="triton")
+out_torch = kernels.paged_attention(*args, backend="torch")
+err = (out_triton.float() - out_torch.float()).abs().max().item()
+print(f"requests {rids}, KV lengths {context_lens.tolist()}: max |triton - torch| = {err:.1e}")
+assert err < (1e-4 if k_cache.dtype == torch.float32 else 3e-2), err
+
+# %% [markdown]
+# Run both to the end:
+
+# %%
+for name, llm in zip(pressure.names, pressure_runs):
+    llm.engine.run()
+    records = llm.engine.step_records                # every step of this run, from step 0
+    back = next(r for r in records[5:] if r.entry("C") is not None)
+    e = back.entry("C")
+    print(f"{name:<30} C returns at step {back.step} with a {e.phase} of {e.num_tokens} token(s) "
+          f"({e.num_computed_before} positions already in the cache); the run takes {len(records)} steps")
+
+# %% [markdown]
+# With recompute C's return is a prefill of its 5 prompt tokens *and* the 4 it had generated: "the
+# recovery time for eviction is (n_input + n_generated) / S_prefill." With swap its blocks are copied
+# back and it simply decodes its next token: "the recovery time for preemption is M_KV / B_PCIe." Both
+# give the same tokens (greedy decoding here); only the cost differs.
+#
+# ## 2. Recompute or swap: the cost rule
+#
+# "Which strategy to choose depends on the ratio between the preempted request's KV Cache size and its
+# input length ... When M_KV / B_PCIe < n_input / S_prefill, preemption [swap] is superior; otherwise,
+# eviction [recompute] is superior." The seeds' numbers: "PCIe 4.0 x16 provides approximately 32 GB/s,
+# PCIe 5.0 x16 provides approximately 64 GB/s, and copying a 1 GB KV Cache takes about 20ms", while "for
+# a request with an input length of 2000 tokens, Prefill may take about 500ms". minillm's
+# `costmodel.swap_or_recompute` is that rule:
+
+# %%
+print("the seeds' example, 1 GB over PCIe 4.0 vs 2000 tokens at 4000 tokens/s:",
+      swap_or_recompute(1e9, 2000, 32e9, 2000 / 0.5))
+print(f"Llama-2-7B on a modeled H100: {H100.model.kv_bytes_per_token / 2**10:.0f} KiB of KV per position; a 2000-token "
+      f"prefill takes {H100.step_time([2000], [2000]) * 1e3:.0f} ms; its {2000 * H100.model.kv_bytes_per_token / 1e9:.2f} GB "
+      f"cross PCIe 5.0 in {H100.swap_time(2000 * H100.model.kv_bytes_per_token) * 1e3:.0f} ms")
+
+# %% [markdown]
+# Which one wins, over every prompt length and every KV size. Each cell applies the rule with the
+# H100's prefill speed at that length (from the roofline: longer prompts cost more per token, because
+# attention grows with the square of the length). The solid line is the boundary over a PCIe 5.0 link
+# of its own (64 GB/s); the dashed one over a link four GPUs share (16 GB/s each, a common server
+# layout). A real model's requests lie on a line through the origin, M_KV = n x (KV bytes per position):
+
+# %%
+n_grid = np.linspace(64, 8192, 64).astype(int)                  # tokens to recompute (prompt + generated)
+kv_grid = np.linspace(0.03e9, 4.5e9, 60)                        # bytes of KV to copy
+prefill_s = np.array([H100.step_time([int(n)], [int(n)]) for n in n_grid])
+wins = np.array([[1.0 if swap_or_recompute(kv, int(n), 64e9, n / t) == "swap" else 0.0
+                  for n, t in zip(n_grid, prefill_s)] for kv in kv_grid])
+fig = go.Figure(go.Heatmap(x=n_grid, y=kv_grid / 1e9, z=wins, showscale=False, hoverinfo="skip",
+                           colorscale=[[0, "#f4c7a1"], [1, "#a9d3ee"]]))
+for bw, dash, name in ((64e9, "solid", "boundary, PCIe 5.0 x16 (64 GB/s)"), (16e9, "dash", "boundary, 16 GB/s (a shared link)")):
+    fig.add_trace(go.Scatter(x=n_grid, y=bw * prefill_s / 1e9, mode="lines", name=name, line=dict(color="black", dash=dash)))
+for model, color in (("llama-2-7b", "#c0392b"), ("llama-3-8b", "#6c3483")):
+    per = RooflineCostModel("H100-SXM", model).model.kv_bytes_per_token
+    fig.add_trace(go.Scatter(x=n_grid, y=n_grid * per / 1e9, mode="lines", line=dict(color=color, width=3),
+                             name=f"{model} requests ({per / 2**10:.0f} KiB per position)"))
+fig.add_trace(go.Scatter(x=[2000], y=[1.0], mode="markers+text", text=["the seeds' example"], textposition="top center",
+                         marker=dict(size=12, color="black", symbol="star"), showlegend=False))
+fig.add_annotation(x=1200, y=4.0, text="recompute wins", showarrow=False, font=dict(size=14))
+fig.add_annotation(x=6500, y=0.5, text="swap wins", showarrow=False, font=dict(size=14))
+fig.update_layout(title="recompute or swap, on a modeled H100 (Llama-2-7B's prefill speed)",
+                  xaxis_title="tokens to recompute (n_input + n_generated)", yaxis_title="KV to copy, M_KV (GB)",
+                  yaxis_range=[0, 4.5], height=440, legend=dict(orientation="h", y=-0.2), plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# On its own PCIe 5.0 link, swapping Llama-2-7B's KV (half a megabyte per position: full multi-head
+# attention, 32 layers) beats recomputing it at every length, and grouped-query attention (Llama-3-8B,
+# a quarter of that) makes swapping cheaper still. Share the link four ways and Llama-2-7B's line
+# crosses into recompute territory. The rule is simple; its inputs are not. The seeds' other voice
+# adds what the rule leaves out: "Recomputation is often cheaper than it sounds, because prefill is
+# compute bound and efficient, while swapping consumes the bandwidth decode desperately needs", and it
+# needs host memory. Their rule of thumb: "Prefer recompute to swap under pressure, unless measurement
+# says otherwise."
+#
+# ## 3. At scale: recompute, swap, and the rule
+#
+# 150 requests with long prompts (500 to 1500 tokens) and answers (200 to 600) arrive at 40 per second on
+# the modeled H100 with 8 GiB of KV: far more than fits, so the engine preempts all the time. minillm's
+# `preemption_mode="auto"` applies the rule to each victim (`CostModel.preemption_mode`), with the cost
+# model's PCIe bandwidth and prefill speed.
+
+# %%
+burst = workloads.synthetic_trace(150, rate=40, prompt_len=Uniform(500, 1500), output_len=Uniform(200, 600), seed=0)
+shared_link = RooflineCostModel(replace(HARDWARE["H100-SXM"], name="H100, shared 16 GB/s link", pcie_bandwidth=16e9),
+                                "llama-2-7b")
+modes = {"recompute": dict(preemption_mode="recompute"),
+         "swap": dict(preemption_mode="swap", num_swap_blocks=4096),
+         "auto, PCIe 5.0": dict(preemption_mode="auto", num_swap_blocks=4096),
+         "auto, shared 16 GB/s link": dict(preemption_mode="auto", num_swap_blocks=4096, cost_model=shared_link)}
+preempt_runs = {}
+for name, cfg in modes.items():
+    eng, m, s = serve(burst, **cfg)
+    st = eng.stats()
+    preempt_runs[name] = (eng, m, s)
+    print(f"{name:<26} {st['preemptions_recompute']:>3} recomputed, {st['preemptions_swap']:>3} swapped "
+          f"({st['recomputed_tokens']:>6,} tokens prefilled again, {s['swap_time_total']:.2f} s copying) | "
+          f"{s['output_throughput']:5.0f} tokens/s, TTFT p50 {s['ttft_p50']:5.1f} s, end-to-end p99 {s['e2e_p99']:5.1f} s")
+
+# %% [markdown]
+# The rule picks swap where the link is fast and recompute where it is shared. But look at the
+# outcome: even on the fast link, recompute ends up as fast as swap, although it prefills tens of
+# thousands of tokens again. The rule compares recovery times one victim at a time; in a running engine a
+# recomputed prompt is prefilled *inside* a step that other requests' decodes share, where the extra
+# tokens use arithmetic the memory-bound decode left idle, while a copy is time added to the step it
+# happens in, in front of everyone's next token. (The modeled clock charges it that way; it does not
+# model the host memory a swap pool takes.) That is the seeds' "Recomputation is often cheaper than it
+# sounds, because prefill is compute bound and efficient, while swapping consumes the bandwidth decode
+# desperately needs", and why their rule of thumb is to prefer recompute "unless measurement says
+# otherwise." Either way the work lost is small next to the overload here: the queue, not the
+# preemptions, sets the latency.
+#
+# ## 4. Thrashing, and headroom
+#
+# "Throughput collapses under load: preemption thrashing." The mechanism: at 100% of the cache, every
+# growing request that needs a block forces a preemption; a preempted request goes back to the front of
+# the queue and is readmitted as soon as its prompt fits again, which fills the cache again, and the cycle
+# repeats, redoing prefills nobody asked for. The fixes: "Admission control; headroom; hysteresis." "Keep
+# headroom. A system at exactly 100% capacity has no room to absorb variance." minillm's `watermark` is
+# headroom: admission keeps that fraction of the blocks free, for running requests to grow into.
+
+# %%
+watermarks = [0.0, 0.02, 0.05, 0.1, 0.2]
+wm_runs = {}
+for wm in watermarks:
+    eng, m, s = (preempt_runs["recompute"] if wm == 0.0 else serve(burst, preemption_mode="recompute", watermark=wm))
+    wm_runs[wm] = (eng.stats()["recomputed_tokens"], s)
+    print(f"watermark {wm:4.0%}: {s['num_preemptions']:3d} preemptions ({s['preemption_rate']:4.2f} per s), "
+          f"{wm_runs[wm][0]:>6,} tokens prefilled again | {s['output_throughput']:5.0f} tokens/s, mean batch "
+          f"{s['batch_size_mean']:4.1f}, KV in use {s['kv_util_mean']:4.0%}")
+useful = sum(r.prompt_len + r.output_len for r in burst)
+fig = make_subplots(specs=[[{"secondary_y": True}]])
+fig.add_trace(go.Bar(x=[f"{w:.0%}" for w in watermarks], y=[100 * wm_runs[w][0] / useful for w in watermarks],
+                     name="work redone (% of the trace's tokens)", marker_color="#e39a5b"), secondary_y=False)
+fig.add_trace(go.Scatter(x=[f"{w:.0%}" for w in watermarks], y=[wm_runs[w][1]["output_throughput"] for w in watermarks],
+                         name="throughput (tokens/s)", mode="lines+markers", line=dict(color="#2d6a9f")), secondary_y=True)
+fig.update_yaxes(title_text="% of tokens prefilled again", secondary_y=False, rangemode="tozero")
+fig.update_yaxes(title_text="tokens / s", secondary_y=True, rangemode="tozero")
+fig.update_layout(title="headroom: a little removes most of the thrashing; a lot leaves memory idle",
+                  xaxis_title="watermark (fraction of blocks admission keeps free)", height=380, plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# Without headroom the engine prefills a quarter as many tokens again as the trace holds. A few percent of
+# headroom removes most of it and throughput *rises*; with a fifth of the cache held back the batch
+# shrinks and throughput falls. The preemption rate is the symptom to watch ("high values indicate
+# thrashing"). On this modeled H100 a prefill is cheap, so thrashing wastes compute rather than
+# collapsing throughput; where a prefill is expensive relative to a decode step (long prompts, slower
+# compute), the same cycle eats the machine.
+#
+# ## 5. Priority preemption
+#
+# Preemption is also how priority classes get memory (notebook 03's priority inversion, now for KV
+# memory instead of a slot): "a high-priority request requiring immediate execution". Two low-priority
+# requests grow until they hold 48 of the cache's 50 blocks; at 1.8 s a high-priority request arrives
+# needing 7 blocks for its prompt. Under FCFS it waits for a low one to finish; `Priority` preempts
+# the lowest class, most recent first, until the new request fits.
+
+# %%
+mem_trace = [TraceRequest(f"low{i}", 0.0, 200, 200, priority=1) for i in range(2)] + [TraceRequest("high", 1.8, 100, 20, priority=0)]
+prio = {}
+for name, pol in (("FCFS", "fcfs"), ("priority, preempting", Priority(preempt=True))):
+    eng, m, s = serve(mem_trace, cost_model=0.010, policy=pol, num_kv_blocks=50, max_num_seqs=16)
+    prio[name] = eng
+    events = [f"{p.request_id} ({p.mode}: {p.reason})" for r in eng.step_records for p in r.preempted]
+    print(f"{name:<22} high waits {m['high'].queue_wait * 1e3:5.0f} ms; preempted: {', '.join(events) or 'nobody'}")
+eng = prio["priority, preempting"]
+figures.gantt_figure(eng.step_records, eng.requests, title="the high-priority request pushes low1 out of memory")
+
+# %% [markdown]
+# The victim waits, then recomputes its 200-token prompt and everything it had generated: the price of
+# the high class starting at once instead of 200 ms later, paid by the low class. That trade is the point of priority classes, and
+# why they "need careful class definition".
+
+# %% [markdown]
+# ## Exercises
+#
+# In `exercises/ex05_preemption.py`; each runs inside the engine.
+#
+# **Exercise 1, `swap_time`, `recompute_time`, `swap_or_recompute`**: the seeds' rule (section 2).
+# `ex.YourCostModel` is the H100 roofline asking *your* rule whenever the engine preempts with
+# `preemption_mode="auto"`. Section 3's trace, with your rule deciding:
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Both times are one division: bytes over bytes/s, tokens over tokens/s. The rule compares them with a strict `<`, so a tie recomputes.
+#
+# </details>
+
+# %%
+with impl.attempt("ex05.swap_or_recompute"):
+    print("the seeds' example:", ex.swap_or_recompute(1e9, 2000, 32e9, 4000.0))
+    for name, hw in (("PCIe 5.0", HARDWARE["H100-SXM"]), ("shared 16 GB/s link", shared_link.hardware)):
+        eng, m, s = serve(burst, preemption_mode="auto", num_swap_blocks=4096,
+                          cost_model=ex.YourCostModel(hw, "llama-2-7b"))
+        st = eng.stats()
+        print(f"your rule, {name:<20} {st['preemptions_recompute']:>3} recomputed, {st['preemptions_swap']:>3} swapped")
+
+# %% [markdown]
+# **Exercise 2, `LeastProgressVictim.pick_victim`**: give up the running request with the least KV
+# (the least work to redo or copy) instead of the most recently admitted. Section 3's trace, recompute:
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# One `min` over the candidates with a tuple key: `(num_computed_tokens, -admit_seq)`.
+#
+# </details>
+
+# %%
+with impl.attempt("ex05.LeastProgressVictim"):
+    for name, pol in (("most recently admitted (default)", "fcfs"), ("least progress (yours)", ex.LeastProgressVictim())):
+        eng, m, s = serve(burst, preemption_mode="recompute", policy=pol)
+        print(f"{name:<34} {s['num_preemptions']:3d} preemptions, {eng.stats()['recomputed_tokens']:>6,} tokens prefilled "
+              f"again, {s['output_throughput']:5.0f} tokens/s")
+
+# %% [markdown]
+# **Exercise 3, `PriorityPreemption`**: `order_waiting`, `pick_victim` and `preempt_for` (section 5):
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `order_waiting`: `sorted` by `(priority, arrival_time)`. `pick_victim`: `max` by `(priority, admit_seq)`. `preempt_for`: keep the running requests with `priority > request.priority`; `pick_victim` among them, `None` if there are none.
+#
+# </details>
+
+# %%
+with impl.attempt("ex05.PriorityPreemption"):
+    eng, m, s = serve(mem_trace, cost_model=0.010, policy=ex.PriorityPreemption(), num_kv_blocks=50, max_num_seqs=16)
+    print(f"your priority policy: high waits {m['high'].queue_wait * 1e3:.0f} ms; preempted "
+          f"{[p.request_id for r in eng.step_records for p in r.preempted]}")
+
+# %% [markdown]
+# ### Grading
+#
+# Your code goes in `exercises/ex05_preemption.py` (its stubs raise `NotImplementedError` until you fill them in;
+# the docstrings say exactly what each must do). The cells above run *your* version: `impl.load` reads
+# the environment variable `MINILLM_IMPL` (unset: `exercises`, yours; `solutions`: the reference answers).
+# From the repository root:
+#
+# ```bash
+# make grade EX=05                                            # every ex05 grader, against exercises/
+# MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex05 tests/test_exercises.py -k least_progress   # one exercise
+# ```
+#
+# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# the engine's cost model, or what the real scheduler did on the same requests).

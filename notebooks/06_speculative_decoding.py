@@ -1,0 +1,349 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · Speculative decoding
+#
+# "A small draft model proposes several tokens; the target model verifies them in a single forward pass.
+# Accepted tokens are kept, and the first rejection resets to that point. This works because
+# verification of k tokens costs roughly the same as generating one — decode is bandwidth bound, so
+# processing a few extra positions is nearly free. It converts spare compute into latency reduction."
+#
+# And the seeds' warning, in the same breath: "acceptance rate determines actual speedup, and a low
+# acceptance rate can make things slower rather than faster." This notebook:
+#
+# 1. draft and verify, stepped live on the shipped model and its shipped draft;
+# 2. the acceptance rule: greedy, and rejection sampling (why the output does not change);
+# 3. acceptance rate against speed-up;
+# 4. when speculation makes things slower: low acceptance, a costly draft, a large batch;
+# 5. the shipped draft (`speculative_model="default-draft"`) against the n-gram proposer (`"ngram"`);
+# 6. exercise: the acceptance rule, inside the engine.
+#
+# In minillm one step of a decoding request with speculation is: the proposer guesses up to k tokens;
+# the scheduler grants the request 1 + k new tokens (they count against the execution-token budget);
+# one target forward scores all of them; the engine keeps the accepted guesses plus one token of the
+# target's own, and rolls the KV of the rejected guesses back (`minillm/speculative.py`).
+
+# %%
+import kernels
+kernels.use_interpreter_if_no_cuda()   # no GPU: Triton kernels run in Triton's interpreter (say so before any model loads)
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
+from minillm.widgets import LockstepStepper, Stepper
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+print(f"device: {DEVICE}; Triton kernels {'compiled for the GPU' if GPU else 'run by Triton interpreter on the CPU'}")
+
+# %%
+from minillm.costmodel import MODELS, ModelSpec, RooflineCostModel
+from minillm.speculative import (alpha_from_tokens_per_step, expected_speedup, expected_tokens_per_step,
+                                 modeled_speedup, spec_stats)
+
+ex = impl.load("ex06_speculative")   # your exercises/ex06_speculative.py (MINILLM_IMPL=solutions: the answer);
+                                     # re-run this cell after editing the file: impl.load reads it again
+
+# %% [markdown]
+# ## 1. Draft and verify, stepped
+#
+# The target is the Shakespeare model that ships with minillm (4 layers, 3.4 M parameters); the draft is
+# its shipped companion (`speculative_model="default-draft"`: 1 layer, 1.25 M parameters, distilled from
+# the target, same tokenizer). k = 4 guesses per step, greedy decoding, and `attention_backend="triton"`:
+# every Step runs the Triton kernel for the draft's forwards and the target's verification (a query of
+# 5 tokens over the paged cache). The draft keeps its own KV in the *same* block ids as the target's,
+# so one block table serves both models.
+
+# %%
+PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?\n"
+
+def spec_engine():
+    llm = LLM(device=DEVICE, dtype="auto", attention_backend="triton", speculative_model="default-draft",
+              num_speculative_tokens=4, block_size=8, num_kv_blocks=32, max_num_seqs=2, max_model_len=256,
+              max_num_batched_tokens=32,      # a budget the batch bar can show: 5 tokens are a sixth of it
+              clock="modeled", cost_model=0.010)
+    llm.engine.add_request(PROMPT, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True), request_id="R")
+    return llm
+
+spec = Stepper(spec_engine, title="speculative decoding: the shipped draft proposes 4, the target verifies")
+spec
+
+# %% [markdown]
+# Step 0 is the prompt's prefill (no guesses yet: speculation starts once the request decodes). From
+# step 1 on, each step is one verification. Five steps, in code:
+
+# %%
+tok = spec.engine.tokenizer
+req = spec.engine.requests["R"]
+for _ in range(5):
+    before = req.num_output_tokens
+    rec = spec.step()
+    e = rec.entry("R")
+    new = req.output_token_ids[before:]
+    what = (f"{e.num_spec_tokens} guessed, {e.num_spec_accepted} accepted, + 1 from the target"
+            if e.num_spec_tokens else "the prompt's prefill")
+    print(f"step {rec.step}: {e.num_tokens:>2} tokens through the target ({what}) -> {len(new)} new: {tok.decode(new)!r}")
+
+# %% [markdown]
+# A step emits between 1 and k + 1 = 5 tokens: the accepted guesses, then the target's own token at the
+# first rejection (or a *bonus* token after all four). Where a guess was wrong, its KV (written during
+# verification) is rolled back: blocks left empty go back to the pool. The batch bar above shows each
+# step's tokens against a budget of 32: R's own token (solid), then its guesses, accepted (hatched, green
+# outline, ✓) or rejected (red cross-hatch, ✗); drag *view step* to see each of the five. The kernel on
+# this engine's cache:
+
+# %%
+eng = spec.engine                         # the engine the cells above have been stepping
+rec = eng.step_records[-1]
+rids = rec.running                             # requests holding KV right now
+k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
+dev = k_cache.device
+tables = [eng.kv.block_table(r) for r in rids]                # where each request's positions live
+width = max(len(t) for t in tables)
+block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
+cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
+heads, head_dim = eng.hf_config.num_attention_heads, k_cache.shape[-1]
+q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
+                generator=torch.Generator(device=dev).manual_seed(0))
+args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
+out_triton = kernels.paged_attention(*args, backend="triton")
+out_torch = kernels.paged_attention(*args, backend="torch")
+err = (out_triton.float() - out_torch.float()).abs().max().item()
+print(f"requests {rids}, KV lengths {context_lens.tolist()}: max |triton - torch| = {err:.1e}")
+assert err < (1e-4 if k_cache.dtype == torch.float32 else 3e-2), err
+
+# %% [markdown]
+# ## 2. The acceptance rule
+#
+# **Greedy**: keep a guess while it equals the target's argmax at that position. The output is then
+# exactly what the target alone would produce, token for token:
+
+# %%
+plain = LLM(attention_backend="auto")
+greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+a = plain.generate([PROMPT], greedy)[0].text
+b = LLM(attention_backend="auto", speculative_model="default-draft", num_speculative_tokens=4).generate([PROMPT], greedy)[0].text
+print(f"same text with and without speculation: {a == b}\n{a!r}")
+
+# %% [markdown]
+# **Sampling** needs more care: the guesses were *drawn* from the draft's distribution q, and the output
+# must follow the target's p. Rejection sampling (Leviathan et al., Chen et al., 2023) accepts a guess x
+# with probability min(1, p(x) / q(x)); at a rejection it draws a replacement from the residual
+# norm(max(0, p − q)). The two paths add up to p exactly. One position, a vocabulary of 5 tokens:
+
+# %%
+p = torch.tensor([0.40, 0.25, 0.20, 0.10, 0.05])          # the target's next-token distribution
+q = torch.tensor([0.10, 0.45, 0.20, 0.05, 0.20])          # the draft's
+accepted = q * torch.clamp(p / q, max=1.0)                 # drawn from q, then kept: q(x) min(1, p(x)/q(x)) = min(q, p)
+reject = 1 - accepted.sum()                                # probability that the guess is rejected
+residual = torch.clamp(p - q, min=0) / torch.clamp(p - q, min=0).sum()
+total = accepted + reject * residual
+print(f"P(accept) = {accepted.sum():.2f}; accepted + rejected-then-resampled = {total.tolist()}; p = {p.tolist()}")
+fig = go.Figure([go.Bar(name="guess kept: min(p, q)", x=list(range(5)), y=accepted.tolist()),
+                 go.Bar(name="replacement after a rejection", x=list(range(5)), y=(reject * residual).tolist())])
+fig.add_trace(go.Scatter(name="target p", x=list(range(5)), y=p.tolist(), mode="markers", marker=dict(size=14, symbol="line-ew-open", line=dict(width=3))))
+fig.add_trace(go.Scatter(name="draft q", x=list(range(5)), y=q.tolist(), mode="markers", marker=dict(size=10, symbol="x")))
+fig.update_layout(barmode="stack", title="rejection sampling: the emitted token follows p, whatever q is",
+                  xaxis_title="token", yaxis_title="probability", height=340, plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# The acceptance probability is the overlap of the two distributions, Σ min(p, q): a draft that puts its
+# mass where the target does gets its guesses kept. The exercise asks you to write both rules; the
+# graders check that your sampled output follows p, and that the engine, running your rule, emits the
+# same tokens as with its own.
+#
+# ## 3. Acceptance rate against speed-up
+#
+# If each guess is accepted with probability α, independently, one target step emits on average
+# 1 + α + α² + ... + α^k = (1 − α^(k+1)) / (1 − α) tokens. If a draft forward costs c target forwards
+# and the verification costs one (the memory-bound assumption), the speed-up is
+# (1 − α^(k+1)) / ((1 − α)(k c + 1)) (Leviathan et al., 2023; `speculative.expected_speedup`):
+
+# %%
+alphas = np.linspace(0.0, 0.98, 50)
+fig = go.Figure()
+for k in (1, 2, 4, 8):
+    fig.add_trace(go.Scatter(x=alphas, y=[expected_speedup(a, k, 0.05) for a in alphas], name=f"k = {k}, draft cost c = 0.05"))
+fig.add_trace(go.Scatter(x=alphas, y=[expected_speedup(a, 4, 0.36) for a in alphas], name="k = 4, c = 0.36 (the shipped pair)",
+                         line=dict(dash="dash", color="black")))
+fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
+fig.update_layout(title="expected speed-up vs acceptance rate", xaxis_title="per-token acceptance rate alpha",
+                  yaxis_title="speed-up (x)", height=380, plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# More guesses pay only when they are likely to be kept: at low α, k = 8 wastes seven draft forwards
+# for one token. Now the shipped pair, measured: the engine runs on a modeled clock where a target step
+# costs 10 ms whatever its size (the seeds' memory-bound assumption) and a draft forward costs the
+# target's 10 ms scaled by the ratio of their weights, c = 1.25 M / 3.43 M ≈ 0.36 (a small model's
+# weights are largely embeddings, so its draft cannot be much smaller). Greedy, k = 1 to 6:
+
+# %%
+engines = {}
+
+def timed(prompts, params, **spec_config):
+    """Generate on the modeled clock (10 ms per target step); returns the modeled seconds per generated token
+    of the slowest request, the speculation stats of these steps, and the LLM (one per configuration, reused)."""
+    key = tuple(sorted(spec_config.items()))
+    if key not in engines:
+        engines[key] = LLM(attention_backend="auto", clock="modeled", cost_model=0.010, **spec_config)
+    llm = engines[key]
+    start, first = llm.engine.clock.now(), len(llm.engine.step_records)
+    outs = llm.generate(prompts, params)
+    elapsed = llm.engine.clock.now() - start
+    return elapsed / max(len(o.token_ids) for o in outs), spec_stats(llm.engine.step_records[first:]), llm
+
+base, _, _ = timed([PROMPT], greedy)
+rows = []
+for k in (1, 2, 4, 6):
+    t, st, llm = timed([PROMPT], greedy, speculative_model="default-draft", num_speculative_tokens=k)
+    ratio = llm.engine.speculator.draft_cost_model.ratio
+    alpha = alpha_from_tokens_per_step(st["tokens_per_target_step"], k)
+    rows.append((k, alpha, base / t, expected_speedup(alpha, k, ratio)))
+    print(f"k = {k}: {st['tokens_per_target_step']:.2f} tokens per target step (alpha ~ {alpha:.2f}); measured speed-up "
+          f"{base / t:.2f}x, the formula with c = {ratio:.2f}: {rows[-1][3]:.2f}x")
+
+# %% [markdown]
+# The engine's measurements follow the formula. A draft that agrees with its target on about 60% of
+# greedy tokens, but costs over a third of it per forward, gains a little with one or two guesses and
+# loses time from four on: each rejected guess wasted a draft forward. Real drafts are 10 to 50 times
+# smaller than their targets (c of 0.02 to 0.1), where the same α gives a clear gain.
+#
+# ## 4. When speculation makes things slower
+#
+# The seeds' failure table: "Speculative decoding slower — Low acceptance rate — Better draft model, or
+# disable it." Low acceptance is one cause (the curves above fall below 1 on the left). The other is
+# the assumption behind "nearly free": verification of k + 1 positions costs one plain step only while
+# decode is memory bound, that is, while the batch is small. In a large batch the step is already
+# compute bound, and k + 1 positions per request cost up to k + 1 times as much. The roofline cost
+# model prices it (`speculative.modeled_speedup`): Llama-3-8B on an H100 with a Llama-shaped draft of
+# about 125 M parameters, α = 0.8, 256 positions of context per request (and, dashed, 4096):
+
+# %%
+target = RooflineCostModel("H100-SXM", "llama-3-8b")
+draft = RooflineCostModel("H100-SXM", ModelSpec.from_hf_config(dict(num_hidden_layers=12, hidden_size=768,
+        num_attention_heads=12, num_key_value_heads=4, intermediate_size=2048, vocab_size=32000), name="draft"))
+print(f"draft: {draft.model.num_params / 1e6:.0f} M parameters, c = {draft.model.weight_bytes / target.model.weight_bytes:.3f}")
+batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+fig = go.Figure()
+for k, ctx, dash in ((2, 256, "solid"), (4, 256, "solid"), (8, 256, "solid"), (4, 4096, "dash")):
+    fig.add_trace(go.Scatter(x=batches, y=[modeled_speedup(target, draft, b, ctx, k, 0.8)["speedup"] for b in batches],
+                             name=f"k = {k}, {ctx} positions", mode="lines+markers", line=dict(dash=dash)))
+fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
+fig.update_layout(title="speculation on a modeled H100: the gain shrinks as the batch grows", height=380,
+                  xaxis=dict(title="batch size (requests decoding together)", type="log"), yaxis_title="speed-up (x)",
+                  plot_bgcolor="white")
+for b in (1, 64, 512):
+    r = modeled_speedup(target, draft, b, 256, 4, 0.8)
+    print(f"batch {b:>3}, k = 4: plain step {r['plain_step'] * 1e3:5.1f} ms, verification {r['verify_time'] * 1e3:5.1f} ms, "
+          f"drafts {r['draft_time'] * 1e3:4.1f} ms -> {r['speedup']:.2f}x")
+fig
+
+# %% [markdown]
+# At batch 1 the verification costs what a plain step does, and four guesses at α = 0.8 give a large
+# gain. By a few hundred requests the step is compute bound, the verification of five positions per
+# request costs several plain steps, and the gain is gone: speculation converts *spare* compute into
+# latency, and a big batch has none to spare. Long contexts postpone this (dashed): each request's own
+# KV reads keep the step memory bound. This is the seeds' "batch size becomes variable in a new way": an
+# engine can speculate at low load and stop at high load.
+#
+# ## 5. The shipped draft against the n-gram proposer
+#
+# A draft model is one way to guess. Another costs nothing: **prompt lookup** (`speculative_model="ngram"`)
+# finds the last few tokens earlier in the request's own context and proposes what followed them there.
+# It is right when text repeats: code, quotes, summaries of the prompt, and small models stuck in loops.
+# Two prompts, four requests each, greedy and sampled (temperature 0.8), k = 4:
+
+# %%
+texts = {"Romeo": PROMPT,
+         "a dialogue": "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\nFirst Citizen:\n"}
+compare = []
+for temp in (0.0, 0.8):
+    params = SamplingParams(max_tokens=48, temperature=temp, seed=1, ignore_eos=True)
+    for name, text in texts.items():
+        base, _, _ = timed([text] * 4, params)
+        for proposer in ("default-draft", "ngram"):
+            t, st, _ = timed([text] * 4, params, speculative_model=proposer, num_speculative_tokens=4)
+            compare.append((temp, name, proposer, st["acceptance_rate"] or 0.0, st["tokens_per_target_step"], base / t))
+            print(f"T={temp}  {name:<11} {proposer:<14} {st['acceptance_rate'] or 0:4.0%} of guesses accepted, "
+                  f"{st['tokens_per_target_step']:.2f} tokens per target step -> {base / t:.2f}x")
+fig = go.Figure()
+for proposer in ("default-draft", "ngram"):
+    rows = [r for r in compare if r[2] == proposer]
+    fig.add_trace(go.Bar(name=proposer, x=[f"{n}, {'greedy' if t == 0 else 'T=0.8'}" for t, n, *_ in rows], y=[r[5] for r in rows]))
+fig.add_hline(y=1.0, line_dash="dot")
+fig.update_layout(barmode="group", title="speed-up on the modeled clock (10 ms per target step)", yaxis_title="x",
+                  height=360, plot_bgcolor="white")
+fig
+
+# %% [markdown]
+# Greedy, the small shipped model falls into loops (look at its text in section 2), so prompt lookup
+# finds its guesses in the request's own recent output, keeps many of them, and costs nothing: the
+# best results here, while the draft model, costing a third of a target step per guess, loses time.
+# Sampled at T = 0.8 the text stops repeating and prompt lookup finds almost nothing to propose, while
+# the draft model, which learned the target's distribution, does better than it did greedy on most
+# prompts (rejection sampling accepts by overlap of distributions, not by exact match). Neither is
+# always right: measure on your traffic ("Better draft model, or disable it").
+
+# %% [markdown]
+# ## Exercise
+#
+# **`accept_greedy` and `accept_sampled`** in `exercises/ex06_speculative.py`: the acceptance rule of
+# section 2. `ex.speculative_engine(...)` builds an `LLM` whose verification steps run your rule; below,
+# the shipped pair with your rule, greedy (must equal plain decoding) and sampled:
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `accept_greedy`: count `a`, the length of the common prefix of `draft` and `target`; the answer is `draft[:a]` plus `target[a]`.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `accept_sampled`: follow the docstring's order of random draws exactly (one `torch.rand` per guess while accepting; one `torch.multinomial` at the first rejection or for the bonus). With `q` None the residual is `p[j].clone()` with entry `x` set to 0.
+#
+# </details>
+
+# %%
+with impl.attempt("ex06.accept_greedy"):
+    print(ex.accept_greedy([5, 7, 9], [5, 7, 2, 4]), "(expected [5, 7, 2])")
+    mine = ex.speculative_engine(None, attention_backend="auto", speculative_model="default-draft", num_speculative_tokens=4)
+    print("greedy with your rule equals plain decoding:", mine.generate([PROMPT], greedy)[0].text == a)
+with impl.attempt("ex06.accept_sampled"):
+    sampled = SamplingParams(max_tokens=40, temperature=0.8, seed=3, ignore_eos=True)
+    theirs = LLM(attention_backend="auto", speculative_model="default-draft", num_speculative_tokens=4).generate([PROMPT], sampled)
+    mine = ex.speculative_engine(None, attention_backend="auto", speculative_model="default-draft", num_speculative_tokens=4)
+    print("sampled with your rule equals the engine's rule (same random stream):",
+          mine.generate([PROMPT], sampled)[0].token_ids == theirs[0].token_ids)
+
+# %% [markdown]
+# ### Grading
+#
+# Your code goes in `exercises/ex06_speculative.py` (its stubs raise `NotImplementedError` until you fill them in;
+# the docstrings say exactly what each must do). The cells above run *your* version: `impl.load` reads
+# the environment variable `MINILLM_IMPL` (unset: `exercises`, yours; `solutions`: the reference answers).
+# From the repository root:
+#
+# ```bash
+# make grade EX=06                                            # every ex06 grader, against exercises/
+# MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex06 tests/test_exercises.py -k accept_sampled   # one exercise
+# ```
+#
+# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# the engine's cost model, or what the real scheduler did on the same requests).
