@@ -33,8 +33,8 @@
 # *interpreter* (slow, but exactly the same kernel); on a GPU they are compiled.
 
 # %%
-import kernels
-kernels.use_interpreter_if_no_cuda()   # no GPU: Triton kernels run in Triton's interpreter (say so before any model loads)
+from minillm.kernel_check import check_paged_attention, pick_device
+DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
 
 import numpy as np
 import plotly.graph_objects as go
@@ -42,10 +42,6 @@ import torch
 
 from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
 from minillm.widgets import LockstepStepper, Stepper
-
-GPU = torch.cuda.is_available()
-DEVICE = "cuda" if GPU else "cpu"
-print(f"device: {DEVICE}; Triton kernels {'compiled for the GPU' if GPU else 'run by Triton interpreter on the CPU'}")
 
 # %% [markdown]
 # ## 1. Generate text
@@ -170,29 +166,15 @@ for _ in range(3):
 #
 # The attention in every step above ran in `kernels/attention.py`: a Triton kernel that reads each
 # request's keys and values through its **block table** (which blocks of the shared cache hold its
-# positions, in order). Beside it sits a plain-torch reference of the same computation. Here both run on
-# the KV cache the widget's engine has filled, for the requests running now, and must agree.
+# positions, in order). Beside it sits a plain-torch reference of the same computation.
+# `check_paged_attention` (in `minillm/kernel_check.py`) runs both on the KV cache the widget's engine
+# has filled: it takes the requests running after the last step, builds their block tables and KV
+# lengths from the step record, draws one random query per request (the shape of a decode step), and
+# compares the two outputs element by element. They must agree to rounding (1e-4 in float32); a larger
+# difference raises an error. The later notebooks end their live sections with the same one-line check.
 
 # %%
-eng = stepper.engine                         # the engine the cells above have been stepping
-rec = eng.step_records[-1]
-rids = rec.running                             # requests holding KV right now
-k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
-dev = k_cache.device
-tables = [eng.kv.block_table(r) for r in rids]                # where each request's positions live
-width = max(len(t) for t in tables)
-block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
-context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
-cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
-heads, head_dim = eng.hf_config.num_attention_heads, k_cache.shape[-1]
-q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
-                generator=torch.Generator(device=dev).manual_seed(0))
-args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
-out_triton = kernels.paged_attention(*args, backend="triton")
-out_torch = kernels.paged_attention(*args, backend="torch")
-err = (out_triton.float() - out_torch.float()).abs().max().item()
-print(f"requests {rids}, KV lengths {context_lens.tolist()}: max |triton - torch| = {err:.1e}")
-assert err < (1e-4 if k_cache.dtype == torch.float32 else 3e-2), err
+print(check_paged_attention(stepper.engine))   # the Triton kernel against its torch reference
 
 # %% [markdown]
 # ## 5. The series

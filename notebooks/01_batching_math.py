@@ -33,8 +33,9 @@
 # 6. exercises.
 
 # %%
-import kernels
-kernels.use_interpreter_if_no_cuda()   # no GPU: Triton kernels run in Triton's interpreter (say so before any model loads)
+from minillm.kernel_check import check_paged_attention, pick_device
+DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
+GPU = DEVICE == "cuda"
 
 import numpy as np
 import plotly.graph_objects as go
@@ -42,10 +43,6 @@ import torch
 
 from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
 from minillm.widgets import LockstepStepper, Stepper
-
-GPU = torch.cuda.is_available()
-DEVICE = "cuda" if GPU else "cpu"
-print(f"device: {DEVICE}; Triton kernels {'compiled for the GPU' if GPU else 'run by Triton interpreter on the CPU'}")
 
 # %%
 from dataclasses import replace
@@ -331,25 +328,7 @@ print("KV retained:      " + " + ".join(str(rec.kv.per_request[e.request_id].use
 # The kernel, checked on this engine's cache after Figure 3's step:
 
 # %%
-eng = fig23.engine                         # the engine the cells above have been stepping
-rec = eng.step_records[-1]
-rids = rec.running                             # requests holding KV right now
-k_cache, v_cache = eng.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
-dev = k_cache.device
-tables = [eng.kv.block_table(r) for r in rids]                # where each request's positions live
-width = max(len(t) for t in tables)
-block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
-context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
-cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
-heads, head_dim = eng.hf_config.num_attention_heads, k_cache.shape[-1]
-q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
-                generator=torch.Generator(device=dev).manual_seed(0))
-args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
-out_triton = kernels.paged_attention(*args, backend="triton")
-out_torch = kernels.paged_attention(*args, backend="torch")
-err = (out_triton.float() - out_torch.float()).abs().max().item()
-print(f"requests {rids}, KV lengths {context_lens.tolist()}: max |triton - torch| = {err:.1e}")
-assert err < (1e-4 if k_cache.dtype == torch.float32 else 3e-2), err
+print(check_paged_attention(fig23.engine))   # the Triton kernel against its torch reference
 
 # %% [markdown]
 # ## Exercises
