@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .checks import as_bool, as_int, as_real, as_seed
 
@@ -37,6 +37,8 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"          # "auto" (the model's dtype) | "int8" | "fp8": quantized KV,
                                           # one scale per (block, KV head); ~2x the blocks of fp16
     watermark: float = 0.0                # fraction of blocks admission keeps free ("headroom")
+    kv_manager: Optional[Callable] = None  # factory(config, num_blocks) -> a KV manager (the exercises'
+                                          # allocators plug in here); None = minillm.kv_cache.make_kv_manager
 
     # --- the batch of one step ---------------------------------------------------
     max_num_seqs: int = 64                # most requests in one step's batch
@@ -72,6 +74,8 @@ class EngineConfig:
     # --- speculative decoding ------------------------------------------------------------
     speculative_model: Optional[str] = None   # checkpoint dir | "default-draft" | "ngram" | None
     num_speculative_tokens: int = 0           # k tokens proposed per step
+    acceptance_rule: Optional[Callable] = None  # verify(logits, draft, q, params, sampler, request_id)
+                                              # -> accepted tokens; None = minillm.speculative.verify
 
     # --- the random model used when model="random" ----------------------------------------
     random_model: dict = field(default_factory=dict)  # overrides for the tiny random Llama
@@ -133,7 +137,8 @@ class EngineConfig:
                   "must be >= 1 when speculative_model is set")
 
     def _check_objects(self) -> None:
-        """The fields that take a name or an object: policy, cost_model, speculative_model, random_model."""
+        """The fields that take a name or an object: policy, cost_model, speculative_model, random_model, and
+        the component factories kv_manager and acceptance_rule."""
         if isinstance(self.policy, str):
             from .policies import POLICIES
             if self.policy.lower() not in POLICIES:
@@ -156,6 +161,10 @@ class EngineConfig:
         if self.speculative_model is not None and not isinstance(self.speculative_model, (str, os.PathLike)):
             raise TypeError(f"EngineConfig.speculative_model={self.speculative_model!r}: must be a "
                             "checkpoint directory, 'default-draft', 'ngram' or None")
+        for name in ("kv_manager", "acceptance_rule"):
+            v = getattr(self, name)
+            if v is not None and not callable(v):
+                raise TypeError(f"EngineConfig.{name}={v!r}: must be a callable (see the field's comment) or None")
         if not isinstance(self.random_model, Mapping):
             raise TypeError(f"EngineConfig.random_model={self.random_model!r}: must be a dict of "
                             "LlamaConfig fields")

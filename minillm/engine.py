@@ -85,7 +85,11 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks or self._size_kv_from_memory()
         self._check_kv_fits(num_blocks)
         self.num_kv_blocks = num_blocks
-        self.kv = make_kv_manager(config, num_blocks)
+        self.kv = (config.kv_manager or make_kv_manager)(config, num_blocks)
+        if self.kv.num_blocks != num_blocks or self.kv.block_size != config.block_size:
+            raise ValueError(f"EngineConfig.kv_manager={config.kv_manager!r}: built a manager of "
+                             f"{self.kv.num_blocks} blocks of {self.kv.block_size} tokens; the engine has "
+                             f"{num_blocks} blocks of {config.block_size}")
         self._check_config()
 
         # --- scheduler and executor -----------------------------------------------------------
@@ -106,6 +110,7 @@ class LLMEngine:
         if config.speculative_model is not None:
             from .speculative import make_speculator
             self.speculator = make_speculator(self)
+            self.executor.set_proposer(self.speculator.proposer)
 
         self._simulated = config.executor == "simulated"
         self.requests: dict[str, Request] = {}      # every request ever added

@@ -21,8 +21,9 @@ Which one is chosen by the environment variable ``MINILLM_IMPL``:
 ``impl.attempt()`` lets a notebook cell call an exercise that is still a stub without
 stopping the notebook: the ``NotImplementedError`` is reported in one line instead.
 
-``impl.replace_kv_manager(engine, manager)`` is the wiring point where an exercise's
-memory manager (notebook 02's allocators) takes over from the engine's own.
+A finished exercise plugs into the engine like a built-in, through ``EngineConfig``:
+``LLM(policy=ex.MyPolicy())``, ``LLM(kv_manager=...)`` (a factory of KV managers),
+``LLM(acceptance_rule=ex.verify)``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-__all__ = ["ENV", "CHOICES", "REPO_ROOT", "which", "impl_dir", "load", "attempt", "replace_kv_manager"]
+__all__ = ["ENV", "CHOICES", "REPO_ROOT", "which", "impl_dir", "load", "attempt"]
 
 ENV = "MINILLM_IMPL"
 CHOICES = ("exercises", "solutions")
@@ -134,22 +135,3 @@ def attempt(what: str = ""):
         print(f"{label}not implemented yet ({e}). Fill it in under exercises/, then re-run the "
               f"impl.load cell and this one ({ENV}={which()!r}).")
 
-
-def replace_kv_manager(engine, manager) -> None:
-    """Make ``engine`` (an ``LLMEngine`` or ``LLM``) use ``manager`` for its KV memory.
-
-    Call it on a fresh engine, before the first step: the scheduler, the executor and the
-    engine all ask the same manager object who holds which KV positions.
-    """
-    engine = getattr(engine, "engine", engine)
-    if engine.step_count:
-        raise RuntimeError("replace_kv_manager: the engine has already run; replace the KV manager "
-                           "before the first step")
-    if manager.num_blocks != engine.num_kv_blocks or manager.block_size != engine.config.block_size:
-        raise ValueError(f"replace_kv_manager: the manager has {manager.num_blocks} blocks of "
-                         f"{manager.block_size}, the engine {engine.num_kv_blocks} of "
-                         f"{engine.config.block_size}")
-    engine.kv = manager
-    engine.scheduler.kv = manager
-    engine.scheduler.watermark_blocks = int(engine.config.watermark * manager.num_blocks)
-    engine.executor.kv = manager

@@ -127,10 +127,14 @@ class ModelRunner:
         self.bytes_per_block = sum(t[0].nbytes + t[1].nbytes for t in (self.kv_caches + self.kv_scales)) \
             // k0.shape[0]   # K, V and their scales, every layer
         self.sampler = Sampler(config.seed)
-        self.proposer = None       # speculative decoding: set by the engine (draft probabilities q)
-        # The acceptance rule applied to each verified request: minillm.speculative.verify, or
-        # one with the same signature put here (notebook 06's exercise plugs in this way).
-        self.verify = speculative.verify
+        self.proposer = None       # speculative decoding: the engine's set_proposer (draft probabilities q)
+        # The acceptance rule applied to each verified request: EngineConfig.acceptance_rule, by
+        # default minillm.speculative.verify (notebook 06's exercise plugs its own in there).
+        self.verify = config.acceptance_rule or speculative.verify
+
+    def set_proposer(self, proposer) -> None:
+        """Speculative decoding: the proposer whose draft probabilities ``q`` the acceptance rule reads."""
+        self.proposer = proposer
 
     # --- one step, all or nothing ------------------------------------------------------
     def checkpoint(self) -> None:

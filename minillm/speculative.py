@@ -473,7 +473,6 @@ def make_speculator(engine) -> Speculator:
                                       engine.dtype, engine.executor.backend, engine.executor.sampler,
                                       name=os.path.basename(os.path.normpath(path)))
         draft_cm = draft_cost_model(engine.cost_model, ModelSpec.from_hf_config(hf), engine.model_spec)
-    engine.executor.proposer = proposer
     return Speculator(proposer, cfg.num_speculative_tokens, engine.kv, cfg.max_model_len, draft_cm)
 
 

@@ -246,24 +246,21 @@ class YourReservedKVCacheManager(ReservedKVCacheManager):
 
 
 def paged_engine(model: str = "random", **config):
-    """An ``LLM`` with ``kv_allocation="paged"`` whose KV blocks your code hands out."""
-    from minillm import LLM, impl
+    """An ``LLM`` with ``kv_allocation="paged"`` whose KV blocks your code hands out: your manager
+    plugs in through ``EngineConfig.kv_manager``, a factory ``(config, num_blocks) -> manager``."""
+    from minillm import LLM
 
     for knob in ("enable_prefix_caching", "num_swap_blocks"):
         if config.get(knob):
             raise ValueError(f"paged_engine: {knob} is not supported by this exercise's allocator")
-    llm = LLM(model=model, kv_allocation="paged", **config)
-    eng = llm.engine
-    impl.replace_kv_manager(eng, YourPagedKVCacheManager(eng.num_kv_blocks, eng.config.block_size))
-    return llm
+    return LLM(model=model, kv_allocation="paged", **config,
+               kv_manager=lambda cfg, num_blocks: YourPagedKVCacheManager(num_blocks, cfg.block_size))
 
 
 def reserved_engine(model: str = "random", **config):
     """An ``LLM`` with ``kv_allocation="reserved"`` whose regions your code places."""
-    from minillm import LLM, impl
+    from minillm import LLM
 
-    llm = LLM(model=model, kv_allocation="reserved", **config)
-    eng = llm.engine
-    impl.replace_kv_manager(eng, YourReservedKVCacheManager(eng.num_kv_blocks, eng.config.block_size,
-                                                            eng.config.max_model_len))
-    return llm
+    return LLM(model=model, kv_allocation="reserved", **config,
+               kv_manager=lambda cfg, num_blocks: YourReservedKVCacheManager(num_blocks, cfg.block_size,
+                                                                             cfg.max_model_len))

@@ -225,13 +225,11 @@ class YourPrefixCachingKVCacheManager(PagedKVCacheManager):
 
 def prefix_engine(model: str = "random", **config):
     """An ``LLM`` with automatic prefix caching run by your code (every other knob as usual)."""
-    from minillm import LLM, impl
+    from minillm import LLM
 
     if config.get("kv_allocation", "paged") != "paged":
         raise ValueError("prefix_engine: prefix caching needs kv_allocation='paged'")
     config["enable_prefix_caching"] = True
-    llm = LLM(model=model, **config)
-    eng = llm.engine
-    impl.replace_kv_manager(eng, YourPrefixCachingKVCacheManager(eng.num_kv_blocks, eng.config.block_size,
-                                                                 eng.config.num_swap_blocks))
-    return llm
+    return LLM(model=model, **config,
+               kv_manager=lambda cfg, num_blocks: YourPrefixCachingKVCacheManager(num_blocks, cfg.block_size,
+                                                                                  cfg.num_swap_blocks))

@@ -131,11 +131,9 @@ def speculative_engine(model: str = "random", **config):
     """An ``LLM`` (with ``speculative_model=...`` and ``num_speculative_tokens=...`` among the
     ``config``) whose verification steps accept and reject with your rule.
 
-    The runner applies ``runner.verify`` (``minillm.speculative.verify`` by default) to each
-    verifying request; this engine's runner gets yours.
+    The runner applies ``EngineConfig.acceptance_rule`` (``minillm.speculative.verify`` by default)
+    to each verifying request; this engine's is yours.
     """
     from minillm import LLM
 
-    llm = LLM(model=model, **config)
-    llm.engine.executor.verify = verify
-    return llm
+    return LLM(model=model, **config, acceptance_rule=verify)
