@@ -75,7 +75,7 @@ class EngineConfig:
     speculative_model: Optional[str] = None   # checkpoint dir | "default-draft" | "ngram" | None
     num_speculative_tokens: int = 0           # k tokens proposed per step
     acceptance_rule: Optional[Callable] = None  # verify(logits, draft, q, params, sampler, request_id)
-                                              # -> accepted tokens; None = minillm.speculative.verify
+                                              # -> accepted tokens; None = minillm.acceptance.verify
 
     # --- the random model used when model="random" ----------------------------------------
     random_model: dict = field(default_factory=dict)  # overrides for the tiny random Llama

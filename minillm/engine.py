@@ -23,6 +23,7 @@ from .clock import make_clock
 from .checks import as_int, as_real
 from .config import EngineConfig
 from .kv_cache import make_kv_manager
+from .model.loader import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR
 from .outputs import RequestOutput
 from .policies import make_policy
 from .request import Request
@@ -30,8 +31,6 @@ from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .step_record import BatchEntry, StepRecord
 
-DEFAULT_MODEL_DIR = Path(__file__).parent / "checkpoints" / "shakespeare"
-DEFAULT_DRAFT_DIR = Path(__file__).parent / "checkpoints" / "shakespeare-draft"
 
 
 def resolve_device(name: str) -> torch.device:

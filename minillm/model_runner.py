@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import speculative
+from . import acceptance
 from .model.llama import AttentionMetadata
 from .sampler import Sampler
 from .scheduler import SchedulerOutput
@@ -129,8 +129,8 @@ class ModelRunner:
         self.sampler = Sampler(config.seed)
         self.proposer = None       # speculative decoding: the engine's set_proposer (draft probabilities q)
         # The acceptance rule applied to each verified request: EngineConfig.acceptance_rule, by
-        # default minillm.speculative.verify (notebook 06's exercise plugs its own in there).
-        self.verify = config.acceptance_rule or speculative.verify
+        # default minillm.acceptance.verify (notebook 06's exercise plugs its own in there).
+        self.verify = config.acceptance_rule or acceptance.verify
 
     def set_proposer(self, proposer) -> None:
         """Speculative decoding: the proposer whose draft probabilities ``q`` the acceptance rule reads."""
@@ -251,7 +251,7 @@ class ModelRunner:
                 q = self.proposer.draft_probs(rid, k) if self.proposer is not None else None
                 toks = self.verify(logits[r:r + k + 1], s.spec_token_ids, q, s.request.sampling_params,
                                    self.sampler, rid, probs.get(rid))
-                toks = speculative.check_verified(self.verify, toks, s.spec_token_ids, logits.shape[-1], rid)
+                toks = acceptance.check_verified(self.verify, toks, s.spec_token_ids, logits.shape[-1], rid)
                 res.sampled[rid] = toks
                 res.spec_accepted[rid] = len(toks) - 1
         return res

@@ -45,7 +45,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from . import speculative
+from . import acceptance
 from .model_runner import ModelRunner, resolve_backend
 from .sampler import Sampler
 from .scheduler import SchedulerOutput
@@ -257,7 +257,7 @@ class TPExecutor(ModelRunner):
                                      head_dim=shard.head_dim, num_layers=hf_config.num_hidden_layers)
         self.sampler = Sampler(config.seed)
         self.proposer = None
-        self.verify = config.acceptance_rule or speculative.verify
+        self.verify = config.acceptance_rule or acceptance.verify
         self.step_timeout = step_timeout
         self._swaps = None                           # this step's swaps, sent with its batch
         self._closed: Optional[str] = None           # why the ranks are gone, once they are

@@ -13,6 +13,7 @@ import glob
 import json
 import os
 from types import SimpleNamespace
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -20,6 +21,10 @@ import torch
 from .llama import LlamaModel
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
+
+# The shipped checkpoints: model="default" and speculative_model="default-draft".
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "shakespeare"
+DEFAULT_DRAFT_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "shakespeare-draft"
 
 # The default tiny random Llama: small enough for tests, real enough to use GQA.
 RANDOM_DEFAULTS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
