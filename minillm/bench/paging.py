@@ -3,7 +3,7 @@
 Before paging, an engine reserved each request's *maximum* length at admission: its
 prompt plus ``max_tokens``, because it cannot know when the request will stop. Here
 every request asks for ``max_tokens`` = a cap, and stops earlier, at its trace length
-(an end-of-sequence token, modeled by the executor below). Three runs, same trace,
+(the simulated executor ends it there, as a model ends at end-of-sequence). Three runs, same trace,
 same capacity, simulated executor on a modeled clock:
 
 * **reserved (max_tokens cap)**: what engines did before paging;
@@ -23,26 +23,6 @@ import time
 from .common import finish, goal, pct, pick, progress, set_threads, table
 
 NAME = "paging"
-STOP_TOKEN = 1          # the simulated request's "end of sequence"
-
-
-class StopAtTraceLength:
-    """The simulated executor, but a request samples ``STOP_TOKEN`` when it reaches its
-    trace output length: it ends early, as a real request ends at EOS before max_tokens."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def execute(self, out):
-        res = self.inner.execute(out)
-        for s in out.scheduled:
-            req = s.request
-            if req.request_id in res.sampled and req.num_output_tokens + 1 >= (req.expected_output_len or 0):
-                res.sampled[req.request_id] = [STOP_TOKEN]
-        return res
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def _sizes(size: str) -> dict:
@@ -66,9 +46,8 @@ def run_one(trace, P: dict, kv_allocation: str, oracle: bool) -> dict:
               record="summary", record_history=0,
               record_max_waiting=8)             # we read KV, not the queue: skip O(queue) reasons/step
     e = llm.engine
-    e.executor = StopAtTraceLength(e.executor)
     for r in trace:
-        sp = SamplingParams(temperature=0.0, ignore_eos=True, stop_token_ids=[STOP_TOKEN],
+        sp = SamplingParams(temperature=0.0, ignore_eos=True,
                             max_tokens=r.output_len if oracle else P["max_tokens"])
         e.add_request(list(r.prompt_token_ids), sp, request_id=r.request_id, arrival_time=r.arrival_time,
                       expected_output_len=r.output_len)
