@@ -180,9 +180,3 @@ class EngineConfig:
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        """KV capacity in token positions (blocks x block size); needs num_kv_blocks resolved."""
-        assert self.num_kv_blocks is not None, "num_kv_blocks is resolved when the engine starts"
-        return self.num_kv_blocks * self.block_size
