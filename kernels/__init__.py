@@ -80,13 +80,16 @@ def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page, group):
     return impl(block_tables, cu_seqlens_q, context_lens, page, group)
 
 
-def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None, backend="auto"):
+def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None, backend="auto",
+             quantizer=None):
     """In place: write token i's ``k[i], v[i]`` ``[H_kv, D]`` to cache slot
     ``slot_mapping[i]`` (= block_id * block_size + offset); -1 skips the token.
 
     A quantized cache (int8 or fp8 values, see ``kernels/kv_quant.py``) comes with its scales
     ``k_scale, v_scale`` ``[num_blocks, H_kv]``: the tokens are quantized on the way in, and a
-    block's scale grows (its earlier rows re-quantized) when a larger value arrives."""
+    block's scale grows (its earlier rows re-quantized) when a larger value arrives.
+    ``quantizer``: an object with ``new_scale``, ``quantize`` and ``dequantize`` used instead of
+    ``kernels.kv_quant``'s by the torch reference (the Triton kernel has its own compiled in)."""
     from . import kv_store
     from .kv_quant import kind_of
 
@@ -94,8 +97,11 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None
         if k_scale is None or v_scale is None:
             raise ValueError(f"a {k_cache.dtype} KV cache needs its k_scale and v_scale")
         if _use_triton(backend, k_cache):
+            if quantizer is not None:
+                raise ValueError("store_kv: a quantizer runs in the torch reference only (backend='torch')")
             return kv_store.store_kv_quant_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
-        return kv_store.store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+        return kv_store.store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping,
+                                           quantizer=quantizer)
     if _use_triton(backend, k_cache):
         return kv_store.store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
     return kv_store.store_kv_ref(k, v, k_cache, v_cache, slot_mapping)

@@ -221,11 +221,16 @@ def store_kv_quant_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping
     )
 
 
-def store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping):
+def store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, quantizer=None):
     """Torch reference (and CPU backend) of :func:`store_kv_quant_triton`, vectorised over the
     blocks the batch writes: per (block, head), the new amax, the grown scale, the earlier rows
-    re-quantized where it grew, then the new rows."""
-    from .kv_quant import dequantize, kind_of, new_scale, quantize
+    re-quantized where it grew, then the new rows. ``quantizer`` (``EngineConfig.kv_quantizer``:
+    an object with ``new_scale``, ``quantize`` and ``dequantize``) replaces ``kernels.kv_quant``'s."""
+    from . import kv_quant
+    from .kv_quant import kind_of
+
+    fmt = quantizer if quantizer is not None else kv_quant
+    dequantize, new_scale, quantize = fmt.dequantize, fmt.new_scale, fmt.quantize
 
     kind = kind_of(k_cache)
     slot_mapping = slot_mapping.to(device=k_cache.device, dtype=torch.long)

@@ -36,6 +36,9 @@ class EngineConfig:
     enable_prefix_caching: bool = False   # automatic prefix caching (hash of full blocks)
     kv_cache_dtype: str = "auto"          # "auto" (the model's dtype) | "int8" | "fp8": quantized KV,
                                           # one scale per (block, KV head); ~2x the blocks of fp16
+    kv_quantizer: Any = None              # the int8/fp8 store's arithmetic: an object with new_scale,
+                                          # quantize and dequantize (notebook 02's exercise plugs its own
+                                          # in here; torch backend only); None = kernels.kv_quant
     watermark: float = 0.0                # fraction of blocks admission keeps free ("headroom")
     kv_manager: Optional[Callable] = None  # factory(config, num_blocks) -> a KV manager (the exercises'
                                           # allocators plug in here); None = minillm.kv_cache.make_kv_manager
@@ -128,6 +131,8 @@ class EngineConfig:
             _fail("kv_cache_dtype", self.kv_cache_dtype,
                   "a quantized KV cache needs kv_allocation='paged' (its scales are per block, and a "
                   "reservation need not start on a block boundary)")
+        if self.kv_quantizer is not None:
+            self._check_kv_quantizer()
         if self.tensor_parallel_size > 1 and self.executor != "model":
             _fail("tensor_parallel_size", self.tensor_parallel_size,
                   "runs the real model on that many processes (executor='model'); the simulator "
@@ -168,6 +173,23 @@ class EngineConfig:
         if not isinstance(self.random_model, Mapping):
             raise TypeError(f"EngineConfig.random_model={self.random_model!r}: must be a dict of "
                             "LlamaConfig fields")
+
+    def _check_kv_quantizer(self) -> None:
+        """A quantizer replaces the arithmetic of the torch store (``kernels/kv_store.py``): it needs a
+        quantized cache, the torch backend (the Triton kernels have the format compiled in) and one
+        process (it is a Python object; tensor-parallel ranks use kernels.kv_quant's)."""
+        q = self.kv_quantizer
+        missing = [m for m in ("new_scale", "quantize", "dequantize") if not callable(getattr(q, m, None))]
+        if missing:
+            raise TypeError(f"EngineConfig.kv_quantizer={q!r}: needs callable {', '.join(missing)} "
+                            "(kernels/kv_quant.py says what each does)")
+        if self.kv_cache_dtype == "auto":
+            _fail("kv_quantizer", q, "quantizes an int8/fp8 cache: set kv_cache_dtype='int8' or 'fp8'")
+        if self.attention_backend != "torch":
+            _fail("kv_quantizer", q, f"runs in the torch backend's store, so attention_backend must be "
+                                     f"'torch' (not {self.attention_backend!r})")
+        if self.tensor_parallel_size > 1:
+            _fail("kv_quantizer", q, "needs tensor_parallel_size=1 (ranks use kernels.kv_quant's format)")
 
     def _check_record_options(self) -> None:
         if self.record not in ("auto", "full", "summary", "none"):

@@ -27,7 +27,8 @@
 #   the attention kernel reads KV through it.
 #
 # This notebook steps the seeds' Figure 4 live in both modes side by side, checks the kernel on both
-# caches, measures the waste and its cost on a realistic trace, and ends with the block-size trade-off.
+# caches, measures the waste and its cost on a realistic trace, weighs the block size, and ends with a
+# quantized KV cache: more positions in the same memory, and what that costs in quality.
 
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
@@ -238,6 +239,103 @@ else:
     print("no GPU: kernel timings skipped (Triton's interpreter runs one kernel instance at a time)")
 
 # %% [markdown]
+# ## 4. Fewer bytes per position: a quantized KV cache
+#
+# Paging removes the waste *around* the KV; what remains is the KV itself. One position costs
+# `2 × layers × kv_heads × head_dim × bytes per value` (section 2's 512 KiB for Llama-2-7B in bf16), so at a
+# fixed memory budget the positions that fit, and with them the largest batch, go as one over the bytes
+# per value. `LLM(..., kv_cache_dtype="int8" | "fp8")` stores each value in one byte: a number `q` (int8,
+# or fp8 in the e4m3 format of Micikevicius et al., "FP8 Formats for Deep Learning", 2022) with one
+# float32 scale `s` per (block, KV head), standing for `q × s`. The store kernel quantizes as it writes
+# (a block's scale grows when a larger value arrives, and its earlier rows are re-quantized); the
+# attention kernel dequantizes as it reads. The scales add 4 bytes per block, head and K or V.
+#
+# What the same memory buys, per KV dtype: for the shipped model's shape (0.25 GiB, `EngineConfig`'s
+# default `kv_cache_memory_gb`), and modeled for Llama-2-7B on an H100 (the cost model of notebook 01):
+
+# %%
+from minillm.bench import kv_quant
+
+KV_KINDS = kv_quant.available_kv_dtypes(DEVICE)      # float32, float16, int8 and (where it runs) fp8
+capacity = kv_quant.capacity(memory_gb=0.25)
+for name in KV_KINDS:
+    c = capacity[name]
+    print(f"shipped model, {name:>7} KV: {c['bytes_per_block']:>6,} bytes per block of 16 positions -> "
+          f"{c['blocks']:>6,} blocks in 0.25 GiB ({c['vs_float16']:.2f}x float16)")
+for name, m in kv_quant.modeled().items():
+    print(f"Llama-2-7B on H100, {name:>8} KV: {m['kv_bytes_per_token']:>7,} bytes per position, largest batch of "
+          f"4096-token requests {m['max_batch']:>3}, modeled decode {m['tokens_per_s']:>6,.0f} tokens/s")
+
+# %% [markdown]
+# Live, side by side: one engine per KV dtype, each with the **same 64 KiB** of KV memory, on the tiny random
+# model (its shape: 2 layers, 2 KV heads of 16 values; float32 KV fills a block of 16 positions with 8 KiB).
+# Each gets the same burst of 12 requests (24-token prompts, 24 new tokens: 3 blocks each when done).
+# Step them together and watch how many requests each can run at once, and how often the small caches
+# must preempt (notebook 05) to make room.
+
+# %%
+KV_BUDGET_GB = 2 ** -14          # 64 KiB
+ENGINE_DTYPE = {"float32": dict(dtype="float32"), "float16": dict(dtype="float16"),     # the model's dtype
+                "int8": dict(dtype="float32", kv_cache_dtype="int8"),
+                "fp8": dict(dtype="float32", kv_cache_dtype="fp8")}
+
+def burst_engine(kind):
+    llm = LLM(model="random", device=DEVICE, attention_backend="auto", kv_cache_memory_gb=KV_BUDGET_GB,
+              max_model_len=64, max_num_seqs=16, **ENGINE_DTYPE[kind])
+    for i in range(12):
+        llm.engine.add_request(list(range(10 + i, 34 + i)), SamplingParams(max_tokens=24, temperature=0.0,
+                                                                           ignore_eos=True), request_id=f"r{i}")
+    return llm
+
+kv_lockstep = LockstepStepper(*[lambda kind=kind: burst_engine(kind) for kind in KV_KINDS],
+                              names=[f"{kind} KV" for kind in KV_KINDS], fig_width=330,
+                              title="the same 64 KiB of KV memory, the same 12 requests")
+kv_lockstep
+
+# %% [markdown]
+# Run them to the end (or press **Run N** above) and count:
+
+# %%
+kv_lockstep.run(500)
+for kind, s in zip(KV_KINDS, kv_lockstep.steppers):
+    recs = s.records
+    print(f"{kind:>7} KV: {s.engine.num_kv_blocks:>2} blocks, largest batch {max(len(r.running) for r in recs):>2}, "
+          f"{sum(len(r.preempted) for r in recs):>2} preemptions, all 12 served in {len(recs):>3} steps")
+kv_lockstep.compare_figure(index=6)
+
+# %% [markdown]
+# One byte instead of four gives about four times the blocks (the scales take the rest), and the batch
+# grows with them; the figure shows every engine after its seventh step. What does it cost? The shipped
+# model reads held-out text it never trained on (the model card's held-out slice) with its KV stored each
+# way, the model itself in float32 so the KV storage is the only difference: nats per character under
+# teacher forcing, one token per step (every block fills token by token, so scales grow and rows are
+# re-quantized: the hard case), how often the next-token argmax equals float32's, and greedy continuations
+# of held-out prompts compared token by token with float32's.
+
+# %%
+model, tokenizer, heldout_text, heldout_ids = kv_quant.shipped_heldout(520)
+prompts = kv_quant.heldout_prompts(heldout_ids, 4, 24)
+quality = kv_quant.quality(model, heldout_text, heldout_ids, prompts, new=24, context=256, kv_dtypes=KV_KINDS,
+                           fills=("decode",))
+for name, q in quality.items():
+    g = q["greedy"]
+    print(f"{name:>7} KV: {q['nats_per_char_decode']:.4f} nats/char ({100 * q['rel_change_decode']:+.3f}% vs "
+          f"float32), next-token argmax = float32's {q['top1_agreement']:.1%}, greedy tokens = float32's "
+          f"{g['positions_equal']:.1%} ({g['before_first_divergence']:.1%} before the first divergence)")
+assert abs(quality["int8"]["rel_change_decode"]) < 0.01, "int8 KV within 1% of float32 KV (tests/test_kv_quant.py)"
+
+# %% [markdown]
+# Read the printed lines against each other. float16 rounds each value to 11 significant bits, int8 to
+# one of 255 steps across its block's range (half a step, `s / 2`, at its block's final scale), fp8 to 3 mantissa
+# bits (a relative error up to 1/16, whatever the value's size); the cell checks that int8 stays within
+# 1% of float32's loss, the bar tests/test_kv_quant.py holds it to. Greedy continuations agree until the
+# first token where two candidates were nearly tied; after it the texts differ, as two samples would, so
+# the share before the first divergence is the stricter number. Set against the capacity lines above
+# (one byte per value: about twice float16's blocks in the same memory), this is the trade a quantized KV
+# cache offers. The engine's tests hold the kernels to their torch references on quantized caches,
+# exactly, and the references to dense float64 attention on the dequantized values.
+
+# %% [markdown]
 # ## Exercises
 #
 # The two allocators of this notebook, in `exercises/ex02_paging.py`. Both plug into the real engine:
@@ -318,15 +416,58 @@ with impl.attempt("ex02.FirstFitAllocator"):
         print(rec.summary())
 
 # %% [markdown]
+# **Exercise 5, one quantized block** (in `exercises/ex08_kv_quant.py`, graded with `make grade EX=08`):
+# the arithmetic of section 4's int8/fp8 cache. `new_scale(old, amax, kind)`: a head's scale after a write
+# whose largest `|x|` is `amax`; `quantize(x, scale, kind)`: divide, clamp to `±QMAX`, round (int8) or
+# cast (fp8); `dequantize(q, scale)`: what a stored number stands for; `quantize_block(x, kind)`: one block
+# written at once. `ex8.ExerciseQuantizer()` hands your functions to the engine
+# (`LLM(kv_cache_dtype="int8", kv_quantizer=...)`): the cell below writes every KV block with them.
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `new_scale`: `amax / QMAX[kind]` maps the largest value onto the largest storable number; `torch.maximum(old, ...)` keeps the scale from shrinking under values already in the block.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `quantize`: replace a zero scale by 1 first (`torch.where(scale > 0, scale, torch.ones_like(scale))`), then `(x / s).clamp(-QMAX[kind], QMAX[kind])`. int8: `torch.round` (halves to even) and `.to(torch.int8)`; without the clamp, 200 wraps around to -56 in the cast. fp8: `.to(STORAGE["fp8"])` rounds by itself (do not round to an integer first).
+#
+# </details>
+# <details><summary>Hint 3</summary>
+#
+# `quantize_block`: one scale per head, so reduce `x.abs()` over the rows and the head dimension (`amax(dim=(0, 2))`), start from `torch.zeros(num_kv_heads)` as `old`, and broadcast the scales back with `scale[None, :, None]`.
+#
+# </details>
+
+# %%
+ex8 = impl.load("ex08_kv_quant")       # your exercises/ex08_kv_quant.py
+with impl.attempt("ex08.quantize_block"):
+    block = torch.randn(16, 2, 16, generator=torch.Generator().manual_seed(0))
+    block = block * torch.tensor([1.0, 30.0])[None, :, None]                  # two heads of different range
+    q8, s8 = ex8.quantize_block(block, "int8")
+    err = (ex8.dequantize(q8, s8[None, :, None]) - block).abs().amax(dim=(0, 2))
+    print(f"scales {[round(v, 4) for v in s8.tolist()]}; largest error per head {[round(v, 4) for v in err.tolist()]} "
+          f"(half a step: {[round(v / 2, 4) for v in s8.tolist()]})")
+    mine = LLM(model="random", kv_cache_dtype="int8", attention_backend="torch", kv_quantizer=ex8.ExerciseQuantizer())
+    theirs = LLM(model="random", kv_cache_dtype="int8", attention_backend="torch")
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    same = [a.token_ids == b.token_ids for a, b in zip(mine.generate([[10, 11, 12, 13], [40, 41]], sp),
+                                                       theirs.generate([[10, 11, 12, 13], [40, 41]], sp))]
+    print(f"the engine with your quantizer: greedy tokens equal minillm's own for {sum(same)} of {len(same)} requests")
+
+# %% [markdown]
 # ### Grading
 #
-# Your code goes in `exercises/ex02_paging.py` (its stubs raise `NotImplementedError` until you fill them in;
-# the docstrings say exactly what each must do). The cells above run *your* version: `impl.load` reads
-# the environment variable `MINILLM_IMPL` (unset: `exercises`, yours; `solutions`: the reference answers).
+# Your code goes in `exercises/ex02_paging.py` and `exercises/ex08_kv_quant.py` (their stubs raise
+# `NotImplementedError` until you fill them in; the docstrings say exactly what each must do). The cells
+# above run *your* version: `impl.load` reads the environment variable `MINILLM_IMPL` (unset: `exercises`,
+# yours; `solutions`: the reference answers).
 # From the repository root:
 #
 # ```bash
 # make grade EX=02                                            # every ex02 grader, against exercises/
+# make grade EX=08                                            # exercise 5 (KV quantization)
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex02 tests/test_exercises.py -k first_fit   # one exercise
 # ```
 #

@@ -335,6 +335,34 @@ def test_config_validation():
     assert EngineConfig(kv_cache_dtype="fp8").kv_cache_dtype == "fp8"
 
 
+
+class _Halving:
+    """A quantizer whose scales are twice kernels.kv_quant's (values use half the range)."""
+    quantize, dequantize = staticmethod(quantize), staticmethod(dequantize)
+
+    @staticmethod
+    def new_scale(old, amax, kind):
+        return torch.maximum(old, 2 * amax / QMAX[kind])
+
+
+def test_kv_quantizer_is_validated_and_used_by_the_store():
+    from minillm.config import EngineConfig
+    with pytest.raises(TypeError, match="kv_quantizer.*new_scale"):
+        EngineConfig(kv_cache_dtype="int8", kv_quantizer=object())
+    with pytest.raises(ValueError, match="kv_quantizer.*kv_cache_dtype"):
+        EngineConfig(kv_quantizer=_Halving())
+    with pytest.raises(ValueError, match="kv_quantizer.*attention_backend"):
+        EngineConfig(kv_cache_dtype="int8", attention_backend="triton", kv_quantizer=_Halving())
+    scales = {}
+    for name, q in (("default", None), ("halving", _Halving())):
+        e = LLM("random", kv_cache_dtype="int8", kv_quantizer=q, max_model_len=32).engine
+        e.add_request(list(range(3, 20)), SamplingParams(max_tokens=4, **GREEDY))
+        while e.has_unfinished_requests():
+            e.step()
+        scales[name] = e.executor.kv_scales[0][0]
+    used = scales["default"] > 0
+    assert used.any() and torch.allclose(scales["halving"][used], 2 * scales["default"][used])
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_capacity_at_a_fixed_memory_budget(kind):
     """The same kv_cache_memory_gb buys >= 1.9x the blocks of fp16 (>= 3.8x of fp32), and the

@@ -17,7 +17,8 @@ model itself in float32 throughout, so the KV storage is the only difference:
   an H100 with bf16, int8 and fp8 KV (the batching-math consequence, shapes only).
 
 The helpers (:func:`teacher_forced`, :func:`greedy`) drive the model over a paged cache directly
-(no scheduler), so they are shared by ``tests/test_kv_quant.py``.
+(no scheduler), so they are shared by ``tests/test_kv_quant.py``; :func:`quality` puts them
+together per KV dtype for this benchmark and notebook 02.
 """
 
 from __future__ import annotations
@@ -163,6 +164,55 @@ def shipped_heldout(tokens: Optional[int] = None):
     return model, tok, text, ids
 
 
+def available_kv_dtypes(device=None) -> list[str]:
+    """``KV_DTYPES`` less fp8 where it cannot run (this torch, or the GPU ``device``: see
+    ``kernels.kv_quant.fp8_available``)."""
+    from kernels.kv_quant import fp8_available
+    return [d for d in KV_DTYPES if d != "fp8" or fp8_available(device) is None]
+
+
+def heldout_prompts(ids: list[int], count: int, length: int) -> list[list[int]]:
+    """``count`` prompts of ``length`` tokens, spread evenly over ``ids``."""
+    stride = max(1, (len(ids) - length) // count)
+    return [ids[i * stride:i * stride + length] for i in range(count)]
+
+
+def quality(model, text: str, ids: list[int], prompts: list[list[int]], new: int, context: int,
+            kv_dtypes: Optional[list[str]] = None, fills: tuple[str, ...] = ("decode", "prefill")) -> dict:
+    """What storing the KV as each of ``kv_dtypes`` (float32 first: the baseline) does to
+    ``model`` reading ``text`` (token ids ``ids``), per dtype:
+
+    * ``nats_per_char_<fill>`` and ``rel_change_<fill>`` (against float32) for each fill of
+      :func:`teacher_forced` (``fills``; "decode": one token per step, the hard case);
+    * ``top1_agreement``: the share of next-token argmaxes equal to float32's (first fill);
+    * ``greedy``: :func:`agreement` of ``new``-token greedy continuations of ``prompts`` with float32's.
+    """
+    kv_dtypes = list(kv_dtypes or available_kv_dtypes())
+    if kv_dtypes[0] != "float32":
+        raise ValueError(f"kv_dtypes={kv_dtypes}: the first must be 'float32', the baseline")
+    raw = {}
+    for name in kv_dtypes:
+        t0 = time.perf_counter()
+        r = {fill: teacher_forced(model, ids, name, context, fill) for fill in fills}
+        r["greedy"] = greedy(model, prompts, new, name)
+        r["wall_s"] = time.perf_counter() - t0
+        raw[name] = r
+    base, first = raw["float32"], fills[0]
+    summary = {}
+    for name in kv_dtypes:
+        r = raw[name]
+        s = {}
+        for fill in fills:
+            s[f"nats_per_char_{fill}"] = r[fill]["nats"] / len(text)
+            s[f"rel_change_{fill}"] = r[fill]["nats"] / base[fill]["nats"] - 1
+        argmax = r[first]["argmax"]
+        s.update(top1_agreement=sum(a == b for a, b in zip(argmax, base[first]["argmax"])) / len(argmax),
+                 greedy=agreement(r["greedy"], base["greedy"]), predicted_tokens=r[first]["predicted"],
+                 wall_s=r["wall_s"])
+        summary[name] = s
+    return summary
+
+
 def capacity(memory_gb: float = 0.25, block_size: int = 16) -> dict:
     """KV blocks the engine sizes for ``memory_gb`` with the shipped model's shape, per KV dtype."""
     from ..costmodel import kv_block_bytes
@@ -205,31 +255,15 @@ def run(args) -> dict:
     P = _sizes(args.size)
     threads = set_threads(args)
     model, tok, text, ids = shipped_heldout(P["tokens"])
-    dtypes = [d for d in KV_DTYPES if d != "fp8" or fp8_available() is None]
-    stride = max(1, (len(ids) - P["prompt_len"]) // P["prompts"])
-    prompts = [ids[i * stride:i * stride + P["prompt_len"]] for i in range(P["prompts"])]
-    res: dict = {}
+    dtypes = available_kv_dtypes()
+    prompts = heldout_prompts(ids, P["prompts"], P["prompt_len"])
+    summary = quality(model, text, ids, prompts, P["new"], P["context"], dtypes)
+    rows = []
     for name in dtypes:
-        t0 = time.perf_counter()
-        dec = teacher_forced(model, ids, name, P["context"], "decode")
-        pre = teacher_forced(model, ids, name, P["context"], "prefill")
-        gen = greedy(model, prompts, P["new"], name)
-        res[name] = dict(decode=dec, prefill=pre, greedy=gen, wall_s=time.perf_counter() - t0)
-    base = res["float32"]
-    rows, summary = [], {}
-    for name in dtypes:
-        r = res[name]
-        d, p = r["decode"], r["prefill"]
-        top1 = sum(a == b for a, b in zip(d["argmax"], base["decode"]["argmax"])) / len(d["argmax"])
-        ag = agreement(r["greedy"], base["greedy"])
-        s = dict(nats_per_char_decode=d["nats"] / len(text), nats_per_char_prefill=p["nats"] / len(text),
-                 rel_change_decode=d["nats"] / base["decode"]["nats"] - 1,
-                 rel_change_prefill=p["nats"] / base["prefill"]["nats"] - 1,
-                 top1_agreement=top1, greedy=ag, predicted_tokens=d["predicted"], wall_s=r["wall_s"])
-        summary[name] = s
+        s, ag = summary[name], summary[name]["greedy"]
         rows.append([name, f"{s['nats_per_char_decode']:.4f}", f"{100 * s['rel_change_decode']:+.3f}%",
                      f"{s['nats_per_char_prefill']:.4f}", f"{100 * s['rel_change_prefill']:+.3f}%",
-                     pct(top1), pct(ag["positions_equal"]), pct(ag["before_first_divergence"])])
+                     pct(s["top1_agreement"]), pct(ag["positions_equal"]), pct(ag["before_first_divergence"])])
     cap = capacity()
     mod = modeled()
     chars = len(text)

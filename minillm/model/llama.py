@@ -32,6 +32,8 @@ class AttentionMetadata:
     max_q_len: int
     backend: str = "torch"          # "torch" reference or "triton" kernel
     plan: Optional[list] = None     # torch backend: the step's attention plan, shared by all layers
+    kv_quantizer: Optional[object] = None   # int8/fp8 cache, torch backend: the store's arithmetic
+                                            # (EngineConfig.kv_quantizer; None = kernels.kv_quant)
 
 
 class RMSNorm(nn.Module):
@@ -89,7 +91,7 @@ class Attention(nn.Module):
         k_scale, v_scale = scales or (None, None)
         # 1) write this step's K/V into the paged cache, 2) attend over the cache.
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale,
-                         backend=meta.backend)
+                         backend=meta.backend, quantizer=meta.kv_quantizer)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
                                     meta.context_lens, self.scale, max_q_len=meta.max_q_len,
                                     backend=meta.backend, plan=meta.plan, k_scale=k_scale, v_scale=v_scale)
