@@ -27,7 +27,8 @@
 # 2. look at one engine step as plain data (a `StepRecord`);
 # 3. step the engine yourself with a widget;
 # 4. check the Triton attention kernel against its torch reference, on the engine's own KV cache;
-# 5. the map of the series.
+# 5. serve it over HTTP, send it requests with the `openai` client and watch the engine take a burst;
+# 6. the map of the series.
 #
 # You need basic PyTorch. Everything runs offline. On a laptop CPU the Triton kernels run in Triton's
 # *interpreter* (slow, but exactly the same kernel); on a GPU they are compiled.
@@ -177,7 +178,93 @@ for _ in range(3):
 print(check_paged_attention(stepper.engine))   # the Triton kernel against its torch reference
 
 # %% [markdown]
-# ## 5. The series
+# ## 5. Serve it: an OpenAI-compatible server, a real client
+#
+# So far every request was a Python call. A deployed engine sits behind an HTTP API; the de facto standard
+# is OpenAI's (`/v1/completions`, `/v1/chat/completions`, tokens streamed as server-sent events), which
+# vLLM, SGLang and TGI all speak. `python -m minillm.serve` (or `make serve`) starts minillm's: a FastAPI
+# app on uvicorn in front of `AsyncLLM`, which runs the engine's step loop in one background task and hands
+# each request its tokens as the steps produce them (a client that disconnects is aborted in the engine).
+#
+# Here `BackgroundServer` starts the same server in a thread of this notebook, on a free localhost port,
+# with its own engine (the shipped model again, 64 KV blocks so its KV map stays readable). The official
+# `openai` Python client talks to it exactly as it would to any other OpenAI-compatible server:
+
+# %%
+import openai
+from minillm.serve import BackgroundServer
+
+server = BackgroundServer(device=DEVICE, block_size=16, num_kv_blocks=64, max_num_seqs=8, max_model_len=256).start()
+client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+print(f"{server.url}: /v1/models lists {[m.id for m in client.models.list().data]}")
+prompt = "ROMEO:\n" if server.llm.engine.tokenizer is not None else [10, 11, 12]   # token ids without the checkpoint
+stream = client.completions.create(model=server.model_name, prompt=prompt, max_tokens=24, temperature=0.0, stream=True)
+pieces = [chunk.choices[0].text for chunk in stream if chunk.choices]
+print(f"{len(pieces)} streamed chunks: {''.join(pieces)!r}")
+
+# %% [markdown]
+# Now a burst: 16 requests sent over 0.3 s by an asynchronous `openai` client (the load generator of
+# `python -m minillm.bench serve`, run in a background thread), while the view below follows the server's
+# engine. It is the Stepper of section 3 without its buttons: the server's loop does the stepping, and
+# `EngineMonitor.follow` draws each new step as it happens (the history slider looks back afterwards).
+# With `max_num_seqs=8`, half the burst waits in the engine's queue.
+
+# %%
+from minillm.bench import serve as load_generator
+from minillm.widgets import EngineMonitor
+
+monitor = EngineMonitor(server.llm.engine, read=server.engine_call, title="the server's engine, as the burst arrives")
+monitor
+
+# %%
+openings = ["ROMEO:\n", "JULIET:\nO ", "KING HENRY:\n", "First Citizen:\n"]
+if server.llm.engine.tokenizer is None:
+    openings = [[10 + i, 11 + i, 12 + i] for i in range(4)]
+burst = [load_generator.ReplayRequest(f"burst-{i}", 0.0, openings[i % 4], 32) for i in range(16)]
+replay = load_generator.replay_in_background(server.url, burst, [0.02 * i for i in range(16)], show_progress=False)
+monitor.follow(until=replay.done)                  # redraw the view until every client has its answer
+client_side = replay.result()
+engine_side = load_generator.engine_metrics(server, client_side)    # the same requests, as the engine timed them
+print(f"{sum(c.error is None for c in client_side)} of {len(burst)} answered; the engine ran "
+      f"{len(monitor.records)} steps since it started")
+
+# %% [markdown]
+# Each request has two TTFTs. The client's runs from sending the HTTP request to receiving the first
+# streamed token; the engine's runs from `add_request` to the step that sampled that token (it includes
+# the wait in the engine's queue). The client's interval contains the engine's, so the difference is
+# everything outside the engine: HTTP, the server's event loop, handing the request to the step loop,
+# and the streamed token's way back.
+
+# %%
+c = load_generator.compare(client_side, engine_side)
+print(f"TTFT p50: client {c['ttft_p50_client'] * 1e3:6.0f} ms, engine {c['ttft_p50_engine'] * 1e3:6.0f} ms")
+print(f"TTFT p90: client {c['ttft_p90_client'] * 1e3:6.0f} ms, engine {c['ttft_p90_engine'] * 1e3:6.0f} ms")
+print(f"outside the engine, per request: min {c['overhead_ttft_min'] * 1e3:.0f} ms, "
+      f"p50 {c['overhead_ttft_p50'] * 1e3:.0f} ms, max {c['overhead_ttft_max'] * 1e3:.0f} ms "
+      f"({c['num_paired']} requests paired by id)")
+print(f"the engine's part of the client's median TTFT: {c['ttft_p50_engine'] / c['ttft_p50_client']:.0%}")
+pairs = sorted((m.ttft, engine_side[load_generator.engine_request_id(m.response_id)].ttft) for m in client_side
+               if m.error is None)
+fig = go.Figure([go.Bar(name="client (HTTP)", y=[a for a, _ in pairs]), go.Bar(name="engine", y=[b for _, b in pairs])])
+fig.update_layout(barmode="group", height=300, plot_bgcolor="white", xaxis_title="request", yaxis_title="seconds",
+                  title="TTFT per request (sorted): as the client saw it, as the engine did")
+fig
+
+# %% [markdown]
+# Where the time goes depends on the load. Here the second half of the burst waits for a slot
+# (`max_num_seqs=8`) inside the engine, which the view above shows step by step; that wait counts on both
+# sides. The part outside the engine is the printed difference, per request. It is inflated here because
+# the client, the server and the engine share one Python process on this machine; against a server
+# elsewhere the network adds its round trip. This is why load generators (vLLM's `benchmark_serving.py`,
+# `python -m minillm.bench serve` here) measure at the client: that is the latency a user gets. The
+# server is shut down at the end of the section, so nothing keeps running after the notebook.
+
+# %%
+server.stop()
+print(f"server running: {server.running}")
+
+# %% [markdown]
+# ## 6. The series
 #
 # | notebook | what it covers |
 # |---|---|

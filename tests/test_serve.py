@@ -339,6 +339,40 @@ def test_load_generator_percentiles_match_the_engine_within_the_overhead(server,
     assert s["ttft_p50"] == percentile([c.ttft for c in client_side], 50)
 
 
+
+def test_a_monitor_follows_the_served_engine_while_a_background_replay_runs(server):
+    """notebook 00's section 5: the load generator in a thread of its own, an EngineMonitor drawing
+    the engine the server steps; the monitor ends up with every step the engine took, in order,
+    the replay's requests are the engine's, and the monitor refuses to step an engine it does not own."""
+    from minillm.bench import serve as bench
+    from minillm.widgets import EngineMonitor
+    monitor = EngineMonitor(server.llm.engine, read=server.engine_call)
+    before = len(monitor.records)
+    requests = [bench.ReplayRequest(f"m{i}", 0.0, PROMPTS[i % 3], 8) for i in range(6)]
+    future = bench.replay_in_background(server.url, requests, [0.01 * i for i in range(6)], show_progress=False)
+    taken = monitor.follow(until=future.done, interval=0.05, timeout=120)
+    client_side = future.result()
+    assert [c.error for c in client_side] == [None] * 6
+    engine = bench.engine_metrics(server, client_side)
+    assert sorted(engine) == sorted(bench.engine_request_id(c.response_id) for c in client_side)
+    steps = [r.step for r in monitor.records]
+    assert taken == len(steps) - before > 0 and steps == sorted(set(steps))
+    assert steps[-1] == server.engine_call(lambda e: e.step_records[-1].step)
+    served = {e.request_id for r in monitor.records[before:] for e in r.batch}
+    assert set(engine) <= served
+    assert monitor.shown is monitor.records[-1]
+    with pytest.raises(TypeError, match="poll"):
+        monitor.step()
+
+
+def test_a_background_server_says_whether_it_runs():
+    s = BackgroundServer("random", block_size=16, num_kv_blocks=16, max_model_len=64)
+    assert not s.running
+    with s:
+        assert s.running
+        assert httpx.get(s.url + "/health", timeout=10).status_code == 200
+    assert not s.running
+
 def test_command_line_serves(tmp_path):
     """``python -m minillm.serve`` with engine options, as ``make serve`` runs it."""
     import os

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import time
 from dataclasses import dataclass
@@ -217,6 +218,17 @@ async def replay(url: str, requests: Sequence[ReplayRequest], send_times: Sequen
         await client.close()
 
 
+def replay_in_background(url: str, requests: Sequence[ReplayRequest], send_times: Sequence[float],
+                         **kw) -> concurrent.futures.Future:
+    """:func:`replay` on its own event loop in a thread: returns at once with a Future of its
+    ``ClientMetrics``, so the caller (a notebook, whose own event loop is busy running the cell)
+    can watch the server meanwhile. ``kw``: :func:`replay`'s options."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="minillm-replay")
+    future = pool.submit(asyncio.run, replay(url, requests, send_times, **kw))
+    pool.shutdown(wait=False)                  # the thread ends with the replay
+    return future
+
+
 # --------------------------------------------------------------------------------------
 # Client vs engine
 # --------------------------------------------------------------------------------------
@@ -226,6 +238,13 @@ def engine_request_id(response_id: Optional[str]) -> Optional[str]:
     if not response_id:
         return None
     return response_id.split("-", 1)[1] if "-" in response_id else response_id
+
+
+def engine_metrics(server, client: Sequence[ClientMetrics]) -> dict:
+    """The engine's own ``RequestMetrics`` of the requests ``client`` sent, by engine request id,
+    read on the engine thread of ``server`` (a ``minillm.serve.BackgroundServer``)."""
+    ids = {engine_request_id(c.response_id) for c in client}
+    return server.engine_call(lambda e: {i: e.requests[i].metrics for i in ids if i in e.requests})
 
 
 def compare(client: Sequence[ClientMetrics], engine: dict) -> dict:
@@ -316,8 +335,7 @@ def run(size: str, args) -> dict:
         wall = time.perf_counter() - t0
         after = scrape_engine_means(url)
         if server is not None:
-            ids = {engine_request_id(c.response_id) for c in client}
-            engine_side = server.engine_call(lambda e: {i: e.requests[i].metrics for i in ids if i in e.requests})
+            engine_side = engine_metrics(server, client)
     finally:
         if server is not None:
             server.stop()

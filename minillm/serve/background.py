@@ -38,6 +38,11 @@ class BackgroundServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def running(self) -> bool:
+        """Is the server's thread alive (False before ``start`` and after ``stop``)?"""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self, timeout: float = 60.0) -> "BackgroundServer":
         import uvicorn
         from .api_server import build_app

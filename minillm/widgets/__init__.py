@@ -5,15 +5,18 @@
   budget, the KV memory map and the step's reasons in plain words.
 * ``LockstepStepper``: two engines (e.g. reservation vs paging) stepped together;
   ``figure4_lockstep()`` builds the seeds' Figure 4.
+* ``EngineMonitor``: the same view of an engine something else steps (a server's loop):
+  ``poll()`` / ``follow()`` draw what it has done since.
 
 The figures they draw are in ``minillm.figures`` and work without any widget.
 """
 
 from .live import LiveFigure
 from .lockstep import LockstepStepper, figure4_engine, figure4_lockstep
+from .monitor import EngineMonitor
 from .panels import metrics_html, queue_html, reasons_html
 from .stepper import Stepper, as_engine, engine_factory
 
-__all__ = ["Stepper", "LockstepStepper", "figure4_engine", "figure4_lockstep", "engine_factory", "as_engine",
-           "LiveFigure",
+__all__ = ["Stepper", "LockstepStepper", "EngineMonitor", "figure4_engine", "figure4_lockstep", "engine_factory",
+           "as_engine", "LiveFigure",
            "metrics_html", "queue_html", "reasons_html"]
