@@ -15,9 +15,9 @@
 # %% [markdown]
 # # 00 · A tour of minillm
 #
-# minillm is a small LLM serving engine built to be read and stepped through. Its subject is the
-# seeds' **batching and scheduling**: "Scheduling decides which requests run, when, and together with
-# which others. Batching is the mechanism that makes memory-bound decode efficient." Everything in this
+# minillm is a small LLM serving engine built to be read and stepped through. Its subject is
+# **batching and scheduling**: scheduling decides which requests run, when, and together with which
+# others; batching is the mechanism that makes memory-bound decode efficient. Everything in this
 # series is the real engine running: a Llama-style model, a paged KV cache, a scheduler that re-forms
 # the batch every step, and attention computed by a Triton kernel.
 #
@@ -67,7 +67,7 @@ for out in llm.generate(prompts, params):
 # Both prompts ran **together**: `generate` adds each prompt as a request and calls `engine.step()`
 # until every request is done. Each step is one *scheduler iteration*: the scheduler picks the requests
 # that run and how many tokens each processes, the model runs that batch once, and the engine appends
-# the sampled tokens. The two numbers printed are the seeds' latency metrics: **TTFT**, the time to the
+# the sampled tokens. The two numbers printed are the latency metrics every serving system reports: **TTFT**, the time to the
 # first token, and **TPOT**, the time per output token after it.
 
 # %% [markdown]
@@ -136,8 +136,8 @@ show(eng.step())
 # Here a small trace: 8 requests arriving at random (a Poisson process, about one every 10 ms) with
 # prompts of 4 to 14 tokens and 3 to 10 output tokens. The engine runs the real model with `attention_backend="triton"`: every
 # Step executes the Triton attention kernel (through the interpreter on a CPU, about a second a step).
-# Time is *modeled*: each step counts 10 ms, the seeds' assumption, so the arrival pattern is the same on
-# every machine.
+# Time is *modeled*: each step counts 10 ms (a round figure of the order of one decode step of a 7B model on
+# one data-centre GPU), so the arrival pattern is the same on every machine.
 
 # %%
 trace = workloads.synthetic_trace(8, rate=100.0, prompt_len=workloads.Uniform(4, 14),
@@ -283,7 +283,8 @@ print(f"server running: {server.running}")
 #
 # How the exercises work, for the whole series: each notebook `NN` has a module `exercises/exNN_*.py` of
 # functions and classes to fill in. Their stubs raise `NotImplementedError` naming the task; their
-# docstrings say what to compute and which passage of the seeds it comes from. A notebook's last cells
+# docstrings say what to compute and where the idea comes from (the paper that introduced it, where there
+# is one). A notebook's last cells
 # call *your* implementation (`impl.load("ex01_batching")`), and `make grade EX=NN` runs the graders:
 #
 # ```bash

@@ -15,21 +15,18 @@
 # %% [markdown]
 # # 01 · The batching math
 #
-# > Decode reads the full weight set to produce one token. That read costs the same whether one request
-# > or thirty-two are in flight.
-#
-# That sentence from the seeds is the whole case for batching, and this notebook works it out in
+# Decode reads the full weight set to produce one token, and that read costs the same whether one request
+# or thirty-two are in flight. That is the whole case for batching, and this notebook works it out in
 # numbers:
 #
 # 1. **bytes read per generated token** against the batch size, and the **roofline**: why decode is
 #    memory bound and batching amortises the weight read;
 # 2. **throughput and step latency vs batch size**, measured on this machine with the real engine, next
-#    to the modeled H100 curve (the seeds: about 20x the throughput for about 1.5x the latency from
-#    batch 1 to 32);
+#    to the modeled H100 curve (about 20x the throughput for about 1.5x the latency from batch 1 to 32);
 # 3. the **KV-cache memory formula**, and what it does to the largest batch that fits;
-# 4. **static vs continuous batching**, on the seeds' worked example and on a long-tail trace;
-# 5. inside one step: the **execution-token budget** and the **KV retained** (the seeds' Figures 2 and 3),
-#    stepped with the widget;
+# 4. **static vs continuous batching**, on a worked example and on a long-tail trace;
+# 5. inside one step: the **execution-token budget** and the **KV retained** (Figures 2 and 3, drawn
+#    live by the step-through widget);
 # 6. exercises.
 
 # %%
@@ -61,7 +58,7 @@ ex = impl.load("ex01_batching")   # your exercises/ex01_batching.py (MINILLM_IMP
 # used for one multiply-add, and dropped. With `b` requests decoding together the same fetch serves `b`
 # rows: a `(b x d) @ (d x n)` product, so the weight bytes **per generated token** fall as `1 / b`. What
 # batching does *not* share is each request's own KV cache, which its attention must read every step.
-# The seeds' table, for Llama-2-7B (13.5 GB of bf16 weights) with 512 positions of context:
+# Per generated token, for Llama-2-7B (13.5 GB of bf16 weights) with 512 positions of context:
 
 # %%
 m = MODELS["llama-2-7b"]
@@ -134,8 +131,8 @@ figures.throughput_latency_figure(BATCHES, latency=measured,
 
 # %% [markdown]
 # **Modeled H100.** The same curve for Llama-2-7B on an H100, from the cost model
-# (`costmodel.decode_step_time_vs_batch`). The seeds: "when the batch size grows from 1 to 32,
-# throughput improves by approximately 20x, while per-step latency increases by only about 1.5x". Past
+# (`costmodel.decode_step_time_vs_batch`). From batch 1 to 32 the throughput grows about 20x while the
+# step time grows only about 1.5x (the cell prints the model's exact ratios). Past
 # that the KV reads (which batching does not share) and, much later, the arithmetic take over.
 
 # %%
@@ -161,9 +158,10 @@ figures.throughput_latency_figure([1, 2, 4, 8, 16, 32, 64, 128], latency=lat,
 #
 # $$M_{KV} = 2 \times n_{layer} \times d_{head} \times n_{head} \times n_{max} \times b \times sizeof(dtype)$$
 #
-# where, under grouped-query attention, $n_{head}$ counts the *KV* heads. The seeds' example:
-# Llama-2-70B's KV for one request is "approximately 10 GB" (that counts all 64 heads; the released model
-# shares 8 KV heads among them).
+# where, under grouped-query attention, $n_{head}$ counts the *KV* heads. For example,
+# Llama-2-70B (80 layers, head size 128) holds about 10 GiB of bf16 KV for one request of 4096 positions
+# if all 64 heads keep their own keys and values; the released model shares 8 KV heads among them, so
+# 1.25 GiB.
 
 # %%
 mha70 = replace(MODELS["llama-2-70b"], name="llama-2-70b (64 KV heads)", num_kv_heads=64)
@@ -200,7 +198,7 @@ fig
 # %% [markdown]
 # ## 4. Static vs continuous batching
 #
-# **The seeds' worked exercise.** Ten requests arrive together: 8 generate 100 tokens, 2 generate 1000;
+# **A worked example.** Ten requests arrive together: 8 generate 100 tokens, 2 generate 1000;
 # every step costs 10 ms whatever the batch. *Static batching* runs the group until its longest member
 # finishes and returns everyone together ("a long-distance bus that departs only after all passengers
 # have boarded and arrives at the destination where all passengers disembark together"). *Continuous
@@ -209,7 +207,7 @@ fig
 # model) on the modeled clock, `ConstantStepTime(0.010)`:
 
 # %%
-def seeds_example(batching):
+def worked_example(batching):
     llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.010),
               batching=batching, max_num_seqs=10, max_model_len=1100, record="summary")   # no per-block KV map: totals are enough here
     for i, n in enumerate([100] * 8 + [1000] * 2):
@@ -217,7 +215,7 @@ def seeds_example(batching):
                                request_id=f"{'short' if n == 100 else 'long'}{i}", arrival_time=0.0)
     return llm.engine, llm.engine.run()
 
-runs = {b: seeds_example(b) for b in ("static", "continuous")}
+runs = {b: worked_example(b) for b in ("static", "continuous")}
 for batching, (eng, recs) in runs.items():
     done = {rid: r.metrics.finish_time for rid, r in eng.requests.items()}
     short = [t for rid, t in done.items() if rid.startswith("short")]
@@ -225,17 +223,18 @@ for batching, (eng, recs) in runs.items():
           f"long ones after {max(done.values()):5.2f} s ({len(recs)} steps)")
 
 # %% [markdown]
-# The seeds' reference answer, reproduced: 10 s vs 1 s for the short requests. The timelines show where
-# static batching's time goes: short requests finish generating after 1 s and then sit, done but held,
+# The printed averages are the hand calculation: a short request's 100 tokens take 100 steps, 1 s, but
+# static batching returns it with the long ones after 1000 steps, 10 s. The two timelines below are
+# **Figure 1**, static against continuous batching; they show where static batching's time goes: short requests finish generating after 1 s and then sit, done but held,
 # until the long ones end (*tail padding*).
 
 # %%
 eng, recs = runs["static"]
-figures.gantt_figure(recs, eng.requests, title="static batching: finished short requests wait for the long ones")
+figures.gantt_figure(recs, eng.requests, title="Figure 1a, static batching: finished short requests wait for the long ones")
 
 # %%
 eng, recs = runs["continuous"]
-figures.gantt_figure(recs, eng.requests, title="continuous batching: each request leaves when it is done")
+figures.gantt_figure(recs, eng.requests, title="Figure 1b, continuous batching: each request leaves when it is done")
 
 # %% [markdown]
 # **A long-tail trace.** Real output lengths are uneven ("a few extremely long requests drag down overall
@@ -266,16 +265,21 @@ figures.latency_cdf_figure({b: e.request_metrics() for b, (e, _, _) in served.it
 
 
 # %% [markdown]
-# Continuous batching keeps the batch full (compare the mean batch), so the same hardware produces
-# several times the tokens per second, and a request no longer waits for strangers' long answers
-# (the seeds cite vLLM's 2-4x throughput on ShareGPT). It is the baseline of every modern engine and of
+# Continuous batching keeps the batch full (compare the mean batch printed above), so the same hardware
+# produces more tokens per second, and a request no longer waits for strangers' long answers. The idea,
+# *iteration-level scheduling*, comes from Orca (Yu et al., OSDI 2022), which reports 36.9x the
+# throughput of NVIDIA FasterTransformer, a request-level (static) batching system, at the same latency
+# on GPT-3 175B. (vLLM's often-quoted 2-4x over FasterTransformer and Orca, Kwon et al., SOSP 2023, is a
+# different comparison: paged KV memory against systems that already batch per iteration or not; it is
+# the subject of notebook 02.) It is the baseline of every modern engine and of
 # the rest of this series: "Schedule per step, not per request."
 
 # %% [markdown]
 # ## 5. Inside one step: the token budget and the KV retained
 #
 # Continuous batching asks the same questions before every step: which requests finished, which
-# continue, which waiting ones can join? The seeds' Figure 2 walks through it with at most two requests:
+# continue, which waiting ones can join? Figure 2 (steps 0 to 2 of the widget below) walks through it
+# with at most two requests:
 # A finishes, B continues, C and D wait; after A is cleaned up, B's decode and C's prefill form the next
 # batch while D keeps waiting. Figure 3 then counts **two different resources**:
 #
@@ -336,7 +340,7 @@ print(check_paged_attention(fig23.engine))   # the Triton kernel against its tor
 # Each exercise is a function in `exercises/ex01_batching.py`, graded against the engine. The cells call
 # your version; until you write it, they print a one-line reminder instead.
 #
-# **Exercise 1, `kv_cache_bytes(model, num_tokens, batch)`**: the seeds' $M_{KV}$ formula. The grader
+# **Exercise 1, `kv_cache_bytes(model, num_tokens, batch)`**: the $M_{KV}$ formula of section 3. The grader
 # also checks it predicts the size of the KV tensors the engine really allocates.
 
 # %% [markdown]
@@ -353,7 +357,7 @@ print(check_paged_attention(fig23.engine))   # the Triton kernel against its tor
 
 # %%
 with impl.attempt("ex01.kv_cache_bytes"):
-    print(f"{ex.kv_cache_bytes(mha70, 4096) / 1e9:.2f} GB  (the seeds: approximately 10 GB)")
+    print(f"{ex.kv_cache_bytes(mha70, 4096) / 1e9:.2f} GB  (section 3: about 10 GiB, 10.7 GB)")
 
 # %% [markdown]
 # **Exercise 2, `max_batch_size(hardware, model, max_len)`**: how many requests of `max_len` positions fit
@@ -378,7 +382,7 @@ with impl.attempt("ex01.max_batch_size"):
 
 # %% [markdown]
 # **Exercise 3, `decode_step_time(model, hardware, batch, context_len)`**: one decode step on the roofline
-# (section 1). Your curve should reproduce the seeds' 20x / 1.5x.
+# (section 1). Your ratios should match the modeled H100's printed in section 2 (about 20x / 1.5x).
 
 # %% [markdown]
 # <details><summary>Hint 1</summary>
@@ -455,5 +459,5 @@ with impl.attempt("ex01.plan_step"):
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex01 tests/test_exercises.py -k plan_step   # one exercise
 # ```
 #
-# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).

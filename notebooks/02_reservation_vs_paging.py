@@ -19,14 +19,14 @@
 # output will end. The memory manager must decide *when* to give a request the memory it will need.
 #
 # * **Max-length reservation**: at admission, set aside one contiguous region for the most positions the
-#   request may ever use (prompt + `max_tokens`). Simple: the region never needs to grow. Wasteful: "If
-#   B finishes before using all 20 positions, the remaining space will have gone unused. While generation
-#   is still in progress, there is also space that has not yet been filled."
+#   request may ever use (prompt + `max_tokens`). Simple: the region never needs to grow. Wasteful: a
+#   request that stops early never uses the rest of its region, and while it is still generating, the
+#   positions it has not filled yet sit idle, out of every other request's reach.
 # * **Paging** (PagedAttention): cut the cache into fixed-size *blocks* and give a request a block only
 #   when its last one is full. A *block table* lists a request's blocks, which need not be contiguous;
 #   the attention kernel reads KV through it.
 #
-# This notebook steps the seeds' Figure 4 live in both modes side by side, checks the kernel on both
+# This notebook steps **Figure 4** (the same two requests under reservation and under paging) live, side by side, checks the kernel on both
 # caches, measures the waste and its cost on a realistic trace, weighs the block size, and ends with a
 # quantized KV cache: more positions in the same memory, and what that costs in quality.
 
@@ -53,15 +53,15 @@ ex = impl.load("ex02_paging")     # your exercises/ex02_paging.py (MINILLM_IMPL=
 # %% [markdown]
 # ## 1. Figure 4: an unused reservation makes C wait
 #
-# The seeds' setting: a KV capacity of 24 positions, an execution-token budget of 8 tokens, at most two
+# The setting: a KV capacity of 24 positions, an execution-token budget of 8 tokens, at most two
 # requests. B has a 5-token prompt and `max_tokens=15`: under reservation it holds **20 positions** from
 # the start. After two steps B has KV for 6 positions; the other 14 are *reserved but unused*. Then C
 # arrives with a 6-token prompt.
 #
 # Both engines below get exactly these requests: `kv_allocation="reserved"` on the left,
 # `kv_allocation="paged"` on the right (`block_size=1`, so each cell of the map is one position; hatched
-# cells are reserved but unused). The clock is modeled at 10 ms per step and C arrives at 15 ms, just
-# after B's second step. Every Step runs the Triton kernel in both engines (on the tiny random model,
+# cells are reserved but unused). The clock is modeled at 10 ms per step and C arrives at 15 ms, during
+# B's second step, so it can join from the third (a batch is formed only between steps). Every Step runs the Triton kernel in both engines (on the tiny random model,
 # `model="random"`: only the number of tokens matters here, and it keeps a Step quick on a CPU).
 
 # %%
@@ -197,8 +197,9 @@ figures.latency_cdf_figure({name: eng.request_metrics() for name, (eng, _, _) in
 
 # %% [markdown]
 # The reserved engine keeps a large share of its memory for tokens not generated yet, plus gaps between
-# regions that no new reservation fits; the paged one fills nearly all of it. (The seeds quote the
-# PagedAttention paper's measurement: memory utilisation from about 41% to nearly 100%.) It admits fewer requests at a time, so its batches are smaller,
+# regions that no new reservation fits; the paged one fills nearly all of it. (The PagedAttention
+# paper, Kwon et al., SOSP 2023, measured that earlier systems hold actual token states in only 20.4% to
+# 38.2% of their KV memory, against 96.3% in vLLM.) It admits fewer requests at a time, so its batches are smaller,
 # its throughput lower and its queue longer. The paged engine wastes only the unfilled tail of each
 # request's last block. It pays differently: it admits requests without knowing whether their future
 # tokens will fit, and when the cache fills up it must **preempt** a running request (notebook 05).
@@ -364,7 +365,8 @@ with impl.attempt("ex02.blocks_needed / partial_block_waste"):
 
 # %% [markdown]
 # **Exercise 3, `BlockAllocator`**: the free list of a paged cache with reference counts, `allocate()`
-# and `free(blocks)`. Below, Figure 4's paged engine with your allocator inside.
+# and `free(blocks)`. Below, Figure 4's paged engine with your allocator inside (it counts blocks with
+# your `blocks_needed` from exercise 1, so that one must work too).
 
 # %% [markdown]
 # <details><summary>Hint 1</summary>
@@ -379,7 +381,7 @@ with impl.attempt("ex02.blocks_needed / partial_block_waste"):
 # </details>
 
 # %%
-with impl.attempt("ex02.BlockAllocator"):
+with impl.attempt("ex02.paged_engine (your blocks_needed and BlockAllocator)"):
     llm = ex.paged_engine(model="random", executor="simulated", block_size=1, num_kv_blocks=24,
                           max_num_batched_tokens=8, max_num_seqs=2, clock="modeled", cost_model=0.010)
     llm.engine.add_request(list(range(100, 105)), SamplingParams(max_tokens=15, ignore_eos=True), request_id="B")
@@ -471,5 +473,5 @@ with impl.attempt("ex08.quantize_block"):
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex02 tests/test_exercises.py -k first_fit   # one exercise
 # ```
 #
-# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).

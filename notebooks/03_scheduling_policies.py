@@ -16,12 +16,10 @@
 # # 03 · Scheduling policies
 #
 # Continuous batching decides *when* requests join and leave the batch; it does not decide *which*
-# waiting request goes next when there is room for only some. The seeds: "Continuous batching solves
-# the problem of when to add and remove requests, but it does not answer the question of 'which
-# request to add.'" The scheduler's inputs are the waiting queue, the running set and the resource
-# state (free slots, free KV memory); its objective is "a balance among latency (minimizing request
-# queuing and execution times), throughput (maximizing token output per unit time), and fairness
-# (avoiding indefinite postponement of certain requests)."
+# waiting request goes next when there is room for only some. The scheduler's inputs are the waiting
+# queue, the running set and the resource state (free slots, free KV memory); its objective is a balance
+# among latency (short queueing and execution times), throughput (tokens per unit time) and fairness (no
+# request postponed indefinitely).
 #
 # | Policy | Behavior | Good for | Weakness |
 # |---|---|---|---|
@@ -30,7 +28,7 @@
 # | Priority classes | Tiered service levels | Mixed workloads | Needs careful class definition |
 # | Fair queuing | Equal share per user | Multi-tenant systems | More bookkeeping |
 #
-# That table (the seeds') is the plan of this notebook, with MLFQ, the seeds' "classic compromise",
+# That table is the plan of this notebook, with MLFQ, the classic compromise from operating systems,
 # and two questions about the scheduler itself:
 #
 # 1. FCFS and head-of-line blocking, stepped live: FCFS and SJF side by side;
@@ -39,7 +37,7 @@
 # 4. MLFQ: token quanta, demotion, boosting;
 # 5. fair queuing when one tenant floods;
 # 6. prefill against decode: prefill-priority, decode-priority, chunked prefill;
-# 7. scheduling every N steps (the seeds' worked exercise);
+# 7. scheduling every N steps (a worked example);
 # 8. at scale: goodput under SLOs, load shedding, and the tail as load rises;
 # 9. exercises: SJF with aging, MLFQ and fair queuing, written as policies and run inside the engine.
 #
@@ -71,7 +69,7 @@ from minillm.workloads import LogNormal, TraceRequest, Uniform
 
 ex = impl.load("ex03_policies")    # your exercises/ex03_policies.py (MINILLM_IMPL=solutions: the answers);
                                    # re-run this cell after editing the file: impl.load reads it again
-TEN_MS = ConstantStepTime(0.010)   # the seeds' exercises: every step takes 10 ms, whatever the batch
+TEN_MS = ConstantStepTime(0.010)   # the worked examples' assumption: every step takes 10 ms, whatever the batch
 
 def served(trace, policy="fcfs", cost_model=TEN_MS, **config):
     """Replay a trace on the simulated executor (the real scheduler and KV manager, no forward pass) on the
@@ -165,8 +163,8 @@ eng, _, _ = hol_runs["SJF"]
 figures.gantt_figure(eng.step_records, eng.requests, title="SJF: the short requests go first, L a few steps later")
 
 # %% [markdown]
-# The seeds' supermarket: "someone buying a bottle of water does not have to wait for someone with a
-# full cart." L finishes later under SJF, the three short requests far sooner, and the mean over all
+# It is the supermarket's express lane: someone buying a bottle of water does not wait behind a full
+# cart. L finishes later under SJF, the three short requests far sooner, and the mean over all
 # six drops. In a
 # real service the blocking request is often a long *prompt*: "a request with 2000 input tokens may
 # take hundreds of milliseconds or even seconds for its Prefill, during which other requests in the
@@ -190,11 +188,10 @@ figures.latency_cdf_figure(sjf_runs, metrics=("e2e_latency",), unit="s",
 
 # %% [markdown]
 # Same total work, same finish for the last request; but most requests are done much sooner. The
-# catch: "the generation length of a request is unknowable before execution." SJF needs a
-# **prediction**, and the seeds list three sources: historical statistics ("the average generation
-# length of similar requests from the same API endpoint or user group"), signals in the prompt ("a
-# prompt containing 'brief answer' suggests a shorter generation, while one containing 'explain in
-# detail' suggests a longer one"), and a small model. minillm has the first two
+# catch: a request's output length is unknown until it has been generated. SJF needs a **prediction**,
+# from one of three sources: historical statistics (the mean output length of similar requests from the
+# same API endpoint or user group), signals in the prompt ("brief answer" suggests a short output,
+# "explain in detail" a long one), or a small learned model. minillm has the first two
 # (`HistoryPredictor`, `PromptPredictor`):
 
 # %%
@@ -268,10 +265,9 @@ fig
 # %% [markdown]
 # Without aging L waits for the whole stream to end ("long requests can starve"). With aging its wait
 # is bounded, and the more aging, the sooner it runs; the short requests pay for it, and at large
-# aging SJF has turned back into FCFS. The seeds' verdict on the whole approach: "Since output length
-# is unknown in advance, 'shortest-first' requires prediction, and mispredictions cause the starvation
-# it was meant to avoid. Most production systems use FCFS with priority classes and explicit preemption
-# rather than trying to predict."
+# aging SJF has turned back into FCFS. Since output length is unknown in advance, shortest-first needs a
+# prediction, and mispredictions cause the starvation it was meant to avoid; that is why most production
+# systems use FCFS with priority classes and explicit preemption rather than predicting lengths.
 #
 # ## 3. Priority classes, and priority inversion
 #
@@ -355,9 +351,10 @@ fig.update_layout(title=f"MLFQ level over time ({mlfq.num_boosts} boosts, every 
 fig
 
 # %% [markdown]
-# The seeds' advice on the knobs: "typically 3-5 levels"; quanta "set based on the request length
-# distribution, so that most short requests complete within the highest-priority queue"; the boost
-# "typically set to several tens of seconds, matching the average request lifecycle".
+# Rules of thumb for the knobs: typically 3 to 5 levels; quanta set from the distribution of request
+# lengths, so that most short requests complete in the top queue; a boost period of several tens of
+# seconds, around a request's typical lifetime. (FastServe, Wu et al., 2023, applies MLFQ to LLM
+# serving, with a "skip-join" variant that places a new request at the level its prefill time calls for.)
 #
 # ## 5. Fair queuing when one tenant floods
 #
@@ -407,10 +404,9 @@ fig
 #
 # ## 6. Prefill against decode
 #
-# The seeds' example of FCFS's blocking: "Suppose there are 10 requests decoding in the batch, and the
-# scheduler selects a new request with an input length of 2000 tokens to join the batch ... The Prefill
-# of this new request takes about 500ms, during which all 10 decoding requests are paused." Three
-# answers, from the seeds' table:
+# An example of FCFS's blocking: 10 requests are decoding when the scheduler admits one with a
+# 2000-token prompt. Its prefill takes about 500 ms (at 4000 prompt tokens per second), and all 10
+# decodes pause for it. Three answers (chunked prefill is Sarathi-Serve's, Agrawal et al., OSDI 2024):
 #
 # | Approach | Idea | Tradeoff |
 # |---|---|---|
@@ -454,13 +450,11 @@ fig
 #
 # ## 7. Scheduling every N steps
 #
-# The scheduling pass itself costs time, and continuous batching pays it every step. The seeds'
-# exercise: "a GPU Decode time of 15ms per step and a scheduling overhead of 0.5ms. If the scheduling
-# frequency is changed from every step to every 5 steps, calculate the change in scheduling overhead
-# ratio and the potential resource waste." The reference answer: 0.5 / 15 = 3.3% becomes
-# 0.5 / (15 x 5) = 0.67%; "completed requests may wait up to 4 steps (about 60ms) before being removed
-# from the batch, and new requests may wait up to 5 steps (about 75ms) before being added", and 60 ms
-# is "about 0.8%" of a 500-token request's 7500 ms. With `schedule_every=N` minillm re-forms the batch
+# The scheduling pass itself costs time, and continuous batching pays it every step. A worked
+# example: a decode step takes 15 ms and the scheduling pass 0.5 ms. Scheduling every 5 steps instead of
+# every step cuts the overhead from 0.5 / 15 = 3.3% to 0.5 / (15 x 5) = 0.67%. The price: a finished
+# request may stay in the batch up to 4 steps (60 ms) before it is removed, about 0.8% of a 500-token
+# request's 7500 ms, and a new request may wait up to 5 steps (75 ms) before it is added. With `schedule_every=N` minillm re-forms the batch
 # only every N steps; in between it reuses the running set, and a request that finishes is returned at
 # the next pass.
 
@@ -478,18 +472,21 @@ for n in (1, 5):
     admit = max(m2[f"new{i}"].queue_wait for i in range(30))
     print(f"schedule every {n} step(s): overhead {sched / forward:6.2%} of decode time; a finished request is held "
           f"up to {held * 1e3:3.0f} ms ({held / (500 * 0.015):.2%} of 500 x 15 ms); a new one waits up to {admit * 1e3:3.0f} ms")
+    assert held <= (n - 1) * 0.0155 + 1e-9 and admit <= n * 0.0155 + 1e-9   # the hand calculation's bounds (with the pass)
 
 # %% [markdown]
-# The seeds' numbers, from the engine's own step records: the overhead falls five-fold, a finished
-# request is held at most 4 steps (60 ms, 0.8% of a 7.5 s answer), a newcomer waits at most 5 steps
-# (75 ms, plus the pass itself). The seeds' conclusion: "For latency-sensitive scenarios, this
-# increase is acceptable; for throughput-priority scenarios, reducing scheduling overhead is more
-# valuable," though vLLM keeps per-step scheduling, because paging keeps the pass cheap.
+# The engine's own step records reproduce the hand calculation: the overhead falls five-fold, and a
+# finished request is held at most 4 steps (60 ms, 0.8% of a 7.5 s answer). A newcomer waits at most
+# 5 steps (75 ms, plus the passes; the cell asserts both bounds); the longest wait printed is shorter
+# because none of these 30 arrivals lands at the very worst moment, just after a pass. Where latency
+# matters most the extra wait is acceptable; where throughput matters most the saved overhead is worth
+# more. vLLM nevertheless schedules every step, because paging keeps the pass cheap.
 #
 # ## 8. At scale: goodput, load shedding, and the tail
 #
-# The seeds' metrics: *throughput* (tokens per second), *TTFT* and *TPOT*, and **goodput**,
-# "throughput meeting latency SLOs ... the honest combined metric." Here 500 requests of chat-like
+# The metrics: *throughput* (tokens per second), *TTFT* and *TPOT*, and **goodput**, the rate of
+# requests served within their latency SLOs (the quantity DistServe, Zhong et al., OSDI 2024, optimises),
+# the honest combination of the others. Here 500 requests of chat-like
 # traffic (log-normal prompts around 512 tokens, answers around 128, both with long tails) arrive as a
 # Poisson process and are served by a modeled Llama-2-70B on four H100s (`simulate`'s default), at
 # most 64 at once, at six rising rates (3,000 requests, a couple of seconds of simulation per rate). The SLOs:
@@ -533,8 +530,8 @@ fig
 # requests that miss their SLO. "Throughput and latency trade off directly through batch size.
 # Reporting either alone is misleading."
 #
-# **Shedding load.** The seeds' fix for "tail latency far worse than median: unbounded queueing" is to
-# "cap queue depth; shed load", because "rejecting a request cleanly beats accepting it and timing out".
+# **Shedding load.** When the tail is far worse than the median because the queue is unbounded, the fix
+# is to cap the queue's depth and shed load: rejecting a request cleanly beats accepting it and timing out.
 # `max_queue_len` rejects newcomers beyond that many waiting requests. At about 10 requests served per
 # second and a 2 s TTFT target, a queue much longer than 20 cannot be served in time; cap it at 16:
 
@@ -549,8 +546,8 @@ for rate in (16, 20):
 # %% [markdown]
 # With the cap, the requests that are accepted are served within their SLO, so goodput stays near the
 # machine's capacity instead of collapsing; the rejected ones get an immediate, explicit "no" they can
-# retry elsewhere. The seeds' rules of thumb this section illustrates: "Measure goodput", "Watch the
-# tail", and "Shed load explicitly."
+# retry elsewhere. The rules of thumb this section illustrates: measure goodput, watch the tail,
+# and shed load explicitly.
 
 # %% [markdown]
 # ## Exercises
@@ -637,5 +634,5 @@ with impl.attempt("ex03.FairPolicy"):
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex03 tests/test_exercises.py -k mlfq   # one exercise
 # ```
 #
-# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).

@@ -15,22 +15,21 @@
 # %% [markdown]
 # # 04 · Prefix caching
 #
-# "Many inference requests share the same prefix, with the most typical example being system prompts.
-# ... Without optimization, each request independently computes and caches KV Cache for these
-# identical prefixes, resulting in massive redundant computation and GPU memory waste." Prefix caching
-# computes the KV of a shared prefix once and lets every later request reuse it, which, in the seeds'
-# words, cuts "Prefill computation (saving GPU compute)", "KV Cache memory usage (saving GPU memory)",
-# and "time-to-first-token (TTFT) because the shared prefix Prefill is skipped".
+# Many requests share the same prefix, a system prompt most of all. Without help, each request computes
+# and stores the KV of that identical prefix again: redundant compute and wasted GPU memory. Prefix
+# caching computes the KV of a shared prefix once and lets every later request reuse it, which cuts three
+# things: prefill computation (GPU compute), KV memory (one copy instead of many), and the time to the
+# first token (the shared part of the prefill is skipped).
 #
-# Paging makes it natural: "Prefix caching simply requires requests sharing the same prefix to point to
-# the same set of physical blocks." This notebook builds it up from the pieces:
+# Paging makes it natural: requests that share a prefix simply point to the same physical blocks (the
+# sharing PagedAttention was designed for, Kwon et al., SOSP 2023). This notebook builds it up from the pieces:
 #
 # 1. the block hash, a chain: how a request finds the blocks it can reuse;
 # 2. reference counts and LRU eviction, stepped live on the real engine;
 # 3. a shared system prompt at scale: hit rate, prefill saved, TTFT, memory;
 # 4. multi-turn chat: each turn prefills only its new tokens;
 # 5. what invalidates the cache: editing an early part of the prefix;
-# 6. what it is worth: the seeds' cache-hit pricing;
+# 6. what it is worth: cache-hit pricing;
 # 7. exercises: the block hash, the longest-prefix match, and eviction.
 #
 # minillm's prefix cache is *automatic* (vLLM's APC): nobody marks a prefix as shareable; every full
@@ -93,10 +92,9 @@ print("\nthe same four tokens after another prefix get another key:",
 
 # %% [markdown]
 # A new request computes the keys of its blocks in order and looks each one up; the first miss ends the
-# match, since every later key is chained on the missing one. The seeds' example: "If the hashes of the
-# first 10 blocks match, the KV Cache for these 160 tokens can be directly reused (assuming a block
-# size of 16 tokens), and Prefill only needs to be performed for tokens starting from the 11th block
-# onward." The engine, blocks of 16: a first request with a 165-token shared prefix and its own
+# match, since every later key is chained on the missing one. For example, with blocks of 16
+# tokens, if the keys of the first 10 blocks match, the KV of those 160 tokens is reused and the prefill
+# starts at the 11th block. The engine, blocks of 16: a first request with a 165-token shared prefix and its own
 # question, then a second request with the same prefix and another question.
 
 # %%
@@ -113,15 +111,14 @@ print(f"second request: {len(shared) + 25} prompt tokens; KV reused for {e.num_c
 
 # %% [markdown]
 # The 11th block holds tokens 160 to 175: 5 shared ones and 11 that differ, so its key differs, and the
-# prefill starts at token 160, the seeds' "from the 11th block onward".
+# prefill starts at token 160: the 11th block onward.
 #
 # ## 2. Reference counts and LRU eviction, stepped
 #
-# "vLLM's APC implementation manages prefix reuse through block-level reference counting. Each physical
-# block maintains a reference count recording how many requests are using that block. When a new
-# request's prefix block hash matches an existing block, the block is directly reused and its reference
-# count is incremented. When a request completes, the reference count is decremented, and blocks with a
-# reference count of zero are recycled."
+# vLLM's automatic prefix caching (APC) counts references per block: each physical block records how
+# many requests use it. When a new request's block key matches a cached block, the block is reused and
+# its count goes up; when a request finishes, the count goes down, and a block whose count reaches zero
+# can be recycled.
 #
 # *Recycled*, in minillm, means: back on the free list **with its KV and its key intact**, so a later
 # request with the same prefix can take it back. Only when a fresh block is needed and the free list
@@ -248,7 +245,7 @@ figures.latency_cdf_figure({name: list(m.values()) for name, (_, m, _) in apc_ru
                            metrics=("ttft", "e2e_latency"), unit="s", title="time to first token and end-to-end latency")
 
 # %% [markdown]
-# All three of the seeds' savings, and here memory is the one that matters most. Without the cache
+# All three savings, and here memory is the one that matters most. Without the cache
 # every request holds its own copy of the 1024-token prompt, so 8 GiB holds about a dozen requests; the
 # queue grows, the cache overflows into preemptions, and the first token takes seconds. With it the
 # prompt's 64 blocks exist once, each request adds only its question and answer, and every prompt after
@@ -256,10 +253,9 @@ figures.latency_cdf_figure({name: list(m.values()) for name, (_, m, _) in apc_ru
 #
 # ## 4. Multi-turn chat
 #
-# "In a dialogue system, each turn's input includes the context from all previous turns (user messages
-# and assistant responses), and the KV Cache for this context can be directly reused. Without prefix
-# caching, the k-th turn requires Prefill of the entire context ... With prefix caching, only the new
-# user message needs Prefill ... reducing Prefill time from O(n_total) to O(n_new)."
+# In a conversation each turn's input includes all previous turns (user messages and assistant answers),
+# and the KV of that context can be reused. Without a prefix cache, turn k prefills the entire context;
+# with one, only what is new, which cuts the prefill from O(n_total) to O(n_new).
 #
 # 40 conversations of 6 turns: a 512-token system prompt, user messages around 64 tokens, answers
 # around 128, about 8 s of "think time" between turns. (The trace scripts each answer into the next
@@ -291,17 +287,15 @@ fig
 # whatever the length of the conversation. With 8 GiB the forty conversations' contexts do not all
 # fit: while a user thinks, other conversations need blocks, the free list evicts the oldest prefixes,
 # and later turns recompute part of their history. A prefix cache is only as good as its capacity,
-# which is why DeepSeek V4, the seeds' industrial example, "supports on-disk KV Cache storage". On
-# agentic workloads, where "each turn appends only a few hundred tokens to a context that already
-# contains tens of thousands or even hundreds of thousands of tokens", it reports a hit rate of up to
-# 98.7%.
+# which is why some providers keep cached prefixes on disk as well (DeepSeek's API has done so since
+# 2024). Agentic workloads are where it pays most: each turn appends a few hundred tokens to a context of
+# tens or hundreds of thousands, so a turn of 200 new tokens on 20,000 cached ones is a 99% hit.
 #
 # ## 5. What invalidates the cache
 #
-# Chaining has a consequence: "If the generation result of an intermediate turn is modified — for
-# example, in a coding scenario where the user edits tool listings, global prompts, or other information
-# originally placed in the prefix cache (such as CLAUDE.md, AGENTS.md files) — the KV Cache of all
-# subsequent turns is invalidated and must be recomputed from scratch." An agent's context of 2048
+# Chaining has a consequence: if anything early in the context changes (a coding agent's user edits the
+# tool list, the global prompt, or a project-notes file such as AGENTS.md that sits in the cached prefix),
+# the KV of everything after it is invalidated and must be recomputed. An agent's context of 2048
 # tokens (tool list and project notes first, then the conversation) is cached; then one token is edited
 # at a given position and the context is sent again:
 
@@ -327,18 +321,17 @@ fig
 
 # %% [markdown]
 # An edit in the first block (the tool list, the system prompt) costs the whole context; an edit near
-# the end costs almost nothing. Hence the seeds' design rule: "the prefix content should remain as
-# stable as possible." Put what changes (timestamps, the latest message) at the end; keep tool
+# the end costs almost nothing. Hence the design rule: keep the prefix as stable as possible. Put what changes (timestamps, the latest message) at the end; keep tool
 # definitions and instructions fixed, and first.
 #
 # ## 6. What it is worth
 #
-# "The economic effect of cache reuse is directly reflected in API pricing. In DeepSeek V4 Flash's API
-# pricing, cache-hit input is \$0.0028/1M tokens, while cache-miss input is \$0.14/1M tokens — input cost
-# is reduced by about 50x when the cache is hit." A workload pays a blend, weighted by its hit rate:
+# Providers pass the saving on in their API prices. DeepSeek's published prices for its V4 Flash model,
+# for example, charge \$0.0028 per million input tokens on a cache hit and \$0.14 on a miss, 50x more.
+# A workload pays a blend, weighted by its hit rate:
 
 # %%
-HIT, MISS = 0.0028, 0.14                    # $ per 1M input tokens, the seeds' DeepSeek V4 Flash prices
+HIT, MISS = 0.0028, 0.14                    # $ per 1M input tokens: DeepSeek V4 Flash, cache hit and miss
 print(f"a hit costs {MISS / HIT:.0f}x less than a miss")
 
 def price(hit_rate):
@@ -346,9 +339,10 @@ def price(hit_rate):
 
 points = {"no cache": 0.0, "shared system prompt (section 3)": apc_runs["prefix cache"][2]["prefix_cache_hit_rate"],
           "multi-turn chat, 32 GiB (section 4)": chat_runs["32 GiB of KV"][0]["prefix_cache_hit_rate"],
-          "the seeds' agentic workload": 0.987}
+          "agentic turn, 200 new on 20,000 cached": 20_000 / 20_200}
 for name, h in points.items():
-    print(f"{name:<34} hit rate {h:6.1%}: ${price(h):.4f} per 1M input tokens, {MISS / price(h):4.1f}x less than no cache")
+    print(f"{name:<40} hit rate {h:6.1%}: ${price(h):.4f} per 1M input tokens, {MISS / price(h):4.1f}x less than "
+          f"no cache; the misses are {(1 - h) * MISS / price(h):4.0%} of the bill")
 h = np.linspace(0, 1, 201)
 fig = go.Figure(go.Scatter(x=h, y=price(h), mode="lines", name="effective price"))
 for name, hr in points.items():
@@ -359,9 +353,9 @@ fig.update_layout(title="input price vs cache hit rate", xaxis=dict(title="cache
 fig
 
 # %% [markdown]
-# The price falls slowly until the hit rate is high, then fast: even at 98.7% the 1.3% of misses make
-# up about two fifths of the bill. "A high cache hit rate is not just a technical metric but also a
-# commercial competitive advantage."
+# The price falls slowly until the hit rate is high, then fast: even on the agentic turn, at 99%, the 1%
+# of misses is still about a third of the bill (the last line printed). A high hit rate is a commercial
+# advantage, not just a technical metric.
 
 # %% [markdown]
 # ## Exercises
@@ -433,5 +427,5 @@ with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex04 tests/test_exercises.py -k pool   # one exercise
 # ```
 #
-# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).

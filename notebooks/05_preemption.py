@@ -17,20 +17,21 @@
 #
 # Paging admits a request as soon as its prompt fits, without knowing how long its answer will be
 # (notebook 02). So the cache can fill up while everyone is still generating, and then a running request
-# needs a block that does not exist. The seeds: "under high load, even with prefix caching, GPU memory
-# may still be insufficient to simultaneously accommodate the KV Cache of all active requests. At this
-# point, a choice must be made: pause certain requests to free memory for more important ones."
+# needs a block that does not exist. Under high load, even with prefix caching, GPU memory may not hold
+# the KV of every active request, and the engine must pause some requests to free memory for others.
 #
-# Two ways to pause one:
+# Two ways to pause one (both in vLLM, Kwon et al., SOSP 2023, section 4.5):
 #
-# - **Swap**: "move its KV cache to slower memory, restore later. Preserves work, costs bandwidth."
-# - **Recompute**: "discard the cache, re-run prefill on resume. Frees memory immediately, wastes prior work."
+# - **Swap**: move its KV cache to slower (host) memory and restore it later. Keeps the work, costs
+#   bandwidth.
+# - **Recompute**: discard its KV cache and run the prefill again on resume. Frees memory at once, wastes
+#   the work done.
 #
-# Either way the decision happens between steps: "After each Decode step, the scheduler can check whether
-# preemption or eviction is needed without interrupting an executing Decode step." This notebook:
+# Either way the decision happens between steps: after each step the scheduler checks whether it must
+# preempt; a step in flight is never interrupted. This notebook:
 #
 # 1. memory pressure and the victim, stepped live: recompute and swap side by side;
-# 2. recompute or swap: the seeds' cost rule, and a map of which one wins;
+# 2. recompute or swap: a cost rule, and a map of which one wins;
 # 3. at scale: recompute, swap, and the rule choosing per victim;
 # 4. thrashing, and how headroom damps it;
 # 5. priority preemption: pushing a lower class out of memory;
@@ -80,7 +81,9 @@ def serve(trace, cost_model=H100, **config):
 # and 5 tokens and answers of 7, 7 and 6 tokens. All three prompts fit (18 positions), so all three are
 # admitted at once; together they will need 35. Left: `preemption_mode="recompute"`. Right:
 # `preemption_mode="swap"` with a host pool of 12 blocks (`num_swap_blocks`). Each Step runs the Triton
-# attention kernel (and, on the right, the block-copy kernel when blocks move to or from the host).
+# attention kernel. On the right, blocks that move to or from the host are copied with plain torch
+# copies (`kernels.swap_blocks`): a host-device transfer is the work of the GPU's copy engines (DMA), not
+# of a kernel.
 
 # %%
 def pressure_engine(mode):
@@ -138,22 +141,22 @@ for name, llm in zip(pressure.names, pressure_runs):
           f"({e.num_computed_before} positions already in the cache); the run takes {len(records)} steps")
 
 # %% [markdown]
-# With recompute C's return is a prefill of its 5 prompt tokens *and* the 4 it had generated: "the
-# recovery time for eviction is (n_input + n_generated) / S_prefill." With swap its blocks are copied
-# back and it simply decodes its next token: "the recovery time for preemption is M_KV / B_PCIe." Both
+# With recompute C's return is a prefill of its 5 prompt tokens *and* the 4 it had generated, so its
+# recovery takes (n_input + n_generated) / S_prefill at a prefill speed of S_prefill tokens/s. With swap
+# its blocks are copied back and it simply decodes its next token: recovery takes M_KV / B_PCIe, its KV
+# bytes over the host link's bandwidth. Both
 # give the same tokens (greedy decoding here); only the cost differs.
 #
 # ## 2. Recompute or swap: the cost rule
 #
-# "Which strategy to choose depends on the ratio between the preempted request's KV Cache size and its
-# input length ... When M_KV / B_PCIe < n_input / S_prefill, preemption [swap] is superior; otherwise,
-# eviction [recompute] is superior." The seeds' numbers: "PCIe 4.0 x16 provides approximately 32 GB/s,
-# PCIe 5.0 x16 provides approximately 64 GB/s, and copying a 1 GB KV Cache takes about 20ms", while "for
-# a request with an input length of 2000 tokens, Prefill may take about 500ms". minillm's
-# `costmodel.swap_or_recompute` is that rule:
+# Which is cheaper depends on how much KV the victim holds against how many tokens it would prefill
+# again: swap when M_KV / B_PCIe < (n_input + n_generated) / S_prefill, recompute otherwise. Typical
+# numbers: PCIe 4.0 x16 moves about 32 GB/s and PCIe 5.0 x16 about 64 GB/s, so 1 GB of KV crosses in
+# about 31 ms (16 ms on PCIe 5.0), while the prefill of a 2000-token prompt may take about 500 ms.
+# minillm's `costmodel.swap_or_recompute` is that rule:
 
 # %%
-print("the seeds' example, 1 GB over PCIe 4.0 vs 2000 tokens at 4000 tokens/s:",
+print("1 GB over PCIe 4.0 vs 2000 tokens at 4000 tokens/s:",
       swap_or_recompute(1e9, 2000, 32e9, 2000 / 0.5))
 print(f"Llama-2-7B on a modeled H100: {H100.model.kv_bytes_per_token / 2**10:.0f} KiB of KV per position; a 2000-token "
       f"prefill takes {H100.step_time([2000], [2000]) * 1e3:.0f} ms; its {2000 * H100.model.kv_bytes_per_token / 1e9:.2f} GB "
@@ -180,7 +183,7 @@ for model, color in (("llama-2-7b", "#c0392b"), ("llama-3-8b", "#6c3483")):
     per = RooflineCostModel("H100-SXM", model).model.kv_bytes_per_token
     fig.add_trace(go.Scatter(x=n_grid, y=n_grid * per / 1e9, mode="lines", line=dict(color=color, width=3),
                              name=f"{model} requests ({per / 2**10:.0f} KiB per position)"))
-fig.add_trace(go.Scatter(x=[2000], y=[1.0], mode="markers+text", text=["the seeds' example"], textposition="top center",
+fig.add_trace(go.Scatter(x=[2000], y=[1.0], mode="markers+text", text=["1 GB vs 2000 tokens"], textposition="top center",
                          marker=dict(size=12, color="black", symbol="star"), showlegend=False))
 fig.add_annotation(x=1200, y=4.0, text="recompute wins", showarrow=False, font=dict(size=14))
 fig.add_annotation(x=6500, y=0.5, text="swap wins", showarrow=False, font=dict(size=14))
@@ -193,11 +196,10 @@ fig
 # On its own PCIe 5.0 link, swapping Llama-2-7B's KV (half a megabyte per position: full multi-head
 # attention, 32 layers) beats recomputing it at every length, and grouped-query attention (Llama-3-8B,
 # a quarter of that) makes swapping cheaper still. Share the link four ways and Llama-2-7B's line
-# crosses into recompute territory. The rule is simple; its inputs are not. The seeds' other voice
-# adds what the rule leaves out: "Recomputation is often cheaper than it sounds, because prefill is
-# compute bound and efficient, while swapping consumes the bandwidth decode desperately needs", and it
-# needs host memory. Their rule of thumb: "Prefer recompute to swap under pressure, unless measurement
-# says otherwise."
+# crosses into recompute territory. The rule is simple; its inputs are not. And it leaves things out:
+# recomputation is often cheaper than it sounds, because prefill is compute bound and efficient, while
+# swapping takes bandwidth decode needs, and host memory. Hence a common rule of thumb: under pressure,
+# prefer recompute to swap unless measurement says otherwise.
 #
 # ## 3. At scale: recompute, swap, and the rule
 #
@@ -230,19 +232,17 @@ for name, cfg in modes.items():
 # recomputed prompt is prefilled *inside* a step that other requests' decodes share, where the extra
 # tokens use arithmetic the memory-bound decode left idle, while a copy is time added to the step it
 # happens in, in front of everyone's next token. (The modeled clock charges it that way; it does not
-# model the host memory a swap pool takes.) That is the seeds' "Recomputation is often cheaper than it
-# sounds, because prefill is compute bound and efficient, while swapping consumes the bandwidth decode
-# desperately needs", and why their rule of thumb is to prefer recompute "unless measurement says
-# otherwise." Either way the work lost is small next to the overload here: the queue, not the
+# model the host memory a swap pool takes.) That is why recomputation is often cheaper than it sounds,
+# and why the rule of thumb prefers it unless measurement says otherwise. Either way the work lost is small next to the overload here: the queue, not the
 # preemptions, sets the latency.
 #
 # ## 4. Thrashing, and headroom
 #
-# "Throughput collapses under load: preemption thrashing." The mechanism: at 100% of the cache, every
+# Under load, preemption can *thrash*. The mechanism: at 100% of the cache, every
 # growing request that needs a block forces a preemption; a preempted request goes back to the front of
 # the queue and is readmitted as soon as its prompt fits again, which fills the cache again, and the cycle
-# repeats, redoing prefills nobody asked for. The fixes: "Admission control; headroom; hysteresis." "Keep
-# headroom. A system at exactly 100% capacity has no room to absorb variance." minillm's `watermark` is
+# repeats, redoing prefills nobody asked for. The fixes are admission control, headroom and
+# hysteresis: a system at exactly 100% of its capacity has no room to absorb variance. minillm's `watermark` is
 # headroom: admission keeps that fraction of the blocks free, for running requests to grow into.
 
 # %%
@@ -254,6 +254,9 @@ for wm in watermarks:
     print(f"watermark {wm:4.0%}: {s['num_preemptions']:3d} preemptions ({s['preemption_rate']:4.2f} per s), "
           f"{wm_runs[wm][0]:>6,} tokens prefilled again | {s['output_throughput']:5.0f} tokens/s, mean batch "
           f"{s['batch_size_mean']:4.1f}, KV in use {s['kv_util_mean']:4.0%}")
+tput = {wm: s["output_throughput"] for wm, (_, s) in wm_runs.items()}
+print(f"throughput against no headroom: 5% {tput[0.05] / tput[0.0] - 1:+.1%}, 20% {tput[0.2] / tput[0.0] - 1:+.1%}")
+assert abs(tput[0.05] / tput[0.0] - 1) < 0.02 and tput[0.2] < tput[0.0]    # what the text below says
 useful = sum(r.prompt_len + r.output_len for r in burst)
 fig = make_subplots(specs=[[{"secondary_y": True}]])
 fig.add_trace(go.Bar(x=[f"{w:.0%}" for w in watermarks], y=[100 * wm_runs[w][0] / useful for w in watermarks],
@@ -268,9 +271,9 @@ fig
 
 # %% [markdown]
 # Without headroom the engine prefills a quarter as many tokens again as the trace holds. A few percent of
-# headroom removes most of it and throughput *rises*; with a fifth of the cache held back the batch
-# shrinks and throughput falls. The preemption rate is the symptom to watch ("high values indicate
-# thrashing"). On this modeled H100 a prefill is cheap, so thrashing wastes compute rather than
+# headroom removes most of it while throughput hardly moves (the line printed under the table); with a
+# fifth of the cache held back the batch shrinks and throughput falls. The preemption rate is the
+# symptom to watch: a high rate means thrashing. On this modeled H100 a prefill is cheap, so thrashing wastes compute rather than
 # collapsing throughput; where a prefill is expensive relative to a decode step (long prompts, slower
 # compute), the same cycle eats the machine.
 #
@@ -303,7 +306,7 @@ figures.gantt_figure(eng.step_records, eng.requests, title="the high-priority re
 #
 # In `exercises/ex05_preemption.py`; each runs inside the engine.
 #
-# **Exercise 1, `swap_time`, `recompute_time`, `swap_or_recompute`**: the seeds' rule (section 2).
+# **Exercise 1, `swap_time`, `recompute_time`, `swap_or_recompute`**: the cost rule of section 2.
 # `ex.YourCostModel` is the H100 roofline asking *your* rule whenever the engine preempts with
 # `preemption_mode="auto"`. Section 3's trace, with your rule deciding:
 
@@ -316,7 +319,7 @@ figures.gantt_figure(eng.step_records, eng.requests, title="the high-priority re
 
 # %%
 with impl.attempt("ex05.swap_or_recompute"):
-    print("the seeds' example:", ex.swap_or_recompute(1e9, 2000, 32e9, 4000.0))
+    print("1 GB over PCIe 4.0 vs a 2000-token prefill:", ex.swap_or_recompute(1e9, 2000, 32e9, 4000.0))
     for name, hw in (("PCIe 5.0", HARDWARE["H100-SXM"]), ("shared 16 GB/s link", shared_link.hardware)):
         eng, m, s = serve(burst, preemption_mode="auto", num_swap_blocks=4096,
                           cost_model=ex.YourCostModel(hw, "llama-2-7b"))
@@ -370,5 +373,5 @@ with impl.attempt("ex05.PriorityPreemption"):
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex05 tests/test_exercises.py -k least_progress   # one exercise
 # ```
 #
-# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).

@@ -15,13 +15,14 @@
 # %% [markdown]
 # # 06 · Speculative decoding
 #
-# "A small draft model proposes several tokens; the target model verifies them in a single forward pass.
-# Accepted tokens are kept, and the first rejection resets to that point. This works because
-# verification of k tokens costs roughly the same as generating one — decode is bandwidth bound, so
-# processing a few extra positions is nearly free. It converts spare compute into latency reduction."
+# A small draft model proposes several tokens; the target model verifies them all in a single forward
+# pass (Leviathan et al., ICML 2023; Chen et al., 2023). Accepted tokens are kept, and the first
+# rejection resets to that point. This works because verifying k tokens costs roughly as much as
+# generating one: decode is bandwidth bound, so a few extra positions are nearly free. It converts spare
+# compute into lower latency.
 #
-# And the seeds' warning, in the same breath: "acceptance rate determines actual speedup, and a low
-# acceptance rate can make things slower rather than faster." This notebook:
+# The catch comes with it: the acceptance rate determines the actual speed-up, and a low acceptance
+# rate can make things slower rather than faster. This notebook:
 #
 # 1. draft and verify, stepped live on the shipped model and its shipped draft;
 # 2. the acceptance rule: greedy, and rejection sampling (why the output does not change);
@@ -131,7 +132,8 @@ accepted = q * torch.clamp(p / q, max=1.0)                 # drawn from q, then 
 reject = 1 - accepted.sum()                                # probability that the guess is rejected
 residual = torch.clamp(p - q, min=0) / torch.clamp(p - q, min=0).sum()
 total = accepted + reject * residual
-print(f"P(accept) = {accepted.sum():.2f}; accepted + rejected-then-resampled = {total.tolist()}; p = {p.tolist()}")
+print(f"P(accept) = {accepted.sum():.2f}; accepted + rejected-then-resampled = {[round(x, 3) for x in total.tolist()]}; "
+      f"p = {[round(x, 3) for x in p.tolist()]}")
 fig = go.Figure([go.Bar(name="guess kept: min(p, q)", x=list(range(5)), y=accepted.tolist()),
                  go.Bar(name="replacement after a rejection", x=list(range(5)), y=(reject * residual).tolist())])
 fig.add_trace(go.Scatter(name="target p", x=list(range(5)), y=p.tolist(), mode="markers", marker=dict(size=14, symbol="line-ew-open", line=dict(width=3))))
@@ -168,7 +170,7 @@ fig
 # %% [markdown]
 # More guesses pay only when they are likely to be kept: at low α, k = 8 wastes seven draft forwards
 # for one token. Now the shipped pair, measured: the engine runs on a modeled clock where a target step
-# costs 10 ms whatever its size (the seeds' memory-bound assumption) and a draft forward costs the
+# costs 10 ms whatever its size (decode is memory bound, so a few more positions cost nothing extra) and a draft forward costs the
 # target's 10 ms scaled by the ratio of their weights, c = 1.25 M / 3.43 M ≈ 0.36 (a small model's
 # weights are largely embeddings, so its draft cannot be much smaller). Greedy, k = 1 to 6:
 
@@ -198,15 +200,15 @@ for k in (1, 2, 4, 6):
           f"{base / t:.2f}x, the formula with c = {ratio:.2f}: {rows[-1][3]:.2f}x")
 
 # %% [markdown]
-# The engine's measurements follow the formula. A draft that agrees with its target on about 60% of
-# greedy tokens, but costs over a third of it per forward, gains a little with one or two guesses and
+# The engine's measurements follow the formula. A draft that agrees with its target on about half of
+# the greedy tokens (the α printed above), but costs over a third of it per forward, gains a little with one or two guesses and
 # loses time from four on: each rejected guess wasted a draft forward. Real drafts are 10 to 50 times
 # smaller than their targets (c of 0.02 to 0.1), where the same α gives a clear gain.
 #
 # ## 4. When speculation makes things slower
 #
-# The seeds' failure table: "Speculative decoding slower — Low acceptance rate — Better draft model, or
-# disable it." Low acceptance is one cause (the curves above fall below 1 on the left). The other is
+# When speculative decoding is slower, the usual cause is a low acceptance rate, and the fix a better
+# draft model, or none. Low acceptance is one cause (the curves above fall below 1 on the left). The other is
 # the assumption behind "nearly free": verification of k + 1 positions costs one plain step only while
 # decode is memory bound, that is, while the batch is small. In a large batch the step is already
 # compute bound, and k + 1 positions per request cost up to k + 1 times as much. The roofline cost
@@ -238,7 +240,7 @@ fig
 # gain. By a few hundred requests the step is compute bound, the verification of five positions per
 # request costs several plain steps, and the gain is gone: speculation converts *spare* compute into
 # latency, and a big batch has none to spare. Long contexts postpone this (dashed): each request's own
-# KV reads keep the step memory bound. This is the seeds' "batch size becomes variable in a new way": an
+# KV reads keep the step memory bound. Batch size thus becomes a variable in a new way: an
 # engine can speculate at low load and stop at high load.
 #
 # ## 5. The shipped draft against the n-gram proposer
@@ -246,18 +248,19 @@ fig
 # A draft model is one way to guess. Another costs nothing: **prompt lookup** (`speculative_model="ngram"`)
 # finds the last few tokens earlier in the request's own context and proposes what followed them there.
 # It is right when text repeats: code, quotes, summaries of the prompt, and small models stuck in loops.
-# Two prompts, four requests each, greedy and sampled (temperature 0.8), k = 4:
+# Two prompts, eight requests each (each sampled with its own seed, so eight different texts), greedy and
+# sampled (temperature 0.8), k = 4:
 
 # %%
 texts = {"Romeo": PROMPT,
          "a dialogue": "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\nFirst Citizen:\n"}
 compare = []
 for temp in (0.0, 0.8):
-    params = SamplingParams(max_tokens=48, temperature=temp, seed=1, ignore_eos=True)
+    params = [SamplingParams(max_tokens=48, temperature=temp, seed=i, ignore_eos=True) for i in range(8)]
     for name, text in texts.items():
-        base, _, _ = timed([text] * 4, params)
+        base, _, _ = timed([text] * 8, params)
         for proposer in ("default-draft", "ngram"):
-            t, st, _ = timed([text] * 4, params, speculative_model=proposer, num_speculative_tokens=4)
+            t, st, _ = timed([text] * 8, params, speculative_model=proposer, num_speculative_tokens=4)
             compare.append((temp, name, proposer, st["acceptance_rate"] or 0.0, st["tokens_per_target_step"], base / t))
             print(f"T={temp}  {name:<11} {proposer:<14} {st['acceptance_rate'] or 0:4.0%} of guesses accepted, "
                   f"{st['tokens_per_target_step']:.2f} tokens per target step -> {base / t:.2f}x")
@@ -275,9 +278,10 @@ fig
 # finds its guesses in the request's own recent output, keeps many of them, and costs nothing: the
 # best results here, while the draft model, costing a third of a target step per guess, loses time.
 # Sampled at T = 0.8 the text stops repeating and prompt lookup finds almost nothing to propose, while
-# the draft model, which learned the target's distribution, does better than it did greedy on most
-# prompts (rejection sampling accepts by overlap of distributions, not by exact match). Neither is
-# always right: measure on your traffic ("Better draft model, or disable it").
+# the draft model, which learned the target's distribution, has more of its guesses accepted than it
+# did greedy, on both prompts (compare the greedy and sampled rows; rejection sampling accepts by
+# overlap of distributions, not by exact match). Neither is always right: measure on your traffic, and
+# improve the draft or turn speculation off.
 
 # %% [markdown]
 # ## Exercise
@@ -323,5 +327,5 @@ with impl.attempt("ex06.accept_sampled"):
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex06 tests/test_exercises.py -k accept_sampled   # one exercise
 # ```
 #
-# A failing grader says what it expected and where the expectation came from (the seeds' worked numbers,
+# A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
