@@ -1,6 +1,6 @@
 """Moving whole KV blocks: copy-on-write inside the cache, and swapping to host memory.
 
-Seed concepts:
+The concepts:
 
 * *Copy-on-write.* Requests that share a prefix share its blocks (reference counts).
   When one of them must write into a shared, partly filled block, the block manager

@@ -1,7 +1,7 @@
 """The quantized KV cache format: int8 or fp8 (e4m3) values, one float32 scale per (block, KV head).
 
-Seed concept: *cache quantization*, the fix for "batch size limited well below the compute
-limit by KV capacity". A KV position costs ``2 x layers x kv_heads x head_dim x sizeof(dtype)``
+The concept: *cache quantization*, the fix for a batch size that KV capacity limits well
+below what the compute could serve. A KV position costs ``2 x layers x kv_heads x head_dim x sizeof(dtype)``
 bytes; storing the values in one byte instead of two (float16) or four (float32) fits about
 twice (four times) the positions, hence the requests, in the same memory.
 

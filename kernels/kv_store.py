@@ -1,6 +1,6 @@
 """store_kv: write the new tokens' keys and values into their cache slots.
 
-Seed concept: *slot mapping*. Before attention runs, each new token's K and V go into
+The concept: *slot mapping*. Before attention runs, each new token's K and V go into
 the paged cache at ``slot = block_id * block_size + offset``, the place its block table
 promised (``slot_mapping[i]``). A slot of -1 means "do not store" (a padding token, or
 a token whose KV is not retained). After this, paged attention can read every token

@@ -53,7 +53,7 @@ class EngineConfig:
     interference: str = "chunked"         # "chunked" | "prefill-priority" | "decode-priority"
 
     # --- preemption ----------------------------------------------------------------
-    preemption_mode: str = "recompute"    # "recompute" | "swap" | "auto" (the seeds' cost rule)
+    preemption_mode: str = "recompute"    # "recompute" | "swap" | "auto" (the preemption cost rule)
     num_swap_blocks: int = 0              # host-memory pool for swapped-out blocks
 
     # --- policy, admission control --------------------------------------------------

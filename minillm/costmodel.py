@@ -2,14 +2,14 @@
 
 The engine can run on two clocks (``EngineConfig.clock``): "wall" measures what the
 CPU actually spent, "modeled" advances by what a cost model says the step *would*
-cost on a real accelerator. The cost model is what lets a laptop show the seeds'
-batching math ("from batch 1 to 32, throughput ~20x for ~1.5x latency") and their
+cost on a real accelerator. The cost model is what lets a laptop show the batching
+math (from batch 1 to 32, about 20x the throughput for about 1.5x the step time) and the
 swap-vs-recompute rule with the numbers of an H100 serving Llama-2-7B.
 
 Two cost models implement one interface (``CostModel``):
 
-* ``ConstantStepTime(0.010)``: the seeds' exercises' assumption, "per-step decode time
-  is independent of batch size and constant at 10 ms".
+* ``ConstantStepTime(0.010)``: the worked examples' assumption: the time of a step is
+  independent of the batch size, a constant 10 ms.
 * ``RooflineCostModel(hardware, model)``: a roofline. A step is bound either by
   arithmetic (FLOPs / achievable FLOP/s) or by memory traffic (bytes / achievable
   HBM bandwidth), whichever is slower, plus a fixed per-step overhead:
@@ -24,8 +24,8 @@ Two cost models implement one interface (``CostModel``):
 
   Decode (one new token per request) moves the whole weight set to make one token
   per request, so at small batch it is memory bound and batching is nearly free;
-  prefill (many tokens) is compute bound. That asymmetry is the seeds' "batching
-  converts a matrix-vector operation into a matrix-matrix one".
+  prefill (many tokens) is compute bound. That asymmetry is why batching pays: it
+  turns a matrix-vector product into a matrix-matrix one that reads the weights once.
 
   Tensor parallelism over N GPUs (``simulated.tensor_parallel(hw, N, link=...)``) divides
   both terms by N and, when a ``link`` (``LINKS``: NVLink, PCIe, InfiniBand) is given, adds
@@ -34,10 +34,10 @@ Two cost models implement one interface (``CostModel``):
   ideal (no communication), the optimistic bound.
 
 The module also holds the small formulas the batching-math notebook uses:
-``kv_cache_bytes`` (the seeds' M_KV), ``max_batch_size``, ``bytes_per_generated_token``,
-``decode_step_time_vs_batch`` and ``swap_or_recompute`` (the seeds' preemption rule), and
-``kv_block_bytes``, what one KV block costs for a given ``kv_cache_dtype`` (the seeds' "cache
-quantization" fix: int8 or fp8 KV halves M_KV against fp16, so about twice the batch fits).
+``kv_cache_bytes`` (M_KV), ``max_batch_size``, ``bytes_per_generated_token``,
+``decode_step_time_vs_batch`` and ``swap_or_recompute`` (the preemption cost rule), and
+``kv_block_bytes``, what one KV block costs for a given ``kv_cache_dtype`` (cache
+quantization: int8 or fp8 KV halves M_KV against fp16, so about twice the batch fits).
 No torch here: this module is plain arithmetic and stays importable anywhere.
 """
 
@@ -103,7 +103,6 @@ class HardwareSpec:
 HARDWARE: dict[str, HardwareSpec] = {
     # NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): BF16 312 TFLOPS dense (624 sparse),
     # HBM2e 2,039 GB/s, 80 GB; PCIe Gen4 x16 64 GB/s bidirectional -> 32 GB/s each way
-    # (the seeds: "PCIe 4.0 x16 provides approximately 32 GB/s").
     "A100-80GB": HardwareSpec("A100-80GB", peak_flops=312e12, hbm_bandwidth=2039 * GB,
                               hbm_bytes=80 * GB, pcie_bandwidth=32 * GB),
     # NVIDIA H100 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity -> 989 dense,
@@ -393,7 +392,7 @@ class CostModel:
         return math.inf if t <= 0 else context_len / t
 
     def preemption_mode(self, num_tokens: int) -> str:
-        """The seeds' rule for a victim holding ``num_tokens`` positions: "swap" or "recompute"."""
+        """The preemption cost rule for a victim holding ``num_tokens`` positions: "swap" or "recompute"."""
         kv = num_tokens * self.kv_bytes_per_token
         swap = self.swap_time(kv)
         recompute = num_tokens / self.prefill_tokens_per_s()
@@ -414,7 +413,7 @@ def _check_batch(num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> 
 
 
 class ConstantStepTime(CostModel):
-    """Every step costs ``seconds``, whatever the batch: the seeds' exercises' 10 ms per step.
+    """Every step costs ``seconds``, whatever the batch: the worked examples' 10 ms per step.
 
     ``swap_bandwidth`` (bytes/s) makes swaps cost ``bytes / swap_bandwidth``; ``None`` = free.
     ``kv_bytes_per_token`` lets ``preemption_mode`` price a swap; 0 (default) means unknown.
@@ -589,7 +588,7 @@ def get_cost_model(spec: Any, model_spec: Union[str, ModelSpec, None] = None,
 # =====================================================================================
 
 def kv_cache_bytes(model: Union[str, ModelSpec], num_tokens: int, batch: int = 1) -> int:
-    """The seeds' M_KV = 2 x n_layer x d_head x n_kv_head x n_max x b x sizeof(dtype)."""
+    """M_KV = 2 x n_layer x d_head x n_kv_head x n_max x b x sizeof(dtype)."""
     m = get_model_spec(model)
     return m.kv_bytes_per_token * int(num_tokens) * int(batch)
 
@@ -618,8 +617,8 @@ def max_batch_size(hardware: Union[str, HardwareSpec], model: Union[str, ModelSp
 def bytes_per_generated_token(model: Union[str, ModelSpec], batch: int, context_len: int = 0) -> float:
     """Memory traffic per generated token in a decode step of ``batch`` requests.
 
-    The weights are read once and shared: weight_bytes / batch (the seeds' table,
-    "full model / 8", "full model / 32"); each request also reads its own
+    The weights are read once and shared: weight_bytes / batch (full model / 8 at
+    batch 8, full model / 32 at batch 32); each request also reads its own
     ``context_len`` positions of KV, which batching does not share.
     """
     if batch < 1:
@@ -642,7 +641,7 @@ def decode_step_time_vs_batch(cost_model: CostModel, batch_sizes: Sequence[int],
 
 def swap_or_recompute(kv_bytes: float, num_tokens: int, pcie_bandwidth: float,
                       prefill_tokens_per_s: float) -> str:
-    """The seeds' preemption rule: swap when M_KV / B_PCIe < (n_input + n_generated) / S_prefill.
+    """The preemption cost rule: swap when M_KV / B_PCIe < (n_input + n_generated) / S_prefill.
 
     ``num_tokens`` is n_input + n_generated, what a recompute must prefill again.
     Ties go to "recompute" (it needs no host memory).

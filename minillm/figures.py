@@ -10,16 +10,16 @@ What each figure shows, in the notebooks' vocabulary:
 
 * ``batch_figure``: one step's batch against the **execution-token budget**, a
   stacked bar of decode tokens, prefill-chunk tokens and unused budget (the
-  seeds' Figure 3, upper bar); with speculative decoding each request's draft
+  upper bar of Figure 3 in notebook 01); with speculative decoding each request's draft
   guesses are their own segments, marked accepted or rejected.
 * ``kv_map_figure``: the **KV memory map** after a step, one cell per block (or
-  per token position when the capacity is small, as in the seeds' Figure 4),
+  per token position when the capacity is small, as in Figure 4 of notebook 02),
   coloured by the request that owns it; **reserved but unused** positions are
   hatched, a prefix block shared by n requests is marked ``xn``, a free block
   that still holds a cached prefix is dotted slate grey, a free block is empty;
   the legend shows each state with its own fill.
 * ``compare_kv_figure``: the KV maps of several engines at the same step, one
-  above the other: reservation vs paging (the seeds' Figure 4).
+  above the other: reservation vs paging (Figure 4 of notebook 02).
 * ``gantt_figure``: each request's life, queued -> prefill -> decode, with its
   preempted and swapped-out stretches.
 * ``latency_cdf_figure``: TTFT and TPOT distributions of several configurations.
@@ -546,7 +546,7 @@ def _batch(fig):
 def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, colors: Optional[ColorMap] = None,
                       max_cells: int = 512, per_position_max: int = 64, width: Optional[int] = None,
                       title: Optional[str] = None) -> go.Figure:
-    """KV maps of several engines at one step, one above the other (the seeds' Figure 4).
+    """KV maps of several engines at one step, one above the other (Figure 4 of notebook 02).
 
     ``records``: name -> the StepRecord (or KV snapshot) of that engine at the step to show,
     e.g. ``{"reserved": rec_a, "paged": rec_b}``. Each row's title says what waits and why.

@@ -5,7 +5,7 @@ Two strategies behind one interface, switched by ``EngineConfig.kv_allocation``:
 * ``"paged"`` (PagedAttention): blocks on demand. A request holds just enough
   blocks for the positions it has computed (plus this step's new ones); the only
   waste is the empty tail of its last block.
-* ``"reserved"``: what engines did before paging (the seeds' Figure 4). At
+* ``"reserved"``: what engines did before paging (Figure 4 of notebook 02). At
   admission a request reserves one contiguous region for its *maximum* length,
   ``min(prompt + max_tokens, max_model_len)`` positions, first fit in an address
   space of ``num_kv_blocks * block_size`` positions. Reserved-but-unused

@@ -1,4 +1,4 @@
-"""Serving metrics: the seeds' table, computed from what the engine recorded.
+"""Serving metrics, computed from what the engine recorded.
 
 | Metric          | Definition                                  | Here                              |
 |-----------------|---------------------------------------------|-----------------------------------|

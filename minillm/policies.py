@@ -14,8 +14,7 @@ every step with the ``ScheduledRequest`` list that ran. A class you write plugs
 in the same way as a built-in name: ``LLM(policy=MyPolicy())`` or
 ``LLM(policy="fcfs")``.
 
-The built-in policies follow the seeds' policy table ("Batching and Scheduling")
-and the four strategies of "Request Scheduling and Batching":
+The built-in policies are the usual scheduling policies of LLM serving (notebook 03):
 
 | name       | class      | order of the waiting queue                  | preempts a running request   |
 |------------|------------|---------------------------------------------|------------------------------|
@@ -26,7 +25,7 @@ and the four strategies of "Request Scheduling and Batching":
 | "fair"     | ``Fair``     | tenant with the least weighted service      | never                        |
 
 "If it must": only when the waiting request cannot be admitted otherwise (no free
-slot under ``max_num_seqs``, or no KV memory): the seeds' priority inversion fix.
+slot under ``max_num_seqs``, or no KV memory): the fix for priority inversion.
 Policies keep per-request state in ``request.policy_state`` (a dict).
 """
 
@@ -80,7 +79,8 @@ def _is_done(req: Request) -> bool:
 class FCFS(Policy):
     """First come, first served: arrival order (preempted requests go back to the front).
 
-    The seeds: natural fairness, no starvation; but head-of-line blocking behind long requests.
+    Fair by construction and free of starvation, but short requests queue behind long ones
+    (head-of-line blocking).
     """
     name = "fcfs"
 
@@ -110,8 +110,8 @@ class LengthPredictor:
 class OraclePredictor(LengthPredictor):
     """The true length: the trace's ``expected_output_len``, else ``max_tokens``.
 
-    Only a simulation knows this; it gives SJF's best case (the seeds: "theoretically
-    optimal when all job lengths are known").
+    Only a simulation knows this; it gives SJF's best case (SJF minimises the mean
+    completion time when all job lengths are known).
     """
     name = "oracle"
 
@@ -122,7 +122,7 @@ class OraclePredictor(LengthPredictor):
 
 
 class HistoryPredictor(LengthPredictor):
-    """The seeds' "historical statistics": mean output length of finished requests of the same class.
+    """Historical statistics: the mean output length of finished requests of the same class.
 
     ``key`` picks the class: "tenant" (default), "priority", or a function of the request.
     An unseen class falls back to the mean over all classes, then to ``prior`` tokens.
@@ -155,7 +155,7 @@ class HistoryPredictor(LengthPredictor):
 
 
 class PromptPredictor(LengthPredictor):
-    """The seeds' "signals in the user's prompt": 'brief answer' is short, 'explain in detail' long.
+    """Signals in the user's prompt: 'brief answer' is short, 'explain in detail' long.
 
     With the prompt's text: ``base`` tokens, times ``short_factor`` if a short hint appears,
     times ``long_factor`` if a long hint appears. Without text (token ids only) it has no
@@ -206,8 +206,8 @@ class SJF(Policy):
     passed only by requests that arrived before ``arrival + (P - P_min) / aging`` seconds
     (P_min the smallest prediction, 1 for the oracle), so it waits at most the time to
     serve those, a finite set on any bounded arrival rate. Without aging a steady stream of
-    short requests starves it for as long as the stream lasts (the seeds: "long requests
-    can starve").
+    short requests starves it for as long as the stream lasts (long requests can
+    starve).
 
     ``predictor``: "oracle" (the true length), "history" (per-class mean), "prompt"
     (hints in the text), or a ``LengthPredictor``. Non-preemptive: a victim under memory
@@ -287,11 +287,11 @@ class Priority(Policy):
 # =====================================================================================
 
 class MLFQ(Policy):
-    """Multi-level feedback queue, with tokens generated as the time slice (the seeds' adaptation).
+    """Multi-level feedback queue, with tokens generated as the time slice (as in FastServe, Wu et al., 2023).
 
     Every request enters level 0. ``quanta[i]`` is how many tokens a request may generate
     at level i before it is demoted to level i+1; the last level (``len(quanta)``) has no
-    quantum. ``quanta=(16, 64, 256)`` gives 4 levels (the seeds: "typically 3-5 levels").
+    quantum. ``quanta=(16, 64, 256)`` gives 4 levels (3 to 5 is typical).
     Short requests finish in the top levels; long ones sink, without any length prediction.
 
     Waiting requests are ordered by level, FCFS inside a level. With ``preempt=True`` a

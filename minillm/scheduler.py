@@ -284,7 +284,7 @@ class Scheduler:
     def _choose_mode(self, victim: Request) -> str:
         mode = self.config.preemption_mode
         if mode == "auto":
-            # The seeds' rule: swap when M_KV / B_PCIe < (n_input + n_generated) / S_prefill.
+            # The preemption cost rule: swap when M_KV / B_PCIe < (n_input + n_generated) / S_prefill.
             cm = self.cost_model
             if cm is None or not getattr(cm, "kv_bytes_per_token", 0):
                 return "recompute"

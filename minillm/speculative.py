@@ -1,8 +1,8 @@
 """Speculative decoding: a cheap proposer guesses, the target checks every guess in one forward.
 
-Seed concept (Batching and Scheduling, "speculative decoding"): *a small draft model
-proposes several tokens; the target model verifies them in a single forward pass.
-Accepted tokens are kept, and the first rejection resets to that point.* It pays because
+The idea (Leviathan et al., ICML 2023; Chen et al., 2023): *a small draft model proposes
+several tokens; the target model verifies them in a single forward pass. Accepted tokens
+are kept, and the first rejection resets to that point.* It pays because
 decode is memory-bandwidth bound: scoring k + 1 positions reads the weights once, about
 what scoring one position costs. It does not pay when the acceptance rate is low (the
 draft's forwards are wasted) or when the batch is already large (the step is compute

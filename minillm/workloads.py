@@ -4,13 +4,13 @@ A trace is a list of ``TraceRequest``: an arrival time, a prompt (token ids or t
 the number of tokens the request will generate. Scheduling only shows its character
 under a workload: FCFS's head-of-line blocking needs a long prompt in front of short
 ones, preemption needs more demand than KV capacity, fair queuing needs a tenant that
-floods, prefix caching needs shared prefixes (the seeds' system prompts and multi-turn
+floods, prefix caching needs shared prefixes (system prompts and multi-turn
 conversations). This module builds such traces, seeded and deterministic, saves and
 loads them as JSONL, and submits them to an engine.
 
 Arrival processes: ``poisson_arrivals`` (independent users, exponential gaps),
 ``gamma_arrivals`` (bursty: the same mean rate with coefficient of variation cv > 1),
-``all_at_once`` (the seeds' "10 requests arrive simultaneously").
+``all_at_once`` (a batch of requests that arrive together).
 Length distributions: ``Fixed``, ``Uniform``, ``LogNormal`` (chat traffic's long tail).
 """
 
@@ -136,7 +136,7 @@ class LogNormal(LengthDist):
 
 @dataclass(frozen=True)
 class Choice(LengthDist):
-    """A few lengths with given probabilities, e.g. the seeds' 8 x 100 tokens and 2 x 1000."""
+    """A few lengths with given probabilities, e.g. 8 x 100 tokens and 2 x 1000."""
     values: tuple
     probs: Optional[tuple] = None
 
@@ -194,7 +194,7 @@ def gamma_arrivals(n: int, rate: float, cv: float = 2.0, seed: int = 0, start: f
 
 
 def all_at_once(n: int, t: float = 0.0) -> np.ndarray:
-    """Everyone arrives at time ``t``: the seeds' "10 requests simultaneously"."""
+    """Everyone arrives at time ``t``: a batch of requests arriving together."""
     return np.full(n, float(t))
 
 
@@ -295,7 +295,7 @@ def multi_turn_trace(num_conversations: int, turns: int, system_len: int,
     Turn 0 is system prompt + user message. The scripted answer (``answer_len`` tokens,
     also the turn's ``output_len``) stands in for what the assistant said; the engine
     generates its own tokens, so across turns the prefix cache can reuse the previous
-    *prompt* (the seeds' O(n_total) -> O(n_new)), not the previous generated output.
+    *prompt* (prefill O(n_total) -> O(n_new)), not the previous generated output.
     Turn k of a conversation starting at s arrives at s + k * think_time (a trace cannot
     know when the previous answer finished). Conversations start together, or as a
     Poisson process at ``rate`` conversations/s. ``shared_system``: one system prompt for

@@ -4,7 +4,7 @@
   shows the waiting queue and running set, the batch against the execution-token
   budget, the KV memory map and the step's reasons in plain words.
 * ``LockstepStepper``: two engines (e.g. reservation vs paging) stepped together;
-  ``figure4_lockstep()`` builds the seeds' Figure 4.
+  ``figure4_lockstep()`` builds Figure 4 of notebook 02.
 * ``EngineMonitor``: the same view of an engine something else steps (a server's loop):
   ``poll()`` / ``follow()`` draw what it has done since.
 

@@ -1,7 +1,7 @@
 """LockstepStepper: two (or more) engines stepped together, side by side.
 
 The same trace on two configurations, one Step advancing each by one scheduler
-iteration, shows a difference as it happens. The seeds' Figure 4 is the case in
+iteration, shows a difference as it happens. Figure 4 of notebook 02 is the case in
 point: with ``kv_allocation="reserved"`` request B holds 20 positions (6 of KV, 14
 reserved but unused) so C's 6-token prefill cannot be allocated although only 13
 positions would hold KV; with ``"paged"`` C joins at once::
@@ -203,11 +203,11 @@ class LockstepStepper:
 
 
 # =====================================================================================
-# The seeds' Figure 4
+# Figure 4 of notebook 02: reservation vs paging
 # =====================================================================================
 
 def figure4_engine(kv_allocation: str = "reserved", *, executor: str = "simulated", model: str = "random"):
-    """The seeds' Figure 4 set-up: KV capacity 24 positions (block_size 1), budget 8 tokens,
+    """Figure 4's set-up (notebook 02): KV capacity 24 positions (block_size 1), budget 8 tokens,
     at most 2 requests. B (prompt 6, max_tokens 14: a 20-position reservation) arrives first;
     C (prompt 6, max_tokens 4) arrives just after B's prefill. On the modeled clock (10 ms a
     step) so the arrival order is the same on every machine.
