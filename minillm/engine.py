@@ -24,7 +24,8 @@ from .checks import as_int, as_real
 from .config import EngineConfig
 from .kv_cache import make_kv_manager
 from .model.loader import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR
-from .outputs import RequestOutput
+from .outputs import CompletionOutput, RequestOutput
+from .parallel_sampling import ParentRequest, completion_id
 from .policies import make_policy
 from .request import Request
 from .sampling_params import SamplingParams
@@ -93,7 +94,7 @@ class LLMEngine:
 
         # --- scheduler and executor -----------------------------------------------------------
         self.policy = make_policy(config.policy)
-        self.scheduler = Scheduler(config, self.kv, self.policy, self.cost_model)
+        self.scheduler = Scheduler(config, self.kv, self.policy, self.cost_model, tokenizer=self.tokenizer)
         if config.executor == "simulated":
             from .simulated import SimulatedExecutor
             self.executor = SimulatedExecutor(config, self.kv, self._bytes_per_block())
@@ -113,6 +114,7 @@ class LLMEngine:
 
         self._simulated = config.executor == "simulated"
         self.requests: dict[str, Request] = {}      # every request ever added
+        self.parents: dict[str, ParentRequest] = {}  # parallel sampling (n > 1): request id -> its group
         self._active: dict[str, Request] = {}       # not yet finished (what the KV snapshot looks up)
         self._ids = itertools.count()
         self.step_count = 0
@@ -122,6 +124,7 @@ class LLMEngine:
         self.scheduler.max_waiting_entries = config.record_max_waiting
         self.step_records: list[StepRecord] = []    # the latest records (EngineConfig.record_history)
         self._aborted: list[str] = []               # aborted since the last record
+        self._forked: list[Request] = []            # sequences forked by the step in progress
 
     # --- set-up helpers --------------------------------------------------------------------
     @staticmethod
@@ -277,8 +280,10 @@ class LLMEngine:
             raise TypeError(f"sampling_params={sampling_params!r}{who}: must be a SamplingParams or None")
         if request_id is not None:
             request_id = str(request_id)
-            if request_id in self.requests:
-                raise ValueError(f"request_id={request_id!r}: already used")
+            taken = [request_id] + [completion_id(request_id, i) for i in range(sp.n)] * (sp.n > 1)
+            if any(t in self.requests or t in self.parents for t in taken):
+                raise ValueError(f"request_id={request_id!r}: already used"
+                                 + (" (or one of its samples' ids, '<id>#<index>')" if sp.n > 1 else ""))
         if arrival_time is not None:
             arrival_time = as_real("", "arrival_time", arrival_time, where=who)
         priority = as_int("", "priority", priority, where=who)
@@ -291,6 +296,7 @@ class LLMEngine:
             if t >= self.vocab_size:
                 raise ValueError(f"SamplingParams.stop_token_ids[{i}]={t}{who}: token id outside the "
                                  f"vocabulary [0, {self.vocab_size})")
+        self._check_sampling_support(sp, who)
         text = None
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -337,31 +343,81 @@ class LLMEngine:
                 raise ValueError(f"request{who}: at its maximum length ({need} positions = "
                                  f"{blocks} blocks) it would not fit the KV cache even alone "
                                  f"({usable} usable blocks); lower max_tokens or add blocks")
+            group = math.ceil(len(ids) / cfg.block_size) + sp.n - 1
+            if sp.n > 1 and group > usable:
+                raise ValueError(f"SamplingParams.n={sp.n}{who}: the prompt's blocks plus one per other "
+                                 f"sample ({group} blocks) exceed the {usable} usable blocks")
         return dict(request_id=request_id, prompt_token_ids=ids, sampling_params=sp, arrival_time=arrival_time,
                     priority=priority, tenant=tenant, expected_output_len=expected_output_len, prompt=text)
+
+    def _check_sampling_support(self, sp: SamplingParams, who: str) -> None:
+        """The sampling features this engine's configuration can serve (SamplingParams itself
+        checked each value's type and range)."""
+        cfg = self.config
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(sp, name)
+            if k is not None and k > self.vocab_size:
+                raise ValueError(f"SamplingParams.{name}={k}{who}: more than the vocabulary's "
+                                 f"{self.vocab_size} tokens")
+            if k is not None and cfg.executor == "simulated":
+                raise ValueError(f"SamplingParams.{name}={k}{who}: the simulated executor has no logits")
+        if sp.stop and self.tokenizer is None:
+            raise ValueError(f"SamplingParams.stop={sp.stop!r}{who}: stop strings are matched on text "
+                             "and this model has no tokenizer; use stop_token_ids")
+        if self.speculator is not None:
+            for name, off in (("logprobs", None), ("prompt_logprobs", None), ("n", 1), ("min_tokens", 0),
+                              ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+                if getattr(sp, name) != off:
+                    raise ValueError(f"SamplingParams.{name}={getattr(sp, name)!r}{who}: not supported with "
+                                     "speculative decoding (EngineConfig.speculative_model)")
+        if sp.n > 1:
+            if cfg.kv_allocation != "paged":
+                raise ValueError(f"SamplingParams.n={sp.n}{who}: parallel sampling shares KV blocks, "
+                                 "which needs kv_allocation='paged'")
+            if cfg.tensor_parallel_size > 1:
+                raise ValueError(f"SamplingParams.n={sp.n}{who}: parallel sampling is not available "
+                                 "with tensor_parallel_size > 1 (its copy-on-write copies are not sent "
+                                 "to the ranks)")
+            if sp.n > cfg.max_num_seqs:
+                raise ValueError(f"SamplingParams.n={sp.n}{who}: its {sp.n} sequences could never run "
+                                 f"together under max_num_seqs={cfg.max_num_seqs}")
 
     def _register(self, checked: dict) -> str:
         """Queue a request ``_check_request`` accepted: nothing here can fail on its input."""
         request_id = checked["request_id"]
         if request_id is None:
             request_id = str(next(self._ids))
-            while request_id in self.requests:
+            while request_id in self.requests or request_id in self.parents:
                 request_id = str(next(self._ids))
         arrival_time = checked["arrival_time"]
         if arrival_time is None:
             arrival_time = self.clock.now()
-        req = Request(request_id, checked["prompt_token_ids"], checked["sampling_params"], arrival_time,
-                      checked["priority"], checked["tenant"], self.eos_token_id,
-                      checked["expected_output_len"], prompt=checked["prompt"])
+        sp = checked["sampling_params"]
+        parent = ParentRequest(request_id, sp) if sp.n > 1 else None
+        req = Request(completion_id(request_id, 0) if parent else request_id, checked["prompt_token_ids"],
+                      parent.params[0] if parent else sp, arrival_time, checked["priority"],
+                      checked["tenant"], self.eos_token_id, checked["expected_output_len"],
+                      prompt=checked["prompt"])
         req.metrics.clock = self.clock.name
-        self.requests[request_id] = req
-        self._active[request_id] = req
+        if parent is not None:
+            # Parallel sampling: the group enters as its first sequence; it forks the others
+            # once the prompt is computed (see minillm/parallel_sampling.py).
+            req.parent = parent
+            parent.members.append(req)
+            self.parents[request_id] = parent
+        self.requests[req.request_id] = req
+        self._active[req.request_id] = req
         self.scheduler.add(req)
         return request_id
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is and free its KV; the next StepRecord lists it in
         ``aborted``. Aborting a finished request does nothing."""
+        parent = self.parents.get(str(request_id))
+        if parent is not None:              # every sample of a parallel-sampling request
+            for m in list(parent.members):
+                self.abort_request(m.request_id)
+            return
         req = self.requests.get(str(request_id))
         if req is None:
             raise KeyError(f"abort_request: unknown request_id={request_id!r}")
@@ -375,15 +431,50 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
 
-    def get_output(self, request_id: str) -> RequestOutput:
-        r = self.requests[request_id]
+    def is_finished(self, request_id: str) -> bool:
+        """Has the request (every one of its samples, for n > 1) finished?"""
+        parent = self.parents.get(request_id)
+        return parent.finished if parent is not None else self.requests[request_id].is_finished
+
+    def parent_id(self, sequence_id: str) -> str:
+        """The request a sequence belongs to (itself, unless it is one of n parallel samples)."""
+        r = self.requests.get(sequence_id)
+        return r.parent.request_id if r is not None and r.parent is not None else sequence_id
+
+    def _completion(self, r: Request, index: int) -> CompletionOutput:
         text = None
         if self.tokenizer is not None and self.config.executor == "model":
-            text = self.tokenizer.decode(r.output_token_ids, skip_special_tokens=True)
-        return RequestOutput(request_id=r.request_id, prompt=r.prompt, prompt_token_ids=r.prompt_token_ids,
-                             token_ids=list(r.output_token_ids), text=text, finish_reason=r.finish_reason,
+            text = r.stop_text if r.stop_text is not None else \
+                self.tokenizer.decode(r.output_token_ids, skip_special_tokens=True)
+        logprobs = self._with_text(r.output_logprobs)
+        return CompletionOutput(index=index, text=text, token_ids=list(r.output_token_ids),
+                                cumulative_logprob=None if logprobs is None else
+                                sum(lp[t].logprob for lp, t in zip(logprobs, r.output_token_ids)),
+                                logprobs=logprobs, finish_reason=r.finish_reason, stop_reason=r.stop_reason,
+                                finish_detail=r.finish_detail)
+
+    def _with_text(self, positions):
+        """Logprob dicts with each token's text filled in (when there is a tokenizer)."""
+        if positions is None or self.tokenizer is None:
+            return None if positions is None else list(positions)
+        for lp in positions:
+            for tok, l in (lp or {}).items():
+                if l.decoded_token is None:
+                    l.decoded_token = self.tokenizer.decode([tok])
+        return list(positions)
+
+    def get_output(self, request_id: str) -> RequestOutput:
+        """The request's output: all n completions in ``outputs`` (by index), and the first
+        completion's tokens, text and finish reason at the top level."""
+        parent = self.parents.get(request_id)
+        members = parent.members if parent is not None else [self.requests[request_id]]
+        outputs = [self._completion(m, i) for i, m in enumerate(members)]
+        r, first = members[0], outputs[0]
+        return RequestOutput(request_id=request_id, prompt=r.prompt, prompt_token_ids=r.prompt_token_ids,
+                             token_ids=first.token_ids, text=first.text, finish_reason=first.finish_reason,
                              metrics=r.metrics, num_cached_tokens=r.metrics.num_cached_tokens,
-                             finish_detail=r.finish_detail)
+                             finish_detail=first.finish_detail, outputs=outputs,
+                             prompt_logprobs=self._with_text(r.prompt_logprobs))
 
     def _forget(self, finished: list[Request]) -> None:
         """Finished requests leave the engine: the executor and the proposer drop their state."""
@@ -423,9 +514,13 @@ class LLMEngine:
         queues, requests, KV tables, random streams and clock are put back as they were, the
         exception propagates, and the next ``step()`` carries on from there."""
         checkpoint = (self.scheduler.checkpoint(), self.executor.checkpoint(), self.clock.now())
+        self._forked = []
         try:
             record, update = self._step()
         except BaseException:
+            for seq in self._forked:                 # sequences forked by the failed step
+                self.requests.pop(seq.request_id, None)
+                self._active.pop(seq.request_id, None)
             sched, execu, t = checkpoint
             self.scheduler.rollback(sched)
             self.executor.rollback(execu)
@@ -460,6 +555,10 @@ class LLMEngine:
             duration, sched_time, swap_time = wall, t_sched, 0.0
         t = self.clock.now()
         update = self.scheduler.update_from_output(out, result, t)
+        self._forked = update.forked
+        for seq in update.forked:                    # parallel sampling: the group's other sequences
+            self.requests[seq.request_id] = seq
+            self._active[seq.request_id] = seq
         return self._record(out, update, t, duration, sched_time, swap_time, draft_time, result.swap_bytes), update
 
     def _record(self, out, update, t, duration, sched_time, swap_time, draft_time, swap_bytes) -> StepRecord:
@@ -476,7 +575,7 @@ class LLMEngine:
             finish_reasons={r.request_id: r.finish_reason for r in update.finished},
             scheduled=out.reformed, clock=self.clock.name, schedule_time=sched_time, swap_time=swap_time,
             spec_proposed=update.spec_proposed, spec_accepted=update.spec_accepted,
-            draft_time=draft_time, swap_bytes=swap_bytes)
+            draft_time=draft_time, swap_bytes=swap_bytes, forks=update.forks, copies=out.copies)
 
     def _keep(self, record: StepRecord) -> None:
         """The bounded history ``engine.step_records`` (``EngineConfig.record_history``)."""

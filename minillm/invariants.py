@@ -54,6 +54,27 @@ def check_paged(kv: PagedKVCacheManager, requests: dict) -> None:
                 toks = toks if toks is not None else req.all_token_ids
                 _check(tuple(toks[i * bs:(i + 1) * bs]) == b.token_ids,
                        f"request {rid} block {i} (#{b.block_id}) is cached with other tokens")
+    # Copy-on-write: a block held by several sequences (a shared prefix, or the blocks of a
+    # parallel-sampling fork) holds the same KV for each, so none of them wrote into it alone:
+    # each holder has computed the same positions of it, over the same tokens, and a block
+    # shared by a fork (no prefix hash) holds prompt positions only.
+    seen: dict[int, tuple[str, int, list]] = {}
+    for rid, blocks in kv.req_blocks.items():
+        req = requests.get(rid)
+        if req is None:
+            continue
+        for i, b in enumerate(blocks):
+            if b.ref_count < 2:
+                continue
+            filled = max(0, min(bs, req.num_computed_tokens - i * bs))
+            toks = req.all_token_ids[i * bs:i * bs + filled]
+            _check(b.block_hash is not None or i * bs + filled <= req.num_prompt_tokens,
+                   f"request {rid} wrote output KV into block {b.block_id}, which {b.ref_count} sequences "
+                   "share (a forked block must be copied before a sequence writes into it)")
+            first = seen.setdefault(b.block_id, (rid, filled, toks))
+            _check(first[1:] == (filled, toks),
+                   f"block {b.block_id} is shared by {first[0]} and {rid} but holds {first[1]} positions "
+                   f"for one and {filled} for the other (a write into a shared block: copy-on-write missed)")
     # A parent is never evicted before its children (free-list order).
     order = {bid: i for i, bid in enumerate(pool.free_queue)}
     by_hash = {b.block_hash: b for b in pool.free_queue.values() if b.block_hash is not None}
@@ -128,6 +149,11 @@ def check_invariants(engine, record=None) -> None:
     cfg = engine.config
     _check(len(sched.running) <= cfg.max_num_seqs,
            f"{len(sched.running)} running > max_num_seqs={cfg.max_num_seqs}")
+    seqs = sum(r.num_seqs for r in sched.running)      # a group that has not forked counts n
+    _check(seqs <= cfg.max_num_seqs, f"{seqs} sequences running > max_num_seqs={cfg.max_num_seqs}")
+    for rid, parent in getattr(engine, "parents", {}).items():
+        _check(len(parent.members) in ((1, parent.n) if not parent.forked else (parent.n,)),
+               f"request {rid}: {len(parent.members)} sequences for n={parent.n} (forked={parent.forked})")
     for r in sched.running:
         _check(r.status == RequestStatus.RUNNING, f"{r.request_id} in running with status {r.status}")
     holders = set(getattr(kv, "req_blocks", getattr(kv, "regions", {})).keys())

@@ -48,6 +48,7 @@ class PagedKVCacheManager:
         self.swap_free: list[int] = list(range(num_swap_blocks - 1, -1, -1))
         self.swapped: dict[str, list[int]] = {}         # request -> host-pool block ids
         self.prefill_tokens_saved = 0
+        self.copies: list[tuple[str, int, int]] = []    # copy-on-write this pass: (request, src, dst)
         self._journal: Optional[dict] = None            # the step in progress (see begin_step)
 
     # --- sizes ---------------------------------------------------------------------
@@ -121,9 +122,51 @@ class PagedKVCacheManager:
 
     # --- allocation ------------------------------------------------------------------------
     def num_blocks_needed(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> int:
+        """New blocks for ``num_new_tokens`` more positions: the ones past the table's end, plus
+        one when the next position falls in a block shared with another sequence (copy-on-write)."""
         held = self.num_held_blocks(req.request_id) + len(cached)
         computed = req.num_computed_tokens + len(cached) * self.block_size
-        return max(0, self.blocks_for(computed + num_new_tokens) - held)
+        copy = not cached and self._writes_shared_block(req, self.req_blocks.get(req.request_id))
+        return max(0, self.blocks_for(computed + num_new_tokens) - held) + copy
+
+    def _writes_shared_block(self, req: Request, held: Optional[list[Block]]) -> bool:
+        """Would the request's next KV go into a block another sequence also holds? (After a
+        fork, the partly filled last block of the prompt: see ``minillm/parallel_sampling.py``.)"""
+        if not held:
+            return False
+        i = req.num_computed_tokens // self.block_size
+        return i < len(held) and held[i].ref_count > 1
+
+    def fork(self, parent: Request, child: Request) -> list[int]:
+        """Parallel sampling: ``child`` shares every block of ``parent`` (reference counts + 1,
+        nothing copied). Returns the shared block ids."""
+        self._touch(child.request_id)
+        blocks = self.req_blocks[parent.request_id]
+        for b in blocks:
+            self.pool.take(b)
+        self.req_blocks[child.request_id] = list(blocks)
+        hashes = self.req_hashes.get(parent.request_id)
+        if hashes is not None:
+            self.req_hashes[child.request_id] = list(hashes)
+        return [b.block_id for b in blocks]
+
+    def _copy_on_write(self, req: Request, blocks: list[Block]) -> None:
+        """Give the request its own copy of the shared block its next position falls in: a fresh
+        block replaces it in the table, the shared one loses a reference, and the copy (made
+        by the runner before the forward) is queued in ``copies``."""
+        i = req.num_computed_tokens // self.block_size
+        shared = blocks[i]
+        fresh = self._new_block()
+        blocks[i] = fresh
+        self.pool.free([shared])              # one reference less; others still hold it
+        self.copies.append((req.request_id, shared.block_id, fresh.block_id))
+
+    def take_copies(self) -> list[tuple[str, int, int]]:
+        """This pass's copy-on-write copies ``(request id, src block, dst block)`` whose writer
+        still holds the destination (a writer preempted later in the pass needs no copy)."""
+        copies, self.copies = self.copies, []
+        return [(rid, src, dst) for rid, src, dst in copies
+                if any(b.block_id == dst for b in self.req_blocks.get(rid, ()))]
 
     def _free_for(self, cached: list[Block]) -> int:
         # Cached hits sitting in the free list stop being free once taken.
@@ -139,13 +182,20 @@ class PagedKVCacheManager:
     def allocate(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> bool:
         """Give the request blocks for ``num_new_tokens`` more positions (after its cached prefix)."""
         held = self.req_blocks.get(req.request_id)
-        if held and not cached and req.num_computed_tokens + num_new_tokens <= len(held) * self.block_size:
-            return True                  # fast path: the last block still has room (most decodes)
+        if held and not cached:
+            computed, room = req.num_computed_tokens, len(held) * self.block_size
+            if computed + num_new_tokens <= room and computed < room \
+                    and held[computed // self.block_size].ref_count <= 1:
+                return True              # fast path: its last block has room and is its own (most decodes)
+        copy = not cached and self._writes_shared_block(req, held)
         ok, need, _ = self.can_allocate(req, num_new_tokens, cached)
         if not ok:
             return False
         self._touch(req.request_id)
         blocks = self.req_blocks.setdefault(req.request_id, [])
+        if copy:
+            self._copy_on_write(req, blocks)
+            need -= 1
         if cached:
             for b in cached:
                 self.pool.take(b)
@@ -241,6 +291,7 @@ class PagedKVCacheManager:
         whose blocks were handed to another request during the step (and so may have been
         written over), the first position whose KV can no longer be trusted."""
         j, self._journal = self._journal, None
+        self.copies = []
         if j is None:
             return {}
         pool = self.pool
@@ -489,6 +540,9 @@ class ReservedKVCacheManager:
 
     def can_swap_out(self, req) -> bool:
         return False
+
+    def take_copies(self) -> list:
+        return []                        # a reservation is never shared: nothing to copy
 
     def explain_wait(self, req: Request, num_new_tokens: int, cached=(), reserve_blocks: int = 0,
                      requests: Optional[dict] = None) -> str:

@@ -86,7 +86,8 @@ class LLM:
             bar = tqdm(total=len(ids), desc="generate", unit="req")
         while pending and engine.has_unfinished_requests():
             rec = engine.step()
-            done = [rid for rid in rec.finished + [w.request_id for w in rec.rejected] if rid in pending]
+            done = {engine.parent_id(rid) for rid in rec.finished + [w.request_id for w in rec.rejected]}
+            done = [rid for rid in done if rid in pending and engine.is_finished(rid)]
             pending.difference_update(done)
             if bar is not None and done:
                 bar.update(len(done))

@@ -22,7 +22,7 @@ import torch
 
 from . import acceptance
 from .model.llama import AttentionMetadata
-from .sampler import Sampler
+from .sampler import Sampler, apply_penalties, mask_stop_tokens, token_logprobs
 from .scheduler import SchedulerOutput
 
 
@@ -31,6 +31,10 @@ class ExecutionResult:
     sampled: dict[str, list[int]] = field(default_factory=dict)   # new output tokens per request
     spec_accepted: dict[str, int] = field(default_factory=dict)   # accepted draft tokens per request
     swap_bytes: int = 0
+    # SamplingParams.logprobs: per request, one {token id: Logprob} per sampled token.
+    logprobs: dict[str, list[dict]] = field(default_factory=dict)
+    # SamplingParams.prompt_logprobs: per request, (prompt position, {token id: Logprob}) pairs.
+    prompt_logprobs: dict[str, list[tuple[int, dict]]] = field(default_factory=dict)
 
 
 def token_slice(req, start: int, end: int) -> list[int]:
@@ -148,10 +152,13 @@ class ModelRunner:
     def swap(self, out: SchedulerOutput) -> int:
         """Copy swapped blocks: every swap-out before any swap-in, so a device block freed by a
         swap-out and handed to a swap-in in the same pass is read before it is written (a host
-        block freed by a swap-in is not reused until the step is over)."""
+        block freed by a swap-in is not reused until the step is over). The step's
+        copy-on-write copies run between the two, for the same reason."""
         import kernels
         moved = 0
         for pairs, to_host in ((out.swap_out, True), (out.swap_in, False)):
+            if not to_host and out.copies:
+                self.copy_on_write(out)           # after the swap-outs read their blocks
             if not pairs:
                 continue
             src = torch.tensor([a for a, _ in pairs], dtype=torch.long)
@@ -165,6 +172,17 @@ class ModelRunner:
                     kernels.swap_blocks(hk, hv, dk, dv, src, dst, src_scales=host_s, dst_scales=dev_s)
             moved += len(pairs) * self.bytes_per_block
         return moved
+
+    def copy_on_write(self, out: SchedulerOutput) -> None:
+        """Copy each shared block a sequence is about to write into to its fresh block, every
+        layer (``kernels.copy_blocks``: Triton on a GPU, the torch reference on the CPU)."""
+        import kernels
+        src = torch.tensor([c.src_block for c in out.copies], dtype=torch.long, device=self.device)
+        dst = torch.tensor([c.dst_block for c in out.copies], dtype=torch.long, device=self.device)
+        backend = "triton" if self.backend == "triton" else "auto"
+        for layer, (k, v) in enumerate(self.kv_caches):
+            scales = self.kv_scales[layer] if self.kv_scales else (None, None)
+            kernels.copy_blocks(k, v, src, dst, k_scale=scales[0], v_scale=scales[1], backend=backend)
 
     # --- one step ---------------------------------------------------------------------
     def prepare(self, out: SchedulerOutput):
@@ -229,13 +247,20 @@ class ModelRunner:
             k = len(s.spec_token_ids)
             (spec if k else plain).append((len(rows), s))
             rows += range(ends[i] - k, ends[i] + 1)
-        logits = self.forward(out, torch.tensor(rows, dtype=torch.long))   # LM head on these rows only
+        # Prompt logprobs: the row of each prompt position whose next token is still in the prompt.
+        prompt_rows: list[tuple[int, object, int]] = []   # (logits row, ScheduledRequest, position)
+        for i, s in enumerate(out.scheduled):
+            if s.request.prompt_logprobs is not None:
+                first = ends[i] - s.num_new_tokens + 1
+                last = min(s.num_computed_before + s.num_new_tokens, s.request.num_prompt_tokens - 1)
+                prompt_rows += [(first + p - s.num_computed_before, s, p)
+                                for p in range(s.num_computed_before, last)]
+        logits = self.forward(out, torch.tensor(rows + [r for r, _, _ in prompt_rows], dtype=torch.long))
+        if prompt_rows:                           # the LM head ran on these rows only
+            self._prompt_logprobs(logits[len(rows):], prompt_rows, res)
+            logits = logits[:len(rows)]
         if plain:
-            toks = self.sampler.sample(logits[[r for r, _ in plain]],
-                                       [s.request.sampling_params for _, s in plain],
-                                       [s.request.request_id for _, s in plain])
-            for (_, s), t in zip(plain, toks):
-                res.sampled[s.request.request_id] = [t]
+            self._sample_plain(logits, plain, res)
         if spec:
             # The target's distributions p (temperature, top-k/p) for every row of every sampled
             # (non-greedy) verifying request, in one batched call.
@@ -256,3 +281,43 @@ class ModelRunner:
                 res.sampled[rid] = toks
                 res.spec_accepted[rid] = len(toks) - 1
         return res
+
+    def _sample_plain(self, logits: torch.Tensor, plain: list, res: ExecutionResult) -> None:
+        """One token per plain row (a request that forks samples its row once per completion,
+        each with its completion's stream), with penalties, ``min_tokens`` and logprobs."""
+        from .parallel_sampling import completion_id
+        rows, params, ids, reqs = [], [], [], []
+        for r, s in plain:
+            req = s.request
+            rows.append(r)
+            params.append(req.sampling_params)
+            ids.append(req.request_id)
+            reqs.append(req)
+            parent = req.parent
+            if parent is not None and not parent.forked:      # the fork: n - 1 more first tokens
+                for i in range(1, parent.n):
+                    rows.append(r)
+                    params.append(parent.params[i])
+                    ids.append(completion_id(parent.request_id, i))
+                    reqs.append(req)                          # same prompt, same (empty) output
+        raw = logits[rows].float()
+        adjusted = raw
+        if any(p.penalized for p in params):
+            adjusted = apply_penalties(raw, reqs)
+        if any(p.min_tokens for p in params):
+            adjusted = mask_stop_tokens(adjusted if adjusted is not raw else raw.clone(), reqs)
+        toks = self.sampler.sample(adjusted, params, ids)
+        want = [j for j, p in enumerate(params) if p.logprobs is not None]
+        logp = torch.log_softmax(raw[want], dim=-1) if want else None
+        for j, t in enumerate(toks):
+            res.sampled[ids[j]] = [t]
+        for row, j in enumerate(want):
+            res.logprobs[ids[j]] = [token_logprobs(logp[row], toks[j], params[j].logprobs)]
+
+    @staticmethod
+    def _prompt_logprobs(logits: torch.Tensor, prompt_rows: list, res: ExecutionResult) -> None:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        for row, (_, s, p) in enumerate(prompt_rows):
+            req = s.request
+            res.prompt_logprobs.setdefault(req.request_id, []).append(
+                (p + 1, token_logprobs(logp[row], req.prompt_token_ids[p + 1], req.sampling_params.prompt_logprobs)))

@@ -96,6 +96,18 @@ class Request:
         self.num_cached_tokens = 0        # of those, how many came from the prefix cache
         self.finish_reason: Optional[str] = None
         self.finish_detail: Optional[str] = None
+        self.stop_reason = None           # the stop string or stop token id that ended it (None: EOS)
+        self.stop_text: Optional[str] = None   # the output text, cut where a stop string matched
+        self.detokenizer = None           # incremental text of the output (only for stop strings)
+        # Log-probabilities (SamplingParams.logprobs / prompt_logprobs): one dict per output token,
+        # and one per prompt token (None for the first, which nothing predicts).
+        self.output_logprobs: Optional[list] = [] if sampling_params.logprobs is not None else None
+        self.prompt_logprobs: Optional[list] = ([None] * len(self.prompt_token_ids)
+                                                if sampling_params.prompt_logprobs is not None else None)
+        # Parallel sampling (SamplingParams.n > 1): the group this sequence belongs to, and which
+        # completion it is. The first sequence runs the prompt alone and forks the others.
+        self.parent = None                # minillm.parallel_sampling.ParentRequest, or None
+        self.index = 0
         self.pending_finish_reason: Optional[str] = None   # done, but returned later (static / every-N)
         self.metrics = RequestMetrics(arrival_time=arrival_time, num_prompt_tokens=len(prompt_token_ids),
                                       priority=priority, tenant=tenant)
@@ -130,6 +142,13 @@ class Request:
     def max_len(self) -> int:
         """The most positions this request may ever occupy (prompt + max_tokens)."""
         return len(self.prompt_token_ids) + self.sampling_params.max_tokens
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences this request stands for against ``max_num_seqs``: all ``n`` of its group
+        until it forks them, then 1 (each forked sequence counts itself)."""
+        p = self.parent
+        return p.n if p is not None and not p.forked else 1
 
     @property
     def is_finished(self) -> bool:

@@ -1,9 +1,12 @@
 """Sampling: turn each request's logits into its next token.
 
-Greedy rows take the argmax (all at once). The others are scaled by their
-temperature, cut to top-k / top-p in one batched sort, and drawn with the
-request's own generator, so a seeded request gives the same tokens whatever
-else shares its batch.
+First the logits are adjusted where a request asks for it (``apply_penalties``:
+repetition, frequency and presence penalties; ``mask_stop_tokens``: no stop token
+before ``min_tokens``). Greedy rows then take the argmax (all at once). The others
+are scaled by their temperature, cut to top-k / top-p in one batched sort, and
+drawn with the request's own generator, so a seeded request gives the same tokens
+whatever else shares its batch. ``token_logprobs`` reports what the model thought
+of the chosen token: log-softmax of its unadjusted logits.
 """
 
 from __future__ import annotations
@@ -27,6 +30,68 @@ def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     sorted_p = sorted_p * keep
     out = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
     return out / out.sum(-1, keepdim=True)
+
+
+def apply_penalties(logits: torch.Tensor, requests) -> torch.Tensor:
+    """The penalties of each row's request, on a copy of ``logits`` [R, V], in vLLM's order:
+
+    * ``repetition_penalty`` p (Keskar et al. 2019, as transformers'
+      ``RepetitionPenaltyLogitsProcessor``): every token of the prompt or the output so far has
+      its logit divided by p if positive, multiplied by p if not;
+    * ``frequency_penalty`` f and ``presence_penalty`` a (the OpenAI API's): a token that
+      occurs c times in the output so far loses ``f * c + a * (c > 0)``.
+    """
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    for i, req in enumerate(requests):
+        sp = req.sampling_params
+        row = logits[i]
+        if sp.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(req.prompt_token_ids) | set(req.output_token_ids)),
+                                dtype=torch.long, device=logits.device)
+            x = row[seen]
+            row[seen] = torch.where(x > 0, x / sp.repetition_penalty, x * sp.repetition_penalty)
+        if (sp.frequency_penalty or sp.presence_penalty) and req.output_token_ids:
+            counts = torch.bincount(torch.tensor(req.output_token_ids, dtype=torch.long),
+                                    minlength=vocab).to(device=logits.device, dtype=logits.dtype)
+            row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def stop_token_ids(req) -> list[int]:
+    """The tokens that would end ``req``: its stop_token_ids, and EOS unless ignore_eos."""
+    sp = req.sampling_params
+    ids = list(sp.stop_token_ids)
+    if req.eos_token_id is not None and not sp.ignore_eos:
+        ids.append(req.eos_token_id)
+    return ids
+
+
+def mask_stop_tokens(logits: torch.Tensor, requests) -> torch.Tensor:
+    """``min_tokens``: while a request has fewer output tokens, its stop tokens cannot be drawn
+    (their logits become -inf), as transformers' ``MinNewTokensLengthLogitsProcessor``."""
+    for i, req in enumerate(requests):
+        if len(req.output_token_ids) < req.sampling_params.min_tokens:
+            ids = stop_token_ids(req)
+            if ids:
+                logits[i, ids] = float("-inf")
+    return logits
+
+
+def token_logprobs(logprobs: torch.Tensor, token: int, k: int) -> dict:
+    """``{token id: Logprob}`` for one position: the ``k`` most likely tokens and ``token``
+    (the one sampled, or the prompt's), from a row of log-probabilities [V]. Rank 1 = most likely."""
+    from .outputs import Logprob
+    lp = logprobs.float().cpu()
+    out = {}
+    if k:
+        top = torch.topk(lp, k)
+        for r, (v, t) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
+            out[t] = Logprob(v, r + 1)
+    if token not in out:
+        v = lp[token]
+        out[token] = Logprob(float(v), int((lp > v).sum()) + 1)
+    return out
 
 
 class Sampler:

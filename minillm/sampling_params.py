@@ -1,4 +1,11 @@
-"""SamplingParams: how one request picks its next token and when it stops."""
+"""SamplingParams: how one request picks its next token and when it stops.
+
+The fields and their meaning follow vLLM's ``SamplingParams``, so what a reader learns here
+transfers: ``n`` completions per prompt (parallel sampling, sharing the prompt's KV blocks),
+stop strings, ``min_tokens``, ``logprobs`` / ``prompt_logprobs`` and the three penalties
+(``repetition_penalty`` as in Keskar et al. 2019, CTRL; ``presence_penalty`` and
+``frequency_penalty`` as in the OpenAI API). Every field is checked where it is written.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +25,15 @@ class SamplingParams:
     seed: Optional[int] = None        # per-request generator seed (reproducible sampling)
     ignore_eos: bool = False          # keep generating past the end-of-sequence token
     stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end the request
+    n: int = 1                        # completions of this prompt (parallel sampling)
+    stop: list[str] = field(default_factory=list)   # strings that end a completion (matched on its text)
+    include_stop_str_in_output: bool = False        # keep the matched stop string at the end of the text
+    min_tokens: int = 0               # no EOS / stop token / stop string before this many tokens
+    logprobs: Optional[int] = None    # top-k log-probabilities per output token (+ the sampled one)
+    prompt_logprobs: Optional[int] = None  # the same for each prompt token (after the first)
+    presence_penalty: float = 0.0     # subtracted once from every token already in the output
+    frequency_penalty: float = 0.0    # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0   # divides positive / multiplies negative logits of seen tokens
 
     def __post_init__(self) -> None:
         # Checked here, so a bad value fails where it is written, naming the field; integer-like
@@ -34,7 +50,38 @@ class SamplingParams:
             raise TypeError(f"SamplingParams.stop_token_ids={stop!r}: must be a list of token ids "
                             "(integers), e.g. [13]")
         self.stop_token_ids = [as_int(own, f"stop_token_ids[{i}]", t, 0) for i, t in enumerate(stop)]
+        self.n = as_int(own, "n", self.n, 1)
+        strings = [self.stop] if isinstance(self.stop, str) else self.stop
+        if strings is None:
+            strings = []
+        if isinstance(strings, (bytes, bytearray)) or not isinstance(strings, Iterable):
+            raise TypeError(f"SamplingParams.stop={self.stop!r}: must be a string or a list of strings")
+        strings = list(strings)
+        for i, t in enumerate(strings):
+            if not isinstance(t, str):
+                raise TypeError(f"SamplingParams.stop[{i}]={t!r}: must be a string")
+            if not t:
+                raise ValueError(f"SamplingParams.stop[{i}]={t!r}: an empty stop string would match "
+                                 "everywhere")
+        self.stop = strings
+        self.include_stop_str_in_output = as_bool(own, "include_stop_str_in_output",
+                                                  self.include_stop_str_in_output)
+        self.min_tokens = as_int(own, "min_tokens", self.min_tokens, 0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"SamplingParams.min_tokens={self.min_tokens}: must be <= "
+                             f"max_tokens={self.max_tokens}")
+        self.logprobs = as_int(own, "logprobs", self.logprobs, 0, optional=True)
+        self.prompt_logprobs = as_int(own, "prompt_logprobs", self.prompt_logprobs, 0, optional=True)
+        self.presence_penalty = as_real(own, "presence_penalty", self.presence_penalty, -2.0, 2.0)
+        self.frequency_penalty = as_real(own, "frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        self.repetition_penalty = as_real(own, "repetition_penalty", self.repetition_penalty, 0.0,
+                                          low_open=True)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Do the logits need changing before sampling (penalties)?"""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0

@@ -34,9 +34,11 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .detokenizer import IncrementalDetokenizer, find_stop
 from .request import Request, RequestStatus
 from .step_journal import StepJournal
-from .step_record import BatchEntry, PreemptionEvent, WaitingEntry
+from .parallel_sampling import completion_id
+from .step_record import BatchEntry, BlockCopy, ForkEvent, PreemptionEvent, WaitingEntry
 
 
 @dataclass(slots=True)          # one per request per step: slots make it cheap to create
@@ -72,6 +74,7 @@ class SchedulerOutput:
     swap_out: list[tuple[int, int]] = field(default_factory=list)   # (device block, host block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)    # (host block, device block)
     swapped_in: list[str] = field(default_factory=list)
+    copies: list[BlockCopy] = field(default_factory=list)           # copy-on-write: src -> dst, before the forward
     released: list[Request] = field(default_factory=list)  # finished earlier, returned now (static / every-N)
     reformed: bool = True          # did this pass re-form the batch?
 
@@ -85,13 +88,16 @@ class StepUpdate:
     """What applying one step's results did (``Scheduler.update_from_output``)."""
     batch: list[BatchEntry]
     finished: list[Request]          # finished (or returned from the held set) this step
+    forked: list[Request] = field(default_factory=list)     # sequences forked this step (parallel sampling)
+    forks: list[ForkEvent] = field(default_factory=list)
     spec_proposed: int = 0
     spec_accepted: int = 0
 
 
 class Scheduler:
-    def __init__(self, config, kv, policy, cost_model=None):
+    def __init__(self, config, kv, policy, cost_model=None, tokenizer=None):
         self.config = config
+        self.tokenizer = tokenizer       # for stop strings (SamplingParams.stop), matched on text
         self.kv = kv                     # PagedKVCacheManager | ReservedKVCacheManager
         self.policy = policy
         self.cost_model = cost_model     # for preemption_mode="auto"
@@ -111,11 +117,15 @@ class Scheduler:
         self.simulated = config.executor == "simulated"
         self.journal = StepJournal()        # what the step in progress changed (see checkpoint)
         self._arrivals: list = []           # (time, seq, request) released from ``incoming`` this step
+        self._forked: list = []             # parents whose groups forked this step (undone on rollback)
+        self.has_groups = False             # was any request with n > 1 ever added? (seat counting)
 
     # --- bookkeeping ------------------------------------------------------------------
     def add(self, req: Request) -> None:
         """Queue a request. One from the future (a trace) waits in ``incoming`` until the clock
         reaches its arrival time, so a pass never looks at requests that have not arrived."""
+        if req.parent is not None:
+            self.has_groups = True
         if req.arrival_time <= self.now:
             self.waiting.append(req)
         else:
@@ -176,6 +186,7 @@ class Scheduler:
         KV tables are saved as the step first touches them)."""
         self.journal = StepJournal()
         self._arrivals = []
+        self._forked = []
         self.kv.begin_step()
         return (list(self.waiting), list(self.running), list(self.swapped), list(self.held),
                 dict(self.counters), self.num_passes, self._admit_counter, self.now)
@@ -185,6 +196,7 @@ class Scheduler:
         self.kv.end_step()
         self.journal = StepJournal()
         self._arrivals = []
+        self._forked = []
 
     def rollback(self, checkpoint: tuple) -> None:
         """The step raised: put the queues, the requests and the KV tables back. A request whose
@@ -192,6 +204,10 @@ class Scheduler:
         (self.waiting, self.running, self.swapped, self.held, self.counters, self.num_passes,
          self._admit_counter, self.now) = checkpoint
         self.journal.restore()
+        for parent in self._forked:          # the forked sequences never existed
+            parent.forked = False
+            del parent.members[1:]
+        self._forked = []
         for item in self._arrivals:
             heapq.heappush(self.incoming, item)
         self._arrivals = []
@@ -203,18 +219,39 @@ class Scheduler:
 
     # --- applying a step's results -----------------------------------------------------
     def check_stop(self, req: Request, tok: int) -> Optional[str]:
-        """Does ``tok`` (just appended) end the request? "stop", "length" or None."""
+        """Does ``tok`` (just appended) end the request? "stop", "length" or None. Before
+        ``min_tokens`` tokens only the length limits end it; a stop token or string that ends
+        it is kept in ``req.stop_reason`` (EOS leaves it None, as in vLLM)."""
         sp = req.sampling_params
-        if tok == req.eos_token_id and not sp.ignore_eos:
-            return "stop"
-        if sp.stop_token_ids and tok in sp.stop_token_ids:
-            return "stop"
         n_out = len(req.output_token_ids)     # (plain len: this runs once per token, keep it cheap)
+        early = n_out < sp.min_tokens
+        if tok == req.eos_token_id and not sp.ignore_eos and not early:
+            return "stop"
+        if sp.stop_token_ids and tok in sp.stop_token_ids and not early:
+            req.stop_reason = tok
+            return "stop"
+        if sp.stop and self.tokenizer is not None and self._stop_string(req, early):
+            return "stop"
         if n_out >= sp.max_tokens or len(req.prompt_token_ids) + n_out >= self.config.max_model_len:
             return "length"
         if self.simulated and req.expected_output_len is not None and n_out >= req.expected_output_len:
             return "stop"       # the simulator's stand-in for the model emitting EOS at the trace length
         return None
+
+    def _stop_string(self, req: Request, early: bool) -> bool:
+        """Extend the output's text by its newest token; True if a stop string now appears in it
+        (the text is then cut before it, or after it with ``include_stop_str_in_output``)."""
+        if req.detokenizer is None:
+            req.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        d = req.detokenizer
+        new = d.update(req.output_token_ids)
+        hit = find_stop(d.text, len(new), req.sampling_params.stop) if new and not early else None
+        if hit is None:
+            return False
+        i, stop = hit
+        req.stop_reason = stop
+        req.stop_text = d.text[:i + len(stop)] if req.sampling_params.include_stop_str_in_output else d.text[:i]
+        return True
 
     def update_from_output(self, out: SchedulerOutput, result, t: float) -> StepUpdate:
         """Apply what the executor returned (``result.sampled``, ``result.spec_accepted``) at
@@ -230,6 +267,7 @@ class Scheduler:
 
         upd = StepUpdate(batch=[], finished=finished)
         sampled, accepted_by = result.sampled, result.spec_accepted
+        logprobs, prompt_logprobs = result.logprobs, result.prompt_logprobs
         save_progress = self.journal.save_progress
         for s in out.scheduled:
             req = s.request
@@ -264,8 +302,16 @@ class Scheduler:
             if appended > 1 and reason:
                 # Tokens accepted past a stop are dropped: keep KV consistent with the output.
                 req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
+            if logprobs and req.output_logprobs is not None:
+                req.output_logprobs += logprobs.get(req.request_id, ())[:appended]
+            if prompt_logprobs and req.request_id in prompt_logprobs:
+                for pos, lp in prompt_logprobs[req.request_id]:
+                    if req.prompt_logprobs[pos] is None:      # recomputed after a preemption: kept
+                        req.prompt_logprobs[pos] = lp
             upd.batch.append(BatchEntry(req.request_id, s.phase, s.num_new_tokens, s.num_computed_before,
                                         req.num_computed_tokens, len(s.spec_token_ids), accepted, appended))
+            if appended and req.parent is not None and not req.parent.forked:
+                self._fork(req, result, t, upd)
             if reason and self.finish(req, reason, t):
                 finished.append(req)
         if self.config.batching == "static" and not self.running and self.held:
@@ -275,6 +321,44 @@ class Scheduler:
             self.held = []
         self.policy.on_step(out.scheduled, t)
         return upd
+
+    def _fork(self, first: Request, result, t: float, upd: StepUpdate) -> None:
+        """Parallel sampling: the prompt is computed and its logits were sampled once per
+        completion. Create the other n - 1 sequences, each sharing every block of ``first``
+        (see ``minillm/parallel_sampling.py``), with its own first token."""
+        parent = first.parent
+        parent.forked = True
+        self._forked.append(parent)
+        shared: list[int] = []
+        for i in range(1, parent.n):
+            cid = completion_id(parent.request_id, i)
+            seq = Request(cid, first.prompt_token_ids, parent.params[i], first.arrival_time, first.priority,
+                          first.tenant, first.eos_token_id, first.expected_output_len, prompt=first.prompt)
+            seq.parent, seq.index = parent, i
+            seq.status = RequestStatus.RUNNING
+            seq.num_computed_tokens = first.num_computed_tokens
+            seq.num_cached_tokens = first.num_cached_tokens
+            seq.admit_seq = first.admit_seq
+            m, fm = seq.metrics, first.metrics
+            m.first_scheduled_time, m.num_cached_tokens, m.clock = fm.first_scheduled_time, fm.num_cached_tokens, fm.clock
+            if first.prompt_logprobs is not None:
+                seq.prompt_logprobs = first.prompt_logprobs
+            shared = self.kv.fork(first, seq)
+            parent.members.append(seq)
+            self.running.append(seq)
+            upd.forked.append(seq)
+            # The runner sampled each completion's first token; the simulator, which samples
+            # nothing, gives them all the first sequence's placeholder.
+            tok = result.sampled.get(cid, first.output_token_ids[-1:])[0]
+            seq.output_token_ids.append(tok)
+            m.token_times.append(t)
+            m.first_token_time = t
+            if seq.output_logprobs is not None:
+                seq.output_logprobs += result.logprobs.get(cid, ())
+            reason = self.check_stop(seq, tok)
+            if reason and self.finish(seq, reason, t):
+                upd.finished.append(seq)
+        upd.forks.append(ForkEvent(parent.request_id, [m.request_id for m in parent.members], shared))
 
     def _next_admit_seq(self) -> int:
         self._admit_counter += 1
@@ -320,6 +404,7 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         out = self._schedule_pass(now)
         self._cap_queue(now, out)        # after admission: a free slot never turns a request away
+        out.copies = [BlockCopy(*c) for c in self.kv.take_copies()]   # copy-on-write, before the forward
         return out
 
     def _schedule_pass(self, now: float) -> SchedulerOutput:
@@ -367,9 +452,9 @@ class Scheduler:
                 # The victim is chosen among all running requests; one already granted tokens
                 # this pass gives them back.
                 victim = self.policy.pick_victim(list(self.running), now)
-                budget += self._unschedule(victim, out, scheduled_ids)
-                self.preempt(victim, out, f"{req.request_id} needed a KV block and none was free")
-                if victim is req:
+                budget += self._preempt_group(victim, out, scheduled_ids,
+                                              f"{req.request_id} needed a KV block and none was free")
+                if req.status is not RequestStatus.RUNNING:     # the victim, or in its group
                     break
             if req.status is not RequestStatus.RUNNING:
                 continue
@@ -382,7 +467,7 @@ class Scheduler:
             return out
 
         # 2. Swapped-out requests come back before anybody new is admitted.
-        while self.swapped and len(self.running) < cfg.max_num_seqs and budget > 0:
+        while self.swapped and self._num_seqs() + self.swapped[0].num_seqs <= cfg.max_num_seqs and budget > 0:
             req = self.swapped[0]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             ok, need, free = self.kv.can_swap_in(req, self.watermark_blocks)
@@ -443,16 +528,20 @@ class Scheduler:
                     break                               # long queue: record only the first entries
                 out.waiting.append(WaitingEntry(req.request_id, f"queued behind {blocker}"))
                 continue
-            if len(self.running) >= cfg.max_num_seqs:
+            seats, extra_blocks = self._group_need(req)
+            while self._num_seqs() + seats > cfg.max_num_seqs:
                 victim = self.policy.preempt_for(req, self.running, now)
                 if victim is None or self._just_placed(victim, out):
-                    out.waiting.append(WaitingEntry(
-                        req.request_id, f"max_num_seqs={cfg.max_num_seqs} requests already running"))
-                    blocker = req.request_id
-                    continue
-                budget += self._unschedule(victim, out, scheduled_ids)
-                self.preempt(victim, out, f"{req.request_id} has higher priority")
-            cached = self.kv.find_cached_prefix(req)
+                    break
+                budget += self._preempt_group(victim, out, scheduled_ids, f"{req.request_id} has higher priority")
+            if self._num_seqs() + seats > cfg.max_num_seqs:
+                out.waiting.append(WaitingEntry(
+                    req.request_id, f"max_num_seqs={cfg.max_num_seqs} requests already running"
+                    + (f" (it needs {seats} for its parallel samples)" if seats > 1 else "")))
+                blocker = req.request_id
+                continue
+            reserve = self.watermark_blocks + extra_blocks
+            cached = self.kv.find_cached_prefix(req) if req.prompt_logprobs is None else []
             computed = len(cached) * self.kv.block_size
             n = req.num_tokens - computed
             if n > budget:
@@ -464,17 +553,19 @@ class Scheduler:
                     blocker = req.request_id
                     continue
                 n = budget                              # chunked prefill: take what fits
-            ok, need, free = self.kv.can_allocate(req, n, cached, self.watermark_blocks)
+            ok, need, free = self.kv.can_allocate(req, n, cached, reserve)
             while not ok:                               # priority: push lower classes out until it fits
                 victim = self.policy.preempt_for(req, self.running, now)
                 if victim is None or self._just_placed(victim, out):
                     break
-                budget += self._unschedule(victim, out, scheduled_ids)
-                self.preempt(victim, out, f"{req.request_id} has higher priority and needs its memory")
-                ok, need, free = self.kv.can_allocate(req, n, cached, self.watermark_blocks)
+                budget += self._preempt_group(victim, out, scheduled_ids,
+                                              f"{req.request_id} has higher priority and needs its memory")
+                ok, need, free = self.kv.can_allocate(req, n, cached, reserve)
             if not ok:
-                reason = self.kv.explain_wait(req, n, cached, self.watermark_blocks,
+                reason = self.kv.explain_wait(req, n, cached, reserve,
                                               requests={r.request_id: r for r in self.running})
+                if extra_blocks:
+                    reason += f" ({extra_blocks} more for its parallel samples)"
                 out.waiting.append(WaitingEntry(req.request_id, reason))
                 blocker = req.request_id
                 continue
@@ -495,6 +586,41 @@ class Scheduler:
             out.scheduled.append(grant(req, n))
             scheduled_ids.add(req.request_id)
             budget -= n
+        return budget
+
+    def _num_seqs(self) -> int:
+        """Sequences the running set counts against ``max_num_seqs``: one each, except a
+        parallel-sampling group that has not forked yet, which counts all n."""
+        if not self.has_groups:
+            return len(self.running)
+        return sum(r.num_seqs for r in self.running)
+
+    def _group_need(self, req: Request) -> tuple[int, int]:
+        """(seats, extra blocks) admitting ``req`` must find room for. A parallel-sampling group
+        that has not forked needs n seats, and keeps one block per other sample free (each may
+        need one at its first decode step). The first waiting member of a forked group that was
+        preempted together claims the seats of all its waiting members; their memory is
+        checked one by one (the whole group may never fit at once, each member does)."""
+        p = req.parent
+        if p is None:
+            return 1, 0
+        if not p.forked:
+            return p.n, p.n - 1
+        return sum(1 for m in p.members if m.status is RequestStatus.PREEMPTED), 0
+
+    def _preempt_group(self, victim: Request, out: SchedulerOutput, scheduled_ids: set, reason: str) -> int:
+        """Preempt ``victim``, and with it the other running sequences of its parallel-sampling
+        group (a group is preempted together). Returns the budget tokens given back."""
+        group = [victim]
+        p = victim.parent
+        if p is not None and p.forked:
+            group += [m for m in p.members if m is not victim and m.status is RequestStatus.RUNNING
+                      and m in self.running]
+        budget = 0
+        for m in group:
+            budget += self._unschedule(m, out, scheduled_ids)
+            self.preempt(m, out, reason if m is victim else
+                         f"{reason}; preempted with {victim.request_id}, its parallel-sampling group")
         return budget
 
     @staticmethod

@@ -10,7 +10,7 @@ ends, ``restore()`` replays the log backwards and every request is as it was bef
 from __future__ import annotations
 
 _REQUEST_FIELDS = ("status", "num_computed_tokens", "num_cached_tokens", "finish_reason", "finish_detail",
-                   "pending_finish_reason", "admit_seq", "num_preemptions")
+                   "pending_finish_reason", "admit_seq", "num_preemptions", "stop_reason", "stop_text")
 _METRICS_FIELDS = ("first_scheduled_time", "first_token_time", "finish_time", "num_output_tokens",
                    "num_cached_tokens", "num_preemptions", "num_recomputed_tokens", "num_spec_proposed",
                    "num_spec_accepted", "finish_reason")
@@ -50,5 +50,7 @@ class StepJournal:
                 req.num_computed_tokens, req.metrics.first_token_time = a, b
             del req.output_token_ids[n_out:]
             del req.metrics.token_times[n_times:]
+            if req.output_logprobs is not None:
+                del req.output_logprobs[n_out:]
         self._log.clear()
         self._saved.clear()

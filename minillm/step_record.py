@@ -38,6 +38,22 @@ class PreemptionEvent:
 
 
 @dataclass
+class ForkEvent:
+    """Parallel sampling: a request's prompt is computed and its n sequences now share its blocks."""
+    request_id: str             # the request (the group)
+    sequences: list[str]        # its sequences, completion 0 first
+    shared_blocks: list[int]    # the blocks all of them hold (reference count = len(sequences))
+
+
+@dataclass
+class BlockCopy:
+    """Copy-on-write: a sequence about to write into a shared block got its own copy."""
+    request_id: str             # the sequence that writes
+    src_block: int              # the shared block (one reference fewer now)
+    dst_block: int              # its fresh copy, now in the sequence's block table
+
+
+@dataclass
 class BlockInfo:
     """One KV block (or, under reservation, one block-sized slice of the address space)."""
     block_id: int
@@ -103,6 +119,8 @@ class StepRecord:
     spec_accepted: int = 0
     draft_time: float = 0.0     # the draft model's share of duration (speculative decoding)
     swap_bytes: int = 0         # KV bytes copied to or from host memory this step
+    forks: list[ForkEvent] = field(default_factory=list)     # parallel sampling: groups forked this step
+    copies: list[BlockCopy] = field(default_factory=list)    # copy-on-write copies made before the forward
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -130,6 +148,11 @@ class StepRecord:
             parts.append("admitted " + ", ".join(self.admitted))
         for p in self.preempted:
             parts.append(f"preempted {p.request_id} ({p.mode}: {p.reason})")
+        for f in self.forks:
+            parts.append(f"forked {f.request_id} into {len(f.sequences)} sequences sharing "
+                         f"{len(f.shared_blocks)} blocks")
+        for c in self.copies:
+            parts.append(f"copy-on-write for {c.request_id}: block {c.src_block} -> {c.dst_block}")
         if self.finished:
             parts.append("finished " + ", ".join(self.finished))
         for w in self.waiting:

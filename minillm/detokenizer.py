@@ -1,0 +1,59 @@
+"""Incremental detokenization and stop strings.
+
+A stop string (``SamplingParams.stop``) is matched on the *text* of the output, which grows
+token by token. Decoding the whole output after every token costs O(n) per token; vLLM
+decodes incrementally instead: it keeps two offsets into the output's token ids and decodes
+only a short window each time. ``prefix_offset..read_offset`` is text already emitted (it
+gives the window its context, since many tokenizers render a token differently at the start
+of a string), ``read_offset..end`` is new. The new text is the window's decoding minus the
+prefix's; while it ends in an incomplete UTF-8 character ("\\ufffd") nothing is emitted and
+the window grows by one token.
+
+``find_stop`` then searches only the end of the text the new piece could complete: a stop
+string of length L that was not there before must end inside the new piece, so it starts at
+most L - 1 characters before it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class IncrementalDetokenizer:
+    """The text of one sequence's output, extended one token at a time."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.text = ""
+        self.num_tokens = 0        # output tokens already taken in
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def update(self, token_ids: list[int]) -> str:
+        """Take in the output's tokens not seen yet; returns the text they add (possibly "")."""
+        if len(token_ids) < self.num_tokens:      # the output was cut back (a step undone): start over
+            self.__init__(self.tokenizer)
+        added = []
+        decode = self.tokenizer.decode
+        for n in range(self.num_tokens + 1, len(token_ids) + 1):
+            prefix = decode(token_ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
+            window = decode(token_ids[self.prefix_offset:n], skip_special_tokens=True)
+            if len(window) > len(prefix) and not window.endswith("\ufffd"):
+                added.append(window[len(prefix):])
+                self.prefix_offset, self.read_offset = self.read_offset, n
+        self.num_tokens = len(token_ids)
+        new = "".join(added)
+        self.text += new
+        return new
+
+
+def find_stop(text: str, num_new_chars: int, stops: list[str]) -> Optional[tuple[int, str]]:
+    """The earliest stop string that ends inside the last ``num_new_chars`` characters of
+    ``text``: (its start index in ``text``, the string), or None."""
+    best = None
+    for stop in stops:
+        start = max(0, len(text) - num_new_chars - len(stop) + 1)
+        i = text.find(stop, start)
+        if i >= 0 and (best is None or i < best[0]):
+            best = (i, stop)
+    return best

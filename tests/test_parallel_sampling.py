@@ -1,0 +1,212 @@
+"""Parallel sampling (SamplingParams.n): one prompt, n completions sharing the prompt's KV
+blocks, with copy-on-write for the partly filled last block.
+
+Proof: greedy n=1 is unchanged; n=k with a seed gives the k completions of k separate
+requests seeded with ``completion_seed(seed, i)``; the blocks held at the first decode
+step are the prompt's once plus at most one per sample; the engine's invariants hold
+after every step with forks, copies, the abort of one sample and the preemption of the group.
+"""
+
+import math
+
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams
+from minillm.invariants import check_all_free, check_invariants
+from minillm.parallel_sampling import completion_id, completion_seed
+
+torch.set_num_threads(1)
+
+
+def run(engine, every=None):
+    recs = []
+    while engine.has_unfinished_requests():
+        rec = engine.step()
+        check_invariants(engine, rec)
+        if every is not None:
+            every(rec)
+        recs.append(rec)
+        assert len(recs) < 5000, "no progress"
+    check_all_free(engine)
+    return recs
+
+
+@pytest.fixture(scope="module")
+def shakespeare():
+    return LLM(max_model_len=256, block_size=8, num_kv_blocks=200)
+
+
+def test_n1_greedy_unchanged(shakespeare):
+    sp = dict(temperature=0, max_tokens=20)
+    a = shakespeare.generate(["ROMEO:", "JULIET:"], SamplingParams(**sp))
+    b = shakespeare.generate(["ROMEO:", "JULIET:"], SamplingParams(**sp, n=1))
+    for x, y in zip(a, b):
+        assert x.token_ids == y.token_ids and len(y.outputs) == 1
+        assert y.outputs[0].token_ids == y.token_ids and y.outputs[0].text == y.text
+
+
+@pytest.mark.parametrize("prompt", ["ROMEO:", "KING RICHARD III:\nNow is the winter of our discontent"])
+def test_n_samples_equal_separate_requests_with_derived_seeds(shakespeare, prompt):
+    k, seed = 4, 1234
+    sp = dict(temperature=1.0, top_p=0.95, max_tokens=24, ignore_eos=True)
+    group = shakespeare.generate([prompt], SamplingParams(**sp, n=k, seed=seed, logprobs=1))[0]
+    assert [c.index for c in group.outputs] == list(range(k))
+    separate = shakespeare.generate([prompt] * k, [SamplingParams(**sp, seed=completion_seed(seed, i), logprobs=1)
+                                                   for i in range(k)])
+    for c, s in zip(group.outputs, separate):
+        assert c.token_ids == s.token_ids and c.text == s.text
+        assert c.cumulative_logprob == pytest.approx(s.outputs[0].cumulative_logprob, abs=1e-4)
+    assert len({tuple(c.token_ids) for c in group.outputs}) > 1     # the samples do differ
+    assert group.token_ids == group.outputs[0].token_ids and group.text == group.outputs[0].text
+    assert completion_seed(seed, 0) == seed
+
+
+def held_blocks(engine):
+    return {b.block_id for blocks in engine.kv.req_blocks.values() for b in blocks}
+
+
+@pytest.mark.parametrize("prompt_len", [512, 500])
+def test_blocks_at_first_decode_prompt_once_plus_one_per_sample(prompt_len):
+    bs, n = 16, 8
+    llm = LLM("random", executor="simulated", block_size=bs, num_kv_blocks=100, max_model_len=600,
+              max_num_batched_tokens=600)
+    e = llm.engine
+    e.add_request([1 + i % 400 for i in range(prompt_len)], SamplingParams(n=n, max_tokens=4, ignore_eos=True),
+                  request_id="g")
+    first = e.step()                                   # the prompt, then the fork
+    check_invariants(e, first)
+    prompt_blocks = math.ceil(prompt_len / bs)
+    assert [f.request_id for f in first.forks] == ["g"] and len(first.forks[0].sequences) == n
+    assert len(first.forks[0].shared_blocks) == prompt_blocks
+    assert len(held_blocks(e)) == prompt_blocks
+    assert all(e.kv.pool.blocks[b].ref_count == n for b in first.forks[0].shared_blocks)
+    decode = e.step()                                  # every sample writes its first token's KV
+    check_invariants(e, decode)
+    assert sorted(x.request_id for x in decode.batch) == sorted(completion_id("g", i) for i in range(n))
+    held = len(held_blocks(e))
+    assert held <= prompt_blocks + n
+    if prompt_len % bs:                                # the last block was partly filled: copy-on-write
+        assert len(decode.copies) == n - 1 and held == prompt_blocks + n - 1
+        srcs = {c.src_block for c in decode.copies}
+        assert srcs == {first.forks[0].shared_blocks[-1]}
+    else:                                              # all full: each sample starts a new block
+        assert not decode.copies and held == prompt_blocks + n
+    # Without sharing, the same 8 samples would hold 8 copies of the prompt.
+    assert n * prompt_blocks > 2 * held
+    run(e)
+
+
+def test_copy_on_write_copies_the_kv_through_the_triton_kernel():
+    """On a real model (Triton's interpreter on the CPU): the copies happen, and the samples
+    still equal separate requests, so every copied block held the prompt's KV."""
+    llm = LLM("random", attention_backend="triton", dtype="float32", block_size=4, num_kv_blocks=40,
+              max_model_len=64)
+    e = llm.engine
+    prompt = [5, 9, 2, 7, 3, 8]                        # 6 tokens: the second block is half full
+    sp = dict(temperature=1.0, max_tokens=5, ignore_eos=True)
+    e.add_request(prompt, SamplingParams(**sp, n=3, seed=5), request_id="g")
+    recs = run(e)
+    assert sum(len(r.copies) for r in recs) == 2
+    got = e.get_output("g").outputs
+    for i in range(3):
+        e.add_request(prompt, SamplingParams(**sp, seed=completion_seed(5, i)), request_id=f"s{i}")
+    run(e)
+    assert [c.token_ids for c in got] == [e.get_output(f"s{i}").token_ids for i in range(3)]
+
+
+def test_group_counts_n_against_max_num_seqs_and_is_admitted_whole():
+    llm = LLM("random", executor="simulated", block_size=4, num_kv_blocks=64, max_num_seqs=4, max_model_len=64)
+    e = llm.engine
+    e.add_request([1] * 5, SamplingParams(max_tokens=6, ignore_eos=True), request_id="a")
+    e.add_request([2] * 5, SamplingParams(n=4, max_tokens=6, ignore_eos=True), request_id="g")
+    first = e.step()
+    assert first.admitted == ["a"]
+    w = {x.request_id: x.reason for x in first.waiting}
+    assert "needs 4" in w[completion_id("g", 0)]
+    recs = run(e)
+    admitted = next(r for r in recs if completion_id("g", 0) in r.admitted)
+    assert all(len(r.running) <= 4 for r in recs)
+    assert "a" in [x for r in recs[:recs.index(admitted)] for x in r.finished] or "a" in first.finished
+    out = e.get_output("g")
+    assert len(out.outputs) == 4 and all(len(c.token_ids) == 6 for c in out.outputs)
+
+
+def test_abort_one_sample_then_the_rest():
+    llm = LLM("random", executor="simulated", block_size=4, num_kv_blocks=64, max_model_len=64)
+    e = llm.engine
+    e.add_request([3] * 6, SamplingParams(n=3, max_tokens=10, ignore_eos=True), request_id="g")
+    for _ in range(3):
+        check_invariants(e, e.step())
+    e.abort_request(completion_id("g", 1))
+    check_invariants(e)
+    rec = e.step()
+    assert completion_id("g", 1) in rec.aborted
+    check_invariants(e, rec)
+    e.abort_request("g")                               # the request: all its samples
+    run(e)
+    out = e.get_output("g")
+    assert [c.finish_reason for c in out.outputs] == ["abort"] * 3 and out.finished
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_group_is_preempted_together_and_invariants_hold(mode):
+    llm = LLM("random", executor="simulated", block_size=4, num_kv_blocks=24, max_model_len=64,
+              preemption_mode=mode, num_swap_blocks=40 if mode == "swap" else 0, watermark=0.0)
+    e = llm.engine
+    e.add_request([2] * 10, SamplingParams(max_tokens=20, ignore_eos=True), request_id="b")
+    e.add_request([1] * 10, SamplingParams(n=3, max_tokens=20, ignore_eos=True), request_id="g")
+    group = {completion_id("g", i) for i in range(3)}
+    seen = []
+
+    def together(rec):
+        hit = {p.request_id for p in rec.preempted} & group
+        if hit:
+            seen.append(hit)
+            running = set(rec.running) & group
+            assert not running, f"part of the group kept running: {running}"
+    run(e, together)
+    assert seen, "the small cache was meant to force a preemption of the group"
+    out = e.get_output("g")
+    assert all(len(c.token_ids) == 20 for c in out.outputs)
+    assert len(e.get_output("b").token_ids) == 20
+
+
+def test_random_groups_keep_invariants():
+    """Many groups, tiny blocks, chunked prefill, aborts and preemption, invariants every step."""
+    import random
+    rng = random.Random(0)
+    for trial in range(6):
+        llm = LLM("random", executor="simulated", block_size=rng.choice([1, 2, 4]), num_kv_blocks=30,
+                  max_model_len=48, max_num_seqs=6, max_num_batched_tokens=rng.choice([8, 64]),
+                  enable_chunked_prefill=True, enable_prefix_caching=trial % 2 == 1)
+        e = llm.engine
+        ids = [e.add_request([rng.randrange(1, 50) for _ in range(rng.randint(1, 12))],
+                             SamplingParams(n=rng.randint(1, 4), max_tokens=rng.randint(1, 12), ignore_eos=True))
+               for _ in range(6)]
+        steps = 0
+        while e.has_unfinished_requests():
+            check_invariants(e, e.step())
+            steps += 1
+            if steps == 4:
+                victim = rng.choice(ids)
+                seqs = [r for r in e.requests if e.parent_id(r) == victim]
+                e.abort_request(rng.choice(seqs))
+            assert steps < 3000
+        check_all_free(e)
+        for rid in ids:
+            assert e.is_finished(rid)
+
+
+def test_fork_and_copies_in_the_record():
+    llm = LLM("random", executor="simulated", block_size=4, num_kv_blocks=32, max_model_len=64)
+    e = llm.engine
+    e.add_request([7] * 6, SamplingParams(n=2, max_tokens=3, ignore_eos=True), request_id="g")
+    r0 = e.step()
+    assert "forked g into 2 sequences" in r0.summary()
+    shared = r0.forks[0].shared_blocks
+    assert [b.ref_count for b in r0.kv.blocks if b.block_id in shared] == [2, 2]
+    r1 = e.step()
+    assert len(r1.copies) == 1 and r1.copies[0].src_block == shared[-1]
+    assert "copy-on-write" in r1.summary()
+    run(e)
