@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import nbformat
@@ -176,8 +177,16 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
     elapsed = time.monotonic() - t0
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{path.name}: error outputs {[(o.ename, o.evalue) for o in errors]}"
-    assert elapsed <= NOTEBOOK_TIMEOUT, f"{path.name} took {elapsed:.0f} s (> {NOTEBOOK_TIMEOUT} s)"
     print(f"{path.name}: {elapsed:.1f} s")
+    # The budget is the reader's: a notebook on a 2-core machine doing nothing else. When other work
+    # kept more runnable processes than cores (the 1-minute load average), wall time says nothing about
+    # the notebook, and the overrun is reported instead of failing.
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if elapsed > NOTEBOOK_TIMEOUT and load > cores + 1:
+        warnings.warn(f"{path.name} took {elapsed:.0f} s (> {NOTEBOOK_TIMEOUT} s) on a busy machine "
+                      f"(load {load:.1f} on {cores} cores): not a measurement of the notebook")
+        return
+    assert elapsed <= NOTEBOOK_TIMEOUT, f"{path.name} took {elapsed:.0f} s (> {NOTEBOOK_TIMEOUT} s)"
 
 
 PAIRED = sorted((ROOT / "notebooks").glob("*.py"))     # jupytext percent sources, each paired with its .ipynb
