@@ -28,8 +28,8 @@ __all__ = ["kv_cache_bytes", "max_batch_size", "decode_step_time", "completion_t
 # =====================================================================================
 
 def kv_cache_bytes(model: ModelSpec, num_tokens: int, batch: int = 1) -> int:
-    """Bytes of KV cache that ``batch`` requests of ``num_tokens`` positions each occupy: the
-    seeds' M_KV (Request Scheduling and Batching, "Memory Constraints").
+    """Bytes of KV cache that ``batch`` requests of ``num_tokens`` positions each occupy: M_KV,
+    the formula of notebook 01, section 3.
 
     ``model``: only ``model.num_layers``, ``model.head_dim``, ``model.num_kv_heads`` and
     ``model.dtype_bytes`` (bytes per element) count. A ``ModelSpec`` or any object with those
@@ -123,15 +123,15 @@ def decode_step_time(model: ModelSpec, hardware: HardwareSpec, batch: int, conte
 
 
 # =====================================================================================
-# Exercise 4: static vs continuous batching, the seeds' worked exercise
+# Exercise 4: static vs continuous batching, a worked example
 # =====================================================================================
 
 def completion_times(output_lens: Sequence[int], max_num_seqs: int, step_time: float = 0.010,
                      batching: str = "continuous") -> list[float]:
     """When each request is returned, in seconds, under ``batching`` ("static" or "continuous").
 
-    The seeds' exercise: 10 requests arrive together, 8 generate 100 tokens and 2 generate
-    1000, each step takes 10 ms whatever the batch. Assume, as there:
+    The worked example of notebook 01: 10 requests arrive together, 8 generate 100 tokens and 2
+    generate 1000, each step takes 10 ms whatever the batch. Assume, as there:
 
     * every request arrives at t = 0, in list order, and is served first come, first served;
     * at most ``max_num_seqs`` requests run in one step; the token budget and the KV cache
@@ -181,8 +181,8 @@ def completion_times(output_lens: Sequence[int], max_num_seqs: int, step_time: f
 
 def plan_step(running: Sequence[tuple[str, int, int]], waiting: Sequence[tuple[str, int]],
               token_budget: int, free_kv_positions: int, max_num_seqs: int) -> dict[str, int]:
-    """Which requests run in the next step, and how many new tokens each processes: the seeds'
-    Figure 2 ("How the scheduler forms a batch") with Figure 3's two checks, tokens processed
+    """Which requests run in the next step, and how many new tokens each processes:
+    Figure 2 of notebook 01 (how the scheduler forms a batch) with Figure 3's two checks, tokens processed
     in this execution (the *execution-token budget*) and KV retained after it.
 
     * ``running``: ``(request_id, num_tokens, num_computed_tokens)`` for each running request,

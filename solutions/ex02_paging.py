@@ -3,7 +3,7 @@
 * ``blocks_needed`` and ``partial_block_waste``: the arithmetic of a paged cache.
 * ``BlockAllocator``: the free list of a paged cache (PagedAttention's block allocator).
 * ``FirstFitAllocator``: max-length reservation in one contiguous address space (what
-  engines did before paging, the seeds' Figure 4).
+  engines did before paging, Figure 4 of notebook 02).
 
 The two allocators plug into the real engine: ``paged_engine(...)`` and ``reserved_engine(...)``
 at the bottom of this file build an ``LLM`` whose KV memory is managed by *your* code, so
@@ -149,8 +149,8 @@ class FirstFitAllocator:
     ``start .. start + length - 1``. Regions never overlap and stay inside the capacity.
     A new request reserves its *maximum* length up front (prompt + max_tokens), in the first
     gap, in address order, that is large enough (*first fit*). The positions it reserved but
-    has not filled yet are "reserved but unused": no one else can have them (the seeds'
-    Figure 4), and gaps too small for the next reservation are *fragmentation*.
+    has not filled yet are "reserved but unused": no one else can have them (Figure 4
+    of notebook 02), and gaps too small for the next reservation are *fragmentation*.
     """
 
     def __init__(self, capacity: int):

@@ -25,7 +25,7 @@ notebook 03's exercise cells have optional hints. Check your work with
     make grade EX=03            # or: MINILLM_IMPL=exercises pytest -m ex03 tests/test_exercises.py
 
 The graders run your policy and the engine's own (``minillm.policies``) on the same traces and
-compare every request's schedule, and check the bounds the seeds promise (no starvation).
+compare every request's schedule, and check the bounds each policy promises (no starvation).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ __all__ = ["SJFWithAging", "MLFQPolicy", "FairPolicy"]
 class SJFWithAging(Policy):
     """Shortest (predicted) job first, with aging so that long requests cannot starve.
 
-    The seeds: SJF "gives the smallest average completion time when all job lengths are
-    known", but "long requests can starve" and the length must be *predicted*. ``predictor``
+    SJF gives the smallest mean completion time when all job lengths are known, but long
+    requests can starve, and the length must be *predicted*. ``predictor``
     is a name of ``minillm.policies`` ("oracle": the true length, only a simulation knows it;
     "history": the mean of finished requests of the same tenant; "prompt": hints in the text)
     or a ``LengthPredictor``. Aging forgives a waiting request ``aging`` predicted tokens for
@@ -128,9 +128,9 @@ class SJFWithAging(Policy):
 # =====================================================================================
 
 class MLFQPolicy(Policy):
-    """The seeds' MLFQ for LLM serving: "new requests enter the highest-priority queue, and if a
-    request's execution time exceeds the queue's time slice, it is demoted to the next queue
-    level ... in LLM inference, a more natural metric is the number of tokens already generated."
+    """MLFQ for LLM serving (as in FastServe, Wu et al., 2023): new requests enter the top queue,
+    and a request that uses up its queue's time slice is demoted to the next level; in LLM
+    serving the natural time slice is a number of tokens generated.
 
     * Levels ``0 .. len(quanta)``: every request starts at level 0. At level ``i < len(quanta)``
       a request may generate ``quanta[i]`` tokens; then it moves to level ``i + 1`` and starts
@@ -140,7 +140,7 @@ class MLFQPolicy(Policy):
       memory) pushes out a running request of a *deeper* level: short requests get in past
       long ones without any length prediction.
     * Every ``boost_interval`` seconds (the engine's clock) every request goes back to level 0
-      (the seeds' "priority boost ... prevents starvation"); ``None`` turns boosting off.
+      (the priority boost, which prevents starvation); ``None`` turns boosting off.
 
     The per-request state (given): ``self.state(req)`` is a list ``[level, tokens counted at this
     level, epoch]``. A boost only increments ``self.epoch``: a request whose state is from an
@@ -255,8 +255,8 @@ class MLFQPolicy(Policy):
 # =====================================================================================
 
 class FairPolicy(Policy):
-    """Fair queuing across tenants: the seeds' "equal share per user", for "multi-tenant systems"
-    (at the price of "more bookkeeping").
+    """Fair queuing across tenants: an equal share of service per tenant, for multi-tenant systems
+    (at the price of more bookkeeping); the virtual token counter of VTC (Sheng et al., OSDI 2024).
 
     Each tenant (``request.tenant``; ``None`` is a tenant too) has a counter of the service it has
     received (``self.counters``): ``input_weight`` per prompt token prefilled plus

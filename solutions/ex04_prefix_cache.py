@@ -1,11 +1,10 @@
 """Exercises of notebook 04, "Prefix caching": the block hash, the longest-prefix match, and eviction.
 
-The seeds (Request Scheduling and Batching, "Prefix Caching"): "a hash is computed for the token
-sequence of each block, serving as an index for the KV Cache block. When a new request arrives,
-the hashes of its prefix blocks are computed. If the hashes of the first 10 blocks match, the KV
-Cache for these 160 tokens can be directly reused", and "each physical block maintains a
-reference count recording how many requests are using that block ... blocks with a reference
-count of zero are recycled."
+Each full block of tokens gets a key, a hash of its tokens chained on the previous block's
+key, which indexes the cached KV block. When a new request arrives, the keys of its prefix
+blocks are computed; if the first 10 match (blocks of 16 tokens), the KV of those 160 tokens is
+reused. Each physical block keeps a reference count of the requests using it, and a block whose
+count reaches zero can be recycled (vLLM's automatic prefix caching).
 
 * ``hash_block`` / ``block_hashes``: the key of a full block, chained on its parent's key.
 * ``longest_prefix_match``: the cached blocks a new request can reuse.

@@ -1,15 +1,15 @@
 """Exercises of notebook 05, "Preemption": the recompute-or-swap decision and the choice of victim.
 
-The seeds (Request Scheduling and Batching, "Preemption and Eviction Strategies"): "let M_KV be
-the KV Cache size, n_input the input length, S_prefill the Prefill speed (token/s), and B_PCIe
-the PCIe bandwidth (GB/s). Then the recovery time for preemption is M_KV / B_PCIe, and the
-recovery time for eviction is (n_input + n_generated) / S_prefill."
+Let M_KV be a preempted request's KV size, n_input its prompt length, n_generated the tokens
+it has generated, S_prefill the prefill speed (tokens/s) and B_PCIe the host link's bandwidth.
+Bringing it back after a swap takes M_KV / B_PCIe; after a recompute, (n_input + n_generated) /
+S_prefill (notebook 05, section 2).
 
 * ``swap_time``, ``recompute_time``, ``swap_or_recompute``: that rule. ``YourCostModel`` (given)
   makes the engine ask *your* rule whenever it preempts with ``preemption_mode="auto"``.
 * ``LeastProgressVictim``: which running request gives up its memory when one needs a block.
-* ``PriorityPreemption``: priority classes that push a lower class out (the seeds' priority
-  inversion fix).
+* ``PriorityPreemption``: priority classes that push a lower class out (the fix for
+  priority inversion).
 
 The policies plug in like any other (``LLM(policy=ex.LeastProgressVictim())``). Each docstring
 states the contract; notebook 05's exercise cells have optional hints. The rule is graded with
@@ -36,9 +36,9 @@ __all__ = ["swap_time", "recompute_time", "swap_or_recompute", "YourCostModel", 
 
 def swap_time(kv_bytes: float, pcie_bandwidth: float) -> float:
     """Seconds to bring a swapped-out request back: its KV (``kv_bytes``) copied over the
-    host link at ``pcie_bandwidth`` bytes/s (the seeds' M_KV / B_PCIe).
+    host link at ``pcie_bandwidth`` bytes/s (M_KV / B_PCIe).
 
-    >>> round(swap_time(1e9, 32e9) * 1e3, 2)     # the seeds: 1 GB over PCIe 4.0 x16, "about 20ms"
+    >>> round(swap_time(1e9, 32e9) * 1e3, 2)     # 1 GB over PCIe 4.0 x16 (32 GB/s), in ms
     31.25
     """
     ### BEGIN SOLUTION
@@ -48,10 +48,10 @@ def swap_time(kv_bytes: float, pcie_bandwidth: float) -> float:
 
 def recompute_time(num_tokens: int, prefill_tokens_per_s: float) -> float:
     """Seconds to rebuild a dropped request's KV: prefill all ``num_tokens`` positions again
-    (prompt + tokens generated so far) at ``prefill_tokens_per_s`` (the seeds'
-    (n_input + n_generated) / S_prefill).
+    (prompt + tokens generated so far) at ``prefill_tokens_per_s``
+    ((n_input + n_generated) / S_prefill).
 
-    >>> recompute_time(2000, 4000.0)             # the seeds: a 2000-token prefill, "about 500ms"
+    >>> recompute_time(2000, 4000.0)             # a 2000-token prefill at 4000 tokens/s, in s
     0.5
     """
     ### BEGIN SOLUTION
@@ -61,7 +61,7 @@ def recompute_time(num_tokens: int, prefill_tokens_per_s: float) -> float:
 
 def swap_or_recompute(kv_bytes: float, num_tokens: int, pcie_bandwidth: float,
                       prefill_tokens_per_s: float) -> str:
-    """The seeds' rule: ``"swap"`` when bringing the request back by copying its KV
+    """The cost rule: ``"swap"`` when bringing the request back by copying its KV
     (``swap_time``) is strictly faster than prefilling its ``num_tokens`` again
     (``recompute_time``), else ``"recompute"``. A tie goes to recompute: it needs no host
     memory and no copy.
@@ -119,12 +119,12 @@ class LeastProgressVictim(Policy):
 # =====================================================================================
 
 class PriorityPreemption(Policy):
-    """Priority classes (the seeds: "higher-priority requests enter the batch first"). A smaller
+    """Priority classes: higher-priority requests enter the batch first. A smaller
     ``request.priority`` is more urgent (vLLM's convention: 0 before 1).
 
-    Priority inversion: "if a low-priority request is already occupying the GPU (its KV Cache has
-    been allocated), and a high-priority request arrives but cannot immediately obtain resources,
-    the low-priority request must be preempted and its resources released."
+    Priority inversion: when a low-priority request already holds the GPU (its KV is allocated)
+    and a high-priority request arrives that cannot obtain resources at once, the low-priority
+    request must be preempted and its resources released.
     """
     name = "priority-preemption"
 

@@ -1,8 +1,8 @@
 """Exercises of notebook 06, "Speculative decoding": the acceptance rule.
 
-The seeds (Batching and Scheduling, "speculative decoding"): "A small draft model proposes several
-tokens; the target model verifies them in a single forward pass. Accepted tokens are kept, and the
-first rejection resets to that point."
+Speculative decoding (Leviathan et al., ICML 2023; Chen et al., 2023): a small draft model
+proposes several tokens; the target model verifies them in a single forward pass. Accepted tokens
+are kept, and the first rejection resets to that point.
 
 One verification step of a request: the proposer guessed ``draft = [d1, .., dk]``; the target ran
 one forward over the request's newest token and the k guesses, which gives k + 1 distributions:

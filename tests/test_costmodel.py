@@ -1,4 +1,4 @@
-"""The cost model against hand arithmetic and the seeds' numbers.
+"""The cost model against hand arithmetic and the notebooks' worked numbers.
 
 Every expected number below is written out from datasheet figures and model shapes,
 not taken from the code under test.
@@ -69,14 +69,14 @@ def test_constant_step_time_ignores_the_batch():
     assert not hasattr(cm, "kv_capacity_tokens")   # no memory size: the engine sizes KV itself
 
 
-def test_seeds_exercise_scheduling_overhead_ratio():
+def test_worked_example_scheduling_overhead_ratio():
     # Decode 15 ms per step, scheduling 0.5 ms: 3.3% per step, 0.67% when scheduling every 5 steps.
     cm = ConstantStepTime(0.015, schedule_overhead=0.0005)
     assert cm.schedule_time(10, 0) / cm.step_time([1], [1]) == pytest.approx(0.5 / 15)
     assert cm.schedule_time(10, 0) / (5 * cm.step_time([1], [1])) == pytest.approx(0.5 / 75)
 
 
-def test_seeds_exercise_static_vs_continuous_with_10ms_steps():
+def test_worked_example_static_vs_continuous_with_10ms_steps():
     # 8 requests of 100 tokens and 2 of 1000, all at once, 10 ms per decode step.
     cm = ConstantStepTime(0.010)
     clock, finish = 0.0, {}
@@ -132,8 +132,8 @@ def test_long_prefill_is_compute_bound_with_causal_attention_flops():
 
 
 def test_batching_1_to_32_throughput_vs_latency(capsys):
-    """The seeds: "from 1 to 32, throughput improves by approximately 20x, while per-step
-    latency increases by only about 1.5x". On an H100 with Llama-2-7B at 512 positions of
+    """The rule of thumb: from batch 1 to 32, throughput grows about 20x while the step time
+    grows only about 1.5x. On an H100 with Llama-2-7B at 512 positions of
     context, the roofline gives (by hand):
       b=1:  (13,476,831,232 + 1 * 513 * 524,288) B / 2.68e12 B/s + 0.3 ms = 5.429 ms
       b=32: (13,476,831,232 + 32 * 513 * 524,288) B / 2.68e12 B/s + 0.3 ms = 8.540 ms
@@ -165,10 +165,10 @@ def test_bytes_per_generated_token_is_weights_over_batch():
     assert bytes_per_generated_token("llama-2-7b", 8, context_len=100) == LLAMA7_WEIGHT_BYTES / 8 + 100 * 524_288
 
 
-def test_kv_formula_llama2_70b_against_the_seeds():
+def test_kv_formula_llama2_70b_by_hand():
     # M_KV = 2 * n_layer * d_head * n_kv_head * n_max * b * sizeof(dtype).
     # Without GQA (64 KV heads), one 4096-token request: 2 * 80 * 128 * 64 * 4096 * 1 * 2
-    # = 10,737,418,240 B = 10 GiB: the seeds' "a single request's KV Cache is approximately 10 GB".
+    # = 10,737,418,240 B = 10 GiB, the "about 10 GB" per request often quoted for Llama-2-70B.
     no_gqa = replace(MODELS["llama-2-70b"], num_kv_heads=64, name="llama-2-70b-mha")
     assert kv_cache_bytes(no_gqa, 4096, 1) == 2 * 80 * 128 * 64 * 4096 * 2 == 10 * 2 ** 30
     # With the real GQA (8 KV heads) it is 8x smaller: 1.25 GiB; a batch of 32 is 40 GiB.
@@ -198,7 +198,7 @@ def test_swap_time_and_schedule_time():
 
 
 def test_swap_or_recompute_both_directions():
-    # The seeds' example: 2000 input tokens, prefill ~500 ms -> S_prefill = 4000 tokens/s;
+    # The notebook's example: 2000 input tokens, prefill ~500 ms -> S_prefill = 4000 tokens/s;
     # 1 GB of KV over 32 GB/s = 31 ms < 500 ms: swap.
     assert swap_or_recompute(1e9, 2000, 32e9, 4000) == "swap"
     # A short context with a fast prefill: 100 tokens at 10,000 tokens/s = 10 ms < 31 ms: recompute.

@@ -1,4 +1,4 @@
-"""KV memory management: reservation vs paging (the seeds' Figure 4), automatic prefix
+"""KV memory management: reservation vs paging (Figure 4 of notebook 02), automatic prefix
 caching, preemption by recompute or swap, all checked after every step."""
 
 import pytest
@@ -184,7 +184,7 @@ def test_swap_pool_full_falls_back_to_recompute():
     assert "recompute" in modes
 
 
-def test_auto_mode_uses_the_seeds_rule():
+def test_auto_mode_uses_the_cost_rule():
     from minillm.costmodel import ConstantStepTime
     # Swapping costs nothing here, so the rule picks swap whenever the pool has room.
     cm = ConstantStepTime(0.01, swap_bandwidth=1e12, kv_bytes_per_token=1000)

@@ -1,7 +1,7 @@
 """Scheduling policies, interference choices and admission control, on fixed seeded traces.
 
 Every run uses the simulated executor and a modeled clock, so results are exact and
-deterministic. Most use ``ConstantStepTime(0.010)`` (the seeds' "10 ms per step"), where a
+deterministic. Most use ``ConstantStepTime(0.010)`` (the worked examples' 10 ms per step), where a
 request of n output tokens is served in exactly n steps (its prefill step samples the first
 token); the interference tests need a roofline, where a long prefill costs more than a decode.
 Bounds are computed here from the trace, independently of the code under test.
@@ -119,8 +119,8 @@ def test_predictors():
 
 
 def test_sjf_oracle_beats_fcfs_on_mean_latency():
-    # 40 requests arrive together, lengths 5..200 in random order, 4 slots: the seeds'
-    # "SJF gives the smallest average completion time when all job lengths are known".
+    # 40 requests arrive together, lengths 5..200 in random order, 4 slots: SJF gives the
+    # smallest mean completion time when all job lengths are known.
     trace = synthetic_trace(40, rate=None, prompt_len=16, output_len=Uniform(5, 200), seed=1)
     fcfs = _mean(m.e2e_latency for m in _run(_engine("fcfs", max_num_seqs=4), trace).values())
     sjf = _mean(m.e2e_latency for m in _run(_engine("sjf", max_num_seqs=4), trace).values())

@@ -3,9 +3,9 @@
 What is checked is that the widget draws what the engine recorded: after each Step the
 batch bar's segments add up to the StepRecord's decode / prefill tokens and unused budget,
 the KV map's cells carry the owners and fill of ``record.kv.blocks``, the history slider
-puts an old record back on screen, and Reset rebuilds the engine at step 0. The seeds'
-Figure 4 numbers (reservation: C waits with 4 of 24 positions free; paging: B and C hold
-7 + 6 = 13 positions) come from the seed text, not from the engine.
+puts an old record back on screen, and Reset rebuilds the engine at step 0. Figure 4's
+numbers (reservation: C waits with 4 of 24 positions free; paging: B and C hold 7 + 6 = 13
+positions) are worked out by hand, not read from the engine.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Graders of notebook 01's exercises (``exercises/ex01_batching.py``): ``make grade EX=01``.
 
-Each answer is held against something it did not compute: the seeds' worked numbers, the
+Each answer is held against something it did not compute: numbers worked by hand, the
 engine's cost model, the KV tensors the engine really allocates, and what the real
 scheduler decides on the same requests. Failure messages say what was expected.
 
@@ -101,13 +101,13 @@ def test_kv_cache_bytes_is_your_own_formula():
         assert got == want, f"kv_cache_bytes({name}, 4096, 2): expected {want}, got {got}"
 
 
-def test_kv_cache_bytes_seeds_70b_example():
-    """The seeds: Llama-2-70B's KV per request is 'approximately 10 GB' (counting all 64 heads
+def test_kv_cache_bytes_llama2_70b_example():
+    """Llama-2-70B's KV per request is about 10 GB (10 GiB, counting all 64 heads
     at 4096 tokens); with grouped-query attention only 8 KV heads are stored."""
     mha = replace(MODELS["llama-2-70b"], num_kv_heads=64)
     got = ex().kv_cache_bytes(mha, 4096, 1)
     assert got == 2 * 80 * 128 * 64 * 4096 * 2, (
-        f"Llama-2-70B with 64 KV heads, 4096 tokens: expected 10,737,418,240 bytes (the seeds' ~10 GB), got {got:,}")
+        f"Llama-2-70B with 64 KV heads, 4096 tokens: expected 10,737,418,240 bytes (10 GiB), got {got:,}")
     gqa = ex().kv_cache_bytes(MODELS["llama-2-70b"], 4096, 1)
     assert gqa * 8 == got, f"with 8 KV heads instead of 64 the KV should be 8x smaller: got {gqa:,} vs {got:,}"
 
@@ -198,8 +198,8 @@ def test_decode_step_time_efficiency_knobs():
             f"got {got * 1e3:.6f} ms")
 
 
-def test_decode_step_time_reproduces_the_seeds_batching_claim():
-    """The seeds: from batch 1 to 32, throughput ~20x for ~1.5x latency."""
+def test_decode_step_time_reproduces_the_batching_rule_of_thumb():
+    """From batch 1 to 32, throughput ~20x for ~1.5x the step time (notebook 01, section 2)."""
     f = ex().decode_step_time
     m, hw = MODELS["llama-2-7b"], HARDWARE["H100-SXM"]
     t1, t32 = f(m, hw, 1, 512), f(m, hw, 32, 512)
@@ -211,8 +211,8 @@ def test_decode_step_time_reproduces_the_seeds_batching_claim():
 
 # --- Exercise 4: completion_times ----------------------------------------------------------------------
 
-def test_completion_times_seeds_exercise():
-    """The seeds' reference answer: 8 x 100 tokens and 2 x 1000, 10 ms per step."""
+def test_completion_times_worked_example():
+    """Notebook 01's worked example: 8 x 100 tokens and 2 x 1000, 10 ms per step."""
     lens = [100] * 8 + [1000] * 2
     static = ex().completion_times(lens, max_num_seqs=10, step_time=0.010, batching="static")
     cont = ex().completion_times(lens, max_num_seqs=10, step_time=0.010, batching="continuous")

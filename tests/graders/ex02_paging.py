@@ -1,7 +1,7 @@
 """Graders of notebook 02's exercises (``exercises/ex02_paging.py``): ``make grade EX=02``.
 
-The allocators are graded twice: on their own (small cases worked by hand, the seeds'
-Figure 4), and inside the engine: the same requests run with minillm's own KV manager and
+The allocators are graded twice: on their own (small cases worked by hand,
+Figure 4 of notebook 02), and inside the engine: the same requests run with minillm's own KV manager and
 with yours must give the same steps, pass the engine's invariant checks after every step,
 and leave nothing allocated at the end.
 """

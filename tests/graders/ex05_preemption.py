@@ -1,6 +1,6 @@
 """Graders of notebook 05's exercises (``exercises/ex05_preemption.py``): ``make grade EX=05``.
 
-The recompute-or-swap rule is held against the seeds' worked numbers and against minillm's own
+The recompute-or-swap rule is held against numbers worked by hand and against minillm's own
 rule (``minillm.costmodel.swap_or_recompute``), then run inside the engine through
 ``YourCostModel`` with ``preemption_mode="auto"``. The victims are checked at every preemption of
 real runs (the candidates the scheduler offered, the one your policy gave up) and, for priority
@@ -51,13 +51,13 @@ def _run_checked(eng, trace):
 
 # --- Exercise 1: the recompute-or-swap rule ----------------------------------------------------------
 
-def test_the_seeds_numbers():
+def test_the_worked_numbers():
     t = ex().swap_time(1e9, 32e9)
     assert t == pytest.approx(1 / 32), f"1 GB over PCIe 4.0 x16 (32 GB/s): expected 31.25 ms, got {t * 1e3:.2f} ms"
     t = ex().recompute_time(2000, 4000.0)
-    assert t == pytest.approx(0.5), f"2000 tokens at 4000 tokens/s: expected the seeds' 500 ms, got {t * 1e3:.1f} ms"
+    assert t == pytest.approx(0.5), f"2000 tokens at 4000 tokens/s: expected 500 ms, got {t * 1e3:.1f} ms"
     got = ex().swap_or_recompute(1e9, 2000, 32e9, 4000.0)
-    assert got == "swap", f"the seeds' example (swap ~20-30 ms vs recompute ~500 ms) should swap, got {got!r}"
+    assert got == "swap", f"1 GB over 32 GB/s vs 2000 tokens at 4000 tokens/s (swap 31 ms, recompute 500 ms) should swap, got {got!r}"
     got = ex().swap_or_recompute(8e9, 100, 32e9, 4000.0)
     assert got == "recompute", f"8 GB to copy (250 ms) vs 100 tokens to prefill (25 ms): expected recompute, got {got!r}"
     got = ex().swap_or_recompute(1e9, 1000, 1e9, 1000.0)
