@@ -29,6 +29,7 @@ from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
 from .config import EngineConfig
 from .engine import LLMEngine
+from .parallel_sampling import completion_id
 from .request import RequestMetrics
 from .sampling_params import SamplingParams
 from .step_record import StepRecord
@@ -54,6 +55,8 @@ class StreamOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0           # output tokens so far
     metrics: Optional[RequestMetrics] = None   # the engine's timestamps, on the last output
+    index: int = 0                       # which completion (SamplingParams.n > 1: one stream each)
+    logprobs: Optional[list] = None      # SamplingParams.logprobs: one {token id: Logprob} per new token
 
 
 @dataclass
@@ -66,6 +69,7 @@ class _Delta:
     num_prompt_tokens: int
     num_output_tokens: int
     metrics: Optional[RequestMetrics]
+    logprobs: Optional[list] = None
 
 
 @dataclass
@@ -115,12 +119,14 @@ class IncrementalDetokenizer:
 
 
 class _Stream:
-    """The event-loop side of one request: its queue and its detokenizer."""
+    """The event-loop side of one completion: its queue (shared by the n completions of one
+    request), its detokenizer, and its id for the caller (the request's, with its index)."""
 
-    def __init__(self, tokenizer, stop: Sequence[str]):
-        self.queue: asyncio.Queue = asyncio.Queue()
+    def __init__(self, tokenizer, stop: Sequence[str], queue: asyncio.Queue, request_id: str, index: int = 0):
+        self.queue = queue
         self.detok = IncrementalDetokenizer(tokenizer, stop)
         self.finished = False
+        self.request_id, self.index = request_id, index
 
 
 class AsyncLLM:
@@ -133,8 +139,8 @@ class AsyncLLM:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="minillm-engine")
         self._commands: collections.deque[_Command] = collections.deque()
         self._lock = threading.Lock()            # guards _commands between the loop and the engine thread
-        self._streams: dict[str, _Stream] = {}   # request id -> stream (event loop side)
-        self._sent: dict[str, int] = {}          # request id -> tokens handed out (engine thread side)
+        self._streams: dict[str, _Stream] = {}   # sequence id -> stream (event loop side)
+        self._sent: dict[str, int] = {}          # sequence id -> tokens handed out (engine thread side)
         self._ids = itertools.count()
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
@@ -209,9 +215,11 @@ class AsyncLLM:
         await self._submit(lambda e: self._abort_on_engine(e, request_id))
 
     def _abort_on_engine(self, engine: LLMEngine, request_id: str) -> None:
-        if request_id in engine.requests:
-            engine.abort_request(request_id)
+        if request_id in engine.requests or request_id in engine.parents:
+            engine.abort_request(request_id)      # a request with n > 1: every sample
         self._sent.pop(request_id, None)
+        for i in range(len(engine.parents[request_id].members) if request_id in engine.parents else 0):
+            self._sent.pop(completion_id(request_id, i), None)
 
     def _apply_commands(self) -> None:
         """Engine thread: run the queued commands, resolve their futures on the event loop."""
@@ -233,40 +241,51 @@ class AsyncLLM:
         """Add a request and yield its outputs as the engine produces them; the last one has
         ``finished=True``. Bad input raises the engine's ValueError before anything is yielded.
         ``stop``: strings that end the output (the text stops before them; the engine request
-        is aborted there). Closing the generator early aborts the request."""
+        is aborted there). Closing the generator early aborts the request. With
+        ``SamplingParams(n=k)`` the k completions' outputs interleave, each with its ``index``;
+        the generator ends when all k have finished."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
         rid = str(request_id) if request_id is not None else str(next(self._ids))
-        if rid in self._streams:
+        # One stream per completion, keyed by the engine's sequence id; one queue for all.
+        keys = [completion_id(rid, i) for i in range(sp.n)] if sp.n > 1 else [rid]
+        if any(k in self._streams for k in keys + [rid]):
             raise ValueError(f"request_id={rid!r}: already in flight")
-        stream = _Stream(self.tokenizer, stop)
-        self._streams[rid] = stream
+        queue: asyncio.Queue = asyncio.Queue()
+        streams = [_Stream(self.tokenizer, stop, queue, rid, i) for i in range(len(keys))]
+        self._streams.update(zip(keys, streams))
         # Arrival: when the front end received it (the command may wait for a step to end).
         arrival = self.engine.clock.now() if self.engine.clock.name == "wall" else None
 
         def add(engine: LLMEngine) -> str:
             out = engine.add_request(prompt, sp, request_id=rid, arrival_time=arrival,
                                      priority=priority, tenant=tenant)
-            self._sent[rid] = 0
+            for k in keys:
+                self._sent[k] = 0
             return out
 
+        def forget() -> None:
+            for k in keys:
+                self._streams.pop(k, None)
         try:
             await self._submit(add)
         except BaseException as e:
-            self._streams.pop(rid, None)
+            forget()
             if not isinstance(e, ValueError) and self.is_running:
                 self._submit(lambda e: self._abort_on_engine(e, rid))   # cancelled while being added
             raise
         try:
+            left = len(keys)
             while True:
-                item = await stream.queue.get()
+                item = await queue.get()
                 if isinstance(item, BaseException):
                     raise item
                 yield item
-                if item.finished:
+                left -= item.finished
+                if not left:
                     return
         finally:
-            self._streams.pop(rid, None)
-            if not stream.finished and self.is_running:
+            forget()
+            if not all(st.finished for st in streams) and self.is_running:
                 try:
                     self._submit(lambda e: self._abort_on_engine(e, rid))
                 except Exception:           # shutting down: nothing left to free
@@ -323,8 +342,16 @@ class AsyncLLM:
                 finished.append(req.metrics)
             else:
                 self._sent[rid] = sent + len(new)
+            lp = req.output_logprobs[sent:sent + len(new)] if req.output_logprobs is not None else None
             deltas.append(_Delta(rid, list(new), req.finish_reason, req.finish_detail,
-                                 req.num_prompt_tokens, req.num_output_tokens, req.metrics if done else None))
+                                 req.num_prompt_tokens, req.num_output_tokens, req.metrics if done else None, lp))
+            parent = req.parent
+            if done and parent is not None and not parent.forked:
+                # Finished before its prompt was computed (rejected): no other sample will come.
+                for i in range(1, parent.n):
+                    if self._sent.pop(completion_id(parent.request_id, i), None) is not None:
+                        deltas.append(_Delta(completion_id(parent.request_id, i), [], req.finish_reason,
+                                             req.finish_detail, req.num_prompt_tokens, 0, None))
         return record, deltas, finished
 
     def _dispatch(self, deltas: list[_Delta]) -> None:
@@ -343,9 +370,10 @@ class AsyncLLM:
                     self._submit(lambda e, rid=d.request_id: self._abort_on_engine(e, rid))
             stream.finished = final
             stream.queue.put_nowait(StreamOutput(
-                request_id=d.request_id, token_ids=d.token_ids, text=text, finished=final,
+                request_id=stream.request_id, token_ids=d.token_ids, text=text, finished=final,
                 finish_reason=reason, finish_detail=detail, num_prompt_tokens=d.num_prompt_tokens,
-                num_output_tokens=d.num_output_tokens, metrics=d.metrics))
+                num_output_tokens=d.num_output_tokens, metrics=d.metrics, index=stream.index,
+                logprobs=d.logprobs))
 
     def _recover(self, error: Exception) -> None:
         """After a failed step: every open stream gets the error; its request is aborted."""
@@ -368,7 +396,7 @@ class AsyncLLM:
 
     # --- what the front end shows --------------------------------------------------------------------
     def num_in_flight(self) -> int:
-        return len(self._streams)
+        return len({s.request_id for s in self._streams.values()})
 
     async def load(self) -> dict:
         """Queue length, running and swapped requests and KV use right now (what /metrics shows)."""

@@ -82,6 +82,41 @@ def test_greedy_completions_equal_llm_generate(client, reference, server):
     assert got.choices[0].text == reference.generate([ids], SamplingParams(temperature=0, max_tokens=8))[0].text
 
 
+def test_n_completions_logprobs_and_penalties(client, reference):
+    """OpenAI's n (parallel sampling: the samples share the prompt's KV blocks), logprobs and
+    penalties pass through to the engine: the same completions as LLM.generate gives."""
+    from minillm.parallel_sampling import completion_seed
+    kw = dict(temperature=1.0, max_tokens=12, seed=21, presence_penalty=0.5, frequency_penalty=0.3)
+    want = reference.generate(["ROMEO:"], SamplingParams(**kw, n=3, logprobs=2, repetition_penalty=1.2,
+                                                         ignore_eos=True))[0]
+    got = client.completions.create(model="shakespeare", prompt="ROMEO:", n=3, logprobs=2, **kw,
+                                    extra_body={"return_token_ids": True, "ignore_eos": True,
+                                                "repetition_penalty": 1.2})
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    for c, w in zip(got.choices, want.outputs):
+        assert c.token_ids == w.token_ids and c.text == w.text
+        assert c.logprobs.token_logprobs == pytest.approx([lp[t].logprob for lp, t in zip(w.logprobs, w.token_ids)])
+        assert all(len(top) >= 2 for top in c.logprobs.top_logprobs)
+    assert got.usage.completion_tokens == sum(len(c.token_ids) for c in got.choices)
+    # The same, streamed: the chunks of the three completions interleave, each with its index.
+    stream = client.completions.create(model="shakespeare", prompt="ROMEO:", n=3, stream=True, **kw,
+                                       extra_body={"return_token_ids": True, "ignore_eos": True,
+                                                   "repetition_penalty": 1.2})
+    ids = {0: [], 1: [], 2: []}
+    for chunk in stream:
+        for c in chunk.choices:
+            ids[c.index] += c.token_ids
+    assert [ids[i] for i in range(3)] == [w.token_ids for w in want.outputs]
+    # Chat: logprobs of each token and the top alternatives.
+    chat = client.chat.completions.create(model="shakespeare", messages=[{"role": "user", "content": "Speak."}],
+                                          max_tokens=5, temperature=0, logprobs=True, top_logprobs=3, n=2)
+    assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
+    content = chat.choices[0].logprobs.content
+    assert content and all(len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob >= t.logprob - 1e-6
+                           for t in content)
+    assert completion_seed(21, 0) == 21
+
+
 def test_streaming_yields_the_same_tokens_in_order(client, reference):
     prompt = PROMPTS[1]
     want = reference.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
@@ -207,7 +242,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client, ser
         (dict(json={**good, "temperature": -1}), 400, "temperature"),
         (dict(json={**good, "max_tokens": "many"}), 400, "max_tokens"),                     # wrong type
         (dict(json={**good, "frobnicate": 1}), 400, "frobnicate"),                          # unknown field
-        (dict(json={**good, "n": 2}), 400, "n"),
+        (dict(json={**good, "n": 0}), 400, "n"),
+        (dict(json={**good, "presence_penalty": 5}), 400, "presence_penalty"),
         (dict(json={k: v for k, v in good.items() if k != "prompt"}), 400, "prompt"),       # missing field
         (dict(json=[1, 2]), 400, None),                                                      # not an object
         (dict(json={**good, "prompt": [5, 10**9]}), 400, "prompt"),                          # id outside vocab

@@ -30,7 +30,7 @@ from ..async_llm import AsyncLLM, EngineDeadError, StreamOutput
 from ..sampling_params import SamplingParams
 from . import chat
 from .metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
-from .protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
+from .protocol import (ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                        ChatResponseMessage, ChatStreamChoice, CompletionChoice, CompletionRequest,
                        CompletionResponse, DeltaMessage, ErrorInfo, ErrorResponse, ModelCard, ModelList,
                        UsageInfo)
@@ -116,13 +116,50 @@ class OpenAIServing:
                 raise APIError(400, f"{name}={v!r} is not supported by this server", param=name)
 
     @staticmethod
-    def sampling_params(req: Any, max_tokens: int) -> SamplingParams:
+    def sampling_params(req: Any, max_tokens: int, logprobs: Optional[int] = None) -> SamplingParams:
         try:
             return SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
                                   max_tokens=max_tokens, seed=req.seed, ignore_eos=req.ignore_eos,
-                                  stop_token_ids=list(req.stop_token_ids))
+                                  stop_token_ids=list(req.stop_token_ids), n=req.n,
+                                  presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                                  repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens,
+                                  logprobs=logprobs)
         except (ValueError, TypeError) as e:
             raise bad_request(e) from None
+
+    def token_text(self, token_id: int) -> str:
+        tok = self.llm.tokenizer
+        return tok.decode([token_id]) if tok is not None else str(token_id)
+
+    def completion_logprobs(self, outs: list[StreamOutput], offset: int = 0) -> Optional[CompletionLogprobs]:
+        """OpenAI's legacy logprobs of the tokens in ``outs`` (text offsets from ``offset``)."""
+        if not outs or outs[0].logprobs is None:
+            return None
+        lp = CompletionLogprobs()
+        for out in outs:
+            for tok, pos in zip(out.token_ids, out.logprobs or ()):
+                text = self.token_text(tok)
+                lp.tokens.append(text)
+                lp.token_logprobs.append(pos[tok].logprob)
+                lp.top_logprobs.append({self.token_text(t): v.logprob for t, v in pos.items()})
+                lp.text_offset.append(offset)
+                offset += len(text)
+        return lp
+
+    def chat_logprobs(self, outs: list[StreamOutput], top: int) -> Optional[ChatLogprobs]:
+        """OpenAI's chat logprobs: each token, its logprob and the ``top`` most likely alternatives."""
+        if not outs or outs[0].logprobs is None:
+            return None
+        content = []
+        for out in outs:
+            for tok, pos in zip(out.token_ids, out.logprobs or ()):
+                def entry(t, v):
+                    text = self.token_text(t)
+                    return dict(token=text, logprob=v.logprob, bytes=list(text.encode()))
+                best = sorted(pos.items(), key=lambda kv: kv[1].rank)[:top]
+                content.append(ChatTokenLogprob(**entry(tok, pos[tok]),
+                                                top_logprobs=[TopLogprob(**entry(t, v)) for t, v in best]))
+        return ChatLogprobs(content=content)
 
     @staticmethod
     def stop_strings(req: Any) -> list[str]:
@@ -172,9 +209,11 @@ def _one_prompt(prompt: Any) -> Union[str, list[int]]:
     return prompt
 
 
-def _usage(out: StreamOutput) -> UsageInfo:
-    return UsageInfo(prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
-                     total_tokens=out.num_prompt_tokens + out.num_output_tokens)
+def _usage(lasts: list[StreamOutput]) -> UsageInfo:
+    """Usage of one request: its prompt once, the output tokens of all its completions."""
+    prompt = lasts[0].num_prompt_tokens
+    completion = sum(out.num_output_tokens for out in lasts)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 def _sse(obj: Any) -> str:
@@ -182,14 +221,29 @@ def _sse(obj: Any) -> str:
     return f"data: {data}\n\n"
 
 
-async def _collect(first: StreamOutput, gen: AsyncIterator[StreamOutput]) -> tuple[str, list[int], StreamOutput]:
-    text, ids, last = first.text, list(first.token_ids), first
-    if not first.finished:
-        async for out in gen:
-            text += out.text
-            ids += out.token_ids
-            last = out
-    return text, ids, last
+class _Completion:
+    """One completion of a request answered whole: its text, token ids and outputs."""
+
+    def __init__(self):
+        self.text, self.ids, self.outs = "", [], []
+
+    def add(self, out: StreamOutput) -> None:
+        self.text += out.text
+        self.ids += out.token_ids
+        self.outs.append(out)
+
+    @property
+    def last(self) -> StreamOutput:
+        return self.outs[-1]
+
+
+async def _collect(first: StreamOutput, gen: AsyncIterator[StreamOutput]) -> list[_Completion]:
+    """Every output of the request, gathered per completion (``StreamOutput.index``), by index."""
+    got: dict[int, _Completion] = {}
+    got.setdefault(first.index, _Completion()).add(first)
+    async for out in gen:        # the generator ends when every completion has finished
+        got.setdefault(out.index, _Completion()).add(out)
+    return [got[i] for i in sorted(got)]
 
 
 async def _until_disconnect(request: Request, coro):
@@ -279,26 +333,29 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         serving.check_model(req.model)
-        serving.unsupported(req, {"n": 1, "echo": False, "logprobs": None, "suffix": None,
-                                  "best_of": (None, 1), "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                                  "logit_bias": (None, {})})
+        serving.unsupported(req, {"echo": False, "suffix": None, "best_of": (None, 1), "logit_bias": (None, {})})
         prompt = _one_prompt(req.prompt)
         max_tokens = serving.max_tokens(req.max_tokens, serving.count_tokens(prompt)
                                         if req.max_tokens is None else None)
-        sp = serving.sampling_params(req, max_tokens)
+        sp = serving.sampling_params(req, max_tokens, logprobs=req.logprobs)
         return await _respond(
             serving, request, req, prompt, sp, serving.stop_strings(req), "cmpl",
             chunk=lambda rid, out, ids: CompletionResponse(id=rid, model=model_name, choices=[
-                CompletionChoice(text=out.text, finish_reason=out.finish_reason, token_ids=ids)]),
+                CompletionChoice(index=out.index, text=out.text, finish_reason=out.finish_reason, token_ids=ids,
+                                 logprobs=serving.completion_logprobs([out]))]),
             usage_chunk=lambda rid, usage: CompletionResponse(id=rid, model=model_name, choices=[], usage=usage),
-            whole=lambda rid, text, ids, last: CompletionResponse(id=rid, model=model_name, choices=[
-                CompletionChoice(text=text, finish_reason=last.finish_reason, token_ids=ids)], usage=_usage(last)))
+            whole=lambda rid, done, keep_ids: CompletionResponse(id=rid, model=model_name, choices=[
+                CompletionChoice(index=i, text=c.text, finish_reason=c.last.finish_reason,
+                                 token_ids=c.ids if keep_ids else None, logprobs=serving.completion_logprobs(c.outs))
+                for i, c in enumerate(done)], usage=_usage([c.last for c in done])))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         serving.check_model(req.model)
-        serving.unsupported(req, {"n": 1, "logprobs": False, "top_logprobs": None, "presence_penalty": 0.0,
-                                  "frequency_penalty": 0.0, "logit_bias": (None, {})})
+        serving.unsupported(req, {"logit_bias": (None, {})})
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, f"top_logprobs={req.top_logprobs} needs logprobs=true", param="top_logprobs")
+        top = req.top_logprobs or 0
         try:
             prompt, default_stop = chat.render(llm.tokenizer, [m.model_dump(exclude_none=True)
                                                                for m in req.messages], req.add_generation_prompt)
@@ -306,19 +363,21 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
             raise APIError(400, str(e), param="messages") from None
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = serving.max_tokens(requested, serving.count_tokens(prompt) if requested is None else None)
-        sp = serving.sampling_params(req, max_tokens)
+        sp = serving.sampling_params(req, max_tokens, logprobs=top if req.logprobs else None)
         stop = serving.stop_strings(req) if req.stop is not None else (default_stop or [])
         return await _respond(
             serving, request, req, prompt, sp, stop, "chatcmpl",
             first_chunk=lambda rid: ChatCompletionChunk(id=rid, model=model_name, choices=[
-                ChatStreamChoice(delta=DeltaMessage(role="assistant", content=""))]),
+                ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(sp.n)]),
             chunk=lambda rid, out, ids: ChatCompletionChunk(id=rid, model=model_name, choices=[
-                ChatStreamChoice(delta=DeltaMessage(content=out.text), finish_reason=out.finish_reason,
-                                 token_ids=ids)]),
+                ChatStreamChoice(index=out.index, delta=DeltaMessage(content=out.text),
+                                 finish_reason=out.finish_reason, token_ids=ids,
+                                 logprobs=serving.chat_logprobs([out], top))]),
             usage_chunk=lambda rid, usage: ChatCompletionChunk(id=rid, model=model_name, choices=[], usage=usage),
-            whole=lambda rid, text, ids, last: ChatCompletionResponse(id=rid, model=model_name, choices=[
-                ChatChoice(message=ChatResponseMessage(content=text), finish_reason=last.finish_reason,
-                           token_ids=ids)], usage=_usage(last)))
+            whole=lambda rid, done, keep_ids: ChatCompletionResponse(id=rid, model=model_name, choices=[
+                ChatChoice(index=i, message=ChatResponseMessage(content=c.text), finish_reason=c.last.finish_reason,
+                           token_ids=c.ids if keep_ids else None, logprobs=serving.chat_logprobs(c.outs, top))
+                for i, c in enumerate(done)], usage=_usage([c.last for c in done])))
 
     return app
 
@@ -327,13 +386,14 @@ async def _respond(serving: OpenAIServing, request: Request, req: Any, prompt, s
                    stop: list[str], id_prefix: str, *, chunk, usage_chunk, whole, first_chunk=None):
     """One request, streamed as server-sent events or answered whole. The builders make the
     endpoint's bodies: ``chunk(id, output, token_ids)``, ``usage_chunk(id, usage)``,
-    ``whole(id, text, token_ids, last output)``, ``first_chunk(id)`` (chat's role chunk)."""
+    ``whole(id, completions, keep_token_ids)``, ``first_chunk(id)`` (chat's role chunks). A request
+    with ``n`` completions streams their chunks interleaved, each with its choice index."""
     keep_ids = bool(req.return_token_ids)
     if not req.stream:
         async def answer():
             gen, first = await serving.start(prompt, sp, stop, req.priority)
-            text, ids, last = await _collect(first, gen)
-            return whole(f"{id_prefix}-{first.request_id}", text, ids if keep_ids else None, last)
+            done = await _collect(first, gen)
+            return whole(f"{id_prefix}-{first.request_id}", done, keep_ids)
         return await _until_disconnect(request, answer())
 
     gen, first = await serving.start(prompt, sp, stop, req.priority)
@@ -343,12 +403,12 @@ async def _respond(serving: OpenAIServing, request: Request, req: Any, prompt, s
     async def events():
         if first_chunk is not None:
             yield _sse(first_chunk(rid))
-        last = None
+        last: dict[int, StreamOutput] = {}
         async for out in _achain(first, gen):
-            last = out
+            last[out.index] = out
             yield _sse(chunk(rid, out, out.token_ids if keep_ids else None))
-        if include_usage and last is not None:
-            yield _sse(usage_chunk(rid, _usage(last)))
+        if include_usage and last:
+            yield _sse(usage_chunk(rid, _usage([last[i] for i in sorted(last)])))
         yield "data: [DONE]\n\n"
     return StreamingResponse(sse_stream(events()), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
@@ -359,9 +419,8 @@ async def _achain(first: StreamOutput, gen: AsyncIterator[StreamOutput]) -> Asyn
     If the engine fails mid-stream, the stream ends with an error event (the status is sent)."""
     try:
         yield first
-        if not first.finished:
-            async for out in gen:
-                yield out
+        async for out in gen:        # ends when every completion has finished
+            yield out
     except EngineDeadError as e:
         raise _StreamError(str(e)) from None
     finally:

@@ -31,10 +31,12 @@ class SamplingFields(OpenAIModel):
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    n: int = 1                           # only 1 is served
+    n: int = 1                           # completions of the prompt (they share its KV blocks)
     user: Optional[str] = None
-    presence_penalty: float = 0.0        # accepted at 0 only
-    frequency_penalty: float = 0.0       # accepted at 0 only
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0      # vLLM's extension
+    min_tokens: int = 0                  # vLLM's extension: no stop before this many tokens
     logit_bias: Optional[dict[str, float]] = None   # accepted empty only
     ignore_eos: bool = False             # vLLM's extension: generate max_tokens tokens
     stop_token_ids: list[int] = Field(default_factory=list)   # vLLM's extension
@@ -46,7 +48,7 @@ class CompletionRequest(SamplingFields):
     prompt: Union[str, list[int], list[str], list[list[int]]]
     max_tokens: Optional[int] = 16
     echo: bool = False                   # accepted False only
-    logprobs: Optional[int] = None       # accepted None only
+    logprobs: Optional[int] = None       # top-k logprobs per output token (the legacy format)
     suffix: Optional[str] = None         # accepted None only
     best_of: Optional[int] = None        # accepted None or 1 only
 
@@ -62,8 +64,8 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_tokens: Optional[int] = None     # None: up to the context length
     max_completion_tokens: Optional[int] = None   # OpenAI's newer name for max_tokens
-    logprobs: bool = False               # accepted False only
-    top_logprobs: Optional[int] = None
+    logprobs: bool = False               # logprobs of each output token ...
+    top_logprobs: Optional[int] = None   # ... and of the top-k alternatives
     add_generation_prompt: bool = True   # vLLM's extension: end the prompt with the assistant's turn
 
 
@@ -75,10 +77,32 @@ class UsageInfo(BaseModel):
     total_tokens: int = 0
 
 
+class CompletionLogprobs(BaseModel):
+    """The completions endpoint's (legacy) logprobs: parallel lists, one entry per token."""
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: Optional[list[ChatTokenLogprob]] = None
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
     token_ids: Optional[list[int]] = None
 
@@ -100,7 +124,7 @@ class ChatResponseMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatResponseMessage
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
     token_ids: Optional[list[int]] = None
 
@@ -122,7 +146,7 @@ class DeltaMessage(BaseModel):
 class ChatStreamChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
     token_ids: Optional[list[int]] = None
 
