@@ -86,8 +86,8 @@ fig
 # `b` FLOP per byte. An H100 needs about 260 FLOP per byte (989 TFLOP/s over 3.35 TB/s, at the
 # efficiencies the cost model assumes) before compute becomes the limit. So a decode step of a small
 # batch is **memory bound**: the GPU waits on the weight read, and adding requests adds arithmetic that
-# is nearly free. A prefill of 512 tokens is far to the right: compute bound. ("Batching converts a
-# matrix-vector operation into a matrix-matrix one, moving decode up the roofline.") The points below
+# is nearly free. A prefill of 512 tokens is far to the right: compute bound. (Batching turns a
+# matrix-vector product into a matrix-matrix one, which moves decode up the roofline.) The points below
 # come from minillm's cost model, `RooflineCostModel`, which is the modeled clock the engine runs on.
 
 # %%
@@ -153,7 +153,7 @@ figures.throughput_latency_figure([1, 2, 4, 8, 16, 32, 64, 128], latency=lat,
 # %% [markdown]
 # ## 3. The KV cache sets the largest batch
 #
-# "The limit is memory: every concurrent request needs its own KV cache." Each position of each request
+# The limit is memory: every concurrent request needs its own KV cache. Each position of each request
 # keeps a key and a value vector in every layer:
 #
 # $$M_{KV} = 2 \times n_{layer} \times d_{head} \times n_{head} \times n_{max} \times b \times sizeof(dtype)$$
@@ -191,8 +191,8 @@ fig
 
 # %% [markdown]
 # Compare with section 2: the batch where decode stops being nearly free is in the hundreds, but memory
-# caps it at a few dozen long requests. "Maximum batch size is set by cache capacity, which is why memory
-# management and scheduling are inseparable." The next notebook shows how paging recovers memory that
+# caps it at a few dozen long requests. The largest batch is set by cache capacity, which is why memory
+# management and scheduling cannot be separated. The next notebook shows how paging recovers memory that
 # reservation wastes.
 
 # %% [markdown]
@@ -200,8 +200,8 @@ fig
 #
 # **A worked example.** Ten requests arrive together: 8 generate 100 tokens, 2 generate 1000;
 # every step costs 10 ms whatever the batch. *Static batching* runs the group until its longest member
-# finishes and returns everyone together ("a long-distance bus that departs only after all passengers
-# have boarded and arrives at the destination where all passengers disembark together"). *Continuous
+# finishes and returns everyone together (like a coach that leaves only when every passenger has
+# boarded and lets everyone off together at the end). *Continuous
 # batching* re-forms the batch every step: a finished request leaves at once, and its slot goes to a
 # waiting one. minillm runs both with its simulated executor (the real scheduler and KV manager, no
 # model) on the modeled clock, `ConstantStepTime(0.010)`:
@@ -237,8 +237,8 @@ eng, recs = runs["continuous"]
 figures.gantt_figure(recs, eng.requests, title="Figure 1b, continuous batching: each request leaves when it is done")
 
 # %% [markdown]
-# **A long-tail trace.** Real output lengths are uneven ("a few extremely long requests drag down overall
-# efficiency"). 120 requests arrive as a Poisson process at 30 per second, with log-normal prompt and
+# **A long-tail trace.** Real output lengths are uneven: a few very long requests drag down the
+# efficiency of everyone batched with them. 120 requests arrive as a Poisson process at 30 per second, with log-normal prompt and
 # output lengths (median output 100 tokens, a tail up to 1000), served by a modeled H100 running
 # Llama-2-7B with at most 32 requests at once. Time now comes from the roofline cost model, so a larger
 # batch costs a little more per step, as it would.
@@ -272,7 +272,7 @@ figures.latency_cdf_figure({b: e.request_metrics() for b, (e, _, _) in served.it
 # on GPT-3 175B. (vLLM's often-quoted 2-4x over FasterTransformer and Orca, Kwon et al., SOSP 2023, is a
 # different comparison: paged KV memory against systems that already batch per iteration or not; it is
 # the subject of notebook 02.) It is the baseline of every modern engine and of
-# the rest of this series: "Schedule per step, not per request."
+# the rest of this series: schedule per step, not per request.
 
 # %% [markdown]
 # ## 5. Inside one step: the token budget and the KV retained

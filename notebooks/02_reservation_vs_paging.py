@@ -95,8 +95,7 @@ for name, s in zip(fig4.names, fig4.steppers):
 
 # %% [markdown]
 # Under reservation only 24 − 20 = **4** positions are free. C's prefill needs 6 newly allocated positions
-# ("there is insufficient space to hold the KV for its input context even before considering additional
-# room for its later generation"). Paging gave B only what it has filled, so 18 are free. One more step:
+# (there is no room for the KV of its prompt, let alone for what it will generate). Paging gave B only what it has filled, so 18 are free. One more step:
 
 # %%
 fig4.step()
@@ -111,9 +110,9 @@ fig4.compare_figure()
 # %% [markdown]
 # The paged engine runs Figure 3's batch: B's decode and C's prefill, 1 + 6 = 7 tokens, **13 positions**
 # of KV out of 24. The reserved engine could hold the same 13 positions, but when it decided, B held 6
-# positions of KV and 14 reserved but unused (the figure's hatched cells), and only 4 were free: "C is
-# waiting because unused space is tied up in B's reservation, not because the two requests' actual KV
-# exceeds total capacity." Keep stepping (the
+# positions of KV and 14 reserved but unused (the figure's hatched cells), and only 4 were free. C waits
+# because unused space is tied up in B's reservation, not because the two requests' actual KV exceeds
+# the capacity. Keep stepping (the
 # **Step** or **Run N** buttons) to watch C wait until B finishes.
 #
 # Both engines run the same attention kernel. A reservation is one contiguous run of positions, so to

@@ -89,9 +89,8 @@ def mean(xs):
 # %% [markdown]
 # ## 1. FCFS and head-of-line blocking
 #
-# "First Come First Served (FCFS) orders requests by arrival time ... The advantage of FCFS is
-# natural fairness without starvation. The disadvantage is that it completely ignores differences in
-# request execution time." Here is the smallest case where that matters. At most 3 requests run at
+# First come, first served (FCFS) orders requests by arrival time. It is fair by construction and
+# nobody starves, but it ignores how long each request will take. Here is the smallest case where that matters. At most 3 requests run at
 # once and a step may process 16 tokens. A and B are decoding long answers. Then L arrives, with a
 # 24-token prompt and a 10-token answer, and right behind it three short requests s1, s2, s3
 # (4-token prompts, 2-token answers).
@@ -166,14 +165,14 @@ figures.gantt_figure(eng.step_records, eng.requests, title="SJF: the short reque
 # It is the supermarket's express lane: someone buying a bottle of water does not wait behind a full
 # cart. L finishes later under SJF, the three short requests far sooner, and the mean over all
 # six drops. In a
-# real service the blocking request is often a long *prompt*: "a request with 2000 input tokens may
-# take hundreds of milliseconds or even seconds for its Prefill, during which other requests in the
-# batch that are decoding must wait" (section 6 measures that stall).
+# real service the blocking request is often a long *prompt*: the prefill of a 2000-token prompt can
+# take hundreds of milliseconds or more, and the requests decoding in the same batch wait for it
+# (section 6 measures that stall).
 #
 # ## 2. Shortest job first
 #
-# "SJF is theoretically optimal (it gives the smallest average completion time when all job lengths
-# are known)." Forty requests arrive at once, answers of 5 to 200 tokens, 4 slots:
+# When all job lengths are known, SJF gives the smallest mean completion time (the classic
+# scheduling result). Forty requests arrive at once, answers of 5 to 200 tokens, 4 slots:
 
 # %%
 batch40 = workloads.synthetic_trace(40, rate=None, prompt_len=16, output_len=Uniform(5, 200), seed=1)
@@ -228,7 +227,7 @@ figures.latency_cdf_figure(pred_runs, metrics=("e2e_latency",), unit="s", title=
 # would. With the predictor it is worse: every doc request is predicted long, whatever its true
 # length, so it is passed by every chat request that arrives while it waits; and the chat answers
 # that turn out long were predicted short, so they jump the queue and then hold a slot as long as a
-# doc request would. "Mispredictions cause the starvation it was meant to avoid."
+# doc request would. Mispredictions cause the very starvation SJF was meant to avoid.
 #
 # ### Starvation, and aging
 #
@@ -271,12 +270,11 @@ fig
 #
 # ## 3. Priority classes, and priority inversion
 #
-# "Paying users expect lower latency, internal services need more stable responses than external APIs,
-# and real-time conversation has lower latency tolerance than batch processing." `Priority` serves the
+# Requests are not all equal: paying users expect lower latency, internal services may need steadier
+# responses than external APIs, and a live conversation tolerates less delay than a batch job. `Priority` serves the
 # lowest `priority` value first (vLLM's convention), FCFS inside a class. But ordering the *queue* is not
-# enough: "If a low-priority request is already occupying the GPU (its KV Cache has been allocated),
-# and a high-priority request arrives but cannot immediately obtain resources, the low-priority
-# request must be preempted." Four low-priority requests (class 1, 300 tokens each) fill all 4 slots;
+# enough: when a low-priority request already holds the GPU (its KV is allocated) and a high-priority
+# request arrives that cannot get resources at once, the low-priority request must be preempted. Four low-priority requests (class 1, 300 tokens each) fill all 4 slots;
 # at 0.5 s two high-priority ones (class 0, 20 tokens) arrive:
 
 # %%
@@ -300,18 +298,18 @@ figures.gantt_figure(eng.step_records, eng.requests, title="priority with preemp
 # fixes it: the scheduler asks the policy `preempt_for(request, running)`, which names the lowest-class,
 # most recently admitted running request; its KV is dropped and it goes back to the queue (it will
 # recompute its prefix when it returns, notebook 05). The high class starts at once. The price is paid
-# by the class that was preempted, and by the work it redoes. "Needs careful class definition": if
+# by the class that was preempted, and by the work it redoes. Classes need careful definition: if
 # most traffic is marked urgent, urgent means nothing, and a high class that never lets up starves the
 # low one.
 #
 # ## 4. MLFQ: tokens as the time slice
 #
-# The multi-level feedback queue "combines the fairness of FCFS, the efficiency of SJF, and the tiered
-# handling of priority scheduling". New requests enter the top level; a request that generates its
-# level's quantum of tokens is demoted one level ("in LLM inference, a more natural metric is the
-# number of tokens already generated"); waiting requests go by level, and a newcomer may push out a
-# running request of a deeper level. "This adaptation allows MLFQ to automatically distinguish between
-# short and long requests without relying on generation length prediction." To prevent starvation,
+# The multi-level feedback queue (Corbató et al., 1962) combines the fairness of FCFS, the efficiency of
+# SJF and the tiers of priority scheduling. New requests enter the top level; a request that generates its
+# level's quantum of tokens is demoted one level (in LLM serving the natural time slice is a number of
+# tokens generated, not seconds); waiting requests go by level, and a newcomer may push out a
+# running request of a deeper level. So MLFQ tells short requests from long ones by watching them,
+# without predicting any length. To prevent starvation,
 # every `boost_interval` seconds everyone returns to the top level.
 #
 # Eight long requests (400 tokens) fill the 4 slots; a short one (20 tokens) arrives every 0.2 s:
@@ -441,11 +439,12 @@ fig
 
 # %% [markdown]
 # Prefill priority gives P its first token soonest and stalls all ten decoders for the whole prefill
-# step (the "latency spike unrelated to their own request"). Decode priority never interrupts a decode,
+# step (a latency spike that has nothing to do with their own requests). Decode priority never interrupts a decode,
 # and P waits until all ten have finished. Chunked prefill splits P's prompt into budget-sized pieces
 # that ride along with the decodes: each decode step grows a little, no step is long, and P's first
-# token comes only slightly later than under prefill priority. "Chunked prefill is the standard
-# compromise: it bounds the worst-case stall a decode request can experience, at modest cost." It is
+# token comes only slightly later than under prefill priority. Chunked prefill (Sarathi-Serve, Agrawal
+# et al., OSDI 2024) is the standard compromise: it bounds the worst stall a decode can suffer, at modest
+# cost. It is
 # minillm's default (`interference="chunked"`).
 #
 # ## 7. Scheduling every N steps
@@ -524,11 +523,11 @@ fig
 
 # %% [markdown]
 # Below capacity the median and the p99 both stay small. Near capacity the p99 leaves the median
-# behind ("Watch the tail. P99 latency reveals problems that averages hide entirely"). Past capacity
+# behind: watch the tail, because the p99 shows problems that averages hide. Past capacity
 # throughput flattens at what the hardware can do, the queue grows for as long as the overload lasts,
 # every newcomer waits behind all of it, and goodput *falls*: the engine is as busy as ever, serving
-# requests that miss their SLO. "Throughput and latency trade off directly through batch size.
-# Reporting either alone is misleading."
+# requests that miss their SLO. Throughput and latency trade off through the batch size, so
+# reporting either alone misleads.
 #
 # **Shedding load.** When the tail is far worse than the median because the queue is unbounded, the fix
 # is to cap the queue's depth and shed load: rejecting a request cleanly beats accepting it and timing out.

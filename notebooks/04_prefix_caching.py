@@ -73,8 +73,8 @@ def mean(xs):
 # %% [markdown]
 # ## 1. The block hash, a chain
 #
-# "A hash is computed for the token sequence of each block, serving as an index for the KV Cache block.
-# When a new request arrives, the hashes of its prefix blocks are computed." One subtlety: a block's KV
+# Each block's tokens are hashed into a key, which indexes the cached KV block; when a new request
+# arrives, the keys of its prompt's blocks are computed and looked up. One subtlety: a block's KV
 # depends on every token *before* it (attention saw them), so its key must stand for the whole prefix,
 # not only its own tokens. minillm chains it: a block's key is the hash of (its parent block's key, its
 # own tokens). Only full blocks get a key; the last, partly filled block is still being written.

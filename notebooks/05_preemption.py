@@ -280,7 +280,7 @@ fig
 # ## 5. Priority preemption
 #
 # Preemption is also how priority classes get memory (notebook 03's priority inversion, now for KV
-# memory instead of a slot): "a high-priority request requiring immediate execution". Two low-priority
+# memory instead of a slot): a high-priority request that must run at once. Two low-priority
 # requests grow until they hold 48 of the cache's 50 blocks; at 1.8 s a high-priority request arrives
 # needing 7 blocks for its prompt. Under FCFS it waits for a low one to finish; `Priority` preempts
 # the lowest class, most recent first, until the new request fits.
@@ -299,7 +299,7 @@ figures.gantt_figure(eng.step_records, eng.requests, title="the high-priority re
 # %% [markdown]
 # The victim waits, then recomputes its 200-token prompt and everything it had generated: the price of
 # the high class starting at once instead of 200 ms later, paid by the low class. That trade is the point of priority classes, and
-# why they "need careful class definition".
+# why classes need careful definition.
 
 # %% [markdown]
 # ## Exercises
