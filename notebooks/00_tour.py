@@ -30,8 +30,10 @@
 # 5. serve it over HTTP, send it requests with the `openai` client and watch the engine take a burst;
 # 6. the map of the series.
 #
-# You need basic PyTorch. Everything runs offline. On a laptop CPU the Triton kernels run in Triton's
-# *interpreter* (slow, but exactly the same kernel); on a GPU they are compiled.
+# You need basic PyTorch. Everything runs offline. On a GPU the Triton kernels are compiled. On a laptop
+# CPU they run in Triton's *interpreter* (slow, but exactly the same kernels) wherever a notebook steps
+# the engine by hand and in each notebook's kernel check; the large runs (hundreds of requests) use the
+# torch attention path or the simulated executor, which runs the real scheduler without the model.
 
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device

@@ -14,7 +14,7 @@
 Each **Step** is exactly one ``engine.step()``: the scheduler forms a batch under the
 execution-token budget, the executor runs it, the engine applies the results and
 emits a ``StepRecord``. The widget draws only that record (continuous batching, as in
-Figures 1 to 4 of notebooks 01 and 02): the waiting queue and the running set, the batch against the
+Figures 2 to 4 of notebooks 01 and 02): the waiting queue and the running set, the batch against the
 budget, the KV memory map, and the reasons in plain words.
 
 **Reset** rebuilds the engine from the same configuration and the same requests: give a
