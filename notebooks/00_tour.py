@@ -209,7 +209,8 @@ print(f"{len(pieces)} streamed chunks: {''.join(pieces)!r}")
 # `python -m minillm.bench serve`, run in a background thread), while the view below follows the server's
 # engine. It is the Stepper of section 3 without its buttons: the server's loop does the stepping, and
 # `EngineMonitor.follow` draws each new step as it happens (the history slider looks back afterwards).
-# With `max_num_seqs=8`, half the burst waits in the engine's queue.
+# With `max_num_seqs=8` at most eight run at once; a request that arrives while eight are running waits
+# in the engine's queue until one finishes.
 
 # %%
 from minillm.bench import serve as load_generator
@@ -253,13 +254,14 @@ fig.update_layout(barmode="group", height=300, plot_bgcolor="white", xaxis_title
 fig
 
 # %% [markdown]
-# Where the time goes depends on the load. Here the second half of the burst waits for a slot
-# (`max_num_seqs=8`) inside the engine, which the view above shows step by step; that wait counts on both
-# sides. The part outside the engine is the printed difference, per request. It is inflated here because
-# the client, the server and the engine share one Python process on this machine; against a server
-# elsewhere the network adds its round trip. This is why load generators (vLLM's `benchmark_serving.py`,
-# `python -m minillm.bench serve` here) measure at the client: that is the latency a user gets. The
-# server is shut down at the end of the section, so nothing keeps running after the notebook.
+# Where the time goes depends on the load. A request that waited for one of the eight slots inside the
+# engine (the view above shows the queue step by step) has that wait in both of its TTFTs. The part
+# outside the engine is the printed difference, per request. Here the client, the server, the engine and
+# this view share one Python process (and its interpreter lock) on one machine, so they slow each other
+# down; against a server elsewhere the network adds its round trip instead. This is why load generators
+# (vLLM's `benchmark_serving.py`, `python -m minillm.bench serve` here) measure at the client: that is
+# the latency a user gets. The server is shut down at the end of the section, so nothing keeps running
+# after the notebook.
 
 # %%
 server.stop()
