@@ -66,11 +66,11 @@ for out in llm.generate(prompts, params):
           f"then {m.tpot * 1e3:.1f} ms per token\n")
 
 # %% [markdown]
-# Both prompts ran **together**: `generate` adds each prompt as a request and calls `engine.step()`
-# until every request is done. Each step is one *scheduler iteration*: the scheduler picks the requests
-# that run and how many tokens each processes, the model runs that batch once, and the engine appends
-# the sampled tokens. The two numbers printed are the latency metrics every serving system reports: **TTFT**, the time to the
-# first token, and **TPOT**, the time per output token after it.
+# Both prompts ran **together**: `generate` adds each prompt as a request and calls `engine.step()` until
+# every request is done. Each step is one *scheduler iteration*: the scheduler picks the requests that
+# run and how many tokens each processes, the model runs that batch once, and the engine appends the
+# sampled tokens. The two numbers printed are the latency metrics every serving system reports: **TTFT**,
+# the time to the first token, and **TPOT**, the time per output token after it.
 
 # %% [markdown]
 # ## 2. One step, as data

@@ -225,8 +225,9 @@ for batching, (eng, recs) in runs.items():
 # %% [markdown]
 # The printed averages are the hand calculation: a short request's 100 tokens take 100 steps, 1 s, but
 # static batching returns it with the long ones after 1000 steps, 10 s. The two timelines below are
-# **Figure 1**, static against continuous batching; they show where static batching's time goes: short requests finish generating after 1 s and then sit, done but held,
-# until the long ones end (*tail padding*).
+# **Figure 1**, static against continuous batching. They show where static batching's time goes: short
+# requests finish generating after 1 s and then sit, done but held, until the long ones end (*tail
+# padding*).
 
 # %%
 eng, recs = runs["static"]
@@ -238,10 +239,10 @@ figures.gantt_figure(recs, eng.requests, title="Figure 1b, continuous batching: 
 
 # %% [markdown]
 # **A long-tail trace.** Real output lengths are uneven: a few very long requests drag down the
-# efficiency of everyone batched with them. 120 requests arrive as a Poisson process at 30 per second, with log-normal prompt and
-# output lengths (median output 100 tokens, a tail up to 1000), served by a modeled H100 running
-# Llama-2-7B with at most 32 requests at once. Time now comes from the roofline cost model, so a larger
-# batch costs a little more per step, as it would.
+# efficiency of everyone batched with them. 120 requests arrive as a Poisson process at 30 per second,
+# with log-normal prompt and output lengths (median output 100 tokens, a tail up to 1000), served by a
+# modeled H100 running Llama-2-7B with at most 32 requests at once. Time now comes from the roofline cost
+# model, so a larger batch costs a little more per step, as it would.
 
 # %%
 tail = workloads.synthetic_trace(120, rate=30.0, prompt_len=workloads.LogNormal(200, 0.8, hi=1500),

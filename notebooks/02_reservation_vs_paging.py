@@ -26,9 +26,10 @@
 #   when its last one is full. A *block table* lists a request's blocks, which need not be contiguous;
 #   the attention kernel reads KV through it.
 #
-# This notebook steps **Figure 4** (the same two requests under reservation and under paging) live, side by side, checks the kernel on both
-# caches, measures the waste and its cost on a realistic trace, weighs the block size, and ends with a
-# quantized KV cache: more positions in the same memory, and what that costs in quality.
+# This notebook steps **Figure 4** (the same two requests under reservation and under paging) live, side
+# by side, checks the kernel on both caches, measures the waste and its cost on a realistic trace,
+# weighs the block size, and ends with a quantized KV cache: more positions in the same memory, and what
+# that costs in quality.
 
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
@@ -108,8 +109,8 @@ for name, s in zip(fig4.names, fig4.steppers):
 fig4.compare_figure()
 
 # %% [markdown]
-# The paged engine runs Figure 3's batch: B's decode and C's prefill, 1 + 6 = 7 tokens, **13 positions**
-# of KV out of 24. The reserved engine could hold the same 13 positions, but when it decided, B held 6
+# The paged engine runs the batch of Figure 3 (notebook 01): B's decode and C's prefill, 1 + 6 = 7
+# tokens, **13 positions** of KV out of 24. The reserved engine could hold the same 13 positions, but when it decided, B held 6
 # positions of KV and 14 reserved but unused (the figure's hatched cells), and only 4 were free. C waits
 # because unused space is tied up in B's reservation, not because the two requests' actual KV exceeds
 # the capacity. Keep stepping (the

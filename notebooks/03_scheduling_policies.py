@@ -89,11 +89,11 @@ def mean(xs):
 # %% [markdown]
 # ## 1. FCFS and head-of-line blocking
 #
-# First come, first served (FCFS) orders requests by arrival time. It is fair by construction and
-# nobody starves, but it ignores how long each request will take. Here is the smallest case where that matters. At most 3 requests run at
-# once and a step may process 16 tokens. A and B are decoding long answers. Then L arrives, with a
-# 24-token prompt and a 10-token answer, and right behind it three short requests s1, s2, s3
-# (4-token prompts, 2-token answers).
+# First come, first served (FCFS) orders requests by arrival time. It is fair by construction and nobody
+# starves, but it ignores how long each request will take. Here is the smallest case where that matters.
+# At most 3 requests run at once and a step may process 16 tokens. A and B are decoding long answers.
+# Then L arrives, with a 24-token prompt and a 10-token answer, and right behind it three short requests
+# s1, s2, s3 (4-token prompts, 2-token answers).
 #
 # Left, FCFS: the one free slot goes to L. Its prompt does not fit one step's budget, so its prefill
 # is split over two steps, and then it decodes for ten more; s1, s2 and s3 wait behind it, though
@@ -271,11 +271,12 @@ fig
 # ## 3. Priority classes, and priority inversion
 #
 # Requests are not all equal: paying users expect lower latency, internal services may need steadier
-# responses than external APIs, and a live conversation tolerates less delay than a batch job. `Priority` serves the
-# lowest `priority` value first (vLLM's convention), FCFS inside a class. But ordering the *queue* is not
-# enough: when a low-priority request already holds the GPU (its KV is allocated) and a high-priority
-# request arrives that cannot get resources at once, the low-priority request must be preempted. Four low-priority requests (class 1, 300 tokens each) fill all 4 slots;
-# at 0.5 s two high-priority ones (class 0, 20 tokens) arrive:
+# responses than external APIs, and a live conversation tolerates less delay than a batch job. `Priority`
+# serves the lowest `priority` value first (vLLM's convention), FCFS inside a class. But ordering the
+# *queue* is not enough: when a low-priority request already holds the GPU (its KV is allocated) and a
+# high-priority request arrives that cannot get resources at once, the low-priority request must be
+# preempted. Four low-priority requests (class 1, 300 tokens each) fill all 4 slots; at 0.5 s two
+# high-priority ones (class 0, 20 tokens) arrive:
 
 # %%
 prio_trace = [TraceRequest(f"low{i}", 0.0, 16, 300, priority=1) for i in range(4)]
@@ -438,14 +439,13 @@ fig.update_layout(title="request d0: the gap before each of its tokens (P arrive
 fig
 
 # %% [markdown]
-# Prefill priority gives P its first token soonest and stalls all ten decoders for the whole prefill
-# step (a latency spike that has nothing to do with their own requests). Decode priority never interrupts a decode,
-# and P waits until all ten have finished. Chunked prefill splits P's prompt into budget-sized pieces
-# that ride along with the decodes: each decode step grows a little, no step is long, and P's first
-# token comes only slightly later than under prefill priority. Chunked prefill (Sarathi-Serve, Agrawal
-# et al., OSDI 2024) is the standard compromise: it bounds the worst stall a decode can suffer, at modest
-# cost. It is
-# minillm's default (`interference="chunked"`).
+# Prefill priority gives P its first token soonest and stalls all ten decoders for the whole prefill step
+# (a latency spike that has nothing to do with their own requests). Decode priority never interrupts a
+# decode, and P waits until all ten have finished. Chunked prefill splits P's prompt into budget-sized
+# pieces that ride along with the decodes: each decode step grows a little, no step is long, and P's
+# first token comes only slightly later than under prefill priority. Chunked prefill (Sarathi-Serve,
+# Agrawal et al., OSDI 2024) is the standard compromise: it bounds the worst stall a decode can suffer,
+# at modest cost. It is minillm's default (`interference="chunked"`).
 #
 # ## 7. Scheduling every N steps
 #

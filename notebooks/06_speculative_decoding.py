@@ -168,11 +168,12 @@ fig.update_layout(title="expected speed-up vs acceptance rate", xaxis_title="per
 fig
 
 # %% [markdown]
-# More guesses pay only when they are likely to be kept: at low α, k = 8 wastes seven draft forwards
-# for one token. Now the shipped pair, measured: the engine runs on a modeled clock where a target step
-# costs 10 ms whatever its size (decode is memory bound, so a few more positions cost nothing extra) and a draft forward costs the
-# target's 10 ms scaled by the ratio of their weights, c = 1.25 M / 3.43 M ≈ 0.36 (a small model's
-# weights are largely embeddings, so its draft cannot be much smaller). Greedy, k = 1 to 6:
+# More guesses pay only when they are likely to be kept: at low α, k = 8 wastes seven draft forwards for
+# one token. Now the shipped pair, measured: the engine runs on a modeled clock where a target step costs
+# 10 ms whatever its size (decode is memory bound, so a few more positions cost nothing extra) and a
+# draft forward costs the target's 10 ms scaled by the ratio of their weights, c = 1.25 M / 3.43 M ≈ 0.36
+# (a small model's weights are largely embeddings, so its draft cannot be much smaller). Greedy, k = 1 to
+# 6:
 
 # %%
 engines = {}
@@ -200,10 +201,10 @@ for k in (1, 2, 4, 6):
           f"{base / t:.2f}x, the formula with c = {ratio:.2f}: {rows[-1][3]:.2f}x")
 
 # %% [markdown]
-# The engine's measurements follow the formula. A draft that agrees with its target on about half of
-# the greedy tokens (the α printed above), but costs over a third of it per forward, gains a little with one or two guesses and
-# loses time from four on: each rejected guess wasted a draft forward. Real drafts are 10 to 50 times
-# smaller than their targets (c of 0.02 to 0.1), where the same α gives a clear gain.
+# The engine's measurements follow the formula. A draft that agrees with its target on about half of the
+# greedy tokens (the α printed above), but costs over a third of it per forward, gains a little with one
+# or two guesses and loses time from four on: each rejected guess wasted a draft forward. Real drafts are
+# 10 to 50 times smaller than their targets (c of 0.02 to 0.1), where the same α gives a clear gain.
 #
 # ## 4. When speculation makes things slower
 #
