@@ -30,7 +30,8 @@
 # 4. multi-turn chat: each turn prefills only its new tokens;
 # 5. what invalidates the cache: editing an early part of the prefix;
 # 6. what it is worth: cache-hit pricing;
-# 7. exercises: the block hash, the longest-prefix match, and eviction.
+# 7. parallel sampling: n samples of one prompt share its blocks, copy-on-write;
+# 8. exercises: the block hash, the longest-prefix match, and eviction.
 #
 # minillm's prefix cache is *automatic* (vLLM's APC): nobody marks a prefix as shareable; every full
 # block is hashed, and kept after its request finishes until its memory is needed.
@@ -358,6 +359,96 @@ fig
 # advantage, not just a technical metric.
 
 # %% [markdown]
+# ## 7. Parallel sampling: n samples of one prompt, copy-on-write
+#
+# A prefix shared *within* one request: `SamplingParams(n=8)` asks for 8 samples of the same prompt
+# (best-of-n, self-consistency, a choice of drafts). The prompt's KV is identical for all 8, so
+# PagedAttention computes it once and stores it once (Kwon et al., SOSP 2023, section 4.4):
+#
+# * **fork**: the prompt runs as one sequence; when its last position is computed, its logits are
+#   sampled 8 times (sample i with its own random stream) and 7 new sequences are created that point
+#   at the *same* blocks. Each block's reference count becomes 8. Nothing is copied.
+# * **copy-on-write**: full blocks are never written again, so sharing them costs nothing. The
+#   prompt's last block is only partly filled, and every sample is about to write its next token into
+#   it. A sequence that must write into a block whose count is above 1 first gets a fresh block and a
+#   copy of the contents (the block-copy kernel, `kernels.copy_blocks`), and the shared block loses a
+#   reference; the last holder writes in place.
+#
+# The scheduler treats the 8 as a group: admitted only if `max_num_seqs` has 8 seats (and a spare block
+# per sample for its first decode), preempted together. The widget: one 10-token prompt (two full blocks of 4
+# and a half-full third), `n=4`. The first Step prefills and forks: the three prompt blocks show `x4`.
+# The second Step: three samples copy the half-full block, the fourth writes into it in place.
+
+# %%
+FORK_PROMPT = list(range(100, 110))             # 10 tokens: blocks of 4, the third half full
+
+def fork_engine():
+    llm = LLM(model="random", device=DEVICE, dtype="auto", attention_backend="triton", block_size=4,
+              num_kv_blocks=16, max_num_seqs=4, clock="modeled", cost_model=0.010)
+    llm.engine.add_request(FORK_PROMPT, SamplingParams(n=4, max_tokens=3, temperature=1.0, seed=0, ignore_eos=True),
+                           request_id="P")
+    return llm
+
+fork = Stepper(fork_engine, title="parallel sampling: a 10-token prompt, n=4 samples, blocks of 4")
+fork
+
+# %% [markdown]
+# The same two steps on a copy of the engine, read from their `StepRecord`s: the fork (which blocks, shared by
+# how many sequences) and the copies (which block was copied where, for whom).
+
+# %%
+fork_run = fork_engine().engine
+rec_fork, rec_copy = fork_run.step(), fork_run.step()
+print(rec_fork.summary())
+print(rec_copy.summary())
+f = rec_fork.forks[0]
+print(f"after the fork: {len(f.sequences)} sequences share blocks {f.shared_blocks}: {rec_fork.kv.blocks_used} "
+      f"blocks in use; after the first decode: {rec_copy.kv.blocks_used} (without sharing: "
+      f"{len(f.sequences)} x 3 = {len(f.sequences) * 3} for the prompt alone)")
+assert len(f.shared_blocks) == 3 and len(rec_copy.copies) == 3 and rec_copy.kv.blocks_used == 6
+fork_run.run()
+for c in fork_run.get_output("P").outputs:
+    print(f"sample {c.index}: {c.token_ids}")
+
+# %% [markdown]
+# At scale, on the modeled H100 with Llama-2-7B and 8 GiB of KV (1,024 blocks of 16) of sections 3 and 4: 48
+# prompts of 512 tokens arrive at 4 per second, and each wants 8 samples of 128 tokens. Either as one
+# request with `n=8` (forked, copy-on-write), or as 8 separate requests per prompt (what a client does
+# without `n`; prefix caching off, so nothing is shared):
+
+# %%
+import random as _random
+
+def sampling_run(shared, prompts=48, n=8, prompt_len=512, out_len=128):
+    llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", max_model_len=2048,
+              max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=1024, record="summary")
+    engine, rng = llm.engine, _random.Random(0)
+    for i in range(prompts):
+        prompt = [rng.randrange(1, 32000) for _ in range(prompt_len)]
+        for sp in ([SamplingParams(n=n, max_tokens=out_len, ignore_eos=True)] if shared else
+                   [SamplingParams(max_tokens=out_len, ignore_eos=True)] * n):
+            engine.add_request(prompt, sp, arrival_time=i / 4)
+    records = engine.run()
+    m = {rid: r.metrics for rid, r in engine.requests.items()}
+    return engine, records, metrics.summarize(m, records, max_num_seqs=64)
+
+sampling_runs = {"n=8, shared (copy-on-write)": sampling_run(True), "8 separate requests": sampling_run(False)}
+for name, (eng, recs, s) in sampling_runs.items():
+    print(f"{name:<28} done at {recs[-1].time:5.1f} s; {s['output_throughput']:6.0f} tokens/s; TTFT p50 "
+          f"{s['ttft_p50']:5.2f} s, p99 {s['ttft_p99']:5.2f} s; at most {max(len(r.running) for r in recs)} "
+          f"sequences running; {s['num_preemptions']} preemptions")
+shared_s, separate_s = sampling_runs["n=8, shared (copy-on-write)"][2], sampling_runs["8 separate requests"][2]
+assert shared_s["output_throughput"] > separate_s["output_throughput"] and shared_s["num_preemptions"] < separate_s["num_preemptions"]
+
+# %% [markdown]
+# The same tokens, in a fraction of the memory. A prompt's 512 tokens are 32 blocks; its 8 separate requests
+# hold 8 x 32 = 256 blocks of identical KV before the first output token, a quarter of the cache, so
+# only a few prompts fit at once: the queue grows, running requests are preempted and recomputed, and the
+# first token waits for seconds. Forked, the 8 samples hold the 32 prompt blocks once plus one block each
+# as they start writing, so every arriving prompt is admitted at once (the lines above: the running
+# sequences, the preemptions, TTFT and throughput of both runs).
+
+# %% [markdown]
 # ## Exercises
 #
 # The pieces of this notebook, in `exercises/ex04_prefix_cache.py`. They plug into the real engine:
@@ -415,15 +506,40 @@ with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
               f"E reused {llm.engine.requests['E'].metrics.num_cached_tokens} tokens")
 
 # %% [markdown]
+# **Exercise 4, the fork and copy-on-write** (section 7), in `exercises/ex09_parallel_sampling.py`: `fork` (the new
+# sequence's block table and the reference counts after), `block_to_write` (which block the next position falls
+# in) and `copy_on_write` (copy or not, which block, the counts after). `ex9.cow_kv_manager` is a factory for
+# `EngineConfig.kv_manager`: section 7's four samples on your fork and copies, next to minillm's own.
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# `fork`: raise each block's count by one, and return `list(table)` (a new list). `block_to_write`: `num_computed_tokens // block_size`, or None if that is not below `num_blocks_held`. `copy_on_write`: nothing to do unless that block exists and its count is above 1; then `allocate()`, put the fresh id in its place in `table`, take one off the shared block's count, and return `(shared, fresh)`.
+#
+# </details>
+
+# %%
+ex9 = impl.load("ex09_parallel_sampling")
+with impl.attempt("ex09.fork / block_to_write / copy_on_write"):
+    for name, factory in (("minillm's", None), ("yours", ex9.cow_kv_manager)):
+        llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=16, kv_manager=factory)
+        llm.engine.add_request(FORK_PROMPT, SamplingParams(n=4, max_tokens=3, ignore_eos=True), request_id="P")
+        recs = llm.engine.run()
+        print(f"{name:>9}: forked {[len(f.sequences) for r in recs for f in r.forks]} ways, copies "
+              f"{[(c.src_block, c.dst_block) for r in recs for c in r.copies]}, at most "
+              f"{max(r.kv.blocks_used for r in recs)} blocks in use")
+
+# %% [markdown]
 # ### Grading
 #
-# Your code goes in `exercises/ex04_prefix_cache.py` (its stubs raise `NotImplementedError` until you fill them in;
+# Your code goes in `exercises/ex04_prefix_cache.py` and `exercises/ex09_parallel_sampling.py` (their stubs raise `NotImplementedError` until you fill them in;
 # the docstrings say exactly what each must do). The cells above run *your* version: `impl.load` reads
 # the environment variable `MINILLM_IMPL` (unset: `exercises`, yours; `solutions`: the reference answers).
 # From the repository root:
 #
 # ```bash
 # make grade EX=04                                            # every ex04 grader, against exercises/
+# make grade EX=09                                            # the fork and copy-on-write
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex04 tests/test_exercises.py -k pool   # one exercise
 # ```
 #

@@ -365,6 +365,13 @@ def reasons_html(rec: Optional[StepRecord], infos: dict, *, max_rows: int = MAX_
         how = ("its KV was dropped and will be recomputed" if p.mode == "recompute"
                else "its KV was copied to host memory (swap)")
         items.append(f"Preempted: <b>{_e(p.request_id)}</b>, {how}, because {_e(p.reason)}.")
+    for f in rec.forks:
+        items.append(f"Forked: <b>{_e(f.request_id)}</b>'s prompt is computed; its {len(f.sequences)} samples "
+                     f"({', '.join(_e(s) for s in f.sequences)}) now share its {len(f.shared_blocks)} blocks "
+                     f"(each held {len(f.sequences)} times), nothing copied.")
+    for c in rec.copies:
+        items.append(f"Copy-on-write: <b>{_e(c.request_id)}</b> was about to write into block {c.src_block}, "
+                     f"which other samples share, so it got block {c.dst_block} with a copy of its contents.")
     for w in rec.waiting[:max_rows]:
         items.append(f"<b>{_e(w.request_id)}</b> waits: {_e(w.reason)}.")
     if len(rec.waiting) > max_rows:
