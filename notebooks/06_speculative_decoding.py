@@ -29,7 +29,7 @@
 # 3. acceptance rate against speed-up;
 # 4. when speculation makes things slower: low acceptance, a costly draft, a large batch;
 # 5. the shipped draft (`speculative_model="default-draft"`) against the n-gram proposer (`"ngram"`);
-# 6. exercise: the acceptance rule, inside the engine.
+# 6. exercises: the acceptance rule, inside the engine, and the speed-up formula.
 #
 # In minillm one step of a decoding request with speculation is: the proposer guesses up to k tokens;
 # the scheduler grants the request 1 + k new tokens (they count against the execution-token budget);
@@ -314,6 +314,39 @@ with impl.attempt("ex06.accept_sampled"):
     mine = ex.speculative_engine(None, attention_backend="auto", speculative_model="default-draft", num_speculative_tokens=4)
     print("sampled with your rule equals the engine's rule (same random stream):",
           mine.generate([PROMPT], sampled)[0].token_ids == theirs[0].token_ids)
+
+# %% [markdown]
+# **Exercise 3: `tokens_per_step` and `speculative_speedup`** in `exercises/ex06_speculative.py`: the
+# formula of section 3, written yourself. `tokens_per_step(alpha, k)` is the mean number of tokens one
+# verification emits when each guess is kept with probability α; `speculative_speedup(alpha, k, c)`
+# divides it by the cost of a step in target forwards. The graders compare with sums worked by hand,
+# with the engine's own `expected_tokens_per_step` and `expected_speedup` switched off. Below, your
+# formula against the engine's and against the speed-up the shipped pair measures on the modeled clock:
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# A step emits i + 1 tokens when the first i guesses are kept: the mean is 1 + α + α² + ... + α^k, a geometric series, (1 − α^(k+1)) / (1 − α). At α = 1 that formula divides by zero: every guess is kept, so the step emits k + 1.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# A verification step costs k draft forwards (c each) and one target forward: k c + 1 target forwards, for `tokens_per_step(alpha, k)` tokens. Plain decoding emits one token per target forward.
+#
+# </details>
+
+# %%
+with impl.attempt("ex06.tokens_per_step"):
+    print(f"alpha = 0.8, k = 4: {ex.tokens_per_step(0.8, 4):.4f} tokens per step (expected 3.3616; "
+          f"the engine's formula: {expected_tokens_per_step(0.8, 4):.4f})")
+with impl.attempt("ex06.speculative_speedup"):
+    plain_t, _, _ = timed([PROMPT], greedy)
+    for k in (1, 4):
+        t, st, llm = timed([PROMPT], greedy, speculative_model="default-draft", num_speculative_tokens=k)
+        alpha = alpha_from_tokens_per_step(st["tokens_per_target_step"], k)
+        c = llm.engine.speculator.draft_cost_model.ratio
+        print(f"k = {k}, alpha ~ {alpha:.2f}, c = {c:.2f}: your formula {ex.speculative_speedup(alpha, k, c):.2f}x, "
+              f"the engine's {expected_speedup(alpha, k, c):.2f}x, measured {plain_t / t:.2f}x")
 
 # %% [markdown]
 # ### Grading

@@ -13,6 +13,8 @@ of the target's own: the correction at the first rejection, or a *bonus* token a
 * ``accept_greedy``: greedy requests keep a guess while it equals the target's argmax.
 * ``accept_sampled``: sampled requests use rejection sampling, which keeps the output
   distributed exactly as the target alone would sample it, whatever the draft proposes.
+* ``tokens_per_step`` and ``speculative_speedup``: what the rule buys on average, Leviathan et
+  al.'s formula for the expected tokens per verification and the speed-up over plain decoding.
 
 ``speculative_engine(...)`` (given, at the bottom) builds an ``LLM`` whose verification step runs
 *your* rule. Each docstring states the contract (``accept_sampled``'s order of random draws is
@@ -28,7 +30,8 @@ from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["accept_greedy", "accept_sampled", "verify", "speculative_engine"]
+__all__ = ["accept_greedy", "accept_sampled", "tokens_per_step", "speculative_speedup", "verify",
+           "speculative_engine"]
 
 
 # =====================================================================================
@@ -108,6 +111,46 @@ def accept_sampled(draft: Sequence[int], p: torch.Tensor, q: Optional[torch.Tens
         tok = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
         return list(draft[:j]) + [tok]
     return list(draft) + [int(torch.multinomial(p[k], 1, generator=generator))]
+    ### END SOLUTION
+
+
+# =====================================================================================
+# Exercise 3: the expected speed-up
+# =====================================================================================
+
+def tokens_per_step(alpha: float, k: int) -> float:
+    """Expected tokens one verification step emits (Leviathan et al. 2023, eq. 1).
+
+    Each of the k guesses is accepted with probability ``alpha`` (0 <= alpha <= 1), independently,
+    as long as every guess before it was; the step then adds one token of the target's own (the
+    correction or the bonus). So it emits i + 1 tokens when the first i guesses are kept:
+    1 + alpha + alpha^2 + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha), which is k + 1 at
+    alpha = 1 (every guess kept) and 1 at alpha = 0.
+
+    >>> round(tokens_per_step(0.8, 4), 5)          # 1 + 0.8 + 0.64 + 0.512 + 0.4096
+    3.3616
+    """
+    ### BEGIN SOLUTION
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    ### END SOLUTION
+
+
+def speculative_speedup(alpha: float, k: int, draft_cost_ratio: float) -> float:
+    """Walltime speed-up of speculation over plain decoding (Leviathan et al. 2023, Theorem 3.8).
+
+    ``draft_cost_ratio`` c: one draft forward costs c target forwards. One verification step
+    costs k draft forwards plus one target forward (verifying k + 1 positions costs what one plain
+    decode step costs while decode is memory bound), that is k c + 1 target forwards, and emits
+    ``tokens_per_step(alpha, k)`` tokens; plain decoding emits one token per target forward.
+    Below 1, speculation makes decoding slower.
+
+    >>> round(speculative_speedup(0.8, 4, 0.05), 3)  # 3.3616 tokens for 4 x 0.05 + 1 = 1.2 forwards
+    2.801
+    """
+    ### BEGIN SOLUTION
+    return tokens_per_step(alpha, k) / (k * draft_cost_ratio + 1.0)
     ### END SOLUTION
 
 

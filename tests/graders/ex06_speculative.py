@@ -4,18 +4,21 @@ The acceptance rule is held against three things it did not compute: cases worke
 target distribution itself (the first token a verification emits must be distributed as p,
 whatever the draft: a chi-square test); and minillm's own ``verify`` replaying the same random
 draws. Then inside the engine: greedy speculation must reproduce plain decoding token for token,
-and seeded sampling must reproduce the engine's own speculative run exactly.
+and seeded sampling must reproduce the engine's own speculative run exactly. The speed-up formula
+is held against sums worked by hand and the mean over a step's outcomes, with the engine's own
+formula switched off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import tempfile
 
 import pytest
 import torch
 
-from minillm import LLM, SamplingParams, impl
+from minillm import LLM, SamplingParams, impl, speculative
 from minillm.invariants import check_all_free
 from minillm.model.loader import load_model
 from minillm.speculative import verify as engine_verify
@@ -158,3 +161,60 @@ def test_seeded_sampling_reproduces_the_engines_speculation(proposer):
     assert sum(m.num_spec_proposed for m in ref.engine.request_metrics()) > 0, "(the run must speculate)"
     got = [o.token_ids for o in ex().speculative_engine("random", **cfg).generate(prompts, sps)]
     assert got == want, f"seeded sampling with {proposer} guesses: the engine's rule emits {want}, yours {got}"
+
+
+# --- Exercise 3: tokens_per_step and speculative_speedup ----------------------------------------------
+
+def _tripwire(*args, **kwargs):
+    raise AssertionError("your answer called the engine's own formula (minillm.speculative.expected_tokens_per_step, "
+                         "expected_speedup or modeled_speedup); the exercise is to write it yourself")
+
+
+@contextlib.contextmanager
+def _engine_formula_switched_off():
+    with pytest.MonkeyPatch.context() as mp:
+        for f in (speculative.expected_tokens_per_step, speculative.expected_speedup, speculative.modeled_speedup):
+            mp.setattr(f, "__code__", _tripwire.__code__)
+        yield
+
+
+# (alpha, k): the expected tokens per verification, summed by hand: 1 + alpha + ... + alpha^k
+TOKENS_BY_HAND = [((0.8, 4), 1 + 0.8 + 0.64 + 0.512 + 0.4096), ((0.6, 3), 1 + 0.6 + 0.36 + 0.216), ((0.5, 1), 1.5),
+                  ((0.5, 0), 1.0), ((0.0, 4), 1.0), ((1.0, 4), 5.0), ((1.0, 1), 2.0), ((0.9, 8), 6.12579511)]
+
+
+def test_tokens_per_step_by_hand():
+    with _engine_formula_switched_off():
+        for (alpha, k), want in TOKENS_BY_HAND:
+            got = ex().tokens_per_step(alpha, k)
+            assert got == pytest.approx(want, abs=1e-6), (
+                f"alpha={alpha}, k={k}: 1 + alpha + ... + alpha^k = {want:.6g} tokens per step, got {got}")
+
+
+def test_tokens_per_step_is_the_mean_over_outcomes():
+    """An independent reference: the step emits i + 1 tokens when guesses 1..i are kept and guess
+    i + 1 is rejected (probability alpha^i (1 - alpha)), k + 1 when all k are kept (alpha^k)."""
+    with _engine_formula_switched_off():
+        for alpha in (0.05, 0.3, 0.47, 0.55, 0.75, 0.99):
+            for k in (1, 2, 4, 6, 10):
+                want = sum((i + 1) * alpha ** i * (1 - alpha) for i in range(k)) + (k + 1) * alpha ** k
+                got = ex().tokens_per_step(alpha, k)
+                assert got == pytest.approx(want, rel=1e-9), (
+                    f"alpha={alpha}, k={k}: the mean over outcomes is {want:.6f} tokens per step, got {got}")
+
+
+# (alpha, k, c): the speed-up, worked by hand: tokens per step / (k c + 1)
+SPEEDUP_BY_HAND = [((0.8, 4, 0.05), 3.3616 / 1.2), ((0.5, 4, 0.36), 1.9375 / 2.44), ((1.0, 4, 0.0), 5.0),
+                   ((0.0, 4, 0.1), 1 / 1.4), ((0.6, 3, 0.2), 2.176 / 1.6), ((0.5, 1, 1.0), 0.75), ((0.7, 0, 0.3), 1.0)]
+
+
+def test_speculative_speedup_by_hand():
+    with _engine_formula_switched_off():
+        for (alpha, k, c), want in SPEEDUP_BY_HAND:
+            got = ex().speculative_speedup(alpha, k, c)
+            assert got == pytest.approx(want, rel=1e-9), (
+                f"alpha={alpha}, k={k}, draft cost c={c}: {ex().tokens_per_step(alpha, k):.4g} tokens for "
+                f"k c + 1 = {k * c + 1:.4g} target forwards: expected {want:.4f}x, got {got}")
+    got = [ex().speculative_speedup(a, 4, 0.36) for a in (0.3, 0.5, 0.8)]
+    assert got[0] < 1 < got[2], (f"the shipped pair's draft costs c = 0.36: at alpha 0.3 speculation must be slower "
+                                 f"(< 1x), at 0.8 faster; got {[round(x, 3) for x in got]}")
