@@ -536,8 +536,27 @@ class RooflineCostModel(CostModel):
 
     # --- the interface -----------------------------------------------------------------
     def step_time(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
-        """Seconds for one forward over the batch; 0 for an empty batch (nothing runs)."""
-        return self.breakdown(num_new_tokens, context_lens)["time"]
+        """Seconds for one forward over the batch; 0 for an empty batch (nothing runs).
+
+        ``breakdown``'s ``"time"``, the same arithmetic in one pass over the batch (the
+        simulator asks this every step, so it walks the batch once, not five times)."""
+        if len(num_new_tokens) != len(context_lens):
+            _check_batch(num_new_tokens, context_lens)
+        tokens = context = 0
+        pairs = 0.0
+        for q, c in zip(num_new_tokens, context_lens):
+            if q < 0 or c < q:
+                _check_batch(num_new_tokens, context_lens)          # raises, naming the pair
+            tokens += q
+            context += c
+            pairs += q * (c - q) + q * (q + 1) / 2
+        if tokens == 0:
+            return 0.0
+        m = self.model
+        flops = 2.0 * m.num_params * tokens + 4.0 * m.num_layers * m.num_heads * m.head_dim * pairs
+        nbytes = float(m.weight_bytes + m.kv_bytes_per_token * context + m.kv_bytes_per_token * tokens)
+        compute, memory = flops / self.flops_per_s, nbytes / self.bytes_per_s
+        return max(compute, memory) + self.allreduce_time(tokens) + self.hardware.step_overhead
 
     def swap_time(self, num_bytes: int) -> float:
         """Copy ``num_bytes`` of KV over PCIe: M_KV / B_PCIe."""

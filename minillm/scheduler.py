@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .detokenizer import IncrementalDetokenizer, find_stop
+from .policies import Policy
 from .request import Request, RequestStatus
 from .step_journal import StepJournal
 from .parallel_sampling import completion_id
@@ -56,10 +57,12 @@ def grant(req: Request, num_new_tokens: int, spec_token_ids: list[int] = ()) -> 
     (with ``spec_token_ids`` guesses to verify at the end). A *decode* is the grant of the newest
     token of a request that has output; anything else is a *prefill* (the label only)."""
     before = req.num_computed_tokens
-    num_tokens = len(req.prompt_token_ids) + len(req.output_token_ids)
-    decode = before >= num_tokens - 1 and len(req.output_token_ids) > 0
+    num_output = len(req.output_token_ids)
+    num_tokens = len(req.prompt_token_ids) + num_output
+    decode = num_output > 0 and before >= num_tokens - 1
     return ScheduledRequest(req, num_new_tokens, before, "decode" if decode else "prefill",
-                            before + num_new_tokens >= num_tokens + len(spec_token_ids), list(spec_token_ids))
+                            before + num_new_tokens >= num_tokens + len(spec_token_ids),
+                            list(spec_token_ids) if spec_token_ids else [])
 
 
 @dataclass
@@ -102,6 +105,7 @@ class Scheduler:
         self.policy = policy
         self.cost_model = cost_model     # for preemption_mode="auto"
         self.waiting: list[Request] = []     # arrived, not running: new, or preempted (recompute)
+        self._shared_waiting: Optional[list] = None   # the queue list a checkpoint or a pass still reads
         self.incoming: list = []             # heap of (arrival_time, seq, request): not arrived yet
         self.now = 0.0                       # the clock at the last pass
         self._add_seq = 0                    # ties in ``incoming`` keep submission order
@@ -116,6 +120,7 @@ class Scheduler:
                              swapped_in_blocks=0, recomputed_tokens=0, rejected=0)
         self.simulated = config.executor == "simulated"
         self.journal = StepJournal()        # what the step in progress changed (see checkpoint)
+        self.record_batch = True            # build StepUpdate.batch (the engine's record="none": no)
         self._arrivals: list = []           # (time, seq, request) released from ``incoming`` this step
         self._forked: list = []             # parents whose groups forked this step (undone on rollback)
         self.has_groups = False             # was any request with n > 1 ever added? (seat counting)
@@ -188,8 +193,18 @@ class Scheduler:
         self._arrivals = []
         self._forked = []
         self.kv.begin_step()
-        return (list(self.waiting), list(self.running), list(self.swapped), list(self.held),
+        # The waiting queue is not copied (it may be long): the step copies it before its first
+        # change other than arrivals appended at the end (``_writable_waiting``).
+        self._shared_waiting = self.waiting
+        return ((self.waiting, len(self.waiting)), list(self.running), list(self.swapped), list(self.held),
                 dict(self.counters), self.num_passes, self._admit_counter, self.now)
+
+    def _writable_waiting(self) -> list[Request]:
+        """The waiting queue, to change in place: copied first if a checkpoint or the pass's
+        admission loop still reads this list (copy on write)."""
+        if self.waiting is self._shared_waiting:
+            self.waiting = list(self.waiting)
+        return self.waiting
 
     def commit(self) -> None:
         """The step is done (its copies and forward ran): forget the undo log."""
@@ -197,12 +212,15 @@ class Scheduler:
         self.journal = StepJournal()
         self._arrivals = []
         self._forked = []
+        self._shared_waiting = None
 
     def rollback(self, checkpoint: tuple) -> None:
         """The step raised: put the queues, the requests and the KV tables back. A request whose
         KV blocks another request wrote into during the step recomputes from that position."""
-        (self.waiting, self.running, self.swapped, self.held, self.counters, self.num_passes,
+        ((self.waiting, num_waiting), self.running, self.swapped, self.held, self.counters, self.num_passes,
          self._admit_counter, self.now) = checkpoint
+        del self.waiting[num_waiting:]       # arrivals appended to the checkpoint's own list
+        self._shared_waiting = None
         self.journal.restore()
         for parent in self._forked:          # the forked sequences never existed
             parent.forked = False
@@ -269,11 +287,13 @@ class Scheduler:
         sampled, accepted_by = result.sampled, result.spec_accepted
         logprobs, prompt_logprobs = result.logprobs, result.prompt_logprobs
         save_progress = self.journal.save_progress
+        batch = upd.batch if self.record_batch else None
         for s in out.scheduled:
             req = s.request
+            rid = req.request_id
             save_progress(req)
             req.num_computed_tokens += s.num_new_tokens
-            accepted = accepted_by.get(req.request_id, 0)
+            accepted = accepted_by.get(rid, 0) if accepted_by else 0
             if s.spec_token_ids:
                 # Speculative decoding: the KV of rejected guesses is rolled back.
                 req.num_computed_tokens -= len(s.spec_token_ids) - accepted
@@ -286,19 +306,22 @@ class Scheduler:
             elif req.spec_token_ids:
                 # Blocks reserved for guesses this pass did not keep go back to the pool.
                 self.kv.truncate(req, req.num_computed_tokens)
-            req.spec_token_ids = []
-            new = sampled.get(req.request_id, ())
+            if req.spec_token_ids:
+                req.spec_token_ids = []
+            new = sampled.get(rid, ())
             reason = None
             appended = 0
-            for tok in new:
-                appended += 1
-                req.output_token_ids.append(tok)
-                req.metrics.token_times.append(t)
-                if req.metrics.first_token_time is None:
-                    req.metrics.first_token_time = t
-                reason = self.check_stop(req, tok)
-                if reason:
-                    break
+            if new:
+                output_ids, m = req.output_token_ids, req.metrics
+                if m.first_token_time is None:
+                    m.first_token_time = t
+                for tok in new:
+                    appended += 1
+                    output_ids.append(tok)
+                    m.token_times.append(t)
+                    reason = self.check_stop(req, tok)
+                    if reason:
+                        break
             if appended > 1 and reason:
                 # Tokens accepted past a stop are dropped: keep KV consistent with the output.
                 req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
@@ -308,7 +331,8 @@ class Scheduler:
                 for pos, lp in prompt_logprobs[req.request_id]:
                     if req.prompt_logprobs[pos] is None:      # recomputed after a preemption: kept
                         req.prompt_logprobs[pos] = lp
-            upd.batch.append(BatchEntry(req.request_id, s.phase, s.num_new_tokens, s.num_computed_before,
+            if batch is not None:
+                batch.append(BatchEntry(rid, s.phase, s.num_new_tokens, s.num_computed_before,
                                         req.num_computed_tokens, len(s.spec_token_ids), accepted, appended))
             if appended and req.parent is not None and not req.parent.forked:
                 self._fork(req, result, t, upd)
@@ -394,7 +418,7 @@ class Scheduler:
             victim.num_computed_tokens = 0
             victim.num_cached_tokens = 0
             victim.status = RequestStatus.PREEMPTED
-            self.waiting.insert(0, victim)      # back to the front of the queue
+            self._writable_waiting().insert(0, victim)      # back to the front of the queue
         self.counters[f"preemptions_{mode}"] += 1
         victim.num_preemptions += 1
         victim.metrics.num_preemptions += 1
@@ -434,21 +458,27 @@ class Scheduler:
         # Speculative tokens never crowd out another running request's next token.
         decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) \
             if any(r.spec_token_ids for r in self.running) else 0
+        kv = self.kv
+        caching = getattr(kv, "enable_prefix_caching", True)   # else cache_full_blocks registers nothing
         for req in list(self.running):
             if req.status is not RequestStatus.RUNNING or budget <= 0:   # preempted above: O(1) test
                 continue
             before = req.num_computed_tokens
-            n = req.num_tokens - before                   # known tokens without KV yet
+            num_output = len(req.output_token_ids)
+            num_tokens = len(req.prompt_token_ids) + num_output
+            n = num_tokens - before                       # known tokens without KV yet
             if n == 1 and decodes_left:
                 decodes_left -= 1                         # this one's own next token
             # Speculative tokens count against the budget: keep as many as fit after the known
             # ones (and the later decodes'); if their KV does not fit, decode plainly rather
             # than preempt anyone.
-            spec = req.spec_token_ids[:max(0, budget - n - decodes_left)]
-            if spec and not self.kv.allocate(req, n + len(spec)):
-                spec = []
+            spec = req.spec_token_ids
+            if spec:
+                spec = spec[:max(0, budget - n - decodes_left)]
+                if spec and not kv.allocate(req, n + len(spec)):
+                    spec = []
             n = min(n + len(spec), budget)
-            while not self.kv.allocate(req, n):
+            while not kv.allocate(req, n):
                 # The victim is chosen among all running requests; one already granted tokens
                 # this pass gives them back.
                 victim = self.policy.pick_victim(list(self.running), now)
@@ -458,8 +488,12 @@ class Scheduler:
                     break
             if req.status is not RequestStatus.RUNNING:
                 continue
-            self.kv.cache_full_blocks(req, min(before + n, req.num_tokens), shareable=False)
-            out.scheduled.append(grant(req, n, spec))
+            if caching:
+                kv.cache_full_blocks(req, min(before + n, num_tokens), shareable=False)
+            # grant(req, n, spec), written out: this line runs for every running request every step
+            out.scheduled.append(ScheduledRequest(
+                req, n, before, "decode" if num_output and before >= num_tokens - 1 else "prefill",
+                before + n >= num_tokens + len(spec), list(spec) if spec else []))
             scheduled_ids.add(req.request_id)
             budget -= n
 
@@ -511,15 +545,29 @@ class Scheduler:
         return out
 
     def _arrived(self, now: float) -> list[Request]:
+        """The waiting requests that have arrived by ``now``: all of them, since one from the
+        future waits in ``incoming`` until ``_release_arrivals`` (a copy, not a scan)."""
+        if now >= self.now:
+            return list(self.waiting)
         return [r for r in self.waiting if r.arrival_time <= now]
 
+    def _admission_order(self, now: float) -> list[Request]:
+        """Waiting requests in the policy's order. A policy that keeps the queue's order (FCFS)
+        gets no copy: the pass walks the queue itself, as far as admission and the capped
+        waiting reasons go, and a change to the queue meanwhile copies it first. So a long
+        queue costs a pass nothing it does not look at."""
+        if type(self.policy).order_waiting is Policy.order_waiting and now >= self.now:
+            self._shared_waiting = self.waiting
+            return self.waiting
+        return self.policy.order_waiting(self._arrived(now), now)
+
     def _admissible_head(self, now: float) -> bool:
-        return bool(self._arrived(now)) and len(self.running) < self.config.max_num_seqs
+        arrived = bool(self.waiting) if now >= self.now else bool(self._arrived(now))
+        return arrived and len(self.running) < self.config.max_num_seqs
 
     def _admit_waiting(self, now, out, budget, scheduled_ids, allow_chunk) -> int:
         cfg = self.config
-        arrived = self._arrived(now)
-        order = self.policy.order_waiting(arrived, now)
+        order = self._admission_order(now)
         blocker: Optional[str] = None
         cap = self.max_waiting_entries
         for req in order:
@@ -572,7 +620,7 @@ class Scheduler:
             self.journal.save(req)
             self.kv.allocate(req, n, cached)
             self.kv.record_lookup(req, cached)
-            self.waiting.remove(req)
+            self._writable_waiting().remove(req)
             req.num_computed_tokens = computed
             self.kv.cache_full_blocks(req, min(computed + n, req.num_tokens))
             req.num_cached_tokens = computed
@@ -665,7 +713,7 @@ class Scheduler:
 
     def _reject(self, req: Request, out: SchedulerOutput, reason: str) -> None:
         self.journal.save(req)
-        self.waiting.remove(req)
+        self._writable_waiting().remove(req)
         req.finish_reason = "rejected"
         req.finish_detail = reason
         self.counters["rejected"] += 1

@@ -193,7 +193,8 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
       (any ``CostModel``, e.g. ``ConstantStepTime(0.010)``) replaces both.
     * ``records``: "full" keeps every ``StepRecord`` (``engine.step_records``, for the
       widgets), "summary" keeps a ``StepSummary`` per step (``engine.step_summaries``),
-      "auto" is "full" up to 2,000 requests; ``False`` keeps nothing per step.
+      "auto" is "full" up to 2,000 requests; ``False`` keeps nothing per step (the engine
+      runs with ``record="none"``: no KV snapshot, no batch entries; the metrics are the same).
     * ``max_waiting_entries``: at most this many waiting requests get a reason in each
       record (a queue of thousands would otherwise cost O(queue) objects per step).
     * every other keyword is an ``EngineConfig`` field (``policy="sjf"``,
@@ -227,8 +228,8 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
     keep = mode in ("full", True)
     config.setdefault("record_history", None if keep else 0)          # keep every record, or none
     config.setdefault("record_max_waiting", max_waiting_entries)
-    if not keep:
-        config.setdefault("record", "summary")                         # no per-block map nobody keeps
+    if not keep:                  # no per-block map nobody keeps; with records off, no record at all
+        config.setdefault("record", "summary" if mode == "summary" else "none")
     llm = LLM(model=model, **config)
     engine = llm.engine
     engine.step_summaries = []

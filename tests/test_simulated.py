@@ -128,3 +128,25 @@ def test_ten_thousand_requests_of_a_70b_model():
           f"{s['output_throughput']:.0f} output tok/s, TTFT p99 {s['ttft_p99'] * 1e3:.0f} ms")
     assert s["num_finished"] == 10_000 and s["num_unfinished"] == 0
     assert s["total_output_tokens"] == sum(r.output_len for r in trace)
+
+
+def test_records_off_changes_no_decision():
+    """``records=False`` runs the engine with ``record="none"`` (no KV snapshot, no batch
+    entries): every request's metrics and every count must equal the fully recorded run's,
+    under preemption (recompute and swap), chunked prefill and a long FCFS queue."""
+    trace = synthetic_trace(300, rate=60.0, prompt_len=LogNormal(300, 1.0, 8, 1500),
+                            output_len=LogNormal(100, 1.0, 4, 400), seed=11)
+    for cfg in (dict(num_kv_blocks=300, max_num_batched_tokens=1024),
+                dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=200, policy="sjf"),
+                dict(max_num_seqs=8, enable_chunked_prefill=False)):
+        full_eng, full = simulate(trace, records="full", **cfg)
+        off_eng, off = simulate(trace, records=False, **cfg)
+        assert off_eng.record_mode == "none" and off_eng.step_records == []
+        assert full_eng.step_count == off_eng.step_count
+        assert {k: r.metrics for k, r in full_eng.requests.items()} == \
+            {k: r.metrics for k, r in off_eng.requests.items()}
+        assert full_eng.stats() == off_eng.stats()
+        from_requests = ("ttft_p99", "tpot_p50", "e2e_max", "num_finished", "output_throughput", "num_preemptions")
+        assert {k: full[k] for k in from_requests} == {k: off[k] for k in from_requests}
+        assert (full["num_preemptions"] > 0) == ("num_kv_blocks" in cfg)
+    assert max(len(r.waiting) for r in full_eng.step_records) > 8 and max(len(r.waiting) for r in full_eng.step_records) > 8

@@ -3,24 +3,37 @@
 No model runs: the same scheduler and paged KV manager as the real engine, a
 placeholder token per sampled position, and a modeled clock that advances by what a
 roofline says Llama-2-70B would take per step. What this measures is the engine's own
-cost per step (scheduling, KV bookkeeping, applying results, the ``StepRecord``), in
-wall seconds and steps per second. Llama-2-70B's bf16 weights (138 GB) do not fit one
-80 GB H100, so the modeled device is four H100-SXM seen as one (4x FLOP/s, bandwidth and
-memory, as tensor parallelism would give, communication ignored).
+cost per step (scheduling, KV bookkeeping, applying results), in wall and CPU seconds
+and steps per second. The run goes through ``simulate(..., records=False)``, the path
+the notebooks use for long traces: no ``StepRecord`` is kept, so the engine records
+nothing per step (``record="none"``), and the metrics come from the requests alone.
+Llama-2-70B's bf16 weights (138 GB) do not fit one 80 GB H100, so the modeled device is
+four H100-SXM seen as one (4x FLOP/s, bandwidth and memory, as tensor parallelism would
+give, communication ignored).
+
+Part 2, how a step's cost grows: CPU time per step while ``R`` requests decode, with
+``W`` more waiting (held back by ``max_num_seqs``) or ``F`` already finished. The
+log-log slope against ``R`` should be about 1 (linear in the batch) and against ``W``
+and ``F`` about 0 (a step never walks the queue or the finished requests).
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import replace
 
-from .common import finish, goal, pick, progress, set_threads, table
+from .common import finish, goal, loglog_exponent, median, pick, progress, set_threads, table
 
 NAME = "sim-scale"
 
 
 def _sizes(size: str) -> dict:
-    return pick(size, tiny=dict(n=200), small=dict(n=2000), full=dict(n=10000))
+    return pick(size,
+                tiny=dict(n=200, running=[16, 32, 64], others=[100, 400], base=16, steps=5),
+                small=dict(n=2000, running=[32, 64, 128, 256], others=[1000, 4000], base=64, steps=20),
+                full=dict(n=10000, running=[32, 64, 128, 256, 512], others=[1000, 4000, 16000], base=64,
+                          steps=40))
 
 
 def four_h100():
@@ -31,52 +44,114 @@ def four_h100():
     return RooflineCostModel(hw4, MODELS["llama-2-70b"])
 
 
-def run(args) -> dict:
+def step_cpu_seconds(running: int, waiting: int = 0, finished: int = 0, steps: int = 20) -> float:
+    """Median CPU seconds of one ``engine.step()`` while ``running`` requests decode (none
+    finishing), ``waiting`` wait behind ``max_num_seqs`` and ``finished`` have come and gone."""
     from .. import LLM
-    from ..workloads import LogNormal, submit_trace, synthetic_trace
+    from ..costmodel import ConstantStepTime
+    from ..sampling_params import SamplingParams
+    prompt = list(range(10, 26))                          # 16 tokens: one block
+    long = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    blocks_per_req = -(-(len(prompt) + steps + 8) // 16)
+    e = LLM("random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.01),
+            max_num_seqs=running, num_kv_blocks=running * blocks_per_req + 1, max_model_len=2048,
+            max_num_batched_tokens=max(2048, running * len(prompt)), record="none").engine
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    for _ in range(finished):
+        e.add_request(prompt, one)
+    while e.has_unfinished_requests():
+        e.step()
+    for _ in range(running + waiting):
+        e.add_request(prompt, long)
+    e.step()                                              # R prompts prefilled, W queued behind them
+    assert len(e.scheduler.running) == running and len(e.scheduler.waiting) == waiting
+    times = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(steps):
+            c0 = time.process_time()
+            e.step()
+            times.append(time.process_time() - c0)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return median(times)
+
+
+def growth(P: dict) -> dict:
+    """Per-step CPU time against running, waiting and finished requests, and the log-log slopes."""
+    base, steps = P["base"], P["steps"]
+    by_running = {r: step_cpu_seconds(r, steps=steps) for r in P["running"]}
+    by_waiting = {w: step_cpu_seconds(base, waiting=w, steps=steps) for w in P["others"]}
+    by_finished = {f: step_cpu_seconds(base, finished=f, steps=steps) for f in P["others"]}
+    return dict(by_running=by_running, by_waiting=by_waiting, by_finished=by_finished, base_running=base,
+                slope_running=loglog_exponent(list(by_running), list(by_running.values())),
+                slope_waiting=loglog_exponent(list(by_waiting), list(by_waiting.values())),
+                slope_finished=loglog_exponent(list(by_finished), list(by_finished.values())))
+
+
+def run(args) -> dict:
+    from ..simulated import simulate
+    from ..workloads import LogNormal, synthetic_trace
     P = _sizes(args.size)
     set_threads(args)
     cm = four_h100()
     rate = 20.0
+    engine_cfg = dict(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=4096)
     cfg = dict(n=P["n"], model="llama-2-70b (shape only)", hardware=cm.hardware.name, arrivals=f"Poisson {rate}/s",
                prompt_len=repr(LogNormal(400, 1.0, 8, 2048)), output_len=repr(LogNormal(200, 1.0, 4, 1024)),
-               max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=4096,
-               record="summary", record_history=0)
-    t_build = time.perf_counter()
-    llm = LLM("random", executor="simulated", clock="modeled", cost_model=cm, max_num_seqs=256,
-              max_model_len=4096, max_num_batched_tokens=8192, record="summary", record_history=0)
-    e = llm.engine
+               path="simulate(records=False)", **engine_cfg)
     trace = synthetic_trace(P["n"], rate=rate, prompt_len=LogNormal(400, 1.0, 8, 2048),
                             output_len=LogNormal(200, 1.0, 4, 1024), seed=args.seed)
-    submit_trace(e, trace, vocab_size=e.vocab_size, seed=args.seed)
-    t_submit = time.perf_counter() - t_build
     bar = progress(P["n"], "simulated", "req")
     finished = 0
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    while e.has_unfinished_requests():
-        rec = e.step()
+
+    def on_step(rec):
+        nonlocal finished
         if rec.finished:
             finished += len(rec.finished)
             bar.update(len(rec.finished))
+
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    engine, summary = simulate(trace, model="random", cost_model=cm, records=False, progress=on_step, **engine_cfg)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     bar.close()
-    steps = e.step_count
+    steps = engine.step_count
     out_tokens = sum(r.output_len for r in trace)
     res = dict(requests=P["n"], finished=finished, steps=steps, wall_s=wall, cpu_s=cpu,
                steps_per_s=steps / wall, steps_per_cpu_s=steps / cpu, us_per_step=1e6 * wall / steps,
-               submit_s=t_submit, modeled_s=e.clock.now(), output_tokens=out_tokens,
-               modeled_output_tok_per_s=out_tokens / e.clock.now(),
-               sim_speedup=e.clock.now() / wall, kv_blocks=e.num_kv_blocks,
-               preemptions=e.stats()["preemptions_recompute"] + e.stats()["preemptions_swap"])
+               modeled_s=engine.clock.now(), output_tokens=out_tokens,
+               modeled_output_tok_per_s=out_tokens / engine.clock.now(),
+               sim_speedup=engine.clock.now() / wall, kv_blocks=engine.num_kv_blocks,
+               preemptions=summary["num_preemptions"], ttft_p50=summary["ttft_p50"], tpot_p50=summary["tpot_p50"])
     t = table(["requests", "steps", "wall (s)", "CPU (s)", "steps/s", "us/step", "modeled time (s)",
-               "modeled / wall", "build + submit (s)"],
+               "modeled / wall"],
               [[P["n"], steps, wall, cpu, res["steps_per_s"], res["us_per_step"], res["modeled_s"],
-                res["sim_speedup"], t_submit]],
+                res["sim_speedup"]]],
               title=f"simulated executor, llama-2-70b on modeled {cm.hardware.name}, Poisson {rate:g} req/s, "
-                    f"max batch 256")
-    goals = [goal("every request finishes", f"{P['n']}", finished, finished == P["n"])]
-    return dict(config=cfg, results=res, goals=goals, _tables=[t])
+                    f"max batch 256 (build, submit and metrics included)")
+    g = growth(P)
+    res["step_growth"] = g
+    rows = [[f"running R = {r}", 0, 0, 1e6 * s] for r, s in g["by_running"].items()]
+    rows += [[f"R = {g['base_running']}", w, 0, 1e6 * s] for w, s in g["by_waiting"].items()]
+    rows += [[f"R = {g['base_running']}", 0, f, 1e6 * s] for f, s in g["by_finished"].items()]
+    t2 = table(["running", "waiting", "finished", "CPU us / step (median)"], rows,
+               title="a step's cost against running, waiting and finished requests")
+    t3 = table(["log-log slope of CPU per step against", "slope", "expected"],
+               [["running requests", g["slope_running"], "1 (linear)"],
+                ["waiting requests", g["slope_waiting"], "0 (independent)"],
+                ["finished requests", g["slope_finished"], "0 (independent)"]],
+               title="growth")
+    goals = [goal("every request finishes", f"{P['n']}", finished, finished == P["n"]),
+             goal("per-step cost linear in running requests", "slope 0.8 .. 1.2", round(g["slope_running"], 2),
+                  0.8 <= g["slope_running"] <= 1.2),
+             goal("independent of waiting requests", "|slope| < 0.1", round(g["slope_waiting"], 2),
+                  abs(g["slope_waiting"]) < 0.1),
+             goal("independent of finished requests", "|slope| < 0.1", round(g["slope_finished"], 2),
+                  abs(g["slope_finished"]) < 0.1)]
+    return dict(config=cfg, results=res, goals=goals, _tables=[t, t2, t3])
 
 
 def main(args) -> dict:
