@@ -547,6 +547,21 @@ for rate in (16, 20):
 # machine's capacity instead of collapsing; the rejected ones get an immediate, explicit "no" they can
 # retry elsewhere. The rules of thumb this section illustrates: measure goodput, watch the tail,
 # and shed load explicitly.
+#
+# **Ask your own what-if.** The sweep above fixed everything but the rate. The widget below re-runs a
+# 2,000-request chat trace through the same scheduler, policies and KV manager each time a control
+# moves (arrival rate, policy, execution-token budget, chunked prefill, KV capacity, preemption mode)
+# and redraws the TTFT and TPOT CDFs (the previous setting dashed), the KV cache in use over the run,
+# and goodput under the same SLOs. Things to try: at 14 requests per second, FCFS against SJF; the KV
+# capacity down to 16,000 positions, then recompute against swap; chunked prefill off with a small
+# budget (the engine refuses, and says why).
+
+# %%
+from minillm.widgets.whatif import WhatIf
+
+whatif = WhatIf(**SLO)
+assert whatif.summary["num_finished"] == 2000
+whatif
 
 # %% [markdown]
 # ## Exercises
