@@ -206,7 +206,7 @@ class ModelRunner:
         batch = flat_batch(ids, [s.num_new_tokens for s in reqs], [s.num_computed_before for s in reqs],
                            tables, self.kv.attn_block_size, self.device, self.backend)
         meta = batch[2]
-        meta.kv_quantizer = getattr(self.config, "kv_quantizer", None) if self.kv_scales else None
+        meta.kv_quantizer = getattr(self.config, "kv_quantizer", None)   # set only with a quantized cache
         if self.backend == "torch":
             # The torch attention's gather indices and masks are the same in every layer:
             # plan them once here, as part of preparing the batch.
