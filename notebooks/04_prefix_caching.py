@@ -31,7 +31,7 @@
 # 5. what invalidates the cache: editing an early part of the prefix;
 # 6. what it is worth: cache-hit pricing;
 # 7. parallel sampling: n samples of one prompt share its blocks, copy-on-write;
-# 8. exercises: the block hash, the longest-prefix match, and eviction.
+# 8. exercises: the block hash, the longest-prefix match, eviction, and what an edit invalidates.
 #
 # minillm's prefix cache is *automatic* (vLLM's APC): nobody marks a prefix as shareable; every full
 # block is hashed, and kept after its request finishes until its memory is needed.
@@ -512,7 +512,7 @@ with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
 # `EngineConfig.kv_manager`: section 7's four samples on your fork and copies, next to minillm's own.
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
 #
 # `fork`: raise each block's count by one, and return `list(table)` (a new list). `block_to_write`: `num_computed_tokens // block_size`, or None if that is not below `num_blocks_held`. `copy_on_write`: nothing to do unless that block exists and its count is above 1; then `allocate()`, put the fresh id in its place in `table`, take one off the shared block's count, and return `(shared, fresh)`.
 #
@@ -528,6 +528,29 @@ with impl.attempt("ex09.fork / block_to_write / copy_on_write"):
         print(f"{name:>9}: forked {[len(f.sequences) for r in recs for f in r.forks]} ways, copies "
               f"{[(c.src_block, c.dst_block) for r in recs for c in r.copies]}, at most "
               f"{max(r.kv.blocks_used for r in recs)} blocks in use")
+
+# %% [markdown]
+# **Exercise 5, `tokens_reused_after_edit`**: what an edit invalidates (section 5). A prompt cached in
+# full is sent again with some of its tokens changed: how many of its tokens does the prefix cache still
+# serve? Below, your answer for each edit of section 5, next to what minillm's prefix cache reused there:
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Only the earliest edit matters: its block's key changes, and every later key is chained on it. The blocks strictly before that block are reused: `min(edited_positions) // block_size` of them.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Even with no edit, the last prompt token is computed again (its logits choose the first output token): never more than `(num_tokens - 1) // block_size` blocks. Check the positions first, and name the bad one in the `ValueError`.
+#
+# </details>
+
+# %%
+with impl.attempt("ex04.tokens_reused_after_edit"):
+    for pos, again in zip(positions, recomputed):
+        print(f"edit at token {pos:>4}: yours {ex.tokens_reused_after_edit(2048, [pos], 16):>4} tokens reused, "
+              f"minillm's prefix cache {2048 - again:>4}")
 
 # %% [markdown]
 # ### Grading

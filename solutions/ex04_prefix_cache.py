@@ -10,6 +10,8 @@ count reaches zero can be recycled (vLLM's automatic prefix caching).
 * ``longest_prefix_match``: the cached blocks a new request can reuse.
 * ``EvictingBlockPool``: reference counts, a free list in LRU order, and eviction of cached
   prefixes only when a fresh block is needed.
+* ``tokens_reused_after_edit``: what an edit invalidates; how much of a cached prompt is reused
+  once some of its tokens have changed.
 
 They plug into the real engine: ``prefix_engine(...)`` at the bottom builds an ``LLM`` with
 prefix caching whose block hashes, prefix lookups and block pool are *yours*. Each docstring
@@ -25,7 +27,7 @@ from typing import Mapping, Optional, Sequence
 from minillm.block_pool import Block, BlockPool
 from minillm.kv_cache import PagedKVCacheManager
 
-__all__ = ["hash_block", "block_hashes", "longest_prefix_match", "EvictingBlockPool",
+__all__ = ["hash_block", "block_hashes", "longest_prefix_match", "EvictingBlockPool", "tokens_reused_after_edit",
            "YourPrefixCachingKVCacheManager", "prefix_engine"]
 
 
@@ -203,6 +205,36 @@ class EvictingBlockPool(BlockPool):
             block.block_hash, block.token_ids, block.parent_hash = h, token_ids, parent_hash
             self.cached.setdefault(h, block)
         return h
+
+
+# =====================================================================================
+# Exercise 5: what an edit invalidates
+# =====================================================================================
+
+def tokens_reused_after_edit(num_tokens: int, edited_positions: Sequence[int], block_size: int) -> int:
+    """How many prompt tokens the prefix cache serves when a prompt of ``num_tokens`` tokens,
+    cached in full (every full block of it), is sent again with the tokens at
+    ``edited_positions`` (0-based; possibly none) changed.
+
+    Rules: a block's key is chained on every block before it, so a changed token changes the key
+    of its own block and of every block after it: only the full blocks strictly before the block
+    holding the earliest edit are reused. The last prompt token is always computed (its logits
+    choose the first output token), so at most ``(num_tokens - 1) // block_size`` blocks are
+    reused, even with no edit. Raise ``ValueError`` naming the position if one is outside
+    ``0 .. num_tokens - 1``.
+
+    >>> tokens_reused_after_edit(2048, [300], 16)      # 300 is in block 18: blocks 0..17 reused
+    288
+    """
+    ### BEGIN SOLUTION
+    for p in edited_positions:
+        if not 0 <= p < num_tokens:
+            raise ValueError(f"edited position {p!r} is outside the prompt's 0 .. {num_tokens - 1}")
+    blocks = (num_tokens - 1) // block_size
+    if edited_positions:
+        blocks = min(blocks, min(edited_positions) // block_size)
+    return blocks * block_size
+    ### END SOLUTION
 
 
 # =====================================================================================

@@ -4,7 +4,8 @@ The hash and the lookup are held against minillm's own (``minillm.block_pool``,
 ``PagedKVCacheManager.find_cached_prefix``) on the caches real runs leave behind; the pool against
 cases worked by hand; and all three together inside the engine: the same requests with minillm's
 prefix cache and with yours must make the same decisions every step (the same hits, the same
-evictions), keep the engine's invariants, and leak nothing.
+evictions), keep the engine's invariants, and leak nothing. What an edit invalidates is held against
+cases worked by hand and against the tokens minillm's prefix cache reuses for the edited prompt.
 """
 
 from __future__ import annotations
@@ -292,3 +293,54 @@ def test_your_prefix_cache_runs_the_real_model():
     got = [o.token_ids for o in llm.generate(prompts, sp)]
     assert got == want, f"greedy tokens with your prefix cache {got} differ from those without a cache {want}"
     assert llm.engine.kv.stats()["hit_blocks"] == 3 * 5, "requests 2-4 should each reuse the 5 system-prompt blocks"
+
+
+# --- Exercise 5: what an edit invalidates --------------------------------------------------------------
+
+# (num_tokens, edited positions, block size) -> tokens reused, worked by hand
+EDITS_BY_HAND = [((2048, [300], 16), 288), ((2048, [0], 16), 0), ((2048, [15], 16), 0), ((2048, [16], 16), 16),
+                 ((2048, [2040], 16), 2032), ((2048, [], 16), 2032), ((2049, [], 16), 2048),
+                 ((2048, [1900, 20], 16), 16), ((40, [], 16), 32), ((32, [31], 16), 16), ((10, [9], 4), 8),
+                 ((10, [4, 9], 4), 4), ((3, [], 4), 0), ((8, [7], 1), 7)]
+
+
+def test_tokens_reused_after_edit_by_hand():
+    for (n, edited, bs), want in EDITS_BY_HAND:
+        got = ex().tokens_reused_after_edit(n, list(edited), bs)
+        assert got == want, (f"a {n}-token prompt cached in blocks of {bs}, sent again with positions {edited} "
+                             f"changed: expected {want} tokens reused, got {got}")
+    for bad, named in (([48], "48"), ([-1], "-1"), ([3, 48], "48")):
+        with pytest.raises(ValueError, match=named):
+            ex().tokens_reused_after_edit(48, bad, 16)
+
+
+def _engine_reuse(n, edited, bs):
+    """The engine's answer: a fresh prefix-caching engine runs the prompt, then its edited copy."""
+    llm = LLM(model="random", executor="simulated", enable_prefix_caching=True, block_size=bs,
+              num_kv_blocks=2 * n // bs + 8, max_model_len=2 * n + 16, max_num_batched_tokens=max(n + 8, 64),
+              record="summary")
+    prompt = [1 + i % 250 for i in range(n)]
+    changed = list(prompt)
+    for p in edited:
+        changed[p] = 300 + p % 100
+    sp = SamplingParams(max_tokens=1, ignore_eos=True)
+    llm.engine.add_request(prompt, sp, request_id="original")
+    llm.engine.run()
+    llm.engine.add_request(changed, sp, request_id="edited")
+    llm.engine.run()
+    check_all_free(llm.engine)
+    return llm.engine.requests["edited"].metrics.num_cached_tokens
+
+
+def test_tokens_reused_after_edit_matches_the_engine():
+    """The real prefix cache, on random edits: one or more changed tokens, or none."""
+    rng = random.Random(18)
+    cases = [(200, [], 16), (200, [199], 16), (64, [63], 16), (64, [47, 50], 16)]
+    for _ in range(12):
+        n, bs = rng.randint(9, 300), rng.choice((4, 8, 16))
+        cases.append((n, sorted(rng.sample(range(n), rng.randint(0, 3))), bs))
+    for n, edited, bs in cases:
+        got = ex().tokens_reused_after_edit(n, list(edited), bs)
+        want = _engine_reuse(n, edited, bs)
+        assert got == want, (f"a {n}-token prompt in blocks of {bs}, positions {edited} changed: minillm's prefix "
+                             f"cache reuses {want} tokens, yours says {got}")
