@@ -127,7 +127,7 @@ class Worker:
         shard. Rank 0 returns the logits (numpy); the other ranks None."""
         from .model.llama import AttentionMetadata
         if swap_out or swap_in:
-            self.runner.swap(SimpleNamespace(swap_out=swap_out, swap_in=swap_in))
+            self.runner.swap(SimpleNamespace(swap_out=swap_out, swap_in=swap_in, copies=[]))   # n > 1 is refused
         if batch is None:
             return None
         t = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if isinstance(v, np.ndarray)}
