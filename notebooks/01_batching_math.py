@@ -39,6 +39,7 @@ import plotly.graph_objects as go
 import torch
 
 from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
+from minillm.bench import decode_timing
 from minillm.widgets import LockstepStepper, Stepper
 
 # %%
@@ -98,10 +99,16 @@ figures.roofline_figure(h100, batch_sizes=(1, 4, 16, 64, 256, 1024), context_len
 # ## 2. Throughput and latency vs batch size
 #
 # **Measured here.** The engine runs the shipped model with `b` requests decoding together, for
-# `b = 1 ... 64`, and we take the median duration of the decode steps (wall clock; the prefill step is
-# left out). On a GPU this is the Triton kernel, compiled. On a CPU we time the engine's torch backend
-# instead: Triton's interpreter executes one kernel instance after another in Python, so its timings
-# measure the interpreter, not the hardware (the kernel itself is checked against torch in section 5).
+# `b = 1 ... 64`. A timing on a shared machine is easily fooled (another process takes the CPU for a
+# few milliseconds and one batch size looks ten times slower), so `minillm.bench.decode_timing.measure`
+# times 16 decode steps per run and takes their median (the prefill step is left out), runs every batch
+# size 3 times, round-robin, and keeps the fastest of the 3: noise only ever adds time. The *spread*,
+# slowest repeat over fastest, says how much the machine disturbed the measurement; the cell says when
+# it is too large for the ratios to mean much. On a CPU with one torch thread it times with this
+# process's CPU time, which a busy machine cannot inflate by descheduling us. On a GPU this is the
+# Triton kernel, compiled. On a CPU we time the engine's torch backend instead: Triton's interpreter
+# executes one kernel instance after another in Python, so its timings measure the interpreter, not the
+# hardware (the kernel itself is checked against torch in section 5).
 
 # %%
 BACKEND = "triton" if GPU else "torch"
@@ -109,21 +116,17 @@ BATCHES = [1, 2, 4, 8, 16, 32, 64]
 bench = LLM(device=DEVICE, dtype="auto", attention_backend=BACKEND, block_size=16, max_num_seqs=64,
             max_num_batched_tokens=4096, max_model_len=256, record="summary")   # no per-block KV map: totals are enough here
 
-def decode_step_times(batch, steps=4, prompt_len=32):
-    """Run `batch` requests together; the durations of the steps where all of them decode."""
-    for _ in range(batch):
-        bench.engine.add_request(list(range(10, 10 + prompt_len)),
-                                 SamplingParams(max_tokens=steps + 1, ignore_eos=True, temperature=0.0))
-    recs = bench.engine.run()
-    return [r.duration for r in recs if len(r.batch) == batch and r.num_prefill_tokens == 0]
-
-decode_step_times(4)                  # warm-up (on a GPU this compiles the kernels)
-measured = np.array([np.median(decode_step_times(b)) for b in BATCHES])
-for b, t in zip(BATCHES, measured):
-    print(f"batch {b:>2}: {t * 1e3:7.2f} ms per step, {b / t:9.0f} tokens/s")
-i32 = BATCHES.index(32)
-print(f"\nhere, batch 1 -> 32: throughput x{(32 / measured[i32]) / (1 / measured[0]):.1f}, "
-      f"latency x{measured[i32] / measured[0]:.2f}")
+timings = decode_timing.measure(bench.engine, BATCHES, steps=16, repeats=3, device=DEVICE)
+measured = np.array(timings.step_time)
+for b, t, spread in zip(BATCHES, measured, timings.spread):
+    print(f"batch {b:>2}: {t * 1e3:7.2f} ms per step, {b / t:9.0f} tokens/s   (repeats within x{spread:.2f})")
+gain, growth = timings.ratio(1, 32)
+print(f"\nhere ({timings.clock}), batch 1 -> 32: throughput x{gain:.1f}, latency x{growth:.2f}")
+if timings.noisy:
+    print(f"Too noisy to trust: some batch size's repeats differ by x{max(timings.spread):.1f} "
+          f"(more than x{decode_timing.NOISY_SPREAD}). Other work is running on this machine; re-run the cell when it is quiet.")
+else:
+    print(f"The repeats agree within x{max(timings.spread):.2f}: background load did not decide these ratios.")
 
 # %%
 figures.throughput_latency_figure(BATCHES, latency=measured,
@@ -132,14 +135,47 @@ figures.throughput_latency_figure(BATCHES, latency=measured,
 # %% [markdown]
 # **Modeled H100.** The same curve for Llama-2-7B on an H100, from the cost model
 # (`costmodel.decode_step_time_vs_batch`). From batch 1 to 32 the throughput grows about 20x while the
-# step time grows only about 1.5x (the cell prints the model's exact ratios). Past
-# that the KV reads (which batching does not share) and, much later, the arithmetic take over.
+# step time grows only about 1.5x (the cell prints the model's exact ratios). Past that the KV reads,
+# which batching does not share, take over (the next cell says when).
 
 # %%
 lat, thr = decode_step_time_vs_batch(h100, [1, 2, 4, 8, 16, 32, 64, 128], context_len=512)
 print(f"modeled H100, batch 1 -> 32: throughput x{thr[5] / thr[0]:.1f}, latency x{lat[5] / lat[0]:.2f}")
 figures.throughput_latency_figure([1, 2, 4, 8, 16, 32, 64, 128], latency=lat,
                                   title="modeled: Llama-2-7B on an H100 (RooflineCostModel), 512 positions of context")
+
+# %% [markdown]
+# ### Why a small batch leaves the compute units idle
+#
+# An H100's tensor cores can do about 260 multiply-adds per byte that arrives from memory. A decode step
+# of batch 1 gives them one: for every weight fetched, one multiply-add, so the arithmetic units wait on
+# memory for all but a fraction of a percent of the step. Each request added to the batch reuses the
+# weight already fetched for one more multiply-add, work the idle units absorb at no extra time. Hence
+# the speed-up that is often called superlinear: the throughput gain far outruns the step-time cost
+# (x20 against x1.5 above), although it stays below the batch size itself.
+#
+# A common rule of thumb says that by batch 32 decode is approaching the compute bound. The roofline
+# above says otherwise, and the cost model can say by how much: the share of the step the arithmetic
+# needs, and the arithmetic intensity against the ridge point where the roofline turns.
+
+# %%
+ridge = h100.flops_per_s / h100.bytes_per_s
+doubled = next(b for b in range(1, 4097) if decode_step_time_vs_batch(h100, [b], context_len=512)[0][0] >= 2 * lat[0])
+for b in (1, 8, 32, 256, 4096):
+    d = h100.breakdown([1] * b, [512] * b)
+    print(f"batch {b:>4}: {d['arithmetic_intensity']:5.1f} FLOP/byte (ridge {ridge:.0f}); the arithmetic needs "
+          f"{d['compute_time'] / d['time']:5.1%} of the step: {d['bound']} bound")
+    assert d["bound"] == "memory"       # with 512 positions of context, no decode batch reaches the compute bound
+print(f"the step time doubles (the batch stops being nearly free) at batch {doubled}")
+
+# %% [markdown]
+# At batch 32 the arithmetic fills well under a tenth of the step: nowhere near the compute bound. And
+# the intensity levels off below the ridge however large the batch, because each request brings its own
+# KV cache to read, and with full multi-head attention (Llama-2-7B: half a megabyte per position) those
+# reads grow as fast as the arithmetic. What ends the free ride is memory traffic, not compute: the step
+# time doubles at the batch printed above. Only a prefill, hundreds of tokens per request against one
+# weight read, is compute bound; grouped-query attention (fewer KV heads) moves the levelling-off point
+# up toward the ridge.
 
 # %% [markdown]
 # The machine you are on behaves like the model in shape, not in scale: the shipped model is tiny, so a
@@ -190,9 +226,10 @@ fig
 
 
 # %% [markdown]
-# Compare with section 2: the batch where decode stops being nearly free is in the hundreds, but memory
-# caps it at a few dozen long requests. The largest batch is set by cache capacity, which is why memory
-# management and scheduling cannot be separated. The next notebook shows how paging recovers memory that
+# Compare with section 2: the KV cache limits the batch twice. Its reads end the nearly free ride (the
+# step time doubles at the batch printed there), and its size caps how many requests fit at all: a few
+# dozen long ones. The largest batch is set by cache capacity, which is why memory management and
+# scheduling cannot be separated. The next notebook shows how paging recovers memory that
 # reservation wastes.
 
 # %% [markdown]
@@ -207,12 +244,12 @@ fig
 # model) on the modeled clock, `ConstantStepTime(0.010)`:
 
 # %%
-def worked_example(batching):
+def worked_example(batching, output_lens=[100] * 8 + [1000] * 2):
     llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.010),
               batching=batching, max_num_seqs=10, max_model_len=1100, record="summary")   # no per-block KV map: totals are enough here
-    for i, n in enumerate([100] * 8 + [1000] * 2):
+    for i, n in enumerate(output_lens):
         llm.engine.add_request([10] * 8, SamplingParams(max_tokens=n, ignore_eos=True),
-                               request_id=f"{'short' if n == 100 else 'long'}{i}", arrival_time=0.0)
+                               request_id=f"{'short' if n == min(output_lens) else 'long'}{i}", arrival_time=0.0)
     return llm.engine, llm.engine.run()
 
 runs = {b: worked_example(b) for b in ("static", "continuous")}
@@ -238,6 +275,33 @@ eng, recs = runs["continuous"]
 figures.gantt_figure(recs, eng.requests, title="Figure 1b, continuous batching: each request leaves when it is done")
 
 # %% [markdown]
+# **One long request in ten.** The tail costs more than the short requests' wait. Take 9 requests of 50
+# tokens and 1 of 500 in one static batch of 10: the batch runs 500 steps, but only 9 x 50 + 500 = 950
+# of its 10 x 500 = 5000 slot-steps produce a token, and the other 81% hold a finished request. *Batch
+# occupancy*, the mean number of active requests over the maximum (`batch_occupancy` in
+# `metrics.summarize`, beside the mean batch), measures exactly that. Here the same ten requests are
+# followed by a second, identical ten, waiting:
+
+# %%
+tail10 = [50] * 9 + [500]
+for batching in ("static", "continuous"):
+    eng, recs = worked_example(batching, tail10 * 2)
+    s = metrics.summarize(eng.request_metrics(), recs, max_num_seqs=10)
+    short = [r.metrics.finish_time for rid, r in eng.requests.items() if rid.startswith("short")]
+    print(f"{batching:>10}: {len(recs)} steps, occupancy {s['batch_occupancy']:4.0%} (mean batch {s['batch_size_mean']:4.1f} "
+          f"of 10), short requests returned after {np.mean(short):4.2f} s on average, all done after {s['duration']:4.2f} s")
+    if batching == "static":
+        assert len(recs) == 2 * 500 and abs(s["batch_occupancy"] - 950 / 5000) < 1e-9   # the hand count above
+    else:
+        assert len(recs) == 50 + 50 + 500       # the hand count below
+
+# %% [markdown]
+# Static batching needs two full 500-step rounds at 19% occupancy. Continuous batching hands the nine
+# freed slots to the next nine waiting requests (the second group's short ones) at step 50; they are
+# done at step 100, when the second long request takes a slot beside the first. The set finishes after
+# 50 + 50 + 500 = 600 steps instead of 1000, and the short requests come back in well under a second.
+# The tail still shows: from step 100 to 500 only the two long requests run, and then one alone.
+#
 # **A long-tail trace.** Real output lengths are uneven: a few very long requests drag down the
 # efficiency of everyone batched with them. 120 requests arrive as a Poisson process at 30 per second,
 # with log-normal prompt and output lengths (median output 100 tokens, a tail up to 1000), served by a
@@ -256,7 +320,8 @@ for batching in ("static", "continuous"):
     served[batching] = (llm.engine, recs, metrics.summarize(llm.engine.request_metrics(), recs, max_num_seqs=32))
 
 for batching, (_, _, s) in served.items():
-    print(f"{batching:>10}: {s['output_throughput']:7.0f} tokens/s, mean batch {s['batch_size_mean']:5.1f}, "
+    print(f"{batching:>10}: {s['output_throughput']:7.0f} tokens/s, mean batch {s['batch_size_mean']:5.1f} "
+          f"(occupancy {s['batch_occupancy']:4.0%}), "
           f"TTFT p50 {s['ttft_p50']:6.2f} s, end-to-end p50 {s['e2e_p50']:6.2f} s / p99 {s['e2e_p99']:6.2f} s")
 
 # %%
@@ -266,7 +331,7 @@ figures.latency_cdf_figure({b: e.request_metrics() for b, (e, _, _) in served.it
 
 
 # %% [markdown]
-# Continuous batching keeps the batch full (compare the mean batch printed above), so the same hardware
+# Continuous batching keeps the batch full (compare the mean batch and the occupancy printed above), so the same hardware
 # produces more tokens per second, and a request no longer waits for strangers' long answers. The idea,
 # *iteration-level scheduling*, comes from Orca (Yu et al., OSDI 2022), which reports 36.9x the
 # throughput of NVIDIA FasterTransformer, a request-level (static) batching system, at the same latency
@@ -334,6 +399,23 @@ print("KV retained:      " + " + ".join(str(rec.kv.per_request[e.request_id].use
 
 # %%
 print(check_paged_attention(fig23.engine))   # the Triton kernel against its torch reference
+
+# %% [markdown]
+# Deciding at every step, rather than once per batch, has three consequences an engine is built around.
+# The **batch size varies** from step to step, so nothing may be sized for one batch shape. The requests
+# of one step have **ragged lengths**: different numbers of new tokens (a prefill beside decodes) and
+# different contexts, so the kernel takes each request's positions and block table rather than a padded
+# rectangle. And the **decision must be cheap**, because it is paid before every step (notebook 03,
+# section 7, measures what it costs). The rest of this run, step by step:
+
+# %%
+fig23.engine.run()
+for r in fig23.engine.step_records:
+    print(f"step {r.step}: batch of {len(r.batch)}: " + ", ".join(
+        f"{e.request_id} {e.phase} {e.num_tokens} new of {e.context_len}" for e in r.batch))
+sizes = {len(r.batch) for r in fig23.engine.step_records}
+ragged = [r.step for r in fig23.engine.step_records if len({e.context_len for e in r.batch}) > 1]
+print(f"batch sizes seen: {sorted(sizes)}; steps whose requests have different context lengths: {ragged}")
 
 # %% [markdown]
 # ## Exercises

@@ -17,6 +17,9 @@ the machine and the command that reproduces it, and writes ``DIR/NAME-SIZE.json`
 * ``router``: N simulated replicas behind round-robin, least-outstanding-tokens and prefix-aware
   routers on shared-prefix and multi-turn traces (100,000 requests each at ``--size full``).
 * ``all``: each of them at the chosen size.
+
+Beside them, ``decode_timing`` (not a command): decode step time against batch size,
+measured with repeats so that a noisy machine shows (notebook 01, section 2).
 """
 
 from __future__ import annotations
