@@ -38,7 +38,10 @@ LATENCIES = ("ttft", "tpot", "itl", "e2e", "queue_wait")
 def percentile(values: Iterable[float], q: float) -> Optional[float]:
     """The q-th percentile (0..100), interpolating linearly between order statistics
     (numpy's default "linear" method); None for no values (None entries are skipped)."""
-    v = sorted(float(x) for x in values if x is not None)
+    return _percentile_of_sorted(sorted(float(x) for x in values if x is not None), q)
+
+
+def _percentile_of_sorted(v: Sequence[float], q: float) -> Optional[float]:
     if not v:
         return None
     if not 0 <= q <= 100:
@@ -51,8 +54,9 @@ def percentile(values: Iterable[float], q: float) -> Optional[float]:
 
 def _stats(values: Sequence[float]) -> dict[str, Optional[float]]:
     d: dict[str, Optional[float]] = {"mean": float(np.mean(values)) if len(values) else None}
+    ordered = sorted(float(x) for x in values if x is not None)      # sorted once for every quantile
     for q in QUANTILES:
-        d[f"p{q}"] = percentile(values, q)
+        d[f"p{q}"] = _percentile_of_sorted(ordered, q)
     d["max"] = float(np.max(values)) if len(values) else None
     return d
 

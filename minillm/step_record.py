@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 
-@dataclass
+@dataclass(slots=True)      # one per request per step: slots make it cheap to create
 class BatchEntry:
     """One request's share of this step's batch."""
     request_id: str
@@ -24,7 +24,7 @@ class BatchEntry:
     num_output_tokens: int = 0  # tokens appended to the output this step
 
 
-@dataclass
+@dataclass(slots=True)      # one per request per step: slots make it cheap to create
 class WaitingEntry:
     request_id: str
     reason: str                 # a sentence a person can read: "needs 2 blocks, 1 free"
@@ -64,7 +64,7 @@ class BlockInfo:
     reserved: int = 0           # positions reserved for an owner but not yet filled
 
 
-@dataclass
+@dataclass(slots=True)      # one per request per step: slots make it cheap to create
 class RequestKV:
     used: int                   # positions holding this request's KV
     reserved_unused: int = 0    # positions reserved for it but not yet filled
@@ -121,6 +121,9 @@ class StepRecord:
     swap_bytes: int = 0         # KV bytes copied to or from host memory this step
     forks: list[ForkEvent] = field(default_factory=list)     # parallel sampling: groups forked this step
     copies: list[BlockCopy] = field(default_factory=list)    # copy-on-write copies made before the forward
+    # Host time per phase ("schedule", "execute" with its "prepare", "forward", "sample", then
+    # "update", "record") on EngineConfig.phase_clock; empty when that is None.
+    phase_times: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_prefill_tokens(self) -> int:
