@@ -5,9 +5,11 @@ loop (an HTTP server, a notebook) stays responsive. Named after vLLM's ``AsyncLL
 
 The engine is not thread-safe, so every call into it goes through one queue of commands that the
 engine thread applies between two steps: add a request, abort one, or any ``engine_call(fn)``.
-After each step the loop hands each request's new tokens to that request's ``asyncio.Queue``;
-``generate()`` reads them, decodes text incrementally and applies stop strings. A consumer that
-goes away (a client that disconnects) aborts its request, which frees its KV blocks.
+After each step the loop hands each request's new tokens and text to that request's
+``asyncio.Queue``; ``generate()`` reads them. The text is the engine's (``LLMEngine.output_text``,
+decoded by minillm/detokenizer.py), and so are stop strings (``SamplingParams.stop``): the engine
+ends the request where one matches, exactly as ``LLM.generate`` does. A consumer that goes away (a
+client that disconnects) aborts its request, which frees its KV blocks.
 
     llm = AsyncLLM.from_config(block_size=16, num_kv_blocks=256)
     async with llm:
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
 from .config import EngineConfig
+from .detokenizer import next_output_text, stop_buffer_length
 from .engine import LLMEngine
 from .parallel_sampling import completion_id
 from .request import RequestMetrics
@@ -52,6 +55,7 @@ class StreamOutput:
     finished: bool = False
     finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "rejected"
     finish_detail: Optional[str] = None  # why, in words (a rejection's reason)
+    stop_reason: Optional[object] = None # the stop string or stop token id that ended it (None for EOS)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0           # output tokens so far
     metrics: Optional[RequestMetrics] = None   # the engine's timestamps, on the last output
@@ -64,12 +68,21 @@ class _Delta:
     """One request's share of one step, as the engine thread reads it."""
     request_id: str
     token_ids: list[int]
+    text: str
     finish_reason: Optional[str]
     finish_detail: Optional[str]
     num_prompt_tokens: int
     num_output_tokens: int
     metrics: Optional[RequestMetrics]
     logprobs: Optional[list] = None
+    stop_reason: Optional[object] = None
+
+
+@dataclass
+class _Sent:
+    """What one sequence's stream has been handed so far (engine thread side)."""
+    num_tokens: int = 0
+    num_chars: int = 0
 
 
 @dataclass
@@ -79,52 +92,12 @@ class _Command:
     loop: asyncio.AbstractEventLoop
 
 
-class IncrementalDetokenizer:
-    """Text of a growing token list, handed out as deltas.
-
-    Decodes the whole output each time (exactly what ``LLM.generate`` decodes at the end) and
-    holds back a trailing U+FFFD: a multi-byte character split across tokens waits for its rest.
-    ``stop``: strings that end the output; the text is cut before the first one found, and the
-    last ``len(stop) - 1`` characters wait until they cannot be the start of one."""
-
-    def __init__(self, tokenizer, stop: Sequence[str] = ()):
-        self.tokenizer = tokenizer
-        self.stop = [s for s in stop if s]
-        self.token_ids: list[int] = []
-        self.text = ""                   # the text handed out so far
-        self.stopped = False
-
-    def add(self, token_ids: list[int], final: bool) -> str:
-        self.token_ids.extend(token_ids)
-        if self.tokenizer is None:
-            return ""
-        full = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        if not final and full.endswith("\ufffd"):
-            return ""
-        if self.stop:
-            longest = max(len(s) for s in self.stop)
-            start = max(0, len(self.text) - longest + 1)
-            hits = [i for i in (full.find(s, start) for s in self.stop) if i >= 0]
-            if hits:
-                full, self.stopped = full[:min(hits)], True
-            elif not final:                 # the end may be the start of a stop string: hold it back
-                full = full[:max(len(self.text), len(full) - longest + 1)]
-        if not full.startswith(self.text):     # a tokenizer that re-spells earlier text: give what is new
-            common = 0
-            while common < min(len(full), len(self.text)) and full[common] == self.text[common]:
-                common += 1
-            self.text = self.text[:common]
-        delta, self.text = full[len(self.text):], full
-        return delta
-
-
 class _Stream:
     """The event-loop side of one completion: its queue (shared by the n completions of one
-    request), its detokenizer, and its id for the caller (the request's, with its index)."""
+    request) and its id for the caller (the request's, with its index)."""
 
-    def __init__(self, tokenizer, stop: Sequence[str], queue: asyncio.Queue, request_id: str, index: int = 0):
+    def __init__(self, queue: asyncio.Queue, request_id: str, index: int = 0):
         self.queue = queue
-        self.detok = IncrementalDetokenizer(tokenizer, stop)
         self.finished = False
         self.request_id, self.index = request_id, index
 
@@ -140,7 +113,7 @@ class AsyncLLM:
         self._commands: collections.deque[_Command] = collections.deque()
         self._lock = threading.Lock()            # guards _commands between the loop and the engine thread
         self._streams: dict[str, _Stream] = {}   # sequence id -> stream (event loop side)
-        self._sent: dict[str, int] = {}          # sequence id -> tokens handed out (engine thread side)
+        self._sent: dict[str, _Sent] = {}        # sequence id -> what was handed out (engine thread side)
         self._ids = itertools.count()
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
@@ -236,12 +209,13 @@ class AsyncLLM:
 
     # --- requests --------------------------------------------------------------------------------
     async def generate(self, prompt: Union[str, list[int]], sampling_params: Optional[SamplingParams] = None,
-                       request_id: Optional[str] = None, *, stop: Sequence[str] = (),
-                       priority: int = 0, tenant: Optional[str] = None) -> AsyncIterator[StreamOutput]:
+                       request_id: Optional[str] = None, *, priority: int = 0,
+                       tenant: Optional[str] = None) -> AsyncIterator[StreamOutput]:
         """Add a request and yield its outputs as the engine produces them; the last one has
         ``finished=True``. Bad input raises the engine's ValueError before anything is yielded.
-        ``stop``: strings that end the output (the text stops before them; the engine request
-        is aborted there). Closing the generator early aborts the request. With
+        Stop strings are ``SamplingParams.stop``: while a sequence runs, its text's last
+        characters that could begin one are held back, so the text handed out never includes
+        what the final text cuts off. Closing the generator early aborts the request. With
         ``SamplingParams(n=k)`` the k completions' outputs interleave, each with its ``index``;
         the generator ends when all k have finished."""
         sp = sampling_params if sampling_params is not None else SamplingParams()
@@ -251,7 +225,7 @@ class AsyncLLM:
         if any(k in self._streams for k in keys + [rid]):
             raise ValueError(f"request_id={rid!r}: already in flight")
         queue: asyncio.Queue = asyncio.Queue()
-        streams = [_Stream(self.tokenizer, stop, queue, rid, i) for i in range(len(keys))]
+        streams = [_Stream(queue, rid, i) for i in range(len(keys))]
         self._streams.update(zip(keys, streams))
         # Arrival: when the front end received it (the command may wait for a step to end).
         arrival = self.engine.clock.now() if self.engine.clock.name == "wall" else None
@@ -260,7 +234,7 @@ class AsyncLLM:
             out = engine.add_request(prompt, sp, request_id=rid, arrival_time=arrival,
                                      priority=priority, tenant=tenant)
             for k in keys:
-                self._sent[k] = 0
+                self._sent[k] = _Sent()
             return out
 
         def forget() -> None:
@@ -335,22 +309,27 @@ class AsyncLLM:
             if sent is None:            # not ours (added straight to the engine) or already aborted
                 continue
             req = engine.requests[rid]
-            new = req.output_token_ids[sent:]
+            start = sent.num_tokens
+            new = req.output_token_ids[start:]
             done = req.finish_reason is not None
+            text = next_output_text(engine.output_text(rid), sent.num_chars, done,
+                                    stop_buffer_length(req.sampling_params))
             if done:
                 del self._sent[rid]
                 finished.append(req.metrics)
             else:
-                self._sent[rid] = sent + len(new)
-            lp = req.output_logprobs[sent:sent + len(new)] if req.output_logprobs is not None else None
-            deltas.append(_Delta(rid, list(new), req.finish_reason, req.finish_detail,
-                                 req.num_prompt_tokens, req.num_output_tokens, req.metrics if done else None, lp))
+                sent.num_tokens += len(new)
+                sent.num_chars += len(text)
+            lp = req.output_logprobs[start:start + len(new)] if req.output_logprobs is not None else None
+            deltas.append(_Delta(rid, list(new), text, req.finish_reason, req.finish_detail,
+                                 req.num_prompt_tokens, req.num_output_tokens, req.metrics if done else None, lp,
+                                 req.stop_reason))
             parent = req.parent
             if done and parent is not None and not parent.forked:
                 # Finished before its prompt was computed (rejected): no other sample will come.
                 for i in range(1, parent.n):
                     if self._sent.pop(completion_id(parent.request_id, i), None) is not None:
-                        deltas.append(_Delta(completion_id(parent.request_id, i), [], req.finish_reason,
+                        deltas.append(_Delta(completion_id(parent.request_id, i), [], "", req.finish_reason,
                                              req.finish_detail, req.num_prompt_tokens, 0, None))
         return record, deltas, finished
 
@@ -361,19 +340,12 @@ class AsyncLLM:
             if stream is None or stream.finished:
                 continue
             final = d.finish_reason is not None
-            text = stream.detok.add(d.token_ids, final)
-            reason, detail = d.finish_reason, d.finish_detail
-            if stream.detok.stopped:        # a stop string: end here, free the engine's KV
-                reason, detail = "stop", "stop string"
-                if not final:
-                    final = True
-                    self._submit(lambda e, rid=d.request_id: self._abort_on_engine(e, rid))
             stream.finished = final
             stream.queue.put_nowait(StreamOutput(
-                request_id=stream.request_id, token_ids=d.token_ids, text=text, finished=final,
-                finish_reason=reason, finish_detail=detail, num_prompt_tokens=d.num_prompt_tokens,
-                num_output_tokens=d.num_output_tokens, metrics=d.metrics, index=stream.index,
-                logprobs=d.logprobs))
+                request_id=stream.request_id, token_ids=d.token_ids, text=d.text, finished=final,
+                finish_reason=d.finish_reason, finish_detail=d.finish_detail, stop_reason=d.stop_reason,
+                num_prompt_tokens=d.num_prompt_tokens, num_output_tokens=d.num_output_tokens,
+                metrics=d.metrics, index=stream.index, logprobs=d.logprobs))
 
     def _recover(self, error: Exception) -> None:
         """After a failed step: every open stream gets the error; its request is aborted."""

@@ -12,11 +12,18 @@ the window grows by one token.
 ``find_stop`` then searches only the end of the text the new piece could complete: a stop
 string of length L that was not there before must end inside the new piece, so it starts at
 most L - 1 characters before it.
+
+A front end that streams the text (``AsyncLLM``) reads it from here too, so stop strings are
+handled once, in the engine. While a sequence runs, the last ``stop_buffer_length`` characters
+are held back: they may be the start of a stop string, which the final text will not show
+(vLLM's ``IncrementalDetokenizer.get_next_output_text`` does the same).
 """
 
 from __future__ import annotations
 
 from typing import Optional
+
+from .sampling_params import SamplingParams
 
 
 class IncrementalDetokenizer:
@@ -57,3 +64,20 @@ def find_stop(text: str, num_new_chars: int, stops: list[str]) -> Optional[tuple
         if i >= 0 and (best is None or i < best[0]):
             best = (i, stop)
     return best
+
+
+def stop_buffer_length(sp: SamplingParams) -> int:
+    """How many trailing characters of a running sequence's text a stream holds back: one less
+    than the longest stop string (a match cuts at most that many already-seen characters), or
+    none when there are no stop strings or the matched one stays in the output."""
+    if not sp.stop or sp.include_stop_str_in_output:
+        return 0
+    return max(len(s) for s in sp.stop) - 1
+
+
+def next_output_text(text: str, num_sent: int, finished: bool, hold_back: int) -> str:
+    """The part of ``text`` a stream hands out now, after the ``num_sent`` characters it has
+    already sent: the rest of it once the sequence has finished, else all but the last
+    ``hold_back`` characters."""
+    end = len(text) if finished else max(num_sent, len(text) - hold_back)
+    return text[num_sent:end]

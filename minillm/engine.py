@@ -19,9 +19,10 @@ from typing import Optional, Union
 
 import torch
 
-from .clock import make_clock
+from .clock import PhaseTimes, make_clock
 from .checks import as_int, as_real
 from .config import EngineConfig
+from .detokenizer import IncrementalDetokenizer
 from .kv_cache import make_kv_manager
 from .model.loader import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR
 from .outputs import CompletionOutput, RequestOutput
@@ -442,11 +443,30 @@ class LLMEngine:
         r = self.requests.get(sequence_id)
         return r.parent.request_id if r is not None and r.parent is not None else sequence_id
 
+    def _final_text(self, r: Request) -> str:
+        """A sequence's whole output text: cut where a stop string matched, else its tokens decoded."""
+        return r.stop_text if r.stop_text is not None else \
+            self.tokenizer.decode(r.output_token_ids, skip_special_tokens=True)
+
+    def output_text(self, sequence_id: str) -> str:
+        """One sequence's output text so far, for front ends that stream it (``AsyncLLM``): while
+        it runs, what its incremental detokenizer (minillm/detokenizer.py) has decoded; once
+        finished, exactly the text ``get_output`` gives (cut at the stop string that ended it).
+        "" without a tokenizer."""
+        r = self.requests[sequence_id]
+        if self.tokenizer is None:
+            return ""
+        if r.is_finished:
+            return self._final_text(r)
+        if r.detokenizer is None:
+            r.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        r.detokenizer.update(r.output_token_ids)
+        return r.detokenizer.text
+
     def _completion(self, r: Request, index: int) -> CompletionOutput:
         text = None
         if self.tokenizer is not None and self.config.executor == "model":
-            text = r.stop_text if r.stop_text is not None else \
-                self.tokenizer.decode(r.output_token_ids, skip_special_tokens=True)
+            text = self._final_text(r)
         logprobs = self._with_text(r.output_logprobs)
         return CompletionOutput(index=index, text=text, token_ids=list(r.output_token_ids),
                                 cumulative_logprob=None if logprobs is None else
@@ -542,11 +562,17 @@ class LLMEngine:
         # Speculative decoding: the proposer guesses for each decoding request first; the
         # scheduler then decides how many guesses fit this step's budget.
         draft_time = self.speculator.propose(self.scheduler.running) if self.speculator else 0.0
+        phases = PhaseTimes(self.config.phase_clock)     # host time per phase, when asked for
         t1 = time.perf_counter()
+        p = phases.mark()
         out = self.scheduler.schedule(now)
+        phases.add("schedule", p)
         t_sched = time.perf_counter() - t1
+        p = phases.mark()
         result = self.executor.execute(out)
         self.kv.forward_done()
+        phases.add("execute", p)
+        phases.times.update(result.phase_times)
         wall = time.perf_counter() - t0
         if self.clock.name == "modeled":
             duration, sched_time, swap_time = self._step_cost(out, result.swap_bytes)
@@ -555,12 +581,18 @@ class LLMEngine:
         else:
             duration, sched_time, swap_time = wall, t_sched, 0.0
         t = self.clock.now()
+        p = phases.mark()
         update = self.scheduler.update_from_output(out, result, t)
+        phases.add("update", p)
         self._forked = update.forked
         for seq in update.forked:                    # parallel sampling: the group's other sequences
             self.requests[seq.request_id] = seq
             self._active[seq.request_id] = seq
-        return self._record(out, update, t, duration, sched_time, swap_time, draft_time, result.swap_bytes), update
+        p = phases.mark()
+        record = self._record(out, update, t, duration, sched_time, swap_time, draft_time, result.swap_bytes)
+        phases.add("record", p)
+        record.phase_times = phases.times
+        return record, update
 
     def _record(self, out, update, t, duration, sched_time, swap_time, draft_time, swap_bytes) -> StepRecord:
         mode = self.record_mode

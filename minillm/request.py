@@ -98,7 +98,7 @@ class Request:
         self.finish_detail: Optional[str] = None
         self.stop_reason = None           # the stop string or stop token id that ended it (None: EOS)
         self.stop_text: Optional[str] = None   # the output text, cut where a stop string matched
-        self.detokenizer = None           # incremental text of the output (only for stop strings)
+        self.detokenizer = None           # incremental text of the output (stop strings, streamed text)
         # Log-probabilities (SamplingParams.logprobs / prompt_logprobs): one dict per output token,
         # and one per prompt token (None for the first, which nothing predicts).
         self.output_logprobs: Optional[list] = [] if sampling_params.logprobs is not None else None

@@ -116,10 +116,13 @@ class OpenAIServing:
                 raise APIError(400, f"{name}={v!r} is not supported by this server", param=name)
 
     @staticmethod
-    def sampling_params(req: Any, max_tokens: int, logprobs: Optional[int] = None) -> SamplingParams:
+    def sampling_params(req: Any, max_tokens: int, stop: list[str],
+                        logprobs: Optional[int] = None) -> SamplingParams:
+        """The request's ``SamplingParams``; ``stop``: its stop strings (the engine ends the text there)."""
         try:
             return SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
                                   max_tokens=max_tokens, seed=req.seed, ignore_eos=req.ignore_eos,
+                                  stop=stop, include_stop_str_in_output=req.include_stop_str_in_output,
                                   stop_token_ids=list(req.stop_token_ids), n=req.n,
                                   presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                                   repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens,
@@ -169,11 +172,11 @@ class OpenAIServing:
             raise APIError(400, f"stop: at most 4 sequences, got {len(stop)}", param="stop")
         return stop
 
-    async def start(self, prompt: Union[str, list[int]], sp: SamplingParams, stop: list[str],
+    async def start(self, prompt: Union[str, list[int]], sp: SamplingParams,
                     priority: int) -> tuple[AsyncIterator[StreamOutput], StreamOutput]:
         """Add the request; wait for its first output (a token, or a rejection).
         Returns (the rest of the stream, the first output)."""
-        gen = self.llm.generate(prompt, sp, stop=stop, priority=priority)
+        gen = self.llm.generate(prompt, sp, priority=priority)
         try:
             first = await gen.__anext__()
         except (ValueError, TypeError, KeyError) as e:
@@ -337,9 +340,9 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
         prompt = _one_prompt(req.prompt)
         max_tokens = serving.max_tokens(req.max_tokens, serving.count_tokens(prompt)
                                         if req.max_tokens is None else None)
-        sp = serving.sampling_params(req, max_tokens, logprobs=req.logprobs)
+        sp = serving.sampling_params(req, max_tokens, serving.stop_strings(req), logprobs=req.logprobs)
         return await _respond(
-            serving, request, req, prompt, sp, serving.stop_strings(req), "cmpl",
+            serving, request, req, prompt, sp, "cmpl",
             chunk=lambda rid, out, ids: CompletionResponse(id=rid, model=model_name, choices=[
                 CompletionChoice(index=out.index, text=out.text, finish_reason=out.finish_reason, token_ids=ids,
                                  logprobs=serving.completion_logprobs([out]))]),
@@ -363,10 +366,10 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
             raise APIError(400, str(e), param="messages") from None
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = serving.max_tokens(requested, serving.count_tokens(prompt) if requested is None else None)
-        sp = serving.sampling_params(req, max_tokens, logprobs=top if req.logprobs else None)
         stop = serving.stop_strings(req) if req.stop is not None else (default_stop or [])
+        sp = serving.sampling_params(req, max_tokens, stop, logprobs=top if req.logprobs else None)
         return await _respond(
-            serving, request, req, prompt, sp, stop, "chatcmpl",
+            serving, request, req, prompt, sp, "chatcmpl",
             first_chunk=lambda rid: ChatCompletionChunk(id=rid, model=model_name, choices=[
                 ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(sp.n)]),
             chunk=lambda rid, out, ids: ChatCompletionChunk(id=rid, model=model_name, choices=[
@@ -383,7 +386,7 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
 
 
 async def _respond(serving: OpenAIServing, request: Request, req: Any, prompt, sp: SamplingParams,
-                   stop: list[str], id_prefix: str, *, chunk, usage_chunk, whole, first_chunk=None):
+                   id_prefix: str, *, chunk, usage_chunk, whole, first_chunk=None):
     """One request, streamed as server-sent events or answered whole. The builders make the
     endpoint's bodies: ``chunk(id, output, token_ids)``, ``usage_chunk(id, usage)``,
     ``whole(id, completions, keep_token_ids)``, ``first_chunk(id)`` (chat's role chunks). A request
@@ -391,12 +394,12 @@ async def _respond(serving: OpenAIServing, request: Request, req: Any, prompt, s
     keep_ids = bool(req.return_token_ids)
     if not req.stream:
         async def answer():
-            gen, first = await serving.start(prompt, sp, stop, req.priority)
+            gen, first = await serving.start(prompt, sp, req.priority)
             done = await _collect(first, gen)
             return whole(f"{id_prefix}-{first.request_id}", done, keep_ids)
         return await _until_disconnect(request, answer())
 
-    gen, first = await serving.start(prompt, sp, stop, req.priority)
+    gen, first = await serving.start(prompt, sp, req.priority)
     rid = f"{id_prefix}-{first.request_id}"
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 

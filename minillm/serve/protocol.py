@@ -1,7 +1,8 @@
 """The OpenAI-compatible API's request and response bodies, as pydantic models.
 
 Field names and defaults follow OpenAI's API (and vLLM's extensions ``top_k``, ``ignore_eos``,
-``return_token_ids``), so the official ``openai`` client and vLLM's tooling work unchanged.
+``include_stop_str_in_output``, ``return_token_ids``), so the official ``openai`` client and
+vLLM's tooling work unchanged.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class SamplingFields(OpenAIModel):
     top_k: int = 0                       # vLLM's extension: 0 = all tokens
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
+    include_stop_str_in_output: bool = False   # vLLM's extension: the matched stop string ends the text
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: int = 1                           # completions of the prompt (they share its KV blocks)
