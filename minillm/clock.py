@@ -52,3 +52,27 @@ class ModeledClock:
 
 def make_clock(name: str):
     return ModeledClock() if name == "modeled" else WallClock()
+
+
+class PhaseTimes:
+    """Host time of each phase of one step (schedule, prepare, forward, sample, update, record), read
+    off ``EngineConfig.phase_clock`` (``time.perf_counter``, or ``time.process_time`` so that a busy
+    machine cannot inflate a phase). Without a clock nothing is timed and ``times`` stays empty::
+
+        t = phases.mark()
+        out = scheduler.schedule(now)
+        phases.add("schedule", t)
+    """
+
+    __slots__ = ("clock", "times")
+
+    def __init__(self, clock=None):
+        self.clock = clock
+        self.times: dict[str, float] = {}
+
+    def mark(self) -> float:
+        return self.clock() if self.clock is not None else 0.0
+
+    def add(self, phase: str, since: float) -> None:
+        if self.clock is not None:
+            self.times[phase] = self.times.get(phase, 0.0) + self.clock() - since

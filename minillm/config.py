@@ -89,6 +89,8 @@ class EngineConfig:
                                           # | "auto" (full up to 256 KV blocks, else summary)
     record_history: Optional[int] = 5000  # StepRecords kept in engine.step_records (None = all)
     record_max_waiting: Optional[int] = 64  # waiting requests given a reason per record (None = all)
+    phase_clock: Optional[Callable[[], float]] = None  # e.g. time.process_time: StepRecord.phase_times
+                                          # holds each phase's host time on it; None = not timed
 
     def __post_init__(self) -> None:
         self._check_record_options()
@@ -166,7 +168,7 @@ class EngineConfig:
         if self.speculative_model is not None and not isinstance(self.speculative_model, (str, os.PathLike)):
             raise TypeError(f"EngineConfig.speculative_model={self.speculative_model!r}: must be a "
                             "checkpoint directory, 'default-draft', 'ngram' or None")
-        for name in ("kv_manager", "acceptance_rule"):
+        for name in ("kv_manager", "acceptance_rule", "phase_clock"):
             v = getattr(self, name)
             if v is not None and not callable(v):
                 raise TypeError(f"EngineConfig.{name}={v!r}: must be a callable (see the field's comment) or None")

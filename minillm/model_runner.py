@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import torch
 
 from . import acceptance
 from .model.llama import AttentionMetadata
+from .clock import PhaseTimes
 from .sampler import Sampler, apply_penalties, mask_stop_tokens, token_logprobs
 from .scheduler import SchedulerOutput
 
@@ -35,6 +37,8 @@ class ExecutionResult:
     logprobs: dict[str, list[dict]] = field(default_factory=dict)
     # SamplingParams.prompt_logprobs: per request, (prompt position, {token id: Logprob}) pairs.
     prompt_logprobs: dict[str, list[tuple[int, dict]]] = field(default_factory=dict)
+    # EngineConfig.phase_clock: host time of "prepare", "forward" and "sample" (empty when not timed).
+    phase_times: dict[str, float] = field(default_factory=dict)
 
 
 def token_slice(req, start: int, end: int) -> list[int]:
@@ -225,9 +229,16 @@ class ModelRunner:
         # Reservation: regions are position-granular, so view the cache as blocks of 1.
         return [(k.view(-1, 1, *k.shape[2:]), v.view(-1, 1, *v.shape[2:])) for k, v in self.kv_caches]
 
-    def forward(self, out: SchedulerOutput, logits_rows: torch.Tensor) -> torch.Tensor:
+    def forward(self, out: SchedulerOutput, logits_rows: torch.Tensor, phases: Optional[PhaseTimes] = None
+                ) -> torch.Tensor:
+        phases = phases or PhaseTimes()
+        t = phases.mark()
         input_ids, positions, meta, _ = self.prepare(out)
-        return self.model(input_ids, positions, self.caches_for_attention(), meta, logits_rows.to(self.device))
+        phases.add("prepare", t)
+        t = phases.mark()
+        logits = self.model(input_ids, positions, self.caches_for_attention(), meta, logits_rows.to(self.device))
+        phases.add("forward", t)
+        return logits
 
     def execute(self, out: SchedulerOutput) -> ExecutionResult:
         res = ExecutionResult()
@@ -255,7 +266,10 @@ class ModelRunner:
                 last = min(s.num_computed_before + s.num_new_tokens, s.request.num_prompt_tokens - 1)
                 prompt_rows += [(first + p - s.num_computed_before, s, p)
                                 for p in range(s.num_computed_before, last)]
-        logits = self.forward(out, torch.tensor(rows + [r for r, _, _ in prompt_rows], dtype=torch.long))
+        phases = PhaseTimes(getattr(self.config, "phase_clock", None))
+        logits = self.forward(out, torch.tensor(rows + [r for r, _, _ in prompt_rows], dtype=torch.long), phases)
+        res.phase_times = phases.times
+        t = phases.mark()
         if prompt_rows:                           # the LM head ran on these rows only
             self._prompt_logprobs(logits[len(rows):], prompt_rows, res)
             logits = logits[:len(rows)]
@@ -280,6 +294,7 @@ class ModelRunner:
                 toks = acceptance.check_verified(self.verify, toks, s.spec_token_ids, logits.shape[-1], rid)
                 res.sampled[rid] = toks
                 res.spec_accepted[rid] = len(toks) - 1
+        phases.add("sample", t)
         return res
 
     def _sample_plain(self, logits: torch.Tensor, plain: list, res: ExecutionResult) -> None:

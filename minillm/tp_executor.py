@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from . import acceptance
+from .clock import PhaseTimes
 from .model_runner import ModelRunner, resolve_backend
 from .sampler import Sampler
 from .scheduler import SchedulerOutput
@@ -412,13 +413,19 @@ class TPExecutor(ModelRunner):
         self._swaps = None
         return ("step", swap_out, swap_in, batch)
 
-    def forward(self, out: SchedulerOutput, logits_rows: torch.Tensor) -> torch.Tensor:
+    def forward(self, out: SchedulerOutput, logits_rows: torch.Tensor, phases: Optional[PhaseTimes] = None
+                ) -> torch.Tensor:
+        phases = phases or PhaseTimes()
+        t = phases.mark()
         input_ids, positions, meta, _ = self.prepare(out)
+        phases.add("prepare", t)
+        t = phases.mark()                            # the forward: send, every rank's shard, gather
         batch = dict(input_ids=input_ids.numpy(), positions=positions.numpy(),
                      slot_mapping=meta.slot_mapping.numpy(), block_tables=meta.block_tables.numpy(),
                      cu_seqlens_q=meta.cu_seqlens_q.numpy(), context_lens=meta.context_lens.numpy(),
                      max_q_len=meta.max_q_len, backend=meta.backend, rows=logits_rows.numpy())
         logits = self._broadcast(self._step_message(batch), "step")[0]
+        phases.add("forward", t)
         return torch.from_numpy(logits)
 
     def execute(self, out: SchedulerOutput):

@@ -234,3 +234,22 @@ def test_pickle_checkpoints_are_refused(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(ValueError, match="safetensors"):
         LLM(str(tmp_path))
+
+
+def test_phase_times_are_measured_on_the_configured_clock_and_only_then():
+    """``EngineConfig.phase_clock``: each StepRecord holds the host time of every phase of its step, read
+    off that clock (here a fake one that advances 1 per reading: a phase with no timed phase inside spans
+    1 unit, "execute" spans the 6 readings of its prepare, forward and sample plus 1); without a clock
+    nothing is timed."""
+    readings = iter(range(10**6))
+    llm = LLM("random", phase_clock=lambda: float(next(readings)))
+    e = llm.engine
+    e.add_request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0.0))
+    rec = e.step()
+    assert rec.phase_times == {"schedule": 1.0, "execute": 7.0, "prepare": 1.0, "forward": 1.0,
+                               "sample": 1.0, "update": 1.0, "record": 1.0}
+    plain = LLM("random").engine
+    plain.add_request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0.0))
+    assert plain.step().phase_times == {}
+    with pytest.raises(TypeError, match="EngineConfig.phase_clock=3"):
+        LLM("random", phase_clock=3)

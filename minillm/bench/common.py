@@ -161,27 +161,6 @@ def step_clock() -> tuple[Callable[[], float], str]:
     return time.perf_counter, "wall time"
 
 
-class Timer:
-    """Wrap a callable so each call's time is recorded: ``t = Timer(fn); t(...); t.times``.
-
-    ``clock``: ``time.perf_counter`` (wall, the default) or ``time.process_time`` (CPU)."""
-
-    def __init__(self, fn: Callable, clock: Callable[[], float] = time.perf_counter):
-        self.fn = fn
-        self.clock = clock
-        self.times: list[float] = []
-
-    def __call__(self, *a, **kw):
-        t0 = self.clock()
-        try:
-            return self.fn(*a, **kw)
-        finally:
-            self.times.append(self.clock() - t0)
-
-    def __getattr__(self, name):          # behave like the wrapped object (a model, say)
-        return getattr(self.fn, name)
-
-
 # --------------------------------------------------------------------------------------
 # Reporting
 # --------------------------------------------------------------------------------------

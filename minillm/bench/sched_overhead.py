@@ -2,22 +2,22 @@
 
 Part 1, the pass vs the queue lengths: a simulated engine (no model) holds ``R``
 running requests (decoding, none finishing) and ``W`` waiting ones (blocked by
-``max_num_seqs``). ``Scheduler.schedule`` is wrapped in a timer and the engine steps;
-the median pass is reported per (R, W) cell, with a fit of how it grows: the log-log
+``max_num_seqs``). The engine steps with ``phase_clock=time.process_time``, so each
+``StepRecord.phase_times`` holds the scheduling pass's CPU time; the median pass is reported per (R, W) cell, with a fit of how it grows: the log-log
 exponent (1 = linear) and the cost per running / waiting request.
 
 Part 2, the share of a step: the shipped model at batch 64 (every request decoding).
-``scheduler.schedule``, ``runner.prepare`` (tensors for the batch), the model's
-forward, sampling and the ``StepRecord`` KV snapshot are each wrapped in a timer
-while ``engine.step()`` runs as usual; what is left is applying the results.
+The engine times its own phases (``EngineConfig.phase_clock``): the scheduling pass,
+``runner.prepare`` (tensors for the batch), the model's forward, sampling, applying the
+results and building the ``StepRecord`` (its KV snapshot); what is left is the rest of the step.
 """
 
 from __future__ import annotations
 
 import time
 
-from .common import Timer, finish, fit_line, goal, loglog_exponent, make_llm, median, pct, pick, progress, \
-    set_threads, step_clock, table
+from .common import finish, fit_line, goal, loglog_exponent, make_llm, median, pct, pick, progress, set_threads, \
+    step_clock, table
 
 NAME = "sched-overhead"
 
@@ -43,7 +43,8 @@ def time_pass(running: int, waiting: int, passes: int, prompt_len: int = 16, see
     blocks_per_req = -(-(prompt_len + max_tokens) // 16)
     llm = LLM("random", executor="simulated", clock="modeled", max_num_seqs=running,
               num_kv_blocks=running * blocks_per_req + 1, max_num_batched_tokens=max(2048, running * prompt_len),
-              max_model_len=2048, seed=seed, record="summary", record_history=0)
+              max_model_len=2048, seed=seed, record="summary", record_history=0,
+              phase_clock=time.process_time)   # CPU time: a busy machine must not inflate the pass
     e = llm.engine
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     prompt = list(range(10, 10 + prompt_len))
@@ -54,16 +55,14 @@ def time_pass(running: int, waiting: int, passes: int, prompt_len: int = 16, see
         e.add_request(prompt, sp)
     e.step()
     assert len(e.scheduler.running) == running and len(e.scheduler.waiting) == waiting
-    # CPU time: the pass is single-threaded Python, and a busy machine must not inflate it.
-    timer = Timer(e.scheduler.schedule, time.process_time)
-    e.scheduler.schedule = timer
-    t_step = []
+    t_pass, t_step = [], []
     for _ in range(passes):
         t0 = time.process_time()
-        e.step()
+        rec = e.step()
         t_step.append(time.process_time() - t0)
-    return dict(running=running, waiting=waiting, pass_s=median(timer.times), step_s=median(t_step),
-                min_pass_s=min(timer.times))
+        t_pass.append(rec.phase_times["schedule"])
+    return dict(running=running, waiting=waiting, pass_s=median(t_pass), step_s=median(t_step),
+                min_pass_s=min(t_pass))
 
 
 def part1(P: dict) -> tuple[dict, list[str], list[dict]]:
@@ -111,7 +110,8 @@ def part2(P: dict, device: str, seed: int = 0) -> tuple[dict, list[str], list[di
     import random
     from ..sampling_params import SamplingParams
     B, steps = P["batch"], P["steps"]
-    llm, label = make_llm(max_num_seqs=B, device=device, record="summary")
+    clock, clock_name = step_clock()
+    llm, label = make_llm(max_num_seqs=B, device=device, record="summary", phase_clock=clock)
     e = llm.engine
     rng = random.Random(seed)
     sp = SamplingParams(temperature=0.0, max_tokens=steps + 40, ignore_eos=True)
@@ -120,43 +120,35 @@ def part2(P: dict, device: str, seed: int = 0) -> tuple[dict, list[str], list[di
     for _ in range(3):                              # prefill everyone, warm up
         e.step()
     assert len(e.scheduler.running) == B and not e.scheduler.waiting
-    runner = e.executor
-    clock, clock_name = step_clock()
-    t_sched = Timer(e.scheduler.schedule, clock)
-    t_prep = Timer(runner.prepare, clock)
-    t_fwd = Timer(runner.model, clock)
-    t_samp = Timer(runner.sampler.sample, clock)
-    t_snap = Timer(e.kv.snapshot, clock)
-    e.scheduler.schedule, runner.prepare, runner.model = t_sched, t_prep, t_fwd
-    runner.sampler.sample, e.kv.snapshot = t_samp, t_snap
-    t_step = []
+    t_step, phases = [], []
     bar = progress(steps, f"step breakdown, batch {B}", "step")
-    try:
-        for _ in range(steps):
-            t0 = clock()
-            rec = e.step()
-            t_step.append(clock() - t0)
-            assert len(rec.batch) == B
-            bar.update(1)
-    finally:
-        runner.model = t_fwd.fn
-        bar.close()
+    for _ in range(steps):
+        t0 = clock()
+        rec = e.step()
+        t_step.append(clock() - t0)
+        phases.append(rec.phase_times)
+        assert len(rec.batch) == B
+        bar.update(1)
+    bar.close()
     # The per-block map StepRecord.kv carries by default when blocks <= 4096 (widgets draw it).
-    t_map = Timer(e.kv.snapshot.fn, clock)
+    t_map = []
     for _ in range(min(steps, 5)):
-        t_map(e._active, detail=True)
+        t0 = clock()
+        e.kv.snapshot(e._active, detail=True)
+        t_map.append(clock() - t0)
 
     # Medians, not sums: on a shared machine a descheduled step would otherwise skew a share.
     step = median(t_step)
-    parts = [("scheduler.schedule", t_sched), ("runner.prepare (batch tensors)", t_prep),
-             ("model forward", t_fwd), ("sampler", t_samp), ("StepRecord KV snapshot", t_snap)]
-    med = {n: median(t.times) for n, t in parts}
+    parts = [("scheduler.schedule", "schedule"), ("runner.prepare (batch tensors)", "prepare"),
+             ("model forward", "forward"), ("sampling", "sample"), ("applying the results", "update"),
+             ("StepRecord (KV snapshot)", "record")]
+    med = {n: median([p.get(key, 0.0) for p in phases]) for n, key in parts}
     rest = step - sum(med.values())
     rows = [[n, m * 1e3, pct(m / step)] for n, m in med.items()]
-    rows.append(["the rest (apply results, bookkeeping)", rest * 1e3, pct(rest / step)])
+    rows.append(["the rest (proposals, swaps, bookkeeping)", rest * 1e3, pct(rest / step)])
     rows.append(["whole step", step * 1e3, pct(1.0)])
     share = (med["scheduler.schedule"] + med["runner.prepare (batch tensors)"]) / step
-    map_ms = median(t_map.times) * 1e3
+    map_ms = median(t_map) * 1e3
     t = table(["part of engine.step()", "median (ms)", "share of the median step"], rows,
               title=f"one decode step at batch {B} (median {clock_name}), {label} on {device} "
                     f"({e.num_kv_blocks} KV blocks, record=\"summary\")")
