@@ -152,8 +152,10 @@ for name, llm in zip(pressure.names, pressure_runs):
 # Which is cheaper depends on how much KV the victim holds against how many tokens it would prefill
 # again: swap when M_KV / B_PCIe < (n_input + n_generated) / S_prefill, recompute otherwise. Typical
 # numbers: PCIe 4.0 x16 moves about 32 GB/s and PCIe 5.0 x16 about 64 GB/s, so 1 GB of KV crosses in
-# about 31 ms (16 ms on PCIe 5.0), while the prefill of a 2000-token prompt may take about 500 ms.
-# minillm's `costmodel.swap_or_recompute` is that rule:
+# about 31 ms (16 ms on PCIe 5.0), while a 2000-token prompt prefilled at 4000 tokens per second (a
+# large model, or a modest GPU) takes 500 ms. The prefill speed varies more than the link: the modeled
+# H100 prefills Llama-2-7B's 2000 tokens an order of magnitude faster (the second line below), which
+# moves the balance toward recompute. minillm's `costmodel.swap_or_recompute` is that rule:
 
 # %%
 print("1 GB over PCIe 4.0 vs 2000 tokens at 4000 tokens/s:",
@@ -276,6 +278,24 @@ fig
 # symptom to watch: a high rate means thrashing. On this modeled H100 a prefill is cheap, so thrashing wastes compute rather than
 # collapsing throughput; where a prefill is expensive relative to a decode step (long prompts, slower
 # compute), the same cycle eats the machine.
+
+# %% [markdown]
+# Behind admission control and headroom is one principle: **never start what you cannot finish**. A
+# request admitted into memory that will not be there when it grows has bought a prefill that will be
+# thrown away. Taken literally, that means admitting a request only when its whole length fits, which is
+# max-length reservation (notebook 02), here even with the true output lengths, which a real engine does
+# not know:
+
+# %%
+eng, m, s = serve(burst, kv_allocation="reserved")
+print(f"reserve the whole length at admission: {s['num_preemptions']} preemptions | {s['output_throughput']:5.0f} "
+      f"tokens/s, mean batch {s['batch_size_mean']:4.1f} (paged, 5% headroom: {wm_runs[0.05][1]['output_throughput']:5.0f} "
+      f"tokens/s, mean batch {wm_runs[0.05][1]['batch_size_mean']:4.1f})")
+assert s["num_preemptions"] == 0 and s["batch_size_mean"] < wm_runs[0.05][1]["batch_size_mean"]
+
+# %% [markdown]
+# No preemption at all, and a smaller batch: memory is held for tokens that do not exist yet. Headroom is
+# the cheap approximation of the same principle, betting on the average growth instead of the worst case.
 #
 # ## 5. Priority preemption
 #
@@ -300,6 +320,34 @@ figures.gantt_figure(eng.step_records, eng.requests, title="the high-priority re
 # The victim waits, then recomputes its 200-token prompt and everything it had generated: the price of
 # the high class starting at once instead of 200 ms later, paid by the low class. That trade is the point of priority classes, and
 # why classes need careful definition.
+#
+# Preemption here is coarser than in an operating system. A CPU scheduler can take the processor from a
+# process at almost any instruction: a context switch costs microseconds and a time slice lasts a few
+# milliseconds, so an urgent process barely waits. An engine can act only between steps, and a step in
+# flight runs to its end. The longest an urgent request waits for it is one step, and a step's length
+# depends on what it holds (a modeled H100):
+
+# %%
+llama3 = RooflineCostModel("H100-SXM", "llama-3-8b")
+pauses = {}
+for what, cm, new_tokens, context in (
+        ("Llama-2-7B, a decode step of 32 requests (512 positions each)", H100, [1] * 32, [512] * 32),
+        ("Llama-2-7B, the prefill of a 2,000-token prompt", H100, [2000], [2000]),
+        ("Llama-3-8B, the prefill of an 8,000-token prompt", llama3, [8000], [8000])):
+    pauses[what] = cm.step_time(new_tokens, context)
+    print(f"{what:<62} {pauses[what] * 1e3:7.1f} ms")
+assert min(pauses.values()) > 1e-3 and max(pauses.values()) > 0.1     # milliseconds, and hundreds of them
+
+# %% [markdown]
+# Milliseconds for a decode step, tens to hundreds of milliseconds for a prefill, and more on a larger
+# model or a slower GPU: thousands of times a context switch. Chunked prefill (notebook 03, section 6)
+# bounds the pause by cutting the prefill into pieces. And the preemption itself costs a recompute or a
+# swap, so an engine preempts only for a reason. Memory pressure (sections 1 to 4) and priority (this section) are the common ones. A third is low utilisation: when a
+# few long requests hold most of the cache while many short ones wait, the batch is small and the
+# GPU's compute units idle (notebook 01, section 2); pausing one long request to admit several short
+# ones raises the batch and the throughput, at the cost of the long request's latency and a recompute or
+# swap. minillm preempts for memory, for a priority class (`Priority`) and for a higher MLFQ level
+# (`MLFQ`, notebook 03); none of its policies uses utilisation as the trigger.
 
 # %% [markdown]
 # ## Exercises
