@@ -1,7 +1,7 @@
 """Paged attention: one Triton kernel for every step of serving, and its torch reference.
 
-The concept: *the paged KV cache* (PagedAttention, Kwon et al., SOSP 2023). A request's keys and values do not sit in one
-contiguous tensor; they sit in fixed-size blocks of a shared pool, and the request's
+The concept: *the paged KV cache* (PagedAttention, Kwon et al., SOSP 2023). A request's keys and
+values do not sit in one contiguous tensor; they sit in fixed-size blocks of a shared pool, and the request's
 *block table* lists which blocks, in order. Token ``t`` of request ``i`` lives in block
 ``block_tables[i, t // block_size]`` at offset ``t % block_size``.
 

@@ -40,10 +40,9 @@ import heapq
 import itertools
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Sequence, Union
 
-from .costmodel import CostModel, LinkSpec, get_link, get_model_spec
+from .costmodel import CostModel, LinkSpec, get_link
 
 __all__ = ["Load", "Router", "RoundRobinRouter", "LeastOutstandingTokensRouter", "PrefixAwareRouter",
            "ROUTERS", "make_router", "stable_hash", "prefix_key", "ring_points", "route_on_ring",

@@ -216,7 +216,8 @@ class ModelRunner:
             # plan them once here, as part of preparing the batch.
             import kernels
             meta.plan = kernels.plan_attention_ref(meta.block_tables, meta.cu_seqlens_q, meta.context_lens,
-                                                   self.kv.attn_block_size, self.model.num_heads // self.model.num_kv_heads)
+                                                   self.kv.attn_block_size,
+                                                   self.model.num_heads // self.model.num_kv_heads)
         return batch
 
     def caches_for_attention(self):

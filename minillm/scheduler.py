@@ -364,7 +364,8 @@ class Scheduler:
             seq.num_cached_tokens = first.num_cached_tokens
             seq.admit_seq = first.admit_seq
             m, fm = seq.metrics, first.metrics
-            m.first_scheduled_time, m.num_cached_tokens, m.clock = fm.first_scheduled_time, fm.num_cached_tokens, fm.clock
+            m.first_scheduled_time, m.num_cached_tokens = fm.first_scheduled_time, fm.num_cached_tokens
+            m.clock = fm.clock
             if first.prompt_logprobs is not None:
                 seq.prompt_logprobs = first.prompt_logprobs
             shared = self.kv.fork(first, seq)

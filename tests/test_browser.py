@@ -305,7 +305,8 @@ _WIDGET_JS = """(i) => {
     return {step: step ? step.textContent.trim() : null, queue: queue.innerText, reasons: txt('.mlw-reasons'),
             banner: txt('.mlw-finished'), step_disabled: stepButton ? stepButton.disabled : null,
             counts: counts.length, counts_outside: outside, labels: labels.map(t => t.textContent),
-            label_overlaps: overlaps, bar_text_outside: barText, bar_texts: barTexts.length, cached_cells: strokes(kv, 'rgb(125,139,153)').length,
+            label_overlaps: overlaps, bar_text_outside: barText, bar_texts: barTexts.length,
+            cached_cells: strokes(kv, 'rgb(125,139,153)').length,
             legend: legend(kv), batch_legend: legend(batch),
             accepted: acc.length, rejected: rej.length, guess_px: width(acc) + width(rej),
             axis_px: axis ? axis.getBoundingClientRect().width : 0};

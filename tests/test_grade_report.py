@@ -45,7 +45,8 @@ def test_make_grade_on_untouched_stubs(tmp_path):
     proc = subprocess.run(["make", "-s", "-o", str(STAMP), "grade", "EX=01", f"VENV={VENV}", f"GRADE_IMPL={stubs}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env())
     out = proc.stdout.rstrip("\n").split("\n")
-    assert proc.returncode == 0, "grading ran: the verdict is the last line, not the exit status\n" + proc.stdout[-3000:] + proc.stderr
+    assert proc.returncode == 0, ("grading ran: the verdict is the last line, not the exit status\n"
+                                  + proc.stdout[-3000:] + proc.stderr)
     graded = [ln for ln in out if LINE.match(ln)]
     assert graded and all(LINE.match(ln).group(1) == "FAIL" for ln in graded), proc.stdout
     assert out[-1] == f"0 of {len(graded)} parts pass", out[-1]

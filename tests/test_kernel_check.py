@@ -2,7 +2,6 @@
 reference, on an engine's own KV cache."""
 
 import pytest
-import torch
 
 from minillm import LLM, SamplingParams
 from minillm.kernel_check import check_paged_attention

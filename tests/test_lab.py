@@ -122,7 +122,8 @@ def test_make_lab_on_a_fresh_clone(as_user, workdir):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "MAKE", "MFLAGS"))}
     env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), BROWSER="true")
     port = _free_port()
-    proc = subprocess.Popen([*prefix, "make", "-o", str(STAMP), "lab", f"VENV={VENV}", f"PORT={port}", "LAB_ARGS=--no-browser"],
+    proc = subprocess.Popen([*prefix, "make", "-o", str(STAMP), "lab", f"VENV={VENV}", f"PORT={port}",
+                             "LAB_ARGS=--no-browser"],
                             cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     lines: list[str] = []
@@ -133,7 +134,8 @@ def test_make_lab_on_a_fresh_clone(as_user, workdir):
         served = False
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline and proc.poll() is None and not served:
-            m = next((re.search(r"(http://\S+/lab\?token=(\w+))", ln) for ln in list(lines) if "JupyterLab:" in ln), None)
+            m = next((re.search(r"(http://\S+/lab\?token=(\w+))", ln) for ln in list(lines) if "JupyterLab:" in ln),
+                     None)
             if m:
                 url, token = m.group(1), m.group(2)
                 try:

@@ -193,7 +193,8 @@ def test_stop_string_never_found_changes_nothing(shakespeare):
 @pytest.mark.parametrize("kw, err, match", [
     (dict(n=0), ValueError, "n=0"), (dict(n=2.0), TypeError, "n=2.0"),
     (dict(stop=[3]), TypeError, r"stop\[0\]=3"), (dict(stop=[""]), ValueError, r"stop\[0\]"),
-    (dict(min_tokens=-1), ValueError, "min_tokens=-1"), (dict(min_tokens=50, max_tokens=10), ValueError, "min_tokens=50"),
+    (dict(min_tokens=-1), ValueError, "min_tokens=-1"),
+    (dict(min_tokens=50, max_tokens=10), ValueError, "min_tokens=50"),
     (dict(logprobs=-2), ValueError, "logprobs=-2"), (dict(prompt_logprobs="3"), TypeError, "prompt_logprobs='3'"),
     (dict(presence_penalty=3.0), ValueError, "presence_penalty=3.0"),
     (dict(frequency_penalty=float("inf")), ValueError, "frequency_penalty=inf"),

@@ -16,7 +16,8 @@ CHECKED = [*sorted((ROOT / "notebooks").glob("*.py")), *sorted((ROOT / "notebook
            *sorted((ROOT / "minillm").rglob("*.py")), *sorted((ROOT / "kernels").rglob("*.py")),
            *sorted((ROOT / "exercises").glob("*.py")), *sorted((ROOT / "solutions").glob("*.py")),
            ROOT / "README.md"]
-SOURCE_REFERENCE = re.compile(r"\bthe seeds\b(?!\s+\d)|\bseeds'|\bseed text\b|\bseed concepts?\b|\bseeds_(?:example|exercise)",
+SOURCE_REFERENCE = re.compile(r"\bthe seeds\b(?!\s+\d)|\bseeds'|\bseed text\b|\bseed concepts?\b"
+                              r"|\bseeds_(?:example|exercise)",
                               re.IGNORECASE)
 
 

@@ -3,8 +3,9 @@
 Part 1, the pass vs the queue lengths: a simulated engine (no model) holds ``R``
 running requests (decoding, none finishing) and ``W`` waiting ones (blocked by
 ``max_num_seqs``). The engine steps with ``phase_clock=time.process_time``, so each
-``StepRecord.phase_times`` holds the scheduling pass's CPU time; the median pass is reported per (R, W) cell, with a fit of how it grows: the log-log
-exponent (1 = linear) and the cost per running / waiting request.
+``StepRecord.phase_times`` holds the scheduling pass's CPU time; the median pass is reported
+per (R, W) cell, with a fit of how it grows: the log-log exponent (1 = linear) and the cost
+per running / waiting request.
 
 Part 2, the share of a step: the shipped model at batch 64 (every request decoding).
 The engine times its own phases (``EngineConfig.phase_clock``): the scheduling pass,

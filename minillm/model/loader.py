@@ -51,7 +51,8 @@ def check_model_config(cfg, source: str) -> None:
             raise ValueError(f"{source}: {name}={v!r}: must be an integer in [1, {LIMITS[name]}]")
         return v
 
-    vocab, hidden, layers = get("vocab_size"), get("hidden_size"), get("num_hidden_layers")
+    vocab, hidden = get("vocab_size"), get("hidden_size")
+    get("num_hidden_layers")
     heads = get("num_attention_heads")
     get("intermediate_size")
     kv_heads = get("num_key_value_heads", required=False) or heads

@@ -30,7 +30,8 @@ from ..async_llm import AsyncLLM, EngineDeadError, StreamOutput
 from ..sampling_params import SamplingParams
 from . import chat
 from .metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
-from .protocol import (ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
+from .protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
+                       ChatTokenLogprob, CompletionLogprobs, TopLogprob,
                        ChatResponseMessage, ChatStreamChoice, CompletionChoice, CompletionRequest,
                        CompletionResponse, DeltaMessage, ErrorInfo, ErrorResponse, ModelCard, ModelList,
                        UsageInfo)

@@ -137,7 +137,9 @@ def latency_so_far(infos: dict, t: float) -> dict:
         n = bisect.bisect_right(times, t + 1e-12)
         if n >= 2:
             tpot.append((times[n - 1] - times[0]) / (n - 1))
-    mean = (lambda v: sum(v) / len(v) if v else None)
+    def mean(v):
+        return sum(v) / len(v) if v else None
+
     return {"ttft_mean": mean(ttft), "ttft_n": len(ttft), "tpot_mean": mean(tpot), "tpot_n": len(tpot),
             "ttft_max": max(ttft) if ttft else None}
 

@@ -15,7 +15,7 @@ import random
 import pytest
 
 from minillm import LLM, SamplingParams, impl
-from minillm.block_pool import Block, BlockPool
+from minillm.block_pool import BlockPool
 from minillm.kv_cache import ReservedKVCacheManager
 from minillm.invariants import check_all_free, check_invariants
 
@@ -241,7 +241,8 @@ def test_first_fit_takes_the_lowest_gap_not_the_tightest_or_the_largest():
     exact fit at 10 (best fit) nor to the largest gap at 23 (worst fit)."""
     a = ex().FirstFitAllocator(30)
     starts = [a.reserve(r, n) for r, n in (("a", 6), ("b", 4), ("c", 3), ("d", 8), ("e", 2))]
-    assert starts == [0, 6, 10, 13, 21], f"five reservations into an empty space: expected [0, 6, 10, 13, 21], got {starts}"
+    assert starts == [0, 6, 10, 13, 21], \
+        f"five reservations into an empty space: expected [0, 6, 10, 13, 21], got {starts}"
     a.release("a")
     a.release("c")
     assert a.gaps() == [(0, 6), (10, 3), (23, 7)], f"expected gaps [(0, 6), (10, 3), (23, 7)], got {a.gaps()}"

@@ -57,9 +57,11 @@ def test_the_worked_numbers():
     t = ex().recompute_time(2000, 4000.0)
     assert t == pytest.approx(0.5), f"2000 tokens at 4000 tokens/s: expected 500 ms, got {t * 1e3:.1f} ms"
     got = ex().swap_or_recompute(1e9, 2000, 32e9, 4000.0)
-    assert got == "swap", f"1 GB over 32 GB/s vs 2000 tokens at 4000 tokens/s (swap 31 ms, recompute 500 ms) should swap, got {got!r}"
+    assert got == "swap", \
+        f"1 GB over 32 GB/s vs 2000 tokens at 4000 tokens/s (swap 31 ms, recompute 500 ms) should swap, got {got!r}"
     got = ex().swap_or_recompute(8e9, 100, 32e9, 4000.0)
-    assert got == "recompute", f"8 GB to copy (250 ms) vs 100 tokens to prefill (25 ms): expected recompute, got {got!r}"
+    assert got == "recompute", \
+        f"8 GB to copy (250 ms) vs 100 tokens to prefill (25 ms): expected recompute, got {got!r}"
     got = ex().swap_or_recompute(1e9, 1000, 1e9, 1000.0)
     assert got == "recompute", f"a tie (1 s either way) goes to recompute, got {got!r}"
 
