@@ -557,7 +557,8 @@ class Scheduler:
         gets no copy: the pass walks the queue itself, as far as admission and the capped
         waiting reasons go, and a change to the queue meanwhile copies it first. So a long
         queue costs a pass nothing it does not look at."""
-        if type(self.policy).order_waiting is Policy.order_waiting and now >= self.now:
+        # (read on the class: a wrapper that forwards attributes to a policy is not one that keeps the order)
+        if getattr(type(self.policy), "order_waiting", None) is Policy.order_waiting and now >= self.now:
             self._shared_waiting = self.waiting
             return self.waiting
         return self.policy.order_waiting(self._arrived(now), now)
