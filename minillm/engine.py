@@ -376,10 +376,6 @@ class LLMEngine:
             if cfg.kv_allocation != "paged":
                 raise ValueError(f"SamplingParams.n={sp.n}{who}: parallel sampling shares KV blocks, "
                                  "which needs kv_allocation='paged'")
-            if cfg.tensor_parallel_size > 1:
-                raise ValueError(f"SamplingParams.n={sp.n}{who}: parallel sampling is not available "
-                                 "with tensor_parallel_size > 1 (its copy-on-write copies are not sent "
-                                 "to the ranks)")
             if sp.n > cfg.max_num_seqs:
                 raise ValueError(f"SamplingParams.n={sp.n}{who}: its {sp.n} sequences could never run "
                                  f"together under max_num_seqs={cfg.max_num_seqs}")

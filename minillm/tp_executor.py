@@ -8,7 +8,7 @@ single-device ``ModelRunner``. Who holds what:
   and no KV values. Each step it prepares the flat batch exactly as ``ModelRunner`` does
   (``prepare``, inherited, so the two never drift) and sends it to every rank: **one
   broadcast of the scheduler's decision** (input ids, positions, attention metadata, the
-  logits rows, the step's swaps).
+  logits rows, the step's swaps and copy-on-write copies).
 - **Rank r** (a worker process, started with ``torch.multiprocessing`` "spawn") holds its
   shard of every layer (``minillm.model.parallel``: heads ``r*H/N ... (r+1)*H/N``, a slice of
   the MLP and of the vocabulary) and **its heads' slice of every KV block**: block ``b`` is
@@ -123,12 +123,13 @@ class Worker:
         self.runner = ModelRunner(spec.runner_config, self.model, spec.hf_config, kv, spec.num_blocks,
                                   self.device, spec.dtype)
 
-    def step(self, swap_out, swap_in, batch: Optional[dict]):
-        """This step's swaps, then (if anything is scheduled) one forward over this rank's
-        shard. Rank 0 returns the logits (numpy); the other ranks None."""
+    def step(self, swap_out, copies, swap_in, batch: Optional[dict]):
+        """This step's block moves on this rank's slice of the cache, in ``ModelRunner.swap``'s
+        order (swap-outs, copy-on-write ``copies``, swap-ins), then (if anything is scheduled)
+        one forward over this rank's shard. Rank 0 returns the logits (numpy); the others None."""
         from .model.llama import AttentionMetadata
-        if swap_out or swap_in:
-            self.runner.swap(SimpleNamespace(swap_out=swap_out, swap_in=swap_in, copies=[]))   # n > 1 is refused
+        if swap_out or copies or swap_in:
+            self.runner.swap(SimpleNamespace(swap_out=swap_out, copies=copies, swap_in=swap_in))
         if batch is None:
             return None
         t = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if isinstance(v, np.ndarray)}
@@ -241,8 +242,8 @@ class TPExecutor(ModelRunner):
     """The engine's executor over ``config.tensor_parallel_size`` ranks: same interface as
     ``ModelRunner`` (``execute(out) -> ExecutionResult``, ``checkpoint``/``rollback``, the
     sampler), plus ``close()`` and ``collective_rpc``. Batch preparation, sampling and the
-    verification of speculative tokens are ``ModelRunner``'s own; only ``swap`` and
-    ``forward`` go to the ranks."""
+    verification of speculative tokens are ``ModelRunner``'s own; only ``swap`` (with the
+    copy-on-write copies of parallel sampling) and ``forward`` go to the ranks."""
 
     def __init__(self, config, model: str, hf_config, kv_manager, num_blocks: int, device: torch.device,
                  dtype: torch.dtype, step_timeout: float = STEP_TIMEOUT, start_timeout: float = START_TIMEOUT):
@@ -260,7 +261,7 @@ class TPExecutor(ModelRunner):
         self.proposer = None
         self.verify = config.acceptance_rule or acceptance.verify
         self.step_timeout = step_timeout
-        self._swaps = None                           # this step's swaps, sent with its batch
+        self._swaps = None                           # this step's swaps and copies, sent with its batch
         self._closed: Optional[str] = None           # why the ranks are gone, once they are
         self._procs, self._conns = self._start(model, hf_config, num_blocks, device, dtype)
         self._finalizer = weakref.finalize(self, _shut_down, self._procs, self._conns, 5.0)
@@ -404,14 +405,15 @@ class TPExecutor(ModelRunner):
         super().checkpoint()
 
     def swap(self, out: SchedulerOutput) -> int:
-        """Not done here: the step's swaps travel to the ranks with its batch."""
-        self._swaps = (list(out.swap_out), list(out.swap_in))
+        """Not done here: the step's swaps and copy-on-write copies travel to the ranks with its
+        batch, and each rank applies them to its own slice of every block."""
+        self._swaps = (list(out.swap_out), list(out.copies), list(out.swap_in))
         return (len(out.swap_out) + len(out.swap_in)) * self.bytes_per_block
 
     def _step_message(self, batch: Optional[dict]):
-        swap_out, swap_in = self._swaps or ([], [])
+        swap_out, copies, swap_in = self._swaps or ([], [], [])
         self._swaps = None
-        return ("step", swap_out, swap_in, batch)
+        return ("step", swap_out, copies, swap_in, batch)
 
     def forward(self, out: SchedulerOutput, logits_rows: torch.Tensor, phases: Optional[PhaseTimes] = None
                 ) -> torch.Tensor:
@@ -430,7 +432,7 @@ class TPExecutor(ModelRunner):
 
     def execute(self, out: SchedulerOutput):
         res = super().execute(out)                   # swap(), then forward() if anything is scheduled
-        if self._swaps is not None and (self._swaps[0] or self._swaps[1]):
-            self._broadcast(self._step_message(None), "swap")   # swaps in a step with no forward
+        if self._swaps is not None and any(self._swaps):
+            self._broadcast(self._step_message(None), "swap")   # block moves in a step with no forward
         self._swaps = None
         return res

@@ -1,6 +1,7 @@
 """Tensor parallelism on 2 CPU ranks (gloo): the same greedy tokens as one device for Llama,
-Qwen2 and Qwen3 shapes; head counts that do not split are refused; a rank that dies, raises or
-hangs surfaces in the driver as an error naming it, with every rank shut down."""
+Qwen2 and Qwen3 shapes, and the same seeded parallel samples (copy-on-write on every rank);
+head counts that do not split are refused; a rank that dies, raises or hangs surfaces in the
+driver as an error naming it, with every rank shut down."""
 
 from __future__ import annotations
 
@@ -95,6 +96,34 @@ def test_swaps_and_prefix_caching_match_one_device():
         got = [o.token_ids for o in llm.generate(prompts, sp)]
         assert llm.engine.swapped_bytes == one.engine.swapped_bytes > 0         # swaps happened
         assert llm.engine.stats()["prefix_cache"] == one.engine.stats()["prefix_cache"]
+    assert got == want
+
+
+@pytest.mark.parametrize("preempt", [False, True], ids=["fits", "swapped"])
+def test_parallel_samples_with_copy_on_write_match_one_device(preempt):
+    """n=3 seeded samples per prompt: the samples share the prompt's last, partly filled block
+    until each writes into it, then get a copy; every rank must copy its slice of that block
+    (fp32, CPU, gloo), or the samples read a wrong prefix and draw other tokens. "swapped": a
+    KV cache too small for every group at once, so groups are swapped out and in, in one step
+    together with copies (each rank applies them with ``ModelRunner.swap``, in its order)."""
+    kw = dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=32, max_model_len=64)
+    if preempt:
+        kw.update(num_kv_blocks=16, preemption_mode="swap", num_swap_blocks=64)
+    prompts = random_prompts(4 if preempt else 3, 512, seed=11, lo=5, hi=14)
+    prompts = [p if len(p) % 4 else p + [7] for p in prompts]      # a partial last block to share
+    sp = SamplingParams(n=3, max_tokens=12 if preempt else 8, temperature=0.9, seed=2024, ignore_eos=True)
+    one = LLM("random", **kw)
+    want = [[c.token_ids for c in o.outputs] for o in one.generate(prompts, sp)]
+    with LLM("random", tensor_parallel_size=2, **kw) as llm:
+        got = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, sp)]
+        records = llm.engine.step_records
+        assert llm.engine.swapped_bytes == one.engine.swapped_bytes
+    copies = [c for r in records for c in r.copies]
+    if preempt:
+        assert any(r.copies and r.swap_bytes for r in records)    # a step that swaps and copies
+    else:
+        assert len(copies) == len(prompts) * 2                    # each prompt: two samples copied the block
+    assert all(len(samples) == 3 and len(set(map(tuple, samples))) == 3 for samples in want)
     assert got == want
 
 
