@@ -23,7 +23,8 @@ import plotly.graph_objects as go  # noqa: E402
 
 from minillm import LLM, SamplingParams  # noqa: E402
 from minillm import figures as F  # noqa: E402
-from minillm.widgets import LiveFigure, LockstepStepper, Stepper, figure4_engine, figure4_lockstep  # noqa: E402
+from minillm.widgets import (LiveFigure, LockstepStepper, Stepper, reservation_vs_paging_lockstep,  # noqa: E402
+                             unused_reservation_engine)
 from minillm.widgets import live  # noqa: E402
 
 needs_anywidget = pytest.mark.skipif(not live.anywidget_available(),
@@ -513,13 +514,13 @@ def test_figure4_reservation_vs_paging_in_lockstep():
     assert [s.engine.step_count for s in lk.steppers] == [0, 0]
 
 
-def test_figure4_helper_matches_the_seed():
-    lk = figure4_lockstep()
+def test_the_reservation_vs_paging_helper_shows_c_waiting_then_joining():
+    lk = reservation_vs_paging_lockstep()
     lk.run(2)
     r1, p1 = lk.left.records[1], lk.right.records[1]
     assert r1.waiting and r1.waiting[0].request_id == "C" and r1.kv.free == 4
     assert p1.admitted == ["C"] and p1.kv.used == 13
-    eng = figure4_engine("paged")
+    eng = unused_reservation_engine("paged")
     assert eng.config.block_size == 1 and eng.num_kv_blocks == 24
 
 

@@ -4,7 +4,7 @@
   shows the waiting queue and running set, the batch against the execution-token
   budget, the KV memory map and the step's reasons in plain words.
 * ``LockstepStepper``: two engines (e.g. reservation vs paging) stepped together;
-  ``figure4_lockstep()`` builds Figure 4 of notebook 02.
+  ``reservation_vs_paging_lockstep()`` builds Figure 4 of notebook 02.
 * ``EngineMonitor``: the same view of an engine something else steps (a server's loop):
   ``poll()`` / ``follow()`` draw what it has done since.
 
@@ -12,11 +12,10 @@ The figures they draw are in ``minillm.figures`` and work without any widget.
 """
 
 from .live import LiveFigure
-from .lockstep import LockstepStepper, figure4_engine, figure4_lockstep
+from .lockstep import LockstepStepper, unused_reservation_engine, reservation_vs_paging_lockstep
 from .monitor import EngineMonitor
 from .panels import metrics_html, queue_html, reasons_html
 from .stepper import Stepper, as_engine, engine_factory
 
-__all__ = ["Stepper", "LockstepStepper", "EngineMonitor", "figure4_engine", "figure4_lockstep", "engine_factory",
-           "as_engine", "LiveFigure",
-           "metrics_html", "queue_html", "reasons_html"]
+__all__ = ["Stepper", "LockstepStepper", "EngineMonitor", "unused_reservation_engine", "reservation_vs_paging_lockstep",
+           "engine_factory", "as_engine", "LiveFigure", "metrics_html", "queue_html", "reasons_html"]

@@ -6,8 +6,8 @@ point: with ``kv_allocation="reserved"`` request B holds 20 positions (6 of KV, 
 reserved but unused) so C's 6-token prefill cannot be allocated although only 13
 positions would hold KV; with ``"paged"`` C joins at once::
 
-    from minillm.widgets import figure4_lockstep
-    figure4_lockstep()            # reserved (left) vs paged (right)
+    from minillm.widgets import reservation_vs_paging_lockstep
+    reservation_vs_paging_lockstep()            # reserved (left) vs paged (right)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..step_record import StepRecord
 from .panels import finished_html
 from .stepper import Stepper
 
-__all__ = ["LockstepStepper", "figure4_engine", "figure4_lockstep"]
+__all__ = ["LockstepStepper", "unused_reservation_engine", "reservation_vs_paging_lockstep"]
 
 
 class LockstepStepper:
@@ -206,7 +206,7 @@ class LockstepStepper:
 # Figure 4 of notebook 02: reservation vs paging
 # =====================================================================================
 
-def figure4_engine(kv_allocation: str = "reserved", *, executor: str = "simulated", model: str = "random"):
+def unused_reservation_engine(kv_allocation: str = "reserved", *, executor: str = "simulated", model: str = "random"):
     """Figure 4's set-up (notebook 02): KV capacity 24 positions (block_size 1), budget 8 tokens,
     at most 2 requests. B (prompt 6, max_tokens 14: a 20-position reservation) arrives first;
     C (prompt 6, max_tokens 4) arrives just after B's prefill. On the modeled clock (10 ms a
@@ -226,9 +226,9 @@ def figure4_engine(kv_allocation: str = "reserved", *, executor: str = "simulate
     return eng
 
 
-def figure4_lockstep(executor: str = "simulated", model: str = "random", **kw) -> LockstepStepper:
+def reservation_vs_paging_lockstep(executor: str = "simulated", model: str = "random", **kw) -> LockstepStepper:
     """Reservation (left) vs paging (right) on the Figure 4 trace, stepped in lockstep."""
     kw.setdefault("title", "Figure 4: unused reservations make new requests wait")
-    return LockstepStepper(lambda: figure4_engine("reserved", executor=executor, model=model),
-                           lambda: figure4_engine("paged", executor=executor, model=model),
+    return LockstepStepper(lambda: unused_reservation_engine("reserved", executor=executor, model=model),
+                           lambda: unused_reservation_engine("paged", executor=executor, model=model),
                            names=["reserved (max-length reservation)", "paged (blocks on demand)"], **kw)
