@@ -220,3 +220,22 @@ def test_engine_refuses_what_it_cannot_serve():
     sim = LLM("random", executor="simulated", max_model_len=64).engine
     with pytest.raises(ValueError, match="simulated executor has no logits"):
         sim.add_request([1, 2], SamplingParams(logprobs=1))
+
+
+@pytest.mark.parametrize("kw, shown", [
+    (dict(n=2), "n=2"), (dict(logprobs=1), "logprobs=1"), (dict(prompt_logprobs=0), "prompt_logprobs=0"),
+    (dict(min_tokens=3), "min_tokens=3"), (dict(presence_penalty=0.5), "presence_penalty=0.5"),
+    (dict(frequency_penalty=-1.0), "frequency_penalty=-1.0"), (dict(repetition_penalty=1.2), "repetition_penalty=1.2"),
+])
+def test_speculative_decoding_refuses_the_sampling_surface_by_field_and_value(kw, shown):
+    """Speculative decoding verifies k guesses at once with the target's plain distribution:
+    penalties, min_tokens, logprobs and n are refused before the engine holds anything, with
+    the field and its value named."""
+    e = LLM("random", max_model_len=64, num_kv_blocks=16, block_size=4,
+            speculative_model="ngram", num_speculative_tokens=2).engine
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{shown}.*speculative decoding"):
+        e.add_request([1, 2, 3], SamplingParams(max_tokens=4, **kw), request_id="r")
+    assert not e.has_unfinished_requests() and "r" not in e.requests
+    e.add_request([1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), request_id="r")   # id free
+    run(e)
+    assert len(e.get_output("r").token_ids) == 4
