@@ -97,7 +97,7 @@ class LLMEngine:
         self.policy = make_policy(config.policy)
         self.scheduler = Scheduler(config, self.kv, self.policy, self.cost_model, tokenizer=self.tokenizer)
         if config.executor == "simulated":
-            from .simulated import SimulatedExecutor
+            from .sim_executor import SimulatedExecutor
             self.executor = SimulatedExecutor(config, self.kv, self._bytes_per_block())
         elif config.tensor_parallel_size > 1:
             from .tp_executor import TPExecutor   # N rank processes, each with a shard of the model

@@ -31,39 +31,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
-from .model_runner import ExecutionResult
-from .scheduler import SchedulerOutput
+from .sim_executor import PLACEHOLDER_TOKEN, SimulatedExecutor  # noqa: F401  (re-exported)
 
 __all__ = ["SimulatedExecutor", "PLACEHOLDER_TOKEN", "simulate", "tensor_parallel", "tp_step_times", "gpus_needed",
            "StepSummary"]
-
-PLACEHOLDER_TOKEN = 0
-
-
-class SimulatedExecutor:
-    def __init__(self, config, kv_manager, bytes_per_block: int = 0):
-        self.config = config
-        self.kv = kv_manager
-        self.bytes_per_block = bytes_per_block
-
-    def execute(self, out: SchedulerOutput) -> ExecutionResult:
-        res = ExecutionResult()
-        res.swap_bytes = (len(out.swap_out) + len(out.swap_in)) * self.bytes_per_block
-        sampled = res.sampled
-        for s in out.scheduled:
-            if s.samples:                  # reached the end of its known tokens: one new token
-                sampled[s.request.request_id] = [PLACEHOLDER_TOKEN]
-        return res
-
-    def forget(self, request_id: str) -> None:
-        pass
-
-    def checkpoint(self) -> None:
-        pass                               # nothing of a step's is kept here
-
-    def rollback(self, checkpoint) -> None:
-        pass
-
 
 # =====================================================================================
 # Hardware for a model that does not fit one GPU

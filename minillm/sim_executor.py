@@ -1,0 +1,40 @@
+"""The simulated executor: runs no model. Each scheduled request that would sample gets a placeholder
+token; the engine's scheduler, KV manager and (modeled) clock do everything else, exactly as with a model.
+
+A request ends at its trace output length (``expected_output_len``) or ``max_tokens``; ``minillm.simulated``
+builds whole simulations on it (``simulate()``).
+"""
+
+from __future__ import annotations
+
+from .model_runner import ExecutionResult
+from .scheduler import SchedulerOutput
+
+PLACEHOLDER_TOKEN = 0
+
+
+class SimulatedExecutor:
+    """Stands in for ``ModelRunner``: the same ``execute(SchedulerOutput) -> ExecutionResult``, no forward."""
+
+    def __init__(self, config, kv_manager, bytes_per_block: int = 0):
+        self.config = config
+        self.kv = kv_manager
+        self.bytes_per_block = bytes_per_block
+
+    def execute(self, out: SchedulerOutput) -> ExecutionResult:
+        res = ExecutionResult()
+        res.swap_bytes = (len(out.swap_out) + len(out.swap_in)) * self.bytes_per_block
+        sampled = res.sampled
+        for s in out.scheduled:
+            if s.samples:                  # reached the end of its known tokens: one new token
+                sampled[s.request.request_id] = [PLACEHOLDER_TOKEN]
+        return res
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+    def checkpoint(self) -> None:
+        pass                               # nothing of a step's is kept here
+
+    def rollback(self, checkpoint) -> None:
+        pass

@@ -1,0 +1,177 @@
+"""The engine's shape, checked: imports go one way, components are configured (never patched from
+outside), and every module says what it is for.
+
+The import graph is read from the source (``ast``), every ``import`` counted, also those inside
+functions: an import deferred into a function body still ties the two modules together.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("minillm", "kernels")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def imported_modules(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of ``known`` that ``name`` (the file ``path``) imports, anywhere in the file. An import
+    of a package's own parent packages is left out (importing ``minillm.model.llama`` runs
+    ``minillm/__init__`` and ``minillm/model/__init__`` first by definition, which is not a dependency)."""
+    is_package = path.name == "__init__.py"
+    targets = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            targets += [module] + [f"{module}.{a.name}" for a in node.names]
+    found = set()
+    for t in targets:
+        while t and t not in known:          # "minillm.scheduler.Scheduler" -> "minillm.scheduler"
+            t = t.rpartition(".")[0]
+        if t and t != name and not name.startswith(t + "."):
+            found.add(t)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = package_modules()
+    return {name: imported_modules(name, path, known) for name, path in known.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_graph_is_read_from_the_source():
+    graph = import_graph()
+    assert "minillm.scheduler" in graph["minillm.engine"]
+    assert "minillm.model.llama" in graph["minillm.model.loader"]          # relative: from .llama import ...
+    assert "minillm.model.loader" in graph["minillm.engine"]              # from .model.loader import ...
+    assert "kernels" in graph["minillm.model_runner"]                      # inside a function: import kernels
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert not found, "modules that import each other in a circle (imports inside functions count too): " + \
+        "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_kernels_do_not_import_the_engine():
+    graph = import_graph()
+    upward = sorted((m, d) for m, deps in graph.items() if m.startswith("kernels") for d in deps
+                    if d.startswith("minillm"))
+    assert not upward, f"kernels/ imports minillm: {upward}"
+
+
+# --- components are configured, never patched from outside -------------------------------------------
+
+COMPONENTS = {"engine", "executor", "scheduler", "kv", "runner", "speculator", "sampler", "policy", "proposer",
+              "clock"}
+ENGINE_NAMES = {"e", "eng", "engine", "llm", "runner", "executor", "scheduler", "kv"}
+
+
+def attribute_assignments(path: Path) -> list[tuple[int, str]]:
+    """``x.engine.attr = ...``-shaped assignments in ``path``: an attribute set on an engine component
+    (through a name like ``engine`` / ``llm`` / ``runner``, or through a component attribute on the way),
+    anywhere but on ``self``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            continue
+        for t in targets:
+            for target in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                chain, n = [], target
+                while isinstance(n, ast.Attribute):
+                    chain.append(n.attr)
+                    n = n.value
+                if not (chain and isinstance(n, ast.Name)) or n.id == "self":
+                    continue
+                chain = [n.id] + chain[::-1]
+                if chain[0] in ENGINE_NAMES or set(chain[1:-1]) & COMPONENTS:
+                    out.append((node.lineno, ".".join(chain)))
+    return out
+
+
+def test_the_assignment_finder_finds_patching(tmp_path):
+    p = tmp_path / "x.py"
+    p.write_text("llm.engine.executor.verify = f\ne.kv = m\nself.kv = m\nfig.layout.title = 't'\n"
+                 "def g(engine):\n    engine.scheduler.watermark_blocks += 1\n")
+    assert attribute_assignments(p) == [(1, "llm.engine.executor.verify"), (2, "e.kv"),
+                                        (6, "engine.scheduler.watermark_blocks")]
+
+
+OUTSIDE = [p for d in ("exercises", "solutions", "notebooks", "minillm/bench", "minillm/widgets")
+           for p in sorted((ROOT / d).rglob("*.py"))]
+
+
+@pytest.mark.parametrize("path", OUTSIDE, ids=[str(p.relative_to(ROOT)) for p in OUTSIDE])
+def test_nothing_outside_the_engine_assigns_into_its_components(path):
+    """Exercises, notebooks, benchmarks and widgets configure the engine (``LLM(policy=...)``,
+    ``LLM(kv_manager=...)``, ``LLM(acceptance_rule=...)``, ``LLM(record=...)``); they never set an
+    attribute on one of its components."""
+    found = attribute_assignments(path)
+    assert not found, f"{path.relative_to(ROOT)} assigns into engine components: {found}"
+
+
+@pytest.mark.parametrize("name,path", sorted(package_modules().items()))
+def test_every_module_says_what_it_is_for(name, path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    if not tree.body:                       # an empty package marker
+        return
+    doc = ast.get_docstring(tree)
+    assert doc and len(doc.split()) >= 5, f"{name} ({path.relative_to(ROOT)}) has no opening docstring"
