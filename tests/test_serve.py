@@ -172,7 +172,8 @@ def test_stop_strings_end_the_text_where_a_string_search_says_as_llm_generate_do
     """Stop strings are the engine's (SamplingParams.stop) on the server too: the text, whole or
     streamed, ends where a plain search of the unstopped text finds the stop (after it with
     vLLM's include_stop_str_in_output), the same text and tokens as LLM.generate with that stop,
-    and the engine finishes the request itself ("stop", the string as its stop_reason)."""
+    and the engine finishes the request itself ("stop", the string as its stop_reason, which the
+    choice carries as vLLM's does)."""
     full = reference.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=40))[0].text
     body = full.strip()
     for stop in (body[:3], body[4:6], body[8:16]):       # stops of 3, 2 and 8 characters
@@ -187,14 +188,14 @@ def test_stop_strings_end_the_text_where_a_string_search_says_as_llm_generate_do
             got = client.completions.create(**kw)
             assert got.choices[0].text == want_text
             assert got.choices[0].token_ids == want.token_ids
-            assert got.choices[0].finish_reason == "stop"
+            assert (got.choices[0].finish_reason, got.choices[0].stop_reason) == ("stop", stop)
             rid = got.id.split("-", 1)[1]
             assert server.engine_call(lambda e: (e.requests[rid].finish_reason, e.requests[rid].stop_reason)) \
                 == ("stop", stop)
             chunks = list(client.completions.create(**kw, stream=True))
             assert "".join(c.choices[0].text for c in chunks) == want_text
             assert [t for c in chunks for t in c.choices[0].token_ids] == want.token_ids
-            assert chunks[-1].choices[0].finish_reason == "stop"
+            assert (chunks[-1].choices[0].finish_reason, chunks[-1].choices[0].stop_reason) == ("stop", stop)
 
 
 def test_64_concurrent_streaming_clients_all_finish(server):

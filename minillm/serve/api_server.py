@@ -346,11 +346,12 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
             serving, request, req, prompt, sp, "cmpl",
             chunk=lambda rid, out, ids: CompletionResponse(id=rid, model=model_name, choices=[
                 CompletionChoice(index=out.index, text=out.text, finish_reason=out.finish_reason, token_ids=ids,
-                                 logprobs=serving.completion_logprobs([out]))]),
+                                 stop_reason=out.stop_reason, logprobs=serving.completion_logprobs([out]))]),
             usage_chunk=lambda rid, usage: CompletionResponse(id=rid, model=model_name, choices=[], usage=usage),
             whole=lambda rid, done, keep_ids: CompletionResponse(id=rid, model=model_name, choices=[
                 CompletionChoice(index=i, text=c.text, finish_reason=c.last.finish_reason,
-                                 token_ids=c.ids if keep_ids else None, logprobs=serving.completion_logprobs(c.outs))
+                                 stop_reason=c.last.stop_reason, token_ids=c.ids if keep_ids else None,
+                                 logprobs=serving.completion_logprobs(c.outs))
                 for i, c in enumerate(done)], usage=_usage([c.last for c in done])))
 
     @app.post("/v1/chat/completions")
@@ -375,12 +376,13 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
                 ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(sp.n)]),
             chunk=lambda rid, out, ids: ChatCompletionChunk(id=rid, model=model_name, choices=[
                 ChatStreamChoice(index=out.index, delta=DeltaMessage(content=out.text),
-                                 finish_reason=out.finish_reason, token_ids=ids,
+                                 finish_reason=out.finish_reason, stop_reason=out.stop_reason, token_ids=ids,
                                  logprobs=serving.chat_logprobs([out], top))]),
             usage_chunk=lambda rid, usage: ChatCompletionChunk(id=rid, model=model_name, choices=[], usage=usage),
             whole=lambda rid, done, keep_ids: ChatCompletionResponse(id=rid, model=model_name, choices=[
                 ChatChoice(index=i, message=ChatResponseMessage(content=c.text), finish_reason=c.last.finish_reason,
-                           token_ids=c.ids if keep_ids else None, logprobs=serving.chat_logprobs(c.outs, top))
+                           stop_reason=c.last.stop_reason, token_ids=c.ids if keep_ids else None,
+                           logprobs=serving.chat_logprobs(c.outs, top))
                 for i, c in enumerate(done)], usage=_usage([c.last for c in done])))
 
     return app

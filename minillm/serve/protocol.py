@@ -106,6 +106,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None   # vLLM's: the stop string or token id that ended it
     token_ids: Optional[list[int]] = None
 
 
@@ -128,6 +129,7 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None   # vLLM's: the stop string or token id that ended it
     token_ids: Optional[list[int]] = None
 
 
@@ -150,6 +152,7 @@ class ChatStreamChoice(BaseModel):
     delta: DeltaMessage
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None   # vLLM's: the stop string or token id that ended it
     token_ids: Optional[list[int]] = None
 
 
