@@ -35,7 +35,7 @@
 # 3. at scale: recompute, swap, and the rule choosing per victim;
 # 4. thrashing, and how headroom damps it;
 # 5. priority preemption: pushing a lower class out of memory;
-# 6. exercises: the recompute-or-swap decision and the choice of victim.
+# 6. exercises: the recompute-or-swap decision, the choice of victim, and the headroom a batch needs.
 
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
@@ -407,6 +407,34 @@ with impl.attempt("ex05.PriorityPreemption"):
     eng, m, s = serve(mem_trace, cost_model=0.010, policy=ex.PriorityPreemption(), num_kv_blocks=50, max_num_seqs=16)
     print(f"your priority policy: high waits {m['high'].queue_wait * 1e3:.0f} ms; preempted "
           f"{[p.request_id for r in eng.step_records for p in r.preempted]}")
+
+# %% [markdown]
+# **Exercise 4, `headroom_blocks`**: headroom against thrashing (section 4). Given the positions each
+# running request holds, how many free blocks does the batch grow into over the next k decode steps? That
+# is the headroom admission must leave it so that admitting does not force a preemption within k steps.
+# Below, four requests prefilled together, then 200 decode steps, with exactly your headroom free and
+# with one block less:
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# A request holding c positions holds ceil(c / block_size) blocks; k steps later it holds ceil((c + k) / block_size). Its need is the difference; the batch's is the sum.
+#
+# </details>
+
+# %%
+with impl.attempt("ex05.headroom_blocks"):
+    prompts, k = [500, 812, 1024, 1333], 200
+    need = ex.headroom_blocks(prompts, 16, k)
+    held = sum(-(-p // 16) for p in prompts)                  # the prompts' blocks after their prefill
+    for free in (need, need - 1):
+        llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model=H100, num_kv_blocks=held + free,
+                  block_size=16, max_model_len=8192, max_num_batched_tokens=8192, record="summary")
+        workloads.submit_trace(llm.engine, [TraceRequest(f"r{i}", 0.0, p, k + 2) for i, p in enumerate(prompts)],
+                               vocab_size=llm.engine.vocab_size)
+        llm.engine.step()                                       # the four prefills
+        preempted = sum(len(llm.engine.step().preempted) for _ in range(k))
+        print(f"your headroom: {need} blocks | {free} free after the prefills: {preempted} preemption(s) in {k} decode steps")
 
 # %% [markdown]
 # ### Grading

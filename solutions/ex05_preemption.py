@@ -10,6 +10,8 @@ S_prefill (notebook 05, section 2).
 * ``LeastProgressVictim``: which running request gives up its memory when one needs a block.
 * ``PriorityPreemption``: priority classes that push a lower class out (the fix for
   priority inversion).
+* ``headroom_blocks``: the free blocks a running batch grows into over the next steps, the
+  headroom that keeps admission from forcing a preemption (thrashing, section 4).
 
 The policies plug in like any other (``LLM(policy=ex.LeastProgressVictim())``). Each docstring
 states the contract; notebook 05's exercise cells have optional hints. The rule is graded with
@@ -20,14 +22,14 @@ states the contract; notebook 05's exercise cells have optional hints. The rule 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from minillm.costmodel import RooflineCostModel
 from minillm.policies import Policy
 from minillm.request import Request
 
 __all__ = ["swap_time", "recompute_time", "swap_or_recompute", "YourCostModel", "LeastProgressVictim",
-           "PriorityPreemption"]
+           "PriorityPreemption", "headroom_blocks"]
 
 
 # =====================================================================================
@@ -151,3 +153,29 @@ class PriorityPreemption(Policy):
         lower = [r for r in running if r.priority > request.priority]
         return self.pick_victim(lower, now) if lower else None
         ### END SOLUTION
+
+
+# =====================================================================================
+# Exercise 4: headroom against thrashing
+# =====================================================================================
+
+def headroom_blocks(context_lens: Sequence[int], block_size: int, num_steps: int) -> int:
+    """The free KV blocks a batch needs to decode ``num_steps`` more steps without a preemption:
+    the headroom admission must leave it (section 4: a cache filled to 100% thrashes).
+
+    ``context_lens``: the positions holding KV of each running request (its
+    ``num_computed_tokens``). A request holding c positions holds ceil(c / block_size) blocks
+    (the last one perhaps partly filled); each decode step adds one position to every request,
+    taking a fresh block whenever the last one is full. No request finishes within the steps.
+
+    >>> headroom_blocks([5, 16, 17], 16, 1)     # only the request with a full last block needs one
+    1
+    """
+    ### BEGIN SOLUTION
+    need = 0
+    for c in context_lens:
+        held = -(-c // block_size)                          # ceil(c / block_size)
+        after = -(-(c + num_steps) // block_size)           # the blocks it holds num_steps later
+        need += after - held
+    return need
+    ### END SOLUTION

@@ -257,3 +257,44 @@ def test_priority_preempts_under_memory_pressure_like_the_engine():
                             priority_mix={0: 0.2, 1: 0.3, 2: 0.5}, seed=9)
     _same_as_priority(mixed, "three classes under pressure", max_num_seqs=8, num_kv_blocks=90, block_size=16,
                       max_num_batched_tokens=512)
+
+
+# --- Exercise 4: headroom_blocks ---------------------------------------------------------------------
+
+def test_headroom_blocks_by_hand():
+    for (ctx, bs, k), want in ((([5, 16, 17], 16, 1), 1),          # only 16 -> 17 crosses into a new block
+                               (([5, 16, 17], 16, 16), 3),         # 21, 32, 33 positions: +1, +1, +1
+                               (([5, 16, 17], 16, 27), 4),         # 32, 43, 44 positions: +1, +2, +1
+                               (([0, 1], 4, 4), 1 + 1),            # 0 -> 4 (one block), 1 -> 5 (1 -> 2 blocks)
+                               (([8] * 5, 4, 1), 5), (([4] * 5, 4, 1), 5), (([7] * 5, 4, 1), 0),
+                               (([100, 3, 64], 8, 9), 4), (([], 16, 10), 0), (([40], 16, 0), 0)):
+        got = ex().headroom_blocks(list(ctx), bs, k)
+        assert got == want, (f"requests holding {ctx} positions in blocks of {bs}, {k} more decode steps: "
+                             f"expected {want} fresh blocks, got {got}")
+
+
+def _decode_steps_preempting(prompts, block_size, num_steps, num_kv_blocks):
+    """All of ``prompts`` admitted and prefilled in one step on ``num_kv_blocks`` blocks, then
+    ``num_steps`` decode steps: how many preemptions happened in them."""
+    eng = _engine(num_kv_blocks=num_kv_blocks, block_size=block_size, max_num_seqs=64)
+    submit_trace(eng, [TraceRequest(f"r{i}", 0.0, p, num_steps + 2) for i, p in enumerate(prompts)],
+                 vocab_size=eng.vocab_size)
+    first = eng.step()
+    assert len(first.batch) == len(prompts) and all(e.phase == "prefill" for e in first.batch), "(one prefill step)"
+    return sum(len(eng.step().preempted) for _ in range(num_steps))
+
+
+@pytest.mark.parametrize("prompts, block_size, num_steps", [([5, 16, 17, 31, 40], 16, 1), ([5, 16, 17, 31, 40], 16, 20),
+                                                            ([100, 3, 64], 8, 9), ([7] * 6, 4, 3), ([33, 2, 90, 47], 16, 40)])
+def test_headroom_blocks_is_exactly_enough_in_the_engine(prompts, block_size, num_steps):
+    """The engine's KV manager: with your headroom free after the prefill, the batch decodes
+    num_steps steps without a preemption; with one block less, it must preempt."""
+    got = ex().headroom_blocks(list(prompts), block_size, num_steps)
+    held = sum(-(-p // block_size) for p in prompts)
+    if got >= 1:
+        short = _decode_steps_preempting(prompts, block_size, num_steps, held + got - 1)
+        assert short > 0, (f"prompts {prompts}, blocks of {block_size}, {num_steps} steps: your headroom of {got} "
+                           f"blocks is more than needed (with {got - 1} free, the engine decoded without preempting)")
+    enough = _decode_steps_preempting(prompts, block_size, num_steps, held + got)
+    assert enough == 0, (f"prompts {prompts}, blocks of {block_size}, {num_steps} steps: with your headroom of {got} "
+                         f"free blocks the engine still preempted {enough} times")

@@ -58,4 +58,15 @@ MUTANTS = [
      "lower = [r for r in running if r.priority >= request.priority]"),
     ("priority: never preempts", "return self.pick_victim(lower, now) if lower else None\n        ### END SOLUTION\n",
      "return None\n        ### END SOLUTION\n"),
+    # headroom_blocks
+    ("headroom: the blocks of num_steps positions, the partly filled last block ignored",
+     "        need += after - held\n", "        need += -(-num_steps // block_size)\n"),
+    ("headroom: floor in place of ceiling", "        held = -(-c // block_size)                          # ceil(c / block_size)\n"
+     "        after = -(-(c + num_steps) // block_size)           # the blocks it holds num_steps later\n",
+     "        held = c // block_size\n        after = (c + num_steps) // block_size\n"),
+    ("headroom: one step more (the token sampled last counted twice)",
+     "        after = -(-(c + num_steps) // block_size)", "        after = -(-(c + num_steps + 1) // block_size)"),
+    ("headroom: positions, not blocks", "        need += after - held\n", "        need += num_steps\n"),
+    ("headroom: the largest request's need, not the batch's", "        need += after - held\n",
+     "        need = max(need, after - held)\n"),
 ]
