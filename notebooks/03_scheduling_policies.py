@@ -599,7 +599,9 @@ whatif
 # ## Exercises
 #
 # Three policies in `exercises/ex03_policies.py`, each a `Policy` subclass that the engine asks every
-# step, exactly like the built-in ones. The cells below run *your* classes inside the engine.
+# step, exactly like the built-in ones. The cells below run *your* classes inside the engine. Then three
+# calculations from sections 6 to 8 (chunked prefill's worst stall, scheduling every N steps, goodput),
+# each shown next to the engine's own run.
 #
 # **Exercise 1, `SJFWithAging`**: `remaining`, `key` and `order_waiting` (section 2). The stream of
 # section 2, with and without aging:
