@@ -12,6 +12,7 @@ filter that strips outputs when a notebook is staged.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,6 +157,39 @@ def test_a_students_copy_with_run_notebooks_passes_these_checks(tmp_path):
     assert "skipped" not in proc.stdout and f"{2 * len(NOTEBOOKS)} passed" in proc.stdout, proc.stdout[-2000:]
 
 
+# A number the prose quotes from a run is marked where it stands, <span title="from the run">67 ms</span>
+# (a reader hovering it sees where it comes from), and must appear in the text the notebook's cells print.
+QUOTED = re.compile(r'<span title="from the run">(.*?)</span>', re.S)
+
+
+def printed_text(nb) -> str:
+    """Everything the code cells printed or displayed as text (streams, text/plain, text/html)."""
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if out.output_type == "stream":
+                parts.append(out.text)
+            elif out.output_type in ("execute_result", "display_data"):
+                parts += [out.data.get(kind, "") for kind in ("text/plain", "text/html")]
+    return "\n".join(parts)
+
+
+def quotes_not_printed(nb) -> list[str]:
+    """The marked quotations of a run (``QUOTED``) that no output of the notebook contains."""
+    printed = " ".join(printed_text(nb).split())
+    quotes = [" ".join(q.split()) for c in nb.cells if c.cell_type == "markdown" for q in QUOTED.findall(c.source)]
+    return [q for q in quotes if q not in printed]
+
+
+def test_a_quoted_number_must_be_printed_by_the_run():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("print(...)", outputs=[
+            nbformat.v4.new_output("stream", name="stdout", text="a newcomer waits at most 67 ms\n")]),
+        nbformat.v4.new_markdown_cell('Newcomers waited <span title="from the run">67 ms</span>, '
+                                      'not <span title="from the run">75 ms</span>.')])
+    assert quotes_not_printed(nb) == ["75 ms"]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_notebook_runs_top_to_bottom(path, tmp_path):
     from nbclient import NotebookClient
@@ -177,6 +211,8 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
     elapsed = time.monotonic() - t0
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{path.name}: error outputs {[(o.ename, o.evalue) for o in errors]}"
+    stale = quotes_not_printed(nb)
+    assert not stale, f"{path.name}: the prose quotes {stale} from the run, but no cell printed them"
     print(f"{path.name}: {elapsed:.1f} s")
     # The budget is the reader's: a notebook on a 2-core machine doing nothing else. When other work
     # kept more runnable processes than cores (the 1-minute load average), wall time says nothing about
