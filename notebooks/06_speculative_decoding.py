@@ -211,8 +211,10 @@ for k in (1, 2, 4, 6):
 # When speculative decoding is slower, the usual cause is a low acceptance rate, and the fix a better
 # draft model, or none. Low acceptance is one cause (the curves above fall below 1 on the left). The other is
 # the assumption behind "nearly free": verification of k + 1 positions costs one plain step only while
-# decode is memory bound, that is, while the batch is small. In a large batch the step is already
-# compute bound, and k + 1 positions per request cost up to k + 1 times as much. The roofline cost
+# the verification step is memory bound, that is, while the batch is small. Verifying k + 1 positions
+# multiplies a step's arithmetic by k + 1 without adding weight reads, so the verification step crosses
+# the roofline's ridge long before a plain decode step would (the cell prints which bound each is in);
+# past it, k + 1 positions per request cost up to k + 1 times as much. The roofline cost
 # model prices it (`speculative.modeled_speedup`): Llama-3-8B on an H100 with a Llama-shaped draft of
 # about 125 M parameters, α = 0.8, 256 positions of context per request (and, dashed, 4096):
 
@@ -232,14 +234,17 @@ fig.update_layout(title="speculation on a modeled H100: the gain shrinks as the 
                   plot_bgcolor="white")
 for b in (1, 64, 512):
     r = modeled_speedup(target, draft, b, 256, 4, 0.8)
-    print(f"batch {b:>3}, k = 4: plain step {r['plain_step'] * 1e3:5.1f} ms, verification {r['verify_time'] * 1e3:5.1f} ms, "
-          f"drafts {r['draft_time'] * 1e3:4.1f} ms -> {r['speedup']:.2f}x")
+    plain_bound, verify_bound = (target.breakdown([n] * b, [256] * b)["bound"] for n in (1, 5))
+    print(f"batch {b:>3}, k = 4: plain step {r['plain_step'] * 1e3:5.1f} ms ({plain_bound} bound), verification "
+          f"{r['verify_time'] * 1e3:5.1f} ms ({verify_bound} bound), drafts {r['draft_time'] * 1e3:4.1f} ms -> {r['speedup']:.2f}x")
+assert target.breakdown([1] * 512, [256] * 512)["bound"] == "memory" and target.breakdown([5] * 64, [256] * 64)["bound"] == "compute"
 fig
 
 # %% [markdown]
 # At batch 1 the verification costs what a plain step does, and four guesses at α = 0.8 give a large
-# gain. By a few hundred requests the step is compute bound, the verification of five positions per
-# request costs several plain steps, and the gain is gone: speculation converts *spare* compute into
+# gain. By batch 64 the verification step has crossed the ridge, while a plain step stays memory bound
+# even at 512 (the cell asserts both); by a few hundred requests five positions per request cost several
+# plain steps, and the gain is gone: speculation converts *spare* compute into
 # latency, and a big batch has none to spare. Long contexts postpone this (dashed): each request's own
 # KV reads keep the step memory bound. Batch size thus becomes a variable in a new way: an
 # engine can speculate at low load and stop at high load.
