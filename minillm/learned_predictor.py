@@ -42,7 +42,8 @@ def prompt_length_features(token_ids: Sequence[int]) -> np.ndarray:
 
 class TokenFeatures:
     """Features of a prompt's token ids: ``[1, log(1 + len), log(1 + tokens since the last
-    marker), 1 if the prompt ends with the marker]`` followed by ``num_buckets`` hashed counts of the last ``tail`` tokens.
+    marker), 1 if the prompt ends with the marker]`` followed by ``num_buckets`` hashed counts of
+    the last ``tail`` tokens.
 
     ``marker``: token ids whose last occurrence ends the previous unit (a speech, a paragraph),
     such as the ids of a blank line; empty leaves that feature at the prompt's length."""
@@ -148,7 +149,8 @@ def rank_correlation(predicted: Sequence[float], actual: Sequence[float]) -> flo
     (one prediction for all gives 0). SJF uses only the order of its predictions, so this is the
     score that matters for it."""
     if len(predicted) != len(actual) or len(actual) < 2:
-        raise ValueError(f"rank_correlation: {len(predicted)} predictions and {len(actual)} lengths (need as many, >= 2)")
+        raise ValueError(f"rank_correlation: {len(predicted)} predictions and {len(actual)} lengths "
+                         "(need as many, at least 2)")
     ranks = [_mean_ranks(v) for v in (predicted, actual)]
     if ranks[0].std() == 0 or ranks[1].std() == 0:
         return 0.0

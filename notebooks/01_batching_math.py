@@ -147,10 +147,11 @@ figures.throughput_latency_figure([1, 2, 4, 8, 16, 32, 64, 128], latency=lat,
 # %% [markdown]
 # ### Why a small batch leaves the compute units idle
 #
-# An H100's tensor cores can do about 260 multiply-adds per byte that arrives from memory. A decode step
-# of batch 1 gives them one: for every weight fetched, one multiply-add, so the arithmetic units wait on
-# memory for all but a fraction of a percent of the step. Each request added to the batch reuses the
-# weight already fetched for one more multiply-add, work the idle units absorb at no extra time. Hence
+# An H100's tensor cores can do about 260 floating-point operations for each byte that arrives from
+# memory (the ridge point). A decode step of batch 1 gives them about one: each 2-byte weight fetched
+# serves one multiply-add (2 operations), so the arithmetic units wait on memory for all but a fraction
+# of a percent of the step. Each request added to the batch reuses the weight already fetched for one
+# more multiply-add, work the idle units absorb at no extra time. Hence
 # the speed-up that is often called superlinear: the throughput gain far outruns the step-time cost
 # (x20 against x1.5 above), although it stays below the batch size itself.
 #
