@@ -14,7 +14,6 @@ import math
 import os
 import time
 import warnings
-from pathlib import Path
 from typing import Optional, Union
 
 import torch
@@ -31,7 +30,7 @@ from .policies import make_policy
 from .request import Request
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
-from .step_record import BatchEntry, StepRecord
+from .step_record import StepRecord
 
 
 

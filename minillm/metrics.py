@@ -20,12 +20,11 @@ Times are seconds everywhere except ``format_table``, which prints milliseconds.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
 if TYPE_CHECKING:   # only for annotations: this module reads plain attributes
-    from .request import RequestMetrics
     from .step_record import StepRecord
 
 __all__ = ["percentile", "summarize", "per_request_table", "format_table",

@@ -39,12 +39,10 @@
 from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
 
-import numpy as np
 import plotly.graph_objects as go
-import torch
 
-from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
-from minillm.widgets import LockstepStepper, Stepper
+from minillm import LLM, SamplingParams, workloads
+from minillm.widgets import Stepper
 
 # %% [markdown]
 # ## 1. Generate text

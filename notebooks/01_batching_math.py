@@ -36,11 +36,10 @@ GPU = DEVICE == "cuda"
 
 import numpy as np
 import plotly.graph_objects as go
-import torch
 
 from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
 from minillm.bench import decode_timing
-from minillm.widgets import LockstepStepper, Stepper
+from minillm.widgets import Stepper
 
 # %%
 from dataclasses import replace

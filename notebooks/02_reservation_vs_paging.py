@@ -42,10 +42,9 @@ import plotly.graph_objects as go
 import torch
 
 from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
-from minillm.widgets import LockstepStepper, Stepper
+from minillm.widgets import LockstepStepper
 
 # %%
-from minillm.costmodel import ConstantStepTime
 
 ex = impl.load("ex02_paging")     # your exercises/ex02_paging.py (MINILLM_IMPL=solutions: the answers);
                                   # re-run this cell after editing the file: impl.load reads it again

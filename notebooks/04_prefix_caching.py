@@ -42,10 +42,9 @@ DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's 
 
 import numpy as np
 import plotly.graph_objects as go
-import torch
 
 from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
-from minillm.widgets import LockstepStepper, Stepper
+from minillm.widgets import Stepper
 
 # %%
 from minillm.block_pool import hash_block

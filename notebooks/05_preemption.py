@@ -43,10 +43,9 @@ DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's 
 
 import numpy as np
 import plotly.graph_objects as go
-import torch
 
 from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
-from minillm.widgets import LockstepStepper, Stepper
+from minillm.widgets import LockstepStepper
 
 # %%
 from dataclasses import replace
@@ -55,7 +54,7 @@ from plotly.subplots import make_subplots
 
 from minillm.costmodel import HARDWARE, RooflineCostModel, swap_or_recompute
 from minillm.policies import Priority
-from minillm.workloads import LogNormal, TraceRequest, Uniform
+from minillm.workloads import TraceRequest, Uniform
 
 ex = impl.load("ex05_preemption")    # your exercises/ex05_preemption.py (MINILLM_IMPL=solutions: the answers);
                                      # re-run this cell after editing the file: impl.load reads it again

@@ -44,11 +44,11 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
-from minillm.widgets import LockstepStepper, Stepper
+from minillm import LLM, SamplingParams, impl
+from minillm.widgets import Stepper
 
 # %%
-from minillm.costmodel import MODELS, ModelSpec, RooflineCostModel
+from minillm.costmodel import ModelSpec, RooflineCostModel
 from minillm.speculative import (alpha_from_tokens_per_step, expected_speedup, expected_tokens_per_step,
                                  modeled_speedup, spec_stats)
 

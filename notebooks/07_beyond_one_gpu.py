@@ -33,7 +33,6 @@
 # `minillm/cluster.py` only decides which instance gets a request, and when.
 
 # %%
-import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 

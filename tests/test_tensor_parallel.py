@@ -142,7 +142,8 @@ def test_head_counts_that_do_not_split_are_refused():
     with pytest.raises(ValueError, match=r"tensor_parallel_size=4.*num_attention_heads=4.*num_key_value_heads=2"):
         LLM("random", tensor_parallel_size=4)
     with pytest.raises(ValueError, match=r"tensor_parallel_size=2.*num_attention_heads=6.*num_key_value_heads=3"):
-        LLM("random", tensor_parallel_size=2, random_model=dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3))
+        LLM("random", tensor_parallel_size=2,
+            random_model=dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3))
     with pytest.raises(ValueError, match="tensor_parallel_size=0"):
         EngineConfig(tensor_parallel_size=0)
     with pytest.raises(ValueError, match="tensor_parallel_size=2.*executor='model'"):

@@ -271,7 +271,7 @@ def test_your_prefix_cache_is_your_own():
         pool.free([a])
         pool.take(a)
         pool.free([a])
-        b, c = pool.allocate(), pool.allocate()
+        pool.allocate(), pool.allocate()
         eng = ex().prefix_engine(model="random", **cfg).engine
         submit_trace(eng, trace)
         while eng.has_unfinished_requests():

@@ -284,8 +284,9 @@ def _decode_steps_preempting(prompts, block_size, num_steps, num_kv_blocks):
     return sum(len(eng.step().preempted) for _ in range(num_steps))
 
 
-@pytest.mark.parametrize("prompts, block_size, num_steps", [([5, 16, 17, 31, 40], 16, 1), ([5, 16, 17, 31, 40], 16, 20),
-                                                            ([100, 3, 64], 8, 9), ([7] * 6, 4, 3), ([33, 2, 90, 47], 16, 40)])
+@pytest.mark.parametrize("prompts, block_size, num_steps", [
+    ([5, 16, 17, 31, 40], 16, 1), ([5, 16, 17, 31, 40], 16, 20), ([100, 3, 64], 8, 9), ([7] * 6, 4, 3),
+    ([33, 2, 90, 47], 16, 40)])
 def test_headroom_blocks_is_exactly_enough_in_the_engine(prompts, block_size, num_steps):
     """The engine's KV manager: with your headroom free after the prefill, the batch decodes
     num_steps steps without a preemption; with one block less, it must preempt."""
