@@ -83,7 +83,7 @@ class SchedulerOutput:
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        return sum([s.num_new_tokens for s in self.scheduled])
 
 
 @dataclass
@@ -256,6 +256,23 @@ class Scheduler:
             return "stop"       # the simulator's stand-in for the model emitting EOS at the trace length
         return None
 
+    def _stop_watch(self, req: Request) -> tuple:
+        """When can ``check_stop`` fire for ``req``? ``(limit, watched)``: only once the output
+        has ``limit`` tokens (the smallest length limit: ``max_tokens``, ``max_model_len``, the
+        simulator's trace length) or on a token in ``watched`` (EOS unless ignored, the stop
+        token ids); ``watched`` is None when stop strings are matched, which look at every token.
+        Computed once per request from fields that never change, so that applying a step's
+        results can skip ``check_stop`` for the tokens that cannot end the request."""
+        sp = req.sampling_params
+        limit = min(sp.max_tokens, self.config.max_model_len - len(req.prompt_token_ids))
+        if self.simulated and req.expected_output_len is not None:
+            limit = min(limit, req.expected_output_len)
+        watched = set(sp.stop_token_ids)
+        if req.eos_token_id is not None and not sp.ignore_eos:
+            watched.add(req.eos_token_id)
+        req.stop_watch = (limit, None if sp.stop and self.tokenizer is not None else frozenset(watched))
+        return req.stop_watch
+
     def _stop_string(self, req: Request, early: bool) -> bool:
         """Extend the output's text by its newest token; True if a stop string now appears in it
         (the text is then cut before it, or after it with ``include_stop_str_in_output``)."""
@@ -286,12 +303,11 @@ class Scheduler:
         upd = StepUpdate(batch=[], finished=finished)
         sampled, accepted_by = result.sampled, result.spec_accepted
         logprobs, prompt_logprobs = result.logprobs, result.prompt_logprobs
-        save_progress = self.journal.save_progress
+        self.journal.save_progress(out.scheduled)
         batch = upd.batch if self.record_batch else None
         for s in out.scheduled:
             req = s.request
             rid = req.request_id
-            save_progress(req)
             req.num_computed_tokens += s.num_new_tokens
             accepted = accepted_by.get(rid, 0) if accepted_by else 0
             if s.spec_token_ids:
@@ -303,10 +319,10 @@ class Scheduler:
                 self.journal.save(req)
                 req.metrics.num_spec_proposed += len(s.spec_token_ids)
                 req.metrics.num_spec_accepted += accepted
+                req.spec_token_ids = []
             elif req.spec_token_ids:
                 # Blocks reserved for guesses this pass did not keep go back to the pool.
                 self.kv.truncate(req, req.num_computed_tokens)
-            if req.spec_token_ids:
                 req.spec_token_ids = []
             new = sampled.get(rid, ())
             reason = None
@@ -315,13 +331,16 @@ class Scheduler:
                 output_ids, m = req.output_token_ids, req.metrics
                 if m.first_token_time is None:
                     m.first_token_time = t
+                limit, watched = req.stop_watch or self._stop_watch(req)
                 for tok in new:
                     appended += 1
                     output_ids.append(tok)
                     m.token_times.append(t)
-                    reason = self.check_stop(req, tok)
-                    if reason:
-                        break
+                    # check_stop(req, tok), skipped when it cannot fire (see _stop_watch): most tokens
+                    if watched is None or tok in watched or len(output_ids) >= limit:
+                        reason = self.check_stop(req, tok)
+                        if reason:
+                            break
             if appended > 1 and reason:
                 # Tokens accepted past a stop are dropped: keep KV consistent with the output.
                 req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
@@ -439,7 +458,6 @@ class Scheduler:
         self._release_arrivals(now)
         budget = cfg.max_num_batched_tokens
         out = SchedulerOutput(scheduled=[], token_budget=budget, reformed=reform)
-        scheduled_ids: set[str] = set()
 
         # Requests finished earlier leave now (every N steps; a static batch leaves as a whole
         # in update_from_output).
@@ -451,14 +469,15 @@ class Scheduler:
         static_blocked = cfg.batching == "static" and bool(self.running or self.held)
         prefill_first = cfg.interference == "prefill-priority"
         if prefill_first and reform and not static_blocked and self._admissible_head(now):
-            budget = self._admit_waiting(now, out, budget, scheduled_ids, allow_chunk=False)
+            budget = self._admit_waiting(now, out, budget, allow_chunk=False)
             if out.admitted:
                 return out                 # a prefill step: running decodes stall this step
 
         # 1. Running requests: one new token each (or the next chunk of their prompt).
         # Speculative tokens never crowd out another running request's next token.
+        # (Only a speculator proposes guesses: without one, no pass over the running set.)
         decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) \
-            if any(r.spec_token_ids for r in self.running) else 0
+            if cfg.speculative_model is not None and any(r.spec_token_ids for r in self.running) else 0
         kv = self.kv
         caching = getattr(kv, "enable_prefix_caching", True)   # else cache_full_blocks registers nothing
         for req in list(self.running):
@@ -478,12 +497,14 @@ class Scheduler:
                 spec = spec[:max(0, budget - n - decodes_left)]
                 if spec and not kv.allocate(req, n + len(spec)):
                     spec = []
-            n = min(n + len(spec), budget)
+                n += len(spec)
+            if n > budget:
+                n = budget
             while not kv.allocate(req, n):
                 # The victim is chosen among all running requests; one already granted tokens
                 # this pass gives them back.
                 victim = self.policy.pick_victim(list(self.running), now)
-                budget += self._preempt_group(victim, out, scheduled_ids,
+                budget += self._preempt_group(victim, out,
                                               f"{req.request_id} needed a KV block and none was free")
                 if req.status is not RequestStatus.RUNNING:     # the victim, or in its group
                     break
@@ -495,7 +516,6 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(
                 req, n, before, "decode" if num_output and before >= num_tokens - 1 else "prefill",
                 before + n >= num_tokens + len(spec), list(spec) if spec else []))
-            scheduled_ids.add(req.request_id)
             budget -= n
 
         if not reform:
@@ -521,7 +541,6 @@ class Scheduler:
             self.running.append(req)
             out.swapped_in.append(req.request_id)
             out.scheduled.append(grant(req, n))
-            scheduled_ids.add(req.request_id)
             budget -= n
         for req in self.swapped[1:]:
             out.waiting.append(WaitingEntry(req.request_id, "swapped out: queued behind "
@@ -542,7 +561,7 @@ class Scheduler:
             for req in self._arrived(now):
                 out.waiting.append(WaitingEntry(req.request_id, "swapped-out requests come back first"))
             return out
-        self._admit_waiting(now, out, budget, scheduled_ids, allow_chunk=cfg.enable_chunked_prefill)
+        self._admit_waiting(now, out, budget, allow_chunk=cfg.enable_chunked_prefill)
         return out
 
     def _arrived(self, now: float) -> list[Request]:
@@ -567,7 +586,7 @@ class Scheduler:
         arrived = bool(self.waiting) if now >= self.now else bool(self._arrived(now))
         return arrived and len(self.running) < self.config.max_num_seqs
 
-    def _admit_waiting(self, now, out, budget, scheduled_ids, allow_chunk) -> int:
+    def _admit_waiting(self, now, out, budget, allow_chunk) -> int:
         cfg = self.config
         order = self._admission_order(now)
         blocker: Optional[str] = None
@@ -583,7 +602,7 @@ class Scheduler:
                 victim = self.policy.preempt_for(req, self.running, now)
                 if victim is None or self._just_placed(victim, out):
                     break
-                budget += self._preempt_group(victim, out, scheduled_ids, f"{req.request_id} has higher priority")
+                budget += self._preempt_group(victim, out, f"{req.request_id} has higher priority")
             if self._num_seqs() + seats > cfg.max_num_seqs:
                 out.waiting.append(WaitingEntry(
                     req.request_id, f"max_num_seqs={cfg.max_num_seqs} requests already running"
@@ -608,7 +627,7 @@ class Scheduler:
                 victim = self.policy.preempt_for(req, self.running, now)
                 if victim is None or self._just_placed(victim, out):
                     break
-                budget += self._preempt_group(victim, out, scheduled_ids,
+                budget += self._preempt_group(victim, out,
                                               f"{req.request_id} has higher priority and needs its memory")
                 ok, need, free = self.kv.can_allocate(req, n, cached, reserve)
             if not ok:
@@ -634,7 +653,6 @@ class Scheduler:
             self.running.append(req)
             out.admitted.append(req.request_id)
             out.scheduled.append(grant(req, n))
-            scheduled_ids.add(req.request_id)
             budget -= n
         return budget
 
@@ -658,7 +676,7 @@ class Scheduler:
             return p.n, p.n - 1
         return sum(1 for m in p.members if m.status is RequestStatus.PREEMPTED), 0
 
-    def _preempt_group(self, victim: Request, out: SchedulerOutput, scheduled_ids: set, reason: str) -> int:
+    def _preempt_group(self, victim: Request, out: SchedulerOutput, reason: str) -> int:
         """Preempt ``victim``, and with it the other running sequences of its parallel-sampling
         group (a group is preempted together). Returns the budget tokens given back."""
         group = [victim]
@@ -668,7 +686,7 @@ class Scheduler:
                       and m in self.running]
         budget = 0
         for m in group:
-            budget += self._unschedule(m, out, scheduled_ids)
+            budget += self._unschedule(m, out)
             self.preempt(m, out, reason if m is victim else
                          f"{reason}; preempted with {victim.request_id}, its parallel-sampling group")
         return budget
@@ -678,12 +696,10 @@ class Scheduler:
         """Admitted or swapped in by this very pass: not preempted by it (no ping-pong)."""
         return req.request_id in out.admitted or req.request_id in out.swapped_in
 
-    def _unschedule(self, victim: Request, out: SchedulerOutput, scheduled_ids: set) -> int:
+    def _unschedule(self, victim: Request, out: SchedulerOutput) -> int:
         """Take a running request back out of this step's batch (it is about to be preempted);
-        returns the budget tokens it gave back."""
-        if victim.request_id not in scheduled_ids:
-            return 0
-        scheduled_ids.discard(victim.request_id)
+        returns the budget tokens it gave back (none if this pass has not granted it any yet).
+        A search of the batch: preemptions are rare, grants happen for every request every step."""
         for i, s in enumerate(out.scheduled):
             if s.request is victim:
                 del out.scheduled[i]

@@ -24,10 +24,8 @@ class SimulatedExecutor:
     def execute(self, out: SchedulerOutput) -> ExecutionResult:
         res = ExecutionResult()
         res.swap_bytes = (len(out.swap_out) + len(out.swap_in)) * self.bytes_per_block
-        sampled = res.sampled
-        for s in out.scheduled:
-            if s.samples:                  # reached the end of its known tokens: one new token
-                sampled[s.request.request_id] = [PLACEHOLDER_TOKEN]
+        # A request that reached the end of its known tokens samples one new token.
+        res.sampled = {s.request.request_id: [PLACEHOLDER_TOKEN] for s in out.scheduled if s.samples}
         return res
 
     def forget(self, request_id: str) -> None:

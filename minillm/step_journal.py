@@ -31,13 +31,19 @@ class StepJournal:
                           tuple(getattr(req, f) for f in _REQUEST_FIELDS),
                           tuple(getattr(m, f) for f in _METRICS_FIELDS)))
 
-    def save_progress(self, req) -> None:
-        """The cheap save before applying a step's results to a running request: its computed
-        positions, output and token times (the only fields that change unless it finishes).
-        (After a full save it is redundant but harmless: the log is replayed backwards.)"""
-        m = req.metrics
-        self._log.append((False, req, len(req.output_token_ids), len(m.token_times),
-                          req.num_computed_tokens, m.first_token_time))
+    def save_progress(self, scheduled) -> None:
+        """The cheap save before applying a step's results to the requests it ran (``scheduled``,
+        its ``ScheduledRequest``s): each one's computed positions, output and token times (the
+        only fields that change unless it finishes). One call for the whole batch, the loop
+        written out: it runs for every running request every step. (After a full save it is
+        redundant but harmless; a full save made later, while the results are applied, is
+        replayed first, since the log is replayed backwards.)"""
+        append = self._log.append
+        for s in scheduled:
+            req = s.request
+            m = req.metrics
+            append((False, req, len(req.output_token_ids), len(m.token_times), req.num_computed_tokens,
+                    m.first_token_time))
 
     def restore(self) -> None:
         for full, req, n_out, n_times, a, b in reversed(self._log):
