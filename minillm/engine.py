@@ -318,7 +318,7 @@ class LLMEngine:
             raise ValueError(f"prompt{who}: empty; it needs at least one token")
         # Checked in bulk first (a trace submits millions of token ids); the loop below, which
         # names the offending position, runs only when something is wrong or needs converting.
-        bulk_ok = all([type(t) is int for t in ids]) and 0 <= min(ids) and max(ids) < self.vocab_size
+        bulk_ok = set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < self.vocab_size
         for i, t in enumerate(() if bulk_ok else ids):
             if type(t) is not int:        # numpy / torch integers become ints; floats, bools do not
                 try:
