@@ -55,20 +55,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
 
         # --- the model (or, for the simulator, only its shape) -------------------------
-        self.model = None
-        if config.executor == "simulated":
-            self.hf_config, self.model_spec = self._simulated_shape(self.model_path, config)
-        elif config.tensor_parallel_size > 1:      # the weights live in the ranks' processes only
-            from .costmodel import ModelSpec
-            from .tp_executor import model_config
-            self.hf_config = model_config(self.model_path, config)
-            self.model_spec = ModelSpec.from_hf_config(self.hf_config)
-        else:
-            from .model.loader import load_model
-            from .costmodel import ModelSpec
-            self.model, self.hf_config = load_model(self.model_path, dtype_name, str(self.device),
-                                                    config.seed, config.random_model)
-            self.model_spec = ModelSpec.from_hf_config(self.hf_config)
+        self.model, self.hf_config, self.model_spec = self._load_model(dtype_name)
         if self.tokenizer is None and self.model_path != "random":
             self.tokenizer = self._load_tokenizer(self.model_path)
         self.vocab_size = self.hf_config.vocab_size
@@ -85,27 +72,13 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks or self._size_kv_from_memory()
         self._check_kv_fits(num_blocks)
         self.num_kv_blocks = num_blocks
-        self.kv = (config.kv_manager or make_kv_manager)(config, num_blocks)
-        if self.kv.num_blocks != num_blocks or self.kv.block_size != config.block_size:
-            raise ValueError(f"EngineConfig.kv_manager={config.kv_manager!r}: built a manager of "
-                             f"{self.kv.num_blocks} blocks of {self.kv.block_size} tokens; the engine has "
-                             f"{num_blocks} blocks of {config.block_size}")
+        self.kv = self._make_kv_manager(num_blocks)
         self._check_config()
 
         # --- scheduler and executor -----------------------------------------------------------
         self.policy = make_policy(config.policy)
         self.scheduler = Scheduler(config, self.kv, self.policy, self.cost_model, tokenizer=self.tokenizer)
-        if config.executor == "simulated":
-            from .sim_executor import SimulatedExecutor
-            self.executor = SimulatedExecutor(config, self.kv, self._bytes_per_block())
-        elif config.tensor_parallel_size > 1:
-            from .tp_executor import TPExecutor   # N rank processes, each with a shard of the model
-            self.executor = TPExecutor(config, self.model_path, self.hf_config, self.kv, num_blocks,
-                                       self.device, self.dtype)
-        else:
-            from .model_runner import ModelRunner
-            self.executor = ModelRunner(config, self.model, self.hf_config, self.kv, num_blocks,
-                                        self.device, self.dtype)
+        self.executor = self._make_executor(num_blocks)
         self.speculator = None                      # speculative decoding: proposes before each step
         if config.speculative_model is not None:
             from .speculative import make_speculator
@@ -128,6 +101,45 @@ class LLMEngine:
         self._forked: list[Request] = []            # sequences forked by the step in progress
 
     # --- set-up helpers --------------------------------------------------------------------
+    def _load_model(self, dtype_name: str):
+        """(model, hf_config, model_spec): the weights on this process, or only the shape (the simulator;
+        tensor parallelism, whose weights live in the ranks' processes)."""
+        from .costmodel import ModelSpec
+        config = self.config
+        if config.executor == "simulated":
+            return (None, *self._simulated_shape(self.model_path, config))
+        if config.tensor_parallel_size > 1:
+            from .tp_executor import model_config
+            hf_config = model_config(self.model_path, config)
+            return None, hf_config, ModelSpec.from_hf_config(hf_config)
+        from .model.loader import load_model
+        model, hf_config = load_model(self.model_path, dtype_name, str(self.device), config.seed,
+                                      config.random_model)
+        return model, hf_config, ModelSpec.from_hf_config(hf_config)
+
+    def _make_kv_manager(self, num_blocks: int):
+        """The built-in KV manager for the config, or the one ``EngineConfig.kv_manager`` builds."""
+        config = self.config
+        kv = (config.kv_manager or make_kv_manager)(config, num_blocks)
+        if kv.num_blocks != num_blocks or kv.block_size != config.block_size:
+            raise ValueError(f"EngineConfig.kv_manager={config.kv_manager!r}: built a manager of "
+                             f"{kv.num_blocks} blocks of {kv.block_size} tokens; the engine has "
+                             f"{num_blocks} blocks of {config.block_size}")
+        return kv
+
+    def _make_executor(self, num_blocks: int):
+        """Who runs a step: the model on this process, N rank processes, or the simulator."""
+        config = self.config
+        if config.executor == "simulated":
+            from .sim_executor import SimulatedExecutor
+            return SimulatedExecutor(config, self.kv, self._bytes_per_block())
+        if config.tensor_parallel_size > 1:
+            from .tp_executor import TPExecutor   # N rank processes, each with a shard of the model
+            return TPExecutor(config, self.model_path, self.hf_config, self.kv, num_blocks, self.device,
+                              self.dtype)
+        from .model_runner import ModelRunner
+        return ModelRunner(config, self.model, self.hf_config, self.kv, num_blocks, self.device, self.dtype)
+
     @staticmethod
     def _resolve_model_path(model: Optional[str]) -> str:
         if model is None:
@@ -298,6 +310,13 @@ class LLMEngine:
                 raise ValueError(f"SamplingParams.stop_token_ids[{i}]={t}{who}: token id outside the "
                                  f"vocabulary [0, {self.vocab_size})")
         self._check_sampling_support(sp, who)
+        ids, text = self._check_prompt(prompt, who)
+        self._check_fits(ids, sp, who)
+        return dict(request_id=request_id, prompt_token_ids=ids, sampling_params=sp, arrival_time=arrival_time,
+                    priority=priority, tenant=tenant, expected_output_len=expected_output_len, prompt=text)
+
+    def _check_prompt(self, prompt, who: str) -> tuple[list[int], Optional[str]]:
+        """The prompt as token ids in the vocabulary (a str is encoded with the tokenizer), and its text."""
         text = None
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -328,6 +347,11 @@ class LLMEngine:
             if not 0 <= t < self.vocab_size:
                 raise ValueError(f"prompt[{i}]={t!r}{who}: token id outside the "
                                  f"vocabulary [0, {self.vocab_size})")
+        return ids, text
+
+    def _check_fits(self, ids: list[int], sp: SamplingParams, who: str) -> None:
+        """A request that could never run is refused: longer than max_model_len, or larger than the KV
+        cache even alone (beside the watermark's headroom; a parallel-sampling group with a block per sample)."""
         cfg = self.config
         if len(ids) >= cfg.max_model_len:
             raise ValueError(f"prompt{who} has {len(ids)} tokens: max_model_len="
@@ -351,8 +375,6 @@ class LLMEngine:
             if sp.n > 1 and group > usable:
                 raise ValueError(f"SamplingParams.n={sp.n}{who}: the prompt's blocks plus one per other "
                                  f"sample ({group} blocks) exceed the {usable} usable blocks")
-        return dict(request_id=request_id, prompt_token_ids=ids, sampling_params=sp, arrival_time=arrival_time,
-                    priority=priority, tenant=tenant, expected_output_len=expected_output_len, prompt=text)
 
     def _check_sampling_support(self, sp: SamplingParams, who: str) -> None:
         """The sampling features this engine's configuration can serve (SamplingParams itself
