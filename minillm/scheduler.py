@@ -47,6 +47,7 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int          # tokens processed this step (counted against the budget)
     num_computed_before: int
+    num_output_before: int       # output tokens before the step (the undo log reads both)
     phase: str                   # "prefill" | "decode" (a label: one rule covers both)
     samples: bool                # does the step reach the end of the known tokens (a token is sampled)?
     spec_token_ids: list[int] = field(default_factory=list)   # draft tokens to verify
@@ -60,7 +61,7 @@ def grant(req: Request, num_new_tokens: int, spec_token_ids: list[int] = ()) -> 
     num_output = len(req.output_token_ids)
     num_tokens = len(req.prompt_token_ids) + num_output
     decode = num_output > 0 and before >= num_tokens - 1
-    return ScheduledRequest(req, num_new_tokens, before, "decode" if decode else "prefill",
+    return ScheduledRequest(req, num_new_tokens, before, num_output, "decode" if decode else "prefill",
                             before + num_new_tokens >= num_tokens + len(spec_token_ids),
                             list(spec_token_ids) if spec_token_ids else [])
 
@@ -303,7 +304,7 @@ class Scheduler:
         upd = StepUpdate(batch=[], finished=finished)
         sampled, accepted_by = result.sampled, result.spec_accepted
         logprobs, prompt_logprobs = result.logprobs, result.prompt_logprobs
-        self.journal.save_progress(out.scheduled)
+        first_tokens = self.journal.save_progress(out.scheduled)
         batch = upd.batch if self.record_batch else None
         for s in out.scheduled:
             req = s.request
@@ -331,6 +332,7 @@ class Scheduler:
                 output_ids, m = req.output_token_ids, req.metrics
                 if m.first_token_time is None:
                     m.first_token_time = t
+                    first_tokens.append(req)
                 limit, watched = req.stop_watch or self._stop_watch(req)
                 for tok in new:
                     appended += 1
@@ -514,7 +516,7 @@ class Scheduler:
                 kv.cache_full_blocks(req, min(before + n, num_tokens), shareable=False)
             # grant(req, n, spec), written out: this line runs for every running request every step
             out.scheduled.append(ScheduledRequest(
-                req, n, before, "decode" if num_output and before >= num_tokens - 1 else "prefill",
+                req, n, before, num_output, "decode" if num_output and before >= num_tokens - 1 else "prefill",
                 before + n >= num_tokens + len(spec), list(spec) if spec else []))
             budget -= n
 

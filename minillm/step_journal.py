@@ -1,8 +1,9 @@
 """The undo log of one step: what a failed step changed in its requests, and how to put it back.
 
 A step is all or nothing. The scheduler saves a request here the first time the step changes it
-(admission, preemption, swap-in, rejection, finishing) and notes, for each request the step ran,
-how long its output was before the results were applied. If anything raises before the step
+(admission, preemption, swap-in, rejection, finishing) and keeps the step's grants, which say for
+each request the step ran where it stood before the results were applied (positions, output
+length). If anything raises before the step
 ends, ``restore()`` replays the log backwards and every request is as it was before the step.
 (A policy's own bookkeeping, such as ``request.policy_state``, is the policy's business.)
 """
@@ -31,32 +32,42 @@ class StepJournal:
                           tuple(getattr(req, f) for f in _REQUEST_FIELDS),
                           tuple(getattr(m, f) for f in _METRICS_FIELDS)))
 
-    def save_progress(self, scheduled) -> None:
-        """The cheap save before applying a step's results to the requests it ran (``scheduled``,
-        its ``ScheduledRequest``s): each one's computed positions, output and token times (the
-        only fields that change unless it finishes). One call for the whole batch, the loop
-        written out: it runs for every running request every step. (After a full save it is
-        redundant but harmless; a full save made later, while the results are applied, is
-        replayed first, since the log is replayed backwards.)"""
-        append = self._log.append
-        for s in scheduled:
-            req = s.request
-            m = req.metrics
-            append((False, req, len(req.output_token_ids), len(m.token_times), req.num_computed_tokens,
-                    m.first_token_time))
+    def save_progress(self, scheduled) -> list:
+        """Before applying a step's results to the requests it ran (``scheduled``, its
+        ``ScheduledRequest``s). Nothing is copied per request: applying results only adds computed
+        positions and appends output tokens with their times, so undoing it puts each request
+        back to its grant's ``num_computed_before`` and ``num_output_before``. The one other field
+        it sets, a request's first token time, is noted in the list returned (the caller appends
+        each request whose first token comes in this step). A full save made later in the step is
+        replayed first, since the log is replayed backwards."""
+        first_tokens: list = []
+        self._log.append((False, scheduled, first_tokens))
+        return first_tokens
 
     def restore(self) -> None:
-        for full, req, n_out, n_times, a, b in reversed(self._log):
-            if full:
+        for entry in reversed(self._log):
+            if entry[0]:
+                _, req, n_out, n_times, a, b = entry
                 for f, v in zip(_REQUEST_FIELDS, a):
                     setattr(req, f, v)
                 for f, v in zip(_METRICS_FIELDS, b):
                     setattr(req.metrics, f, v)
+                del req.output_token_ids[n_out:]
+                del req.metrics.token_times[n_times:]
+                if req.output_logprobs is not None:
+                    del req.output_logprobs[n_out:]
             else:
-                req.num_computed_tokens, req.metrics.first_token_time = a, b
-            del req.output_token_ids[n_out:]
-            del req.metrics.token_times[n_times:]
-            if req.output_logprobs is not None:
-                del req.output_logprobs[n_out:]
+                _, scheduled, first_tokens = entry
+                for req in first_tokens:
+                    req.metrics.first_token_time = None
+                for s in reversed(scheduled):
+                    req = s.request
+                    req.num_computed_tokens = s.num_computed_before
+                    appended = len(req.output_token_ids) - s.num_output_before
+                    if appended > 0:        # each output token was appended with its time
+                        del req.output_token_ids[s.num_output_before:]
+                        del req.metrics.token_times[-appended:]
+                    if req.output_logprobs is not None:
+                        del req.output_logprobs[s.num_output_before:]
         self._log.clear()
         self._saved.clear()
