@@ -97,6 +97,7 @@ class LLMEngine:
         self.scheduler.max_waiting_entries = config.record_max_waiting
         self.scheduler.record_batch = self.record_mode != "none"    # no per-request entries nobody reads
         self.step_records: list[StepRecord] = []    # the latest records (EngineConfig.record_history)
+        self.step_summaries: list = []              # simulate(records="summary"): a StepSummary per step
         self._aborted: list[str] = []               # aborted since the last record
         self._forked: list[Request] = []            # sequences forked by the step in progress
 

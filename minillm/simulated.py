@@ -203,7 +203,6 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
         config.setdefault("record", "summary" if mode == "summary" else "none")
     llm = LLM(model=model, **config)
     engine = llm.engine
-    engine.step_summaries = []
     submit_trace(engine, trace, vocab_size=engine.vocab_size)
 
     summaries = engine.step_summaries
