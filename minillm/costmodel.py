@@ -260,6 +260,11 @@ class ModelSpec:
         elt = self.dtype_bytes if self.kv_dtype_bytes is None else self.kv_dtype_bytes
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elt
 
+    def kv_block_bytes(self, block_size: int, dtype_bytes: int, kv_cache_dtype: Optional[str] = "auto") -> int:
+        """``kv_block_bytes`` for this shape: the bytes one KV block of ``block_size`` positions takes."""
+        return kv_block_bytes(self.num_layers, block_size, self.num_kv_heads, self.head_dim, dtype_bytes,
+                              kv_cache_dtype)
+
     def with_kv_cache_dtype(self, kv_cache_dtype: Optional[str]) -> "ModelSpec":
         """The same model with its KV stored as ``kv_cache_dtype`` ("auto" | "int8" | "fp8" | a
         float name): weights unchanged, ``kv_bytes_per_token`` follows."""

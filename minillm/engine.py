@@ -195,12 +195,9 @@ class LLMEngine:
         cm = self.cost_model
         if self.config.executor == "simulated" and getattr(cm, "kv_bytes_per_token", 0):
             return cm.kv_bytes_per_token * self.config.block_size   # the cost model's shape (70B)
-        c = self.hf_config
-        kvh = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-        hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         elt = 4 if self.config.executor == "model" and self.dtype == torch.float32 else 2
-        from .costmodel import kv_block_bytes   # values (1 byte for int8/fp8) and their per-block scales
-        return kv_block_bytes(c.num_hidden_layers, self.config.block_size, kvh, hd, elt, self.config.kv_cache_dtype)
+        # values (1 byte for int8/fp8) and their per-block scales
+        return self.model_spec.kv_block_bytes(self.config.block_size, elt, self.config.kv_cache_dtype)
 
     def _size_kv_from_memory(self) -> int:
         cfg = self.config

@@ -341,11 +341,10 @@ def draft_kv_bytes_per_block(config, dtype: torch.dtype) -> int:
     """Bytes the draft's KV adds to each block (0 for the n-gram proposer): for memory sizing."""
     if config.speculative_model in (None, "ngram"):
         return 0
+    from .costmodel import ModelSpec
     from .model.loader import load_config
-    c = load_config(resolve_draft_path(config.speculative_model))
-    kvh = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return 2 * c.num_hidden_layers * config.block_size * kvh * hd * torch.finfo(dtype).bits // 8
+    draft = ModelSpec.from_hf_config(load_config(resolve_draft_path(config.speculative_model)))
+    return draft.kv_block_bytes(config.block_size, torch.finfo(dtype).bits // 8)
 
 
 class ScaledCostModel:
