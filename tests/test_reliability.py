@@ -158,6 +158,38 @@ def test_a_policy_that_raises_loses_nothing_and_corrupts_nothing(hook, fail_on, 
         assert eng.requests[rid].output_token_ids == alone(p, 12)
 
 
+def _request_state(eng) -> dict:
+    """What a step may change in each request: positions, output, token times, first token time,
+    log-probabilities, status and finish reason."""
+    return {rid: (r.num_computed_tokens, list(r.output_token_ids), list(r.metrics.token_times),
+                  r.metrics.first_token_time, None if r.output_logprobs is None else list(r.output_logprobs),
+                  r.status, r.finish_reason) for rid, r in eng.requests.items()}
+
+
+@pytest.mark.parametrize("logprobs", [None, 2])
+def test_a_step_that_raises_after_applying_results_leaves_every_request_as_before(logprobs):
+    """The policy's on_step runs after the step's tokens were appended and its first tokens timed:
+    when it raises, each request is exactly as before the step (compared field by field). The
+    prompts are chunked over several steps, so a first token also comes in a step after admission."""
+    pol = FlakyPriority("on_step", range(1, 200, 3))
+    eng = LLM(**dict(SMALL, max_num_batched_tokens=16), num_kv_blocks=64, max_num_seqs=4, policy=pol,
+              clock="modeled", cost_model=0.01).engine
+    for i, p in enumerate(prompts(6, length=30, seed=5)):
+        eng.add_request(p, SamplingParams(max_tokens=6 + i, temperature=0.0, ignore_eos=True, logprobs=logprobs),
+                        arrival_time=0.02 * i)
+    faults = steps = 0
+    while eng.has_unfinished_requests():
+        assert steps < 500, "the run does not end"
+        steps += 1
+        before = _request_state(eng)
+        try:
+            eng.step()
+        except Boom:
+            faults += 1
+            assert _request_state(eng) == before
+    assert faults >= 5
+
+
 class FlakyExecutorError(Exception):
     pass
 
