@@ -156,9 +156,15 @@ class Request:
         return self.status == RequestStatus.FINISHED
 
     @property
+    def is_decoding(self) -> bool:
+        """The one prefill/decode rule: a request *decodes* when it has output and KV for every known
+        token but the newest (its next grant is that one token); otherwise it is still processing tokens
+        it already knows (its prompt, or prompt + output after a recompute): a *prefill*."""
+        return self.num_output_tokens > 0 and self.num_computed_tokens >= self.num_tokens - 1
+
+    @property
     def is_prefill(self) -> bool:
-        """Still processing tokens it already knows (prompt, or prompt + output after recompute)."""
-        return self.num_computed_tokens < self.num_tokens - 1 or self.num_output_tokens == 0
+        return not self.is_decoding
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "

@@ -263,11 +263,6 @@ def spec_limit(req: Request, k: int, max_model_len: int) -> int:
                       max_model_len - req.num_tokens - 1))
 
 
-def is_decoding(req: Request) -> bool:
-    """KV for every known token but the newest, and at least one output: a decode step."""
-    return req.num_output_tokens > 0 and req.num_computed_tokens == req.num_tokens - 1
-
-
 class Speculator:
     """Per step, before scheduling: propose for every decoding request and reserve the KV
     the verification needs. Returns the draft's modeled seconds for the clock."""
@@ -303,7 +298,7 @@ class Speculator:
     def propose(self, running: list[Request]) -> float:
         for r in running:
             r.spec_token_ids = []
-        reqs = [r for r in running if is_decoding(r)]
+        reqs = [r for r in running if r.is_decoding]
         ks = [spec_limit(r, self.k, self.max_model_len) for r in reqs]
         if self.proposer.needs_kv:                       # the draft writes KV: blocks first
             ks = self._reserve(reqs, ks, running)
