@@ -94,8 +94,6 @@ class LLMEngine:
         self.swapped_bytes = 0                      # KV bytes copied to/from host memory
         self.record_mode = config.record if config.record != "auto" else \
             ("full" if num_blocks <= 256 else "summary")      # the per-block map costs O(blocks) a step
-        self.scheduler.max_waiting_entries = config.record_max_waiting
-        self.scheduler.record_batch = self.record_mode != "none"    # no per-request entries nobody reads
         self.step_records: list[StepRecord] = []    # the latest records (EngineConfig.record_history)
         self.step_summaries: list = []              # simulate(records="summary"): a StepSummary per step
         self._aborted: list[str] = []               # aborted since the last record

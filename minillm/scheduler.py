@@ -121,7 +121,7 @@ class Scheduler:
                              swapped_in_blocks=0, recomputed_tokens=0, rejected=0)
         self.simulated = config.executor == "simulated"
         self.journal = StepJournal()        # what the step in progress changed (see checkpoint)
-        self.record_batch = True            # build StepUpdate.batch (the engine's record="none": no)
+        self.record_batch = config.record != "none"   # build StepUpdate.batch (record="none": nobody reads it)
         self._arrivals: list = []           # (time, seq, request) released from ``incoming`` this step
         self._forked: list = []             # parents whose groups forked this step (undone on rollback)
         self.has_groups = False             # was any request with n > 1 ever added? (seat counting)
