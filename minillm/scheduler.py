@@ -475,7 +475,21 @@ class Scheduler:
             if out.admitted:
                 return out                 # a prefill step: running decodes stall this step
 
-        # 1. Running requests: one new token each (or the next chunk of their prompt).
+        budget = self._schedule_running(now, out, budget)     # 1. running requests
+        if not reform:
+            return out
+        budget = self._schedule_swapped(out, budget)          # 2. swapped-out requests come back
+        why = self._no_admission_reason(now, static_blocked)  # 3. waiting requests, unless ...
+        if why is not None:
+            out.waiting.extend(WaitingEntry(req.request_id, why) for req in self._arrived(now))
+            return out
+        self._admit_waiting(now, out, budget, allow_chunk=cfg.enable_chunked_prefill)
+        return out
+
+    def _schedule_running(self, now: float, out: SchedulerOutput, budget: int) -> int:
+        """1. Running requests: one new token each (or the next chunk of their prompt), preempting
+        (the policy's victim) when a block is needed and none is free. Returns the budget left."""
+        cfg = self.config
         # Speculative tokens never crowd out another running request's next token.
         # (Only a speculator proposes guesses: without one, no pass over the running set.)
         decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) \
@@ -519,11 +533,12 @@ class Scheduler:
                 req, n, before, num_output, "decode" if num_output and before >= num_tokens - 1 else "prefill",
                 before + n >= num_tokens + len(spec), list(spec) if spec else []))
             budget -= n
+        return budget
 
-        if not reform:
-            return out
-
-        # 2. Swapped-out requests come back before anybody new is admitted.
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        """2. Swapped-out requests come back (KV copied in) before anybody new is admitted, oldest
+        first while blocks and seats allow. Returns the budget left."""
+        cfg = self.config
         while self.swapped and self._num_seqs() + self.swapped[0].num_seqs <= cfg.max_num_seqs and budget > 0:
             req = self.swapped[0]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
@@ -547,24 +562,17 @@ class Scheduler:
         for req in self.swapped[1:]:
             out.waiting.append(WaitingEntry(req.request_id, "swapped out: queued behind "
                                             f"{self.swapped[0].request_id}"))
+        return budget
 
-        # 3. Waiting requests, in policy order, through the admission check.
+    def _no_admission_reason(self, now: float, static_blocked: bool) -> Optional[str]:
+        """3. Why no waiting request is admitted this pass, or None (admission goes ahead)."""
         if static_blocked:
-            for req in self._arrived(now):
-                out.waiting.append(WaitingEntry(req.request_id, "static batching: waits until the "
-                                                "whole current batch has finished"))
-            return out
-        if cfg.interference == "decode-priority" and any(not r.is_prefill for r in self.running):
-            for req in self._arrived(now):
-                out.waiting.append(WaitingEntry(req.request_id, "decode-priority: no new prefill "
-                                                "while requests are decoding"))
-            return out
+            return "static batching: waits until the whole current batch has finished"
+        if self.config.interference == "decode-priority" and any(not r.is_prefill for r in self.running):
+            return "decode-priority: no new prefill while requests are decoding"
         if self.swapped:
-            for req in self._arrived(now):
-                out.waiting.append(WaitingEntry(req.request_id, "swapped-out requests come back first"))
-            return out
-        self._admit_waiting(now, out, budget, allow_chunk=cfg.enable_chunked_prefill)
-        return out
+            return "swapped-out requests come back first"
+        return None
 
     def _arrived(self, now: float) -> list[Request]:
         """The waiting requests that have arrived by ``now``: all of them, since one from the
