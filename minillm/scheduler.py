@@ -311,20 +311,8 @@ class Scheduler:
             rid = req.request_id
             req.num_computed_tokens += s.num_new_tokens
             accepted = accepted_by.get(rid, 0) if accepted_by else 0
-            if s.spec_token_ids:
-                # Speculative decoding: the KV of rejected guesses is rolled back.
-                req.num_computed_tokens -= len(s.spec_token_ids) - accepted
-                self.kv.truncate(req, req.num_computed_tokens)
-                upd.spec_proposed += len(s.spec_token_ids)
-                upd.spec_accepted += accepted
-                self.journal.save(req)
-                req.metrics.num_spec_proposed += len(s.spec_token_ids)
-                req.metrics.num_spec_accepted += accepted
-                req.spec_token_ids = []
-            elif req.spec_token_ids:
-                # Blocks reserved for guesses this pass did not keep go back to the pool.
-                self.kv.truncate(req, req.num_computed_tokens)
-                req.spec_token_ids = []
+            if s.spec_token_ids or req.spec_token_ids:
+                self._settle_guesses(s, accepted, upd)
             new = sampled.get(rid, ())
             reason = None
             appended = 0
@@ -346,12 +334,8 @@ class Scheduler:
             if appended > 1 and reason:
                 # Tokens accepted past a stop are dropped: keep KV consistent with the output.
                 req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
-            if logprobs and req.output_logprobs is not None:
-                req.output_logprobs += logprobs.get(req.request_id, ())[:appended]
-            if prompt_logprobs and req.request_id in prompt_logprobs:
-                for pos, lp in prompt_logprobs[req.request_id]:
-                    if req.prompt_logprobs[pos] is None:      # recomputed after a preemption: kept
-                        req.prompt_logprobs[pos] = lp
+            if logprobs or prompt_logprobs:
+                self._keep_logprobs(req, appended, logprobs, prompt_logprobs)
             if batch is not None:
                 batch.append(BatchEntry(rid, s.phase, s.num_new_tokens, s.num_computed_before,
                                         req.num_computed_tokens, len(s.spec_token_ids), accepted, appended))
@@ -360,12 +344,42 @@ class Scheduler:
             if reason and self.finish(req, reason, t):
                 finished.append(req)
         if self.config.batching == "static" and not self.running and self.held:
-            for req in self.held:                # the whole static batch is done: return it now
-                self.finish_request(req, req.pending_finish_reason, t)
-                finished.append(req)
-            self.held = []
+            finished += self._release_held(t)    # the whole static batch is done: return it now
         self.policy.on_step(out.scheduled, t)
         return upd
+
+    def _release_held(self, t: float) -> list[Request]:
+        """Finish every held request (finished earlier, kept back by static / every-N batching)."""
+        released, self.held = self.held, []
+        for req in released:
+            self.finish_request(req, req.pending_finish_reason, t)
+        return released
+
+    def _settle_guesses(self, s: ScheduledRequest, accepted: int, upd: StepUpdate) -> None:
+        """Speculative decoding: the KV of rejected guesses is rolled back (and blocks reserved for
+        guesses this pass did not keep go back to the pool)."""
+        req = s.request
+        if s.spec_token_ids:
+            req.num_computed_tokens -= len(s.spec_token_ids) - accepted
+            self.kv.truncate(req, req.num_computed_tokens)
+            upd.spec_proposed += len(s.spec_token_ids)
+            upd.spec_accepted += accepted
+            self.journal.save(req)
+            req.metrics.num_spec_proposed += len(s.spec_token_ids)
+            req.metrics.num_spec_accepted += accepted
+        else:
+            self.kv.truncate(req, req.num_computed_tokens)
+        req.spec_token_ids = []
+
+    @staticmethod
+    def _keep_logprobs(req: Request, appended: int, logprobs: dict, prompt_logprobs: dict) -> None:
+        """The step's logprobs of the tokens kept (``SamplingParams.logprobs`` / ``prompt_logprobs``)."""
+        if logprobs and req.output_logprobs is not None:
+            req.output_logprobs += logprobs.get(req.request_id, ())[:appended]
+        if prompt_logprobs and req.request_id in prompt_logprobs:
+            for pos, lp in prompt_logprobs[req.request_id]:
+                if req.prompt_logprobs[pos] is None:      # recomputed after a preemption: kept
+                    req.prompt_logprobs[pos] = lp
 
     def _fork(self, first: Request, result, t: float, upd: StepUpdate) -> None:
         """Parallel sampling: the prompt is computed and its logits were sampled once per
@@ -648,23 +662,29 @@ class Scheduler:
                 out.waiting.append(WaitingEntry(req.request_id, reason))
                 blocker = req.request_id
                 continue
-            self.journal.save(req)
-            self.kv.allocate(req, n, cached)
-            self.kv.record_lookup(req, cached)
-            self._writable_waiting().remove(req)
-            req.num_computed_tokens = computed
-            self.kv.cache_full_blocks(req, min(computed + n, req.num_tokens))
-            req.num_cached_tokens = computed
-            req.metrics.num_cached_tokens = max(req.metrics.num_cached_tokens, computed)
-            req.status = RequestStatus.RUNNING
-            req.admit_seq = self._next_admit_seq()
-            if req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = now
-            self.running.append(req)
-            out.admitted.append(req.request_id)
-            out.scheduled.append(grant(req, n))
+            self._admit(req, n, cached, now, out)
             budget -= n
         return budget
+
+    def _admit(self, req: Request, n: int, cached: list, now: float, out: SchedulerOutput) -> None:
+        """Admission passed: ``req`` gets its blocks (the ``cached`` prefix blocks shared), leaves the
+        queue, runs, and is granted ``n`` tokens of its prompt after the cached prefix."""
+        computed = len(cached) * self.kv.block_size
+        self.journal.save(req)
+        self.kv.allocate(req, n, cached)
+        self.kv.record_lookup(req, cached)
+        self._writable_waiting().remove(req)
+        req.num_computed_tokens = computed
+        self.kv.cache_full_blocks(req, min(computed + n, req.num_tokens))
+        req.num_cached_tokens = computed
+        req.metrics.num_cached_tokens = max(req.metrics.num_cached_tokens, computed)
+        req.status = RequestStatus.RUNNING
+        req.admit_seq = self._next_admit_seq()
+        if req.metrics.first_scheduled_time is None:
+            req.metrics.first_scheduled_time = now
+        self.running.append(req)
+        out.admitted.append(req.request_id)
+        out.scheduled.append(grant(req, n))
 
     def _num_seqs(self) -> int:
         """Sequences the running set counts against ``max_num_seqs``: one each, except a
