@@ -201,3 +201,31 @@ def test_the_readme_module_table_names_every_module():
     if "`kernels/`" not in named:
         missing.append("kernels/")
     assert not missing, f"modules without a row in the README's module table: {missing}"
+
+
+# --- the reading path of one step ----------------------------------------------------------------------
+
+READING_PATH = ["minillm/request.py", "minillm/block_pool.py", "minillm/kv_cache.py", "minillm/scheduler.py",
+                "minillm/model_runner.py", "minillm/model/llama.py", "minillm/engine.py"]
+
+
+def function_lengths(path: Path) -> dict[str, int]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {f.name: f.end_lineno - f.lineno + 1 for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+@pytest.mark.parametrize("name", READING_PATH)
+def test_no_function_on_the_reading_path_is_longer_than_60_lines(name):
+    """A reader follows one step from the request through the block pool, the KV cache, the scheduler,
+    the runner and the model to the engine: every function on that path fits on a screen."""
+    long = {f: n for f, n in function_lengths(ROOT / name).items() if n > 60}
+    assert not long, f"{name}: functions longer than 60 lines: {long}"
+
+
+def test_engine_step_reads_as_the_loop():
+    """``LLMEngine.step`` is schedule -> execute -> update -> record, short enough to read at a glance."""
+    tree = ast.parse((ROOT / "minillm/engine.py").read_text(encoding="utf-8"))
+    engine = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "LLMEngine")
+    step = next(f for f in engine.body if isinstance(f, ast.FunctionDef) and f.name == "step")
+    assert step.end_lineno - step.lineno + 1 <= 30
