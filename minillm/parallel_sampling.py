@@ -36,7 +36,7 @@ import dataclasses
 from .checks import MAX_SEED
 from .sampling_params import SamplingParams
 
-# A large odd constant (2**64 / golden ratio): consecutive completions get well-spread seeds.
+# A large odd constant (2**64 / golden ratio): consecutive completions start random streams far apart.
 _SEED_STRIDE = 0x9E3779B97F4A7C15
 
 

@@ -65,16 +65,20 @@ ex = impl.load("ex02_paging")     # your exercises/ex02_paging.py (MINILLM_IMPL=
 # `model="random"`: only the number of tokens matters here, and it keeps a Step quick on a CPU).
 
 # %%
-def figure4_engine(kv_allocation):
-    llm = LLM(model="random", device=DEVICE, dtype="auto", attention_backend="triton", kv_allocation=kv_allocation,
-              block_size=1, num_kv_blocks=24, max_num_batched_tokens=8, max_num_seqs=2,
-              clock="modeled", cost_model=0.010)
+def add_b_and_c(llm):
+    """Figure 4's two requests: B (5-token prompt, max_tokens=15) at 0, C (6-token prompt) at 15 ms."""
     greedy = dict(ignore_eos=True, temperature=0.0)
     llm.engine.add_request(list(range(100, 105)), SamplingParams(max_tokens=15, **greedy), request_id="B",
                            arrival_time=0.0)
     llm.engine.add_request(list(range(200, 206)), SamplingParams(max_tokens=4, **greedy), request_id="C",
                            arrival_time=0.015)
     return llm
+
+
+def figure4_engine(kv_allocation):
+    return add_b_and_c(LLM(model="random", device=DEVICE, dtype="auto", attention_backend="triton",
+                           kv_allocation=kv_allocation, block_size=1, num_kv_blocks=24, max_num_batched_tokens=8,
+                           max_num_seqs=2, clock="modeled", cost_model=0.010))
 
 fig4 = LockstepStepper(lambda: figure4_engine("reserved"), lambda: figure4_engine("paged"),
                        names=["reserved (max-length reservation)", "paged (blocks on demand)"],
@@ -383,9 +387,7 @@ with impl.attempt("ex02.blocks_needed / partial_block_waste"):
 with impl.attempt("ex02.paged_engine (your blocks_needed and BlockAllocator)"):
     llm = ex.paged_engine(model="random", executor="simulated", block_size=1, num_kv_blocks=24,
                           max_num_batched_tokens=8, max_num_seqs=2, clock="modeled", cost_model=0.010)
-    llm.engine.add_request(list(range(100, 105)), SamplingParams(max_tokens=15, ignore_eos=True), request_id="B")
-    llm.engine.add_request(list(range(200, 206)), SamplingParams(max_tokens=4, ignore_eos=True), request_id="C",
-                           arrival_time=0.015)
+    add_b_and_c(llm)
     for rec in llm.engine.run(max_steps=3):
         print(rec.summary())
 
@@ -410,9 +412,7 @@ with impl.attempt("ex02.paged_engine (your blocks_needed and BlockAllocator)"):
 with impl.attempt("ex02.FirstFitAllocator"):
     llm = ex.reserved_engine(model="random", executor="simulated", block_size=1, num_kv_blocks=24,
                              max_num_batched_tokens=8, max_num_seqs=2, clock="modeled", cost_model=0.010)
-    llm.engine.add_request(list(range(100, 105)), SamplingParams(max_tokens=15, ignore_eos=True), request_id="B")
-    llm.engine.add_request(list(range(200, 206)), SamplingParams(max_tokens=4, ignore_eos=True), request_id="C",
-                           arrival_time=0.015)
+    add_b_and_c(llm)
     for rec in llm.engine.run(max_steps=3):
         print(rec.summary())
 

@@ -17,6 +17,8 @@ from minillm.invariants import check_all_free, check_invariants
 from minillm.parallel_sampling import completion_id, completion_seed
 from minillm.policies import FCFS
 
+from helpers import drive_through_faults
+
 torch.set_num_threads(1)
 
 
@@ -239,18 +241,7 @@ def test_a_step_that_raises_undoes_its_fork_and_copies(mode):
         e.add_request([5, 9, 2, 7, 3, 8], SamplingParams(n=3, max_tokens=14, seed=9, ignore_eos=True),
                       request_id="g")
         e.add_request([4] * 10, SamplingParams(max_tokens=14, seed=1, ignore_eos=True), request_id="b")
-        faults = steps = 0
-        while e.has_unfinished_requests():
-            steps += 1
-            assert steps < 500
-            try:
-                rec = e.step()
-            except RuntimeError:
-                faults += 1
-                check_invariants(e)
-                continue
-            check_invariants(e, rec)
-        check_all_free(e)
+        faults = drive_through_faults(e, RuntimeError, max_steps=500)
         return [c.token_ids for c in e.get_output("g").outputs], e.get_output("b").token_ids, faults
 
     clean = run_group(FCFS())

@@ -16,6 +16,8 @@ from minillm import LLM, SamplingParams
 from minillm.invariants import InvariantError, check_all_free, check_invariants, check_places
 from minillm.policies import Priority
 
+from helpers import drive_through_faults
+
 SMALL = dict(model="random", block_size=2, max_num_batched_tokens=64, max_model_len=128)
 
 
@@ -122,24 +124,6 @@ class FlakyPriority(Priority):
         return super().pick_victim(candidates, now)
 
 
-def drive_through_faults(eng, max_steps=3000):
-    """Step to the end; each exception is caught, the invariants must hold after it, and the
-    next step carries on."""
-    faults = steps = 0
-    while eng.has_unfinished_requests():
-        assert steps < max_steps, "the run does not end"
-        steps += 1
-        try:
-            rec = eng.step()
-        except Boom:
-            faults += 1
-            check_invariants(eng)
-            continue
-        check_invariants(eng, rec)
-    check_all_free(eng)
-    return faults
-
-
 @pytest.mark.parametrize("hook,fail_on", [("on_step", range(2, 60, 3)), ("preempt_for", (1, 2, 4)),
                                           ("pick_victim", (1, 3))])
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
@@ -152,7 +136,7 @@ def test_a_policy_that_raises_loses_nothing_and_corrupts_nothing(hook, fail_on, 
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     # The low class runs first; the high class arrives later and pushes it out.
     ids = [eng.add_request(p, sp, priority=1 - i % 2, arrival_time=0.05 * (i % 2)) for i, p in enumerate(ps)]
-    faults = drive_through_faults(eng)
+    faults = drive_through_faults(eng, Boom)
     assert faults >= 1
     for rid, p in zip(ids, ps):
         assert eng.requests[rid].output_token_ids == alone(p, 12)
@@ -214,7 +198,7 @@ def test_a_forward_that_raises_loses_no_request(config):
     ps = prompts(7, length=6, seed=3)
     sp = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
     ids = [eng.add_request(p, sp, arrival_time=0.001 * i) for i, p in enumerate(ps)]
-    faults = drive_through_faults(eng)
+    faults = drive_through_faults(eng, Boom)
     assert faults >= 2
     for rid, p in zip(ids, ps):
         r = eng.requests[rid]
