@@ -15,12 +15,14 @@ exercises plug in by adding those two files; nothing here changes.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from _pytest.assertion.rewrite import rewrite_asserts   # pytest's own assert rewriting, for the graders
 
 GRADERS = Path(__file__).resolve().parent / "graders"
 GRADER_RE = re.compile(r"^(ex\d\d)_\w+\.py$")
@@ -32,13 +34,18 @@ def grader_modules() -> list[tuple[str, Path]]:
 
 
 def _load(path: Path):
+    """A grader module, its ``assert`` statements rewritten as pytest rewrites a test file's, so that a
+    failing ``assert got == want`` reports both values (the student sees what was wrong)."""
     name = f"minillm_graders_{path.stem}"
     if name in sys.modules:
         return sys.modules[name]
+    source = path.read_bytes()
+    tree = ast.parse(source, filename=str(path))
+    rewrite_asserts(tree, source, str(path))
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    exec(compile(tree, str(path), "exec", dont_inherit=True), mod.__dict__)
     return mod
 
 

@@ -82,5 +82,23 @@ def test_a_failure_shows_the_students_lines_only(tmp_path):
     assert f"{d}/ex01_batching.py:{crash_line} in max_batch_size" in proc.stdout
     assert "ZeroDivisionError" in proc.stdout
     assert "kv_cache_bytes" in proc.stdout and "expected" in proc.stdout, "a wrong answer shows the grader's message"
+    empty = [ln for ln in graded if LINE.match(ln).group(1) == "FAIL" and ln.rstrip().endswith("()")]
+    assert not empty, f"failures reported without a message: {empty}"
     for noise in ("tests/graders", "minillm/", "Traceback", "____", "site-packages"):
         assert noise not in proc.stdout, f"{noise!r} in the report:\n{proc.stdout}"
+
+
+def test_a_bare_assert_in_a_grader_shows_both_values(tmp_path):
+    """Graders are loaded with pytest's assert rewriting: a grader's plain ``assert got == want`` tells the
+    student what their code returned and what was expected (here: int8 rounding halves up, not to even)."""
+    d = tmp_path / "mine"
+    d.mkdir()
+    src = (ROOT / "solutions" / "ex08_kv_quant.py").read_text()
+    assert "        return torch.round(y).to(torch.int8)\n" in src, "solutions/ex08 changed shape: update this test"
+    (d / "ex08_kv_quant.py").write_text(src.replace("        return torch.round(y).to(torch.int8)\n",
+                                                    "        return torch.floor(y + 0.5).to(torch.int8)\n"))
+    proc = _grade_with_pytest(d, "08")
+    out = proc.stdout.rstrip("\n").split("\n")
+    i = next(i for i, ln in enumerate(out) if LINE.match(ln) and "quantize_block_by_hand" in ln)
+    assert LINE.match(out[i]).group(1) == "FAIL", proc.stdout[-3000:]
+    assert "assert [[[1, -127]" in out[i + 1] and "== [[[0, -127]" in out[i + 1], proc.stdout[-3000:]
