@@ -15,7 +15,7 @@ from .config import EngineConfig
 from .engine import LLMEngine
 from .llm import LLM
 from .outputs import RequestOutput
-from .request import Request, RequestMetrics, RequestStatus
+from .core.request import Request, RequestMetrics, RequestStatus
 from .sampling_params import SamplingParams
 from .step_record import StepRecord
 

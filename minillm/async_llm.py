@@ -32,8 +32,8 @@ from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 from .config import EngineConfig
 from .detokenizer import next_output_text, stop_buffer_length
 from .engine import LLMEngine
-from .parallel_sampling import completion_id
-from .request import RequestMetrics
+from .core.parallel_sampling import completion_id
+from .core.request import RequestMetrics
 from .sampling_params import SamplingParams
 from .step_record import StepRecord
 

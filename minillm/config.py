@@ -41,7 +41,7 @@ class EngineConfig:
                                           # in here; torch backend only); None = kernels.kv_quant
     watermark: float = 0.0                # fraction of blocks admission keeps free ("headroom")
     kv_manager: Optional[Callable] = None  # factory(config, num_blocks) -> a KV manager (the exercises'
-                                          # allocators plug in here); None = minillm.kv_cache.make_kv_manager
+                                          # allocators plug in here); None = minillm.core.kv_cache.make_kv_manager
 
     # --- the batch of one step ---------------------------------------------------
     max_num_seqs: int = 64                # most requests in one step's batch
@@ -68,7 +68,7 @@ class EngineConfig:
     attention_backend: str = "torch"      # "torch" | "triton" | "auto" (triton on CUDA, torch on CPU)
     seed: int = 0                         # seeds the random model and default sampling
     tensor_parallel_size: int = 1         # ranks (processes) that split every layer's heads and MLP
-                                          # (Megatron style, minillm/tp_executor.py); 1 = one device
+                                          # (Megatron style, minillm/worker/tp_executor.py); 1 = one device
 
     # --- time --------------------------------------------------------------------------
     clock: str = "wall"                   # "wall" (measured) | "modeled" (cost model)
@@ -78,7 +78,7 @@ class EngineConfig:
     speculative_model: Optional[str] = None   # checkpoint dir | "default-draft" | "ngram" | None
     num_speculative_tokens: int = 0           # k tokens proposed per step
     acceptance_rule: Optional[Callable] = None  # verify(logits, draft, q, params, sampler, request_id)
-                                              # -> accepted tokens; None = minillm.acceptance.verify
+                                              # -> accepted tokens; None = minillm.spec.acceptance.verify
 
     # --- the random model used when model="random" ----------------------------------------
     random_model: dict = field(default_factory=dict)  # overrides for the tiny random Llama
@@ -138,7 +138,7 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.executor != "model":
             _fail("tensor_parallel_size", self.tensor_parallel_size,
                   "runs the real model on that many processes (executor='model'); the simulator "
-                  "models tensor parallelism through its cost model (minillm.simulated.tensor_parallel)")
+                  "models tensor parallelism through its cost model (minillm.sim.simulated.tensor_parallel)")
         if self.speculative_model is not None and self.num_speculative_tokens < 1:
             _fail("num_speculative_tokens", self.num_speculative_tokens,
                   "must be >= 1 when speculative_model is set")
@@ -147,14 +147,14 @@ class EngineConfig:
         """The fields that take a name or an object: policy, cost_model, speculative_model, random_model, and
         the component factories kv_manager and acceptance_rule."""
         if isinstance(self.policy, str):
-            from .policies import POLICIES
+            from .core.policies import POLICIES
             if self.policy.lower() not in POLICIES:
                 _fail("policy", self.policy, f"must be one of {sorted(POLICIES)} or a Policy object")
         elif self.policy is None or isinstance(self.policy, (numbers.Number, bytes, list, tuple, dict)):
             _fail("policy", self.policy, "must be a policy name or a Policy object")
         cm = self.cost_model
         if cm is not None:
-            from .costmodel import HARDWARE, CostModel, HardwareSpec
+            from .sim.costmodel import HARDWARE, CostModel, HardwareSpec
             if isinstance(cm, str):
                 if not any(k.lower() == cm.lower() for k in HARDWARE):
                     _fail("cost_model", cm, f"unknown hardware preset; choose one of {sorted(HARDWARE)}, "

@@ -18,18 +18,18 @@ from typing import Optional, Union
 
 import torch
 
-from .clock import PhaseTimes, make_clock
+from .sim.clock import PhaseTimes, make_clock
 from .checks import as_int, as_real
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
-from .kv_cache import make_kv_manager
+from .core.kv_cache import make_kv_manager
 from .model.loader import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR
 from .outputs import CompletionOutput, RequestOutput
-from .parallel_sampling import ParentRequest, completion_id
-from .policies import make_policy
-from .request import Request
+from .core.parallel_sampling import ParentRequest, completion_id
+from .core.policies import make_policy
+from .core.request import Request
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput
+from .core.scheduler import Scheduler, SchedulerOutput
 from .step_record import StepRecord
 
 
@@ -81,7 +81,7 @@ class LLMEngine:
         self.executor = self._make_executor(num_blocks)
         self.speculator = None                      # speculative decoding: proposes before each step
         if config.speculative_model is not None:
-            from .speculative import make_speculator
+            from .spec.speculative import make_speculator
             self.speculator = make_speculator(self)
             self.executor.set_proposer(self.speculator.proposer)
 
@@ -103,12 +103,12 @@ class LLMEngine:
     def _load_model(self, dtype_name: str):
         """(model, hf_config, model_spec): the weights on this process, or only the shape (the simulator;
         tensor parallelism, whose weights live in the ranks' processes)."""
-        from .costmodel import ModelSpec
+        from .sim.costmodel import ModelSpec
         config = self.config
         if config.executor == "simulated":
             return (None, *self._simulated_shape(self.model_path, config))
         if config.tensor_parallel_size > 1:
-            from .tp_executor import model_config
+            from .worker.tp_executor import model_config
             hf_config = model_config(self.model_path, config)
             return None, hf_config, ModelSpec.from_hf_config(hf_config)
         from .model.loader import load_model
@@ -130,13 +130,13 @@ class LLMEngine:
         """Who runs a step: the model on this process, N rank processes, or the simulator."""
         config = self.config
         if config.executor == "simulated":
-            from .sim_executor import SimulatedExecutor
+            from .sim.sim_executor import SimulatedExecutor
             return SimulatedExecutor(config, self.kv, self._bytes_per_block())
         if config.tensor_parallel_size > 1:
-            from .tp_executor import TPExecutor   # N rank processes, each with a shard of the model
+            from .worker.tp_executor import TPExecutor   # N rank processes, each with a shard of the model
             return TPExecutor(config, self.model_path, self.hf_config, self.kv, num_blocks, self.device,
                               self.dtype)
-        from .model_runner import ModelRunner
+        from .worker.model_runner import ModelRunner
         return ModelRunner(config, self.model, self.hf_config, self.kv, num_blocks, self.device, self.dtype)
 
     @staticmethod
@@ -157,7 +157,7 @@ class LLMEngine:
         """The simulator needs only the model's shape: a preset of ``costmodel.MODELS``
         (``model="llama-2-70b"``), the tiny random Llama, or a checkpoint's config.json."""
         from types import SimpleNamespace
-        from .costmodel import MODELS, ModelSpec
+        from .sim.costmodel import MODELS, ModelSpec
         if path in MODELS and not os.path.isdir(path):
             m = MODELS[path]
             shape = SimpleNamespace(num_hidden_layers=m.num_layers, hidden_size=m.hidden_size,
@@ -185,7 +185,7 @@ class LLMEngine:
         cfg = self.config
         if cfg.cost_model is None and cfg.clock != "modeled" and cfg.preemption_mode != "auto":
             return None
-        from .costmodel import get_cost_model
+        from .sim.costmodel import get_cost_model
         spec = cfg.cost_model if cfg.cost_model is not None else "H100-SXM"
         return get_cost_model(spec, self.model_spec, kv_cache_dtype=cfg.kv_cache_dtype)
 
@@ -204,10 +204,10 @@ class LLMEngine:
             blocks = cm.kv_capacity_tokens() // cfg.block_size
             if blocks < 1:
                 raise ValueError(f"cost_model={cm.name}: the weights leave no memory for a KV cache; "
-                                 "model more GPUs, e.g. RooflineCostModel(minillm.simulated."
+                                 "model more GPUs, e.g. RooflineCostModel(minillm.sim.simulated."
                                  "tensor_parallel('H100-SXM', 4), ...), or set num_kv_blocks")
             return blocks
-        from .speculative import draft_kv_bytes_per_block   # a draft's KV shares each block
+        from .spec.speculative import draft_kv_bytes_per_block   # a draft's KV shares each block
         per_block = self._bytes_per_block() + (draft_kv_bytes_per_block(cfg, self.dtype)
                                                if cfg.executor == "model" else 0)
         by_memory = int(cfg.kv_cache_memory_gb * 2**30) // per_block
@@ -227,7 +227,7 @@ class LLMEngine:
         host = (num_blocks + cfg.num_swap_blocks) * self.BOOKKEEPING_BYTES_PER_BLOCK
         device = 0
         if cfg.executor == "model":
-            from .speculative import draft_kv_bytes_per_block
+            from .spec.speculative import draft_kv_bytes_per_block
             per_block = self._bytes_per_block() + draft_kv_bytes_per_block(cfg, self.dtype)
             device = num_blocks * per_block
             host += cfg.num_swap_blocks * self._bytes_per_block()
@@ -419,7 +419,7 @@ class LLMEngine:
         req.metrics.clock = self.clock.name
         if parent is not None:
             # Parallel sampling: the group enters as its first sequence; it forks the others
-            # once the prompt is computed (see minillm/parallel_sampling.py).
+            # once the prompt is computed (see minillm/core/parallel_sampling.py).
             req.parent = parent
             parent.members.append(req)
             self.parents[request_id] = parent

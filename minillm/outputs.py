@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .request import RequestMetrics
+from .core.request import RequestMetrics
 
 
 @dataclass

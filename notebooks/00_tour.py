@@ -41,8 +41,9 @@ DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's 
 
 import plotly.graph_objects as go
 
-from minillm import LLM, SamplingParams, workloads
-from minillm.widgets import Stepper
+from minillm import LLM, SamplingParams
+from minillm.analysis import workloads
+from minillm.viz import Stepper
 
 # %% [markdown]
 # ## 1. Generate text
@@ -212,7 +213,7 @@ print(f"{len(pieces)} streamed chunks: {''.join(pieces)!r}")
 
 # %%
 from minillm.bench import serve as load_generator
-from minillm.widgets import EngineMonitor
+from minillm.viz import EngineMonitor
 
 monitor = EngineMonitor(server.llm.engine, read=server.engine_call, title="the server's engine, as the burst arrives")
 monitor

@@ -37,15 +37,19 @@ GPU = DEVICE == "cuda"
 import numpy as np
 import plotly.graph_objects as go
 
-from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
+from minillm import LLM, SamplingParams, impl
+from minillm.viz import figures
+from minillm.analysis import metrics, workloads
 from minillm.bench import decode_timing
-from minillm.widgets import Stepper
+from minillm.viz import Stepper
 
 # %%
 from dataclasses import replace
 
-from minillm.costmodel import (HARDWARE, MODELS, ConstantStepTime, RooflineCostModel, bytes_per_generated_token,
-                               decode_step_time_vs_batch, kv_cache_bytes, max_batch_size)
+from minillm.sim.costmodel import (
+    HARDWARE, MODELS, ConstantStepTime, RooflineCostModel, bytes_per_generated_token, decode_step_time_vs_batch,
+    kv_cache_bytes, max_batch_size,
+)
 
 ex = impl.load("ex01_batching")   # your exercises/ex01_batching.py (MINILLM_IMPL=solutions: the answers);
                                   # re-run this cell after editing the file: impl.load reads it again

@@ -41,8 +41,10 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
-from minillm.widgets import LockstepStepper
+from minillm import LLM, SamplingParams, impl
+from minillm.viz import figures
+from minillm.analysis import metrics, workloads
+from minillm.viz import LockstepStepper
 
 # %%
 

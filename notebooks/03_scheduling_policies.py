@@ -42,7 +42,7 @@
 # 9. exercises: SJF with aging, MLFQ and fair queuing, written as policies and run inside the engine;
 #    the arithmetic of sections 6 to 8.
 #
-# A policy is an object the scheduler asks every step (`minillm/policies.py`): in what order to
+# A policy is an object the scheduler asks every step (`minillm/core/policies.py`): in what order to
 # consider the waiting requests (`order_waiting`), and, for the preemptive ones, whom to push out
 # (`preempt_for`, `pick_victim`). Built-in ones have names (`LLM(policy="fcfs")`); yours plugs in the
 # same way (`LLM(policy=MyPolicy())`).
@@ -54,19 +54,21 @@ DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's 
 import numpy as np
 import plotly.graph_objects as go
 
-from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
-from minillm.widgets import LockstepStepper
+from minillm import LLM, SamplingParams, impl
+from minillm.viz import figures
+from minillm.analysis import metrics, workloads
+from minillm.viz import LockstepStepper
 
 # %%
 from types import SimpleNamespace
 
 from plotly.subplots import make_subplots
 
-from minillm.costmodel import ConstantStepTime
-from minillm.policies import MLFQ, SJF, Fair, Priority, PromptPredictor
+from minillm.sim.costmodel import ConstantStepTime
+from minillm.core.policies import MLFQ, SJF, Fair, Priority, PromptPredictor
 from minillm.bench.sched_overhead import time_pass
-from minillm.simulated import simulate
-from minillm.workloads import LogNormal, TraceRequest, Uniform
+from minillm.sim.simulated import simulate
+from minillm.analysis.workloads import LogNormal, TraceRequest, Uniform
 
 ex = impl.load("ex03_policies")    # your exercises/ex03_policies.py (MINILLM_IMPL=solutions: the answers);
                                    # re-run this cell after editing the file: impl.load reads it again
@@ -234,7 +236,7 @@ figures.latency_cdf_figure(pred_runs, metrics=("e2e_latency",), unit="s", title=
 # needs only data: serve many prompts, record how long each answer ran, fit. Here the shipped model
 # continues 200 passages of its held-out play (128 tokens each, cut at evenly spaced points, sampled at
 # temperature 0.8) until the speech ends (a blank line) or 64 tokens. `RegressionPredictor`
-# (`minillm/learned_predictor.py`, a ridge regression of the log length) is fitted on half of them, once
+# (`minillm/analysis/learned_predictor.py`, a ridge regression of the log length) is fitted on half of them, once
 # on the prompt length alone and once on `TokenFeatures` (how far the current speech has gone, whether a
 # new one starts, the last few tokens). The other half arrive at once on 4 slots, as in the first
 # example above, and SJF orders them by each predictor, against FCFS and the true lengths. (Learned
@@ -242,8 +244,10 @@ figures.latency_cdf_figure(pred_runs, metrics=("e2e_latency",), unit="s", title=
 # al., NeurIPS 2024.)
 
 # %%
-from minillm.learned_predictor import (RegressionPredictor, TokenFeatures, evenly_spaced_prompts, generated_lengths,
-                                       prompt_length_features, rank_correlation)
+from minillm.analysis.learned_predictor import (
+    RegressionPredictor, TokenFeatures, evenly_spaced_prompts, generated_lengths, prompt_length_features,
+    rank_correlation,
+)
 from minillm.engine import DEFAULT_MODEL_DIR
 
 shipped = LLM(device=DEVICE, dtype="auto", max_num_seqs=64, max_model_len=512, record="summary")
@@ -636,7 +640,7 @@ for rate in (16, 20):
 # budget (the engine refuses, and says why).
 
 # %%
-from minillm.widgets.whatif import WhatIf
+from minillm.viz.whatif import WhatIf
 
 whatif = WhatIf(**SLO)
 assert whatif.summary["num_finished"] == 2000
@@ -782,7 +786,7 @@ with impl.attempt("ex03.schedule_every_tradeoff"):
 # **Exercise 6, `goodput`**: goodput under SLOs, with load shedding (section 8). From each request's
 # arrival and token times, the requests per second served within both SLOs, and their share of all
 # requests (a request turned away counts as a failure). Below, yours on section 8's traffic at 20
-# requests per second, without and with the queue cap, next to `minillm.metrics`:
+# requests per second, without and with the queue cap, next to `minillm.analysis.metrics`:
 
 # %% [markdown]
 # <details><summary>Hint 1</summary>
@@ -802,7 +806,7 @@ with impl.attempt("ex03.goodput"):
         eng, s = simulate(chat_trace(20), model="llama-2-70b", records=False, max_num_seqs=64, max_queue_len=cap, **SLO)
         g = ex.goodput([(r.metrics.arrival_time, list(r.metrics.token_times)) for r in eng.requests.values()], **SLO)
         print(f"20 req/s, queue cap {str(cap):>4}: your goodput {g['goodput']:5.2f} req/s, {g['attainment']:.0%} "
-              f"meet the SLOs | minillm.metrics: {s['goodput_requests_per_s']:5.2f} req/s, {s['slo_attainment']:.0%}")
+              f"meet the SLOs | minillm.analysis.metrics: {s['goodput_requests_per_s']:5.2f} req/s, {s['slo_attainment']:.0%}")
 
 # %% [markdown]
 # ### Grading

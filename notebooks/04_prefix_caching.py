@@ -43,12 +43,14 @@ DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's 
 import numpy as np
 import plotly.graph_objects as go
 
-from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
-from minillm.widgets import Stepper
+from minillm import LLM, SamplingParams, impl
+from minillm.viz import figures
+from minillm.analysis import metrics, workloads
+from minillm.viz import Stepper
 
 # %%
-from minillm.block_pool import hash_block
-from minillm.workloads import LogNormal
+from minillm.core.block_pool import hash_block
+from minillm.analysis.workloads import LogNormal
 
 ex = impl.load("ex04_prefix_cache")   # your exercises/ex04_prefix_cache.py (MINILLM_IMPL=solutions: the answers);
                                       # re-run this cell after editing the file: impl.load reads it again

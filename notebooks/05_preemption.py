@@ -44,17 +44,19 @@ DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's 
 import numpy as np
 import plotly.graph_objects as go
 
-from minillm import LLM, SamplingParams, figures, impl, metrics, workloads
-from minillm.widgets import LockstepStepper
+from minillm import LLM, SamplingParams, impl
+from minillm.viz import figures
+from minillm.analysis import metrics, workloads
+from minillm.viz import LockstepStepper
 
 # %%
 from dataclasses import replace
 
 from plotly.subplots import make_subplots
 
-from minillm.costmodel import HARDWARE, RooflineCostModel, swap_or_recompute
-from minillm.policies import Priority
-from minillm.workloads import TraceRequest, Uniform
+from minillm.sim.costmodel import HARDWARE, RooflineCostModel, swap_or_recompute
+from minillm.core.policies import Priority
+from minillm.analysis.workloads import TraceRequest, Uniform
 
 ex = impl.load("ex05_preemption")    # your exercises/ex05_preemption.py (MINILLM_IMPL=solutions: the answers);
                                      # re-run this cell after editing the file: impl.load reads it again

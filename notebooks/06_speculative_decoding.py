@@ -34,7 +34,7 @@
 # In minillm one step of a decoding request with speculation is: the proposer guesses up to k tokens;
 # the scheduler grants the request 1 + k new tokens (they count against the execution-token budget);
 # one target forward scores all of them; the engine keeps the accepted guesses plus one token of the
-# target's own, and rolls the KV of the rejected guesses back (`minillm/speculative.py`).
+# target's own, and rolls the KV of the rejected guesses back (`minillm/spec/speculative.py`).
 
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
@@ -45,12 +45,13 @@ import plotly.graph_objects as go
 import torch
 
 from minillm import LLM, SamplingParams, impl
-from minillm.widgets import Stepper
+from minillm.viz import Stepper
 
 # %%
-from minillm.costmodel import ModelSpec, RooflineCostModel
-from minillm.speculative import (alpha_from_tokens_per_step, expected_speedup, expected_tokens_per_step,
-                                 modeled_speedup, spec_stats)
+from minillm.sim.costmodel import ModelSpec, RooflineCostModel
+from minillm.spec.speculative import (
+    alpha_from_tokens_per_step, expected_speedup, expected_tokens_per_step, modeled_speedup, spec_stats,
+)
 
 ex = impl.load("ex06_speculative")   # your exercises/ex06_speculative.py (MINILLM_IMPL=solutions: the answer);
                                      # re-run this cell after editing the file: impl.load reads it again

@@ -30,16 +30,18 @@
 # Part 1 runs for real: two CPU processes split the random model's layers over `torch.distributed`.
 # Parts 2 and 3 are simulated: every instance is an `LLMEngine` with `executor="simulated"` and
 # `clock="modeled"` (the engine's own scheduler and paged KV, a roofline clock), and
-# `minillm/cluster.py` only decides which instance gets a request, and when.
+# `minillm/sim/cluster.py` only decides which instance gets a request, and when.
 
 # %%
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from minillm import LLM, SamplingParams, cluster, impl, metrics
-from minillm.costmodel import LINKS, MODELS
-from minillm.simulated import tp_step_times
-from minillm.workloads import LogNormal, synthetic_trace
+from minillm import LLM, SamplingParams, impl
+from minillm.sim import cluster
+from minillm.analysis import metrics
+from minillm.sim.costmodel import LINKS, MODELS
+from minillm.sim.simulated import tp_step_times
+from minillm.analysis.workloads import LogNormal, synthetic_trace
 
 ex = impl.load("ex07_router")   # your exercises/ex07_router.py (MINILLM_IMPL=solutions: the answer);
                                 # re-run this cell after editing the file: impl.load reads it again
@@ -59,7 +61,7 @@ ex = impl.load("ex07_router")   # your exercises/ex07_router.py (MINILLM_IMPL=so
 #
 # So: **two all-reduces per layer**, each of the activations (`tokens x hidden x dtype bytes`). The
 # scheduler and the block tables stay in the driver process; one step is one broadcast of the
-# scheduler's decision and one forward on every rank (`minillm/tp_executor.py`,
+# scheduler's decision and one forward on every rank (`minillm/worker/tp_executor.py`,
 # `minillm/model/parallel.py`). Below: the random model on 2 CPU ranks (gloo), float32, greedy.
 
 # %%

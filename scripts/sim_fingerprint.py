@@ -13,9 +13,9 @@ import dataclasses
 import pickle
 import sys
 
-from minillm.costmodel import ConstantStepTime
-from minillm.simulated import simulate
-from minillm.workloads import LogNormal, shared_prefix_trace, synthetic_trace
+from minillm.sim.costmodel import ConstantStepTime
+from minillm.sim.simulated import simulate
+from minillm.analysis.workloads import LogNormal, shared_prefix_trace, synthetic_trace
 
 
 def _trace(n=400, rate=40.0, seed=3):

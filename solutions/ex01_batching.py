@@ -10,7 +10,7 @@ answer must honour, and one worked example. How to get there is yours to work ou
 
 The graders hold your answers against the engine itself: the cost model's numbers, and what
 the real scheduler does on the same requests. They also use made-up models and hardware, and
-switch ``minillm.costmodel``'s own formulas off: calling them is not an answer.
+switch ``minillm.sim.costmodel``'s own formulas off: calling them is not an answer.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from typing import Sequence
 
-from minillm.costmodel import HardwareSpec, ModelSpec
+from minillm.sim.costmodel import HardwareSpec, ModelSpec
 
 __all__ = ["kv_cache_bytes", "max_batch_size", "decode_step_time", "completion_times", "plan_step"]
 
@@ -39,7 +39,7 @@ def kv_cache_bytes(model: ModelSpec, num_tokens: int, batch: int = 1) -> int:
     ``head_dim`` elements per *KV* head. Under grouped-query attention several query heads
     share a KV head and only the KV heads are stored (Llama-2-70B: 64 query heads, 8 KV heads).
 
-    >>> from minillm.costmodel import MODELS
+    >>> from minillm.sim.costmodel import MODELS
     >>> kv_cache_bytes(MODELS["llama-2-7b"], 4096)      # 32 layers, 32 KV heads of 128, bf16
     2147483648
     """
@@ -68,7 +68,7 @@ def max_batch_size(hardware: HardwareSpec, model: ModelSpec, max_len: int,
     requests count, each with all ``max_len`` of its positions (round down, never up); 0 when
     the weights alone do not fit, never a negative number.
 
-    >>> from minillm.costmodel import HARDWARE, MODELS
+    >>> from minillm.sim.costmodel import HARDWARE, MODELS
     >>> max_batch_size(HARDWARE["H100-SXM"], MODELS["llama-2-7b"], 2048)   # 72 GB usable, 13.5 GB of weights
     54
     """
@@ -107,7 +107,7 @@ def decode_step_time(model: ModelSpec, hardware: HardwareSpec, batch: int, conte
     At small batches the weight read dominates and does not grow with the batch: that is why
     batching decode is nearly free.
 
-    >>> from minillm.costmodel import HARDWARE, MODELS
+    >>> from minillm.sim.costmodel import HARDWARE, MODELS
     >>> round(decode_step_time(MODELS["llama-2-7b"], HARDWARE["H100-SXM"], 1, 512) * 1e3, 3)   # ms
     5.429
     """

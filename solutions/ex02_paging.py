@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Optional, Sequence
 
-from minillm.block_pool import Block
-from minillm.kv_cache import PagedKVCacheManager, ReservedKVCacheManager
+from minillm.core.block_pool import Block
+from minillm.core.kv_cache import PagedKVCacheManager, ReservedKVCacheManager
 
 __all__ = ["blocks_needed", "partial_block_waste", "BlockAllocator", "FirstFitAllocator",
            "YourPagedKVCacheManager", "YourReservedKVCacheManager", "paged_engine", "reserved_engine"]

@@ -1,7 +1,7 @@
 """Exercises of notebook 03, "Scheduling policies": three policies, written against the engine's
 policy interface and run inside the real scheduler.
 
-A policy answers the scheduler's questions every step (``minillm/policies.py``):
+A policy answers the scheduler's questions every step (``minillm/core/policies.py``):
 
 * ``order_waiting(waiting, now)``: in what order are waiting requests considered for admission?
 * ``pick_victim(candidates, now)``: a running request needs a KV block and none is free: who
@@ -24,7 +24,7 @@ notebook 03's exercise cells have optional hints. Check your work with
 
     make grade EX=03            # or: MINILLM_IMPL=exercises pytest -m ex03 tests/test_exercises.py
 
-The graders run your policy and the engine's own (``minillm.policies``) on the same traces and
+The graders run your policy and the engine's own (``minillm.core.policies``) on the same traces and
 compare every request's schedule, and check the bounds each policy promises (no starvation).
 
 The notebook's later sections have exercises of arithmetic, held against hand-worked numbers and
@@ -42,8 +42,8 @@ import heapq
 from collections import defaultdict
 from typing import Any, Optional, Sequence, Union
 
-from minillm.policies import LengthPredictor, Policy, make_predictor
-from minillm.request import Request
+from minillm.core.policies import LengthPredictor, Policy, make_predictor
+from minillm.core.request import Request
 
 __all__ = ["SJFWithAging", "MLFQPolicy", "FairPolicy", "chunk_sizes", "worst_decode_stall", "schedule_every_tradeoff",
            "goodput"]
@@ -58,7 +58,7 @@ class SJFWithAging(Policy):
 
     SJF gives the smallest mean completion time when all job lengths are known, but long
     requests can starve, and the length must be *predicted*. ``predictor``
-    is a name of ``minillm.policies`` ("oracle": the true length, only a simulation knows it;
+    is a name of ``minillm.core.policies`` ("oracle": the true length, only a simulation knows it;
     "history": the mean of finished requests of the same tenant; "prompt": hints in the text)
     or a ``LengthPredictor``. Aging forgives a waiting request ``aging`` predicted tokens for
     every second it has waited, so its rank improves until it is served.
@@ -272,7 +272,7 @@ class FairPolicy(Policy):
     ``output_weight`` per token generated (generating costs more: it takes a step per token).
     The tenant that has received the least is served next; inside a tenant, first come first
     served. This is the virtual token counter (VTC) of Sheng et al., OSDI 2024, without its
-    refinements (the engine's ``minillm.policies.Fair`` adds tenant weights, and lifts a tenant
+    refinements (the engine's ``minillm.core.policies.Fair`` adds tenant weights, and lifts a tenant
     returning from idleness to the others' level so idle time is not banked as credit).
     """
     name = "fair-yours"

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
-from minillm.block_pool import Block, BlockPool
-from minillm.kv_cache import PagedKVCacheManager
+from minillm.core.block_pool import Block, BlockPool
+from minillm.core.kv_cache import PagedKVCacheManager
 
 __all__ = ["hash_block", "block_hashes", "longest_prefix_match", "EvictingBlockPool", "tokens_reused_after_edit",
            "YourPrefixCachingKVCacheManager", "prefix_engine"]
@@ -111,7 +111,7 @@ def longest_prefix_match(token_ids: Sequence[int], block_size: int, cached: Mapp
 # =====================================================================================
 
 class EvictingBlockPool(BlockPool):
-    """minillm's block pool (``minillm.block_pool.BlockPool``) with its four moving parts written
+    """minillm's block pool (``minillm.core.block_pool.BlockPool``) with its four moving parts written
     by you. What you inherit:
 
     * ``self.blocks``: every ``Block`` (``block_id``, ``ref_count``, and for a cached block its

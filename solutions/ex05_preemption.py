@@ -15,7 +15,7 @@ S_prefill (notebook 05, section 2).
 
 The policies plug in like any other (``LLM(policy=ex.LeastProgressVictim())``). Each docstring
 states the contract; notebook 05's exercise cells have optional hints. The rule is graded with
-``minillm.costmodel``'s own version switched off: write it, do not call it. Check your work with
+``minillm.sim.costmodel``'s own version switched off: write it, do not call it. Check your work with
 
     make grade EX=05            # or: MINILLM_IMPL=exercises pytest -m ex05 tests/test_exercises.py
 """
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from minillm.costmodel import RooflineCostModel
-from minillm.policies import Policy
-from minillm.request import Request
+from minillm.sim.costmodel import RooflineCostModel
+from minillm.core.policies import Policy
+from minillm.core.request import Request
 
 __all__ = ["swap_time", "recompute_time", "swap_or_recompute", "YourCostModel", "LeastProgressVictim",
            "PriorityPreemption", "headroom_blocks"]

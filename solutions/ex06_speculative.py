@@ -160,7 +160,7 @@ def speculative_speedup(alpha: float, k: int, draft_cost_ratio: float) -> float:
 
 def verify(logits: torch.Tensor, draft: Sequence[int], draft_probs: Optional[torch.Tensor], params,
            sampler, request_id: str, target_probs: Optional[torch.Tensor] = None) -> list[int]:
-    """The engine's ``minillm.acceptance.verify``, calling your two functions: greedy requests
+    """The engine's ``minillm.spec.acceptance.verify``, calling your two functions: greedy requests
     compare with the target's argmax, sampled ones get p (temperature, top-k, top-p applied)."""
     k = len(draft)
     if params.greedy:
@@ -174,7 +174,7 @@ def speculative_engine(model: str = "random", **config):
     """An ``LLM`` (with ``speculative_model=...`` and ``num_speculative_tokens=...`` among the
     ``config``) whose verification steps accept and reject with your rule.
 
-    The runner applies ``EngineConfig.acceptance_rule`` (``minillm.acceptance.verify`` by default)
+    The runner applies ``EngineConfig.acceptance_rule`` (``minillm.spec.acceptance.verify`` by default)
     to each verifying request; this engine's is yours.
     """
     from minillm import LLM

@@ -13,8 +13,8 @@ prefix cannot bury one replica.
   prompt's KV from a prefill GPU to a decode GPU; how long that takes, and the longest prompt
   whose KV crosses within a time budget (the break-even of the transfer against, say, a TPOT).
 
-``ExerciseRouter`` (given, at the bottom) is a ``minillm.cluster.Router`` that routes with *your*
-functions, so ``minillm.cluster.run_replicas(trace, ExerciseRouter(), 4)`` runs them at scale.
+``ExerciseRouter`` (given, at the bottom) is a ``minillm.sim.cluster.Router`` that routes with *your*
+functions, so ``minillm.sim.cluster.run_replicas(trace, ExerciseRouter(), 4)`` runs them at scale.
 Each docstring states the contract; notebook 07's exercise cell has optional hints. Check your
 work with
 
@@ -27,7 +27,7 @@ import bisect
 import math
 from typing import Sequence
 
-from minillm.cluster import Router, ring_points, stable_hash
+from minillm.sim.cluster import Router, ring_points, stable_hash
 
 __all__ = ["prefix_key", "route_on_ring", "kv_transfer_time", "max_prompt_for_transfer", "ExerciseRouter"]
 
@@ -37,7 +37,7 @@ __all__ = ["prefix_key", "route_on_ring", "kv_transfer_time", "max_prompt_for_tr
 # =====================================================================================
 
 def prefix_key(prompt_token_ids: Sequence[int], block_size: int = 16, prefix_blocks: int = 4) -> int:
-    """``stable_hash`` (given, from ``minillm.cluster``) of the prompt's first ``prefix_blocks``
+    """``stable_hash`` (given, from ``minillm.sim.cluster``) of the prompt's first ``prefix_blocks``
     *full* KV blocks of ``block_size`` tokens, as a list of token ids.
 
     A prompt with fewer full blocks uses the full blocks it has (a trailing partial block is
@@ -128,7 +128,7 @@ def max_prompt_for_transfer(budget: float, kv_bytes_per_token: int, bandwidth: f
 
 
 # =====================================================================================
-# Given: your functions as a router of minillm.cluster
+# Given: your functions as a router of minillm.sim.cluster
 # =====================================================================================
 
 class ExerciseRouter(Router):

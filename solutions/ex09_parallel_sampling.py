@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Callable, MutableMapping, Optional
 
-from minillm.kv_cache import PagedKVCacheManager
+from minillm.core.kv_cache import PagedKVCacheManager
 
 __all__ = ["fork", "block_to_write", "copy_on_write", "CopyOnWriteKVCacheManager", "cow_kv_manager"]
 

@@ -12,8 +12,8 @@ import random
 from dataclasses import dataclass, field
 
 from minillm import LLM, SamplingParams
-from minillm.invariants import check_all_free, check_invariants
-from minillm.policies import make_policy
+from minillm.core.invariants import check_all_free, check_invariants
+from minillm.core.policies import make_policy
 
 MODEL = dict(model="random", max_model_len=96)
 POLICIES = ("fcfs", "sjf", "priority", "mlfq", "fair")

@@ -48,7 +48,7 @@ def random_prompts(n: int, vocab: int, seed: int = 0, lo: int = 1, hi: int = 20)
 def drive_through_faults(eng, fault: type = Exception, max_steps: int = 3000) -> int:
     """Step ``eng`` to the end; each ``fault`` a step raises is caught, the invariants must hold after it,
     and the next step carries on. Every block is free at the end. Returns the number of faults."""
-    from minillm.invariants import check_all_free, check_invariants
+    from minillm.core.invariants import check_all_free, check_invariants
     faults = steps = 0
     while eng.has_unfinished_requests():
         assert steps < max_steps, "the run does not end"

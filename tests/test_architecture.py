@@ -44,7 +44,7 @@ def imported_modules(name: str, path: Path, known: dict[str, Path]) -> set[str]:
             targets += [module] + [f"{module}.{a.name}" for a in node.names]
     found = set()
     for t in targets:
-        while t and t not in known:          # "minillm.scheduler.Scheduler" -> "minillm.scheduler"
+        while t and t not in known:          # "minillm.core.scheduler.Scheduler" -> "minillm.core.scheduler"
             t = t.rpartition(".")[0]
         if t and t != name and not name.startswith(t + "."):
             found.add(t)
@@ -95,10 +95,10 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_import_graph_is_read_from_the_source():
     graph = import_graph()
-    assert "minillm.scheduler" in graph["minillm.engine"]
+    assert "minillm.core.scheduler" in graph["minillm.engine"]
     assert "minillm.model.llama" in graph["minillm.model.loader"]          # relative: from .llama import ...
     assert "minillm.model.loader" in graph["minillm.engine"]              # from .model.loader import ...
-    assert "kernels" in graph["minillm.model_runner"]                      # inside a function: import kernels
+    assert "kernels" in graph["minillm.worker.model_runner"]                      # inside a function: import kernels
 
 
 def test_no_import_cycles():
@@ -155,7 +155,7 @@ def test_the_assignment_finder_finds_patching(tmp_path):
                                         (6, "engine.scheduler.watermark_blocks")]
 
 
-OUTSIDE = [p for d in ("exercises", "solutions", "notebooks", "minillm/bench", "minillm/widgets")
+OUTSIDE = [p for d in ("exercises", "solutions", "notebooks", "minillm/bench", "minillm/viz")
            for p in sorted((ROOT / d).rglob("*.py"))]
 
 
@@ -184,20 +184,26 @@ def readme_module_table() -> str:
 
 
 def test_the_readme_module_table_names_every_module():
-    """Each module of ``minillm/`` (a sub-package by its folder) and ``kernels/`` has a row in the README's
-    module table, so a reader finds where each concept lives."""
+    """Each module of ``minillm/`` and of its sub-packages (the command-line ones, ``serve/`` and ``bench/``,
+    and the model's, by their folder) and ``kernels/`` has a row in the README's module table, so a reader
+    finds where each concept lives."""
     table = readme_module_table()
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     named = " ".join(line.split("|")[1] for line in rows)
     missing = []
-    for path in sorted((ROOT / "minillm").iterdir()):
-        if path.name.startswith(("_", ".")) or path.name == "checkpoints":
+    for path in sorted((ROOT / "minillm").rglob("*.py")):
+        rel = path.relative_to(ROOT / "minillm")
+        if path.name.startswith("_") or rel.parts[0] == "checkpoints":
             continue
-        if path.is_dir():
-            if f"minillm/{path.name}/" not in named:
-                missing.append(f"minillm/{path.name}/")
-        elif path.suffix == ".py" and f"{path.name}`" not in named:
-            missing.append(f"minillm/{path.name}")
+        if rel.parts[0] in ("serve", "bench", "model"):
+            if f"minillm/{rel.parts[0]}/" not in named:
+                missing.append(f"minillm/{rel.parts[0]}/")
+            continue
+        package = "minillm/" + "".join(f"{d}/" for d in rel.parts[:-1])
+        row = next((r for r in rows if package + path.name in r or (package in r.split("|")[1] and
+                                                                   f"`{path.name}`" in r.split("|")[1])), None)
+        if row is None:
+            missing.append(str(path.relative_to(ROOT)))
     if "`kernels/`" not in named:
         missing.append("kernels/")
     assert not missing, f"modules without a row in the README's module table: {missing}"
@@ -205,8 +211,9 @@ def test_the_readme_module_table_names_every_module():
 
 # --- the reading path of one step ----------------------------------------------------------------------
 
-READING_PATH = ["minillm/request.py", "minillm/block_pool.py", "minillm/kv_cache.py", "minillm/scheduler.py",
-                "minillm/model_runner.py", "minillm/model/llama.py", "minillm/engine.py"]
+READING_PATH = ["minillm/core/request.py", "minillm/core/block_pool.py", "minillm/core/kv_cache.py",
+                "minillm/core/scheduler.py", "minillm/worker/model_runner.py", "minillm/model/llama.py",
+                "minillm/engine.py"]
 
 
 def function_lengths(path: Path) -> dict[str, int]:

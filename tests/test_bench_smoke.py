@@ -64,7 +64,7 @@ def test_throughput_repeat_reports_rounds_and_medians(tmp_path, capsys):
 def test_qwen3_shape_is_the_cost_models():
     # The GPU comparison's random checkpoint and the cost model's preset describe one model.
     from minillm.bench.throughput import QWEN3_06B
-    from minillm.costmodel import MODELS, ModelSpec
+    from minillm.sim.costmodel import MODELS, ModelSpec
     from transformers import Qwen3Config
     spec = ModelSpec.from_hf_config(Qwen3Config(**QWEN3_06B), name="x", dtype_bytes=2)
     want = MODELS["qwen3-0.6b"]

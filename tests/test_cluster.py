@@ -1,4 +1,4 @@
-"""Replicas behind a router and disaggregated prefill/decode (minillm/cluster.py), on small traces.
+"""Replicas behind a router and disaggregated prefill/decode (minillm/sim/cluster.py), on small traces.
 
 Routing decisions are checked against rings and loads worked by hand; the runs check what must
 hold whatever the timing: every request finishes with its length, a shared prefix meets its
@@ -9,12 +9,12 @@ import math
 
 import pytest
 
-from minillm.cluster import (
-    KVArrivedCostModel, LeastOutstandingTokensRouter, Load, PrefixAwareRouter, RoundRobinRouter,
-    kv_transfer_time, prefix_key, route_on_ring, run_colocated, run_disaggregated, run_replicas, stable_hash,
+from minillm.sim.cluster import (
+    KVArrivedCostModel, LeastOutstandingTokensRouter, Load, PrefixAwareRouter, RoundRobinRouter, kv_transfer_time,
+    prefix_key, route_on_ring, run_colocated, run_disaggregated, run_replicas, stable_hash,
 )
-from minillm.costmodel import RooflineCostModel
-from minillm.workloads import Fixed, shared_prefix_trace, synthetic_trace
+from minillm.sim.costmodel import RooflineCostModel
+from minillm.analysis.workloads import Fixed, shared_prefix_trace, synthetic_trace
 
 
 def test_prefix_key_reads_only_the_first_full_blocks():

@@ -9,10 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from minillm.costmodel import (
+from minillm.sim.costmodel import (
     HARDWARE, MODELS, ConstantStepTime, CostModel, RooflineCostModel, bytes_per_generated_token,
-    decode_step_time_vs_batch, get_cost_model, kv_cache_bytes, max_batch_size, swap_or_recompute,
-    ModelSpec,
+    decode_step_time_vs_batch, get_cost_model, kv_cache_bytes, max_batch_size, swap_or_recompute, ModelSpec,
 )
 
 # Llama-2-7B, counted by hand from its config.json (hidden 4096, 32 layers, MLP 11008,
@@ -269,7 +268,7 @@ def test_from_hf_config_transformers_object():
 # --- tensor parallelism's all-reduce ---------------------------------------------------------
 
 def test_allreduce_ring_bytes_and_latency_by_hand():
-    from minillm.costmodel import LINKS, LinkSpec
+    from minillm.sim.costmodel import LINKS, LinkSpec
     nv = LINKS["NVLink"]
     assert nv.bandwidth == 450e9 and LINKS["PCIe"].bandwidth == 64e9 and LINKS["InfiniBand"].bandwidth == 50e9
     # 1 MB over 4 GPUs: each sends 2 * 3/4 * 1e6 = 1.5e6 bytes; at 450 GB/s that is 3.333 us, + 10 us.
@@ -282,7 +281,7 @@ def test_allreduce_ring_bytes_and_latency_by_hand():
 
 
 def test_tp_step_adds_two_allreduces_per_layer_and_ideal_stays_available():
-    from minillm.simulated import tensor_parallel
+    from minillm.sim.simulated import tensor_parallel
     ideal = RooflineCostModel(tensor_parallel("H100-SXM", 4), "llama-2-7b")
     pcie = RooflineCostModel(tensor_parallel("H100-SXM", 4, link="PCIe"), "llama-2-7b")
     # 1024 new tokens of Llama-2-7B: activations 1024 * 4096 * 2 = 8,388,608 bytes per all-reduce;

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm import LLM, EngineConfig, SamplingParams
-from minillm.invariants import check_all_free, check_invariants
+from minillm.core.invariants import check_all_free, check_invariants
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

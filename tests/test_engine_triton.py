@@ -4,7 +4,7 @@ same greedy tokens as on the torch reference backend."""
 import pytest
 
 from minillm import LLM, SamplingParams
-from minillm.invariants import check_all_free, check_invariants
+from minillm.core.invariants import check_all_free, check_invariants
 
 from helpers import random_prompts
 

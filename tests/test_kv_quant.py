@@ -21,7 +21,7 @@ kernels.use_interpreter_if_no_cuda()  # before triton is imported (no-op with CU
 from kernels.kv_quant import QMAX, dequantize, fp8_available, kind_of, quantize, round_to_e4m3, storage_dtype  # noqa: E402
 
 from minillm import LLM, SamplingParams  # noqa: E402
-from minillm.invariants import check_all_free, check_invariants  # noqa: E402
+from minillm.core.invariants import check_all_free, check_invariants  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="triton not installed")
@@ -381,7 +381,7 @@ def test_capacity_at_a_fixed_memory_budget(kind):
 
 
 def test_cost_model_follows_the_kv_dtype():
-    from minillm.costmodel import MODELS, RooflineCostModel, kv_block_bytes, max_batch_size
+    from minillm.sim.costmodel import MODELS, RooflineCostModel, kv_block_bytes, max_batch_size
     fp16 = RooflineCostModel("H100-SXM", "llama-2-7b")
     int8 = RooflineCostModel("H100-SXM", "llama-2-7b", kv_cache_dtype="int8")
     assert int8.kv_bytes_per_token * 2 == fp16.kv_bytes_per_token

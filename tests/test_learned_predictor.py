@@ -1,4 +1,4 @@
-"""minillm.learned_predictor: features worked by hand, the ridge fit against closed forms, and
+"""minillm.analysis.learned_predictor: features worked by hand, the ridge fit against closed forms, and
 the lengths it is trained on read off the engine."""
 
 import math
@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from minillm import LLM, SamplingParams
-from minillm.learned_predictor import (RegressionPredictor, TokenFeatures, evenly_spaced_prompts,
-                                       generated_lengths, prompt_length_features, rank_correlation)
-from minillm.policies import SJF
+from minillm.analysis.learned_predictor import (
+    RegressionPredictor, TokenFeatures, evenly_spaced_prompts, generated_lengths, prompt_length_features,
+    rank_correlation,
+)
+from minillm.core.policies import SJF
 
 
 def test_prompt_length_features():

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm import LLM, SamplingParams
-from minillm.invariants import check_all_free, check_invariants
-from minillm.workloads import multi_turn_trace, shared_prefix_trace, submit_trace
+from minillm.core.invariants import check_all_free, check_invariants
+from minillm.analysis.workloads import multi_turn_trace, shared_prefix_trace, submit_trace
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 
@@ -185,7 +185,7 @@ def test_swap_pool_full_falls_back_to_recompute():
 
 
 def test_auto_mode_uses_the_cost_rule():
-    from minillm.costmodel import ConstantStepTime
+    from minillm.sim.costmodel import ConstantStepTime
     # Swapping costs nothing here, so the rule picks swap whenever the pool has room.
     cm = ConstantStepTime(0.01, swap_bandwidth=1e12, kv_bytes_per_token=1000)
     out, recs, e = outputs(num_kv_blocks=20, preemption_mode="auto", num_swap_blocks=40,

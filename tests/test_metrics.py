@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minillm.metrics import (
-    batch_size_series, format_table, kv_utilisation_series, per_request_table, percentile,
-    request_category, summarize,
+from minillm.analysis.metrics import (
+    batch_size_series, format_table, kv_utilisation_series, per_request_table, percentile, request_category, summarize,
 )
-from minillm.request import RequestMetrics
+from minillm.core.request import RequestMetrics
 from minillm.step_record import BatchEntry, KVSnapshot, StepRecord
 
 

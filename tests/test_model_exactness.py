@@ -8,7 +8,7 @@ alone in Hugging Face: batching and scheduling change *when* work happens, never
 import pytest
 
 from minillm import LLM, SamplingParams
-from minillm.invariants import check_all_free, check_invariants
+from minillm.core.invariants import check_all_free, check_invariants
 
 from helpers import hf_greedy, random_prompts, tiny_hf_checkpoint
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.invariants import check_all_free, check_invariants
-from minillm.parallel_sampling import completion_id, completion_seed
-from minillm.policies import FCFS
+from minillm.core.invariants import check_all_free, check_invariants
+from minillm.core.parallel_sampling import completion_id, completion_seed
+from minillm.core.policies import FCFS
 
 from helpers import drive_through_faults
 

@@ -10,11 +10,12 @@ Bounds are computed here from the trace, independently of the code under test.
 import pytest
 
 from minillm import LLM
-from minillm.costmodel import ConstantStepTime, RooflineCostModel
-from minillm.metrics import summarize
-from minillm.policies import (MLFQ, POLICIES, SJF, Fair, HistoryPredictor, OraclePredictor, Policy,
-                              Priority, PromptPredictor, make_policy)
-from minillm.workloads import TraceRequest, Uniform, submit_trace, synthetic_trace
+from minillm.sim.costmodel import ConstantStepTime, RooflineCostModel
+from minillm.analysis.metrics import summarize
+from minillm.core.policies import (
+    MLFQ, POLICIES, SJF, Fair, HistoryPredictor, OraclePredictor, Policy, Priority, PromptPredictor, make_policy,
+)
+from minillm.analysis.workloads import TraceRequest, Uniform, submit_trace, synthetic_trace
 
 STEP = 0.010
 

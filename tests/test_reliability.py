@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from minillm import LLM, SamplingParams
-from minillm.invariants import InvariantError, check_all_free, check_invariants, check_places
-from minillm.policies import Priority
+from minillm.core.invariants import InvariantError, check_all_free, check_invariants, check_places
+from minillm.core.policies import Priority
 
 from helpers import drive_through_faults
 
@@ -74,7 +74,7 @@ def test_a_host_block_freed_by_a_swap_in_is_not_reused_in_the_same_pass():
               num_swap_blocks=8)
     kv = llm.engine.kv
     kv.begin_step()
-    from minillm.request import Request
+    from minillm.core.request import Request
     r = Request("x", [5, 6, 7, 8], SamplingParams(max_tokens=2), 0.0)
     r.num_computed_tokens = 4
     assert kv.allocate(r, 0) or True

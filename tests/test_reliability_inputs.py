@@ -25,7 +25,7 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig
-from minillm.invariants import check_all_free
+from minillm.core.invariants import check_all_free
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 SMALL = dict(block_size=4, num_kv_blocks=64, max_model_len=64, max_num_seqs=8)
@@ -301,7 +301,7 @@ def _a_string(logits, draft, *args):
 
 @pytest.mark.parametrize("hook", [_wrong_tokens, _too_many, _nothing, _not_the_draft, _floats, _a_string])
 def test_a_bad_acceptance_rule_is_named_and_the_run_recovers(hook):
-    from minillm import speculative
+    from minillm.spec import speculative
     e, a, b = spec_run()
     finish(e)
     expected = (e.get_output(a).token_ids, e.get_output(b).token_ids)
@@ -314,7 +314,7 @@ def test_a_bad_acceptance_rule_is_named_and_the_run_recovers(hook):
 
 
 def test_a_hook_may_return_a_tensor_or_numpy_ints():
-    from minillm import speculative
+    from minillm.spec import speculative
     e, a, b = spec_run()
     finish(e)
     expected = e.get_output(a).token_ids

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.invariants import check_all_free, check_invariants
-from minillm.sampler import apply_penalties, mask_stop_tokens
+from minillm.core.invariants import check_all_free, check_invariants
+from minillm.worker.sampler import apply_penalties, mask_stop_tokens
 
 from helpers import random_prompts, tiny_hf_checkpoint
 

@@ -85,7 +85,7 @@ def test_greedy_completions_equal_llm_generate(client, reference, server):
 def test_n_completions_logprobs_and_penalties(client, reference):
     """OpenAI's n (parallel sampling: the samples share the prompt's KV blocks), logprobs and
     penalties pass through to the engine: the same completions as LLM.generate gives."""
-    from minillm.parallel_sampling import completion_seed
+    from minillm.core.parallel_sampling import completion_seed
     kw = dict(temperature=1.0, max_tokens=12, seed=21, presence_penalty=0.5, frequency_penalty=0.3)
     want = reference.generate(["ROMEO:"], SamplingParams(**kw, n=3, logprobs=2, repetition_penalty=1.2,
                                                          ignore_eos=True))[0]
@@ -360,8 +360,8 @@ def test_api_key_and_a_full_queue():
 
 def test_load_generator_percentiles_match_the_engine_within_the_overhead(server, tmp_path):
     from minillm.bench import serve as bench
-    from minillm.metrics import percentile, summarize
-    from minillm.workloads import save_jsonl
+    from minillm.analysis.metrics import percentile, summarize
+    from minillm.analysis.workloads import save_jsonl
     trace = bench.series_trace("chat", 8, None, vocab_size=1024, seed=1)
     path = tmp_path / "trace.jsonl"
     save_jsonl(trace, path)
@@ -402,7 +402,7 @@ def test_a_monitor_follows_the_served_engine_while_a_background_replay_runs(serv
     the engine the server steps; the monitor ends up with every step the engine took, in order,
     the replay's requests are the engine's, and the monitor refuses to step an engine it does not own."""
     from minillm.bench import serve as bench
-    from minillm.widgets import EngineMonitor
+    from minillm.viz import EngineMonitor
     monitor = EngineMonitor(server.llm.engine, read=server.engine_call)
     before = len(monitor.records)
     requests = [bench.ReplayRequest(f"m{i}", 0.0, PROMPTS[i % 3], 8) for i in range(6)]

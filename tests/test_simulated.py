@@ -9,10 +9,10 @@ import time
 import pytest
 
 from minillm import LLM
-from minillm.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
-from minillm.metrics import summarize
-from minillm.simulated import PLACEHOLDER_TOKEN, StepSummary, gpus_needed, simulate, tensor_parallel
-from minillm.workloads import LogNormal, TraceRequest, Uniform, submit_trace, synthetic_trace
+from minillm.sim.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
+from minillm.analysis.metrics import summarize
+from minillm.sim.simulated import PLACEHOLDER_TOKEN, StepSummary, gpus_needed, simulate, tensor_parallel
+from minillm.analysis.workloads import LogNormal, TraceRequest, Uniform, submit_trace, synthetic_trace
 
 # Llama-2-70B: 68,976,648,192 parameters in bf16; KV per token 2 x 80 layers x 8 KV heads x 128 x 2 B.
 W70 = 68_976_648_192 * 2

@@ -17,11 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm import LLM, SamplingParams
-from minillm.costmodel import MODELS, RooflineCostModel
-from minillm.invariants import check_all_free, check_invariants
+from minillm.sim.costmodel import MODELS, RooflineCostModel
+from minillm.core.invariants import check_all_free, check_invariants
 from minillm.model.loader import load_model
-from minillm.speculative import (NgramProposer, Proposer, expected_speedup, expected_tokens_per_step,
-                                 modeled_speedup, spec_limit, spec_stats)
+from minillm.spec.speculative import (
+    NgramProposer, Proposer, expected_speedup, expected_tokens_per_step, modeled_speedup, spec_limit, spec_stats,
+)
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

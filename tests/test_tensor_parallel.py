@@ -15,7 +15,7 @@ import pytest
 from helpers import random_prompts, tiny_hf_checkpoint
 from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig
-from minillm.tp_executor import TensorParallelError, Worker
+from minillm.worker.tp_executor import TensorParallelError, Worker
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 # Small blocks and a small token budget: prompts arrive in chunks, decodes batch with prefills.

@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("ipywidgets")
 pytest.importorskip("plotly")
 
-from minillm.simulated import simulate  # noqa: E402
-from minillm.widgets.whatif import WhatIf, WhatIfSettings, whatif_trace  # noqa: E402
+from minillm.sim.simulated import simulate  # noqa: E402
+from minillm.viz.whatif import WhatIf, WhatIfSettings, whatif_trace  # noqa: E402
 
 N = 160                 # a short trace: the test checks what is drawn, not how fast
 

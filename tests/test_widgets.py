@@ -22,10 +22,9 @@ pytest.importorskip("plotly")
 import plotly.graph_objects as go  # noqa: E402
 
 from minillm import LLM, SamplingParams  # noqa: E402
-from minillm import figures as F  # noqa: E402
-from minillm.widgets import (LiveFigure, LockstepStepper, Stepper, reservation_vs_paging_lockstep,  # noqa: E402
-                             unused_reservation_engine)
-from minillm.widgets import live  # noqa: E402
+from minillm.viz import figures as F  # noqa: E402
+from minillm.viz import LiveFigure, LockstepStepper, Stepper, reservation_vs_paging_lockstep, unused_reservation_engine
+from minillm.viz import live  # noqa: E402
 
 needs_anywidget = pytest.mark.skipif(not live.anywidget_available(),
                                      reason="the live figures' page side is an anywidget")
@@ -527,7 +526,7 @@ def test_the_reservation_vs_paging_helper_shows_c_waiting_then_joining():
 # --- figures outside the widget -------------------------------------------------------------------
 
 def test_static_figures_from_records_and_metrics():
-    from minillm.costmodel import ConstantStepTime, RooflineCostModel
+    from minillm.sim.costmodel import ConstantStepTime, RooflineCostModel
 
     a, b = sim_engine().engine, sim_engine(max_num_seqs=2).engine
     ra, rb = a.run(), b.run()
@@ -590,7 +589,7 @@ def test_a_request_arriving_during_a_step_is_shown():
 
 
 def test_queue_rows_keep_long_ids_and_statuses_inside_the_panel():
-    from minillm.widgets.panels import ID_PX
+    from minillm.viz.panels import ID_PX
 
     llm = LLM(**{**SMALL, "executor": "simulated", "clock": "modeled", "cost_model": 0.01})
     long_id = "a-request-with-a-very-long-name-0042"

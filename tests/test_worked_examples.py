@@ -9,8 +9,8 @@ worked out by hand in the comments, never read from the engine.
 import pytest
 
 from minillm import LLM
-from minillm.costmodel import ConstantStepTime
-from minillm.workloads import TraceRequest, submit_trace
+from minillm.sim.costmodel import ConstantStepTime
+from minillm.analysis.workloads import TraceRequest, submit_trace
 
 
 def _engine(cost_model, **cfg):

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from minillm.sampling_params import SamplingParams
-from minillm.workloads import (
-    Choice, Fixed, LogNormal, TraceRequest, Uniform, all_at_once, flood_trace, gamma_arrivals,
-    load_jsonl, multi_turn_trace, poisson_arrivals, save_jsonl, shared_prefix_trace, submit_trace,
-    synthetic_trace,
+from minillm.analysis.workloads import (
+    Choice, Fixed, LogNormal, TraceRequest, Uniform, all_at_once, flood_trace, gamma_arrivals, load_jsonl,
+    multi_turn_trace, poisson_arrivals, save_jsonl, shared_prefix_trace, submit_trace, synthetic_trace,
 )
 
 

@@ -51,7 +51,7 @@ class PagedRun:
     def __init__(self, model, lengths: list[int], kv_cache_dtype: str, block_size: int = 16):
         import torch
 
-        from ..model_runner import allocate_kv_cache
+        from ..worker.model_runner import allocate_kv_cache
         self.model, self.block_size = model, block_size
         self.device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
@@ -66,7 +66,7 @@ class PagedRun:
     def forward(self, rows: list[int], chunks: list[list[int]], starts: list[int]):
         """Sequences ``rows`` bring ``chunks`` (new token ids) at positions ``starts``: float32
         logits for every new token, as one tensor per sequence."""
-        from ..model_runner import flat_batch
+        from ..worker.model_runner import flat_batch
         ids = [t for c in chunks for t in c]
         q_lens = [len(c) for c in chunks]
         input_ids, positions, meta, _ = flat_batch(ids, q_lens, starts, [self.tables[r] for r in rows],
@@ -215,7 +215,7 @@ def quality(model, text: str, ids: list[int], prompts: list[list[int]], new: int
 
 def capacity(memory_gb: float = 0.25, block_size: int = 16) -> dict:
     """KV blocks the engine sizes for ``memory_gb`` with the shipped model's shape, per KV dtype."""
-    from ..costmodel import kv_block_bytes
+    from ..sim.costmodel import kv_block_bytes
     from .common import SHIPPED_SHAPE as S
     elt = {"float32": 4, "float16": 2, "int8": 1, "fp8": 1}
     out = {}
@@ -232,7 +232,7 @@ def modeled(hardware: str = "H100-SXM", model: str = "llama-2-7b", context: int 
     """What the KV dtype does to the batching math of a real-sized model (cost model only): the
     largest batch of ``context``-token requests that fits beside the weights, and a decode step
     at that batch."""
-    from ..costmodel import RooflineCostModel, max_batch_size
+    from ..sim.costmodel import RooflineCostModel, max_batch_size
     out = {}
     for name, kv in (("bfloat16", None), ("int8", "int8"), ("fp8", "fp8")):
         cm = RooflineCostModel(hardware, model, kv_cache_dtype=kv)

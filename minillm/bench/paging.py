@@ -26,7 +26,7 @@ NAME = "paging"
 
 
 def _sizes(size: str) -> dict:
-    from ..workloads import LogNormal
+    from ..analysis.workloads import LogNormal
     return pick(size,
                 tiny=dict(n=40, num_kv_blocks=64, max_tokens=128, prompt_len=LogNormal(32, 0.6, lo=4, hi=256),
                           output_len=LogNormal(24, 1.0, lo=2, hi=128)),
@@ -89,7 +89,7 @@ def run_one(trace, P: dict, kv_allocation: str, oracle: bool) -> dict:
 
 
 def run(args) -> dict:
-    from ..workloads import synthetic_trace
+    from ..analysis.workloads import synthetic_trace
     P = _sizes(args.size)
     set_threads(args)
     trace = synthetic_trace(P["n"], rate=None, prompt_len=P["prompt_len"], output_len=P["output_len"],

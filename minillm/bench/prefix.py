@@ -28,7 +28,7 @@ NAME = "prefix"
 
 
 def _sizes(size: str) -> dict:
-    from ..workloads import Uniform
+    from ..analysis.workloads import Uniform
     return pick(size,
                 tiny=dict(shared=dict(n=4, prefix_len=32, suffix_len=Uniform(4, 8), output_len=4, rate=20.0),
                           turns=dict(num_conversations=2, turns=2, system_len=32, user_len=Uniform(4, 8),
@@ -60,7 +60,7 @@ def reusable_tokens(trace, block_size: int) -> list[int]:
 
 def run_trace(trace, caching: bool, device: str, desc: str) -> dict:
     from ..sampling_params import SamplingParams
-    from ..workloads import submit_trace
+    from ..analysis.workloads import submit_trace
     llm, label = make_llm(enable_prefix_caching=caching, device=device, max_num_seqs=64, record="summary")
     e = llm.engine
     e.add_request([11, 12, 13, 14], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
@@ -110,7 +110,7 @@ def compare(name: str, trace, device: str, block_size: int = 16, shared_prefix: 
 
 
 def run(args) -> dict:
-    from ..workloads import multi_turn_trace, shared_prefix_trace
+    from ..analysis.workloads import multi_turn_trace, shared_prefix_trace
     P = _sizes(args.size)
     threads = set_threads(args)
     s, m = P["shared"], P["turns"]

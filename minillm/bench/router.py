@@ -1,7 +1,7 @@
 """router: N data-parallel replicas behind three routers, on shared-prefix and multi-turn traces.
 
 Every replica is a simulated engine (the engine's own scheduler and paged KV with prefix caching,
-a modeled H100 clock for Llama-2-7B); ``minillm.cluster.run_replicas`` advances them together
+a modeled H100 clock for Llama-2-7B); ``minillm.sim.cluster.run_replicas`` advances them together
 and asks the router at each arrival. Compared side by side on the same trace:
 
 * ``round-robin``: blind to load and content;
@@ -37,7 +37,7 @@ def traces(n: int, rate: float, seed: int = 0) -> dict:
     Request i of the first uses prompt i mod 31, and an odd number of conversations start in
     each round: counts that share no factor with the replicas', so round robin does not land
     each prefix on the same replica by arithmetic coincidence."""
-    from ..workloads import LogNormal, multi_turn_trace, shared_prefix_trace
+    from ..analysis.workloads import LogNormal, multi_turn_trace, shared_prefix_trace
     shared = shared_prefix_trace(n, prefix_len=512, suffix_len=LogNormal(64, 0.6, 8, 512),
                                  output_len=LogNormal(96, 0.7, 4, 512), vocab_size=32000, rate=rate,
                                  num_prefixes=31, seed=seed)
@@ -49,7 +49,7 @@ def traces(n: int, rate: float, seed: int = 0) -> dict:
 
 
 def run(args) -> dict:
-    from ..cluster import run_replicas
+    from ..sim.cluster import run_replicas
     P = _sizes(args.size)
     set_threads(args)
     res: dict = {}

@@ -5,11 +5,11 @@
     python -m minillm.bench serve --size tiny          # no --url: a server in this process
 
 Replays a trace (JSONL: one request a line, ``prompt`` text or ``prompt_token_ids``, and
-``output_len``, the format vLLM's benchmark tooling reads; ``minillm.workloads.save_jsonl`` writes
+``output_len``, the format vLLM's benchmark tooling reads; ``minillm.analysis.workloads.save_jsonl`` writes
 it) with the official ``openai`` client (``AsyncOpenAI``), streaming, as a Poisson process at
 ``--rate`` requests/s (or at the trace's own ``arrival_time``s without it). Reports, as the client
 sees them, TTFT, TPOT, ITL and end-to-end latency percentiles and goodput under an SLO
-(``--slo-ttft``, ``--slo-tpot``), computed by ``minillm.metrics.summarize``.
+(``--slo-ttft``, ``--slo-tpot``), computed by ``minillm.analysis.metrics.summarize``.
 
 Without ``--url`` the server runs here (the shipped model), so each request's client-side times can
 be put beside the engine's own ``RequestMetrics``: the difference is what lies outside the engine
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from ..metrics import percentile, summarize
-from ..request import RequestMetrics
+from ..analysis.metrics import percentile, summarize
+from ..core.request import RequestMetrics
 from .common import finish, pct, pick, progress, set_threads, table
 
 NAME = "serve"
@@ -86,8 +86,8 @@ class ReplayRequest:
 
 
 def series_trace(kind: str, n: int, rate: Optional[float], vocab_size: int, seed: int = 0) -> list:
-    """One of the series' workloads as ``TraceRequest``s with token-id prompts (``minillm.workloads``)."""
-    from ..workloads import LogNormal, flood_trace, multi_turn_trace, shared_prefix_trace, synthetic_trace
+    """One of the series' workloads as ``TraceRequest``s with token-id prompts (``minillm.analysis.workloads``)."""
+    from ..analysis.workloads import LogNormal, flood_trace, multi_turn_trace, shared_prefix_trace, synthetic_trace
     out_len = LogNormal(24, 0.8, lo=4, hi=128)
     if kind == "chat":
         return synthetic_trace(n, rate=rate, prompt_len=LogNormal(48, 0.8, lo=4, hi=384), output_len=out_len,
@@ -106,9 +106,9 @@ def series_trace(kind: str, n: int, rate: Optional[float], vocab_size: int, seed
 
 
 def read_trace(path: Union[str, Path]) -> list[ReplayRequest]:
-    """A JSONL trace (``minillm.workloads.load_jsonl``): ``prompt`` text or ``prompt_token_ids``, and
+    """A JSONL trace (``minillm.analysis.workloads.load_jsonl``): ``prompt`` text or ``prompt_token_ids``, and
     ``output_len`` (vLLM's custom datasets call it ``output_tokens``)."""
-    from ..workloads import load_jsonl
+    from ..analysis.workloads import load_jsonl
     return as_replay(load_jsonl(path))
 
 
@@ -120,7 +120,7 @@ def as_replay(trace: Sequence[Any]) -> list[ReplayRequest]:
 
 def schedule(requests: Sequence[ReplayRequest], rate: Optional[float], seed: int = 0) -> list[float]:
     """Send times (seconds from the start): Poisson at ``rate``, all at 0 for ``inf``, else the trace's."""
-    from ..workloads import make_arrivals
+    from ..analysis.workloads import make_arrivals
     if rate is None:
         t0 = min((r.arrival_time for r in requests), default=0.0)
         return [r.arrival_time - t0 for r in requests]
@@ -412,7 +412,7 @@ def main(args) -> dict:
     if args.write_trace:
         P = pick(args.size, SIZE["tiny"], SIZE["small"], SIZE["full"])
         n = args.num_requests or P["n"]
-        from ..workloads import save_jsonl
+        from ..analysis.workloads import save_jsonl
         trace = series_trace(args.trace_kind, n, args.rate if args.rate is not None else P["rate"],
                              _vocab_size(), args.seed)
         save_jsonl(trace, args.write_trace)

@@ -37,7 +37,7 @@ def _sizes(size: str) -> dict:
 
 
 def four_h100():
-    from ..costmodel import HARDWARE, MODELS, RooflineCostModel
+    from ..sim.costmodel import HARDWARE, MODELS, RooflineCostModel
     hw = HARDWARE["H100-SXM"]
     hw4 = replace(hw, name="4xH100-SXM", peak_flops=4 * hw.peak_flops, hbm_bandwidth=4 * hw.hbm_bandwidth,
                   hbm_bytes=4 * hw.hbm_bytes)
@@ -48,7 +48,7 @@ def step_cpu_seconds(running: int, waiting: int = 0, finished: int = 0, steps: i
     """Median CPU seconds of one ``engine.step()`` while ``running`` requests decode (none
     finishing), ``waiting`` wait behind ``max_num_seqs`` and ``finished`` have come and gone."""
     from .. import LLM
-    from ..costmodel import ConstantStepTime
+    from ..sim.costmodel import ConstantStepTime
     from ..sampling_params import SamplingParams
     prompt = list(range(10, 26))                          # 16 tokens: one block
     long = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
@@ -92,8 +92,8 @@ def growth(P: dict) -> dict:
 
 
 def run(args) -> dict:
-    from ..simulated import simulate
-    from ..workloads import LogNormal, synthetic_trace
+    from ..sim.simulated import simulate
+    from ..analysis.workloads import LogNormal, synthetic_trace
     P = _sizes(args.size)
     set_threads(args)
     cm = four_h100()

@@ -73,7 +73,7 @@ def run_one(prompts, output_len: int, batch: int, temperature: float, device: st
             paths: Optional[dict] = None) -> dict:
     from .. import LLM
     from ..sampling_params import SamplingParams
-    from ..speculative import spec_stats
+    from ..spec.speculative import spec_stats
     cfg = dict(max_num_seqs=batch, max_model_len=len(prompts[0]) + output_len + 8, device=device,
                clock="modeled", cost_model="H100-SXM", seed=0,
                max_num_batched_tokens=max(2048, batch * (k + 1)), record="summary")
@@ -95,8 +95,8 @@ def run_one(prompts, output_len: int, batch: int, temperature: float, device: st
 
 
 def run(args) -> dict:
-    from ..costmodel import MODELS, RooflineCostModel
-    from ..speculative import alpha_from_tokens_per_step, modeled_speedup
+    from ..sim.costmodel import MODELS, RooflineCostModel
+    from ..spec.speculative import alpha_from_tokens_per_step, modeled_speedup
     P = _sizes(args.size)
     threads = set_threads(args)
     have_model, have_draft = shipped_model_available(), draft_available()

@@ -33,7 +33,7 @@ NAME = "throughput"
 
 
 def _sizes(size: str) -> dict:
-    from ..workloads import LogNormal, Uniform
+    from ..analysis.workloads import LogNormal, Uniform
     return pick(size,
                 tiny=dict(n=6, max_num_seqs=4, prompt_len=Uniform(4, 12), output_len=LogNormal(4, 0.8, lo=1, hi=16)),
                 small=dict(n=128, max_num_seqs=32, prompt_len=Uniform(8, 64),
@@ -48,7 +48,7 @@ def _sizes(size: str) -> dict:
 
 def run_minillm(engine, trace) -> dict:
     from ..sampling_params import SamplingParams
-    from ..workloads import submit_trace
+    from ..analysis.workloads import submit_trace
     # Warm up (first-call allocations), then forget those steps.
     engine.add_request([11, 12, 13, 14], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     engine.run()
@@ -255,7 +255,7 @@ def build_engine(args, max_num_seqs: int):
 
 
 def run(args) -> dict:
-    from ..workloads import synthetic_trace
+    from ..analysis.workloads import synthetic_trace
     P = _sizes(args.size)
     repeat = int(getattr(args, "repeat", 1))
     if repeat < 1:

@@ -6,7 +6,7 @@ scheduler decides on the same requests. Failure messages say what was expected.
 
 The formulas are also graded on made-up models and hardware given as plain objects (only the
 attributes the docstrings name), and with the engine's own versions of them switched off, so an
-answer that hands the work to ``minillm.costmodel`` does not pass.
+answer that hands the work to ``minillm.sim.costmodel`` does not pass.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from types import SimpleNamespace
 import pytest
 
 from minillm import LLM, SamplingParams, impl
-from minillm import costmodel
-from minillm.costmodel import (HARDWARE, MODELS, ConstantStepTime, HardwareSpec, ModelSpec, RooflineCostModel,
-                               kv_cache_bytes, max_batch_size)
+from minillm.sim import costmodel
+from minillm.sim.costmodel import (
+    HARDWARE, MODELS, ConstantStepTime, HardwareSpec, ModelSpec, RooflineCostModel, kv_cache_bytes, max_batch_size,
+)
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -52,7 +53,7 @@ def _made_up_hardware(i):
 
 
 def _tripwire(*args, **kwargs):
-    raise AssertionError("your answer called the engine's own version of this computation (minillm.costmodel: "
+    raise AssertionError("your answer called the engine's own version of this computation (minillm.sim.costmodel: "
                          "kv_cache_bytes, max_batch_size, RooflineCostModel or ModelSpec.kv_bytes_per_token); "
                          "the exercise is to write it yourself")
 

@@ -15,9 +15,9 @@ import random
 import pytest
 
 from minillm import LLM, SamplingParams, impl
-from minillm.block_pool import BlockPool
-from minillm.kv_cache import ReservedKVCacheManager
-from minillm.invariants import check_all_free, check_invariants
+from minillm.core.block_pool import BlockPool
+from minillm.core.kv_cache import ReservedKVCacheManager
+from minillm.core.invariants import check_all_free, check_invariants
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -27,7 +27,7 @@ def ex():
 
 
 def _tripwire(*args, **kwargs):
-    raise AssertionError("your allocator called the engine's own (minillm.block_pool.BlockPool or "
+    raise AssertionError("your allocator called the engine's own (minillm.core.block_pool.BlockPool or "
                          "ReservedKVCacheManager._gaps); the exercise is to write it yourself")
 
 

@@ -2,7 +2,7 @@
 
 Every policy runs inside the engine (simulated executor, modeled clock: exact and fast) and is
 held against two things it did not compute: the engine's own policy of the same rule
-(``minillm.policies``) on the same trace, request by request, and the bounds worked out by hand
+(``minillm.core.policies``) on the same trace, request by request, and the bounds worked out by hand
 from the trace (the aging bound, the boost bound, the fair-share bound). The arithmetic of the later
 sections is held against numbers worked by hand and against what the engine does on the same requests.
 """
@@ -16,16 +16,16 @@ from types import SimpleNamespace
 import pytest
 
 from minillm import LLM, impl
-from minillm.costmodel import ConstantStepTime
-from minillm.policies import MLFQ, SJF, Fair
-from minillm.workloads import TraceRequest, Uniform, submit_trace, synthetic_trace
+from minillm.sim.costmodel import ConstantStepTime
+from minillm.core.policies import MLFQ, SJF, Fair
+from minillm.analysis.workloads import TraceRequest, Uniform, submit_trace, synthetic_trace
 
 STEP = 0.010
 
 
 def _tripwire(*args, **kwargs):
-    raise AssertionError("your policy called one of the engine's own policies (minillm.policies: SJF, MLFQ, Fair); "
-                         "the exercise is to write the rule yourself")
+    raise AssertionError("your policy called one of the engine's own policies "
+                         "(minillm.core.policies: SJF, MLFQ, Fair); the exercise is to write the rule yourself")
 
 
 @contextlib.contextmanager
@@ -250,7 +250,7 @@ def _pressure_trace():
 @pytest.mark.parametrize("policy", ["SJFWithAging", "MLFQPolicy", "FairPolicy"])
 def test_your_policy_is_your_own(policy):
     """Your policy runs a trace under memory pressure (every hook is asked) with the engine's own
-    policies switched off: an answer that hands the rule to minillm.policies fails here."""
+    policies switched off: an answer that hands the rule to minillm.core.policies fails here."""
     pol = {"SJFWithAging": lambda: ex().SJFWithAging(aging=50.0),
            "MLFQPolicy": lambda: ex().MLFQPolicy(quanta=(8, 32), boost_interval=0.3),
            "FairPolicy": lambda: ex().FairPolicy()}[policy]()
@@ -454,9 +454,9 @@ def test_goodput_by_hand():
 @pytest.mark.parametrize("rate, queue_cap", [(6, None), (30, None), (16, 8), (30, 4)])
 def test_goodput_matches_the_engines_metrics(rate, queue_cap):
     """Chat-like traffic on a modeled Llama-2-70B, with and without load shedding (max_queue_len):
-    your goodput from the requests' token times against minillm.metrics.summarize."""
-    from minillm.simulated import simulate
-    from minillm.workloads import LogNormal
+    your goodput from the requests' token times against minillm.analysis.metrics.summarize."""
+    from minillm.sim.simulated import simulate
+    from minillm.analysis.workloads import LogNormal
     slo = dict(slo_ttft=2.0, slo_tpot=0.100)
     trace = synthetic_trace(200, rate=rate, prompt_len=LogNormal(512, 1.0, 4, 4096),
                             output_len=LogNormal(128, 0.9, 1, 1024), seed=1)
@@ -466,5 +466,5 @@ def test_goodput_matches_the_engines_metrics(rate, queue_cap):
     assert (s["num_rejected"] > 0) == (queue_cap is not None), "(the cap must shed load, no cap must not)"
     for key, theirs in (("goodput", "goodput_requests_per_s"), ("attainment", "slo_attainment")):
         assert got[key] == pytest.approx(s[theirs], rel=1e-9), (
-            f"{rate} req/s, queue cap {queue_cap} ({s['num_rejected']} turned away): minillm.metrics gives "
+            f"{rate} req/s, queue cap {queue_cap} ({s['num_rejected']} turned away): minillm.analysis.metrics gives "
             f"{theirs} = {s[theirs]:.4f}, your {key} = {got[key]:.4f}")

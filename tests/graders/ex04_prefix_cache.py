@@ -1,6 +1,6 @@
 """Graders of notebook 04's exercises (``exercises/ex04_prefix_cache.py``): ``make grade EX=04``.
 
-The hash and the lookup are held against minillm's own (``minillm.block_pool``,
+The hash and the lookup are held against minillm's own (``minillm.core.block_pool``,
 ``PagedKVCacheManager.find_cached_prefix``) on the caches real runs leave behind; the pool against
 cases worked by hand; and all three together inside the engine: the same requests with minillm's
 prefix cache and with yours must make the same decisions every step (the same hits, the same
@@ -16,12 +16,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from minillm import LLM, SamplingParams, block_pool, impl
-from minillm.block_pool import Block, BlockPool
-from minillm.kv_cache import PagedKVCacheManager
-from minillm.block_pool import hash_block as engine_hash_block
-from minillm.invariants import check_all_free, check_invariants
-from minillm.workloads import multi_turn_trace, shared_prefix_trace, submit_trace
+from minillm import LLM, SamplingParams, impl
+from minillm.core import block_pool
+from minillm.core.block_pool import Block, BlockPool
+from minillm.core.kv_cache import PagedKVCacheManager
+from minillm.core.block_pool import hash_block as engine_hash_block
+from minillm.core.invariants import check_all_free, check_invariants
+from minillm.analysis.workloads import multi_turn_trace, shared_prefix_trace, submit_trace
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -31,7 +32,7 @@ def ex():
 
 
 def _tripwire(*args, **kwargs):
-    raise AssertionError("your answer called the engine's own prefix cache (minillm.block_pool.hash_block, "
+    raise AssertionError("your answer called the engine's own prefix cache (minillm.core.block_pool.hash_block, "
                          "BlockPool's allocate / take / free, or PagedKVCacheManager.find_cached_prefix): "
                          "the exercise is to write it yourself")
 

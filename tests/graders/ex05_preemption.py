@@ -1,13 +1,13 @@
 """Graders of notebook 05's exercises (``exercises/ex05_preemption.py``): ``make grade EX=05``.
 
 The recompute-or-swap rule is held against numbers worked by hand and against minillm's own
-rule (``minillm.costmodel.swap_or_recompute``), then run inside the engine through
+rule (``minillm.sim.costmodel.swap_or_recompute``), then run inside the engine through
 ``YourCostModel`` with ``preemption_mode="auto"``. The victims are checked at every preemption of
 real runs (the candidates the scheduler offered, the one your policy gave up) and, for priority
 preemption, against the engine's ``Priority`` policy request by request.
 
 The rule is also graded with the engine's own version switched off, so an answer that hands the
-decision to ``minillm.costmodel`` does not pass.
+decision to ``minillm.sim.costmodel`` does not pass.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from dataclasses import replace
 
 import pytest
 
-from minillm import LLM, costmodel, impl
-from minillm.costmodel import HARDWARE, ConstantStepTime, RooflineCostModel, swap_or_recompute
-from minillm.invariants import check_all_free, check_invariants
-from minillm.policies import Priority
-from minillm.workloads import TraceRequest, Uniform, submit_trace, synthetic_trace
+from minillm import LLM, impl
+from minillm.sim import costmodel
+from minillm.sim.costmodel import HARDWARE, ConstantStepTime, RooflineCostModel, swap_or_recompute
+from minillm.core.invariants import check_all_free, check_invariants
+from minillm.core.policies import Priority
+from minillm.analysis.workloads import TraceRequest, Uniform, submit_trace, synthetic_trace
 
 STEP = 0.010
 
@@ -76,7 +77,7 @@ def test_rule_agrees_with_the_engines_over_a_grid():
 
 
 def _tripwire(*args, **kwargs):
-    raise AssertionError("your answer called the engine's own recompute-or-swap rule (minillm.costmodel."
+    raise AssertionError("your answer called the engine's own recompute-or-swap rule (minillm.sim.costmodel."
                          "swap_or_recompute, or a cost model's preemption_mode / swap_time); the exercise is to "
                          "write the rule yourself")
 
@@ -102,7 +103,7 @@ def test_the_rule_is_your_own():
 
 
 def _policy_tripwire(*args, **kwargs):
-    raise AssertionError("your policy called the engine's own Priority policy (minillm.policies.Priority); "
+    raise AssertionError("your policy called the engine's own Priority policy (minillm.core.policies.Priority); "
                          "the exercise is to write the rule yourself")
 
 

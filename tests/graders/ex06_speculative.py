@@ -18,10 +18,11 @@ import tempfile
 import pytest
 import torch
 
-from minillm import LLM, SamplingParams, impl, speculative
-from minillm.invariants import check_all_free
+from minillm import LLM, SamplingParams, impl
+from minillm.spec import speculative
+from minillm.core.invariants import check_all_free
 from minillm.model.loader import load_model
-from minillm.speculative import verify as engine_verify
+from minillm.spec.speculative import verify as engine_verify
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -166,8 +167,9 @@ def test_seeded_sampling_reproduces_the_engines_speculation(proposer):
 # --- Exercise 3: tokens_per_step and speculative_speedup ----------------------------------------------
 
 def _tripwire(*args, **kwargs):
-    raise AssertionError("your answer called the engine's own formula (minillm.speculative.expected_tokens_per_step, "
-                         "expected_speedup or modeled_speedup); the exercise is to write it yourself")
+    raise AssertionError("your answer called the engine's own formula "
+                         "(minillm.spec.speculative.expected_tokens_per_step, expected_speedup or modeled_speedup); "
+                         "the exercise is to write it yourself")
 
 
 @contextlib.contextmanager

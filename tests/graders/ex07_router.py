@@ -1,7 +1,7 @@
 """Graders of notebook 07's exercises (``exercises/ex07_router.py``): ``make grade EX=07``.
 
 The router's pieces are held against rings and loads worked by hand and against minillm's own
-``minillm.cluster`` on random rings, loads and keys (keys that sit exactly on a ring point
+``minillm.sim.cluster`` on random rings, loads and keys (keys that sit exactly on a ring point
 included); the whole router then runs at small scale over simulated replicas and must send every
 request where minillm's ``PrefixAwareRouter`` sends it. The KV-transfer arithmetic is checked by
 hand and by its defining inequality.
@@ -14,8 +14,9 @@ import random
 
 import pytest
 
-from minillm import cluster, impl
-from minillm.workloads import Fixed, shared_prefix_trace
+from minillm.sim import cluster
+from minillm import impl
+from minillm.analysis.workloads import Fixed, shared_prefix_trace
 
 
 def ex():

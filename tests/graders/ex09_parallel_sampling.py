@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from minillm import LLM, SamplingParams, impl
-from minillm.invariants import check_all_free, check_invariants
-from minillm.parallel_sampling import completion_seed
+from minillm.core.invariants import check_all_free, check_invariants
+from minillm.core.parallel_sampling import completion_seed
 
 
 def ex():

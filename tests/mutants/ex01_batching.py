@@ -19,7 +19,7 @@ MUTANTS = [
     ("kv: delegates to the engine's kv_cache_bytes",
      "    per_token = 2 * model.num_layers * model.head_dim * model.num_kv_heads * model.dtype_bytes\n"
      "    return per_token * int(num_tokens) * int(batch)",
-     "    from minillm.costmodel import kv_cache_bytes as engine_kv\n"
+     "    from minillm.sim.costmodel import kv_cache_bytes as engine_kv\n"
      "    return engine_kv(model, num_tokens, batch)"),
     ("kv: uses the engine's ModelSpec.kv_bytes_per_token",
      "    per_token = 2 * model.num_layers * model.head_dim * model.num_kv_heads * model.dtype_bytes\n",
@@ -33,7 +33,7 @@ MUTANTS = [
      "free = hardware.hbm_bytes * memory_fraction - model.weight_bytes", "free = hardware.hbm_bytes * memory_fraction"),
     ("batch: delegates to the engine's max_batch_size",
      "    free = hardware.hbm_bytes * memory_fraction - model.weight_bytes\n",
-     "    from minillm.costmodel import max_batch_size as engine_mbs\n"
+     "    from minillm.sim.costmodel import max_batch_size as engine_mbs\n"
      "    return engine_mbs(hardware, model, max_len, memory_fraction)\n"),
     ("batch: rounds the request count up",
      "return positions // int(max_len)", "return -(-positions // int(max_len))"),
@@ -53,7 +53,7 @@ MUTANTS = [
      "compute = flops / (hardware.peak_flops * flops_efficiency)", "compute = flops / hardware.peak_flops"),
     ("roofline: delegates to the engine's RooflineCostModel",
      "    b, c = int(batch), int(context_len)\n",
-     "    from minillm.costmodel import RooflineCostModel\n"
+     "    from minillm.sim.costmodel import RooflineCostModel\n"
      "    return RooflineCostModel(hardware, model, flops_efficiency=flops_efficiency,\n"
      "                             bandwidth_efficiency=bandwidth_efficiency).step_time([1] * batch,\n"
      "                                                                                 [context_len] * batch)\n"),

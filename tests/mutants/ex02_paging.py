@@ -26,10 +26,10 @@ MUTANTS = [
     # BlockAllocator.free
     ("allocate: delegated to the engine's BlockPool",
      "        if not self.free_queue:\n            raise RuntimeError(\"BlockAllocator.allocate: no free block\")\n",
-     "        from minillm.block_pool import BlockPool\n        return BlockPool.allocate(self)\n"),
+     "        from minillm.core.block_pool import BlockPool\n        return BlockPool.allocate(self)\n"),
     ("gaps: delegated to the engine's reservation manager",
      "        gaps, pos = [], 0\n",
-     "        from minillm.kv_cache import ReservedKVCacheManager\n        return ReservedKVCacheManager._gaps(self)\n"),
+     "        from minillm.core.kv_cache import ReservedKVCacheManager\n        return ReservedKVCacheManager._gaps(self)\n"),
     ("free: first block first (not in reverse)",
      "        for block in reversed(blocks):\n            if block.ref_count <= 0:\n                raise RuntimeError(f\"BlockAllocator",
      "        for block in blocks:\n            if block.ref_count <= 0:\n                raise RuntimeError(f\"BlockAllocator"),

@@ -17,7 +17,7 @@ MUTANTS = [
      "return self.remaining(req) - self.aging * max(0.0, now - req.arrival_time)", "return self.remaining(req)"),
     ("sjf: key delegated to the engine's SJF",
      "        return self.remaining(req) - self.aging * max(0.0, now - req.arrival_time)\n",
-     "        from minillm.policies import SJF\n        return SJF.key(self, req, now)\n"),
+     "        from minillm.core.policies import SJF\n        return SJF.key(self, req, now)\n"),
     ("sjf: longest job first",
      "return sorted(waiting, key=lambda r: (self.key(r, now), r.arrival_time))",
      "return sorted(waiting, key=lambda r: (-self.key(r, now), r.arrival_time))"),

@@ -12,7 +12,7 @@ MUTANTS = [
      "return hash((parent_hash, tuple(token_ids)))", "return hash((tuple(token_ids), parent_hash))"),
     ("hash: delegated to the engine's hash_block",
      "    return hash((parent_hash, tuple(token_ids)))\n",
-     "    from minillm.block_pool import hash_block as engine_hash\n    return engine_hash(parent_hash, token_ids)\n"),
+     "    from minillm.core.block_pool import hash_block as engine_hash\n    return engine_hash(parent_hash, token_ids)\n"),
     ("hashes: the partly filled last block gets a key too",
      "for i in range(len(token_ids) // block_size):\n        parent = hash_block(",
      "for i in range(-(-len(token_ids) // block_size)):\n        parent = hash_block("),

@@ -19,11 +19,11 @@ MUTANTS = [
      "return \"swap\" if swap > recompute else \"recompute\""),
     ("rule: delegated to the engine's swap_or_recompute",
      "    swap = swap_time(kv_bytes, pcie_bandwidth)\n",
-     "    from minillm.costmodel import swap_or_recompute as engine_rule\n"
+     "    from minillm.sim.costmodel import swap_or_recompute as engine_rule\n"
      "    return engine_rule(kv_bytes, num_tokens, pcie_bandwidth, prefill_tokens_per_s)\n"),
     ("rule: delegated to the engine's cost model",
      "    swap = swap_time(kv_bytes, pcie_bandwidth)\n",
-     "    from minillm import costmodel\n"
+     "    from minillm.sim import costmodel\n"
      "    return costmodel.swap_or_recompute(kv_bytes, num_tokens, pcie_bandwidth, prefill_tokens_per_s)\n"),
     ("rule: always recompute", "return \"swap\" if swap < recompute else \"recompute\"", "return \"recompute\""),
     # LeastProgressVictim.pick_victim
@@ -39,12 +39,12 @@ MUTANTS = [
     # PriorityPreemption
     ("priority: delegated to the engine's Priority policy",
      [("        return sorted(waiting, key=lambda r: (r.priority, r.arrival_time))\n",
-       "        from minillm.policies import Priority\n        return Priority().order_waiting(waiting, now)\n"),
+       "        from minillm.core.policies import Priority\n        return Priority().order_waiting(waiting, now)\n"),
       ("        return max(candidates, key=lambda r: (r.priority, r.admit_seq))\n",
-       "        from minillm.policies import Priority\n        return Priority().pick_victim(candidates, now)\n"),
+       "        from minillm.core.policies import Priority\n        return Priority().pick_victim(candidates, now)\n"),
       ("        lower = [r for r in running if r.priority > request.priority]\n"
        "        return self.pick_victim(lower, now) if lower else None\n",
-       "        from minillm.policies import Priority\n        return Priority(preempt=True).preempt_for(request, running, now)\n")]),
+       "        from minillm.core.policies import Priority\n        return Priority(preempt=True).preempt_for(request, running, now)\n")]),
     ("priority: arrival order only", "return sorted(waiting, key=lambda r: (r.priority, r.arrival_time))",
      "return sorted(waiting, key=lambda r: r.arrival_time)"),
     ("priority: the largest priority value first", "return sorted(waiting, key=lambda r: (r.priority, r.arrival_time))",

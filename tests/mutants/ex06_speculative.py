@@ -48,7 +48,7 @@ MUTANTS = [
      "    if alpha == 1.0:\n        return float(k + 1)\n", "    if alpha == 1.0:\n        return float(k)\n"),
     ("tokens: delegated to the engine's expected_tokens_per_step",
      "    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)\n",
-     "    from minillm.speculative import expected_tokens_per_step\n    return expected_tokens_per_step(alpha, k)\n"),
+     "    from minillm.spec.speculative import expected_tokens_per_step\n    return expected_tokens_per_step(alpha, k)\n"),
     # speculative_speedup
     ("speed-up: the target's forward left out of the cost",
      "    return tokens_per_step(alpha, k) / (k * draft_cost_ratio + 1.0)\n",
@@ -63,5 +63,5 @@ MUTANTS = [
      "    return tokens_per_step(alpha, k) / ((k + 1) * draft_cost_ratio + 1.0)\n"),
     ("speed-up: delegated to the engine's expected_speedup",
      "    return tokens_per_step(alpha, k) / (k * draft_cost_ratio + 1.0)\n",
-     "    from minillm import speculative\n    return speculative.expected_speedup(alpha, k, draft_cost_ratio)\n"),
+     "    from minillm.spec import speculative\n    return speculative.expected_speedup(alpha, k, draft_cost_ratio)\n"),
 ]

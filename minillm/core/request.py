@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -106,7 +106,7 @@ class Request:
                                                 if sampling_params.prompt_logprobs is not None else None)
         # Parallel sampling (SamplingParams.n > 1): the group this sequence belongs to, and which
         # completion it is. The first sequence runs the prompt alone and forks the others.
-        self.parent = None                # minillm.parallel_sampling.ParentRequest, or None
+        self.parent = None                # minillm.core.parallel_sampling.ParentRequest, or None
         self.index = 0
         self.pending_finish_reason: Optional[str] = None   # done, but returned later (static / every-N)
         self.metrics = RequestMetrics(arrival_time=arrival_time, num_prompt_tokens=len(prompt_token_ids),

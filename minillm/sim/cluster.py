@@ -224,7 +224,7 @@ class Instance:
         return Load(len(self.outstanding), self.tokens)
 
     def add(self, prompt_token_ids, max_tokens: int, request_id: str, arrival_time: float) -> None:
-        from .sampling_params import SamplingParams
+        from ..sampling_params import SamplingParams
         sp = SamplingParams(temperature=0.0, max_tokens=int(max_tokens), ignore_eos=True)
         self.engine.add_request(list(prompt_token_ids), sp, request_id=request_id, arrival_time=arrival_time,
                                 expected_output_len=int(max_tokens))
@@ -256,7 +256,7 @@ def _cost_model(model, hardware, num_gpus, link):
 
 
 def _make_instances(n: int, cost_model, model: str, longest: int, name: str, **config) -> list[Instance]:
-    from .llm import LLM
+    from ..llm import LLM
     config.setdefault("max_num_seqs", 256)
     config.setdefault("max_num_batched_tokens", 8192)
     config.setdefault("max_model_len", max(2048, longest + 2))
@@ -282,7 +282,7 @@ def _advance(instances: Sequence[Instance], until, on_finish=None) -> None:
 
 
 def _summary(metrics: dict, instances: Sequence[Instance], slo_ttft, slo_tpot) -> dict:
-    from .metrics import summarize
+    from ..analysis.metrics import summarize
     hit = queried = 0
     for inst in instances:
         st = inst.engine.kv.stats()
@@ -351,7 +351,7 @@ def run_disaggregated(trace: Sequence, num_prefill: int, num_decode: int, *, mod
     two halves: TTFT ends at the prefill pool's token, TPOT spans the transfer and the decode pool
     (``keep_metrics``: the joined ``RequestMetrics`` in ``summary["metrics"]``).
     """
-    from .request import RequestMetrics
+    from ..core.request import RequestMetrics
     t0 = time.perf_counter()
     trace = sorted(trace, key=lambda r: r.arrival_time)
     cm, num_gpus = _cost_model(model, hardware, num_gpus, link)

@@ -486,7 +486,7 @@ def make_policy(spec, **kwargs) -> Policy:
     if isinstance(spec, Policy) or (not isinstance(spec, (str, type)) and hasattr(spec, "order_waiting")):
         missing = [h for h in _HOOKS if not callable(getattr(spec, h, None))]
         if missing:
-            raise ValueError(f"policy {spec!r} lacks {missing}: subclass minillm.policies.Policy to "
+            raise ValueError(f"policy {spec!r} lacks {missing}: subclass minillm.core.policies.Policy to "
                              "inherit the defaults")
         if kwargs:
             raise ValueError(f"make_policy({spec!r}, ...): keyword arguments need a policy name or class")

@@ -45,11 +45,11 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from . import acceptance
-from .clock import PhaseTimes
+from ..spec import acceptance
+from ..sim.clock import PhaseTimes
 from .model_runner import ModelRunner, resolve_backend
 from .sampler import Sampler
-from .scheduler import SchedulerOutput
+from ..core.scheduler import SchedulerOutput
 
 START_TIMEOUT = 300.0     # seconds for every rank to load its shard and report ready
 STEP_TIMEOUT = 300.0      # seconds for every rank to answer one step (the first may compile kernels)
@@ -63,8 +63,8 @@ class TensorParallelError(RuntimeError):
 def model_config(model_path: str, config):
     """The model's config, read in the driver (which loads no weights), checked for
     ``config.tensor_parallel_size`` ranks: whole heads per rank."""
-    from .model.loader import SUPPORTED, load_config, random_model_config
-    from .model.parallel import check_heads
+    from ..model.loader import SUPPORTED, load_config, random_model_config
+    from ..model.parallel import check_heads
     if model_path == "random":
         cfg = random_model_config(**config.random_model)
     else:
@@ -84,7 +84,7 @@ def _process_context():
     import multiprocessing
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = torch.multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["minillm.tp_executor", "minillm.model.parallel",
+        ctx.set_forkserver_preload(["minillm.worker.tp_executor", "minillm.model.parallel",
                                     "transformers.models.llama.modeling_llama"])
         return ctx
     return torch.multiprocessing.get_context("spawn")
@@ -107,7 +107,7 @@ class Worker:
 
     def __init__(self, rank: int, spec: SimpleNamespace):
         import torch.distributed as dist
-        from .model.parallel import load_shard_model
+        from ..model.parallel import load_shard_model
         self.rank, self.world = rank, spec.world
         if spec.device == "cuda":
             self.device = torch.device("cuda", rank)
@@ -127,7 +127,7 @@ class Worker:
         """This step's block moves on this rank's slice of the cache, in ``ModelRunner.swap``'s
         order (swap-outs, copy-on-write ``copies``, swap-ins), then (if anything is scheduled)
         one forward over this rank's shard. Rank 0 returns the logits (numpy); the others None."""
-        from .model.llama import AttentionMetadata
+        from ..model.llama import AttentionMetadata
         if swap_out or copies or swap_in:
             self.runner.swap(SimpleNamespace(swap_out=swap_out, copies=copies, swap_in=swap_in))
         if batch is None:
@@ -142,7 +142,7 @@ class Worker:
 
     def comm(self) -> dict:
         """This rank's collectives so far: calls and bytes of all-reduce and gather."""
-        from .model.parallel import COMM
+        from ..model.parallel import COMM
         return dict(COMM)
 
     def describe(self) -> dict:
@@ -247,7 +247,7 @@ class TPExecutor(ModelRunner):
 
     def __init__(self, config, model: str, hf_config, kv_manager, num_blocks: int, device: torch.device,
                  dtype: torch.dtype, step_timeout: float = STEP_TIMEOUT, start_timeout: float = START_TIMEOUT):
-        from .model.parallel import check_heads, rank_config
+        from ..model.parallel import check_heads, rank_config
         self.world = config.tensor_parallel_size
         check_heads(hf_config, self.world)
         self.config, self.kv, self.dtype = config, kv_manager, dtype

@@ -6,7 +6,7 @@ point: with ``kv_allocation="reserved"`` request B holds 20 positions (6 of KV, 
 reserved but unused) so C's 6-token prefill cannot be allocated although only 13
 positions would hold KV; with ``"paged"`` C joins at once::
 
-    from minillm.widgets import reservation_vs_paging_lockstep
+    from minillm.viz import reservation_vs_paging_lockstep
     reservation_vs_paging_lockstep()            # reserved (left) vs paged (right)
 """
 
@@ -17,8 +17,8 @@ from typing import Any, Optional, Sequence
 
 import ipywidgets as W
 
-from .. import figures as F
-from ..figures import ColorMap
+from . import figures as F
+from .figures import ColorMap
 from ..step_record import StepRecord
 from .panels import finished_html
 from .stepper import Stepper

@@ -18,7 +18,7 @@ import html
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from ..figures import ColorMap
+from .figures import ColorMap
 from ..step_record import StepRecord
 
 __all__ = ["RequestInfo", "Progress", "progress_at", "metrics_html", "queue_html", "reasons_html",

@@ -1,14 +1,14 @@
 """The simulated executor: runs no model. Each scheduled request that would sample gets a placeholder
 token; the engine's scheduler, KV manager and (modeled) clock do everything else, exactly as with a model.
 
-A request ends at its trace output length (``expected_output_len``) or ``max_tokens``; ``minillm.simulated``
+A request ends at its trace output length (``expected_output_len``) or ``max_tokens``; ``minillm.sim.simulated``
 builds whole simulations on it (``simulate()``).
 """
 
 from __future__ import annotations
 
-from .model_runner import ExecutionResult
-from .scheduler import SchedulerOutput
+from ..worker.model_runner import ExecutionResult
+from ..core.scheduler import SchedulerOutput
 
 PLACEHOLDER_TOKEN = 0
 

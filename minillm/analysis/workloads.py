@@ -418,7 +418,7 @@ def submit_trace(engine: Any, trace: Sequence[TraceRequest], *, vocab_size: Opti
     where ``prompt`` is the token ids, else the text. A length-only trace needs ``vocab_size``
     to draw random ids. Returns the request ids in trace order.
     """
-    from .sampling_params import SamplingParams
+    from ..sampling_params import SamplingParams
 
     rng = _rng(seed, 7)
     ids = []

@@ -17,8 +17,8 @@ Only the model's *shape* matters: ``model="llama-2-70b"`` (a preset of
 ``simulate(trace, ...)`` wires it all up for a notebook: one call, a trace in,
 ``(engine, summary)`` out::
 
-    from minillm.simulated import simulate
-    from minillm.workloads import synthetic_trace, LogNormal
+    from minillm.sim.simulated import simulate
+    from minillm.analysis.workloads import synthetic_trace, LogNormal
     trace = synthetic_trace(10_000, rate=20, prompt_len=LogNormal(128, 1.0, 4, 2048),
                             output_len=LogNormal(128, 0.9, 4, 1024))
     engine, summary = simulate(trace, model="llama-2-70b", hardware="H100-SXM")   # 4 x H100
@@ -173,9 +173,9 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
       ``max_num_batched_tokens=8192``, ``max_model_len`` long enough for the trace.
     """
     from .costmodel import MODELS, RooflineCostModel
-    from .llm import LLM
-    from .metrics import summarize
-    from .workloads import submit_trace
+    from ..llm import LLM
+    from ..analysis.metrics import summarize
+    from ..analysis.workloads import submit_trace
 
     t0 = time.perf_counter()
     trace = list(trace)

@@ -1,7 +1,7 @@
 """Stepper: drive the engine one scheduler iteration at a time and watch what it decides.
 
     from minillm import LLM, SamplingParams
-    from minillm.widgets import Stepper
+    from minillm.viz import Stepper
 
     def build():
         llm = LLM(model="random", block_size=4, num_kv_blocks=16, max_num_batched_tokens=16, max_num_seqs=4)
@@ -30,8 +30,8 @@ from typing import Any, Callable, Optional, Sequence
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from .. import figures as F
-from ..figures import ColorMap
+from . import figures as F
+from .figures import ColorMap
 from ..step_record import StepRecord
 from .live import LiveFigure
 from .panels import Progress, RequestInfo, finished_html, metrics_html, queue_html, reasons_html
@@ -90,7 +90,7 @@ def engine_factory(engine) -> Callable[[], Any]:
 
 def _add_requests(engine, requests: Sequence[Any]) -> None:
     """Add a trace (``TraceRequest``s), or add_request keyword dicts, to ``engine``."""
-    from ..workloads import TraceRequest, submit_trace
+    from ..analysis.workloads import TraceRequest, submit_trace
 
     trace = [r for r in requests if isinstance(r, TraceRequest)]
     if trace:

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -81,7 +81,7 @@ def mask_stop_tokens(logits: torch.Tensor, requests) -> torch.Tensor:
 def token_logprobs(logprobs: torch.Tensor, token: int, k: int) -> dict:
     """``{token id: Logprob}`` for one position: the ``k`` most likely tokens and ``token``
     (the one sampled, or the prompt's), from a row of log-probabilities [V]. Rank 1 = most likely."""
-    from .outputs import Logprob
+    from ..outputs import Logprob
     lp = logprobs.float().cpu()
     out = {}
     if k:

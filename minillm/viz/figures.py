@@ -2,7 +2,7 @@
 
 Every figure here is a plain function that takes data and returns a ``plotly``
 figure, so a notebook can use it without any widget. The step-through widgets
-(``minillm.widgets``) draw with the same functions and then keep the figure
+(``minillm.viz``) draw with the same functions and then keep the figure
 alive, updating its traces in place after each step (``update_batch_figure``,
 ``update_kv_map``, inside ``fig.batch_update()``).
 
@@ -44,7 +44,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .step_record import BlockInfo, KVSnapshot, StepRecord
+from ..step_record import BlockInfo, KVSnapshot, StepRecord
 
 __all__ = [
     "PALETTE", "ColorMap", "request_color",
@@ -539,7 +539,7 @@ def update_kv_map(fig: go.Figure, record: Union[StepRecord, KVSnapshot], *, colo
 
 
 def _batch(fig):
-    """``fig.batch_update()``: a live figure (``minillm.widgets.LiveFigure``) redraws once, at the end."""
+    """``fig.batch_update()``: a live figure (``minillm.viz.LiveFigure``) redraws once, at the end."""
     return fig.batch_update()
 
 

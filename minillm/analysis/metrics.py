@@ -11,7 +11,7 @@
 | Goodput         | throughput meeting latency SLOs             | ``goodput_*``                     |
 
 Input: the requests' ``RequestMetrics`` (timestamps on the engine's clock, see
-``minillm.request``) and, optionally, the engine's ``StepRecord`` list (batch, KV use).
+``minillm.core.request``) and, optionally, the engine's ``StepRecord`` list (batch, KV use).
 Rejected and aborted requests are counted but kept out of the latency statistics:
 "Watch the tail. P99 latency reveals problems that averages hide entirely."
 Times are seconds everywhere except ``format_table``, which prints milliseconds.
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence
 import numpy as np
 
 if TYPE_CHECKING:   # only for annotations: this module reads plain attributes
-    from .step_record import StepRecord
+    from ..step_record import StepRecord
 
 __all__ = ["percentile", "summarize", "per_request_table", "format_table",
            "kv_utilisation_series", "batch_size_series", "request_category"]

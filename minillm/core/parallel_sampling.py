@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .checks import MAX_SEED
-from .sampling_params import SamplingParams
+from ..checks import MAX_SEED
+from ..sampling_params import SamplingParams
 
 # A large odd constant (2**64 / golden ratio): consecutive completions start random streams far apart.
 _SEED_STRIDE = 0x9E3779B97F4A7C15

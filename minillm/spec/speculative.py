@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from .acceptance import check_verified, verify  # noqa: F401  (the acceptance rule, re-exported)
-from .request import Request
+from ..core.request import Request
 
 # =====================================================================================
 # Proposers
@@ -186,7 +186,7 @@ class DraftModelProposer(Proposer):
         return min(n, req.num_computed_tokens)
 
     def _forward(self, ids, q_lens, starts, tables) -> torch.Tensor:
-        from .model_runner import flat_batch
+        from ..worker.model_runner import flat_batch
         input_ids, positions, meta, cu = flat_batch(ids, q_lens, starts, tables, self.kv.attn_block_size,
                                                     self.device, self.backend)
         self.forwards.append((list(q_lens), [s + q for s, q in zip(starts, q_lens)]))
@@ -321,7 +321,7 @@ class Speculator:
 
 def resolve_draft_path(name: str) -> str:
     if name == "default-draft":
-        from .model.loader import DEFAULT_DRAFT_DIR
+        from ..model.loader import DEFAULT_DRAFT_DIR
         if not (DEFAULT_DRAFT_DIR / "config.json").exists():
             raise ValueError(f"EngineConfig.speculative_model='default-draft': the shipped draft at "
                              f"{DEFAULT_DRAFT_DIR} has no weights yet (run scripts/train_shakespeare.py)")
@@ -336,8 +336,8 @@ def draft_kv_bytes_per_block(config, dtype: torch.dtype) -> int:
     """Bytes the draft's KV adds to each block (0 for the n-gram proposer): for memory sizing."""
     if config.speculative_model in (None, "ngram"):
         return 0
-    from .costmodel import ModelSpec
-    from .model.loader import load_config
+    from ..sim.costmodel import ModelSpec
+    from ..model.loader import load_config
     draft = ModelSpec.from_hf_config(load_config(resolve_draft_path(config.speculative_model)))
     return draft.kv_block_bytes(config.block_size, torch.finfo(dtype).bits // 8)
 
@@ -357,7 +357,7 @@ class ScaledCostModel:
 def draft_cost_model(target_cost_model, draft_spec, target_spec):
     """The draft's cost model: the same hardware roofline for the draft's shape, or (for a cost
     model without shapes) the target's scaled by the weight ratio. None without a cost model."""
-    from .costmodel import RooflineCostModel
+    from ..sim.costmodel import RooflineCostModel
     cm = target_cost_model
     if cm is None:
         return None
@@ -378,8 +378,8 @@ def make_speculator(engine) -> Speculator:
     if cfg.speculative_model == "ngram":
         proposer: Proposer = NgramProposer()
     else:
-        from .costmodel import ModelSpec
-        from .model.loader import load_model
+        from ..sim.costmodel import ModelSpec
+        from ..model.loader import load_model
         path = resolve_draft_path(cfg.speculative_model)
         dtype_name = {torch.float32: "float32", torch.float16: "float16",
                       torch.bfloat16: "bfloat16"}[engine.dtype]

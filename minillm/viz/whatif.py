@@ -2,7 +2,7 @@
 
 Every change of a control re-simulates one fixed trace (2,000 chat-like requests by
 default) with the engine's own scheduler, policies and paged KV manager on the modeled
-clock (``minillm.simulated.simulate``), and redraws:
+clock (``minillm.sim.simulated.simulate``), and redraws:
 
 * the TTFT and TPOT CDFs of this setting, beside the previous one (dashed), so a change
   reads as a shift of the curve;
@@ -26,9 +26,9 @@ import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .. import figures
-from ..simulated import simulate
-from ..workloads import LogNormal, synthetic_trace
+from . import figures
+from ..sim.simulated import simulate
+from ..analysis.workloads import LogNormal, synthetic_trace
 from .stepper import _FigureSlot
 
 __all__ = ["WhatIf", "WhatIfSettings", "whatif_trace", "POLICY_CHOICES", "PREEMPTION_CHOICES"]

@@ -29,7 +29,7 @@ from typing import Optional
 
 from .block_pool import Block, BlockPool
 from .request import Request
-from .step_record import BlockInfo, KVSnapshot, RequestKV
+from ..step_record import BlockInfo, KVSnapshot, RequestKV
 
 
 class PagedKVCacheManager:
@@ -131,7 +131,7 @@ class PagedKVCacheManager:
 
     def _writes_shared_block(self, req: Request, held: Optional[list[Block]]) -> bool:
         """Would the request's next KV go into a block another sequence also holds? (After a
-        fork, the partly filled last block of the prompt: see ``minillm/parallel_sampling.py``.)"""
+        fork, the partly filled last block of the prompt: see ``minillm/core/parallel_sampling.py``.)"""
         if not held:
             return False
         i = req.num_computed_tokens // self.block_size

@@ -1,4 +1,4 @@
-"""Step-through widgets: watch the scheduler decide, one iteration at a time.
+"""Seeing what the engine did: plotly figures, and widgets that step the scheduler one iteration at a time.
 
 * ``Stepper``: Step / Run N / Play-Pause / Reset and a history slider over one engine;
   shows the waiting queue and running set, the batch against the execution-token
@@ -7,8 +7,10 @@
   ``reservation_vs_paging_lockstep()`` builds Figure 4 of notebook 02.
 * ``EngineMonitor``: the same view of an engine something else steps (a server's loop):
   ``poll()`` / ``follow()`` draw what it has done since.
+* ``WhatIf`` (``minillm.viz.whatif``): controls over a simulated trace; each change re-simulates
+  and redraws.
 
-The figures they draw are in ``minillm.figures`` and work without any widget.
+The figures they draw are in ``minillm.viz.figures`` and work without any widget.
 """
 
 from .live import LiveFigure

@@ -30,9 +30,9 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from .policies import LengthPredictor
-from .request import Request
-from .sampling_params import SamplingParams
+from ..core.policies import LengthPredictor
+from ..core.request import Request
+from ..sampling_params import SamplingParams
 
 
 def prompt_length_features(token_ids: Sequence[int]) -> np.ndarray:

@@ -21,11 +21,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import acceptance
-from .model.llama import AttentionMetadata
-from .clock import PhaseTimes
+from ..spec import acceptance
+from ..model.llama import AttentionMetadata
+from ..sim.clock import PhaseTimes
 from .sampler import Sampler, apply_penalties, mask_stop_tokens, token_logprobs
-from .scheduler import SchedulerOutput
+from ..core.scheduler import SchedulerOutput
 
 
 @dataclass
@@ -137,7 +137,7 @@ class ModelRunner:
         self.sampler = Sampler(config.seed)
         self.proposer = None       # speculative decoding: the engine's set_proposer (draft probabilities q)
         # The acceptance rule applied to each verified request: EngineConfig.acceptance_rule, by
-        # default minillm.acceptance.verify (notebook 06's exercise plugs its own in there).
+        # default minillm.spec.acceptance.verify (notebook 06's exercise plugs its own in there).
         self.verify = config.acceptance_rule or acceptance.verify
 
     def set_proposer(self, proposer) -> None:
@@ -301,7 +301,7 @@ class ModelRunner:
     def _sample_plain(self, logits: torch.Tensor, plain: list, res: ExecutionResult) -> None:
         """One token per plain row (a request that forks samples its row once per completion,
         each with its completion's stream), with penalties, ``min_tokens`` and logprobs."""
-        from .parallel_sampling import completion_id
+        from ..core.parallel_sampling import completion_id
         rows, params, ids, reqs = [], [], [], []
         for r, s in plain:
             req = s.request

@@ -34,12 +34,12 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .detokenizer import IncrementalDetokenizer, find_stop
+from ..detokenizer import IncrementalDetokenizer, find_stop
 from .policies import Policy
 from .request import Request, RequestStatus
 from .step_journal import StepJournal
 from .parallel_sampling import completion_id
-from .step_record import BatchEntry, BlockCopy, ForkEvent, PreemptionEvent, WaitingEntry
+from ..step_record import BatchEntry, BlockCopy, ForkEvent, PreemptionEvent, WaitingEntry
 
 
 @dataclass(slots=True)          # one per request per step: slots make it cheap to create
@@ -384,7 +384,7 @@ class Scheduler:
     def _fork(self, first: Request, result, t: float, upd: StepUpdate) -> None:
         """Parallel sampling: the prompt is computed and its logits were sampled once per
         completion. Create the other n - 1 sequences, each sharing every block of ``first``
-        (see ``minillm/parallel_sampling.py``), with its own first token."""
+        (see ``minillm/core/parallel_sampling.py``), with its own first token."""
         parent = first.parent
         parent.forked = True
         self._forked.append(parent)

@@ -1,0 +1,3 @@
+"""Speculative decoding: the proposers that guess ahead and the acceptance rule that keeps what the
+target model agrees with.
+"""
