@@ -205,6 +205,18 @@ class PagedKVCacheManager:
             blocks.append(self._new_block())
         return True
 
+    def decodes_in_place(self, reqs: list[Request]) -> Optional[list[bool]]:
+        """The decode fast path, asked for a whole batch at once: for each request, does one more
+        position fit in the blocks it already holds, in a block no other sequence shares? Then
+        ``allocate(req, 1)`` has nothing to do (it returns True and changes nothing), and the
+        scheduler skips the call. None when a subclass overrides ``allocate`` (its own rule decides,
+        request by request)."""
+        if type(self).allocate is not PagedKVCacheManager.allocate:
+            return None
+        bs, tables = self.block_size, self.req_blocks
+        return [(held := tables.get(r.request_id)) is not None and r.num_computed_tokens < len(held) * bs
+                and held[r.num_computed_tokens // bs].ref_count <= 1 for r in reqs]
+
     def _new_block(self) -> Block:
         block = self.pool.allocate()
         if self._journal is not None:
