@@ -205,17 +205,15 @@ class PagedKVCacheManager:
             blocks.append(self._new_block())
         return True
 
-    def decodes_in_place(self, reqs: list[Request]) -> Optional[list[bool]]:
-        """The decode fast path, asked for a whole batch at once: for each request, does one more
-        position fit in the blocks it already holds, in a block no other sequence shares? Then
-        ``allocate(req, 1)`` has nothing to do (it returns True and changes nothing), and the
-        scheduler skips the call. None when a subclass overrides ``allocate`` (its own rule decides,
-        request by request)."""
-        if type(self).allocate is not PagedKVCacheManager.allocate:
-            return None
-        bs, tables = self.block_size, self.req_blocks
-        return [(held := tables.get(r.request_id)) is not None and r.num_computed_tokens < len(held) * bs
-                and held[r.num_computed_tokens // bs].ref_count <= 1 for r in reqs]
+    def in_place_block_size(self) -> Optional[int]:
+        """The decode fast path's rule, for a scheduler to apply to a whole batch without a call per
+        request: a request whose computed positions end part way through a block
+        (``num_computed_tokens % block_size != 0``) holds that block (its table covers every computed
+        position), so one more position fits, and ``allocate(req, 1)`` changes nothing unless the
+        block is shared. Only a fork shares a partly filled block (a prefix-cache hit shares full
+        ones), so the caller applies the rule only while no sequence was forked. Returns the block
+        size, or None when a subclass overrides ``allocate`` (its own rule decides, request by request)."""
+        return self.block_size if type(self).allocate is PagedKVCacheManager.allocate else None
 
     def _new_block(self) -> Block:
         block = self.pool.allocate()

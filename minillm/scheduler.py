@@ -262,7 +262,7 @@ class Scheduler:
         """When can ``check_stop`` fire for ``req``? ``(limit, watched)``: only once the output
         has ``limit`` tokens (the smallest length limit: ``max_tokens``, ``max_model_len``, the
         simulator's trace length) or on a token in ``watched`` (EOS unless ignored, the stop
-        token ids); ``watched`` is None when stop strings are matched, which look at every token.
+        token ids); ``limit`` is 0 when stop strings are matched, which look at every token.
         Computed once per request from fields that never change, so that applying a step's
         results can skip ``check_stop`` for the tokens that cannot end the request."""
         sp = req.sampling_params
@@ -272,7 +272,7 @@ class Scheduler:
         watched = set(sp.stop_token_ids)
         if req.eos_token_id is not None and not sp.ignore_eos:
             watched.add(req.eos_token_id)
-        req.stop_watch = (limit, None if sp.stop and self.tokenizer is not None else frozenset(watched))
+        req.stop_watch = (0 if sp.stop and self.tokenizer is not None else limit, frozenset(watched))
         return req.stop_watch
 
     def _stop_string(self, req: Request, early: bool) -> bool:
@@ -312,7 +312,8 @@ class Scheduler:
         for s in out.scheduled:
             req = s.request
             req.num_computed_tokens += s.num_new_tokens
-            accepted = self._settle_guesses(s, result, upd) if extras else 0
+            if extras:
+                self._settle_guesses(s, result, upd)
             new = sampled.get(req.request_id, ())
             reason = None
             appended = 0
@@ -327,7 +328,7 @@ class Scheduler:
                     output_ids.append(tok)
                     m.token_times.append(t)
                     # check_stop(req, tok), skipped when it cannot fire (see _stop_watch): most tokens
-                    if watched is None or tok in watched or len(output_ids) >= limit:
+                    if len(output_ids) >= limit or (watched and tok in watched):
                         reason = self.check_stop(req, tok)
                         if reason:
                             break
@@ -335,7 +336,7 @@ class Scheduler:
                 # Tokens accepted past a stop are dropped: keep KV consistent with the output.
                 req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
             if extras:
-                self._after_tokens(s, result, accepted, appended, t, upd)
+                self._after_tokens(s, result, appended, t, upd)
             if reason and self.finish(req, reason, t):
                 finished.append(req)
         if self.config.batching == "static" and not self.running and self.held:
@@ -350,14 +351,14 @@ class Scheduler:
             self.finish_request(req, req.pending_finish_reason, t)
         return released
 
-    def _settle_guesses(self, s: ScheduledRequest, result, upd: StepUpdate) -> int:
+    def _settle_guesses(self, s: ScheduledRequest, result, upd: StepUpdate) -> None:
         """Speculative decoding: the KV of rejected guesses is rolled back (and blocks reserved for
-        guesses this pass did not keep go back to the pool). Returns the guesses accepted."""
+        guesses this pass did not keep go back to the pool)."""
         req = s.request
-        accepted = result.spec_accepted.get(req.request_id, 0) if result.spec_accepted else 0
         if not (s.spec_token_ids or req.spec_token_ids):
-            return accepted
+            return
         if s.spec_token_ids:
+            accepted = result.spec_accepted.get(req.request_id, 0)
             req.num_computed_tokens -= len(s.spec_token_ids) - accepted
             self.kv.truncate(req, req.num_computed_tokens)
             upd.spec_proposed += len(s.spec_token_ids)
@@ -368,16 +369,15 @@ class Scheduler:
         else:
             self.kv.truncate(req, req.num_computed_tokens)
         req.spec_token_ids = []
-        return accepted
 
-    def _after_tokens(self, s: ScheduledRequest, result, accepted: int, appended: int, t: float,
-                      upd: StepUpdate) -> None:
+    def _after_tokens(self, s: ScheduledRequest, result, appended: int, t: float, upd: StepUpdate) -> None:
         """After a request's new tokens are appended: keep their logprobs, record the batch entry,
         fork a parallel-sampling group whose prompt is done."""
         req = s.request
         if result.logprobs or result.prompt_logprobs:
             self._keep_logprobs(req, appended, result.logprobs, result.prompt_logprobs)
         if self.record_batch:
+            accepted = result.spec_accepted.get(req.request_id, 0) if result.spec_accepted else 0
             upd.batch.append(BatchEntry(req.request_id, s.phase, s.num_new_tokens, s.num_computed_before,
                                         req.num_computed_tokens, len(s.spec_token_ids), accepted, appended))
         if appended and req.parent is not None and not req.parent.forked:
@@ -519,20 +519,19 @@ class Scheduler:
         decodes_left = self._decodes_left() if guesses else 0
         kv = self.kv
         caching = getattr(kv, "enable_prefix_caching", True)   # else cache_full_blocks registers nothing
-        running = list(self.running)
-        # Which decodes need nothing from the KV manager this step, asked once for the batch
-        # (with speculative guesses, every request goes through allocate).
-        ask = None if guesses else getattr(kv, "decodes_in_place", None)
-        in_place = ask(running) if ask is not None else None
-        for req, fits in zip(running, in_place or [False] * len(running)):
+        # The decode fast path: one token into the block the request is part way through needs
+        # nothing from the KV manager (kv.in_place_block_size; not with guesses or forks).
+        rule = None if guesses or self.has_groups else getattr(kv, "in_place_block_size", None)
+        bs = (rule() if rule is not None else None) or 0
+        for req in list(self.running):
             if req.status is not RequestStatus.RUNNING or budget <= 0:   # preempted above: O(1) test
                 continue
             before = req.num_computed_tokens
             num_output = len(req.output_token_ids)
             num_tokens = len(req.prompt_token_ids) + num_output
             n = num_tokens - before                       # known tokens without KV yet
-            if n == 1 and fits:
-                # The fast path: one token, into a block the request already owns (grant(req, 1)).
+            if n == 1 and bs and before % bs:
+                # grant(req, 1), with no allocate call
                 if caching:
                     kv.cache_full_blocks(req, num_tokens, shareable=False)
                 out.scheduled.append(ScheduledRequest(req, 1, before, num_output,
