@@ -205,6 +205,16 @@ class PagedKVCacheManager:
             blocks.append(self._new_block())
         return True
 
+    def in_place_block_size(self) -> Optional[int]:
+        """The decode fast path's rule, for a scheduler to apply to a whole batch without a call per
+        request: a request whose computed positions end part way through a block
+        (``num_computed_tokens % block_size != 0``) holds that block (its table covers every computed
+        position), so one more position fits, and ``allocate(req, 1)`` changes nothing unless the
+        block is shared. Only a fork shares a partly filled block (a prefix-cache hit shares full
+        ones), so the caller applies the rule only while no sequence was forked. Returns the block
+        size, or None when a subclass overrides ``allocate`` (its own rule decides, request by request)."""
+        return self.block_size if type(self).allocate is PagedKVCacheManager.allocate else None
+
     def _new_block(self) -> Block:
         block = self.pool.allocate()
         if self._journal is not None:

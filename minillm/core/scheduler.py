@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..detokenizer import IncrementalDetokenizer, find_stop
 from .policies import Policy
@@ -50,7 +50,7 @@ class ScheduledRequest:
     num_output_before: int       # output tokens before the step (the undo log reads both)
     phase: str                   # "prefill" | "decode" (a label: one rule covers both)
     samples: bool                # does the step reach the end of the known tokens (a token is sampled)?
-    spec_token_ids: list[int] = field(default_factory=list)   # draft tokens to verify
+    spec_token_ids: Sequence[int] = ()   # draft tokens to verify (a list when there are some)
 
 
 def grant(req: Request, num_new_tokens: int, spec_token_ids: list[int] = ()) -> ScheduledRequest:
@@ -63,7 +63,7 @@ def grant(req: Request, num_new_tokens: int, spec_token_ids: list[int] = ()) -> 
     decode = num_output > 0 and before >= num_tokens - 1
     return ScheduledRequest(req, num_new_tokens, before, num_output, "decode" if decode else "prefill",
                             before + num_new_tokens >= num_tokens + len(spec_token_ids),
-                            list(spec_token_ids) if spec_token_ids else [])
+                            list(spec_token_ids) if spec_token_ids else ())
 
 
 @dataclass
@@ -110,7 +110,8 @@ class Scheduler:
         self.incoming: list = []             # heap of (arrival_time, seq, request): not arrived yet
         self.now = 0.0                       # the clock at the last pass
         self._add_seq = 0                    # ties in ``incoming`` keep submission order
-        self.max_waiting_entries: Optional[int] = config.record_max_waiting   # cap on StepRecord.waiting
+        # Cap on StepRecord.waiting (record="none": only the request that stopped admission)
+        self.max_waiting_entries: Optional[int] = 0 if config.record == "none" else config.record_max_waiting
         self.running: list[Request] = []     # holds KV; scheduled every step
         self.swapped: list[Request] = []     # KV sits in host memory
         self.held: list[Request] = []        # done generating, waiting to be returned (static / every-N)
@@ -261,7 +262,7 @@ class Scheduler:
         """When can ``check_stop`` fire for ``req``? ``(limit, watched)``: only once the output
         has ``limit`` tokens (the smallest length limit: ``max_tokens``, ``max_model_len``, the
         simulator's trace length) or on a token in ``watched`` (EOS unless ignored, the stop
-        token ids); ``watched`` is None when stop strings are matched, which look at every token.
+        token ids); ``limit`` is 0 when stop strings are matched, which look at every token.
         Computed once per request from fields that never change, so that applying a step's
         results can skip ``check_stop`` for the tokens that cannot end the request."""
         sp = req.sampling_params
@@ -271,7 +272,7 @@ class Scheduler:
         watched = set(sp.stop_token_ids)
         if req.eos_token_id is not None and not sp.ignore_eos:
             watched.add(req.eos_token_id)
-        req.stop_watch = (limit, None if sp.stop and self.tokenizer is not None else frozenset(watched))
+        req.stop_watch = (0 if sp.stop and self.tokenizer is not None else limit, frozenset(watched))
         return req.stop_watch
 
     def _stop_string(self, req: Request, early: bool) -> bool:
@@ -302,18 +303,18 @@ class Scheduler:
             finished.append(req)
 
         upd = StepUpdate(batch=[], finished=finished)
-        sampled, accepted_by = result.sampled, result.spec_accepted
-        logprobs, prompt_logprobs = result.logprobs, result.prompt_logprobs
+        sampled = result.sampled
         first_tokens = self.journal.save_progress(out.scheduled)
-        batch = upd.batch if self.record_batch else None
+        # Guesses to settle, logprobs to keep, batch entries to record, groups to fork: one test per
+        # request when the step has none of these (the simulator's usual step).
+        extras = bool(self.config.speculative_model is not None or result.spec_accepted or result.logprobs
+                      or result.prompt_logprobs or self.record_batch or self.has_groups)
         for s in out.scheduled:
             req = s.request
-            rid = req.request_id
             req.num_computed_tokens += s.num_new_tokens
-            accepted = accepted_by.get(rid, 0) if accepted_by else 0
-            if s.spec_token_ids or req.spec_token_ids:
-                self._settle_guesses(s, accepted, upd)
-            new = sampled.get(rid, ())
+            if extras:
+                self._settle_guesses(s, result, upd)
+            new = sampled.get(req.request_id, ())
             reason = None
             appended = 0
             if new:
@@ -327,20 +328,15 @@ class Scheduler:
                     output_ids.append(tok)
                     m.token_times.append(t)
                     # check_stop(req, tok), skipped when it cannot fire (see _stop_watch): most tokens
-                    if watched is None or tok in watched or len(output_ids) >= limit:
+                    if len(output_ids) >= limit or (watched and tok in watched):
                         reason = self.check_stop(req, tok)
                         if reason:
                             break
             if appended > 1 and reason:
                 # Tokens accepted past a stop are dropped: keep KV consistent with the output.
                 req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
-            if logprobs or prompt_logprobs:
-                self._keep_logprobs(req, appended, logprobs, prompt_logprobs)
-            if batch is not None:
-                batch.append(BatchEntry(rid, s.phase, s.num_new_tokens, s.num_computed_before,
-                                        req.num_computed_tokens, len(s.spec_token_ids), accepted, appended))
-            if appended and req.parent is not None and not req.parent.forked:
-                self._fork(req, result, t, upd)
+            if extras:
+                self._after_tokens(s, result, appended, t, upd)
             if reason and self.finish(req, reason, t):
                 finished.append(req)
         if self.config.batching == "static" and not self.running and self.held:
@@ -355,11 +351,14 @@ class Scheduler:
             self.finish_request(req, req.pending_finish_reason, t)
         return released
 
-    def _settle_guesses(self, s: ScheduledRequest, accepted: int, upd: StepUpdate) -> None:
+    def _settle_guesses(self, s: ScheduledRequest, result, upd: StepUpdate) -> None:
         """Speculative decoding: the KV of rejected guesses is rolled back (and blocks reserved for
         guesses this pass did not keep go back to the pool)."""
         req = s.request
+        if not (s.spec_token_ids or req.spec_token_ids):
+            return
         if s.spec_token_ids:
+            accepted = result.spec_accepted.get(req.request_id, 0)
             req.num_computed_tokens -= len(s.spec_token_ids) - accepted
             self.kv.truncate(req, req.num_computed_tokens)
             upd.spec_proposed += len(s.spec_token_ids)
@@ -370,6 +369,19 @@ class Scheduler:
         else:
             self.kv.truncate(req, req.num_computed_tokens)
         req.spec_token_ids = []
+
+    def _after_tokens(self, s: ScheduledRequest, result, appended: int, t: float, upd: StepUpdate) -> None:
+        """After a request's new tokens are appended: keep their logprobs, record the batch entry,
+        fork a parallel-sampling group whose prompt is done."""
+        req = s.request
+        if result.logprobs or result.prompt_logprobs:
+            self._keep_logprobs(req, appended, result.logprobs, result.prompt_logprobs)
+        if self.record_batch:
+            accepted = result.spec_accepted.get(req.request_id, 0) if result.spec_accepted else 0
+            upd.batch.append(BatchEntry(req.request_id, s.phase, s.num_new_tokens, s.num_computed_before,
+                                        req.num_computed_tokens, len(s.spec_token_ids), accepted, appended))
+        if appended and req.parent is not None and not req.parent.forked:
+            self._fork(req, result, t, upd)
 
     @staticmethod
     def _keep_logprobs(req: Request, appended: int, logprobs: dict, prompt_logprobs: dict) -> None:
@@ -503,13 +515,14 @@ class Scheduler:
     def _schedule_running(self, now: float, out: SchedulerOutput, budget: int) -> int:
         """1. Running requests: one new token each (or the next chunk of their prompt), preempting
         (the policy's victim) when a block is needed and none is free. Returns the budget left."""
-        cfg = self.config
-        # Speculative tokens never crowd out another running request's next token.
-        # (Only a speculator proposes guesses: without one, no pass over the running set.)
-        decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) \
-            if cfg.speculative_model is not None and any(r.spec_token_ids for r in self.running) else 0
+        guesses = self.config.speculative_model is not None and any(r.spec_token_ids for r in self.running)
+        decodes_left = self._decodes_left() if guesses else 0
         kv = self.kv
         caching = getattr(kv, "enable_prefix_caching", True)   # else cache_full_blocks registers nothing
+        # The decode fast path: one token into the block the request is part way through needs
+        # nothing from the KV manager (kv.in_place_block_size; not with guesses or forks).
+        rule = None if guesses or self.has_groups else getattr(kv, "in_place_block_size", None)
+        bs = (rule() if rule is not None else None) or 0
         for req in list(self.running):
             if req.status is not RequestStatus.RUNNING or budget <= 0:   # preempted above: O(1) test
                 continue
@@ -517,6 +530,14 @@ class Scheduler:
             num_output = len(req.output_token_ids)
             num_tokens = len(req.prompt_token_ids) + num_output
             n = num_tokens - before                       # known tokens without KV yet
+            if n == 1 and bs and before % bs:
+                # grant(req, 1), with no allocate call
+                if caching:
+                    kv.cache_full_blocks(req, num_tokens, shareable=False)
+                out.scheduled.append(ScheduledRequest(req, 1, before, num_output,
+                                                      "decode" if num_output else "prefill", True))
+                budget -= 1
+                continue
             if n == 1 and decodes_left:
                 decodes_left -= 1                         # this one's own next token
             # Speculative tokens count against the budget: keep as many as fit after the known
@@ -545,9 +566,15 @@ class Scheduler:
             # grant(req, n, spec), written out: this line runs for every running request every step
             out.scheduled.append(ScheduledRequest(
                 req, n, before, num_output, "decode" if num_output and before >= num_tokens - 1 else "prefill",
-                before + n >= num_tokens + len(spec), list(spec) if spec else []))
+                before + n >= num_tokens + len(spec), list(spec) if spec else ()))
             budget -= n
         return budget
+
+    def _decodes_left(self) -> int:
+        """With speculative guesses this pass: the running requests with one known token to
+        process (speculative tokens never crowd out another running request's next token).
+        Only asked when a speculator proposed guesses: without one, no pass over the running set."""
+        return sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
         """2. Swapped-out requests come back (KV copied in) before anybody new is admitted, oldest

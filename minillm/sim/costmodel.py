@@ -44,6 +44,7 @@ No torch here: this module is plain arithmetic and stays importable anywhere.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -543,20 +544,18 @@ class RooflineCostModel(CostModel):
     def step_time(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
         """Seconds for one forward over the batch; 0 for an empty batch (nothing runs).
 
-        ``breakdown``'s ``"time"``, the same arithmetic in one pass over the batch (the
-        simulator asks this every step, so it walks the batch once, not five times)."""
-        if len(num_new_tokens) != len(context_lens):
-            _check_batch(num_new_tokens, context_lens)
-        tokens = context = 0
-        pairs = 0.0
-        for q, c in zip(num_new_tokens, context_lens):
-            if q < 0 or c < q:
-                _check_batch(num_new_tokens, context_lens)          # raises, naming the pair
-            tokens += q
-            context += c
-            pairs += q * (c - q) + q * (q + 1) / 2
+        ``breakdown``'s ``"time"``, the same arithmetic as a few sums over the batch (the
+        simulator asks this every step)."""
+        if len(num_new_tokens) != len(context_lens) or min(num_new_tokens, default=0) < 0 \
+                or any(map(operator.lt, context_lens, num_new_tokens)):
+            _check_batch(num_new_tokens, context_lens)              # raises, naming the pair
+        tokens, context = sum(num_new_tokens), sum(context_lens)
         if tokens == 0:
             return 0.0
+        # The attention pairs, sum of q (c - q) + q (q + 1) / 2, as sum(q c) - (sum(q^2) - sum(q)) / 2:
+        # sums the interpreter's built-ins run (exact: integers).
+        pairs = sum(map(operator.mul, num_new_tokens, context_lens)) \
+            - (sum(map(operator.mul, num_new_tokens, num_new_tokens)) - tokens) / 2
         m = self.model
         flops = 2.0 * m.num_params * tokens + 4.0 * m.num_layers * m.num_heads * m.head_dim * pairs
         nbytes = float(m.weight_bytes + m.kv_bytes_per_token * context + m.kv_bytes_per_token * tokens)

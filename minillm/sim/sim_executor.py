@@ -11,6 +11,7 @@ from ..worker.model_runner import ExecutionResult
 from ..core.scheduler import SchedulerOutput
 
 PLACEHOLDER_TOKEN = 0
+_ONE_TOKEN = (PLACEHOLDER_TOKEN,)
 
 
 class SimulatedExecutor:
@@ -24,8 +25,9 @@ class SimulatedExecutor:
     def execute(self, out: SchedulerOutput) -> ExecutionResult:
         res = ExecutionResult()
         res.swap_bytes = (len(out.swap_out) + len(out.swap_in)) * self.bytes_per_block
-        # A request that reached the end of its known tokens samples one new token.
-        res.sampled = {s.request.request_id: [PLACEHOLDER_TOKEN] for s in out.scheduled if s.samples}
+        # A request that reached the end of its known tokens samples one new token. (One tuple
+        # shared by all: the scheduler only reads the tokens it is given.)
+        res.sampled = dict.fromkeys([s.request.request_id for s in out.scheduled if s.samples], _ONE_TOKEN)
         return res
 
     def forget(self, request_id: str) -> None:
