@@ -135,7 +135,7 @@ class CopyOnWriteKVCacheManager(PagedKVCacheManager):
     """minillm's paged KV manager whose fork and copy-on-write are the three functions above."""
 
     def fork(self, parent, child) -> list[int]:
-        self._touch(child.request_id)
+        self._save_table(child.request_id)
         parent_ids = self.block_table(parent.request_id)
         table = fork(parent_ids, _RefCounts(self.pool))
         self.req_blocks[child.request_id] = [self.pool.blocks[b] for b in table]
@@ -162,4 +162,4 @@ class CopyOnWriteKVCacheManager(PagedKVCacheManager):
 def cow_kv_manager(config, num_blocks: int) -> CopyOnWriteKVCacheManager:
     """An ``EngineConfig.kv_manager`` factory: ``LLM(kv_manager=cow_kv_manager, ...)``."""
     return CopyOnWriteKVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                     config.num_swap_blocks)
+                                     config.num_swap_blocks, config.watermark)
