@@ -515,7 +515,7 @@ with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `fork`: raise each block's count by one, and return `list(table)` (a new list). `block_to_write`: `num_computed_tokens // block_size`, or None if that is not below `num_blocks_held`. `copy_on_write`: nothing to do unless that block exists and its count is above 1; then `allocate()`, put the fresh id in its place in `table`, take one off the shared block's count, and return `(shared, fresh)`.
+# `fork`: raise each block's count by one, and return `list(table)` (a new list). `block_to_write`: `num_computed_tokens // block_size`, or None if that is not below `num_blocks_held`. `copy_on_write`: nothing to do unless that block exists and its count is above 1; then `new_block()`, put the fresh id in its place in `table`, take one off the shared block's count, and return `(shared, fresh)`.
 #
 # </details>
 
