@@ -124,6 +124,9 @@ class LLMEngine:
             raise ValueError(f"EngineConfig.kv_manager={config.kv_manager!r}: built a manager of "
                              f"{kv.num_blocks} blocks of {kv.block_size} tokens; the engine has "
                              f"{num_blocks} blocks of {config.block_size}")
+        if getattr(kv, "watermark_blocks", None) != int(config.watermark * num_blocks):   # the manager keeps it
+            raise ValueError(f"EngineConfig.kv_manager={config.kv_manager!r}: built a manager without the "
+                             f"watermark={config.watermark} (pass the config's watermark to it)")
         return kv
 
     def _make_executor(self, num_blocks: int):

@@ -26,6 +26,7 @@ from ..step_record import KVSnapshot
 
 
 class PagedKVCacheManager:
+    """Block tables on demand from a ``BlockPool``; admission leaves ``watermark_blocks`` free."""
     mode = "paged"
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
