@@ -70,6 +70,8 @@ class ReservedKVCacheManager:
         pass
 
     def can_allocate(self, req: Request, num_new_tokens: int, cached=(), reserve_blocks: int = 0):
+        """(fits, positions needed, positions free): a running request grows inside its region; a new
+        one's whole reservation must fit one gap beside the watermark's headroom and ``reserve_blocks``."""
         if req.request_id in self.regions:
             _, length = self.regions[req.request_id]
             return req.num_computed_tokens + num_new_tokens <= length, 0, self.num_free_positions
