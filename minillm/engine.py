@@ -124,6 +124,9 @@ class LLMEngine:
             raise ValueError(f"EngineConfig.kv_manager={config.kv_manager!r}: built a manager of "
                              f"{kv.num_blocks} blocks of {kv.block_size} tokens; the engine has "
                              f"{num_blocks} blocks of {config.block_size}")
+        if getattr(kv, "watermark_blocks", None) != int(config.watermark * num_blocks):   # the manager keeps it
+            raise ValueError(f"EngineConfig.kv_manager={config.kv_manager!r}: built a manager without the "
+                             f"watermark={config.watermark} (pass the config's watermark to it)")
         return kv
 
     def _make_executor(self, num_blocks: int):
@@ -355,13 +358,13 @@ class LLMEngine:
         need = min(len(ids) + sp.max_tokens, cfg.max_model_len)
         if cfg.kv_allocation == "reserved":
             # Admission keeps the watermark's headroom free, so a region must fit beside it.
-            cap = (self.num_kv_blocks - self.scheduler.watermark_blocks) * cfg.block_size
+            cap = (self.num_kv_blocks - self.kv.watermark_blocks) * cfg.block_size
             if need > cap:
                 raise ValueError(f"request{who}: its reservation of {need} positions (prompt "
                                  f"{len(ids)} + max_tokens {sp.max_tokens}) exceeds the whole KV capacity "
                                  f"of {cap} positions; it could never run")
         else:
-            usable = self.num_kv_blocks - self.scheduler.watermark_blocks
+            usable = self.num_kv_blocks - self.kv.watermark_blocks
             blocks = math.ceil(need / cfg.block_size)
             if blocks > usable:
                 raise ValueError(f"request{who}: at its maximum length ({need} positions = "

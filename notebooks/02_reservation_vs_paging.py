@@ -369,8 +369,8 @@ with impl.attempt("ex02.blocks_needed / partial_block_waste"):
     print(ex.blocks_needed(17, 16), ex.partial_block_waste([5, 16, 17], 16))
 
 # %% [markdown]
-# **Exercise 3, `BlockAllocator`**: the free list of a paged cache with reference counts, `allocate()`
-# and `free(blocks)`. Below, Figure 4's paged engine with your allocator inside (it counts blocks with
+# **Exercise 3, `BlockAllocator`**: the free list of a paged cache with reference counts,
+# `get_new_blocks(n)` and `free_blocks(blocks)` (vLLM's names). Below, Figure 4's paged engine with your allocator inside (it counts blocks with
 # your `blocks_needed` from exercise 1, so that one must work too).
 
 # %% [markdown]
@@ -381,7 +381,7 @@ with impl.attempt("ex02.blocks_needed / partial_block_waste"):
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `free`: `for block in reversed(blocks)`: refuse a block whose `ref_count` is already 0, take one off, and put the block at the back of the queue when it reaches 0.
+# `free_blocks`: `for block in reversed(blocks)`: refuse a block whose `ref_count` is already 0, take one off, and put the block at the back of the queue when it reaches 0.
 #
 # </details>
 

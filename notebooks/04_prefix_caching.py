@@ -478,7 +478,7 @@ with impl.attempt("ex04.hash_block / block_hashes"):
 
 # %% [markdown]
 # **Exercise 2, `longest_prefix_match`**: the cached blocks a request can reuse (section 1).
-# **Exercise 3, `EvictingBlockPool`**: `evict`, `allocate`, `take` and `free` (section 2). Below,
+# **Exercise 3, `EvictingBlockPool`**: `evict`, `get_new_blocks`, `touch` and `free_blocks` (section 2). Below,
 # section 2's five requests on an engine built from your three pieces (on the simulated executor:
 # only the block decisions matter here), next to minillm's own:
 
@@ -490,7 +490,7 @@ with impl.attempt("ex04.hash_block / block_hashes"):
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# The pool: `take` removes a block with `ref_count == 0` from the free queue before counting it; `allocate` is `popitem(last=False)`, then `evict` if the block has a hash; `evict` deletes the index entry only if it is this very block (`self.cached.get(h) is block`); `free` walks `reversed(blocks)` and puts a block that reaches 0 into the free queue where its docstring says.
+# The pool: `touch` removes a block with `ref_count == 0` from the free queue before counting it; `get_new_blocks` refuses first when too few are free, then per block `popitem(last=False)`, and `evict` if the block has a hash; `evict` deletes the index entry only if it is this very block (`self.cached.get(h) is block`); `free_blocks` walks `reversed(blocks)` and puts a block that reaches 0 into the free queue where its docstring says.
 #
 # </details>
 
@@ -515,7 +515,7 @@ with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `fork`: raise each block's count by one, and return `list(table)` (a new list). `block_to_write`: `num_computed_tokens // block_size`, or None if that is not below `num_blocks_held`. `copy_on_write`: nothing to do unless that block exists and its count is above 1; then `allocate()`, put the fresh id in its place in `table`, take one off the shared block's count, and return `(shared, fresh)`.
+# `fork`: raise each block's count by one, and return `list(table)` (a new list). `block_to_write`: `num_computed_tokens // block_size`, or None if that is not below `num_blocks_held`. `copy_on_write`: nothing to do unless that block exists and its count is above 1; then `new_block()`, put the fresh id in its place in `table`, take one off the shared block's count, and return `(shared, fresh)`.
 #
 # </details>
 

@@ -20,7 +20,8 @@ from collections import OrderedDict
 from typing import Optional, Sequence
 
 from minillm.core.block_pool import Block
-from minillm.core.kv_cache import PagedKVCacheManager, ReservedKVCacheManager
+from minillm.core.kv_cache import PagedKVCacheManager
+from minillm.core.reserved_kv_cache import ReservedKVCacheManager
 
 __all__ = ["blocks_needed", "partial_block_waste", "BlockAllocator", "FirstFitAllocator",
            "YourPagedKVCacheManager", "YourReservedKVCacheManager", "paged_engine", "reserved_engine"]
@@ -77,9 +78,9 @@ class BlockAllocator:
     number of requests holding it; more than one only when a prefix is shared, notebook 04)
     and is not in the free queue.
 
-    The engine's paged KV manager calls ``allocate()`` whenever a request's last block is
-    full and it needs one more, and ``free(blocks)`` with a request's whole block table when
-    the request finishes or is preempted.
+    The engine's paged KV manager calls ``get_new_blocks(n)`` whenever a request needs ``n``
+    more blocks (its last one is full), and ``free_blocks(blocks)`` with a request's whole block
+    table when the request finishes or is preempted (vLLM's names for the two moves).
     """
 
     def __init__(self, num_blocks: int):
@@ -97,25 +98,28 @@ class BlockAllocator:
         """Blocks that can be handed out now."""
         return len(self.free_queue)
 
-    def allocate(self) -> Block:
-        """A block for one request: the one at the front of the free queue, now held once
-        (``ref_count == 1``) and out of the queue.
+    def get_new_blocks(self, num_blocks: int) -> list[Block]:
+        """``num_blocks`` blocks for one request, in order: each taken from the front of the free
+        queue, now held once (``ref_count == 1``) and out of the queue.
 
-        With no free block, raise ``RuntimeError`` (the scheduler checks ``num_free`` first, so
-        this means a bug somewhere).
+        With fewer than ``num_blocks`` free, raise ``RuntimeError`` and hand out nothing (the
+        scheduler checks ``num_free`` first, so this means a bug somewhere).
 
-        >>> a = BlockAllocator(4); [a.allocate().block_id, a.allocate().block_id], a.num_free
+        >>> a = BlockAllocator(4); [b.block_id for b in a.get_new_blocks(2)], a.num_free
         ([0, 1], 2)
         """
         ### BEGIN SOLUTION
-        if not self.free_queue:
-            raise RuntimeError("BlockAllocator.allocate: no free block")
-        _, block = self.free_queue.popitem(last=False)
-        block.ref_count = 1
-        return block
+        if num_blocks > len(self.free_queue):
+            raise RuntimeError(f"BlockAllocator.get_new_blocks: {num_blocks} asked for, {len(self.free_queue)} free")
+        blocks = []
+        for _ in range(num_blocks):
+            _, block = self.free_queue.popitem(last=False)
+            block.ref_count = 1
+            blocks.append(block)
+        return blocks
         ### END SOLUTION
 
-    def free(self, blocks: Sequence[Block]) -> None:
+    def free_blocks(self, blocks: Sequence[Block]) -> None:
         """A request lets go of its block table ``blocks`` (in table order): each block loses
         one holder.
 
@@ -125,13 +129,13 @@ class BlockAllocator:
         04 relies on that order). Freeing a block that is already free is a bug:
         ``RuntimeError``.
 
-        >>> a = BlockAllocator(4); t = [a.allocate(), a.allocate()]; a.free(t); list(a.free_queue)
+        >>> a = BlockAllocator(4); t = a.get_new_blocks(2); a.free_blocks(t); list(a.free_queue)
         [2, 3, 1, 0]
         """
         ### BEGIN SOLUTION
         for block in reversed(blocks):
             if block.ref_count <= 0:
-                raise RuntimeError(f"BlockAllocator.free: block {block.block_id} is already free")
+                raise RuntimeError(f"BlockAllocator.free_blocks: block {block.block_id} is already free")
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_queue[block.block_id] = block
@@ -216,8 +220,8 @@ class YourPagedKVCacheManager(PagedKVCacheManager):
     """minillm's paged KV manager, counting blocks with your ``blocks_needed`` and taking
     them from your ``BlockAllocator`` (prefix caching and swapping stay off)."""
 
-    def __init__(self, num_blocks: int, block_size: int):
-        super().__init__(num_blocks, block_size)
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
+        super().__init__(num_blocks, block_size, watermark=watermark)
         self.pool = BlockAllocator(num_blocks)
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -227,8 +231,8 @@ class YourPagedKVCacheManager(PagedKVCacheManager):
 class YourReservedKVCacheManager(ReservedKVCacheManager):
     """minillm's reservation manager, placing regions with your ``FirstFitAllocator``."""
 
-    def __init__(self, num_blocks: int, block_size: int, max_model_len: int):
-        super().__init__(num_blocks, block_size, max_model_len)
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int, watermark: float = 0.0):
+        super().__init__(num_blocks, block_size, max_model_len, watermark)
         self.fit = FirstFitAllocator(self.capacity)
         self.regions = self.fit.regions          # one dict: the engine reads what your code writes
 
@@ -254,7 +258,8 @@ def paged_engine(model: str = "random", **config):
         if config.get(knob):
             raise ValueError(f"paged_engine: {knob} is not supported by this exercise's allocator")
     return LLM(model=model, kv_allocation="paged", **config,
-               kv_manager=lambda cfg, num_blocks: YourPagedKVCacheManager(num_blocks, cfg.block_size))
+               kv_manager=lambda cfg, num_blocks: YourPagedKVCacheManager(num_blocks, cfg.block_size,
+                                                                          cfg.watermark))
 
 
 def reserved_engine(model: str = "random", **config):
@@ -263,4 +268,4 @@ def reserved_engine(model: str = "random", **config):
 
     return LLM(model=model, kv_allocation="reserved", **config,
                kv_manager=lambda cfg, num_blocks: YourReservedKVCacheManager(num_blocks, cfg.block_size,
-                                                                             cfg.max_model_len))
+                                                                             cfg.max_model_len, cfg.watermark))

@@ -119,14 +119,16 @@ class EvictingBlockPool(BlockPool):
     * ``self.free_queue``: an ``OrderedDict`` block id -> ``Block`` of the blocks nobody holds
       (``ref_count == 0``), in eviction order: the front is handed out first. A free block may
       still carry a cached prefix (its hash): it keeps its KV until it is handed out again;
-    * ``self.cached``: key -> the block holding that prefix (``lookup`` and ``cache``, given below,
-      fill and read it);
+    * ``self.cached``: key -> the block holding that prefix (``cache_full_blocks`` fills it, keyed
+      by your ``hash_block``; ``get_cached_block(key)`` reads it);
     * ``self.stats["evictions"]``: how many cached prefixes were dropped.
 
-    The engine calls ``take(block)`` for every block of a prefix-cache hit, ``allocate()`` when a
-    request needs a fresh block, and ``free(blocks)`` with a request's block table when it
-    finishes or is preempted.
+    The engine calls ``touch(blocks)`` with the blocks of a prefix-cache hit, ``get_new_blocks(n)``
+    when a request needs ``n`` fresh blocks, and ``free_blocks(blocks)`` with a request's block
+    table when it finishes or is preempted (vLLM's names for the three moves).
     """
+
+    hash_block = staticmethod(hash_block)      # given: the pool's keys are your hash_block's
 
     def __init__(self, num_blocks: int, enable_caching: bool = True):
         super().__init__(num_blocks, enable_caching)
@@ -143,31 +145,35 @@ class EvictingBlockPool(BlockPool):
         self.stats["evictions"] += 1
         ### END SOLUTION
 
-    def allocate(self) -> Block:
-        """A fresh block: take the one at the *front* of the free queue (one holding nothing if any,
-        else the least recently freed cached block: LRU), evict its cached prefix if it carries
-        one, give it ``ref_count = 1`` and return it.
-        With no free block, raise ``RuntimeError``."""
+    def get_new_blocks(self, num_blocks: int) -> list[Block]:
+        """``num_blocks`` fresh blocks, in order: each the one at the *front* of the free queue (one
+        holding nothing if any, else the least recently freed cached block: LRU), its cached prefix
+        evicted if it carries one, with ``ref_count = 1``.
+        With fewer than ``num_blocks`` free, raise ``RuntimeError`` and hand out nothing."""
         ### BEGIN SOLUTION
-        if not self.free_queue:
-            raise RuntimeError("EvictingBlockPool.allocate: no free block")
-        _, block = self.free_queue.popitem(last=False)
-        if block.block_hash is not None:
-            self.evict(block)
-        block.ref_count = 1
-        return block
+        if num_blocks > len(self.free_queue):
+            raise RuntimeError(f"EvictingBlockPool.get_new_blocks: {num_blocks} asked for, {len(self.free_queue)} free")
+        blocks = []
+        for _ in range(num_blocks):
+            _, block = self.free_queue.popitem(last=False)
+            if block.block_hash is not None:
+                self.evict(block)
+            block.ref_count = 1
+            blocks.append(block)
+        return blocks
         ### END SOLUTION
 
-    def take(self, block: Block) -> None:
-        """A prefix-cache hit: one more request holds ``block``. If nobody held it (it sat in the
-        free queue, cached), take it out of the free queue; then add one reference."""
+    def touch(self, blocks: Sequence[Block]) -> None:
+        """A prefix-cache hit: one more request holds each of ``blocks``. A block nobody held (it sat
+        in the free queue, cached) leaves the free queue; each gains one reference."""
         ### BEGIN SOLUTION
-        if block.ref_count == 0:
-            del self.free_queue[block.block_id]
-        block.ref_count += 1
+        for block in blocks:
+            if block.ref_count == 0:
+                del self.free_queue[block.block_id]
+            block.ref_count += 1
         ### END SOLUTION
 
-    def free(self, blocks: Sequence[Block]) -> None:
+    def free_blocks(self, blocks: Sequence[Block]) -> None:
         """A request lets go of its block table ``blocks``. Go through them in *reverse* order
         (last block first) and drop one reference from each. A block whose count reaches 0 joins
         the free queue: at the *back* if it keeps a cached prefix (caching on and a hash set), at
@@ -182,7 +188,7 @@ class EvictingBlockPool(BlockPool):
         ### BEGIN SOLUTION
         for block in reversed(blocks):
             if block.ref_count <= 0:
-                raise RuntimeError(f"EvictingBlockPool.free: block {block.block_id} is not held")
+                raise RuntimeError(f"EvictingBlockPool.free_blocks: block {block.block_id} is not held")
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_queue[block.block_id] = block
@@ -191,20 +197,6 @@ class EvictingBlockPool(BlockPool):
                     if self.enable_caching:
                         self.free_queue.move_to_end(block.block_id, last=False)
         ### END SOLUTION
-
-    # --- given: the cache index, keyed by your hash_block ---------------------------------
-    def lookup(self, parent_hash: Optional[int], token_ids: tuple) -> Optional[Block]:
-        block = self.cached.get(hash_block(parent_hash, token_ids))
-        if block is None or block.token_ids != token_ids or block.parent_hash != parent_hash:
-            return None
-        return block
-
-    def cache(self, block: Block, parent_hash: Optional[int], token_ids: tuple) -> int:
-        h = hash_block(parent_hash, token_ids)
-        if block.block_hash is None:
-            block.block_hash, block.token_ids, block.parent_hash = h, token_ids, parent_hash
-            self.cached.setdefault(h, block)
-        return h
 
 
 # =====================================================================================
@@ -246,8 +238,9 @@ class YourPrefixCachingKVCacheManager(PagedKVCacheManager):
     ``EvictingBlockPool`` (hashed with your ``hash_block``) and whose prefix lookups are your
     ``longest_prefix_match``."""
 
-    def __init__(self, num_blocks: int, block_size: int, num_swap_blocks: int = 0):
-        super().__init__(num_blocks, block_size, enable_prefix_caching=True, num_swap_blocks=num_swap_blocks)
+    def __init__(self, num_blocks: int, block_size: int, num_swap_blocks: int = 0, watermark: float = 0.0):
+        super().__init__(num_blocks, block_size, enable_prefix_caching=True, num_swap_blocks=num_swap_blocks,
+                         watermark=watermark)
         self.pool = EvictingBlockPool(num_blocks, enable_caching=True)
 
     def find_cached_prefix(self, req) -> list[Block]:
@@ -263,4 +256,4 @@ def prefix_engine(model: str = "random", **config):
     config["enable_prefix_caching"] = True
     return LLM(model=model, **config,
                kv_manager=lambda cfg, num_blocks: YourPrefixCachingKVCacheManager(num_blocks, cfg.block_size,
-                                                                                  cfg.num_swap_blocks))
+                                                                                  cfg.num_swap_blocks, cfg.watermark))

@@ -79,18 +79,18 @@ def block_to_write(num_computed_tokens: int, block_size: int, num_blocks_held: i
 # =====================================================================================
 
 def copy_on_write(table: list[int], num_computed_tokens: int, block_size: int,
-                  ref_counts: MutableMapping[int, int], allocate: Callable[[], int]) -> Optional[tuple[int, int]]:
+                  ref_counts: MutableMapping[int, int], new_block: Callable[[], int]) -> Optional[tuple[int, int]]:
     """Called before a sequence writes its next position's KV (``block_to_write``). If that
     position falls in a block of ``table`` that other sequences also hold (reference count above
     1), the sequence gets its own copy:
 
-    * ``allocate()`` returns a fresh block id (already counted once: it is this sequence's);
+    * ``new_block()`` returns a fresh block id (already counted once: it is this sequence's);
     * the fresh block replaces the shared one in ``table`` (in place: ``table`` is the sequence's
       own list);
     * the shared block is held once less: subtract 1 from its ``ref_counts`` entry.
 
     Returns the copy the runner must make, ``(shared block, fresh block)``: source, then
-    destination. Returns None, and changes nothing (no ``allocate()`` either), when nothing must
+    destination. Returns None, and changes nothing (no ``new_block()`` either), when nothing must
     be copied: the position starts a new block, or the block is held by this sequence alone (the
     last holder writes in place).
     """
@@ -98,7 +98,7 @@ def copy_on_write(table: list[int], num_computed_tokens: int, block_size: int,
     index = block_to_write(num_computed_tokens, block_size, len(table))
     if index is None or ref_counts[table[index]] <= 1:
         return None
-    shared, fresh = table[index], allocate()
+    shared, fresh = table[index], new_block()
     table[index] = fresh
     ref_counts[shared] -= 1
     return shared, fresh
@@ -135,7 +135,7 @@ class CopyOnWriteKVCacheManager(PagedKVCacheManager):
     """minillm's paged KV manager whose fork and copy-on-write are the three functions above."""
 
     def fork(self, parent, child) -> list[int]:
-        self._touch(child.request_id)
+        self._save_table(child.request_id)
         parent_ids = self.block_table(parent.request_id)
         table = fork(parent_ids, _RefCounts(self.pool))
         self.req_blocks[child.request_id] = [self.pool.blocks[b] for b in table]
@@ -162,4 +162,4 @@ class CopyOnWriteKVCacheManager(PagedKVCacheManager):
 def cow_kv_manager(config, num_blocks: int) -> CopyOnWriteKVCacheManager:
     """An ``EngineConfig.kv_manager`` factory: ``LLM(kv_manager=cow_kv_manager, ...)``."""
     return CopyOnWriteKVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                     config.num_swap_blocks)
+                                     config.num_swap_blocks, config.watermark)

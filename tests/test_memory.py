@@ -203,6 +203,35 @@ def test_watermark_keeps_headroom():
     run_all(e)
 
 
+def test_the_kv_manager_holds_the_watermark():
+    """10 blocks of 4 positions, watermark 0.2: the manager keeps int(0.2 * 10) = 2 blocks free beside a
+    new request (and beside a group's other samples), lets a running request grow into them, and brings
+    a swapped-out request back only beside them (worked by hand)."""
+    from minillm.core.kv_cache import PagedKVCacheManager
+    from minillm.core.request import Request
+
+    kv = PagedKVCacheManager(10, 4, num_swap_blocks=10, watermark=0.2)
+    new = Request("new", list(range(32)), SamplingParams(max_tokens=4), 0.0)     # 32 positions: 8 blocks
+    assert kv.can_allocate(new, 32) == (True, 8, 10)                             # 8 <= 10 - 2
+    assert kv.can_allocate(new, 32, reserve_blocks=1) == (False, 8, 10)           # 8 > 10 - 2 - 1
+    assert not kv.can_allocate(new, 33)[0]                                        # 9 blocks > 10 - 2
+    assert "(2 kept as headroom)" in kv.explain_wait(new, 33)
+    assert kv.allocate(new, 32)
+    new.num_computed_tokens = 32
+    assert kv.can_allocate(new, 8) == (True, 2, 2)        # running: grows into the headroom
+    assert kv.allocate(new, 8) and kv.num_free_blocks == 0
+    new.num_computed_tokens = 40
+    kv.swap_out(new)
+    assert kv.can_swap_in(new, 1) == (False, 11, 10)      # 11 blocks for 41 positions; 10 - 2 usable
+    kv.free(new)
+    back = Request("back", list(range(20)), SamplingParams(max_tokens=4), 0.0)
+    kv.allocate(back, 20)
+    back.num_computed_tokens = 20
+    kv.swap_out(back)                                     # 5 blocks in host memory, 10 free
+    assert kv.can_swap_in(back, 4) == (True, 6, 10)       # 24 positions: 6 blocks <= 10 - 2
+    assert kv.can_swap_in(back, 16) == (False, 9, 10)     # 36 positions: 9 blocks > 10 - 2
+
+
 # --- random workloads -------------------------------------------------------------------------
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

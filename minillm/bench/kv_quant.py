@@ -51,7 +51,7 @@ class PagedRun:
     def __init__(self, model, lengths: list[int], kv_cache_dtype: str, block_size: int = 16):
         import torch
 
-        from ..worker.model_runner import allocate_kv_cache
+        from ..worker.kv_tensors import allocate_kv_cache
         self.model, self.block_size = model, block_size
         self.device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
@@ -66,7 +66,7 @@ class PagedRun:
     def forward(self, rows: list[int], chunks: list[list[int]], starts: list[int]):
         """Sequences ``rows`` bring ``chunks`` (new token ids) at positions ``starts``: float32
         logits for every new token, as one tensor per sequence."""
-        from ..worker.model_runner import flat_batch
+        from ..worker.flat_batch import flat_batch
         ids = [t for c in chunks for t in c]
         q_lens = [len(c) for c in chunks]
         input_ids, positions, meta, _ = flat_batch(ids, q_lens, starts, [self.tables[r] for r in rows],

@@ -1,19 +1,15 @@
 """The block pool: fixed-size KV blocks, a free list and a reference count per block.
 
-This is PagedAttention's memory allocator. The KV cache is cut into blocks of
-``block_size`` token positions. A request holds a *block table* (a list of block
-ids, in order); it needs a new block only when its last one is full, so at most
-``block_size - 1`` positions per request sit empty.
+PagedAttention's allocator, with vLLM's verbs (``get_new_blocks``, ``touch``, ``free_blocks``,
+``cache_full_blocks``, ``get_cached_block``). A request holds a *block table* (block ids, in
+order) and needs a new block only when its last one is full.
 
-Automatic prefix caching lives here too. A *full* block gets a hash chained on
-its parent's hash and its own tokens, so equal hashes mean equal prefixes. When a
-request frees a block that carries a hash, the block goes to the free list but
-keeps its KV and its hash: a later request with the same prefix can take it back
-(reference count +1, nothing recomputed). A fresh block is a free block that holds
-nothing reusable when there is one (those sit at the front of the free list); only
-when none is left is the least recently freed cached block evicted. Blocks of one
-request are returned in reverse order (last block first), so a child is always
-evicted before its parent.
+Automatic prefix caching lives here too. A *full* block gets a hash chained on its parent's hash
+and its own tokens, so equal hashes mean equal prefixes. A freed block that carries a hash keeps
+its KV and its hash in the free list: a later request with the same prefix can ``touch`` it
+(reference count +1, nothing recomputed). Free blocks holding nothing reusable are handed out
+first; only then is the least recently freed cached block evicted. A table is freed last block
+first, so a child is always evicted before its parent.
 """
 
 from __future__ import annotations
@@ -43,6 +39,7 @@ class Block:
 
 class BlockPool:
     """Owns every block; hands them out and takes them back."""
+    hash_block = staticmethod(hash_block)     # the prefix-cache key (a subclass may bring its own)
 
     def __init__(self, num_blocks: int, enable_caching: bool = False):
         self.num_blocks = num_blocks
@@ -53,45 +50,49 @@ class BlockPool:
         self.cached: dict[int, Block] = {}        # block hash -> block holding that prefix
         self.stats = dict(lookups=0, queried_blocks=0, hit_blocks=0, evictions=0)
 
-    # --- counting ------------------------------------------------------------------
     @property
-    def num_free(self) -> int:
-        """Blocks that can be handed out now (cached-free blocks count: they can be evicted)."""
+    def num_free(self) -> int:     # blocks that can be handed out now (cached-free ones count: they can be evicted)
         return len(self.free_queue)
 
     @property
     def num_cached_free(self) -> int:
-        if not self.enable_caching:
-            return 0                 # nothing is ever hashed: skip the O(blocks) count
-        return sum(1 for b in self.free_queue.values() if b.block_hash is not None)
+        """Free blocks that still hold a cached prefix (with caching off there are none: no O(blocks) count)."""
+        return sum(b.block_hash is not None for b in self.free_queue.values()) if self.enable_caching else 0
 
     # --- allocation -----------------------------------------------------------------
-    def allocate(self) -> Block:
-        """A fresh block: the front of the free list (one holding nothing reusable if any is free,
-        else the least recently freed cached block, whose prefix is evicted)."""
-        if not self.free_queue:
-            raise RuntimeError("BlockPool.allocate: no free block (the scheduler should have checked)")
-        _, block = self.free_queue.popitem(last=False)
-        if block.block_hash is not None:
-            self._evict(block)
-        block.ref_count = 1
-        return block
+    def get_new_blocks(self, num_blocks: int) -> list[Block]:
+        """``num_blocks`` fresh blocks, each held once, from the front of the free list (blocks holding
+        nothing reusable first, then the least recently freed cached ones, whose prefix is evicted)."""
+        if num_blocks > len(self.free_queue):     # the scheduler checks first: this is a bug
+            raise RuntimeError(f"BlockPool.get_new_blocks: {num_blocks} blocks asked for, {len(self.free_queue)} free")
+        new = [self.free_queue.popitem(last=False)[1] for _ in range(num_blocks)]
+        for block in new:
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_count = 1
+        return new
 
     def _evict(self, block: Block) -> None:
+        self._drop_hash(block)
+        self.stats["evictions"] += 1
+
+    def _drop_hash(self, block: Block) -> None:
         if self.cached.get(block.block_hash) is block:
             del self.cached[block.block_hash]
         block.block_hash = block.token_ids = block.parent_hash = None
-        self.stats["evictions"] += 1
 
-    def take(self, block: Block) -> None:
-        """Share a cached block with one more request (prefix-cache hit)."""
-        if block.ref_count == 0:
-            del self.free_queue[block.block_id]
-        block.ref_count += 1
+    def touch(self, blocks: Sequence[Block]) -> None:
+        """Share blocks with one more request (a prefix-cache hit, a fork): a block nobody held
+        leaves the free list; each gains a reference."""
+        for block in blocks:
+            if block.ref_count == 0:
+                del self.free_queue[block.block_id]
+            block.ref_count += 1
 
-    def free(self, blocks: Sequence[Block]) -> None:
-        """Drop one reference from each block; blocks that reach 0 go to the free list.
-        Reversed, so a request's last (child) blocks are evicted before its first (parent) ones."""
+    def free_blocks(self, blocks: Sequence[Block]) -> None:
+        """Drop one reference from each block of a block table (given in table order); blocks that
+        reach 0 go to the free list, last block first, so a request's last (child) blocks are
+        evicted before its first (parent) ones. (vLLM's caller reverses the table itself.)"""
         for block in reversed(blocks):
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {block.block_id} freed twice"
@@ -116,32 +117,34 @@ class BlockPool:
             del self.free_queue[block.block_id]
 
     # --- prefix cache -----------------------------------------------------------------
-    def lookup(self, parent_hash: Optional[int], token_ids: tuple) -> Optional[Block]:
-        block = self.cached.get(hash_block(parent_hash, token_ids))
-        if block is None or block.token_ids != token_ids or block.parent_hash != parent_hash:
-            return None                                   # miss (or a hash collision)
-        return block
+    def get_cached_block(self, block_hash: int) -> Optional[Block]:
+        """The block holding the prefix whose key is ``block_hash``, or None."""
+        return self.cached.get(block_hash)
 
-    def cache(self, block: Block, parent_hash: Optional[int], token_ids: tuple) -> int:
-        """Give a block that just became full its prefix hash. Returns the hash."""
-        h = hash_block(parent_hash, token_ids)
-        if block.block_hash is None:
-            block.block_hash, block.token_ids, block.parent_hash = h, token_ids, parent_hash
-            self.cached.setdefault(h, block)              # keep the first copy as the canonical one
-        return h
+    def cache_full_blocks(self, blocks: Sequence[Block], block_hashes: list[int], token_ids: Sequence[int],
+                          num_full_blocks: int, block_size: int) -> list[Block]:
+        """A request's blocks ``len(block_hashes) .. num_full_blocks - 1`` just became full: each gets its
+        prefix hash (chained), appended to ``block_hashes``. Returns the blocks that had no hash before."""
+        new = []
+        for i in range(len(block_hashes), num_full_blocks):
+            parent, block = block_hashes[-1] if block_hashes else None, blocks[i]
+            tokens = tuple(token_ids[i * block_size:(i + 1) * block_size])
+            h = self.hash_block(parent, tokens)
+            if block.block_hash is None:
+                block.block_hash, block.token_ids, block.parent_hash = h, tokens, parent
+                self.cached.setdefault(h, block)          # keep the first copy as the canonical one
+                new.append(block)
+            block_hashes.append(h)
+        return new
 
-    def uncache(self, block: Block) -> None:
-        """Forget a block's prefix hash (its KV was never computed: a step that failed, a
-        registration whose owner was preempted before computing it)."""
-        if block.block_hash is None:
-            return
-        if self.cached.get(block.block_hash) is block:
-            del self.cached[block.block_hash]
-        block.block_hash = block.token_ids = block.parent_hash = None
-        if block.ref_count == 0 and self.enable_caching:
-            self.free_queue.move_to_end(block.block_id, last=False)
+    def forget_hash(self, block: Block) -> None:
+        """Forget a block's prefix hash: its KV was never computed (a failed step, an owner preempted first)."""
+        if block.block_hash is not None:
+            self._drop_hash(block)
+            if block.ref_count == 0 and self.enable_caching:
+                self.free_queue.move_to_end(block.block_id, last=False)
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self) -> None:     # evict every cached prefix nobody holds
         for block in list(self.cached.values()):
             if block.ref_count == 0:
                 self._evict(block)

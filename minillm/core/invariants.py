@@ -7,7 +7,8 @@ workloads; notebooks and exercise graders can too. Each failure says what broke.
 from __future__ import annotations
 
 from .block_pool import hash_block
-from .kv_cache import PagedKVCacheManager, ReservedKVCacheManager
+from .kv_cache import PagedKVCacheManager
+from .reserved_kv_cache import ReservedKVCacheManager
 from .request import RequestStatus
 
 

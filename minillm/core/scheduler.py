@@ -15,7 +15,7 @@ One pass (``schedule``) goes:
 2. **Swapped-out requests** come back before anybody new is admitted.
 3. **Waiting requests** in policy order, each admitted only if the *admission
    check* passes: a free slot under ``max_num_seqs``, tokens left in the budget,
-   and KV memory for its prefill (``kv.can_allocate``). The first request that
+   and KV memory for its prefill beside the watermark's headroom (``kv.can_allocate``). The first request that
    does not fit stops admission (FCFS head-of-line), and every request left
    waiting gets a reason a person can read.
 
@@ -117,7 +117,6 @@ class Scheduler:
         self.held: list[Request] = []        # done generating, waiting to be returned (static / every-N)
         self.num_passes = 0
         self._admit_counter = 0
-        self.watermark_blocks = int(config.watermark * kv.num_blocks)
         self.counters = dict(preemptions_recompute=0, preemptions_swap=0, swapped_out_blocks=0,
                              swapped_in_blocks=0, recomputed_tokens=0, rejected=0)
         self.simulated = config.executor == "simulated"
@@ -583,16 +582,16 @@ class Scheduler:
         while self.swapped and self._num_seqs() + self.swapped[0].num_seqs <= cfg.max_num_seqs and budget > 0:
             req = self.swapped[0]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            ok, need, free = self.kv.can_swap_in(req, self.watermark_blocks)
-            extra = self.kv.blocks_for(req.num_computed_tokens + n) - need
-            if not ok or need + extra > free - self.watermark_blocks:
-                out.waiting.append(WaitingEntry(req.request_id, f"swapped out: needs {need + extra} blocks "
+            ok, need, free = self.kv.can_swap_in(req, n)
+            if not ok:
+                out.waiting.append(WaitingEntry(req.request_id, f"swapped out: needs {need} blocks "
                                                 f"to come back, {free} free"))
                 break
             self.swapped.pop(0)
             self.journal.save(req)
-            out.swap_in.extend(self.kv.swap_in(req))
-            self.counters["swapped_in_blocks"] += need
+            copies = self.kv.swap_in(req)
+            out.swap_in.extend(copies)
+            self.counters["swapped_in_blocks"] += len(copies)
             self.kv.allocate(req, n)
             self.kv.cache_full_blocks(req, min(req.num_computed_tokens + n, req.num_tokens), shareable=False)
             req.status = RequestStatus.RUNNING
@@ -660,7 +659,6 @@ class Scheduler:
                     + (f" (it needs {seats} for its parallel samples)" if seats > 1 else "")))
                 blocker = req.request_id
                 continue
-            reserve = self.watermark_blocks + extra_blocks
             cached = self.kv.find_cached_prefix(req) if req.prompt_logprobs is None else []
             computed = len(cached) * self.kv.block_size
             n = req.num_tokens - computed
@@ -673,16 +671,16 @@ class Scheduler:
                     blocker = req.request_id
                     continue
                 n = budget                              # chunked prefill: take what fits
-            ok, need, free = self.kv.can_allocate(req, n, cached, reserve)
+            ok, need, free = self.kv.can_allocate(req, n, cached, extra_blocks)
             while not ok:                               # priority: push lower classes out until it fits
                 victim = self.policy.preempt_for(req, self.running, now)
                 if victim is None or self._just_placed(victim, out):
                     break
                 budget += self._preempt_group(victim, out,
                                               f"{req.request_id} has higher priority and needs its memory")
-                ok, need, free = self.kv.can_allocate(req, n, cached, reserve)
+                ok, need, free = self.kv.can_allocate(req, n, cached, extra_blocks)
             if not ok:
-                reason = self.kv.explain_wait(req, n, cached, reserve,
+                reason = self.kv.explain_wait(req, n, cached, extra_blocks,
                                               requests={r.request_id: r for r in self.running})
                 if extra_blocks:
                     reason += f" ({extra_blocks} more for its parallel samples)"

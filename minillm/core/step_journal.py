@@ -1,4 +1,5 @@
-"""The undo log of one step: what a failed step changed in its requests, and how to put it back.
+"""The undo logs of one step: what a failed step changed in its requests and in the KV manager's
+block tables, and how to put both back.
 
 A step is all or nothing. The scheduler saves a request here the first time the step changes it
 (admission, preemption, swap-in, rejection, finishing) and keeps the step's grants, which say for
@@ -6,6 +7,10 @@ each request the step ran where it stood before the results were applied (positi
 length). If anything raises before the step
 ends, ``restore()`` replays the log backwards and every request is as it was before the step.
 (A policy's own bookkeeping, such as ``request.policy_state``, is the policy's business.)
+
+``KVStepJournal`` is the same for the paged KV manager: between its ``begin_step()`` and ``end_step()``
+it keeps each block table the step changes (the first time), the blocks it hands out and the
+prefixes it registers; ``undo()`` puts every table, reference count and free list back.
 """
 
 from __future__ import annotations
@@ -71,3 +76,72 @@ class StepJournal:
                         del req.output_logprobs[s.num_output_before:]
         self._log.clear()
         self._saved.clear()
+
+
+class KVStepJournal:
+    """What one step changed in a ``PagedKVCacheManager`` (``kv``), so that ``undo`` can put it back."""
+
+    def __init__(self, kv):
+        self.tables: dict[str, tuple] = {}   # request -> (block table, prefix hashes, host blocks) before the step
+        self.fresh: set[int] = set()         # blocks handed out during the step
+        self.hashed: dict[int, str] = {}     # block -> request: prefixes the step registered
+        self.unshared: set[int] = set()      # of those, ones not offered to lookups this pass (preemptable owner)
+        self.host_pending: list[int] = []    # host blocks freed in the step: reused after its copies have run
+        self.computed = False                # has the forward written the step's KV?
+        self.stats = (dict(kv.pool.stats), kv.prefill_tokens_saved)
+
+    def save_table(self, kv, rid: str) -> None:
+        """Before the step's first change to a request's tables, keep a copy."""
+        if rid not in self.tables:
+            self.tables[rid] = tuple(None if t is None else list(t)
+                                     for t in (kv.req_blocks.get(rid), kv.req_hashes.get(rid), kv.swapped.get(rid)))
+
+    def undo(self, kv) -> dict[str, int]:
+        """Every table the step changed goes back to how it was. Returns, for a request whose blocks
+        were handed to another request during the step (and so may have been written over), the
+        first position whose KV can no longer be trusted."""
+        pool = kv.pool
+        # Prefixes registered in the step are forgotten: the forward may not have run, and a
+        # rolled-back request will not look for them (it registers its own blocks again).
+        for bid in self.hashed:
+            pool.forget_hash(pool.blocks[bid])
+        affected: dict[int, object] = {}
+        depth: dict[int, int] = {}                     # a block's position in a table the step made
+        for rid, (blocks, hashes, host) in self.tables.items():
+            for i, b in enumerate(kv.req_blocks.get(rid, ())):
+                affected[b.block_id] = b
+                depth[b.block_id] = max(depth.get(b.block_id, -1), i)
+            for table, saved in ((kv.req_blocks, blocks), (kv.req_hashes, hashes), (kv.swapped, host)):
+                if saved is None:
+                    table.pop(rid, None)
+                else:
+                    table[rid] = saved
+            for b in blocks or ():
+                affected[b.block_id] = b
+        refs = dict.fromkeys(affected, 0)
+        for blocks in kv.req_blocks.values():
+            for b in blocks:
+                if b.block_id in refs:
+                    refs[b.block_id] += 1
+        # Blocks nobody holds any more go back to the free list children first (deepest position
+        # first), as free_blocks() returns them, so a parent is never evicted before its child.
+        for b in sorted(affected.values(), key=lambda b: -depth.get(b.block_id, -1)):
+            pool.set_ref_count(b, refs[b.block_id])
+        used = {h for hs in kv.swapped.values() for h in hs}
+        kv.swap_free = [h for h in range(kv.num_swap_blocks - 1, -1, -1) if h not in used]
+        pool.stats, kv.prefill_tokens_saved = dict(self.stats[0]), self.stats[1]
+        return self._damaged(kv)
+
+    def _damaged(self, kv) -> dict[str, int]:
+        """Per request the step touched: the position of its first block handed out during the step
+        (its prefix hashes from there on are dropped)."""
+        damaged: dict[str, int] = {}
+        for rid in self.tables:
+            for i, b in enumerate(kv.req_blocks.get(rid, ())):
+                if b.block_id in self.fresh:
+                    damaged[rid] = i * kv.block_size
+                    hashes = kv.req_hashes.get(rid)
+                    if hashes and len(hashes) > i:
+                        del hashes[i:]
+                    break
+        return damaged

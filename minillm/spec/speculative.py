@@ -186,7 +186,7 @@ class DraftModelProposer(Proposer):
         return min(n, req.num_computed_tokens)
 
     def _forward(self, ids, q_lens, starts, tables) -> torch.Tensor:
-        from ..worker.model_runner import flat_batch
+        from ..worker.flat_batch import flat_batch
         input_ids, positions, meta, cu = flat_batch(ids, q_lens, starts, tables, self.kv.attn_block_size,
                                                     self.device, self.backend)
         self.forwards.append((list(q_lens), [s + q for s, q in zip(starts, q_lens)]))

@@ -1,15 +1,9 @@
 """The runner: turn a SchedulerOutput into tensors, run the model, sample.
 
-It owns the KV cache tensors (one (K, V) pair per layer, shaped
-``[num_blocks, block_size, num_kv_heads, head_dim]`` for paged access) and the
-host-memory swap pool. With ``kv_cache_dtype="int8"`` or ``"fp8"`` the caches hold
-one-byte values and each layer also has its scales (one (K, V) pair of
-``[num_blocks, num_kv_heads]`` float32 tensors, ``kernels/kv_quant.py``), which travel
-with their blocks wherever the blocks go (swap out, swap in).
-
-Batch preparation is vectorised: one Python loop over *requests* collects token
-ids and block tables; positions, cache slots and context lengths are computed as
-whole tensors, never token by token.
+It owns the KV cache tensors (``kv_tensors.py``: one (K, V) pair per layer, plus scales when
+quantized) and the host-memory swap pool, and copies blocks between them (swap out, swap in,
+copy-on-write). Batch preparation is one Python loop over *requests* collecting token ids and
+block tables; positions, cache slots and context lengths are whole arrays (``flat_batch.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +12,12 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
 import torch
 
 from ..spec import acceptance
-from ..model.llama import AttentionMetadata
 from ..sim.clock import PhaseTimes
+from .flat_batch import flat_batch, token_slice
+from .kv_tensors import allocate_kv_cache
 from .sampler import Sampler, apply_penalties, mask_stop_tokens, token_logprobs
 from ..core.scheduler import SchedulerOutput
 
@@ -41,71 +35,10 @@ class ExecutionResult:
     phase_times: dict[str, float] = field(default_factory=dict)
 
 
-def token_slice(req, start: int, end: int) -> list[int]:
-    """req.all_token_ids[start:end] without building the whole list."""
-    p = req.prompt_token_ids
-    if end <= len(p):
-        return p[start:end]
-    o = req.output_token_ids
-    if start >= len(p):
-        return o[start - len(p):end - len(p)]
-    return p[start:] + o[:end - len(p)]
-
-
 def resolve_backend(name: str, device: torch.device) -> str:
     if name == "auto":
         return "triton" if device.type == "cuda" else "torch"
     return name
-
-
-def flat_batch(ids: list[int], q_lens: list[int], starts: list[int], tables: list[list[int]],
-               attn_block_size: int, device: torch.device, backend: str):
-    """The flattened batch of one forward: request i brings ``q_lens[i]`` new tokens (its slice of
-    ``ids``) at positions ``starts[i]...``, whose KV goes to the slots its block table maps them to.
-    Returns (input_ids, positions, AttentionMetadata, cu_seqlens_q on the host). Shared by the
-    target's step and the draft model's proposals (speculative decoding).
-
-    The arithmetic runs on the host in numpy, whose calls cost about a microsecond where a
-    torch call costs several; the results become tensors once, at the end (on a GPU this
-    is where they would be copied over, as vLLM does)."""
-    q = np.asarray(q_lens, dtype=np.int64)
-    cu = np.zeros(len(tables) + 1, dtype=np.int64)
-    np.cumsum(q, out=cu[1:])
-    req_idx = np.repeat(np.arange(len(tables)), q)               # which request each token is
-    positions = np.arange(cu[-1]) - cu[:-1][req_idx] + np.asarray(starts, dtype=np.int64)[req_idx]
-    width = max(len(t) for t in tables)
-    bt = np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int64)   # padded block tables
-    slots = bt[req_idx, positions // attn_block_size] * attn_block_size + positions % attn_block_size
-    cu_t = torch.from_numpy(cu.astype(np.int32))
-    meta = AttentionMetadata(slot_mapping=torch.from_numpy(slots).to(device),
-                             block_tables=torch.from_numpy(bt.astype(np.int32)).to(device),
-                             cu_seqlens_q=cu_t.to(device),
-                             context_lens=torch.from_numpy((np.asarray(starts) + q).astype(np.int32)).to(device),
-                             max_q_len=int(q.max()), backend=backend)
-    return torch.tensor(ids, dtype=torch.long, device=device), torch.from_numpy(positions).to(device), meta, cu_t
-
-
-def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                      dtype: torch.dtype, kv_cache_dtype: str = "auto", device="cpu", pin_memory: bool = False):
-    """Zeroed KV caches for ``num_layers`` layers: ``(caches, scales)``, where ``caches[layer] =
-    (k, v)`` ``[num_blocks, block_size, num_kv_heads, head_dim]`` and ``scales[layer] = (k_scale,
-    v_scale)`` ``[num_blocks, num_kv_heads]`` for a quantized cache ("int8" | "fp8"), else ``[]``.
-    ``kv_cache_dtype`` "auto" stores the model's ``dtype``; "float32" / "float16" / "bfloat16"
-    store that float type (for comparisons: the engine's config takes "auto", "int8", "fp8")."""
-    from kernels.kv_quant import SCALE_DTYPE, storage_dtype
-
-    floats = {"auto": dtype, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    quantized = kv_cache_dtype not in floats
-    elt = storage_dtype(kv_cache_dtype) if quantized else floats[kv_cache_dtype]
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-
-    def zeros(shape, dt):
-        return torch.zeros(shape, dtype=dt, device=device, pin_memory=pin_memory)
-
-    caches = [(zeros(shape, elt), zeros(shape, elt)) for _ in range(num_layers)]
-    scales = [(zeros(shape[::2], SCALE_DTYPE), zeros(shape[::2], SCALE_DTYPE))
-              for _ in range(num_layers)] if quantized else []
-    return caches, scales
 
 
 class ModelRunner:

@@ -16,7 +16,7 @@ import pytest
 
 from minillm import LLM, SamplingParams, impl
 from minillm.core.block_pool import BlockPool
-from minillm.core.kv_cache import ReservedKVCacheManager
+from minillm.core.reserved_kv_cache import ReservedKVCacheManager
 from minillm.core.invariants import check_all_free, check_invariants
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -35,7 +35,7 @@ def _tripwire(*args, **kwargs):
 def _engine_allocators_switched_off():
     """The engine's block pool and gap finder raise while the block runs (your classes are untouched)."""
     with pytest.MonkeyPatch.context() as mp:
-        for f in (BlockPool.allocate, BlockPool.take, BlockPool.free, BlockPool._to_free_list,
+        for f in (BlockPool.get_new_blocks, BlockPool.touch, BlockPool.free_blocks, BlockPool._to_free_list,
                   ReservedKVCacheManager._gaps):
             mp.setattr(f, "__code__", _tripwire.__code__)
         yield
@@ -125,36 +125,39 @@ def test_partial_block_waste_matches_the_engines_kv_snapshot(block_size):
 
 def test_block_allocator_hands_out_and_takes_back():
     a = ex().BlockAllocator(4)
-    got = [a.allocate() for _ in range(4)]
+    got = a.get_new_blocks(4)
     assert [b.block_id for b in got] == [0, 1, 2, 3], (
         f"a fresh allocator hands out blocks from the front of its free queue: expected ids [0, 1, 2, 3], "
         f"got {[b.block_id for b in got]}")
     assert all(b.ref_count == 1 for b in got), f"an allocated block has ref_count 1, got {[b.ref_count for b in got]}"
     assert a.num_free == 0, f"after handing out all 4 blocks num_free should be 0, got {a.num_free}"
     with pytest.raises(RuntimeError):
-        a.allocate()
-    a.free([got[1], got[2]])
+        a.get_new_blocks(1)
+    a.free_blocks([got[1], got[2]])
     assert a.num_free == 2 and got[1].ref_count == 0 and got[2].ref_count == 0, (
         f"freeing blocks 1 and 2: expected 2 free with ref_count 0, got num_free={a.num_free}, "
         f"ref_counts={[got[1].ref_count, got[2].ref_count]}")
-    nxt = a.allocate()
+    with pytest.raises(RuntimeError):
+        a.get_new_blocks(3)
+    assert a.num_free == 2, f"asking for 3 blocks with 2 free must hand out none; num_free is now {a.num_free}"
+    nxt, = a.get_new_blocks(1)
     assert nxt.block_id == 2, (f"a block table is freed last block first, so block 2 joins the free queue before "
                                f"block 1 and is handed out first; got block {nxt.block_id}")
 
 
 def test_block_allocator_counts_references():
     a = ex().BlockAllocator(3)
-    b = a.allocate()
+    b, = a.get_new_blocks(1)
     b.ref_count += 1                       # a second request shares it (a prefix-cache hit, notebook 04)
-    a.free([b])
+    a.free_blocks([b])
     assert b.ref_count == 1 and b.block_id not in a.free_queue and a.num_free == 2, (
         f"a block held by two requests stays in use when one frees it: expected ref_count 1 and not free, got "
         f"ref_count {b.ref_count}, free={b.block_id in a.free_queue}")
-    a.free([b])
+    a.free_blocks([b])
     assert b.ref_count == 0 and b.block_id in a.free_queue and a.num_free == 3, (
         "when its last holder frees it, the block is free again")
     with pytest.raises(RuntimeError):
-        a.free([b])
+        a.free_blocks([b])
 
 
 def test_block_allocator_in_the_engine():
@@ -186,7 +189,7 @@ def test_your_allocators_are_your_own():
                max_model_len=64)
     with _engine_allocators_switched_off():
         a = ex().BlockAllocator(3)
-        got = [a.allocate().block_id for _ in range(3)]
+        got = [b.block_id for b in a.get_new_blocks(3)]
         f = ex().FirstFitAllocator(16)
         starts = [f.reserve("A", 4), f.reserve("B", 4)]
         f.release("A")

@@ -33,17 +33,18 @@ def ex():
 
 def _tripwire(*args, **kwargs):
     raise AssertionError("your answer called the engine's own prefix cache (minillm.core.block_pool.hash_block, "
-                         "BlockPool's allocate / take / free, or PagedKVCacheManager.find_cached_prefix): "
+                         "BlockPool's get_new_blocks / touch / free_blocks, or "
+                         "PagedKVCacheManager.find_cached_prefix): "
                          "the exercise is to write it yourself")
 
 
 @contextlib.contextmanager
 def _engine_prefix_cache_switched_off():
     """The engine's hash, lookup and block-pool moves raise while the block runs. (EvictingBlockPool
-    inherits BlockPool: ``super().allocate()`` would be the engine's answer, not yours.)"""
+    inherits BlockPool: ``super().get_new_blocks(n)`` would be the engine's answer, not yours.)"""
     with pytest.MonkeyPatch.context() as mp:
-        for f in (block_pool.hash_block, BlockPool.allocate, BlockPool.take, BlockPool.free, BlockPool._evict,
-                  BlockPool._to_free_list, PagedKVCacheManager.find_cached_prefix):
+        for f in (block_pool.hash_block, BlockPool.get_new_blocks, BlockPool.touch, BlockPool.free_blocks,
+                  BlockPool._evict, BlockPool._to_free_list, PagedKVCacheManager.find_cached_prefix):
             mp.setattr(f, "__code__", _tripwire.__code__)
         yield
 
@@ -160,51 +161,56 @@ def test_longest_prefix_match_stops_at_the_first_miss():
 
 def test_pool_counts_references_and_evicts_lru_by_hand():
     pool = ex().EvictingBlockPool(4)
-    a, b = pool.allocate(), pool.allocate()
+    a, b = pool.get_new_blocks(2)
     assert (a.block_id, b.block_id, a.ref_count) == (0, 1, 1), (
         f"a fresh pool hands out the front of its free queue with ref_count 1: got ids {a.block_id}, {b.block_id}, "
         f"ref_count {a.ref_count}")
-    h0 = pool.cache(a, None, (1, 2))
-    pool.cache(b, h0, (3, 4))
-    pool.free([a, b])
+    keys: list = []
+    pool.cache_full_blocks([a, b], keys, (1, 2, 3, 4), 2, 2)      # a request's table [a, b], blocks of 2
+    h0, h1 = keys
+    pool.free_blocks([a, b])
     assert list(pool.free_queue) == [2, 3, 1, 0], (
         f"freed last block first, at the back of the queue: expected free queue [2, 3, 1, 0], got "
         f"{list(pool.free_queue)}")
-    assert a.block_hash == h0 and pool.lookup(None, (1, 2)) is a, "a freed block keeps its cached prefix"
-    pool.take(a)
-    pool.take(a)
+    assert a.block_hash == h0 and pool.get_cached_block(h0) is a, "a freed block keeps its cached prefix"
+    pool.touch([a])
+    pool.touch([a])
     assert a.ref_count == 2 and a.block_id not in pool.free_queue, (
         f"two hits on block 0: expected ref_count 2 and out of the free queue, got ref_count {a.ref_count}, "
         f"free={a.block_id in pool.free_queue}")
-    pool.free([a])
+    pool.free_blocks([a])
     assert a.ref_count == 1 and a.block_id not in pool.free_queue, "still held by one request"
-    pool.free([a])
+    pool.free_blocks([a])
     assert list(pool.free_queue) == [2, 3, 1, 0], f"block 0 back at the end: got {list(pool.free_queue)}"
-    got = [pool.allocate().block_id for _ in range(3)]
+    with pytest.raises(RuntimeError):
+        pool.get_new_blocks(5)
+    assert list(pool.free_queue) == [2, 3, 1, 0], "asking for more blocks than are free must hand out none"
+    got = [blk.block_id for blk in pool.get_new_blocks(3)]
     assert got == [2, 3, 1], f"LRU: expected blocks 2, 3, then 1, got {got}"
     assert b.block_hash is None and b.token_ids is None and b.parent_hash is None, (
         "handing out block 1 again must evict its cached prefix (clear its hash fields)")
-    assert pool.lookup(h0, (3, 4)) is None and pool.stats["evictions"] == 1, (
+    assert pool.get_cached_block(h1) is None and pool.stats["evictions"] == 1, (
         f"the evicted prefix must leave the cache index and be counted: evictions={pool.stats['evictions']}")
-    assert pool.lookup(None, (1, 2)) is a, "block 0 was not evicted: its prefix is still cached"
+    assert pool.get_cached_block(h0) is a, "block 0 was not evicted: its prefix is still cached"
     with pytest.raises(RuntimeError):
-        pool.free([pool.blocks[0], pool.blocks[0]])
+        pool.free_blocks([pool.blocks[0], pool.blocks[0]])
     fresh = ex().EvictingBlockPool(1)
-    fresh.allocate()
+    fresh.get_new_blocks(1)
     with pytest.raises(RuntimeError):
-        fresh.allocate()
+        fresh.get_new_blocks(1)
 
 
 def test_evict_leaves_another_canonical_copy_alone():
     pool = ex().EvictingBlockPool(3)
-    a, b = pool.allocate(), pool.allocate()
-    h = pool.cache(a, None, (7, 7))
-    pool.cache(b, None, (7, 7))                        # the same prefix written twice: a is canonical
-    pool.free([b])
-    pool.free([a])
-    pool.allocate()                                    # block 2 (never cached)
-    pool.allocate()                                    # block 1 (b): evicted
-    assert pool.cached.get(h) is a, "evicting a duplicate copy must not remove the canonical block from the index"
+    a, b = pool.get_new_blocks(2)
+    keys: list = []
+    pool.cache_full_blocks([a], keys, (7, 7), 1, 2)
+    pool.cache_full_blocks([b], [], (7, 7), 1, 2)            # the same prefix written twice: a is canonical
+    pool.free_blocks([b])
+    pool.free_blocks([a])
+    pool.get_new_blocks(1)                                   # block 2 (never cached)
+    pool.get_new_blocks(1)                                   # block 1 (b): evicted
+    assert pool.cached.get(keys[0]) is a, "evicting a duplicate copy must not remove the canonical block from the index"
     assert pool.stats["evictions"] == 1
 
 
@@ -267,12 +273,12 @@ def test_your_prefix_cache_is_your_own():
     with _engine_prefix_cache_switched_off():
         keys = ex().block_hashes(toks, 4)
         pool = ex().EvictingBlockPool(2)
-        a = pool.allocate()
-        pool.cache(a, None, tuple(toks[:4]))
-        pool.free([a])
-        pool.take(a)
-        pool.free([a])
-        pool.allocate(), pool.allocate()
+        a, = pool.get_new_blocks(1)
+        pool.cache_full_blocks([a], [], toks, 1, 4)
+        pool.free_blocks([a])
+        pool.touch([a])
+        pool.free_blocks([a])
+        pool.get_new_blocks(2)
         eng = ex().prefix_engine(model="random", **cfg).engine
         submit_trace(eng, trace)
         while eng.has_unfinished_requests():

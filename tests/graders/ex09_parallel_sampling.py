@@ -21,8 +21,8 @@ def ex():
     return impl.load("ex09_parallel_sampling")
 
 
-def no_allocate():
-    raise AssertionError("allocate() was called, but nothing had to be copied")
+def no_new_block():
+    raise AssertionError("new_block() was called, but nothing had to be copied")
 
 
 # --- Exercise 1: fork ------------------------------------------------------------------------------
@@ -63,27 +63,27 @@ def test_copy_on_write_four_samples_by_hand():
     counts = {0: 4, 1: 4, 2: 4}
     fresh = iter([5, 6, 7])
 
-    def allocate():
+    def new_block():
         b = next(fresh)
         counts[b] = 1
         return b
     tables = [[0, 1, 2] for _ in range(4)]
-    assert ex().copy_on_write(tables[0], 10, 4, counts, allocate) == (2, 5)
+    assert ex().copy_on_write(tables[0], 10, 4, counts, new_block) == (2, 5)
     assert tables[0] == [0, 1, 5] and counts == {0: 4, 1: 4, 2: 3, 5: 1}
-    assert ex().copy_on_write(tables[1], 10, 4, counts, allocate) == (2, 6)
-    assert ex().copy_on_write(tables[2], 10, 4, counts, allocate) == (2, 7)
+    assert ex().copy_on_write(tables[1], 10, 4, counts, new_block) == (2, 6)
+    assert ex().copy_on_write(tables[2], 10, 4, counts, new_block) == (2, 7)
     assert tables[1] == [0, 1, 6] and tables[2] == [0, 1, 7] and counts[2] == 1
     # The last holder writes in place: no copy, nothing allocated, nothing changed.
-    assert ex().copy_on_write(tables[3], 10, 4, counts, no_allocate) is None
+    assert ex().copy_on_write(tables[3], 10, 4, counts, no_new_block) is None
     assert tables[3] == [0, 1, 2] and counts == {0: 4, 1: 4, 2: 1, 5: 1, 6: 1, 7: 1}
     # A sequence writing into its own block (count 1) never copies.
-    assert ex().copy_on_write(tables[0], 11, 4, counts, no_allocate) is None and tables[0] == [0, 1, 5]
+    assert ex().copy_on_write(tables[0], 11, 4, counts, no_new_block) is None and tables[0] == [0, 1, 5]
 
 
 def test_copy_on_write_when_the_prompt_fills_its_blocks():
     counts = {0: 3, 1: 3}
     table = [0, 1]
-    assert ex().copy_on_write(table, 8, 4, counts, no_allocate) is None, \
+    assert ex().copy_on_write(table, 8, 4, counts, no_new_block) is None, \
         "position 8 starts a new block: the shared full blocks are never written"
     assert table == [0, 1] and counts == {0: 3, 1: 3}
 

@@ -16,20 +16,27 @@ MUTANTS = [
     ("waste: the used positions of the last block, not the empty ones",
      "return sum(blocks_needed(n, block_size) * block_size - int(n) for n in context_lens)",
      "return sum(int(n) % block_size for n in context_lens)"),
-    # BlockAllocator.allocate
-    ("allocate: takes the most recently freed block (the back of the queue)",
+    # BlockAllocator.get_new_blocks
+    ("get_new_blocks: takes the most recently freed block (the back of the queue)",
      "_, block = self.free_queue.popitem(last=False)", "_, block = self.free_queue.popitem(last=True)"),
-    ("allocate: adds a reference instead of setting it to 1 (a stale count survives)",
-     "        block.ref_count = 1\n        return block\n", "        block.ref_count += 2\n        return block\n"),
-    ("allocate: no RuntimeError when nothing is free",
-     "        if not self.free_queue:\n            raise RuntimeError(\"BlockAllocator.allocate: no free block\")\n", ""),
-    # BlockAllocator.free
-    ("allocate: delegated to the engine's BlockPool",
-     "        if not self.free_queue:\n            raise RuntimeError(\"BlockAllocator.allocate: no free block\")\n",
-     "        from minillm.core.block_pool import BlockPool\n        return BlockPool.allocate(self)\n"),
+    ("get_new_blocks: adds a reference instead of setting it to 1 (a stale count survives)",
+     "            block.ref_count = 1\n            blocks.append(block)\n",
+     "            block.ref_count += 2\n            blocks.append(block)\n"),
+    ("get_new_blocks: no RuntimeError when too few are free",
+     "        if num_blocks > len(self.free_queue):\n            raise RuntimeError(f\"BlockAllocator.get_new_blocks:",
+     "        if False:\n            raise RuntimeError(f\"BlockAllocator.get_new_blocks:"),
+    ("get_new_blocks: hands out what is free before finding too few",
+     "        if num_blocks > len(self.free_queue):\n            raise RuntimeError(f\"BlockAllocator.get_new_blocks:",
+     "        if not self.free_queue:\n            raise RuntimeError(f\"BlockAllocator.get_new_blocks:"),
+    ("get_new_blocks: delegated to the engine's BlockPool",
+     "        if num_blocks > len(self.free_queue):\n",
+     "        from minillm.core.block_pool import BlockPool\n        return BlockPool.get_new_blocks(self, num_blocks)\n"
+     "        if num_blocks > len(self.free_queue):\n"),
     ("gaps: delegated to the engine's reservation manager",
      "        gaps, pos = [], 0\n",
-     "        from minillm.core.kv_cache import ReservedKVCacheManager\n        return ReservedKVCacheManager._gaps(self)\n"),
+     "        from minillm.core.reserved_kv_cache import ReservedKVCacheManager\n"
+     "        return ReservedKVCacheManager._gaps(self)\n"),
+    # BlockAllocator.free_blocks
     ("free: first block first (not in reverse)",
      "        for block in reversed(blocks):\n            if block.ref_count <= 0:\n                raise RuntimeError(f\"BlockAllocator",
      "        for block in blocks:\n            if block.ref_count <= 0:\n                raise RuntimeError(f\"BlockAllocator"),
@@ -41,7 +48,7 @@ MUTANTS = [
      "                self.free_queue[block.block_id] = block\n                self.free_queue.move_to_end(block.block_id, last=False)\n"
      "        ### END SOLUTION\n\n\n# ="),
     ("free: freeing a free block is not refused",
-     "            if block.ref_count <= 0:\n                raise RuntimeError(f\"BlockAllocator.free: block {block.block_id} is already free\")\n",
+     "            if block.ref_count <= 0:\n                raise RuntimeError(f\"BlockAllocator.free_blocks: block {block.block_id} is already free\")\n",
      "            if block.ref_count <= 0:\n                continue\n"),
     # FirstFitAllocator.gaps
     ("gaps: regions taken in insertion order, not address order",

@@ -37,25 +37,29 @@ MUTANTS = [
     ("evict: keeps the block's hash fields", "        block.block_hash = block.token_ids = block.parent_hash = None\n"
      "        self.stats[\"evictions\"] += 1", "        self.stats[\"evictions\"] += 1"),
     ("evict: not counted", "        self.stats[\"evictions\"] += 1\n", ""),
-    # allocate
-    ("allocate: hands out the most recently freed block (MRU, not LRU)",
-     "        _, block = self.free_queue.popitem(last=False)\n        if block.block_hash is not None:",
-     "        _, block = self.free_queue.popitem(last=True)\n        if block.block_hash is not None:"),
-    ("allocate: hands out a cached block without evicting its prefix",
-     "        if block.block_hash is not None:\n            self.evict(block)\n", ""),
-    ("allocate: delegated to the engine's BlockPool",
-     "        if not self.free_queue:\n            raise RuntimeError(\"EvictingBlockPool.allocate: no free block\")\n",
-     "        return super().allocate()\n"),
-    ("take: delegated to the engine's BlockPool",
-     "        if block.ref_count == 0:\n            del self.free_queue[block.block_id]\n        block.ref_count += 1\n",
-     "        super().take(block)\n"),
-    # take
-    ("take: a hit on a free cached block leaves it in the free queue",
-     "        if block.ref_count == 0:\n            del self.free_queue[block.block_id]\n", ""),
-    ("take: sets the count to 1 instead of adding a reference",
-     "            del self.free_queue[block.block_id]\n        block.ref_count += 1",
-     "            del self.free_queue[block.block_id]\n        block.ref_count = 1"),
-    # free
+    # get_new_blocks
+    ("get_new_blocks: hands out the most recently freed block (MRU, not LRU)",
+     "            _, block = self.free_queue.popitem(last=False)\n            if block.block_hash is not None:",
+     "            _, block = self.free_queue.popitem(last=True)\n            if block.block_hash is not None:"),
+    ("get_new_blocks: hands out a cached block without evicting its prefix",
+     "            if block.block_hash is not None:\n                self.evict(block)\n", ""),
+    ("get_new_blocks: hands out what is free before finding too few",
+     "        if num_blocks > len(self.free_queue):\n            raise RuntimeError(f\"EvictingBlockPool.get_new_blocks:",
+     "        if not self.free_queue:\n            raise RuntimeError(f\"EvictingBlockPool.get_new_blocks:"),
+    ("get_new_blocks: delegated to the engine's BlockPool",
+     "        if num_blocks > len(self.free_queue):\n",
+     "        return super().get_new_blocks(num_blocks)\n        if num_blocks > len(self.free_queue):\n"),
+    ("touch: delegated to the engine's BlockPool",
+     "        for block in blocks:\n            if block.ref_count == 0:\n                del self.free_queue[block.block_id]\n"
+     "            block.ref_count += 1\n",
+     "        super().touch(blocks)\n"),
+    # touch
+    ("touch: a hit on a free cached block leaves it in the free queue",
+     "            if block.ref_count == 0:\n                del self.free_queue[block.block_id]\n", ""),
+    ("touch: sets the count to 1 instead of adding a reference",
+     "                del self.free_queue[block.block_id]\n            block.ref_count += 1",
+     "                del self.free_queue[block.block_id]\n            block.ref_count = 1"),
+    # free_blocks
     ("free: first block first (a prefix's parent is evicted before its children)",
      "        for block in reversed(blocks):\n            if block.ref_count <= 0:\n                raise RuntimeError(f\"EvictingBlockPool",
      "        for block in blocks:\n            if block.ref_count <= 0:\n                raise RuntimeError(f\"EvictingBlockPool"),
@@ -65,7 +69,7 @@ MUTANTS = [
      "            block.ref_count -= 1\n            if block.ref_count == 0:\n",
      "            block.ref_count -= 1\n            if True:\n"),
     ("free: freeing a block nobody holds is not refused",
-     "            if block.ref_count <= 0:\n                raise RuntimeError(f\"EvictingBlockPool.free: block {block.block_id} is not held\")\n",
+     "            if block.ref_count <= 0:\n                raise RuntimeError(f\"EvictingBlockPool.free_blocks: block {block.block_id} is not held\")\n",
      "            if block.ref_count <= 0:\n                continue\n"),
     # tokens_reused_after_edit
     ("edit: token granularity (everything before the edit reused, not whole blocks)",

@@ -1,0 +1,92 @@
+"""The KV snapshot a StepRecord carries (``StepRecord.kv``): who holds which positions, block by block.
+
+Built from a KV manager after each step for the widgets and the invariant checks: positions used,
+free, cached, reserved but unused, the empty tails of last blocks, and (``detail``) every block's owners.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..step_record import BlockInfo, KVSnapshot, RequestKV
+
+
+def paged_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
+    """The snapshot of a ``PagedKVCacheManager``; ``detail`` adds the per-block map (O(blocks))."""
+    bs = kv.block_size
+    filled = [0] * kv.num_blocks if detail else None
+    owners: dict[int, list[str]] = {}
+    per_request = {}
+    used = partial = 0
+    seen: set[int] = set()
+    shared = kv.enable_prefix_caching or detail     # else no block has two owners
+    for rid, blocks in kv.req_blocks.items():
+        req = requests.get(rid)
+        n = req.num_computed_tokens if req is not None else 0
+        per_request[rid] = RequestKV(used=n, num_blocks=len(blocks),
+                                     cached_prefix=req.num_cached_tokens if req else 0)
+        partial += len(blocks) * bs - n
+        if not shared:                   # fast path (long simulations): O(requests), not O(blocks)
+            used += max(0, min(n, len(blocks) * bs))
+            continue
+        for i, b in enumerate(blocks):
+            f = max(0, min(bs, n - i * bs))
+            if b.block_id not in seen:
+                seen.add(b.block_id)
+                used += f
+            elif detail:
+                used += max(0, f - filled[b.block_id])
+            if detail:
+                filled[b.block_id] = max(filled[b.block_id], f)
+                owners.setdefault(b.block_id, []).append(rid)
+    cached_free = kv.pool.num_cached_free
+    blocks_used = kv.num_blocks - kv.pool.num_free
+    snap = KVSnapshot(total=kv.num_blocks * bs, used=used, free=kv.pool.num_free * bs,
+                      blocks_total=kv.num_blocks, blocks_used=blocks_used,
+                      blocks_free=kv.pool.num_free, block_size=bs, cached=cached_free * bs,
+                      partial_waste=partial, per_request=per_request,
+                      swap_used_blocks=kv.swap_used, swap_total_blocks=kv.num_swap_blocks)
+    if detail:
+        for b in kv.pool.blocks:
+            snap.blocks.append(BlockInfo(block_id=b.block_id, owners=owners.get(b.block_id, []),
+                                         num_filled=filled[b.block_id] if b.ref_count else
+                                         (bs if b.block_hash is not None else 0),
+                                         ref_count=b.ref_count, cached=b.block_hash is not None))
+    return snap
+
+
+def reserved_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
+    """The snapshot of a ``ReservedKVCacheManager``: reserved-but-unused positions and fragmentation."""
+    bs = kv.block_size
+    used = reserved_unused = 0
+    per_request = {}
+    for rid, (start, length) in kv.regions.items():
+        req = requests.get(rid)
+        n = req.num_computed_tokens if req else 0
+        used += n
+        reserved_unused += length - n
+        per_request[rid] = RequestKV(used=n, reserved_unused=length - n,
+                                     num_blocks=math.ceil(length / bs))
+    free = kv.capacity - used - reserved_unused
+    largest = max((s for _, s in kv._gaps()), default=0)
+    blocks_free = sum(s // bs for _, s in kv._gaps())
+    snap = KVSnapshot(total=kv.capacity, used=used, free=free, blocks_total=kv.num_blocks,
+                      blocks_used=kv.num_blocks - blocks_free, blocks_free=blocks_free,
+                      block_size=bs, reserved_unused=reserved_unused,
+                      fragmentation=free - largest, per_request=per_request)
+    if detail:
+        for blk in range(kv.num_blocks):
+            lo, hi = blk * bs, (blk + 1) * bs
+            owners, filled, reserved = [], 0, 0
+            for rid, (start, length) in kv.regions.items():
+                a, b = max(lo, start), min(hi, start + length)
+                if a < b:
+                    owners.append(rid)
+                    req = requests.get(rid)
+                    n = req.num_computed_tokens if req else 0
+                    f = max(0, min(b, start + n) - a)
+                    filled += f
+                    reserved += (b - a) - f
+            snap.blocks.append(BlockInfo(block_id=blk, owners=owners, num_filled=filled,
+                                         ref_count=len(owners), reserved=reserved))
+    return snap
