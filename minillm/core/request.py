@@ -115,7 +115,7 @@ class Request:
         self.num_preemptions = 0
         self.spec_token_ids: list[int] = []   # draft tokens proposed this step (speculative decoding)
         self.policy_state: dict = {}      # scratch space a scheduling policy may use
-        self.stop_watch = None            # (length limit, watched tokens): Scheduler._stop_watch's cache
+        self.stop_watch = None            # (length limit, watched tokens): StopChecker.watch's cache
 
     # --- sizes -----------------------------------------------------------------
     @property
