@@ -76,6 +76,19 @@ class ParentRequest:
         return f"ParentRequest({self.request_id!r}, n={self.n}, forked={self.forked})"
 
 
+def first_sequence(request_id: str, params: SamplingParams, **fields) -> Request:
+    """The sequence a new request enters the scheduler as: the request itself for n = 1; for n > 1
+    completion 0 of a new ``ParentRequest`` (its ``parent``), which forks the others once the prompt
+    is computed. ``fields``: the rest of ``Request``'s fields."""
+    if params.n == 1:
+        return Request(request_id, sampling_params=params, **fields)
+    parent = ParentRequest(request_id, params)
+    req = Request(completion_id(request_id, 0), sampling_params=parent.params[0], **fields)
+    req.parent = parent
+    parent.members.append(req)
+    return req
+
+
 def fork(sched, first: Request, result, t: float, upd) -> None:
     """Parallel sampling: the prompt is computed and its logits were sampled once per
     completion. Create the other n - 1 sequences, each sharing every block of ``first``, with its
