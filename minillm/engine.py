@@ -242,15 +242,15 @@ class LLMEngine:
         self._idle_wait()
         now = self.clock.now()
         t0 = time.perf_counter()
-        # Speculative decoding: the proposer guesses for each decoding request first; the
-        # scheduler then decides how many guesses fit this step's budget.
-        draft_time = self.speculator.propose(self.scheduler.running) if self.speculator else 0.0
+        if self.speculator:           # speculative decoding: each decoding request's draft (or its slots)
+            self.speculator.propose(self.scheduler.running)
         phases = PhaseTimes(self.config.phase_clock)     # host time per phase, when asked for
         t1 = time.perf_counter()
         p = phases.mark()
         out = self.scheduler.schedule(now)
         phases.add("schedule", p)
         t_sched = time.perf_counter() - t1
+        draft_time = self.speculator.draft(out) if self.speculator else 0.0   # a draft model fills its slots
         p = phases.mark()
         result = self.executor.execute(out)
         self.kv.forward_done()

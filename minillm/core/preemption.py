@@ -2,12 +2,14 @@
 
 A victim either drops its KV and recomputes it later (back to the front of the waiting queue) or has it copied
 to host memory and back (swap); "auto" picks by the preemption cost rule. A parallel-sampling group goes together.
+``schedule_swapped`` is the way back: swapped-out requests return (step 2 of the pass) before anyone new.
 """
 
 from __future__ import annotations
 
 from .request import Request, RequestStatus
-from ..step_record import PreemptionEvent
+from .scheduler_output import grant
+from ..step_record import PreemptionEvent, WaitingEntry
 
 
 def choose_mode(sched, victim: Request) -> str:
@@ -80,3 +82,33 @@ def unschedule(victim: Request, out) -> int:
             del out.scheduled[i]
             return s.num_new_tokens
     return 0
+
+
+def schedule_swapped(sched, out, budget: int) -> int:
+    """2. Swapped-out requests come back (KV copied in) before anybody new is admitted, oldest
+    first while blocks and seats allow. Returns the budget left."""
+    cfg = sched.config
+    while sched.swapped and sched._num_seqs() + sched.swapped[0].num_seqs <= cfg.max_num_seqs and budget > 0:
+        req = sched.swapped[0]
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        ok, need, free = sched.kv.can_swap_in(req, sched.watermark_blocks)
+        extra = sched.kv.blocks_for(req.num_computed_tokens + n) - need
+        if not ok or need + extra > free - sched.watermark_blocks:
+            out.waiting.append(WaitingEntry(req.request_id, f"swapped out: needs {need + extra} blocks "
+                                            f"to come back, {free} free"))
+            break
+        sched.swapped.pop(0)
+        sched.journal.save(req)
+        out.swap_in.extend(sched.kv.swap_in(req))
+        sched.counters["swapped_in_blocks"] += need
+        sched.kv.allocate(req, n)
+        sched.kv.cache_full_blocks(req, min(req.num_computed_tokens + n, req.num_tokens), shareable=False)
+        req.status = RequestStatus.RUNNING
+        sched.running.append(req)
+        out.swapped_in.append(req.request_id)
+        out.scheduled.append(grant(req, n))
+        budget -= n
+    for req in sched.swapped[1:]:
+        out.waiting.append(WaitingEntry(req.request_id, "swapped out: queued behind "
+                                        f"{sched.swapped[0].request_id}"))
+    return budget

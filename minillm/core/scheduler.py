@@ -39,7 +39,7 @@ from .step_journal import StepJournal, checkpoint_step, commit_step, rollback_st
 from .stopping import StopChecker
 from .admission_control import cap_queue, shed_load
 from .parallel_sampling import fork, group_need
-from .preemption import just_placed, preempt_group
+from .preemption import just_placed, preempt_group, schedule_swapped
 from .scheduler_output import ScheduledRequest, SchedulerOutput, StepUpdate, grant  # noqa: F401  (re-exported)
 from ..step_record import BatchEntry, BlockCopy, WaitingEntry
 
@@ -216,8 +216,8 @@ class Scheduler:
         return released
 
     def _settle_guesses(self, s: ScheduledRequest, accepted: int, upd: StepUpdate) -> None:
-        """Speculative decoding: the KV of rejected guesses is rolled back (and blocks reserved for
-        guesses this pass did not keep go back to the pool)."""
+        """Speculative decoding: the KV slots of rejected guesses go back (``_allocate_lookahead``
+        allocated them), and so do those of slots a draft model left unguessed."""
         req = s.request
         if s.spec_token_ids:
             req.num_computed_tokens -= len(s.spec_token_ids) - accepted
@@ -277,7 +277,7 @@ class Scheduler:
         budget = self._schedule_running(now, out, budget)     # 1. running requests
         if not reform:
             return out
-        budget = self._schedule_swapped(out, budget)          # 2. swapped-out requests come back
+        budget = schedule_swapped(self, out, budget)          # 2. swapped-out requests come back
         why = self._no_admission_reason(now, static_blocked)  # 3. waiting requests, unless ...
         if why is not None:
             out.waiting.extend(WaitingEntry(req.request_id, why) for req in self._arrived(now))
@@ -293,6 +293,7 @@ class Scheduler:
         # (Only a speculator proposes guesses: without one, no pass over the running set.)
         decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) \
             if cfg.speculative_model is not None and any(r.spec_token_ids for r in self.running) else 0
+        spare = self._spare_blocks() if decodes_left else 0      # blocks the drafts may take
         kv = self.kv
         caching = getattr(kv, "enable_prefix_caching", True)   # else cache_full_blocks registers nothing
         for req in list(self.running):
@@ -305,13 +306,13 @@ class Scheduler:
             if n == 1 and decodes_left:
                 decodes_left -= 1                         # this one's own next token
             # Speculative tokens count against the budget: keep as many as fit after the known
-            # ones (and the later decodes'); if their KV does not fit, decode plainly rather
-            # than preempt anyone.
+            # ones (and the later decodes'), and as many as the spare blocks hold (a draft never
+            # preempts anyone): the scheduler allocates their lookahead slots here.
             spec = req.spec_token_ids
             if spec:
                 spec = spec[:max(0, budget - n - decodes_left)]
-                if spec and not kv.allocate(req, n + len(spec)):
-                    spec = []
+                if spec:
+                    spec, spare = self._allocate_lookahead(req, n, spec, spare)
                 n += len(spec)
             if n > budget:
                 n = budget
@@ -334,34 +335,28 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
-        """2. Swapped-out requests come back (KV copied in) before anybody new is admitted, oldest
-        first while blocks and seats allow. Returns the budget left."""
-        cfg = self.config
-        while self.swapped and self._num_seqs() + self.swapped[0].num_seqs <= cfg.max_num_seqs and budget > 0:
-            req = self.swapped[0]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            ok, need, free = self.kv.can_swap_in(req, self.watermark_blocks)
-            extra = self.kv.blocks_for(req.num_computed_tokens + n) - need
-            if not ok or need + extra > free - self.watermark_blocks:
-                out.waiting.append(WaitingEntry(req.request_id, f"swapped out: needs {need + extra} blocks "
-                                                f"to come back, {free} free"))
-                break
-            self.swapped.pop(0)
-            self.journal.save(req)
-            out.swap_in.extend(self.kv.swap_in(req))
-            self.counters["swapped_in_blocks"] += need
-            self.kv.allocate(req, n)
-            self.kv.cache_full_blocks(req, min(req.num_computed_tokens + n, req.num_tokens), shareable=False)
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            out.swapped_in.append(req.request_id)
-            out.scheduled.append(grant(req, n))
-            budget -= n
-        for req in self.swapped[1:]:
-            out.waiting.append(WaitingEntry(req.request_id, "swapped out: queued behind "
-                                            f"{self.swapped[0].request_id}"))
-        return budget
+    def _spare_blocks(self) -> int:
+        """Free blocks no running request needs for its plain next step: what drafts may take."""
+        kv = self.kv
+        if not hasattr(kv, "num_blocks_needed"):          # a reservation: its region has room or not
+            return 0
+        return kv.num_free_blocks - sum(kv.num_blocks_needed(r, r.num_tokens - r.num_computed_tokens)
+                                        for r in self.running)
+
+    def _allocate_lookahead(self, req: Request, n: int, spec: list, spare: int) -> tuple[list, int]:
+        """Speculative decoding: the KV slots of ``n`` known tokens plus the draft ``spec`` (1 + k
+        positions for a decode), the draft trimmed to what ``spare`` blocks hold. Returns the draft
+        kept and the spare blocks left. The rejected guesses' slots go back in ``update_from_output``."""
+        kv = self.kv
+        if not hasattr(kv, "num_blocks_needed"):
+            return (spec if kv.allocate(req, n + len(spec)) else []), spare
+        plain = kv.num_blocks_needed(req, n)
+        while spec and kv.num_blocks_needed(req, n + len(spec)) - plain > spare:
+            spec = spec[:-1]
+        if spec:
+            spare -= kv.num_blocks_needed(req, n + len(spec)) - plain
+            kv.allocate(req, n + len(spec))
+        return spec, spare
 
     def _no_admission_reason(self, now: float, static_blocked: bool) -> Optional[str]:
         """3. Why no waiting request is admitted this pass, or None (admission goes ahead)."""
