@@ -1,9 +1,9 @@
 """The engine: one ``step()`` = schedule, execute, apply, record.
 
-One direction per step: the scheduler decides (a ``SchedulerOutput``), the
-executor (the real model, or the simulator) runs it, and the engine applies
-the results (append tokens, finish requests, free their KV) and emits a
-``StepRecord``. Nothing reaches back up.
+One direction per step: the scheduler decides (a ``SchedulerOutput``), the executor (the real
+model, or the simulator) runs it, the scheduler applies the results where the requests live
+(``update_from_output``), and the engine emits a ``StepRecord``. Nothing reaches back up. What it
+loads, sizes, checks and returns lives beside it: ``model/loader``, ``kv_sizing``, ``checks``, ``outputs``.
 """
 
 from __future__ import annotations

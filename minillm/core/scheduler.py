@@ -26,6 +26,9 @@ back or release (static batching, every-N), and tell the policy what ran.
 
 A step is all or nothing: ``checkpoint()`` before it, ``rollback()`` if anything in
 it raises (the queues, the requests and the KV tables go back to how they were).
+What the pass uses has its own module: the grants (``scheduler_output``), the stop check
+(``stopping``), preemption and swap-in (``preemption``), load shedding (``admission_control``),
+the fork of ``n`` samples (``parallel_sampling``), the undo log (``step_journal``).
 """
 
 from __future__ import annotations
