@@ -3,7 +3,8 @@
 As in vLLM, one prompt has ``n`` completions (``SamplingParams.n``), each a
 ``CompletionOutput`` in ``RequestOutput.outputs``. ``RequestOutput.token_ids``, ``.text``,
 ``.finish_reason`` and ``.finish_detail`` are the *first* completion's (``outputs[0]``), so
-code written for one completion per prompt reads them directly.
+code written for one completion per prompt reads them directly. ``request_output`` assembles one
+from a request's sequences; ``output_text`` is a sequence's text so far, for streaming.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .core.request import RequestMetrics
+from .core.request import Request, RequestMetrics
+from .detokenizer import IncrementalDetokenizer
 
 
 @dataclass
@@ -64,3 +66,58 @@ class RequestOutput:
         if self.outputs:
             return all(o.finished for o in self.outputs)
         return self.finish_reason is not None
+
+
+# --- assembling outputs from the engine's requests ------------------------------------------------
+
+def final_text(r: Request, tokenizer) -> str:
+    """A sequence's whole output text: cut where a stop string matched, else its tokens decoded."""
+    return r.stop_text if r.stop_text is not None else tokenizer.decode(r.output_token_ids, skip_special_tokens=True)
+
+
+def output_text(r: Request, tokenizer) -> str:
+    """A sequence's output text so far: while it runs, what its incremental detokenizer
+    (minillm/detokenizer.py) has decoded; once finished, its ``final_text``. "" without a tokenizer."""
+    if tokenizer is None:
+        return ""
+    if r.is_finished:
+        return final_text(r, tokenizer)
+    if r.detokenizer is None:
+        r.detokenizer = IncrementalDetokenizer(tokenizer)
+    r.detokenizer.update(r.output_token_ids)
+    return r.detokenizer.text
+
+
+def with_token_text(positions, tokenizer):
+    """Logprob dicts with each token's text filled in (when there is a tokenizer)."""
+    if positions is None or tokenizer is None:
+        return None if positions is None else list(positions)
+    for lp in positions:
+        for tok, l in (lp or {}).items():
+            if l.decoded_token is None:
+                l.decoded_token = tokenizer.decode([tok])
+    return list(positions)
+
+
+def completion_output(r: Request, index: int, tokenizer, with_text: bool) -> CompletionOutput:
+    """Completion ``index`` of a request: sequence ``r``'s tokens, text (when ``with_text`` and there
+    is a tokenizer), logprobs and finish reason."""
+    text = final_text(r, tokenizer) if tokenizer is not None and with_text else None
+    logprobs = with_token_text(r.output_logprobs, tokenizer)
+    return CompletionOutput(index=index, text=text, token_ids=list(r.output_token_ids),
+                            cumulative_logprob=None if logprobs is None else
+                            sum(lp[t].logprob for lp, t in zip(logprobs, r.output_token_ids)),
+                            logprobs=logprobs, finish_reason=r.finish_reason, stop_reason=r.stop_reason,
+                            finish_detail=r.finish_detail)
+
+
+def request_output(request_id: str, members: list, tokenizer, with_text: bool) -> RequestOutput:
+    """The output of a request whose sequences are ``members`` (one, or its n parallel samples by
+    index): every completion, and the first one's tokens, text and finish reason at the top level."""
+    outputs = [completion_output(m, i, tokenizer, with_text) for i, m in enumerate(members)]
+    r, first = members[0], outputs[0]
+    return RequestOutput(request_id=request_id, prompt=r.prompt, prompt_token_ids=r.prompt_token_ids,
+                         token_ids=first.token_ids, text=first.text, finish_reason=first.finish_reason,
+                         metrics=r.metrics, num_cached_tokens=r.metrics.num_cached_tokens,
+                         finish_detail=first.finish_detail, outputs=outputs,
+                         prompt_logprobs=with_token_text(r.prompt_logprobs, tokenizer))

@@ -9,6 +9,7 @@ stop strings, ``min_tokens``, ``logprobs`` / ``prompt_logprobs`` and the three p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Optional
@@ -85,3 +86,13 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Do the logits need changing before sampling (penalties)?"""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+def checked_copy(sampling_params, who: str = "") -> SamplingParams:
+    """The engine's own copy of a request's params, checked again (the caller may have edited
+    the object since it was made; ``None`` gives the defaults). ``who`` names the request."""
+    if sampling_params is None:
+        return SamplingParams()
+    if isinstance(sampling_params, SamplingParams):
+        return dataclasses.replace(sampling_params)
+    raise TypeError(f"sampling_params={sampling_params!r}{who}: must be a SamplingParams or None")

@@ -32,9 +32,10 @@
 # 6. exercises: the acceptance rule, inside the engine, and the speed-up formula.
 #
 # In minillm one step of a decoding request with speculation is: the proposer guesses up to k tokens;
-# the scheduler grants the request 1 + k new tokens (they count against the execution-token budget);
-# one target forward scores all of them; the engine keeps the accepted guesses plus one token of the
-# target's own, and rolls the KV of the rejected guesses back (`minillm/spec/speculative.py`).
+# the scheduler grants the request 1 + k new tokens and allocates their KV slots (they count against
+# the execution-token budget, and take only blocks no running request needs for its next token); one
+# target forward scores all of them; the scheduler keeps the accepted guesses plus one token of the
+# target's own, and frees the KV slots of the rejected guesses (`minillm/spec/speculative.py`).
 
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device

@@ -6,8 +6,8 @@ request registered before its arrival time failed (a ghost), sampling parameters
 fields that pass and then fail every later step for the whole batch, config fields that fail
 late or not at all, a checkpoint's config.json used before it is checked, a KV cache too big
 for the machine, SamplingParams kept by reference, ``generate`` queueing half a list, an
-acceptance rule (``ModelRunner.verify``) trusted blindly, a model name sent to a model hub,
-and a training state loaded with pickle's full powers.
+acceptance rule (``EngineConfig.acceptance_rule``, run as ``ModelRunner.verify``) trusted blindly,
+a model name sent to a model hub, and a training state loaded with pickle's full powers.
 """
 
 from __future__ import annotations
@@ -266,10 +266,7 @@ LOOP = [5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6]
 
 
 def spec_run(verify=None):
-    llm = LLM("random", **SPEC)
-    e = llm.engine
-    if verify is not None:
-        e.executor.verify = verify
+    e = LLM("random", **SPEC, acceptance_rule=verify).engine
     a = e.add_request(LOOP, SamplingParams(max_tokens=20, **GREEDY))
     b = e.add_request([3, 4, 5], SamplingParams(max_tokens=20, **GREEDY))
     return e, a, b
@@ -299,16 +296,32 @@ def _a_string(logits, draft, *args):
     return "12"
 
 
+class FixableRule:
+    """An acceptance rule configured like any (``LLM(acceptance_rule=...)``) that the test fixes mid-run:
+    ``hook`` until ``fixed`` is set, then the built-in rule."""
+
+    def __init__(self, hook):
+        self.hook = hook
+        self.fixed = False
+
+    def __call__(self, *args):
+        from minillm.spec import speculative
+        return (speculative.verify if self.fixed else self.hook)(*args)
+
+    def __repr__(self):
+        return self.hook.__qualname__
+
+
 @pytest.mark.parametrize("hook", [_wrong_tokens, _too_many, _nothing, _not_the_draft, _floats, _a_string])
 def test_a_bad_acceptance_rule_is_named_and_the_run_recovers(hook):
-    from minillm.spec import speculative
     e, a, b = spec_run()
     finish(e)
     expected = (e.get_output(a).token_ids, e.get_output(b).token_ids)
-    e, a, b = spec_run(hook)
+    rule = FixableRule(hook)
+    e, a, b = spec_run(rule)
     with pytest.raises(ValueError, match=rf"ModelRunner.verify \(the acceptance rule .*{hook.__name__}\)"):
         finish(e)
-    e.executor.verify = speculative.verify            # fix the hook: the run carries on, nothing lost
+    rule.fixed = True                                 # fix the rule: the run carries on, nothing lost
     finish(e)
     assert (e.get_output(a).token_ids, e.get_output(b).token_ids) == expected
 

@@ -35,6 +35,8 @@ import dataclasses
 
 from ..checks import MAX_SEED
 from ..sampling_params import SamplingParams
+from ..step_record import ForkEvent
+from .request import Request, RequestStatus
 
 # A large odd constant (2**64 / golden ratio): consecutive completions start random streams far apart.
 _SEED_STRIDE = 0x9E3779B97F4A7C15
@@ -72,3 +74,71 @@ class ParentRequest:
 
     def __repr__(self) -> str:
         return f"ParentRequest({self.request_id!r}, n={self.n}, forked={self.forked})"
+
+
+def first_sequence(request_id: str, params: SamplingParams, **fields) -> Request:
+    """The sequence a new request enters the scheduler as: the request itself for n = 1; for n > 1
+    completion 0 of a new ``ParentRequest`` (its ``parent``), which forks the others once the prompt
+    is computed. ``fields``: the rest of ``Request``'s fields."""
+    if params.n == 1:
+        return Request(request_id, sampling_params=params, **fields)
+    parent = ParentRequest(request_id, params)
+    req = Request(completion_id(request_id, 0), sampling_params=parent.params[0], **fields)
+    req.parent = parent
+    parent.members.append(req)
+    return req
+
+
+def fork(sched, first: Request, result, t: float, upd) -> None:
+    """Parallel sampling: the prompt is computed and its logits were sampled once per
+    completion. Create the other n - 1 sequences, each sharing every block of ``first``, with its
+    own first token, in ``sched`` (the scheduler applying the step's results) and ``upd`` (its
+    ``StepUpdate``)."""
+    parent = first.parent
+    parent.forked = True
+    sched._forked.append(parent)
+    shared: list[int] = []
+    for i in range(1, parent.n):
+        cid = completion_id(parent.request_id, i)
+        seq = Request(cid, first.prompt_token_ids, parent.params[i], first.arrival_time, first.priority,
+                      first.tenant, first.eos_token_id, first.expected_output_len, prompt=first.prompt)
+        seq.parent, seq.index = parent, i
+        seq.status = RequestStatus.RUNNING
+        seq.num_computed_tokens = first.num_computed_tokens
+        seq.num_cached_tokens = first.num_cached_tokens
+        seq.admit_seq = first.admit_seq
+        m, fm = seq.metrics, first.metrics
+        m.first_scheduled_time, m.num_cached_tokens = fm.first_scheduled_time, fm.num_cached_tokens
+        m.clock = fm.clock
+        if first.prompt_logprobs is not None:
+            seq.prompt_logprobs = first.prompt_logprobs
+        shared = sched.kv.fork(first, seq)
+        parent.members.append(seq)
+        sched.running.append(seq)
+        upd.forked.append(seq)
+        # The runner sampled each completion's first token; the simulator, which samples
+        # nothing, gives them all the first sequence's placeholder.
+        tok = result.sampled.get(cid, first.output_token_ids[-1:])[0]
+        seq.output_token_ids.append(tok)
+        m.token_times.append(t)
+        m.first_token_time = t
+        if seq.output_logprobs is not None:
+            seq.output_logprobs += result.logprobs.get(cid, ())
+        reason = sched.stops.check(seq, tok)
+        if reason and sched.finish(seq, reason, t):
+            upd.finished.append(seq)
+    upd.forks.append(ForkEvent(parent.request_id, [m.request_id for m in parent.members], shared))
+
+
+def group_need(req: Request) -> tuple[int, int]:
+    """(seats, extra blocks) admitting ``req`` must find room for. A parallel-sampling group
+    that has not forked needs n seats, and keeps one block per other sample free (each may
+    need one at its first decode step). The first waiting member of a forked group that was
+    preempted together claims the seats of all its waiting members; their memory is
+    checked one by one (the whole group may never fit at once, each member does)."""
+    p = req.parent
+    if p is None:
+        return 1, 0
+    if not p.forked:
+        return p.n, p.n - 1
+    return sum(1 for m in p.members if m.status is RequestStatus.PREEMPTED), 0

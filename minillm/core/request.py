@@ -113,9 +113,9 @@ class Request:
                                       priority=priority, tenant=tenant)
         self.admit_seq = -1               # order of (last) admission: recency for victim choice
         self.num_preemptions = 0
-        self.spec_token_ids: list[int] = []   # draft tokens proposed this step (speculative decoding)
+        self.spec_token_ids: list[int] = []   # this step's draft (speculative decoding; a draft model's: slots)
         self.policy_state: dict = {}      # scratch space a scheduling policy may use
-        self.stop_watch = None            # (length limit, watched tokens): Scheduler._stop_watch's cache
+        self.stop_watch = None            # (length limit, watched tokens): StopChecker.watch's cache
 
     # --- sizes -----------------------------------------------------------------
     @property

@@ -8,12 +8,17 @@ length). If anything raises before the step
 ends, ``restore()`` replays the log backwards and every request is as it was before the step.
 (A policy's own bookkeeping, such as ``request.policy_state``, is the policy's business.)
 
+``checkpoint_step`` / ``commit_step`` / ``rollback_step`` are the scheduler's side of it
+(``Scheduler.checkpoint`` / ``commit`` / ``rollback``): its queues, counters and KV tables.
+
 ``KVStepJournal`` is the same for the paged KV manager: between its ``begin_step()`` and ``end_step()``
 it keeps each block table the step changes (the first time), the blocks it hands out and the
 prefixes it registers; ``undo()`` puts every table, reference count and free list back.
 """
 
 from __future__ import annotations
+
+import heapq
 
 _REQUEST_FIELDS = ("status", "num_computed_tokens", "num_cached_tokens", "finish_reason", "finish_detail",
                    "pending_finish_reason", "admit_seq", "num_preemptions", "stop_reason", "stop_text")
@@ -76,6 +81,53 @@ class StepJournal:
                         del req.output_logprobs[s.num_output_before:]
         self._log.clear()
         self._saved.clear()
+
+
+# --- the scheduler's step: checkpoint before, commit after, rollback if it raised --------------------
+
+def checkpoint_step(sched) -> tuple:
+    """Before a step: what ``rollback_step`` needs to undo it (the queues are copied; requests and
+    KV tables are saved as the step first touches them)."""
+    sched.journal = StepJournal()
+    sched._arrivals = []
+    sched._forked = []
+    sched.kv.begin_step()
+    # The waiting queue is not copied (it may be long): the step copies it before its first
+    # change other than arrivals appended at the end (``Scheduler._writable_waiting``).
+    sched._shared_waiting = sched.waiting
+    return ((sched.waiting, len(sched.waiting)), list(sched.running), list(sched.swapped), list(sched.held),
+            dict(sched.counters), sched.num_passes, sched._admit_counter, sched.now)
+
+
+def commit_step(sched) -> None:
+    """The step is done (its copies and forward ran): forget the undo log."""
+    sched.kv.end_step()
+    sched.journal = StepJournal()
+    sched._arrivals = []
+    sched._forked = []
+    sched._shared_waiting = None
+
+
+def rollback_step(sched, checkpoint: tuple) -> None:
+    """The step raised: put the queues, the requests and the KV tables back. A request whose
+    KV blocks another request wrote into during the step recomputes from that position."""
+    ((sched.waiting, num_waiting), sched.running, sched.swapped, sched.held, sched.counters, sched.num_passes,
+     sched._admit_counter, sched.now) = checkpoint
+    del sched.waiting[num_waiting:]       # arrivals appended to the checkpoint's own list
+    sched._shared_waiting = None
+    sched.journal.restore()
+    for parent in sched._forked:          # the forked sequences never existed
+        parent.forked = False
+        del parent.members[1:]
+    sched._forked = []
+    for item in sched._arrivals:
+        heapq.heappush(sched.incoming, item)
+    sched._arrivals = []
+    for rid, pos in sched.kv.rollback().items():
+        req = next((r for r in sched.running if r.request_id == rid), None)
+        if req is not None and req.num_computed_tokens > pos:
+            req.num_computed_tokens = pos
+            req.num_cached_tokens = min(req.num_cached_tokens, pos)
 
 
 class KVStepJournal:

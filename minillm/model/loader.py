@@ -5,6 +5,9 @@ Only safetensors are read: a pickle file (``*.bin``, ``*.pt``) can run code when
 loaded, so a checkpoint directory that has nothing else is refused. Only local
 directories are read: nothing here contacts a model hub. A ``config.json`` is
 checked (``check_model_config``) before anything is sized or allocated from it.
+
+``load_target`` is what the engine loads: the weights, or only the model's shape for the
+simulator and for tensor parallelism (whose ranks load their own shards).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import warnings
 from types import SimpleNamespace
 from pathlib import Path
 from typing import Optional
@@ -72,6 +76,17 @@ def check_model_config(cfg, source: str) -> None:
         raise ValueError(f"{source}: max_position_embeddings={mpe!r}: must be an integer >= 1")
 
 
+def check_heads(cfg, world: int) -> None:
+    """Attention heads and KV heads must split into whole heads per rank."""
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    if heads % world or kv_heads % world:
+        raise ValueError(
+            f"tensor_parallel_size={world}: the model has num_attention_heads={heads} and "
+            f"num_key_value_heads={kv_heads}; both must be divisible by tensor_parallel_size, since "
+            f"each rank computes whole heads (try a tensor_parallel_size that divides {kv_heads})")
+
+
 def load_config(model: str, presets=None):
     """The checked config.json of the local checkpoint directory ``model``; never a download.
     ``presets``: names the caller also accepts, listed in the error for a name that is neither."""
@@ -129,7 +144,8 @@ def host_memory_bytes() -> int:
         return 2**62
 
 
-def _torch_dtype(name: str, cfg=None) -> torch.dtype:
+def torch_dtype(name: str, cfg=None) -> torch.dtype:
+    """The torch dtype named ``name`` ("auto": the checkpoint's own, else float32)."""
     if name == "auto":
         d = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
         if isinstance(d, torch.dtype):
@@ -143,7 +159,7 @@ def load_model(model: Optional[str], dtype: str = "float32", device: str = "cpu"
     """Returns (LlamaModel, hf_config). ``model`` is a checkpoint dir or "random"."""
     if model == "random":
         cfg = random_model_config(**(random_overrides or {}))
-        torch_dtype = _torch_dtype(dtype if dtype != "auto" else "float32")
+        dt = torch_dtype(dtype if dtype != "auto" else "float32")
         gen = torch.Generator().manual_seed(seed)
         with torch.device("cpu"):
             m = LlamaModel(cfg)
@@ -152,7 +168,7 @@ def load_model(model: Optional[str], dtype: str = "float32", device: str = "cpu"
                 continue
             with torch.no_grad():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02 if p.dim() > 1 else torch.zeros(p.shape))
-        return m.to(device=device, dtype=torch_dtype).eval(), cfg
+        return m.to(device=device, dtype=dt).eval(), cfg
 
     cfg = load_config(model)
     if cfg.model_type not in SUPPORTED:
@@ -166,7 +182,7 @@ def load_model(model: Optional[str], dtype: str = "float32", device: str = "cpu"
     state = {}
     for f in files:
         state.update(load_file(f))
-    torch_dtype = _torch_dtype(dtype, cfg)
+    dt = torch_dtype(dtype, cfg)
     with torch.device("meta"):
         m = LlamaModel(cfg)
     m = m.to_empty(device="cpu")
@@ -182,6 +198,91 @@ def load_model(model: Optional[str], dtype: str = "float32", device: str = "cpu"
     if missing or unexpected:
         raise ValueError(f"model={model!r}: checkpoint does not match the architecture; "
                          f"missing={missing[:5]} unexpected={unexpected[:5]}")
-    m = m.to(device=device, dtype=torch_dtype)
+    m = m.to(device=device, dtype=dt)
     m.inv_freq = m.inv_freq.float()
     return m.eval(), cfg
+
+
+# --- what the engine loads: the target model (or only its shape), its tokenizer ------------------------
+
+def resolve_device(name: str) -> torch.device:
+    """``EngineConfig.device``: "auto" is the GPU when there is one."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """``EngineConfig.dtype``: "auto" is bfloat16 on a GPU, float32 on the CPU."""
+    if name == "auto":
+        return "bfloat16" if device.type == "cuda" else "float32"
+    return name
+
+
+def resolve_model_path(model: Optional[str]) -> str:
+    """``LLM(model=...)``: None is the shipped checkpoint (a small random Llama when it is missing)."""
+    if model is None:
+        if (DEFAULT_MODEL_DIR / "config.json").exists():
+            return str(DEFAULT_MODEL_DIR)
+        warnings.warn("the shipped default model is missing; using a small random Llama")
+        return "random"
+    if model == "default-draft":
+        return str(DEFAULT_DRAFT_DIR)
+    if model == "random":
+        return "random"
+    return os.fspath(model)
+
+
+def load_target(path: str, config, dtype_name: str, device: torch.device):
+    """(model, hf_config, model_spec): the weights on this process, or only the shape (the simulator;
+    tensor parallelism, whose weights live in the ranks' processes)."""
+    from ..sim.costmodel import ModelSpec
+    if config.executor == "simulated":
+        return (None, *simulated_shape(path, config))
+    if config.tensor_parallel_size > 1:
+        hf_config = tensor_parallel_config(path, config)
+        return None, hf_config, ModelSpec.from_hf_config(hf_config)
+    model, hf_config = load_model(path, dtype_name, str(device), config.seed, config.random_model)
+    return model, hf_config, ModelSpec.from_hf_config(hf_config)
+
+
+def simulated_shape(path: str, cfg):
+    """The simulator needs only the model's shape: a preset of ``costmodel.MODELS``
+    (``model="llama-2-70b"``), the tiny random Llama, or a checkpoint's config.json."""
+    from ..sim.costmodel import MODELS, ModelSpec
+    if path in MODELS and not os.path.isdir(path):
+        m = MODELS[path]
+        shape = SimpleNamespace(num_hidden_layers=m.num_layers, hidden_size=m.hidden_size,
+                                num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
+                                head_dim=m.head_dim, intermediate_size=m.intermediate_size,
+                                vocab_size=m.vocab_size, eos_token_id=None)
+        return shape, m
+    if path == "random":              # a plain namespace: no need to import transformers
+        shape = SimpleNamespace(**{**RANDOM_DEFAULTS, **cfg.random_model})
+        check_model_config(shape, "EngineConfig.random_model")
+    else:                             # a local checkpoint directory; never a model hub
+        shape = load_config(path, presets=sorted(MODELS))
+    return shape, ModelSpec.from_hf_config(shape)
+
+
+def tensor_parallel_config(model_path: str, config):
+    """The model's config, read in the driver (which loads no weights), checked for
+    ``config.tensor_parallel_size`` ranks: whole heads per rank."""
+    if model_path == "random":
+        cfg = random_model_config(**config.random_model)
+    else:
+        cfg = load_config(model_path)
+        if cfg.model_type not in SUPPORTED:
+            raise ValueError(f"model={model_path!r}: model_type {cfg.model_type!r} is not supported "
+                             f"(only {SUPPORTED})")
+    check_heads(cfg, config.tensor_parallel_size)
+    return cfg
+
+
+def load_tokenizer(path: str):
+    """The checkpoint's tokenizer, or None when the directory has none."""
+    if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer.model",
+                                                               "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)

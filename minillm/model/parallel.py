@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .llama import LlamaModel
+from .loader import check_heads
 
 # This process's collectives (one rank's): calls and bytes by kind, for the reader to inspect
 # (``TPExecutor.collective_rpc(Worker.comm)``): per forward, 2 all-reduces per layer + 1 for
@@ -65,17 +66,6 @@ def split(n: int, rank: int, world: int) -> tuple[int, int]:
     size, extra = divmod(n, world)
     a = rank * size + min(rank, extra)
     return a, a + size + (rank < extra)
-
-
-def check_heads(cfg, world: int) -> None:
-    """Attention heads and KV heads must split into whole heads per rank."""
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    if heads % world or kv_heads % world:
-        raise ValueError(
-            f"tensor_parallel_size={world}: the model has num_attention_heads={heads} and "
-            f"num_key_value_heads={kv_heads}; both must be divisible by tensor_parallel_size, since "
-            f"each rank computes whole heads (try a tensor_parallel_size that divides {kv_heads})")
 
 
 def rank_config(cfg, rank: int, world: int):

@@ -606,6 +606,26 @@ def get_cost_model(spec: Any, model_spec: Union[str, ModelSpec, None] = None,
                      f"({sorted(HARDWARE)}), a number of seconds per step, or None")
 
 
+def engine_cost_model(config, model_spec: ModelSpec) -> Optional[CostModel]:
+    """The engine's cost model: ``EngineConfig.cost_model`` for ``model_spec``, an H100 roofline when
+    the clock is modeled or ``preemption_mode="auto"`` needs one without it, else None."""
+    if config.cost_model is None and config.clock != "modeled" and config.preemption_mode != "auto":
+        return None
+    spec = config.cost_model if config.cost_model is not None else "H100-SXM"
+    return get_cost_model(spec, model_spec, kv_cache_dtype=config.kv_cache_dtype)
+
+
+def modeled_step_time(cm, out, num_running: int, num_waiting: int, swap_bytes: int) -> tuple[float, float, float]:
+    """(duration, schedule time, swap time) of one engine step under cost model ``cm``: the forward of
+    ``out``'s grants (a ``SchedulerOutput``), the pass that formed it (when it re-formed the batch, over
+    ``num_running`` and ``num_waiting`` requests) and the KV copied to or from host memory."""
+    step = cm.step_time([s.num_new_tokens for s in out.scheduled],
+                        [s.num_computed_before + s.num_new_tokens for s in out.scheduled]) if out.scheduled else 0.0
+    sched = cm.schedule_time(num_running, num_waiting) if out.reformed else 0.0
+    swap = cm.swap_time(swap_bytes) if swap_bytes else 0.0
+    return step + sched + swap, sched, swap
+
+
 # =====================================================================================
 # The batching-math formulas
 # =====================================================================================

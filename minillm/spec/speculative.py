@@ -12,17 +12,20 @@ One step of a decoding request with ``n`` known tokens (KV for ``n - 1`` of them
 
 1. **Propose** (before scheduling). The engine asks the proposer for up to k tokens
    ``d1..dk`` per decoding request and sets ``req.spec_token_ids``. Never past
-   ``max_tokens`` or ``max_model_len``: a step emits at most k + 1 tokens.
-2. **Schedule.** The scheduler grants ``1 + len(spec)`` new tokens: speculative tokens
-   count against the execution-token budget, and it may keep fewer of them (or none: a
-   plain decode in the same batch). Prefill is unaffected.
+   ``max_tokens`` or ``max_model_len``: a step emits at most k + 1 tokens. (A draft model,
+   which writes KV where it guesses, asks for k slots here and guesses after step 2.)
+2. **Schedule.** The scheduler grants ``1 + len(spec)`` new tokens and allocates their KV
+   slots: speculative tokens count against the execution-token budget and take only blocks
+   no running request needs for its plain next step, so it may keep fewer of them (or none:
+   a plain decode in the same batch), and a draft never causes a preemption. Prefill is
+   unaffected.
 3. **Verify** (the runner). One forward over ``[x_n, d1, .., dk]`` at positions
    ``n-1 .. n-1+k`` (a query of k + 1 tokens over the paged context) gives the target's
    distribution after each of them; :func:`verify` keeps the longest agreeing prefix
    ``d1..da`` and adds one token from the target (the correction at the first
    rejection, or a bonus token after all k).
-4. **Roll back** (the engine). The KV written for the ``k - a`` rejected positions is
-   dropped (``kv.truncate``): blocks left empty go back to the pool.
+4. **Roll back** (``Scheduler.update_from_output``). The KV written for the ``k - a``
+   rejected positions is dropped (``kv.truncate``): blocks left empty go back to the pool.
 
 Two proposers sit behind one interface, ``Proposer.propose(requests, k) -> {request_id: [tokens]}``:
 
@@ -31,8 +34,8 @@ Two proposers sit behind one interface, ``Proposer.propose(requests, k) -> {requ
   indexed by the same block tables, since both caches hold the same positions. So the
   one block pool accounts for both (a block is draft KV + target KV; the engine's memory
   sizing counts both), and rollback, preemption and freeing need no second allocator.
-  Before proposing, the speculator reserves the blocks the verification will need
-  (``1 + k`` positions past the request's KV), which also hold the draft's look-ahead.
+  It guesses after scheduling, into the ``1 + k`` slots the scheduler allocated for the
+  verification, which also hold the draft's look-ahead.
 * :class:`NgramProposer` (``speculative_model="ngram"``): no model. Prompt lookup: find
   the last n tokens earlier in the request's own context and propose what followed them.
 
@@ -263,51 +266,53 @@ def spec_limit(req: Request, k: int, max_model_len: int) -> int:
                       max_model_len - req.num_tokens - 1))
 
 
-class Speculator:
-    """Per step, before scheduling: propose for every decoding request and reserve the KV
-    the verification needs. Returns the draft's modeled seconds for the clock."""
+# A guess a draft model has yet to make: it asks for k slots (``req.spec_token_ids = [DRAFT_SLOT] * k``),
+# the scheduler grants and allocates what fits, and the draft then guesses into them.
+DRAFT_SLOT = -1
 
-    def __init__(self, proposer: Proposer, num_speculative_tokens: int, kv, max_model_len: int,
+
+class Speculator:
+    """Per step, each decoding request's draft. The n-gram proposer guesses before scheduling; a draft
+    model, which writes KV at the positions it guesses, asks for its slots first and guesses once the
+    scheduler has granted and allocated them (``draft``). Either way the scheduler trims the draft to
+    what fits the budget and the KV cache, and frees the rejected guesses' slots after the step."""
+
+    def __init__(self, proposer: Proposer, num_speculative_tokens: int, max_model_len: int,
                  draft_cost_model=None):
         self.proposer = proposer
         self.k = num_speculative_tokens
-        self.kv = kv
         self.max_model_len = max_model_len
         self.draft_cost_model = draft_cost_model
         self.last_draft_time = 0.0
+        self.proposals: dict[str, list[int]] = {}     # this step's drafts by request id (what is verified)
 
-    def _reserve(self, reqs: list[Request], ks: list[int], running: list[Request]) -> list[int]:
-        """Allocate blocks for each request's ``1 + k_i`` verification positions (which also hold
-        the draft's look-ahead). Speculation only takes blocks no running request needs for its
-        plain next step, so it never causes a preemption; short of blocks, a request speculates less."""
-        kv = self.kv
-        if not hasattr(kv, "num_blocks_needed"):          # reservation mode: the region has room
-            return [ki if kv.allocate(r, 1 + ki) else 0 for r, ki in zip(reqs, ks)]
-        plain = {r.request_id: kv.num_blocks_needed(r, r.num_tokens - r.num_computed_tokens) for r in running}
-        spare = kv.num_free_blocks - sum(plain.values())
-        out = []
-        for r, ki in zip(reqs, ks):
-            while ki > 0 and kv.num_blocks_needed(r, 1 + ki) - plain[r.request_id] > spare:
-                ki -= 1
-            if ki > 0:
-                spare -= kv.num_blocks_needed(r, 1 + ki) - plain[r.request_id]
-                kv.allocate(r, 1 + ki)
-            out.append(ki)
-        return out
-
-    def propose(self, running: list[Request]) -> float:
+    def propose(self, running: list[Request]) -> None:
+        """Before scheduling: ``req.spec_token_ids`` for every decoding request, at most ``spec_limit``
+        tokens: the n-gram proposer's guesses, or a draft model's ``DRAFT_SLOT`` placeholders."""
         for r in running:
             r.spec_token_ids = []
         reqs = [r for r in running if r.is_decoding]
         ks = [spec_limit(r, self.k, self.max_model_len) for r in reqs]
-        if self.proposer.needs_kv:                       # the draft writes KV: blocks first
-            ks = self._reserve(reqs, ks, running)
+        if self.proposer.needs_kv:                       # the draft writes KV: slots first
+            for r, ki in zip(reqs, ks):
+                r.spec_token_ids = [DRAFT_SLOT] * ki
+            return
         proposals = self.proposer.propose(reqs, ks)
-        props = [list(proposals.get(r.request_id, []))[:ki] for r, ki in zip(reqs, ks)]
-        if not self.proposer.needs_kv:
-            props = [p[:ki] for p, ki in zip(props, self._reserve(reqs, [len(p) for p in props], running))]
-        for r, p in zip(reqs, props):
-            r.spec_token_ids = p
+        for r, ki in zip(reqs, ks):
+            r.spec_token_ids = list(proposals.get(r.request_id, []))[:ki]
+
+    def draft(self, out) -> float:
+        """After scheduling, before the forward: a draft model guesses into the slots the scheduler
+        granted (``out``'s grants, a ``SchedulerOutput``); a slot it leaves unguessed is not verified
+        (its KV goes back after the step). Returns the draft's modeled seconds for the clock."""
+        if self.proposer.needs_kv:
+            granted = [s for s in out.scheduled if s.spec_token_ids]
+            guesses = self.proposer.propose([s.request for s in granted], [len(s.spec_token_ids) for s in granted])
+            for s in granted:
+                g = list(guesses.get(s.request.request_id, []))[:len(s.spec_token_ids)]
+                s.num_new_tokens -= len(s.spec_token_ids) - len(g)
+                s.spec_token_ids = g
+        self.proposals = {s.request.request_id: list(s.spec_token_ids) for s in out.scheduled if s.spec_token_ids}
         cm = self.draft_cost_model
         self.last_draft_time = sum(cm.step_time(q, c) for q, c in self.proposer.forwards) if cm else 0.0
         return self.last_draft_time
@@ -392,7 +397,7 @@ def make_speculator(engine) -> Speculator:
                                       engine.dtype, engine.executor.backend, engine.executor.sampler,
                                       name=os.path.basename(os.path.normpath(path)))
         draft_cm = draft_cost_model(engine.cost_model, ModelSpec.from_hf_config(hf), engine.model_spec)
-    return Speculator(proposer, cfg.num_speculative_tokens, engine.kv, cfg.max_model_len, draft_cm)
+    return Speculator(proposer, cfg.num_speculative_tokens, cfg.max_model_len, draft_cm)
 
 
 # =====================================================================================

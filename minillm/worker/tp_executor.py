@@ -60,22 +60,6 @@ class TensorParallelError(RuntimeError):
     """A rank died, raised or stopped answering; every rank has been shut down."""
 
 
-def model_config(model_path: str, config):
-    """The model's config, read in the driver (which loads no weights), checked for
-    ``config.tensor_parallel_size`` ranks: whole heads per rank."""
-    from ..model.loader import SUPPORTED, load_config, random_model_config
-    from ..model.parallel import check_heads
-    if model_path == "random":
-        cfg = random_model_config(**config.random_model)
-    else:
-        cfg = load_config(model_path)
-        if cfg.model_type not in SUPPORTED:
-            raise ValueError(f"model={model_path!r}: model_type {cfg.model_type!r} is not supported "
-                             f"(only {SUPPORTED})")
-    check_heads(cfg, config.tensor_parallel_size)
-    return cfg
-
-
 def _process_context():
     """How rank processes start: "forkserver" where there is one (a clean process like "spawn",
     forked from a server that imported torch and minillm once, so the ranks of every later

@@ -1,0 +1,114 @@
+"""Preemption: who gives back its KV when memory or a seat runs out, and how (recompute or swap).
+
+A victim either drops its KV and recomputes it later (back to the front of the waiting queue) or has it copied
+to host memory and back (swap); "auto" picks by the preemption cost rule. A parallel-sampling group goes together.
+``schedule_swapped`` is the way back: swapped-out requests return (step 2 of the pass) before anyone new.
+"""
+
+from __future__ import annotations
+
+from .request import Request, RequestStatus
+from .scheduler_output import grant
+from ..step_record import PreemptionEvent, WaitingEntry
+
+
+def choose_mode(sched, victim: Request) -> str:
+    """"recompute" or "swap" for ``victim`` (``EngineConfig.preemption_mode``; "auto" asks the cost model)."""
+    mode = sched.config.preemption_mode
+    if mode == "auto":
+        # The preemption cost rule: swap when M_KV / B_PCIe < (n_input + n_generated) / S_prefill.
+        cm = sched.cost_model
+        if cm is None or not getattr(cm, "kv_bytes_per_token", 0):
+            return "recompute"
+        mode = cm.preemption_mode(victim.num_computed_tokens)
+    if mode == "swap" and not sched.kv.can_swap_out(victim):
+        return "recompute"            # swap pool full: fall back
+    return mode
+
+
+def preempt(sched, victim: Request, out, reason: str) -> None:
+    """Take ``victim`` off the running set: its KV to host memory (swap) or dropped (recompute: it waits
+    again at the front of the queue). The event and its reason go into ``out``."""
+    mode = choose_mode(sched, victim)
+    sched.journal.save(victim)
+    sched.running.remove(victim)
+    if mode == "swap":
+        mapping = sched.kv.swap_out(victim)
+        out.swap_out.extend(mapping)
+        sched.counters["swapped_out_blocks"] += len(mapping)
+        victim.status = RequestStatus.SWAPPED
+        sched.swapped.append(victim)
+    else:
+        sched.kv.free(victim)
+        sched.counters["recomputed_tokens"] += victim.num_computed_tokens
+        victim.metrics.num_recomputed_tokens += victim.num_computed_tokens
+        victim.num_computed_tokens = 0
+        victim.num_cached_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        sched._writable_waiting().insert(0, victim)      # back to the front of the queue
+    sched.counters[f"preemptions_{mode}"] += 1
+    victim.num_preemptions += 1
+    victim.metrics.num_preemptions += 1
+    out.preempted.append(PreemptionEvent(victim.request_id, mode, reason))
+
+
+def preempt_group(sched, victim: Request, out, reason: str) -> int:
+    """Preempt ``victim``, and with it the other running sequences of its parallel-sampling
+    group (a group is preempted together). Returns the budget tokens given back."""
+    group = [victim]
+    p = victim.parent
+    if p is not None and p.forked:
+        group += [m for m in p.members if m is not victim and m.status is RequestStatus.RUNNING
+                  and m in sched.running]
+    budget = 0
+    for m in group:
+        budget += unschedule(m, out)
+        preempt(sched, m, out, reason if m is victim else
+                f"{reason}; preempted with {victim.request_id}, its parallel-sampling group")
+    return budget
+
+
+def just_placed(req: Request, out) -> bool:
+    """Admitted or swapped in by this very pass: not preempted by it (no ping-pong)."""
+    return req.request_id in out.admitted or req.request_id in out.swapped_in
+
+
+def unschedule(victim: Request, out) -> int:
+    """Take a running request back out of this step's batch (it is about to be preempted);
+    returns the budget tokens it gave back (none if this pass has not granted it any yet).
+    A search of the batch: preemptions are rare, grants happen for every request every step."""
+    for i, s in enumerate(out.scheduled):
+        if s.request is victim:
+            del out.scheduled[i]
+            return s.num_new_tokens
+    return 0
+
+
+def schedule_swapped(sched, out, budget: int) -> int:
+    """2. Swapped-out requests come back (KV copied in) before anybody new is admitted, oldest
+    first while blocks and seats allow. Returns the budget left."""
+    cfg = sched.config
+    while sched.swapped and sched._num_seqs() + sched.swapped[0].num_seqs <= cfg.max_num_seqs and budget > 0:
+        req = sched.swapped[0]
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        ok, need, free = sched.kv.can_swap_in(req, n)
+        if not ok:
+            out.waiting.append(WaitingEntry(req.request_id, f"swapped out: needs {need} blocks "
+                                            f"to come back, {free} free"))
+            break
+        sched.swapped.pop(0)
+        sched.journal.save(req)
+        copies = sched.kv.swap_in(req)
+        out.swap_in.extend(copies)
+        sched.counters["swapped_in_blocks"] += len(copies)
+        sched.kv.allocate(req, n)
+        sched.kv.cache_full_blocks(req, min(req.num_computed_tokens + n, req.num_tokens), shareable=False)
+        req.status = RequestStatus.RUNNING
+        sched.running.append(req)
+        out.swapped_in.append(req.request_id)
+        out.scheduled.append(grant(req, n))
+        budget -= n
+    for req in sched.swapped[1:]:
+        out.waiting.append(WaitingEntry(req.request_id, "swapped out: queued behind "
+                                        f"{sched.swapped[0].request_id}"))
+    return budget

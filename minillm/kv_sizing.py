@@ -1,0 +1,79 @@
+"""Sizing the KV cache: the bytes of one block, how many blocks the memory holds, and whether they fit.
+
+One formula for a block's bytes, the model's shape (``ModelSpec.kv_block_bytes``: layers x KV heads x head size
+x K and V, plus a draft's KV in the same block); the engine sizes and checks its cache with it before allocating.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .model.loader import host_memory_bytes
+from .spec.speculative import draft_kv_bytes_per_block
+
+# Host memory the block tables take per block (Block objects, free lists), a generous bound.
+BOOKKEEPING_BYTES_PER_BLOCK = 512
+
+
+def bytes_per_block(config, model_spec, cost_model, dtype: torch.dtype) -> int:
+    """Bytes one block of the target's KV takes: the model's shape (``ModelSpec.kv_block_bytes``),
+    or in the simulator the cost model's shape when it has one (a 70B modeled on a tiny model)."""
+    cm = cost_model
+    if config.executor == "simulated" and getattr(cm, "kv_bytes_per_token", 0):
+        return cm.kv_bytes_per_token * config.block_size   # the cost model's shape (70B)
+    elt = 4 if config.executor == "model" and dtype == torch.float32 else 2
+    # values (1 byte for int8/fp8) and their per-block scales
+    return model_spec.kv_block_bytes(config.block_size, elt, config.kv_cache_dtype)
+
+
+def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: torch.dtype) -> int:
+    """``EngineConfig.num_kv_blocks=None``: as many blocks as ``kv_cache_memory_gb`` holds (a draft's
+    KV shares each block), never more than ``max_num_seqs`` requests at ``max_model_len`` need; in the
+    simulator, what the cost model's GPU memory leaves beside the weights."""
+    cm = cost_model
+    if cfg.executor == "simulated" and cm is not None and hasattr(cm, "kv_capacity_tokens"):
+        blocks = cm.kv_capacity_tokens() // cfg.block_size
+        if blocks < 1:
+            raise ValueError(f"cost_model={cm.name}: the weights leave no memory for a KV cache; "
+                             "model more GPUs, e.g. RooflineCostModel(minillm.sim.simulated."
+                             "tensor_parallel('H100-SXM', 4), ...), or set num_kv_blocks")
+        return blocks
+    per_block = bytes_per_block(cfg, model_spec, cm, dtype) + (draft_kv_bytes_per_block(cfg, dtype)
+                                                               if cfg.executor == "model" else 0)
+    by_memory = int(cfg.kv_cache_memory_gb * 2**30) // per_block
+    enough = cfg.max_num_seqs * math.ceil(cfg.max_model_len / cfg.block_size) + 1
+    return max(1, min(by_memory, enough))
+
+
+def check_kv_fits(cfg, num_blocks: int, model_spec, cost_model, dtype: torch.dtype,
+                  device: torch.device) -> None:
+    """Before anything is allocated: the KV cache (and the swap space) must fit in memory,
+    else a ValueError naming the field, the bytes needed and the bytes there are."""
+    field = (f"EngineConfig.num_kv_blocks={cfg.num_kv_blocks}" if cfg.num_kv_blocks is not None
+             else f"EngineConfig.kv_cache_memory_gb={cfg.kv_cache_memory_gb}")
+    host = (num_blocks + cfg.num_swap_blocks) * BOOKKEEPING_BYTES_PER_BLOCK
+    on_device = 0
+    if cfg.executor == "model":
+        per_block = bytes_per_block(cfg, model_spec, cost_model, dtype)
+        on_device = num_blocks * (per_block + draft_kv_bytes_per_block(cfg, dtype))
+        host += cfg.num_swap_blocks * per_block
+    checks = []
+    if on_device and device.type == "cuda":
+        try:
+            free = torch.cuda.mem_get_info(device)[0]
+        except (RuntimeError, AssertionError):
+            free = None
+        if free is not None:
+            checks.append((on_device, free, f"{device} (free)"))
+    else:
+        host += on_device
+    checks.append((host, host_memory_bytes(), "host memory"))
+    for need, have, where in checks:
+        if need > have:
+            raise ValueError(
+                f"{field}: {num_blocks} KV blocks"
+                f"{f' + {cfg.num_swap_blocks} swap blocks' if cfg.num_swap_blocks else ''} need "
+                f"{need:,} bytes ({need / 2**30:.1f} GiB), more than the {have:,} bytes "
+                f"({have / 2**30:.1f} GiB) of {where}; lower num_kv_blocks (or num_swap_blocks)")
