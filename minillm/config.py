@@ -85,8 +85,10 @@ class EngineConfig:
 
     # --- what each step records (StepRecord) --------------------------------------------------
     record: str = "auto"                  # "full" (with the per-block KV map the widgets draw) |
-                                          # "summary" (KV totals only) | "none" (no KV snapshot, no history,
-                                          # no reason for those queued behind the first left waiting)
+                                          # "summary" (KV totals and per-request KV, no block map) |
+                                          # "totals" (KV totals only: simulate(records="summary")) |
+                                          # "none" (no KV snapshot, no history, no reason for those
+                                          # queued behind the first left waiting)
                                           # | "auto" (full up to 256 KV blocks, else summary)
     record_history: Optional[int] = 5000  # StepRecords kept in engine.step_records (None = all)
     record_max_waiting: Optional[int] = 64  # waiting requests given a reason per record (None = all)
@@ -195,8 +197,8 @@ class EngineConfig:
             _fail("kv_quantizer", q, "needs tensor_parallel_size=1 (ranks use kernels.kv_quant's format)")
 
     def _check_record_options(self) -> None:
-        if self.record not in ("auto", "full", "summary", "none"):
-            _fail("record", self.record, "must be one of ('auto', 'full', 'summary', 'none')")
+        if self.record not in ("auto", "full", "summary", "totals", "none"):
+            _fail("record", self.record, "must be one of ('auto', 'full', 'summary', 'totals', 'none')")
         for name in ("record_history", "record_max_waiting"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):

@@ -280,7 +280,12 @@ class LLMEngine:
 
     def _record(self, out, update, t, duration, sched_time, swap_time, draft_time, swap_bytes) -> StepRecord:
         mode = self.record_mode
-        kv = None if mode == "none" else self.kv.snapshot(self._active, detail=mode == "full")
+        if mode == "none":
+            kv = None
+        elif mode == "totals":                       # the counts only: what simulate(records="summary") keeps
+            kv = self.kv.totals(self._active)
+        else:
+            kv = self.kv.snapshot(self._active, detail=mode == "full")
         return StepRecord(
             step=self.step_count, time=t, duration=duration, batch=update.batch,
             num_batched_tokens=out.num_batched_tokens, token_budget=out.token_budget,

@@ -86,8 +86,8 @@ class KVSnapshot:
     cached: int = 0             # free but still holding a cached prefix (reusable)
     partial_waste: int = 0      # empty positions in the last, partly filled block of each request
     fragmentation: int = 0      # free positions in gaps too small for the next reservation
-    per_request: dict[str, RequestKV] = field(default_factory=dict)
-    blocks: list[BlockInfo] = field(default_factory=list)
+    per_request: dict[str, RequestKV] = field(default_factory=dict)   # empty with record="totals"
+    blocks: list[BlockInfo] = field(default_factory=list)            # only with record="full"
     swap_used_blocks: int = 0
     swap_total_blocks: int = 0
 

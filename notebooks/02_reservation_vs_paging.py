@@ -227,6 +227,21 @@ for bs, (_, recs, s) in sweep.items():
           f"preemptions {s['num_preemptions']:>3}, ~{final_len / bs:5.1f} block-table entries per finished request")
 
 # %% [markdown]
+# **Move the slider.** The same 150 requests in a what-if widget, re-simulated whenever the block size or
+# the cache size moves (the same scheduler and KV manager). In the KV panel the solid line is what holds
+# KV and the dotted one what the blocks handed out cover: the gap between them is the last-block tail.
+# The previous setting is dashed. Try 16 against 256, then the same with a quarter of the memory.
+
+# %%
+from minillm.viz.whatif import WhatIf, WhatIfSettings
+
+block_whatif = WhatIf(WhatIfSettings(kv_capacity_tokens=KV_POSITIONS), controls=("block_size", "kv"), trace=trace,
+                      model="llama-2-7b", max_num_seqs=256, config=dict(max_model_len=4096),
+                      choices=dict(block_size=BLOCK_SIZES, kv=(4_096, 8_192, 16_384, 32_768)))
+assert block_whatif.summary["output_throughput"] == runs["paged (blocks of 16)"][2]["output_throughput"]  # the same run
+block_whatif
+
+# %% [markdown]
 # vLLM's default of 16 sits where the tail is already negligible. On a GPU, the other side of the
 # trade-off can be measured: the paged attention kernel on the same decode batch with different block
 # sizes (on a CPU this cell says so and skips: the interpreter's timings mean nothing).

@@ -226,8 +226,11 @@ print(check_paged_attention(apc_run.engine))   # the Triton kernel against its t
 # 8 GiB of KV cache (16,384 positions, as in notebook 02). Without and with prefix caching:
 
 # %%
-sys_trace = workloads.shared_prefix_trace(400, prefix_len=1024, suffix_len=LogNormal(128, 0.8, 4, 1024),
-                                          output_len=LogNormal(128, 0.9, 4, 1024), vocab_size=32000, rate=12, seed=0)
+def sys_prompt_trace(rate):
+    return workloads.shared_prefix_trace(400, prefix_len=1024, suffix_len=LogNormal(128, 0.8, 4, 1024),
+                                         output_len=LogNormal(128, 0.9, 4, 1024), vocab_size=32000, rate=rate, seed=0)
+
+sys_trace = sys_prompt_trace(12)
 apc_runs = {}
 for name, caching in (("no prefix cache", False), ("prefix cache", True)):
     eng, m, s = serve(sys_trace, enable_prefix_caching=caching)
@@ -253,6 +256,23 @@ figures.latency_cdf_figure({name: list(m.values()) for name, (_, m, _) in apc_ru
 # prompt's 64 blocks exist once, each request adds only its question and answer, and every prompt after
 # the first prefills about a seventh of its tokens.
 #
+# **Move the slider.** The same workload in a what-if widget: each move re-simulates the 400 requests (the
+# same scheduler and block pool) and redraws the TTFT and TPOT CDFs, the KV cache over the run and the
+# line under the controls, the previous setting dashed. It starts with the cache on, at 12 requests per
+# second and 8 GiB. Turn the cache off; then give it four times the memory; then raise the rate until
+# even the cached run's queue grows.
+
+# %%
+from minillm.viz.whatif import WhatIf, WhatIfSettings
+
+prefix_whatif = WhatIf(WhatIfSettings(rate=12, kv_capacity_tokens=16_384, enable_prefix_caching=True),
+                       controls=("rate", "prefix_caching", "kv"), trace=sys_prompt_trace, model="llama-2-7b",
+                       max_num_seqs=64, config=dict(max_model_len=8192),
+                       choices=dict(rate=(2, 40, 2), kv=(8_192, 16_384, 32_768, 65_536)))
+assert prefix_whatif.summary["ttft_p50"] == apc_runs["prefix cache"][2]["ttft_p50"]     # the run above
+prefix_whatif
+
+# %% [markdown]
 # ## 4. Multi-turn chat
 #
 # In a conversation each turn's input includes all previous turns (user messages and assistant answers),

@@ -279,6 +279,21 @@ fig
 # symptom to watch: a high rate means thrashing. On this modeled H100 a prefill is cheap, so thrashing wastes compute rather than
 # collapsing throughput; where a prefill is expensive relative to a decode step (long prompts, slower
 # compute), the same cycle eats the machine.
+#
+# **Move the slider.** The same burst in a what-if widget: each move of a control re-simulates the 150
+# requests (the same scheduler and KV manager) and redraws the latency CDFs, the KV cache over the run and,
+# on the line under the controls, throughput, preemptions and the tokens prefilled again, the previous
+# setting dashed. It starts where the table's first row is (no headroom, recompute, 8 GiB). Try 0% against
+# 5% headroom; then swap instead of recompute; then twice the memory, where headroom stops mattering.
+
+# %%
+from minillm.viz.whatif import WhatIf, WhatIfSettings
+
+headroom = WhatIf(WhatIfSettings(max_num_batched_tokens=8192, kv_capacity_tokens=16_384),
+                  controls=("watermark", "preemption", "kv"), trace=burst, model="llama-2-7b", cost_model=H100,
+                  max_num_seqs=256, config=dict(max_model_len=8192), choices=dict(kv=(8_192, 16_384, 32_768, 65_536)))
+assert headroom.summary["num_preemptions"] == wm_runs[0.0][1]["num_preemptions"]    # the table's first row
+headroom
 
 # %% [markdown]
 # Behind admission control and headroom is one principle: **never start what you cannot finish**. A

@@ -8,11 +8,13 @@ import time
 
 import pytest
 
-from minillm import LLM
+from minillm import LLM, SamplingParams
 from minillm.sim.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
 from minillm.analysis.metrics import summarize
 from minillm.sim.simulated import PLACEHOLDER_TOKEN, StepSummary, gpus_needed, simulate, tensor_parallel
-from minillm.analysis.workloads import LogNormal, TraceRequest, Uniform, submit_trace, synthetic_trace
+from minillm.analysis.workloads import (
+    LogNormal, TraceRequest, Uniform, shared_prefix_trace, submit_trace, synthetic_trace,
+)
 
 # Llama-2-70B: 68,976,648,192 parameters in bf16; KV per token 2 x 80 layers x 8 KV heads x 128 x 2 B.
 W70 = 68_976_648_192 * 2
@@ -97,9 +99,13 @@ def test_simulate_records_modes_agree():
         assert s_full[k] == s_sum[k], k
     assert s_full["num_gpus"] == 4 and s_full["cost_model"] == "roofline(4xH100-SXM, llama-2-70b)"
     assert s_full["num_finished"] == 300
-    # StepSummary matches the full record it came from
+    # StepSummary matches the full record it came from; its KV totals (record="totals": no
+    # per-request entries) are the full snapshot's at every step
     rec, summ = eng_f.step_records[10], eng_s.step_summaries[10]
     assert summ.batch_size == len(rec.batch) and summ.kv.used == rec.kv.used
+    assert [s.kv for s in eng_s.step_summaries] == \
+        [(r.kv.used, r.kv.total, r.kv.free, r.kv.blocks_used * r.kv.block_size) for r in eng_f.step_records]
+    assert eng_s.record_mode == "totals"
     assert summ.num_prefill_tokens == rec.num_prefill_tokens
     assert summ.num_decode_tokens == rec.num_decode_tokens
 
@@ -150,3 +156,49 @@ def test_records_off_changes_no_decision():
         assert {k: full[k] for k in from_requests} == {k: off[k] for k in from_requests}
         assert (full["num_preemptions"] > 0) == ("num_kv_blocks" in cfg)
     assert max(len(r.waiting) for r in full_eng.step_records) > 8
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_kv_totals_are_the_full_snapshots_counts(caching):
+    """record="totals" (what simulate(records="summary") runs with) keeps the snapshot's counts,
+    taken from the pool's counters, and drops its per-request entries and block map: step for
+    step, every count equals the full snapshot's, under swapping preemption and (with prefix
+    caching) blocks shared between requests."""
+    trace = shared_prefix_trace(150, prefix_len=64, suffix_len=LogNormal(96, 0.8, 4, 512),
+                                output_len=LogNormal(64, 0.8, 2, 256), vocab_size=1000, rate=60, seed=3)
+    cfg = dict(records="full", record_history=None, num_kv_blocks=160, preemption_mode="swap",
+               num_swap_blocks=160, enable_prefix_caching=caching)
+    full, _ = simulate(trace, **cfg)
+    totals, _ = simulate(trace, **{**cfg, "record": "totals"})
+    assert totals.record_mode == "totals" and len(totals.step_records) == full.step_count
+    assert sum(len(r.preempted) for r in full.step_records) > 0
+    counts = ("total", "used", "free", "blocks_total", "blocks_used", "blocks_free", "cached", "partial_waste",
+              "swap_used_blocks", "swap_total_blocks")
+    for f, t in zip(full.step_records, totals.step_records):
+        assert {k: getattr(t.kv, k) for k in counts} == {k: getattr(f.kv, k) for k in counts}
+        assert not t.kv.per_request and not t.kv.blocks
+    assert any(f.kv.per_request for f in full.step_records)
+    assert any(f.kv.cached for f in full.step_records) == caching     # freed prefix blocks kept for reuse
+
+
+def test_kv_totals_with_forked_sequences():
+    """Parallel sampling with prefix caching: sequences share their prompt's blocks, the last one
+    partly filled, until copy-on-write; record="totals" still counts each shared block once,
+    exactly as the full snapshot does."""
+    import random
+
+    def run(record):
+        llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=0.01, enable_prefix_caching=True,
+                  num_kv_blocks=40, block_size=4, max_num_seqs=8, record=record, record_history=None,
+                  max_model_len=256)
+        rng = random.Random(0)
+        system = [rng.randrange(10, 100) for _ in range(9)]
+        for i in range(6):
+            prompt = system + [rng.randrange(10, 100) for _ in range(rng.randrange(1, 7))]
+            llm.engine.add_request(prompt, SamplingParams(n=3 if i % 2 == 0 else 1, max_tokens=10 + i,
+                                                          ignore_eos=True, temperature=1.0, seed=i))
+        return llm.engine.run()
+    full, totals = run("full"), run("totals")
+    assert sum(len(r.forks) for r in full) == 3 and sum(len(r.copies) for r in full) > 0
+    counts = ("used", "free", "blocks_used", "cached", "partial_waste")
+    assert [[getattr(r.kv, k) for k in counts] for r in totals] == [[getattr(r.kv, k) for k in counts] for r in full]

@@ -16,6 +16,8 @@ the machine and the command that reproduces it, and writes ``DIR/NAME-SIZE.json`
   TTFT/TPOT/ITL percentiles and goodput as the client sees them, beside the engine's own.
 * ``router``: N simulated replicas behind round-robin, least-outstanding-tokens and prefix-aware
   routers on shared-prefix and multi-turn traces (100,000 requests each at ``--size full``).
+* ``whatif``: CPU seconds of one redraw of the what-if widget per control change (engine,
+  metrics, figures), and the engine's per-step KV record with and without per-request entries.
 * ``all``: each of them at the chosen size.
 
 Beside them, ``decode_timing`` (not a command): decode step time against batch size,
@@ -37,6 +39,7 @@ BENCHMARKS = {
     "kv-quant": "kv_quant",
     "serve": "serve",
     "router": "router",
+    "whatif": "whatif",
 }
 if importlib.util.find_spec(f"{__name__}.spec") is not None:   # added by the speculative-decoding work
     BENCHMARKS["spec"] = "spec"

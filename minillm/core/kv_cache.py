@@ -18,7 +18,7 @@ import math
 from typing import Optional
 
 from .block_pool import Block, BlockPool
-from .kv_snapshot import paged_snapshot
+from .kv_snapshot import paged_snapshot, paged_totals
 from .request import Request
 from .reserved_kv_cache import ReservedKVCacheManager
 from .step_journal import KVStepJournal
@@ -351,6 +351,10 @@ class PagedKVCacheManager:
     # --- the snapshot StepRecord.kv carries ----------------------------------------------------
     def snapshot(self, requests: dict[str, Request], detail: bool = True) -> KVSnapshot:
         return paged_snapshot(self, requests, detail)
+
+    def totals(self, requests: dict[str, Request]) -> KVSnapshot:
+        """The snapshot's counts only (``record="totals"``, what a long simulation keeps per step)."""
+        return paged_totals(self, requests)
 
 
 def make_kv_manager(config, num_blocks: int):

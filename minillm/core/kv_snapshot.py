@@ -90,3 +90,41 @@ def reserved_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
             snap.blocks.append(BlockInfo(block_id=blk, owners=owners, num_filled=filled,
                                          ref_count=len(owners), reserved=reserved))
     return snap
+
+
+def paged_totals(kv, requests: dict) -> KVSnapshot:
+    """The snapshot's counts without its per-request entries or block map (``record="totals"``):
+    the block counts are the pool's own counters, and positions holding KV one pass of additions
+    over the block tables, no object per request. A block several requests hold (a prefix-cache hit,
+    a fork) counts once, as in ``paged_snapshot``; such a block has the same fill for all its holders
+    (nobody writes into a shared block), so only each request's blocks that are not full (usually its
+    last) are looked at one by one, and the full shared ones are counted from the pool: every
+    reference beyond the first (references minus blocks in use, as the invariants hold) is a
+    repeated full block."""
+    bs = kv.block_size
+    used = held = computed = repeats = 0
+    shared = kv.enable_prefix_caching        # else no block has two owners (as paged_snapshot assumes)
+    seen: set[int] = set()
+    for rid, blocks in kv.req_blocks.items():
+        req = requests.get(rid)
+        n = req.num_computed_tokens if req is not None else 0
+        held += len(blocks)
+        computed += n
+        used += min(n, len(blocks) * bs)
+        if shared:
+            for i in range(n // bs, len(blocks)):          # its blocks that are not full
+                b = blocks[i]
+                if b.ref_count > 1:
+                    if b.block_id in seen:
+                        used -= max(0, n - i * bs)
+                        repeats += 1
+                    else:
+                        seen.add(b.block_id)
+    if shared:
+        used -= bs * (held - (kv.num_blocks - kv.pool.num_free) - repeats)
+    num_free = kv.pool.num_free
+    return KVSnapshot(total=kv.num_blocks * bs, used=used, free=num_free * bs,
+                      blocks_total=kv.num_blocks, blocks_used=kv.num_blocks - num_free,
+                      blocks_free=num_free, block_size=bs, cached=kv.pool.num_cached_free * bs,
+                      partial_waste=held * bs - computed, swap_used_blocks=kv.swap_used,
+                      swap_total_blocks=kv.num_swap_blocks)

@@ -153,3 +153,9 @@ class ReservedKVCacheManager:
 
     def snapshot(self, requests: dict[str, Request], detail: bool = True) -> KVSnapshot:
         return reserved_snapshot(self, requests, detail)
+
+    def totals(self, requests: dict[str, Request]) -> KVSnapshot:
+        """``record="totals"``: the snapshot without its per-request entries or block map."""
+        snap = self.snapshot(requests, detail=False)
+        snap.per_request = {}
+        return snap

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 from .sim_executor import PLACEHOLDER_TOKEN, SimulatedExecutor  # noqa: F401  (re-exported)
 
 __all__ = ["SimulatedExecutor", "PLACEHOLDER_TOKEN", "simulate", "tensor_parallel", "tp_step_times", "gpus_needed",
-           "StepSummary"]
+           "StepSummary", "gc_paused"]
 
 # =====================================================================================
 # Hardware for a model that does not fit one GPU
@@ -98,6 +99,7 @@ class KVTotals(NamedTuple):
     used: int                  # token positions holding KV
     total: int                 # capacity in token positions
     free: int
+    held: int = 0              # positions in the blocks handed out (used + the unfilled tails)
 
 
 @dataclass(slots=True)
@@ -140,8 +142,27 @@ class StepSummary:
                 prefill += e.num_tokens
         return cls(rec.step, rec.time, rec.duration, len(rec.batch), rec.num_batched_tokens, prefill, decode,
                    len(rec.running), num_waiting, len(rec.admitted), len(rec.finished), len(rec.preempted),
-                   len(rec.rejected), KVTotals(rec.kv.used, rec.kv.total, rec.kv.free),
+                   len(rec.rejected),
+                   KVTotals(rec.kv.used, rec.kv.total, rec.kv.free, rec.kv.blocks_used * rec.kv.block_size),
                    rec.schedule_time, rec.swap_time, rec.clock)
+
+
+@contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off for the block, restored after.
+
+    A simulation allocates millions of small, short-lived, acyclic objects (batch entries,
+    KV records, step summaries): the collector finds nothing to free in them yet costs ~40%
+    of the run, and a full collection over a large heap right after one (while the metrics
+    or the figures are built) takes a few tenths of a second. Reference counting still
+    frees everything that is not in a cycle."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # =====================================================================================
@@ -163,7 +184,8 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
       ``gpus_needed`` (4 H100s for 70B) joined by ``tensor_parallel``. A ``cost_model``
       (any ``CostModel``, e.g. ``ConstantStepTime(0.010)``) replaces both.
     * ``records``: "full" keeps every ``StepRecord`` (``engine.step_records``, for the
-      widgets), "summary" keeps a ``StepSummary`` per step (``engine.step_summaries``),
+      widgets), "summary" keeps a ``StepSummary`` per step (``engine.step_summaries``; the
+      engine runs with ``record="totals"``: the KV counts, no entry per request),
       "auto" is "full" up to 2,000 requests; ``False`` keeps nothing per step (the engine
       runs with ``record="none"``: no KV snapshot, no batch entries; the metrics are the same).
     * ``max_waiting_entries``: at most this many waiting requests get a reason in each
@@ -199,8 +221,8 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
     keep = mode in ("full", True)
     config.setdefault("record_history", None if keep else 0)          # keep every record, or none
     config.setdefault("record_max_waiting", max_waiting_entries)
-    if not keep:                  # no per-block map nobody keeps; with records off, no record at all
-        config.setdefault("record", "summary" if mode == "summary" else "none")
+    if not keep:                  # KV counts only, no per-request entry nobody keeps; records off: no record
+        config.setdefault("record", "totals" if mode == "summary" else "none")
     llm = LLM(model=model, **config)
     engine = llm.engine
     submit_trace(engine, trace, vocab_size=engine.vocab_size)
@@ -214,17 +236,9 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
         if progress is not None:
             progress(rec)
 
-    # The run allocates millions of small, short-lived, acyclic objects (batch entries, KV
-    # snapshots): Python's cyclic garbage collector finds nothing to free in them yet costs
-    # ~40% of the run. It is paused for the loop and restored after.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         while engine.has_unfinished_requests():   # engine.run() without the list of every record
             on_step(engine.step())
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
     recs = engine.step_records if keep else summaries
     stats = engine.stats()
