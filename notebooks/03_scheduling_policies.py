@@ -248,7 +248,7 @@ from minillm.analysis.learned_predictor import (
     RegressionPredictor, TokenFeatures, evenly_spaced_prompts, generated_lengths, prompt_length_features,
     rank_correlation,
 )
-from minillm.engine import DEFAULT_MODEL_DIR
+from minillm.model.loader import DEFAULT_MODEL_DIR
 
 shipped = LLM(device=DEVICE, dtype="auto", max_num_seqs=64, max_model_len=512, record="summary")
 play = shipped.tokenizer.encode((DEFAULT_MODEL_DIR / "heldout_slice.txt").read_text(encoding="utf-8"),

@@ -105,7 +105,7 @@ def set_threads(args) -> int:
 # --------------------------------------------------------------------------------------
 
 def shipped_model_available() -> bool:
-    from ..engine import DEFAULT_MODEL_DIR
+    from ..model.loader import DEFAULT_MODEL_DIR
     return (DEFAULT_MODEL_DIR / "config.json").exists() and any(DEFAULT_MODEL_DIR.glob("*.safetensors"))
 
 

@@ -152,7 +152,7 @@ def shipped_heldout(tokens: Optional[int] = None):
     (all when None), the text cut to what they cover."""
     from transformers import AutoTokenizer
 
-    from ..engine import DEFAULT_MODEL_DIR
+    from ..model.loader import DEFAULT_MODEL_DIR
     from ..model.loader import load_model
     tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_DIR)
     text = (DEFAULT_MODEL_DIR / "heldout_slice.txt").read_text(encoding="utf-8")

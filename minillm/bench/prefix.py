@@ -154,7 +154,7 @@ def make_vocab() -> int:
     from .common import SHIPPED_SHAPE, shipped_model_available
     if shipped_model_available():
         from transformers import AutoConfig
-        from ..engine import DEFAULT_MODEL_DIR
+        from ..model.loader import DEFAULT_MODEL_DIR
         return AutoConfig.from_pretrained(DEFAULT_MODEL_DIR).vocab_size
     return SHIPPED_SHAPE["vocab_size"]
 

@@ -305,7 +305,7 @@ SIZE = dict(tiny=dict(n=8, rate=8.0), small=dict(n=64, rate=8.0), full=dict(n=25
 def _vocab_size() -> int:
     from .common import SHIPPED_SHAPE, shipped_model_available
     if shipped_model_available():
-        from ..engine import DEFAULT_MODEL_DIR
+        from ..model.loader import DEFAULT_MODEL_DIR
         return int(json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())["vocab_size"])
     return SHIPPED_SHAPE["vocab_size"]
 

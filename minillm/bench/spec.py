@@ -38,7 +38,7 @@ def _sizes(size: str) -> dict:
 
 
 def draft_available() -> bool:
-    from ..engine import DEFAULT_DRAFT_DIR
+    from ..model.loader import DEFAULT_DRAFT_DIR
     return (DEFAULT_DRAFT_DIR / "config.json").exists() and any(DEFAULT_DRAFT_DIR.glob("*.safetensors"))
 
 
@@ -61,7 +61,7 @@ def heldout_prompts(tokenizer, n: int, prompt_len: int, vocab: int, seed: int) -
         import torch
         g = torch.Generator().manual_seed(seed)
         return [torch.randint(3, vocab, (prompt_len,), generator=g).tolist() for _ in range(n)]
-    from ..engine import DEFAULT_MODEL_DIR
+    from ..model.loader import DEFAULT_MODEL_DIR
     text = (DEFAULT_MODEL_DIR / "heldout_slice.txt").read_text(encoding="utf-8")
     ids = tokenizer.encode(text, add_special_tokens=False, verbose=False)   # longer than the model: fine
     stride = max(1, (len(ids) - prompt_len) // n)
@@ -104,7 +104,7 @@ def run(args) -> dict:
     tmp = tempfile.mkdtemp(prefix="minillm-spec-")
     if have_model:
         from transformers import AutoTokenizer
-        from ..engine import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR
+        from ..model.loader import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR
         model = snapshot(DEFAULT_MODEL_DIR, os.path.join(tmp, "target"))
         tokenizer = AutoTokenizer.from_pretrained(model)
         if have_draft:
