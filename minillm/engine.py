@@ -295,7 +295,7 @@ class LLMEngine:
             swapped=[r.request_id for r in self.scheduler.swapped], swapped_in=out.swapped_in,
             rejected=out.rejected, aborted=list(self._aborted),
             finish_reasons={r.request_id: r.finish_reason for r in update.finished},
-            scheduled=out.reformed, clock=self.clock.name, schedule_time=sched_time, swap_time=swap_time,
+            reformed=out.reformed, clock=self.clock.name, schedule_time=sched_time, swap_time=swap_time,
             spec_proposed=update.spec_proposed, spec_accepted=update.spec_accepted,
             draft_time=draft_time, swap_bytes=swap_bytes, forks=update.forks, copies=out.copies)
 

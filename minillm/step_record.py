@@ -16,10 +16,10 @@ class BatchEntry:
     """One request's share of this step's batch."""
     request_id: str
     phase: str                  # "prefill" (tokens it already knew) | "decode" (its newest token)
-    num_tokens: int             # new tokens processed this step (counted against the budget)
+    num_new_tokens: int         # new tokens processed this step (counted against the budget)
     num_computed_before: int    # positions with KV before the step
     context_len: int            # positions with KV after the step
-    num_spec_tokens: int = 0    # speculative tokens verified this step (inside num_tokens)
+    num_spec_tokens: int = 0    # speculative tokens verified this step (inside num_new_tokens)
     num_spec_accepted: int = 0  # of those, how many were accepted
     num_output_tokens: int = 0  # tokens appended to the output this step
 
@@ -111,7 +111,7 @@ class StepRecord:
     rejected: list[WaitingEntry] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)     # aborted since the previous record
     finish_reasons: dict[str, str] = field(default_factory=dict)
-    scheduled: bool = True      # False on steps that reused the last batch (schedule_every > 1)
+    reformed: bool = True       # False on steps that reused the last batch (schedule_every > 1)
     clock: str = "wall"
     schedule_time: float = 0.0  # the scheduling pass's share of duration
     swap_time: float = 0.0      # time spent copying blocks to/from host memory
@@ -127,11 +127,11 @@ class StepRecord:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(e.num_tokens for e in self.batch if e.phase == "prefill")
+        return sum(e.num_new_tokens for e in self.batch if e.phase == "prefill")
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(e.num_tokens for e in self.batch if e.phase == "decode")
+        return sum(e.num_new_tokens for e in self.batch if e.phase == "decode")
 
     def entry(self, request_id: str) -> Optional[BatchEntry]:
         for e in self.batch:
@@ -146,7 +146,7 @@ class StepRecord:
         """One paragraph a person can read."""
         parts = [f"step {self.step} (t={self.time:.4f}s): {self.num_batched_tokens}/{self.token_budget} tokens"]
         if self.batch:
-            parts.append("batch " + ", ".join(f"{e.request_id}:{e.phase}+{e.num_tokens}" for e in self.batch))
+            parts.append("batch " + ", ".join(f"{e.request_id}:{e.phase}+{e.num_new_tokens}" for e in self.batch))
         if self.admitted:
             parts.append("admitted " + ", ".join(self.admitted))
         for p in self.preempted:

@@ -106,7 +106,7 @@ def show(rec):
     print(f"step {rec.step}: {rec.num_batched_tokens} of {rec.token_budget} budget tokens, "
           f"took {rec.duration * 1e3:.1f} ms ({rec.clock} clock)")
     for e in rec.batch:
-        print(f"  {e.request_id}: {e.phase:<7} +{e.num_tokens:>2} tokens   KV {e.num_computed_before:>2} -> "
+        print(f"  {e.request_id}: {e.phase:<7} +{e.num_new_tokens:>2} tokens   KV {e.num_computed_before:>2} -> "
               f"{e.context_len:>2} positions   {e.num_output_tokens} token(s) out")
     for w in rec.waiting:
         print(f"  {w.request_id} waits: {w.reason}")

@@ -389,7 +389,7 @@ for _ in range(3):
     rec = fig23.step()
     print(rec.summary())
 print()
-print("tokens processed: " + " + ".join(str(e.num_tokens) for e in rec.batch)
+print("tokens processed: " + " + ".join(str(e.num_new_tokens) for e in rec.batch)
       + f" = {rec.num_batched_tokens} of the budget of {rec.token_budget}")
 print("KV retained:      " + " + ".join(str(rec.kv.per_request[e.request_id].used) for e in rec.batch)
       + f" = {rec.kv.used} of {rec.kv.total} positions")
@@ -416,7 +416,7 @@ print(check_paged_attention(fig23.engine))   # the Triton kernel against its tor
 fig23.engine.run()
 for r in fig23.engine.step_records:
     print(f"step {r.step}: batch of {len(r.batch)}: " + ", ".join(
-        f"{e.request_id} {e.phase} {e.num_tokens} new of {e.context_len}" for e in r.batch))
+        f"{e.request_id} {e.phase} {e.num_new_tokens} new of {e.context_len}" for e in r.batch))
 sizes = {len(r.batch) for r in fig23.engine.step_records}
 ragged = [r.step for r in fig23.engine.step_records if len({e.context_len for e in r.batch}) > 1]
 print(f"batch sizes seen: {sorted(sizes)}; steps whose requests have different context lengths: {ragged}")

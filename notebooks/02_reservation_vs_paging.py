@@ -107,7 +107,7 @@ for name, s in zip(fig4.names, fig4.steppers):
 fig4.step()
 for name, s in zip(fig4.names, fig4.steppers):
     rec = s.records[-1]
-    ran = ", ".join(f"{e.request_id} {e.phase} +{e.num_tokens}" for e in rec.batch)
+    ran = ", ".join(f"{e.request_id} {e.phase} +{e.num_new_tokens}" for e in rec.batch)
     waits = "; ".join(f"{w.request_id} waits: {w.reason}" for w in rec.waiting) or "nobody waits"
     print(f"{name}\n    ran: {ran} ({rec.num_batched_tokens}/{rec.token_budget} tokens); KV {rec.kv.used} of "
           f"{rec.kv.total} positions hold KV\n    {waits}")

@@ -132,7 +132,7 @@ for _ in range(4):
 for name, s in zip(hol.names, hol.steppers):
     print(f"{name}:")
     for rec in s.records[2:]:
-        ran = ", ".join(f"{e.request_id} {e.phase} +{e.num_tokens}" for e in rec.batch)
+        ran = ", ".join(f"{e.request_id} {e.phase} +{e.num_new_tokens}" for e in rec.batch)
         waits = "; ".join(f"{w.request_id}: {w.reason}" for w in rec.waiting[:2])
         print(f"  step {rec.step}: ran {ran}" + (f"  | waiting {waits}" if waits else ""))
 
@@ -432,7 +432,7 @@ def service_over_time(eng):
     rows = []
     for rec in eng.step_records:
         for e in rec.batch:
-            total[tenant[e.request_id]] += (e.num_tokens if e.phase == "prefill" else 0) + 2 * e.num_output_tokens
+            total[tenant[e.request_id]] += (e.num_new_tokens if e.phase == "prefill" else 0) + 2 * e.num_output_tokens
         rows.append((rec.time, dict(total)))
     return rows
 

@@ -109,7 +109,7 @@ second = llm.engine.add_request(shared + list(range(3000, 3025)), SamplingParams
 rec = llm.engine.step()
 e = rec.entry(second)
 print(f"second request: {len(shared) + 25} prompt tokens; KV reused for {e.num_computed_before} "
-      f"({e.num_computed_before // 16} blocks); prefilled {e.num_tokens}")
+      f"({e.num_computed_before // 16} blocks); prefilled {e.num_new_tokens}")
 
 # %% [markdown]
 # The 11th block holds tokens 160 to 175: 5 shared ones and 11 that differ, so its key differs, and the
@@ -206,7 +206,7 @@ print(f"after D: {apc_run.engine.kv.stats()['evictions']} cached blocks evicted;
 rec = apc_run.engine.step()
 print(rec.summary())
 e = rec.entry("E")
-print(f"E: {e.num_computed_before} of its {len(SYSTEM) + 2} prompt tokens reused, {e.num_tokens} prefilled")
+print(f"E: {e.num_computed_before} of its {len(SYSTEM) + 2} prompt tokens reused, {e.num_new_tokens} prefilled")
 
 # %% [markdown]
 # D's growth took the last free blocks, down to one of the system prompt's: the *second* (block 1), the

@@ -138,7 +138,7 @@ for name, llm in zip(pressure.names, pressure_runs):
     records = llm.engine.step_records                # every step of this run, from step 0
     back = next(r for r in records[5:] if r.entry("C") is not None)
     e = back.entry("C")
-    print(f"{name:<30} C returns at step {back.step} with a {e.phase} of {e.num_tokens} token(s) "
+    print(f"{name:<30} C returns at step {back.step} with a {e.phase} of {e.num_new_tokens} token(s) "
           f"({e.num_computed_before} positions already in the cache); the run takes {len(records)} steps")
 
 # %% [markdown]

@@ -95,7 +95,7 @@ for _ in range(5):
     new = req.output_token_ids[before:]
     what = (f"{e.num_spec_tokens} guessed, {e.num_spec_accepted} accepted, + 1 from the target"
             if e.num_spec_tokens else "the prompt's prefill")
-    print(f"step {rec.step}: {e.num_tokens:>2} tokens through the target ({what}) -> {len(new)} new: {tok.decode(new)!r}")
+    print(f"step {rec.step}: {e.num_new_tokens:>2} tokens through the target ({what}) -> {len(new)} new: {tok.decode(new)!r}")
 
 # %% [markdown]
 # A step emits between 1 and k + 1 = 5 tokens: the accepted guesses, then the target's own token at the

@@ -72,7 +72,7 @@ def test_generate_api_and_step_record_contract():
     assert len(m.token_times) == 3
     rec = llm.engine.step_records[0]
     # Chunked prefill: 3 + 5 of the 10-token prompt fit the 8-token budget.
-    assert [(b.request_id, b.phase, b.num_tokens, b.num_computed_before, b.context_len) for b in rec.batch] \
+    assert [(b.request_id, b.phase, b.num_new_tokens, b.num_computed_before, b.context_len) for b in rec.batch] \
         == [("0", "prefill", 3, 0, 3), ("1", "prefill", 5, 0, 5)]
     assert rec.num_batched_tokens == 8 and rec.token_budget == 8 and rec.admitted == ["0", "1"]
     assert rec.kv.used == 8 and rec.kv.blocks_used == 1 + 2

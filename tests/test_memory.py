@@ -41,7 +41,7 @@ def figure4(kv_allocation, block_size):
 
 def test_figure4_reserved_c_waits():
     e, rec = figure4("reserved", 1)
-    assert [(b.request_id, b.phase, b.num_tokens) for b in rec.batch] == [("B", "decode", 1)]
+    assert [(b.request_id, b.phase, b.num_new_tokens) for b in rec.batch] == [("B", "decode", 1)]
     (w,) = rec.waiting
     assert w.request_id == "C"
     assert "needs 6 positions" in w.reason and "4 free" in w.reason and "14 reserved by B but unused" in w.reason
@@ -55,7 +55,7 @@ def test_figure4_reserved_c_waits():
 @pytest.mark.parametrize("block_size", [1, 2])
 def test_figure4_paged_b_and_c_together(block_size):
     e, rec = figure4("paged", block_size)
-    assert [(b.request_id, b.phase, b.num_tokens) for b in rec.batch] == [("B", "decode", 1), ("C", "prefill", 6)]
+    assert [(b.request_id, b.phase, b.num_new_tokens) for b in rec.batch] == [("B", "decode", 1), ("C", "prefill", 6)]
     assert rec.num_batched_tokens == 1 + 6 == 7
     assert rec.kv.used == 7 + 6 == 13 and rec.kv.total == 24
     assert rec.waiting == []
@@ -105,7 +105,7 @@ def test_prefix_cache_always_computes_last_token():
     run_all(e)
     e.add_request(p, SamplingParams(max_tokens=2, **GREEDY), request_id="y")
     rec = e.step()
-    assert rec.batch[0].num_computed_before == 4 and rec.batch[0].num_tokens == 4
+    assert rec.batch[0].num_computed_before == 4 and rec.batch[0].num_new_tokens == 4
     run_all(e)
 
 
@@ -123,7 +123,7 @@ def test_multi_turn_computes_only_new_tokens():
     # Turn 1 computed KV for its prompt and 7 of its 8 answer tokens (27 positions):
     # 6 full blocks of 4 = 24 positions are reused; only what follows is prefilled.
     assert rec.batch[0].num_computed_before == 24
-    assert rec.batch[0].num_tokens == len(turn2) - 24
+    assert rec.batch[0].num_new_tokens == len(turn2) - 24
     run_all(e)
 
 

@@ -316,7 +316,7 @@ def _service_while_backlogged(eng, weights, w_in=1.0, w_out=2.0):
     for rec in eng.step_records:
         for e in rec.batch:
             t = tenant[e.request_id]
-            service[t] += ((w_in * e.num_tokens if e.phase == "prefill" else 0.0)
+            service[t] += ((w_in * e.num_new_tokens if e.phase == "prefill" else 0.0)
                            + w_out * e.num_output_tokens) / weights.get(t, 1.0)
         admitted.update(rec.admitted)
         if all(any(rid not in admitted and tenant[rid] == t for rid in tenant) for t in service):
@@ -363,7 +363,7 @@ def _service_while_backlogged_raw(eng):
     raw, admitted, last = {"flood": 0.0, "b": 0.0}, set(), None
     for rec in eng.step_records:
         for e in rec.batch:
-            prefill = e.num_tokens if e.phase == "prefill" else 0.0
+            prefill = e.num_new_tokens if e.phase == "prefill" else 0.0
             raw[tenant[e.request_id]] += prefill + 2.0 * e.num_output_tokens
         admitted.update(rec.admitted)
         if all(any(rid not in admitted and tenant[rid] == t for rid in tenant) for t in raw):

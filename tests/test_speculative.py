@@ -105,7 +105,7 @@ def test_greedy_identical_with_speculation(k, proposer, draft_dir, greedy_refere
     assert st["proposed"] > 0 and 0 < st["accepted"] < st["proposed"]
     assert any(r.preempted for r in recs)
     assert e.stats()["prefix_cache"]["hit_blocks"] > 0
-    assert any(b.phase == "prefill" and b.num_tokens < len(PROMPTS[4]) and b.request_id == "4"
+    assert any(b.phase == "prefill" and b.num_new_tokens < len(PROMPTS[4]) and b.request_id == "4"
                for r in recs for b in r.batch)
     # Per-request metrics add up to the per-step totals; never more guesses than k.
     ms = e.request_metrics()
@@ -231,7 +231,7 @@ def test_rollback_returns_emptied_blocks():
         entry = rec.entry("r")
         if entry.num_spec_tokens:
             rejected = entry.num_spec_tokens - entry.num_spec_accepted
-            assert entry.context_len == entry.num_computed_before + entry.num_tokens - rejected
+            assert entry.context_len == entry.num_computed_before + entry.num_new_tokens - rejected
         if not req.is_finished:
             # Exactly the blocks its KV needs: the rejected positions' blocks went back.
             assert e.kv.num_held_blocks("r") == math.ceil(req.num_computed_tokens / 2)
@@ -253,7 +253,7 @@ def test_never_proposes_past_max_tokens_or_max_model_len():
             req = e.requests[b.request_id]
             if b.num_spec_tokens:
                 assert produced[b.request_id] + b.num_spec_tokens + 1 <= req.sampling_params.max_tokens
-                assert b.num_computed_before + b.num_tokens <= 20
+                assert b.num_computed_before + b.num_new_tokens <= 20
             produced[b.request_id] += b.num_output_tokens
     assert spec_limit(e.requests["short"], 4, 20) == 0
 
@@ -271,7 +271,7 @@ def test_budget_truncates_guesses_and_mixes_plain_decode():
     e.step()                                                     # prefill of all three (6 tokens)
     rec = e.step()
     check_invariants(e, rec)
-    assert [(b.request_id, b.num_tokens, b.num_spec_tokens) for b in rec.batch] == \
+    assert [(b.request_id, b.num_new_tokens, b.num_spec_tokens) for b in rec.batch] == \
         [("r0", 5, 4), ("r1", 2, 1), ("r2", 1, 0)]
     assert rec.num_batched_tokens == 8
     for rid in ("r1", "r2"):                # blocks reserved for dropped guesses went back
@@ -326,8 +326,8 @@ def test_modeled_clock_charges_draft_and_verification(draft_dir):
     while e.has_unfinished_requests():
         rec = e.step()
         draft = e.speculator.last_draft_time
-        target = cm.step_time([b.num_tokens for b in rec.batch],
-                              [b.num_computed_before + b.num_tokens for b in rec.batch])
+        target = cm.step_time([b.num_new_tokens for b in rec.batch],
+                              [b.num_computed_before + b.num_new_tokens for b in rec.batch])
         assert rec.duration == pytest.approx(target + rec.schedule_time + rec.swap_time + draft)
         if rec.spec_proposed:
             drafted += 1

@@ -65,7 +65,7 @@ def assert_batch_matches(fig, rec):
     for tr in (dec, pre, acc, rej):
         for rid, n in zip(tr.customdata or (), tr.x or ()):
             per_request[rid] = per_request.get(rid, 0) + n
-    assert per_request == {e.request_id: e.num_tokens for e in rec.batch if e.num_tokens}
+    assert per_request == {e.request_id: e.num_new_tokens for e in rec.batch if e.num_new_tokens}
     # Segments tile the bar from 0 without overlap.
     segs = sorted(zip([b for tr in (dec, pre, unused, acc, rej) for b in (tr.base or ())],
                       [x for tr in (dec, pre, unused, acc, rej) for x in (tr.x or ())]))
@@ -166,7 +166,7 @@ def test_queue_panel_lists_running_and_waiting(real_stepper):
     assert f"Waiting queue ({len(rec.waiting)})" in q
     for rid in rec.running:
         e = rec.entry(rid)
-        assert f"{e.phase} +{e.num_tokens}" in q
+        assert f"{e.phase} +{e.num_new_tokens}" in q
     for w in rec.waiting:
         assert w.reason in q
     # Progress: prompt computed / output generated of the first request after its prefill.
@@ -177,8 +177,8 @@ def test_queue_panel_lists_running_and_waiting(real_stepper):
     chunks = [e for e in rec.batch if e.phase == "prefill" and e.num_output_tokens == 0]
     assert chunks, "the trace was built so a prompt is split by the budget"
     for e in chunks:
-        assert f"{e.request_id} prefill +{e.num_tokens} (chunk)" in q
-        assert f"{e.request_id} prefill +{e.num_tokens}, a chunk" in text(s.reasons_html.value)
+        assert f"{e.request_id} prefill +{e.num_new_tokens} (chunk)" in q
+        assert f"{e.request_id} prefill +{e.num_new_tokens}, a chunk" in text(s.reasons_html.value)
 
 
 def test_history_slider_shows_an_old_step(real_stepper):
@@ -213,8 +213,8 @@ def test_reset_restores_step_zero(real_stepper):
     assert all(c[1] == "" for c in s.kv_fig.data[0].customdata)
     assert sorted(s.engine.requests) == list("ABCDE")
     again = s.step()                                      # the same trace replays
-    assert [(e.request_id, e.phase, e.num_tokens) for e in again.batch] == \
-        [(e.request_id, e.phase, e.num_tokens) for e in first.batch]
+    assert [(e.request_id, e.phase, e.num_new_tokens) for e in again.batch] == \
+        [(e.request_id, e.phase, e.num_new_tokens) for e in first.batch]
 
 
 def _walk(w):
@@ -481,12 +481,12 @@ def test_figure4_reservation_vs_paging_in_lockstep():
     p0, p1 = pag.records
 
     # Step 0: B's prefill (6 tokens) in both. Reserved: B holds 20 positions, 4 free.
-    assert [(e.request_id, e.num_tokens) for e in r0.batch] == [("B", 6)]
+    assert [(e.request_id, e.num_new_tokens) for e in r0.batch] == [("B", 6)]
     assert (r0.kv.used, r0.kv.reserved_unused, r0.kv.free) == (6, 14, 4)
 
     # Step 1, reservation: B decodes inside its reservation; C's 6 positions cannot be allocated
     # from the 4 free ones, although only 13 positions would hold KV.
-    assert [(e.request_id, e.phase, e.num_tokens) for e in r1.batch] == [("B", "decode", 1)]
+    assert [(e.request_id, e.phase, e.num_new_tokens) for e in r1.batch] == [("B", "decode", 1)]
     assert [w.request_id for w in r1.waiting] == ["C"]
     assert "4 free" in r1.waiting[0].reason
     m = cells_by_state(res.kv_fig)

@@ -105,8 +105,8 @@ def test_schedule_every_overhead_ratio():
     assert round(r5 * 100, 2) in (0.67, 0.68)
     assert r1 / r5 == pytest.approx(5, rel=0.02)                         # a fifth of the original
     # passes happen only every 5 steps, and only passes pay the 0.5 ms
-    assert [r.scheduled for r in eng5.step_records[:11]] == [True, False, False, False, False] * 2 + [True]
-    assert all((r.schedule_time > 0) == r.scheduled for r in eng5.step_records)
+    assert [r.reformed for r in eng5.step_records[:11]] == [True, False, False, False, False] * 2 + [True]
+    assert all((r.schedule_time > 0) == r.reformed for r in eng5.step_records)
 
 
 def test_schedule_every_completed_requests_wait_at_most_4_steps():

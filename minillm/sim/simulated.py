@@ -137,9 +137,9 @@ class StepSummary:
         prefill = decode = 0
         for e in rec.batch:
             if e.phase == "decode":
-                decode += e.num_tokens
+                decode += e.num_new_tokens
             else:
-                prefill += e.num_tokens
+                prefill += e.num_new_tokens
         return cls(rec.step, rec.time, rec.duration, len(rec.batch), rec.num_batched_tokens, prefill, decode,
                    len(rec.running), num_waiting, len(rec.admitted), len(rec.finished), len(rec.preempted),
                    len(rec.rejected),

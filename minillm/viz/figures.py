@@ -618,13 +618,13 @@ def batch_segments(record: Optional[StepRecord], token_budget: Optional[int] = N
         return out
     pos = 0
     for e in record.batch:
-        if e.num_tokens <= 0:
+        if e.num_new_tokens <= 0:
             continue
         kind = "decode" if e.phase == "decode" else "prefill"
-        spec = max(0, min(e.num_spec_tokens, e.num_tokens))
+        spec = max(0, min(e.num_spec_tokens, e.num_new_tokens))
         kept = max(0, min(e.num_spec_accepted, spec))
-        own = e.num_tokens - spec
-        label = f"{e.request_id} {'decode' if kind == 'decode' else 'prefill'} {e.num_tokens}"
+        own = e.num_new_tokens - spec
+        label = f"{e.request_id} {'decode' if kind == 'decode' else 'prefill'} {e.num_new_tokens}"
         if spec:
             label += (f": {own} token{'s' if own != 1 else ''} of its own + {spec} draft guesses, "
                       f"{kept} accepted, {spec - kept} rejected")

@@ -269,11 +269,11 @@ def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, color
         if e is None:
             status = "<span style='color:#a05a00'>not scheduled (budget spent)</span>"
         elif e.phase == "decode":
-            status = f"decode +{e.num_tokens}"
+            status = f"decode +{e.num_new_tokens}"
             if e.num_spec_tokens:
                 status += f" ({e.num_spec_accepted}/{e.num_spec_tokens} guesses kept)"
         else:     # a prefill that reached the end of what it knew sampled a token; else a chunk
-            status = f"prefill +{e.num_tokens}" + ("" if e.num_output_tokens else " (chunk)")
+            status = f"prefill +{e.num_new_tokens}" + ("" if e.num_output_tokens else " (chunk)")
         rows.append(_request_row(rid, colors, infos.get(rid), computed(rid), progress.outputs.get(rid, 0),
                                  status))
     out.append(_section(f"Running ({len(rec.running)}/{max_num_seqs} seqs)", rows,
@@ -336,7 +336,7 @@ def reasons_html(rec: Optional[StepRecord], infos: dict, *, max_rows: int = MAX_
                 "it decides who runs and how many tokens each gets under the execution-token budget, "
                 "runs the batch, then shows what it did here.</div>")
     items = []
-    if not rec.scheduled:
+    if not rec.reformed:
         items.append("The batch was <b>not re-formed</b> this step (schedule_every &gt; 1): the last one ran again.")
     if rec.batch:
         parts = []
@@ -344,17 +344,18 @@ def reasons_html(rec: Optional[StepRecord], infos: dict, *, max_rows: int = MAX_
             info = infos.get(e.request_id)
             if e.phase == "decode" and e.num_spec_tokens:
                 rejected = e.num_spec_tokens - e.num_spec_accepted
-                parts.append(f"<b>{_e(e.request_id)}</b> decode +{e.num_tokens} ({e.num_tokens - e.num_spec_tokens} "
+                own = e.num_new_tokens - e.num_spec_tokens
+                parts.append(f"<b>{_e(e.request_id)}</b> decode +{e.num_new_tokens} ({own} "
                              f"of its own + {e.num_spec_tokens} draft guesses: {e.num_spec_accepted} accepted, "
                              f"{rejected} rejected and rolled back)")
             elif e.phase == "decode":
-                parts.append(f"<b>{_e(e.request_id)}</b> decode +{e.num_tokens}")
+                parts.append(f"<b>{_e(e.request_id)}</b> decode +{e.num_new_tokens}")
             else:
                 chunk = ""
                 if not e.num_output_tokens:
                     total = f"/{info.prompt_len}" if info is not None and e.context_len < info.prompt_len else ""
                     chunk = f", a chunk: {e.context_len}{total} tokens computed so far"
-                parts.append(f"<b>{_e(e.request_id)}</b> prefill +{e.num_tokens}{chunk}")
+                parts.append(f"<b>{_e(e.request_id)}</b> prefill +{e.num_new_tokens}{chunk}")
         items.append(f"Ran {rec.num_batched_tokens} of {rec.token_budget} budget tokens: " + "; ".join(parts) + ".")
     else:
         items.append("Nothing ran this step.")

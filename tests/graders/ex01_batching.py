@@ -299,7 +299,7 @@ def test_plan_step_matches_the_engines_scheduler(seed):
         rec = eng.step()
         if rec.preempted:          # a running request could not grow: outside plan_step's rule
             continue
-        want = {e.request_id: e.num_tokens for e in rec.batch}
+        want = {e.request_id: e.num_new_tokens for e in rec.batch}
         got = ex().plan_step(running, waiting, token_budget=budget, free_kv_positions=free, max_num_seqs=seqs)
         assert got == want, (f"step {rec.step}: plan_step(running={running}, waiting={waiting}, "
                              f"token_budget={budget}, free_kv_positions={free}, max_num_seqs={seqs}) returned "

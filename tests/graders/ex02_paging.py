@@ -51,7 +51,7 @@ def _workload(engine, seed, n=10, max_prompt=20, max_out=12):
 
 def _digest(rec):
     """What a step decided, without block ids (an allocator may hand out other ids)."""
-    return dict(batch=[(e.request_id, e.phase, e.num_tokens) for e in rec.batch], admitted=list(rec.admitted),
+    return dict(batch=[(e.request_id, e.phase, e.num_new_tokens) for e in rec.batch], admitted=list(rec.admitted),
                 finished=sorted(rec.finished), preempted=[p.request_id for p in rec.preempted],
                 waiting=[w.request_id for w in rec.waiting], kv_used=rec.kv.used, kv_free=rec.kv.free,
                 blocks_free=rec.kv.blocks_free)

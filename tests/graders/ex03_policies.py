@@ -310,7 +310,7 @@ def test_fair_bounds_the_service_gap():
     service, admitted, worst = {"flood": 0.0, "b": 0.0}, set(), 0.0
     for rec in eng.step_records:
         for e in rec.batch:
-            service[tenant[e.request_id]] += (e.num_tokens if e.phase == "prefill" else 0) + 2 * e.num_output_tokens
+            service[tenant[e.request_id]] += (e.num_new_tokens if e.phase == "prefill" else 0) + 2 * e.num_output_tokens
         admitted.update(rec.admitted)
         if all(any(rid not in admitted and tenant[rid] == t for rid in tenant) for t in service):
             worst = max(worst, abs(service["flood"] - service["b"]))
@@ -378,12 +378,12 @@ def test_worst_decode_stall_matches_the_engine(budget):
     got = ex().worst_decode_stall(cost.step_time, 2000, decoding, budget)
     assert got == pytest.approx(want, rel=1e-9), (
         f"budget {budget}: the engine's longest step while P's prompt was prefilled took {want * 1e3:.3f} ms "
-        f"(chunks {[e.num_tokens for r in steps for e in r.batch if e.request_id == 'P']}); yours says "
+        f"(chunks {[e.num_new_tokens for r in steps for e in r.batch if e.request_id == 'P']}); yours says "
         f"{got * 1e3:.3f} ms")
     chunks = ex().chunk_sizes(2000, 10, budget)
-    assert list(chunks) == [e.num_tokens for r in steps for e in r.batch if e.request_id == "P"], (
+    assert list(chunks) == [e.num_new_tokens for r in steps for e in r.batch if e.request_id == "P"], (
         f"budget {budget}: the engine prefilled P in chunks "
-        f"{[e.num_tokens for r in steps for e in r.batch if e.request_id == 'P']}, yours {chunks}")
+        f"{[e.num_new_tokens for r in steps for e in r.batch if e.request_id == 'P']}, yours {chunks}")
 
 
 # --- Exercise 5: scheduling every N steps --------------------------------------------------------------
@@ -425,7 +425,7 @@ def test_schedule_every_tradeoff_matches_the_engine(n):
     assert got["longest_hold"] == pytest.approx(hold, abs=1e-9), (
         f"every {n} step(s): the engine held a finished request up to {hold:.6f} s; yours says "
         f"{got['longest_hold']:.6f} s")
-    passes = sum(1 for r in eng.step_records if r.scheduled)
+    passes = sum(1 for r in eng.step_records if r.reformed)
     assert passes == -(-len(eng.step_records) // n), "(a pass every n steps)"
 
 

@@ -218,7 +218,7 @@ def test_evict_leaves_another_canonical_copy_alone():
 
 def _digest(rec, eng):
     st = eng.kv.stats()
-    return dict(batch=[(e.request_id, e.phase, e.num_tokens, e.num_computed_before) for e in rec.batch],
+    return dict(batch=[(e.request_id, e.phase, e.num_new_tokens, e.num_computed_before) for e in rec.batch],
                 admitted=list(rec.admitted), finished=sorted(rec.finished),
                 preempted=[p.request_id for p in rec.preempted], waiting=[w.request_id for w in rec.waiting],
                 kv_used=rec.kv.used, kv_free=rec.kv.free, kv_cached=rec.kv.cached,
