@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from operator import attrgetter
 from typing import Optional, Union
 
 from .sim.clock import PhaseTimes, make_clock
@@ -291,7 +292,7 @@ class LLMEngine:
             num_batched_tokens=out.num_batched_tokens, token_budget=out.token_budget,
             admitted=out.admitted, finished=[r.request_id for r in update.finished],
             preempted=out.preempted, waiting=out.waiting, kv=kv,
-            running=[r.request_id for r in self.scheduler.running],
+            running=list(map(attrgetter("request_id"), self.scheduler.running)),
             swapped=[r.request_id for r in self.scheduler.swapped], swapped_in=out.swapped_in,
             rejected=out.rejected, aborted=list(self._aborted),
             finish_reasons={r.request_id: r.finish_reason for r in update.finished},

@@ -202,3 +202,30 @@ def test_kv_totals_with_forked_sequences():
     assert sum(len(r.forks) for r in full) == 3 and sum(len(r.copies) for r in full) > 0
     counts = ("used", "free", "blocks_used", "cached", "partial_waste")
     assert [[getattr(r.kv, k) for k in counts] for r in totals] == [[getattr(r.kv, k) for k in counts] for r in full]
+
+
+def test_decode_fast_path_still_asks_an_overridden_allocate_for_every_request():
+    """The scheduler grants a decode that fits the block it is part way through without calling
+    ``allocate`` (``PagedKVCacheManager.in_place_block_size``). A subclass that overrides ``allocate``
+    gets None from that rule, so its own ``allocate`` is asked for every running request every step."""
+    from minillm.core.kv_cache import PagedKVCacheManager
+    from minillm.sampling_params import SamplingParams
+
+    calls = []
+
+    class CountingKV(PagedKVCacheManager):
+        def allocate(self, req, num_new_tokens, cached=()):
+            calls.append((req.request_id, num_new_tokens))
+            return super().allocate(req, num_new_tokens, cached)
+
+    assert PagedKVCacheManager(64, 16).in_place_block_size() == 16
+    assert CountingKV(64, 16).in_place_block_size() is None
+    engine = LLM("random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.01),
+                 num_kv_blocks=64, kv_manager=lambda cfg, n: CountingKV(n, cfg.block_size)).engine
+    for _ in range(3):
+        engine.add_request(list(range(10, 30)), SamplingParams(max_tokens=10, ignore_eos=True))
+    engine.step()                         # the 20-token prompts: each now 4 positions into its second block
+    calls.clear()
+    engine.step()
+    assert sorted(calls) == sorted((r.request_id, 1) for r in engine.scheduler.running)
+    assert len(calls) == 3

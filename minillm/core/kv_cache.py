@@ -159,6 +159,8 @@ class PagedKVCacheManager:
 
     def _free_for(self, cached: list[Block]) -> int:
         # Cached hits sitting in the free list stop being free once taken.
+        if not cached:
+            return self.pool.num_free
         return self.pool.num_free - sum(1 for b in cached if b.ref_count == 0)
 
     def _headroom(self, req: Request, reserve_blocks: int) -> int:

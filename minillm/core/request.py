@@ -23,6 +23,9 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+_FINISHED = RequestStatus.FINISHED   # read once: an enum member read off its class costs ~0.3 us (Python 3.11)
+
+
 @dataclass
 class RequestMetrics:
     """Timestamps (seconds, on the engine's clock) and counters of one request."""
@@ -153,7 +156,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status == RequestStatus.FINISHED
+        return self.status is _FINISHED      # (policies ask this per request per step: see _FINISHED)
 
     @property
     def is_decoding(self) -> bool:

@@ -178,7 +178,6 @@ class Scheduler:
                 self._settle_guesses(s, result, upd)
             new = sampled.get(req.request_id, ())
             reason = None
-            appended = 0
             if new:
                 output_ids, m = req.output_token_ids, req.metrics
                 if m.first_token_time is None:
@@ -186,7 +185,6 @@ class Scheduler:
                     first_tokens.append(req)
                 limit, watched = req.stop_watch or self.stops.watch(req)
                 for tok in new:
-                    appended += 1
                     output_ids.append(tok)
                     m.token_times.append(t)
                     # stops.check(req, tok), skipped when it cannot fire (see StopChecker.watch): most tokens
@@ -194,11 +192,11 @@ class Scheduler:
                         reason = self.stops.check(req, tok)
                         if reason:
                             break
-            if appended > 1 and reason:
-                # Tokens accepted past a stop are dropped: keep KV consistent with the output.
-                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
+                if reason and len(output_ids) > s.num_output_before + 1:
+                    # Tokens accepted past a stop are dropped: keep KV consistent with the output.
+                    req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
             if extras:
-                self._after_tokens(s, result, appended, t, upd)
+                self._after_tokens(s, result, t, upd)
             if reason and self.finish(req, reason, t):
                 finished.append(req)
         if self.config.batching == "static" and not self.running and self.held:
@@ -232,10 +230,11 @@ class Scheduler:
             self.kv.truncate(req, req.num_computed_tokens)
         req.spec_token_ids = []
 
-    def _after_tokens(self, s: ScheduledRequest, result, appended: int, t: float, upd: StepUpdate) -> None:
+    def _after_tokens(self, s: ScheduledRequest, result, t: float, upd: StepUpdate) -> None:
         """After a request's new tokens are appended: keep their logprobs, record the batch entry,
         fork a parallel-sampling group whose prompt is done."""
         req = s.request
+        appended = len(req.output_token_ids) - s.num_output_before
         if result.logprobs or result.prompt_logprobs:
             self._keep_logprobs(req, appended, result.logprobs, result.prompt_logprobs)
         if self.record_batch:

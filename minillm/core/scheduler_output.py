@@ -7,6 +7,7 @@ tokens each processes, which blocks move; then ``StepUpdate``, what ``update_fro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Sequence
 
 from .request import Request
@@ -55,7 +56,7 @@ class SchedulerOutput:
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum([s.num_new_tokens for s in self.scheduled])
+        return sum(map(attrgetter("num_new_tokens"), self.scheduled))
 
 
 @dataclass

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import operator
+from operator import add, attrgetter
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -619,8 +620,10 @@ def modeled_step_time(cm, out, num_running: int, num_waiting: int, swap_bytes: i
     """(duration, schedule time, swap time) of one engine step under cost model ``cm``: the forward of
     ``out``'s grants (a ``SchedulerOutput``), the pass that formed it (when it re-formed the batch, over
     ``num_running`` and ``num_waiting`` requests) and the KV copied to or from host memory."""
-    step = cm.step_time([s.num_new_tokens for s in out.scheduled],
-                        [s.num_computed_before + s.num_new_tokens for s in out.scheduled]) if out.scheduled else 0.0
+    # Each grant's new tokens and KV length after the step (map + attrgetter: the reads run in C)
+    num_new = list(map(attrgetter("num_new_tokens"), out.scheduled))
+    step = cm.step_time(num_new, list(map(add, map(attrgetter("num_computed_before"), out.scheduled), num_new))) \
+        if num_new else 0.0
     sched = cm.schedule_time(num_running, num_waiting) if out.reformed else 0.0
     swap = cm.swap_time(swap_bytes) if swap_bytes else 0.0
     return step + sched + swap, sched, swap
