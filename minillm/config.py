@@ -42,6 +42,8 @@ class EngineConfig:
     watermark: float = 0.0                # fraction of blocks admission keeps free ("headroom")
     kv_manager: Optional[Callable] = None  # factory(config, num_blocks) -> a KV manager (the exercises'
                                           # allocators plug in here); None = minillm.core.kv_cache.make_kv_manager
+    block_pool: Optional[Callable] = None  # factory(num_blocks, enable_caching) -> the paged manager's block
+                                          # pool (exercise 04's pool plugs in here); None = core.block_pool.BlockPool
 
     # --- the batch of one step ---------------------------------------------------
     max_num_seqs: int = 64                # most requests in one step's batch
@@ -148,7 +150,7 @@ class EngineConfig:
 
     def _check_objects(self) -> None:
         """The fields that take a name or an object: policy, cost_model, speculative_model, random_model, and
-        the component factories kv_manager and acceptance_rule."""
+        the component factories kv_manager, block_pool and acceptance_rule."""
         if isinstance(self.policy, str):
             from .core.policies import POLICIES
             if self.policy.lower() not in POLICIES:
@@ -171,10 +173,12 @@ class EngineConfig:
         if self.speculative_model is not None and not isinstance(self.speculative_model, (str, os.PathLike)):
             raise TypeError(f"EngineConfig.speculative_model={self.speculative_model!r}: must be a "
                             "checkpoint directory, 'default-draft', 'ngram' or None")
-        for name in ("kv_manager", "acceptance_rule", "phase_clock"):
+        for name in ("kv_manager", "block_pool", "acceptance_rule", "phase_clock"):
             v = getattr(self, name)
             if v is not None and not callable(v):
                 raise TypeError(f"EngineConfig.{name}={v!r}: must be a callable (see the field's comment) or None")
+        if self.block_pool is not None and self.kv_allocation != "paged":
+            _fail("block_pool", self.block_pool, "is the paged KV manager's pool: needs kv_allocation='paged'")
         if not isinstance(self.random_model, Mapping):
             raise TypeError(f"EngineConfig.random_model={self.random_model!r}: must be a dict of "
                             "LlamaConfig fields")

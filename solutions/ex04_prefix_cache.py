@@ -240,8 +240,7 @@ class YourPrefixCachingKVCacheManager(PagedKVCacheManager):
 
     def __init__(self, num_blocks: int, block_size: int, num_swap_blocks: int = 0, watermark: float = 0.0):
         super().__init__(num_blocks, block_size, enable_prefix_caching=True, num_swap_blocks=num_swap_blocks,
-                         watermark=watermark)
-        self.pool = EvictingBlockPool(num_blocks, enable_caching=True)
+                         watermark=watermark, block_pool=EvictingBlockPool)
 
     def find_cached_prefix(self, req) -> list[Block]:
         return longest_prefix_match(req.all_token_ids, self.block_size, self.pool.cached)

@@ -276,3 +276,31 @@ def test_swap_counts_bytes():
     st_ = e.stats()
     per_block = e.executor.bytes_per_block
     assert st_["swapped_bytes"] == (st_["swapped_out_blocks"] + st_["swapped_in_blocks"]) * per_block > 0
+
+
+def test_block_pool_is_injected_through_the_config():
+    """``EngineConfig.block_pool`` is the paged KV manager's pool factory: the engine's manager
+    builds its pool with it (so a pool written elsewhere, exercise 04's, runs the real engine), hands
+    out every block through it, and frees them all by the end; the config refuses a value that is
+    not a factory, or a pool for a reservation."""
+    from minillm.core.block_pool import BlockPool
+
+    handed_out = []
+
+    class CountingPool(BlockPool):
+        def get_new_blocks(self, num_blocks):
+            blocks = super().get_new_blocks(num_blocks)
+            handed_out.extend(b.block_id for b in blocks)
+            return blocks
+
+    llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=0.01, block_size=4,
+              num_kv_blocks=32, enable_prefix_caching=True, block_pool=CountingPool)
+    assert type(llm.engine.kv.pool) is CountingPool and llm.engine.kv.pool.enable_caching
+    outs = llm.generate([[5] * 10, [7] * 6], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [5, 5]
+    assert len(handed_out) >= 3 + 2          # the prompts' blocks (3 + 2), then growth
+    check_all_free(llm.engine)
+    with pytest.raises(TypeError, match="block_pool"):
+        LLM(model="random", executor="simulated", block_pool="mine")
+    with pytest.raises(ValueError, match="block_pool.*kv_allocation='paged'"):
+        LLM(model="random", executor="simulated", kv_allocation="reserved", block_pool=CountingPool)

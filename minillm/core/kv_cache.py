@@ -15,7 +15,7 @@ Host swap blocks freed during a step are only reused after the step's copies hav
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 from .block_pool import Block, BlockPool
 from .kv_snapshot import paged_snapshot, paged_totals
@@ -30,13 +30,13 @@ class PagedKVCacheManager:
     mode = "paged"
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 num_swap_blocks: int = 0, watermark: float = 0.0):
+                 num_swap_blocks: int = 0, watermark: float = 0.0, block_pool: Optional[Callable] = None):
         self.num_blocks = num_blocks
         self.watermark_blocks = int(watermark * num_blocks)   # headroom a new request must leave free
         self.block_size = block_size
         self.attn_block_size = block_size        # the runner's view of the cache
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.pool = (block_pool or BlockPool)(num_blocks, enable_prefix_caching)   # EngineConfig.block_pool
         self.req_blocks: dict[str, list[Block]] = {}    # block table of each request
         self.req_hashes: dict[str, list[int]] = {}      # prefix hashes of its full blocks
         self.num_swap_blocks = num_swap_blocks
@@ -364,4 +364,4 @@ def make_kv_manager(config, num_blocks: int):
     if config.kv_allocation == "reserved":
         return ReservedKVCacheManager(num_blocks, config.block_size, config.max_model_len, config.watermark)
     return PagedKVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                               config.num_swap_blocks, config.watermark)
+                               config.num_swap_blocks, config.watermark, config.block_pool)
