@@ -148,6 +148,15 @@ class EngineConfig:
             _fail("num_speculative_tokens", self.num_speculative_tokens,
                   "must be >= 1 when speculative_model is set")
 
+    @classmethod
+    def from_fields(cls, owner: str, **fields) -> "EngineConfig":
+        """``EngineConfig(**fields)``, naming any field it does not have (``owner``: who was called)."""
+        unknown = set(fields) - cls.field_names()
+        if unknown:
+            raise TypeError(f"{owner}: unknown config field(s) {sorted(unknown)}; "
+                            f"EngineConfig has {sorted(cls.field_names())}")
+        return cls(**fields)
+
     def _check_objects(self) -> None:
         """The fields that take a name or an object: policy, cost_model, speculative_model, random_model, and
         the component factories kv_manager, block_pool and acceptance_rule."""

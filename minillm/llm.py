@@ -31,11 +31,7 @@ def _is_token_ids(p) -> bool:
 
 class LLM:
     def __init__(self, model: Optional[str] = None, tokenizer=None, **config_fields):
-        unknown = set(config_fields) - EngineConfig.field_names()
-        if unknown:
-            raise TypeError(f"LLM: unknown config field(s) {sorted(unknown)}; "
-                            f"EngineConfig has {sorted(EngineConfig.field_names())}")
-        self.config = EngineConfig(**config_fields)
+        self.config = EngineConfig.from_fields("LLM", **config_fields)
         self.engine = LLMEngine(model, self.config, tokenizer=tokenizer)
 
     def close(self) -> None:

@@ -114,6 +114,20 @@ def test_the_kernels_do_not_import_the_engine():
     assert not upward, f"kernels/ imports minillm: {upward}"
 
 
+FRONT_DOOR = ("minillm.llm", "minillm.async_llm", "minillm.serve")
+BELOW_THE_FRONT_DOOR = ("minillm.core", "minillm.worker", "minillm.spec", "minillm.sim", "minillm.analysis",
+                        "minillm.model", "minillm.engine")
+
+
+def test_nothing_below_the_front_door_imports_it():
+    """The engine and everything it is built from (and the simulator, which drives the engine) never
+    import the front door (``LLM``, ``AsyncLLM``, the server): requests come in from above."""
+    graph = import_graph()
+    upward = sorted((m, d) for m, deps in graph.items() if m.startswith(BELOW_THE_FRONT_DOOR) for d in deps
+                    if d.startswith(FRONT_DOOR))
+    assert not upward, f"imports of the front door from below it: {upward}"
+
+
 # --- components are configured, never patched from outside -------------------------------------------
 
 COMPONENTS = {"engine", "executor", "scheduler", "kv", "runner", "speculator", "sampler", "policy", "proposer",

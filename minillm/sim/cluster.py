@@ -256,7 +256,8 @@ def _cost_model(model, hardware, num_gpus, link):
 
 
 def _make_instances(n: int, cost_model, model: str, longest: int, name: str, **config) -> list[Instance]:
-    from ..llm import LLM
+    from ..config import EngineConfig
+    from ..engine import LLMEngine
     config.setdefault("max_num_seqs", 256)
     config.setdefault("max_num_batched_tokens", 8192)
     config.setdefault("max_model_len", max(2048, longest + 2))
@@ -264,7 +265,7 @@ def _make_instances(n: int, cost_model, model: str, longest: int, name: str, **c
     config.setdefault("record_history", 0)
     config.setdefault("record_max_waiting", 0)
     config.update(executor="simulated", clock="modeled", cost_model=cost_model)
-    return [Instance(LLM(model=model, **config).engine, f"{name}{i}") for i in range(n)]
+    return [Instance(LLMEngine(model, EngineConfig.from_fields("cluster", **config)), f"{name}{i}") for i in range(n)]
 
 
 def _advance(instances: Sequence[Instance], until, on_finish=None) -> None:

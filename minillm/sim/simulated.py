@@ -195,7 +195,8 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
       ``max_num_batched_tokens=8192``, ``max_model_len`` long enough for the trace.
     """
     from .costmodel import MODELS, RooflineCostModel
-    from ..llm import LLM
+    from ..config import EngineConfig
+    from ..engine import LLMEngine
     from ..analysis.metrics import summarize
     from ..analysis.workloads import submit_trace
 
@@ -223,8 +224,7 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
     config.setdefault("record_max_waiting", max_waiting_entries)
     if not keep:                  # KV counts only, no per-request entry nobody keeps; records off: no record
         config.setdefault("record", "totals" if mode == "summary" else "none")
-    llm = LLM(model=model, **config)
-    engine = llm.engine
+    engine = LLMEngine(model, EngineConfig.from_fields("simulate", **config))
     submit_trace(engine, trace, vocab_size=engine.vocab_size)
 
     summaries = engine.step_summaries
