@@ -188,7 +188,7 @@ class PagedKVCacheManager:
             if computed + num_new_tokens <= room and computed < room \
                     and held[computed // self.block_size].ref_count <= 1:
                 return True              # fast path: its last block has room and is its own (most decodes)
-            if computed == room and num_new_tokens <= self.block_size and self.pool.num_free and self._own_sizing:
+            if computed == room and 0 < num_new_tokens <= self.block_size and self.pool.num_free and self._own_sizing:
                 # a decode into a new block: one block, nothing shared, no headroom (it holds blocks)
                 self._save_table(req.request_id)
                 held += self._new_blocks(1)
