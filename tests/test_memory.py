@@ -232,6 +232,35 @@ def test_the_kv_manager_holds_the_watermark():
     assert kv.can_swap_in(back, 16) == (False, 9, 10)     # 36 positions: 9 blocks > 10 - 2
 
 
+
+def test_a_full_table_grows_by_one_block_and_a_subclass_rule_still_decides():
+    """4 blocks of 4 positions; a request holding 2 full blocks (8 positions computed): no new position
+    takes nothing, one more takes one block; at 12 of 12, 4 more take the last block and 5 more (two blocks)
+    are refused (worked by hand). A subclass that changes
+    a sizing rule (every table needs one block more) is asked, not bypassed: its 3 full blocks need 2
+    more for one position, and 1 is free."""
+    from minillm.core.kv_cache import PagedKVCacheManager
+    from minillm.core.request import Request
+
+    class OneMore(PagedKVCacheManager):
+        def blocks_for(self, num_tokens):
+            return super().blocks_for(num_tokens) + 1
+
+    kv = PagedKVCacheManager(4, 4)
+    req = Request("r", list(range(8)), SamplingParams(max_tokens=8), 0.0)
+    assert kv.allocate(req, 8) and kv.num_held_blocks("r") == 2
+    req.num_computed_tokens = 8
+    assert kv.allocate(req, 0) and kv.num_held_blocks("r") == 2
+    assert kv.allocate(req, 1) and kv.num_held_blocks("r") == 3
+    req.num_computed_tokens = 12
+    assert not kv.allocate(req, 5) and kv.num_held_blocks("r") == 3     # 17 positions: 2 more blocks, 1 free
+    assert kv.allocate(req, 4) and kv.num_held_blocks("r") == 4 and kv.num_free_blocks == 0
+    kv = OneMore(4, 4)
+    req = Request("r", list(range(8)), SamplingParams(max_tokens=8), 0.0)
+    assert kv.allocate(req, 8) and kv.num_held_blocks("r") == 3
+    req.num_computed_tokens = 12
+    assert not kv.allocate(req, 1) and kv.num_held_blocks("r") == 3
+
 # --- random workloads -------------------------------------------------------------------------
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -15,6 +15,7 @@ Host swap blocks freed during a step are only reused after the step's copies hav
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Callable, Optional
 
 from .block_pool import Block, BlockPool
@@ -45,6 +46,9 @@ class PagedKVCacheManager:
         self.prefill_tokens_saved = 0
         self.copies: list[tuple[str, int, int]] = []    # copy-on-write this pass: (request, src, dst)
         self._journal: Optional[KVStepJournal] = None   # the step in progress (see begin_step)
+        # allocate's second fast path applies the sizing rules below as written: not when a subclass changes one
+        self._own_sizing = all(getattr(type(self), f) is getattr(PagedKVCacheManager, f) for f in
+                               ("blocks_for", "num_blocks_needed", "can_allocate", "_free_for", "_headroom"))
 
     # --- sizes ---------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -184,6 +188,11 @@ class PagedKVCacheManager:
             if computed + num_new_tokens <= room and computed < room \
                     and held[computed // self.block_size].ref_count <= 1:
                 return True              # fast path: its last block has room and is its own (most decodes)
+            if computed == room and 0 < num_new_tokens <= self.block_size and self.pool.num_free and self._own_sizing:
+                # a decode into a new block: one block, nothing shared, no headroom (it holds blocks)
+                self._save_table(req.request_id)
+                held += self._new_blocks(1)
+                return True
         copy = not cached and self._writes_shared_block(req, held)
         ok, need, _ = self.can_allocate(req, num_new_tokens, cached)
         if not ok:
@@ -197,8 +206,7 @@ class PagedKVCacheManager:
             self.pool.touch(cached)
             blocks.extend(cached)
             self.req_hashes[req.request_id] = [b.block_hash for b in cached]
-        for _ in range(need):
-            blocks.append(self._new_block())
+        blocks += self._new_blocks(need)   # (one pool call for a whole prefill's blocks)
         return True
 
     def in_place_block_size(self) -> Optional[int]:
@@ -212,10 +220,13 @@ class PagedKVCacheManager:
         return self.block_size if type(self).allocate is PagedKVCacheManager.allocate else None
 
     def _new_block(self) -> Block:
-        block = self.pool.get_new_blocks(1)[0]
+        return self._new_blocks(1)[0]
+
+    def _new_blocks(self, n: int) -> list[Block]:
+        new = self.pool.get_new_blocks(n)
         if self._journal is not None:
-            self._journal.fresh.add(block.block_id)
-        return block
+            self._journal.fresh.update(map(attrgetter("block_id"), new))
+        return new
 
     def free(self, req: Request) -> None:
         rid = req.request_id

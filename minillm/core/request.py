@@ -88,6 +88,7 @@ class Request:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
+        self.prompt_len = len(self.prompt_token_ids)   # (the prompt never changes: read per step, not len())
         self.sampling_params = sampling_params
         self.priority = priority
         self.tenant = tenant

@@ -171,22 +171,24 @@ class Scheduler:
         # request when the step has none of these (the simulator's usual step).
         extras = bool(self.config.speculative_model is not None or result.spec_accepted or result.logprobs
                       or result.prompt_logprobs or self.record_batch or self.has_groups)
+        get, watch = sampled.get, self.stops.watch      # (locals: read once per request)
         for s in out.scheduled:
             req = s.request
             req.num_computed_tokens += s.num_new_tokens
             if extras:
                 self._settle_guesses(s, result, upd)
-            new = sampled.get(req.request_id, ())
+            new = get(req.request_id)
             reason = None
             if new:
                 output_ids, m = req.output_token_ids, req.metrics
                 if m.first_token_time is None:
                     m.first_token_time = t
                     first_tokens.append(req)
-                limit, watched = req.stop_watch or self.stops.watch(req)
+                limit, watched = req.stop_watch or watch(req)
+                times = m.token_times
                 for tok in new:
                     output_ids.append(tok)
-                    m.token_times.append(t)
+                    times.append(t)
                     # stops.check(req, tok), skipped when it cannot fire (see StopChecker.watch): most tokens
                     if len(output_ids) >= limit or (watched and tok in watched):
                         reason = self.stops.check(req, tok)
@@ -311,22 +313,22 @@ class Scheduler:
         # Decode fast path: a token into a block part way through needs no allocate (kv.in_place_block_size)
         rule = None if guesses or self.has_groups else getattr(kv, "in_place_block_size", None)
         bs = (rule() if rule is not None else None) or 0
-        RUNNING = RequestStatus.RUNNING        # (a local: an enum member read off its class is slow)
+        RUNNING = RequestStatus.RUNNING        # (locals: an enum member or a method read per request is slow)
+        append, Grant = out.scheduled.append, ScheduledRequest
         for req in list(self.running):
             if req.status is not RUNNING or budget <= 0:   # preempted above: O(1) test
                 continue
             before = req.num_computed_tokens
             num_output = len(req.output_token_ids)
-            num_tokens = len(req.prompt_token_ids) + num_output
-            n = num_tokens - before                       # known tokens without KV yet
-            if n == 1 and bs and before % bs:
+            num_tokens = req.prompt_len + num_output
+            if num_tokens - before == 1 and bs and before % bs:
                 # grant(req, 1), with no allocate call
                 if caching:
                     kv.cache_full_blocks(req, num_tokens, shareable=False)
-                out.scheduled.append(ScheduledRequest(req, 1, before, num_output,
-                                                      "decode" if num_output else "prefill", True))
+                append(Grant(req, 1, before, num_output, "decode" if num_output else "prefill", True))
                 budget -= 1
                 continue
+            n = num_tokens - before                       # known tokens without KV yet
             if n == 1 and decodes_left:
                 decodes_left -= 1                         # this one's own next token
             # Speculative tokens count against the budget: keep as many as fit after the known
@@ -353,7 +355,7 @@ class Scheduler:
             if caching:
                 kv.cache_full_blocks(req, min(before + n, num_tokens), shareable=False)
             # grant(req, n, spec), written out: this line runs for every running request every step
-            out.scheduled.append(ScheduledRequest(
+            append(Grant(
                 req, n, before, num_output, "decode" if num_output and before >= num_tokens - 1 else "prefill",
                 before + n >= num_tokens + len(spec), list(spec) if spec else ()))
             budget -= n

@@ -144,9 +144,10 @@ class KVStepJournal:
 
     def save_table(self, kv, rid: str) -> None:
         """Before the step's first change to a request's tables, keep a copy."""
-        if rid not in self.tables:
-            self.tables[rid] = tuple(None if t is None else list(t)
-                                     for t in (kv.req_blocks.get(rid), kv.req_hashes.get(rid), kv.swapped.get(rid)))
+        if rid not in self.tables:     # (written out, no generator: a decode at a block boundary runs this)
+            blocks, hashes, host = kv.req_blocks.get(rid), kv.req_hashes.get(rid), kv.swapped.get(rid)
+            self.tables[rid] = (None if blocks is None else list(blocks), None if hashes is None else list(hashes),
+                                None if host is None else list(host))
 
     def undo(self, kv) -> dict[str, int]:
         """Every table the step changed goes back to how it was. Returns, for a request whose blocks
