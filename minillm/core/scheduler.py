@@ -346,8 +346,7 @@ class Scheduler:
                 # The victim is chosen among all running requests; one already granted tokens
                 # this pass gives them back.
                 victim = self.policy.pick_victim(list(self.running), now)
-                budget += preempt_group(self, victim, out,
-                                              f"{req.request_id} needed a KV block and none was free")
+                budget += preempt_group(self, victim, out, f"{req.request_id} needed a KV block and none was free")
                 if req.status is not RUNNING:     # the victim, or in its group
                     break
             if req.status is not RUNNING:
