@@ -42,8 +42,10 @@ class EngineConfig:
     watermark: float = 0.0                # fraction of blocks admission keeps free ("headroom")
     kv_manager: Optional[Callable] = None  # factory(config, num_blocks) -> a KV manager (the exercises'
                                           # allocators plug in here); None = minillm.core.kv_cache.make_kv_manager
-    block_pool: Optional[Callable] = None  # factory(num_blocks, enable_caching) -> the paged manager's block
-                                          # pool (exercise 04's pool plugs in here); None = core.block_pool.BlockPool
+    block_pool: Optional[Callable] = None  # factory(num_blocks, enable_caching) -> the built-in paged manager's
+                                          # block pool (exercise 04's pool plugs in here; caching still follows
+                                          # enable_prefix_caching; a kv_manager factory may read it or not);
+                                          # None = core.block_pool.BlockPool
 
     # --- the batch of one step ---------------------------------------------------
     max_num_seqs: int = 64                # most requests in one step's batch

@@ -584,7 +584,7 @@ with impl.attempt("ex04.tokens_reused_after_edit"):
 # ```bash
 # make grade EX=04                                            # every ex04 grader, against exercises/
 # make grade EX=09                                            # the fork and copy-on-write
-# MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex04 tests/test_exercises.py -k pool   # one exercise
+# MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex04 tests/test_exercises.py -k "pool or evict"   # one exercise
 # ```
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,

@@ -121,7 +121,8 @@ class EvictingBlockPool(BlockPool):
       still carry a cached prefix (its hash): it keeps its KV until it is handed out again;
     * ``self.cached``: key -> the block holding that prefix (``cache_full_blocks`` fills it, keyed
       by your ``hash_block``; ``get_cached_block(key)`` reads it);
-    * ``self.stats["evictions"]``: how many cached prefixes were dropped.
+    * ``self.stats["evictions"]``: how many cached prefixes were dropped;
+    * ``self.enable_caching``: whether prefixes are cached at all (``EngineConfig.enable_prefix_caching``).
 
     The engine calls ``touch(blocks)`` with the blocks of a prefix-cache hit, ``get_new_blocks(n)``
     when a request needs ``n`` fresh blocks, and ``free_blocks(blocks)`` with a request's block

@@ -94,8 +94,9 @@ class BlockPool:
         reach 0 go to the free list, last block first, so a request's last (child) blocks are
         evicted before its first (parent) ones. (vLLM's caller reverses the table itself.)"""
         for block in reversed(blocks):
+            if block.ref_count <= 0:
+                raise RuntimeError(f"BlockPool.free_blocks: block {block.block_id} is not held (freed twice?)")
             block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block.block_id} freed twice"
             if block.ref_count == 0:
                 self._to_free_list(block)
 

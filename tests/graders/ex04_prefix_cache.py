@@ -211,7 +211,8 @@ def test_evict_leaves_another_canonical_copy_alone():
     pool.get_new_blocks(1)                                   # block 2 (never cached)
     pool.get_new_blocks(1)                                   # block 1 (b): evicted
     assert pool.cached.get(keys[0]) is a, "evicting a duplicate copy must not remove the canonical block from the index"
-    assert pool.stats["evictions"] == 1
+    assert pool.stats["evictions"] == 1, (f"evicting the duplicate copy counts one eviction; "
+                                          f"stats['evictions'] = {pool.stats['evictions']}")
 
 
 # --- All three, inside the engine ----------------------------------------------------------------------
