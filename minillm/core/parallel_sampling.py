@@ -43,7 +43,7 @@ _SEED_STRIDE = 0x9E3779B97F4A7C15
 
 
 def completion_seed(seed, index: int):
-    """The seed of completion ``index`` of a request seeded with ``seed``: ``seed`` itself for
+    """Completion ``index``'s random seed, for a request seeded with ``seed``: ``seed`` itself for
     completion 0 (so ``n=1`` is unchanged), then ``seed + index * 0x9E3779B97F4A7C15`` mod 2**64.
     A request ``SamplingParams(seed=completion_seed(s, i), n=1)`` reproduces completion i."""
     if seed is None:
