@@ -280,16 +280,14 @@ class LLMEngine:
         return record, update
 
     def _record(self, out, update, t, duration, sched_time, swap_time, draft_time, swap_bytes) -> StepRecord:
-        mode = self.record_mode
-        if mode == "none":
-            kv = None
-        elif mode == "totals":                       # the counts only: what simulate(records="summary") keeps
-            kv = self.kv.totals(self._active)
-        else:
-            kv = self.kv.snapshot(self._active, detail=mode == "full")
+        mode = self.record_mode                      # "totals": the counts only (simulate(records="summary"))
+        kv = None if mode == "none" else self.kv.totals(self._active) if mode == "totals" \
+            else self.kv.snapshot(self._active, detail=mode == "full")
+        num_batched, num_decode = out.num_batched_tokens, out.num_decode_tokens if mode != "none" else 0
         return StepRecord(
-            step=self.step_count, time=t, duration=duration, batch=update.batch,
-            num_batched_tokens=out.num_batched_tokens, token_budget=out.token_budget,
+            step=self.step_count, time=t, duration=duration, batch=update.batch, batch_size=len(out.scheduled),
+            num_prefill_tokens=num_batched - num_decode if mode != "none" else 0, num_decode_tokens=num_decode,
+            num_batched_tokens=num_batched, token_budget=out.token_budget,
             admitted=out.admitted, finished=[r.request_id for r in update.finished],
             preempted=out.preempted, waiting=out.waiting, kv=kv,
             running=list(map(attrgetter("request_id"), self.scheduler.running)),

@@ -87,7 +87,7 @@ class LLM:
             pending.difference_update(done)
             if bar is not None and done:
                 bar.update(len(done))
-                bar.set_postfix(step=rec.step, batch=len(rec.batch))
+                bar.set_postfix(step=rec.step, batch=rec.batch_size)
         if bar is not None:
             bar.close()
         return [engine.get_output(rid) for rid in ids]

@@ -124,14 +124,19 @@ class StepRecord:
     # Host time per phase ("schedule", "execute" with its "prepare", "forward", "sample", then
     # "update", "record") on EngineConfig.phase_clock; empty when that is None.
     phase_times: dict[str, float] = field(default_factory=dict)
+    # The batch in counts, kept when its entries are not (EngineConfig.record="totals"; "none" records
+    # the size only: 0 prefill and 0 decode tokens). None: counted from ``batch``.
+    batch_size: Optional[int] = None            # requests that ran
+    num_prefill_tokens: Optional[int] = None    # of num_batched_tokens, those of prefill grants
+    num_decode_tokens: Optional[int] = None     # and of decode grants
 
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(e.num_new_tokens for e in self.batch if e.phase == "prefill")
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(e.num_new_tokens for e in self.batch if e.phase == "decode")
+    def __post_init__(self) -> None:
+        if self.batch_size is None:
+            self.batch_size = len(self.batch)
+        if self.num_prefill_tokens is None:
+            self.num_prefill_tokens = sum(e.num_new_tokens for e in self.batch if e.phase == "prefill")
+        if self.num_decode_tokens is None:
+            self.num_decode_tokens = sum(e.num_new_tokens for e in self.batch if e.phase == "decode")
 
     def entry(self, request_id: str) -> Optional[BatchEntry]:
         for e in self.batch:

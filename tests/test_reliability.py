@@ -387,3 +387,28 @@ def test_step_records_are_bounded_and_configured_through_engine_config():
 def test_bad_record_options_are_rejected_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"EngineConfig.{field}="):
         LLM(**SMALL, num_kv_blocks=32, **{field: value})
+
+
+def test_an_executor_that_returns_too_few_token_lists_is_refused_and_changes_nothing():
+    """``ExecutionResult.sampled`` holds one token list per grant, in the grants' order. An executor
+    that drops one is refused before a token is applied (no request advances on another's tokens):
+    the step raises, every request is as before, and the next step with a sound executor carries on."""
+    eng = LLM(**SMALL, num_kv_blocks=64, max_num_seqs=4, clock="modeled", cost_model=0.01).engine
+    ps = prompts(4, length=6, seed=2)
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    ids = [eng.add_request(p, sp) for p in ps]
+    eng.step()
+    real_execute = eng.executor.execute
+
+    def execute(out):                  # the last grant's tokens missing (fault injection)
+        res = real_execute(out)
+        res.sampled = res.sampled[:-1]
+        return res
+    eng.executor.execute = execute
+    before = _request_state(eng)
+    with pytest.raises(RuntimeError, match="executor: 3 token lists for 4 grants"):
+        eng.step()
+    assert _request_state(eng) == before
+    eng.executor.execute = real_execute
+    run_checked(eng)
+    assert [eng.requests[rid].output_token_ids for rid in ids] == [alone(p, 4) for p in ps]

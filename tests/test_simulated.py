@@ -177,6 +177,11 @@ def test_kv_totals_are_the_full_snapshots_counts(caching):
     for f, t in zip(full.step_records, totals.step_records):
         assert {k: getattr(t.kv, k) for k in counts} == {k: getattr(f.kv, k) for k in counts}
         assert not t.kv.per_request and not t.kv.blocks
+        # no batch entry per request, the batch in counts: the full record's, from its entries
+        assert not t.batch and (t.batch_size, t.num_prefill_tokens, t.num_decode_tokens) == \
+            (len(f.batch), sum(e.num_new_tokens for e in f.batch if e.phase == "prefill"),
+             sum(e.num_new_tokens for e in f.batch if e.phase == "decode"))
+    assert any(t.num_prefill_tokens and t.num_decode_tokens for t in totals.step_records)   # mixed steps too
     assert any(f.kv.per_request for f in full.step_records)
     assert any(f.kv.cached for f in full.step_records) == caching     # freed prefix blocks kept for reuse
 

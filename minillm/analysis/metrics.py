@@ -170,7 +170,7 @@ def summarize(requests: Any, records: Optional[Sequence["StepRecord"]] = None, *
 
     # --- step records: occupancy, KV, scheduling overhead -----------------------------------
     if records:
-        sizes = [len(r.batch) for r in records]
+        sizes = [r.batch_size for r in records]
         s["num_steps"] = len(records)
         s["batch_size_mean"] = float(np.mean(sizes))
         s["batch_size_max"] = int(max(sizes))
@@ -257,7 +257,7 @@ def kv_utilisation_series(records: Sequence["StepRecord"]) -> tuple[np.ndarray, 
 def batch_size_series(records: Sequence["StepRecord"]) -> tuple[np.ndarray, np.ndarray]:
     """(step end times, number of requests in each step's batch)."""
     return (np.array([r.time for r in records], dtype=float),
-            np.array([len(r.batch) for r in records], dtype=int))
+            np.array([r.batch_size for r in records], dtype=int))
 
 
 # =====================================================================================

@@ -57,7 +57,7 @@ def decode_steps(engine, batch: int, steps: int, prompt_len: int = 32,
         t0 = clock()
         rec = engine.step()
         dt = clock() - t0
-        if len(rec.batch) == batch and rec.num_prefill_tokens == 0:
+        if rec.batch_size == batch and rec.num_prefill_tokens == 0:
             times.append(dt)
     return times
 

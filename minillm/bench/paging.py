@@ -58,7 +58,7 @@ def run_one(trace, P: dict, kv_allocation: str, oracle: bool) -> dict:
     while e.has_unfinished_requests():
         rec = e.step()
         kv, d = rec.kv, rec.duration
-        running = len(rec.batch)                  # requests holding KV that ran this step
+        running = rec.batch_size                  # requests holding KV that ran this step
         n["steps"] += 1
         n["dur"] += d
         n["conc"] += running * d                  # time-weighted on the modeled clock

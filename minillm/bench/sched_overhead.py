@@ -128,7 +128,7 @@ def part2(P: dict, device: str, seed: int = 0) -> tuple[dict, list[str], list[di
         rec = e.step()
         t_step.append(clock() - t0)
         phases.append(rec.phase_times)
-        assert len(rec.batch) == B
+        assert rec.batch_size == B
         bar.update(1)
     bar.close()
     # The per-block map StepRecord.kv carries by default when blocks <= 4096 (widgets draw it).

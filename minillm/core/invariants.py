@@ -163,8 +163,8 @@ def check_invariants(engine, record=None) -> None:
     if record is not None:
         _check(record.num_batched_tokens <= record.token_budget,
                f"step {record.step}: {record.num_batched_tokens} tokens > budget {record.token_budget}")
-        _check(len(record.batch) <= cfg.max_num_seqs,
-               f"step {record.step}: batch of {len(record.batch)} > max_num_seqs={cfg.max_num_seqs}")
+        _check(record.batch_size <= cfg.max_num_seqs,
+               f"step {record.step}: batch of {record.batch_size} > max_num_seqs={cfg.max_num_seqs}")
         k = record.kv
         if k is None:                                     # record="none": no KV snapshot
             return

@@ -118,7 +118,7 @@ def fork(sched, first: Request, result, t: float, upd) -> None:
         upd.forked.append(seq)
         # The runner sampled each completion's first token; the simulator, which samples
         # nothing, gives them all the first sequence's placeholder.
-        tok = result.sampled.get(cid, first.output_token_ids[-1:])[0]
+        tok = result.fork_sampled.get(cid, first.output_token_ids[-1:])[0]
         seq.output_token_ids.append(tok)
         m.token_times.append(t)
         m.first_token_time = t

@@ -69,7 +69,7 @@ class Scheduler:
                              swapped_in_blocks=0, recomputed_tokens=0, rejected=0)
         self.stops = StopChecker(config, tokenizer)   # when a request ends (stop strings need the tokenizer)
         self.journal = StepJournal()        # what the step in progress changed (see checkpoint)
-        self.record_batch = config.record != "none"   # build StepUpdate.batch (record="none": nobody reads it)
+        self.record_batch = config.record not in ("totals", "none")   # StepUpdate.batch: an entry per grant
         self._arrivals: list = []           # (time, seq, request) released from ``incoming`` this step
         self._forked: list = []             # parents whose groups forked this step (undone on rollback)
         self.has_groups = False             # was any request with n > 1 ever added? (seat counting)
@@ -156,6 +156,8 @@ class Scheduler:
         """Apply what the executor returned (``result.sampled``, ``result.spec_accepted``) at
         clock time ``t``: each scheduled request advances, rejected guesses give back their
         KV, stops finish requests, and held requests are returned when their batch is done."""
+        if len(result.sampled) != len(out.scheduled):       # one token list per grant, in the grants' order
+            raise RuntimeError(f"executor: {len(result.sampled)} token lists for {len(out.scheduled)} grants")
         finished: list[Request] = []
         for req in out.released:                 # held back until this pass (static / every-N)
             self.finish_request(req, req.pending_finish_reason, self.now)
@@ -165,19 +167,17 @@ class Scheduler:
             finished.append(req)
 
         upd = StepUpdate(batch=[], finished=finished)
-        sampled = result.sampled
         first_tokens = self.journal.save_progress(out.scheduled)
         # Guesses to settle, logprobs to keep, batch entries to record, groups to fork: one test per
         # request when the step has none of these (the simulator's usual step).
         extras = bool(self.config.speculative_model is not None or result.spec_accepted or result.logprobs
                       or result.prompt_logprobs or self.record_batch or self.has_groups)
-        get, watch = sampled.get, self.stops.watch      # (locals: read once per request)
-        for s in out.scheduled:
+        watch = self.stops.watch                  # (a local: read once per request)
+        for s, new in zip(out.scheduled, result.sampled):   # each grant with its new tokens (empty: none)
             req = s.request
             req.num_computed_tokens += s.num_new_tokens
             if extras:
                 self._settle_guesses(s, result, upd)
-            new = get(req.request_id)
             reason = None
             if new:
                 output_ids, m = req.output_token_ids, req.metrics

@@ -58,6 +58,11 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         return sum(map(attrgetter("num_new_tokens"), self.scheduled))
 
+    @property
+    def num_decode_tokens(self) -> int:
+        """Of ``num_batched_tokens``, those of decode grants (the rest are prefill)."""
+        return sum(s.num_new_tokens for s in self.scheduled if s.phase == "decode")
+
 
 @dataclass
 class StepUpdate:

@@ -27,7 +27,7 @@ class SimulatedExecutor:
         res.swap_bytes = (len(out.swap_out) + len(out.swap_in)) * self.bytes_per_block
         # A request that reached the end of its known tokens samples one new token. (One tuple
         # shared by all: the scheduler only reads the tokens it is given.)
-        res.sampled = dict.fromkeys([s.request.request_id for s in out.scheduled if s.samples], _ONE_TOKEN)
+        res.sampled = [_ONE_TOKEN if s.samples else () for s in out.scheduled]
         return res
 
     def forget(self, request_id: str) -> None:

@@ -108,7 +108,7 @@ class StepSummary:
 
     A full ``StepRecord`` holds an entry per request in the batch; at ~100 requests per step
     and tens of thousands of steps that is gigabytes. ``metrics.summarize`` accepts these
-    too (it reads ``batch`` only for its length, and ``kv.used / kv.total``).
+    too (it reads ``batch_size`` and ``kv.used / kv.total``).
     """
     step: int
     time: float
@@ -134,13 +134,8 @@ class StepSummary:
 
     @classmethod
     def from_record(cls, rec, num_waiting: int) -> "StepSummary":
-        prefill = decode = 0
-        for e in rec.batch:
-            if e.phase == "decode":
-                decode += e.num_new_tokens
-            else:
-                prefill += e.num_new_tokens
-        return cls(rec.step, rec.time, rec.duration, len(rec.batch), rec.num_batched_tokens, prefill, decode,
+        return cls(rec.step, rec.time, rec.duration, rec.batch_size, rec.num_batched_tokens, rec.num_prefill_tokens,
+                   rec.num_decode_tokens,
                    len(rec.running), num_waiting, len(rec.admitted), len(rec.finished), len(rec.preempted),
                    len(rec.rejected),
                    KVTotals(rec.kv.used, rec.kv.total, rec.kv.free, rec.kv.blocks_used * rec.kv.block_size),

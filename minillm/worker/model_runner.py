@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -24,7 +24,11 @@ from ..core.scheduler import SchedulerOutput
 
 @dataclass
 class ExecutionResult:
-    sampled: dict[str, list[int]] = field(default_factory=dict)   # new output tokens per request
+    # New output tokens of each grant, in ``out.scheduled``'s order (empty: a prompt chunk short of the
+    # prompt's end), walked beside the grants (vLLM's ModelRunnerOutput.sampled_token_ids).
+    sampled: list[Sequence[int]] = field(default_factory=list)
+    # Parallel sampling: the first token of each completion a fork adds, by its request id.
+    fork_sampled: dict[str, list[int]] = field(default_factory=dict)
     spec_accepted: dict[str, int] = field(default_factory=dict)   # accepted draft tokens per request
     swap_bytes: int = 0
     # SamplingParams.logprobs: per request, one {token id: Logprob} per sampled token.
@@ -175,7 +179,7 @@ class ModelRunner:
         return logits
 
     def execute(self, out: SchedulerOutput) -> ExecutionResult:
-        res = ExecutionResult()
+        res = ExecutionResult(sampled=[()] * len(out.scheduled))
         res.swap_bytes = self.swap(out)
         if not out.scheduled:
             return res
@@ -184,13 +188,13 @@ class ModelRunner:
         # token and after each draft token: k checks plus one bonus token).
         ends = [e - 1 for e in itertools.accumulate(s.num_new_tokens for s in out.scheduled)]
         rows: list[int] = []
-        plain: list[tuple[int, object]] = []      # (logits row, ScheduledRequest)
-        spec: list[tuple[int, object]] = []       # (first logits row, ScheduledRequest)
+        plain: list[tuple[int, int, object]] = []   # (logits row, grant index, ScheduledRequest)
+        spec: list[tuple[int, int, object]] = []    # (first logits row, grant index, ScheduledRequest)
         for i, s in enumerate(out.scheduled):
             if not s.samples:
                 continue                          # a partial prefill chunk: fills the cache only
             k = len(s.spec_token_ids)
-            (spec if k else plain).append((len(rows), s))
+            (spec if k else plain).append((len(rows), i, s))
             rows += range(ends[i] - k, ends[i] + 1)
         # Prompt logprobs: the row of each prompt position whose next token is still in the prompt.
         prompt_rows: list[tuple[int, object, int]] = []   # (logits row, ScheduledRequest, position)
@@ -212,7 +216,7 @@ class ModelRunner:
         if spec:
             # The target's distributions p (temperature, top-k/p) for every row of every sampled
             # (non-greedy) verifying request, in one batched call.
-            rand = [(r, s) for r, s in spec if not s.request.sampling_params.greedy]
+            rand = [(r, s) for r, _, s in spec if not s.request.sampling_params.greedy]
             probs = {}
             if rand:
                 width = [len(s.spec_token_ids) + 1 for _, s in rand]
@@ -220,13 +224,13 @@ class ModelRunner:
                                        [s.request.sampling_params for (_, s), w in zip(rand, width)
                                         for _ in range(w)]).cpu()
                 probs = {s.request.request_id: ps for (_, s), ps in zip(rand, p.split(width))}
-            for r, s in spec:
+            for r, i, s in spec:
                 rid, k = s.request.request_id, len(s.spec_token_ids)
                 q = self.proposer.draft_probs(rid, k) if self.proposer is not None else None
                 toks = self.verify(logits[r:r + k + 1], s.spec_token_ids, q, s.request.sampling_params,
                                    self.sampler, rid, probs.get(rid))
                 toks = acceptance.check_verified(self.verify, toks, s.spec_token_ids, logits.shape[-1], rid)
-                res.sampled[rid] = toks
+                res.sampled[i] = toks
                 res.spec_accepted[rid] = len(toks) - 1
         phases.add("sample", t)
         return res
@@ -235,13 +239,14 @@ class ModelRunner:
         """One token per plain row (a request that forks samples its row once per completion,
         each with its completion's stream), with penalties, ``min_tokens`` and logprobs."""
         from ..core.parallel_sampling import completion_id
-        rows, params, ids, reqs = [], [], [], []
-        for r, s in plain:
+        rows, params, ids, reqs, grants = [], [], [], [], []   # grants: the grant index, None for a fork's
+        for r, g, s in plain:
             req = s.request
             rows.append(r)
             params.append(req.sampling_params)
             ids.append(req.request_id)
             reqs.append(req)
+            grants.append(g)
             parent = req.parent
             if parent is not None and not parent.forked:      # the fork: n - 1 more first tokens
                 for i in range(1, parent.n):
@@ -249,6 +254,7 @@ class ModelRunner:
                     params.append(parent.params[i])
                     ids.append(completion_id(parent.request_id, i))
                     reqs.append(req)                          # same prompt, same (empty) output
+                    grants.append(None)
         raw = logits[rows].float()
         adjusted = raw
         if any(p.penalized for p in params):
@@ -259,7 +265,10 @@ class ModelRunner:
         want = [j for j, p in enumerate(params) if p.logprobs is not None]
         logp = torch.log_softmax(raw[want], dim=-1) if want else None
         for j, t in enumerate(toks):
-            res.sampled[ids[j]] = [t]
+            if grants[j] is not None:
+                res.sampled[grants[j]] = [t]
+            else:
+                res.fork_sampled[ids[j]] = [t]
         for row, j in enumerate(want):
             res.logprobs[ids[j]] = [token_logprobs(logp[row], toks[j], params[j].logprobs)]
 
