@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from minillm.sim.simulated import tensor_parallel
 from minillm.sim.costmodel import (
     HARDWARE, MODELS, ConstantStepTime, CostModel, RooflineCostModel, bytes_per_generated_token,
     decode_step_time_vs_batch, get_cost_model, kv_cache_bytes, max_batch_size, swap_or_recompute, ModelSpec,
@@ -98,6 +99,21 @@ def test_step_time_checks_its_arguments():
     with pytest.raises(ValueError):
         cm.step_time([1, 1], [3])
     assert cm.step_time([], []) == 0.0   # nothing runs, no time passes
+    with pytest.raises(ValueError, match="context_len=0"):
+        cm.step_time([1, 1], [3, 0])     # a decode-only batch is checked too
+    with pytest.raises(ValueError):
+        cm.step_time([1, 1], [3])
+
+
+@pytest.mark.parametrize("q, c", [([1] * 7, [5, 900, 1, 64, 3000, 17, 2]), ([1], [1]), ([1, 1, 3], [9, 9, 9]),
+                                  ([2, 1], [2, 40]), ([0, 1], [5, 5]), ([1] * 40, list(range(1, 41)))])
+def test_step_time_is_the_breakdowns_time_for_decode_only_and_mixed_batches(q, c):
+    """``step_time`` prices a decode-only batch (every q = 1: the attention pairs are the context
+    lengths) and a mixed one with the same roofline as ``breakdown``, to the last bit."""
+    for cm in (RooflineCostModel("H100-SXM", "llama-2-7b"),
+               RooflineCostModel(tensor_parallel("H100-SXM", 4, link="NVLink"), "llama-2-70b")):
+        assert cm.step_time(q, c) == cm.breakdown(q, c)["time"]
+        assert cm.step_time(tuple(q), tuple(c)) == cm.step_time(q, c)
 
 
 # --- Roofline ------------------------------------------------------------------------------------

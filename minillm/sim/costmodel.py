@@ -547,16 +547,23 @@ class RooflineCostModel(CostModel):
 
         ``breakdown``'s ``"time"``, the same arithmetic as a few sums over the batch (the
         simulator asks this every step)."""
-        if len(num_new_tokens) != len(context_lens) or min(num_new_tokens, default=0) < 0 \
-                or any(map(operator.lt, context_lens, num_new_tokens)):
-            _check_batch(num_new_tokens, context_lens)              # raises, naming the pair
-        tokens, context = sum(num_new_tokens), sum(context_lens)
-        if tokens == 0:
-            return 0.0
         # The attention pairs, sum of q (c - q) + q (q + 1) / 2, as sum(q c) - (sum(q^2) - sum(q)) / 2:
         # sums the interpreter's built-ins run (exact: integers).
-        pairs = sum(map(operator.mul, num_new_tokens, context_lens)) \
-            - (sum(map(operator.mul, num_new_tokens, num_new_tokens)) - tokens) / 2
+        n = len(num_new_tokens)
+        if n and operator.countOf(num_new_tokens, 1) == n:    # decodes only (most steps): every q is 1
+            if n != len(context_lens) or min(context_lens) < 1:
+                _check_batch(num_new_tokens, context_lens)          # raises, naming the pair
+            tokens, context = n, sum(context_lens)
+            pairs = context                                        # sum(c) - (n - n) / 2
+        else:
+            if n != len(context_lens) or min(num_new_tokens, default=0) < 0 \
+                    or any(map(operator.lt, context_lens, num_new_tokens)):
+                _check_batch(num_new_tokens, context_lens)
+            tokens, context = sum(num_new_tokens), sum(context_lens)
+            if tokens == 0:
+                return 0.0
+            pairs = sum(map(operator.mul, num_new_tokens, context_lens)) \
+                - (sum(map(operator.mul, num_new_tokens, num_new_tokens)) - tokens) / 2
         m = self.model
         flops = 2.0 * m.num_params * tokens + 4.0 * m.num_layers * m.num_heads * m.head_dim * pairs
         nbytes = float(m.weight_bytes + m.kv_bytes_per_token * context + m.kv_bytes_per_token * tokens)
