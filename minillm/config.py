@@ -91,8 +91,8 @@ class EngineConfig:
     record: str = "auto"                  # "full" (with the per-block KV map the widgets draw) |
                                           # "summary" (KV totals and per-request KV, no block map) |
                                           # "totals" (KV totals only: simulate(records="summary")) |
-                                          # "none" (no KV snapshot, no history, no reason for those
-                                          # queued behind the first left waiting)
+                                          # "none" (no KV snapshot, no history, no running or swapped
+                                          # ids, no reason for those queued behind the first left waiting)
                                           # | "auto" (full up to 256 KV blocks, else summary)
     record_history: Optional[int] = 5000  # StepRecords kept in engine.step_records (None = all)
     record_max_waiting: Optional[int] = 64  # waiting requests given a reason per record (None = all)

@@ -283,15 +283,15 @@ class LLMEngine:
         mode = self.record_mode                      # "totals": the counts only (simulate(records="summary"))
         kv = None if mode == "none" else self.kv.totals(self._active) if mode == "totals" \
             else self.kv.snapshot(self._active, detail=mode == "full")
-        num_batched, num_decode = out.num_batched_tokens, out.num_decode_tokens if mode != "none" else 0
+        some = mode != "none"                        # "none": no prefill/decode split, no running/swapped ids
+        num_batched, num_decode = out.num_batched_tokens, out.num_decode_tokens if some else 0
         return StepRecord(
             step=self.step_count, time=t, duration=duration, batch=update.batch, batch_size=len(out.scheduled),
-            num_prefill_tokens=num_batched - num_decode if mode != "none" else 0, num_decode_tokens=num_decode,
-            num_batched_tokens=num_batched, token_budget=out.token_budget,
-            admitted=out.admitted, finished=[r.request_id for r in update.finished],
-            preempted=out.preempted, waiting=out.waiting, kv=kv,
-            running=list(map(attrgetter("request_id"), self.scheduler.running)),
-            swapped=[r.request_id for r in self.scheduler.swapped], swapped_in=out.swapped_in,
+            num_prefill_tokens=num_batched - num_decode if some else 0, num_decode_tokens=num_decode,
+            num_batched_tokens=num_batched, token_budget=out.token_budget, admitted=out.admitted,
+            finished=[r.request_id for r in update.finished], preempted=out.preempted, waiting=out.waiting, kv=kv,
+            running=list(map(attrgetter("request_id"), self.scheduler.running)) if some else [],
+            swapped=[r.request_id for r in self.scheduler.swapped] if some else [], swapped_in=out.swapped_in,
             rejected=out.rejected, aborted=list(self._aborted),
             finish_reasons={r.request_id: r.finish_reason for r in update.finished},
             reformed=out.reformed, clock=self.clock.name, schedule_time=sched_time, swap_time=swap_time,

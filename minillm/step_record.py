@@ -105,8 +105,8 @@ class StepRecord:
     preempted: list[PreemptionEvent]
     waiting: list[WaitingEntry]
     kv: Optional[KVSnapshot]    # None with EngineConfig.record="none"
-    running: list[str] = field(default_factory=list)     # the running set after the step
-    swapped: list[str] = field(default_factory=list)     # requests whose KV sits in host memory
+    running: list[str] = field(default_factory=list)     # the running set after the step (not with record="none")
+    swapped: list[str] = field(default_factory=list)     # requests whose KV sits in host memory (the same)
     swapped_in: list[str] = field(default_factory=list)
     rejected: list[WaitingEntry] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)     # aborted since the previous record

@@ -379,6 +379,8 @@ def test_step_records_are_bounded_and_configured_through_engine_config():
     none.add_request([5, 6, 7], SamplingParams(max_tokens=3))
     rec = none.step()
     assert rec.kv is None and none.step_records == []
+    assert rec.running == [] and none.scheduler.running       # nothing per request recorded ...
+    assert rec.batch_size == 1 and rec.num_batched_tokens == 3 and rec.batch == []   # ... the batch's size is
     check_invariants(none, rec)
 
 
