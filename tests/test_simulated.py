@@ -234,3 +234,17 @@ def test_decode_fast_path_still_asks_an_overridden_allocate_for_every_request():
     engine.step()
     assert sorted(calls) == sorted((r.request_id, 1) for r in engine.scheduler.running)
     assert len(calls) == 3
+
+
+def test_side_by_side_script_steps_two_copies_to_the_same_decisions():
+    """``scripts/sim_ab.py A B`` (the README's side-by-side timing) builds both checkouts' engines
+    under their own package names in one process and steps them alternately; a checkout against
+    itself takes the same steps to the same modeled time, and the script says so."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "scripts/sim_ab.py", str(root), str(root), "--requests", "150",
+                           "--chunk", "7"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "B/A" in proc.stdout and "not the same decisions" not in proc.stdout, proc.stdout
