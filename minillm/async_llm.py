@@ -106,6 +106,9 @@ class AsyncLLM:
     """An ``LLMEngine`` driven by one background task, with per-request async streams."""
 
     def __init__(self, engine: LLMEngine, *, stat_loggers: Sequence[Any] = ()):
+        if engine.record_mode in ("none", "totals"):      # the streams follow each step's batch entries
+            raise ValueError(f"EngineConfig.record={engine.config.record!r}: AsyncLLM streams the tokens each "
+                             "step's batch entries name, and this mode keeps none; use 'auto', 'summary' or 'full'")
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.stat_loggers = list(stat_loggers)   # each gets .record(record, finished_outputs)

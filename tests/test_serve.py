@@ -464,3 +464,13 @@ def test_command_line_serves(tmp_path):
         proc.terminate()
         printed = proc.communicate(timeout=30)[0]
     assert "serving 'shakespeare'" in printed and "32 KV blocks" in printed
+
+
+@pytest.mark.parametrize("record", ["none", "totals"])
+def test_async_llm_refuses_a_record_mode_without_batch_entries(record):
+    """AsyncLLM streams the tokens each step's batch entries name; a record mode that keeps none
+    would stream nothing until a request ends, so it is refused up front, naming the field."""
+    from minillm.async_llm import AsyncLLM
+    with pytest.raises(ValueError, match=f"EngineConfig.record='{record}'"):
+        AsyncLLM.from_config("random", record=record, num_kv_blocks=32)
+    assert AsyncLLM.from_config("random", record="summary", num_kv_blocks=32).engine.record_mode == "summary"
