@@ -128,10 +128,6 @@ class StepSummary:
     swap_time: float
     clock: str
 
-    @property
-    def batch(self) -> range:
-        return range(self.batch_size)
-
     @classmethod
     def from_record(cls, rec, num_waiting: int) -> "StepSummary":
         return cls(rec.step, rec.time, rec.duration, rec.batch_size, rec.num_batched_tokens, rec.num_prefill_tokens,
