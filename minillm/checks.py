@@ -32,6 +32,8 @@ def as_int(owner: str, name: str, value: Any, low: Optional[int] = None, high: O
     """``value`` as a plain int in ``[low, high]`` (None allowed when ``optional``)."""
     if value is None and optional:
         return None
+    if type(value) is int and (low is None or value >= low) and (high is None or value <= high):
+        return value                     # the usual case, checked without building the message
     rng = rng if rng is not None else _range_words(low, high)
     if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("torch.bool", "bool"):
         raise TypeError(f"{label(owner, name)}={value!r}{where}: must be an integer{rng}"
@@ -53,6 +55,11 @@ def as_real(owner: str, name: str, value: Any, low: Optional[float] = None, high
     """``value`` as a finite float between ``low`` and ``high`` (open ends when asked)."""
     if value is None and optional:
         return None
+    if type(value) is float or type(value) is int:       # the usual case, checked without building the message
+        v = float(value)
+        if math.isfinite(v) and (low is None or (v > low if low_open else v >= low)) \
+                and (high is None or (v < high if high_open else v <= high)):
+            return v
     lo = "(" if low_open else "["
     hi = ")" if high_open else "]"
     rng = f" in {lo}{low if low is not None else '-inf'}, {high if high is not None else 'inf'}{hi}"

@@ -116,6 +116,39 @@ def test_step_time_is_the_breakdowns_time_for_decode_only_and_mixed_batches(q, c
         assert cm.step_time(tuple(q), tuple(c)) == cm.step_time(q, c)
 
 
+
+def test_a_decode_step_is_priced_from_its_batch_size_and_total_context():
+    """``decode_step_time(n, total)`` is ``step_time`` of n decodes holding ``total`` positions in all,
+    to the last bit, however the context is spread; ``modeled_step_time`` (what the engine's clock
+    asks) takes it for a step of decodes and the lists otherwise, with the same result either way."""
+    from minillm.core.scheduler_output import ScheduledRequest, SchedulerOutput
+    from minillm.sim.costmodel import modeled_step_time
+    cm = RooflineCostModel(tensor_parallel("H100-SXM", 4, link="NVLink"), "llama-2-70b")
+    for c in ([5, 900, 1, 64, 3000, 17, 2], [1], list(range(1, 257)), [4096] * 256):
+        assert cm.decode_step_time(len(c), sum(c)) == cm.step_time([1] * len(c), c) == \
+            cm.breakdown([1] * len(c), c)["time"]
+    assert cm.decode_step_time(3, 3 * 700) == cm.step_time([1, 1, 1], [1, 1000, 1099])  # only the total counts
+    assert cm.decode_step_time(0, 0) == 0.0
+    with pytest.raises(ValueError, match="total_context=2"):
+        cm.decode_step_time(3, 2)                 # each request holds at least its new token
+    for q in ([1] * 5, [1, 1, 40, 1, 7]):         # decodes only; then two prefills among them
+        grants = [ScheduledRequest(None, n, before, 0, "decode", True) for n, before in zip(q, [9, 300, 0, 77, 12])]
+        out = SchedulerOutput(scheduled=grants, token_budget=8192, reformed=False)
+        want = cm.step_time(q, [g.num_computed_before + g.num_new_tokens for g in grants])
+        assert modeled_step_time(cm, out, 5, 0, 0) == (want, 0.0, 0.0)
+
+    class Slower(RooflineCostModel):              # a subclass that prices steps its own way is asked itself
+        def step_time(self, num_new_tokens, context_lens):
+            return 2 * super().step_time(num_new_tokens, context_lens)
+    slow = Slower("H100-SXM", "llama-2-7b")
+    assert slow.decode_step_time(2, 100) is None
+    out = SchedulerOutput(scheduled=[ScheduledRequest(None, 1, 49, 1, "decode", True)] * 2, token_budget=8,
+                          reformed=False)
+    assert modeled_step_time(slow, out, 2, 0, 0)[0] == 2 * RooflineCostModel("H100-SXM", "llama-2-7b").step_time(
+        [1, 1], [50, 50])
+    assert modeled_step_time(ConstantStepTime(0.01), out, 2, 0, 0)[0] == 0.01   # no decode_step_time: the lists
+
+
 # --- Roofline ------------------------------------------------------------------------------------
 
 def test_decode_batch1_is_memory_bound_and_costs_weights_over_bandwidth():

@@ -177,3 +177,21 @@ def test_percentile_by_hand():
     assert math.isclose(percentile([0, 10], 90), 9.0)
     with pytest.raises(ValueError):
         percentile([1, 2], 101)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.floats(0, 1e4, allow_nan=False), max_size=12), min_size=1, max_size=8))
+def test_inter_token_latency_stats_are_every_gap_of_every_request(times_per_request):
+    """``itl_*`` are the statistics of every gap between a finished request's consecutive output
+    tokens (the gaps of all requests in one list), whatever the token counts (none, one, many)."""
+    ms = [RequestMetrics(arrival_time=0.0, first_scheduled_time=0.0, first_token_time=t[0] if t else None,
+                         finish_time=max(t, default=0.0), token_times=list(t), num_output_tokens=len(t),
+                         finish_reason="stop") for t in times_per_request]
+    gaps = [b - a for t in times_per_request for a, b in zip(t, t[1:])]
+    s = summarize(ms)
+    if not gaps:
+        assert s["itl_mean"] is None and s["itl_p50"] is None and s["itl_max"] is None
+        return
+    assert s["itl_mean"] == float(np.mean(gaps)) and s["itl_max"] == max(gaps)
+    assert (s["itl_p50"], s["itl_p90"], s["itl_p99"]) == tuple(percentile(gaps, q) for q in (50, 90, 99))
+    assert all(type(s[k]) is float for k in ("itl_mean", "itl_p50", "itl_p99", "itl_max"))

@@ -4,6 +4,7 @@ Expected capacities are worked out here by hand from datasheet figures and the m
 shape (as in test_costmodel.py), never read from the code under test.
 """
 
+import gc
 import time
 
 import pytest
@@ -99,6 +100,9 @@ def test_simulate_records_modes_agree():
         assert s_full[k] == s_sum[k], k
     assert s_full["num_gpus"] == 4 and s_full["cost_model"] == "roofline(4xH100-SXM, llama-2-70b)"
     assert s_full["num_finished"] == 300
+    # its own cost: CPU seconds of the call, of which stepping the engine is most; the collector,
+    # paused while it ran, is on again
+    assert 0 < s_sum["step_cpu_time"] <= s_sum["cpu_time"] and gc.isenabled()
     # StepSummary matches the full record it came from; its KV totals (record="totals": no
     # per-request entries) are the full snapshot's at every step
     rec, summ = eng_f.step_records[10], eng_s.step_summaries[10]

@@ -41,7 +41,7 @@ def percentile(values: Iterable[float], q: float) -> Optional[float]:
 
 
 def _percentile_of_sorted(v: Sequence[float], q: float) -> Optional[float]:
-    if not v:
+    if not len(v):
         return None
     if not 0 <= q <= 100:
         raise ValueError(f"percentile q={q!r}: must be in [0, 100]")
@@ -52,12 +52,22 @@ def _percentile_of_sorted(v: Sequence[float], q: float) -> Optional[float]:
 
 
 def _stats(values: Sequence[float]) -> dict[str, Optional[float]]:
-    d: dict[str, Optional[float]] = {"mean": float(np.mean(values)) if len(values) else None}
-    ordered = sorted(float(x) for x in values if x is not None)      # sorted once for every quantile
+    """Mean, the ``QUANTILES`` and max of ``values`` (a list or a float array; None for none)."""
+    a = np.asarray(values, dtype=float)
+    d: dict[str, Optional[float]] = {"mean": float(np.mean(a)) if len(a) else None}
+    v = np.sort(a)                                      # sorted once for every quantile
     for q in QUANTILES:
-        d[f"p{q}"] = _percentile_of_sorted(ordered, q)
-    d["max"] = float(np.max(values)) if len(values) else None
+        p = _percentile_of_sorted(v, q)
+        d[f"p{q}"] = None if p is None else float(p)
+    d["max"] = float(v[-1]) if len(v) else None
     return d
+
+
+def _inter_token_latencies(ms: Sequence[Any]) -> np.ndarray:
+    """Every gap between consecutive output tokens of the requests ``ms`` (``RequestMetrics``), in one
+    array: each request's ``token_times`` differenced (a long run has millions of them)."""
+    gaps = [np.diff(np.asarray(m.token_times, dtype=float)) for m in ms if len(m.token_times) > 1]
+    return np.concatenate(gaps) if gaps else np.zeros(0)
 
 
 def request_category(finish_reason: Optional[str]) -> str:
@@ -160,7 +170,7 @@ def summarize(requests: Any, records: Optional[Sequence["StepRecord"]] = None, *
     series = {
         "ttft": [m.ttft for m in done if m.ttft is not None],
         "tpot": [m.tpot for m in done if m.tpot is not None],
-        "itl": [x for m in done for x in m.inter_token_latencies],
+        "itl": _inter_token_latencies(done),
         "e2e": [m.e2e_latency for m in done if m.e2e_latency is not None],
         "queue_wait": [m.queue_wait for m in done if m.queue_wait is not None],
     }

@@ -26,6 +26,7 @@ from .step_journal import KVStepJournal
 from ..step_record import KVSnapshot
 
 
+
 class PagedKVCacheManager:
     """Block tables on demand from a ``BlockPool``; admission leaves ``watermark_blocks`` free."""
     mode = "paged"
@@ -190,8 +191,11 @@ class PagedKVCacheManager:
                 return True              # fast path: its last block has room and is its own (most decodes)
             if computed == room and 0 < num_new_tokens <= self.block_size and self.pool.num_free and self._own_sizing:
                 # a decode into a new block: one block, nothing shared, no headroom (it holds blocks)
-                self._save_table(req.request_id)
-                held += self._new_blocks(1)
+                j, (block,) = self._journal, self.pool.get_new_blocks(1)
+                if j is not None:                 # (_save_table and _new_blocks, written out: every 16th decode)
+                    j.save_table(self, req.request_id)
+                    j.fresh.add(block.block_id)
+                held.append(block)
                 return True
         copy = not cached and self._writes_shared_block(req, held)
         ok, need, _ = self.can_allocate(req, num_new_tokens, cached)
@@ -252,11 +256,8 @@ class PagedKVCacheManager:
                 self.pool.forget_hash(b)
                 del j.hashed[b.block_id]
 
-    def _free_host(self, host: list[int]) -> None:
-        if self._journal is not None:
-            self._journal.host_pending.extend(reversed(host))   # reused after this step's copies
-        else:
-            self.swap_free.extend(reversed(host))
+    def _free_host(self, host: list[int]) -> None:      # inside a step: reused after the step's copies
+        (self._journal.host_pending if self._journal is not None else self.swap_free).extend(reversed(host))
 
     def truncate(self, req: Request, num_tokens: int) -> None:
         """Keep only the blocks that ``num_tokens`` positions need (speculative rollback)."""
@@ -348,11 +349,9 @@ class PagedKVCacheManager:
     def explain_wait(self, req: Request, num_new_tokens: int, cached: list[Block] = (),
                      reserve_blocks: int = 0, requests: Optional[dict] = None) -> str:
         ok, need, free = self.can_allocate(req, num_new_tokens, cached)
-        s = f"needs {need} block{'s' if need != 1 else ''}, {free} free"
         headroom = self._headroom(req, reserve_blocks)
-        if headroom:
-            s += f" ({headroom} kept as headroom)"
-        return s
+        return (f"needs {need} block{'s' if need != 1 else ''}, {free} free"
+                + (f" ({headroom} kept as headroom)" if headroom else ""))
 
     def stats(self) -> dict:
         st = dict(self.pool.stats)

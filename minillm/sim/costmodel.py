@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import operator
-from operator import add, attrgetter
+from operator import add, attrgetter, countOf
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -553,17 +553,33 @@ class RooflineCostModel(CostModel):
         if n and operator.countOf(num_new_tokens, 1) == n:    # decodes only (most steps): every q is 1
             if n != len(context_lens) or min(context_lens) < 1:
                 _check_batch(num_new_tokens, context_lens)          # raises, naming the pair
-            tokens, context = n, sum(context_lens)
-            pairs = context                                        # sum(c) - (n - n) / 2
-        else:
-            if n != len(context_lens) or min(num_new_tokens, default=0) < 0 \
-                    or any(map(operator.lt, context_lens, num_new_tokens)):
-                _check_batch(num_new_tokens, context_lens)
-            tokens, context = sum(num_new_tokens), sum(context_lens)
-            if tokens == 0:
-                return 0.0
-            pairs = sum(map(operator.mul, num_new_tokens, context_lens)) \
-                - (sum(map(operator.mul, num_new_tokens, num_new_tokens)) - tokens) / 2
+            return self._time(n, sum(context_lens), sum(context_lens))   # pairs: sum(c) - (n - n) / 2
+        if n != len(context_lens) or min(num_new_tokens, default=0) < 0 \
+                or any(map(operator.lt, context_lens, num_new_tokens)):
+            _check_batch(num_new_tokens, context_lens)
+        tokens = sum(num_new_tokens)
+        if tokens == 0:
+            return 0.0
+        pairs = sum(map(operator.mul, num_new_tokens, context_lens)) \
+            - (sum(map(operator.mul, num_new_tokens, num_new_tokens)) - tokens) / 2
+        return self._time(tokens, sum(context_lens), pairs)
+
+    def decode_step_time(self, num_decodes: int, total_context: int) -> Optional[float]:
+        """``step_time`` of a batch of decodes alone, from two totals: ``num_decodes`` requests, one new
+        token each, holding ``total_context`` positions of KV in all after the step. Each new token
+        attends to its request's whole context, so the attention pairs are ``total_context`` too: a
+        decode step's price depends on the batch size and the total context, not on how the context
+        is spread. (The simulator prices most steps this way, without a list per request.) None from a
+        subclass that prices steps its own way (it overrides ``step_time``): ask that."""
+        if type(self).step_time is not RooflineCostModel.step_time:
+            return None
+        if num_decodes < 0 or total_context < num_decodes:
+            raise ValueError(f"decode_step_time: need 0 <= num_decodes <= total_context, got "
+                             f"num_decodes={num_decodes}, total_context={total_context}")
+        return self._time(num_decodes, total_context, total_context) if num_decodes else 0.0
+
+    def _time(self, tokens: int, context: int, pairs: float) -> float:
+        """The roofline of a batch given its totals: new tokens, KV positions after the step, attention pairs."""
         m = self.model
         flops = 2.0 * m.num_params * tokens + 4.0 * m.num_layers * m.num_heads * m.head_dim * pairs
         nbytes = float(m.weight_bytes + m.kv_bytes_per_token * context + m.kv_bytes_per_token * tokens)
@@ -623,14 +639,21 @@ def engine_cost_model(config, model_spec: ModelSpec) -> Optional[CostModel]:
     return get_cost_model(spec, model_spec, kv_cache_dtype=config.kv_cache_dtype)
 
 
+_num_new_tokens, _num_computed_before = attrgetter("num_new_tokens"), attrgetter("num_computed_before")
+
+
 def modeled_step_time(cm, out, num_running: int, num_waiting: int, swap_bytes: int) -> tuple[float, float, float]:
     """(duration, schedule time, swap time) of one engine step under cost model ``cm``: the forward of
     ``out``'s grants (a ``SchedulerOutput``), the pass that formed it (when it re-formed the batch, over
     ``num_running`` and ``num_waiting`` requests) and the KV copied to or from host memory."""
-    # Each grant's new tokens and KV length after the step (map + attrgetter: the reads run in C)
-    num_new = list(map(attrgetter("num_new_tokens"), out.scheduled))
-    step = cm.step_time(num_new, list(map(add, map(attrgetter("num_computed_before"), out.scheduled), num_new))) \
-        if num_new else 0.0
+    grants = out.scheduled
+    n = len(grants)
+    step, decode_step_time = None, getattr(cm, "decode_step_time", None)
+    if decode_step_time is not None and n and countOf(map(_num_new_tokens, grants), 1) == n:
+        step = decode_step_time(n, sum(map(_num_computed_before, grants)) + n)   # decodes only: two totals
+    if step is None:          # each grant's new tokens and KV length after the step (map: the reads run in C)
+        num_new = list(map(_num_new_tokens, grants))
+        step = cm.step_time(num_new, list(map(add, map(_num_computed_before, grants), num_new))) if n else 0.0
     sched = cm.schedule_time(num_running, num_waiting) if out.reformed else 0.0
     swap = cm.swap_time(swap_bytes) if swap_bytes else 0.0
     return step + sched + swap, sched, swap

@@ -142,11 +142,11 @@ class StepSummary:
 def gc_paused():
     """Python's cyclic garbage collector off for the block, restored after.
 
-    A simulation allocates millions of small, short-lived, acyclic objects (batch entries,
-    KV records, step summaries): the collector finds nothing to free in them yet costs ~40%
-    of the run, and a full collection over a large heap right after one (while the metrics
-    or the figures are built) takes a few tenths of a second. Reference counting still
-    frees everything that is not in a cycle."""
+    A simulation allocates millions of small, short-lived, acyclic objects (requests and their
+    token lists, batch entries, KV records, step summaries): the collector finds nothing to free
+    in them yet costs ~40% of the stepping and of submitting a trace, and a full collection over
+    a large heap right after one (while the metrics or the figures are built) takes a few tenths
+    of a second. Reference counting still frees everything that is not in a cycle."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -167,7 +167,9 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
              max_waiting_entries: Optional[int] = 32, **config) -> tuple:
     """Replay ``trace`` (a list of ``workloads.TraceRequest``) on the simulated executor with a
     modeled clock; returns ``(engine, summary)``, ``summary`` being ``metrics.summarize``'s dict
-    plus ``wall_time`` (seconds this call took), ``num_gpus`` and ``cost_model`` (its name).
+    plus ``wall_time`` (seconds this call took), ``cpu_time`` (its CPU seconds), ``step_cpu_time`` (the
+    CPU seconds of stepping the engine, the rest being building it, submitting the trace and the
+    metrics), ``num_gpus`` and ``cost_model`` (its name).
 
     * ``model``: whose shape to simulate: a preset of ``costmodel.MODELS`` (default
       "llama-2-70b"), "random", or a checkpoint directory.
@@ -191,7 +193,7 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
     from ..analysis.metrics import summarize
     from ..analysis.workloads import submit_trace
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     trace = list(trace)
     if cost_model is None:
         if model in MODELS:
@@ -216,8 +218,6 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
     if not keep:                  # KV counts only, no per-request entry nobody keeps; records off: no record
         config.setdefault("record", "totals" if mode == "summary" else "none")
     engine = LLMEngine(model, EngineConfig.from_fields("simulate", **config))
-    submit_trace(engine, trace, vocab_size=engine.vocab_size)
-
     summaries = engine.step_summaries
     keep_summary = mode == "summary"
 
@@ -227,18 +227,22 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
         if progress is not None:
             progress(rec)
 
-    with gc_paused():
+    with gc_paused():             # submitting, stepping and the metrics make no cycles worth a collection
+        submit_trace(engine, trace, vocab_size=engine.vocab_size)
+        c_steps = time.process_time()
         while engine.has_unfinished_requests():   # engine.run() without the list of every record
             on_step(engine.step())
-
-    recs = engine.step_records if keep else summaries
-    stats = engine.stats()
-    prefix = stats["prefix_cache"] if engine.config.enable_prefix_caching else None
-    summary = summarize({rid: r.metrics for rid, r in engine.requests.items()}, recs,
-                        slo_ttft=slo_ttft, slo_tpot=slo_tpot, max_num_seqs=engine.config.max_num_seqs,
-                        prefix_cache_stats=prefix)
+        step_cpu = time.process_time() - c_steps
+        recs = engine.step_records if keep else summaries
+        stats = engine.stats()
+        prefix = stats["prefix_cache"] if engine.config.enable_prefix_caching else None
+        summary = summarize({rid: r.metrics for rid, r in engine.requests.items()}, recs,
+                            slo_ttft=slo_ttft, slo_tpot=slo_tpot, max_num_seqs=engine.config.max_num_seqs,
+                            prefix_cache_stats=prefix)
     summary["num_rejected_by_engine"] = stats["rejected"]
     summary["num_gpus"] = num_gpus
     summary["cost_model"] = getattr(engine.cost_model, "name", repr(engine.cost_model))
     summary["wall_time"] = time.perf_counter() - t0
+    summary["cpu_time"] = time.process_time() - c0
+    summary["step_cpu_time"] = step_cpu
     return engine, summary
