@@ -648,11 +648,11 @@ def modeled_step_time(cm, out, num_running: int, num_waiting: int, swap_bytes: i
     ``num_running`` and ``num_waiting`` requests) and the KV copied to or from host memory."""
     grants = out.scheduled
     n = len(grants)
+    num_new = list(map(_num_new_tokens, grants))     # each grant's new tokens (map: the reads run in C)
     step, decode_step_time = None, getattr(cm, "decode_step_time", None)
-    if decode_step_time is not None and n and countOf(map(_num_new_tokens, grants), 1) == n:
+    if decode_step_time is not None and n and countOf(num_new, 1) == n:
         step = decode_step_time(n, sum(map(_num_computed_before, grants)) + n)   # decodes only: two totals
-    if step is None:          # each grant's new tokens and KV length after the step (map: the reads run in C)
-        num_new = list(map(_num_new_tokens, grants))
+    if step is None:          # and each one's KV length after the step
         step = cm.step_time(num_new, list(map(add, map(_num_computed_before, grants), num_new))) if n else 0.0
     sched = cm.schedule_time(num_running, num_waiting) if out.reformed else 0.0
     swap = cm.swap_time(swap_bytes) if swap_bytes else 0.0
