@@ -18,7 +18,7 @@ EXPECTED = {
     "sched-overhead": ("scheduling_pass", "step_breakdown"),
     "paging": ("reserved_cap", "reserved_exact", "paged", "paged_vs_reserved_mean_concurrent"),
     "prefix": ("shared_prompt", "multi_turn"),
-    "sim-scale": ("requests", "steps", "wall_s", "steps_per_s"),
+    "sim-scale": ("requests", "steps", "wall_s", "steps_per_s", "step_cpu_s"),
     "spec": ("acceptance", "modeled", "at_scale"),
     "router": ("shared-prefix", "multi-turn"),
 }
