@@ -10,12 +10,20 @@ compared key by key say whether a change to the simulated path changed any decis
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 import sys
 
-from minillm.sim.costmodel import ConstantStepTime
-from minillm.sim.simulated import simulate
-from minillm.analysis.workloads import LogNormal, shared_prefix_trace, synthetic_trace
+import minillm
+
+if os.path.isdir(os.path.join(os.path.dirname(minillm.__file__), "sim")):
+    from minillm.sim.costmodel import ConstantStepTime
+    from minillm.sim.simulated import simulate
+    from minillm.analysis.workloads import LogNormal, shared_prefix_trace, synthetic_trace
+else:                       # a checkout from before the sub-packages (PYTHONPATH on an older commit)
+    from minillm.costmodel import ConstantStepTime
+    from minillm.simulated import simulate
+    from minillm.workloads import LogNormal, shared_prefix_trace, synthetic_trace
 
 
 TIMINGS = ("wall_time", "cpu_time", "step_cpu_time")     # the summary's own timings: left out
