@@ -26,7 +26,6 @@ from .step_journal import KVStepJournal
 from ..step_record import KVSnapshot
 
 
-
 class PagedKVCacheManager:
     """Block tables on demand from a ``BlockPool``; admission leaves ``watermark_blocks`` free."""
     mode = "paged"

@@ -553,7 +553,8 @@ class RooflineCostModel(CostModel):
         if n and operator.countOf(num_new_tokens, 1) == n:    # decodes only (most steps): every q is 1
             if n != len(context_lens) or min(context_lens) < 1:
                 _check_batch(num_new_tokens, context_lens)          # raises, naming the pair
-            return self._time(n, sum(context_lens), sum(context_lens))   # pairs: sum(c) - (n - n) / 2
+            context = sum(context_lens)
+            return self._time(n, context, context)           # pairs: sum(c) - (n - n) / 2
         if n != len(context_lens) or min(num_new_tokens, default=0) < 0 \
                 or any(map(operator.lt, context_lens, num_new_tokens)):
             _check_batch(num_new_tokens, context_lens)
