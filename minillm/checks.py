@@ -32,21 +32,23 @@ def as_int(owner: str, name: str, value: Any, low: Optional[int] = None, high: O
     """``value`` as a plain int in ``[low, high]`` (None allowed when ``optional``)."""
     if value is None and optional:
         return None
-    if type(value) is int and (low is None or value >= low) and (high is None or value <= high):
-        return value                     # the usual case, checked without building the message
-    rng = rng if rng is not None else _range_words(low, high)
-    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("torch.bool", "bool"):
-        raise TypeError(f"{label(owner, name)}={value!r}{where}: must be an integer{rng}"
-                        f"{' or None' if optional else ''}")
-    try:
-        v = operator.index(value)        # int, numpy and torch integers; not float, str, bool arrays
-    except TypeError:
-        raise TypeError(f"{label(owner, name)}={value!r}{where}: must be an integer{rng}"
-                        f"{' or None' if optional else ''}") from None
+
+    def error(kind):             # the message, built only for a bad value
+        words = rng if rng is not None else _range_words(low, high)
+        return kind(f"{label(owner, name)}={value!r}{where}: must be an integer{words}"
+                    f"{' or None' if optional else ''}")
+
+    v = value
+    if type(v) is not int:
+        if isinstance(v, bool) or str(getattr(v, "dtype", "")) in ("torch.bool", "bool"):
+            raise error(TypeError)
+        try:
+            v = int(operator.index(v))   # numpy and torch integers; not float, str, bool arrays
+        except TypeError:
+            raise error(TypeError) from None
     if (low is not None and v < low) or (high is not None and v > high):
-        raise ValueError(f"{label(owner, name)}={value!r}{where}: must be an integer{rng}"
-                         f"{' or None' if optional else ''}")
-    return int(v)
+        raise error(ValueError)
+    return v
 
 
 def as_real(owner: str, name: str, value: Any, low: Optional[float] = None, high: Optional[float] = None,
@@ -55,24 +57,23 @@ def as_real(owner: str, name: str, value: Any, low: Optional[float] = None, high
     """``value`` as a finite float between ``low`` and ``high`` (open ends when asked)."""
     if value is None and optional:
         return None
-    if type(value) is float or type(value) is int:       # the usual case, checked without building the message
-        v = float(value)
-        if math.isfinite(v) and (low is None or (v > low if low_open else v >= low)) \
-                and (high is None or (v < high if high_open else v <= high)):
-            return v
-    lo = "(" if low_open else "["
-    hi = ")" if high_open else "]"
-    rng = f" in {lo}{low if low is not None else '-inf'}, {high if high is not None else 'inf'}{hi}"
-    if low is not None and high is None:
-        rng = f" {'>' if low_open else '>='} {low}"
-    want = f"must be a finite number{rng if low is not None or high is not None else ''}" \
-           f"{' or None' if optional else ''}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{label(owner, name)}={value!r}{where}: {want}")
+
+    def error(kind):             # the message, built only for a bad value
+        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+        rng = f" in {lo}{low if low is not None else '-inf'}, {high if high is not None else 'inf'}{hi}"
+        if low is not None and high is None:
+            rng = f" {'>' if low_open else '>='} {low}"
+        want = f"must be a finite number{rng if low is not None or high is not None else ''}" \
+               f"{' or None' if optional else ''}"
+        return kind(f"{label(owner, name)}={value!r}{where}: {want}")
+
+    if type(value) is not float and type(value) is not int \
+            and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise error(TypeError)
     v = float(value)
     if not math.isfinite(v) or (low is not None and (v <= low if low_open else v < low)) \
             or (high is not None and (v >= high if high_open else v > high)):
-        raise ValueError(f"{label(owner, name)}={value!r}{where}: {want}")
+        raise error(ValueError)
     return v
 
 
