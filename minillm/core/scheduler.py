@@ -256,10 +256,6 @@ class Scheduler:
                 if req.prompt_logprobs[pos] is None:      # recomputed after a preemption: kept
                     req.prompt_logprobs[pos] = lp
 
-    def _next_admit_seq(self) -> int:
-        self._admit_counter += 1
-        return self._admit_counter
-
     # --- the pass ----------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
         out = self._schedule_pass(now)
@@ -483,7 +479,8 @@ class Scheduler:
         req.num_cached_tokens = computed
         req.metrics.num_cached_tokens = max(req.metrics.num_cached_tokens, computed)
         req.status = RequestStatus.RUNNING
-        req.admit_seq = self._next_admit_seq()
+        self._admit_counter += 1
+        req.admit_seq = self._admit_counter
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = now
         self.running.append(req)
