@@ -317,8 +317,8 @@ class Scheduler:
             before = req.num_computed_tokens
             num_output = len(req.output_token_ids)
             num_tokens = req.prompt_len + num_output
-            if num_tokens - before == 1 and bs and before % bs:
-                # grant(req, 1), with no allocate call
+            if num_tokens - before == 1 and bs and (before % bs or kv.allocate(req, 1)):
+                # grant(req, 1): a block boundary asks allocate for a new block, else nothing to allocate
                 if caching:
                     kv.cache_full_blocks(req, num_tokens, shareable=False)
                 append(Grant(req, 1, before, num_output, "decode" if num_output else "prefill", True))

@@ -19,12 +19,14 @@ prefixes it registers; ``undo()`` puts every table, reference count and free lis
 from __future__ import annotations
 
 import heapq
+from operator import attrgetter
 
 _REQUEST_FIELDS = ("status", "num_computed_tokens", "num_cached_tokens", "finish_reason", "finish_detail",
                    "pending_finish_reason", "admit_seq", "num_preemptions", "stop_reason", "stop_text")
 _METRICS_FIELDS = ("first_scheduled_time", "first_token_time", "finish_time", "num_output_tokens",
                    "num_cached_tokens", "num_preemptions", "num_recomputed_tokens", "num_spec_proposed",
                    "num_spec_accepted", "finish_reason")
+_request_fields, _metrics_fields = attrgetter(*_REQUEST_FIELDS), attrgetter(*_METRICS_FIELDS)   # each a tuple
 
 
 class StepJournal:
@@ -38,9 +40,8 @@ class StepJournal:
             return
         self._saved.add(req.request_id)
         m = req.metrics
-        self._log.append((True, req, len(req.output_token_ids), len(m.token_times),
-                          tuple(getattr(req, f) for f in _REQUEST_FIELDS),
-                          tuple(getattr(m, f) for f in _METRICS_FIELDS)))
+        self._log.append((True, req, len(req.output_token_ids), len(m.token_times), _request_fields(req),
+                          _metrics_fields(m)))
 
     def save_progress(self, scheduled) -> list:
         """Before applying a step's results to the requests it ran (``scheduled``, its
