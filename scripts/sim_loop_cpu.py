@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import time
 
 import torch
 
+import minillm
 from minillm import LLM
 from minillm.bench.sim_scale import four_h100
-try:
+# (by directory, not by trying the import: an editable install of this checkout would answer
+# ``minillm.analysis`` from here while ``minillm`` comes from the older one)
+if os.path.isdir(os.path.join(os.path.dirname(minillm.__file__), "analysis")):
     from minillm.analysis.workloads import LogNormal, submit_trace, synthetic_trace
-except ImportError:         # a checkout from before the sub-packages (PYTHONPATH on an older commit)
+else:                       # a checkout from before the sub-packages (PYTHONPATH on an older commit)
     from minillm.workloads import LogNormal, submit_trace, synthetic_trace
 
 
