@@ -116,7 +116,6 @@ def test_step_time_is_the_breakdowns_time_for_decode_only_and_mixed_batches(q, c
         assert cm.step_time(tuple(q), tuple(c)) == cm.step_time(q, c)
 
 
-
 def test_a_decode_step_is_priced_from_its_batch_size_and_total_context():
     """``decode_step_time(n, total)`` is ``step_time`` of n decodes holding ``total`` positions in all,
     to the last bit, however the context is spread; ``modeled_step_time`` (what the engine's clock

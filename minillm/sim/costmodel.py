@@ -550,7 +550,7 @@ class RooflineCostModel(CostModel):
         # The attention pairs, sum of q (c - q) + q (q + 1) / 2, as sum(q c) - (sum(q^2) - sum(q)) / 2:
         # sums the interpreter's built-ins run (exact: integers).
         n = len(num_new_tokens)
-        if n and operator.countOf(num_new_tokens, 1) == n:    # decodes only (most steps): every q is 1
+        if n and countOf(num_new_tokens, 1) == n:    # decodes only (most steps): every q is 1
             if n != len(context_lens) or min(context_lens) < 1:
                 _check_batch(num_new_tokens, context_lens)          # raises, naming the pair
             context = sum(context_lens)
