@@ -15,7 +15,7 @@ releases read the variable directly, some at import). Two rules follow:
 
 1. Set the variable before Triton is first imported: that is early enough for every
    Triton version.
-2. Kernel modules must be imported *after* the decision. So ``import kernels`` imports
+2. Kernel modules must be imported *after* the decision. So ``minillm_kernels.ops`` imports
    no Triton at all; each kernel module calls :func:`use_interpreter_if_no_cuda` on its
    first line, then imports Triton.
 
@@ -96,7 +96,7 @@ def use_interpreter_if_no_cuda() -> bool:
             f"({getattr(triton, '__version__', '?')}) does not pick the flag up afterwards. "
             "There is no CUDA device, so Triton kernels can only run in the interpreter. "
             "Set TRITON_INTERPRET=1 in the environment before starting Python, or call "
-            "kernels.use_interpreter_if_no_cuda() before anything imports triton."
+            "minillm_kernels.ops.use_interpreter_if_no_cuda() before anything imports triton."
         )
     return True
 

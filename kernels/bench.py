@@ -1,4 +1,4 @@
-"""``python -m kernels.bench``: how fast is our paged attention, next to the alternatives?
+"""``python -m minillm_kernels.bench``: how fast is our paged attention, next to the alternatives?
 
 Decode reads every retained K/V byte once per step and does little arithmetic per
 byte: it is *memory-bound*, so we report the achieved HBM bandwidth (GB/s and % of the
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     if not torch.cuda.is_available():
-        print("kernels.bench measures GPU throughput and needs CUDA; torch sees no CUDA device here. "
+        print("minillm_kernels.bench measures GPU throughput and needs CUDA; torch sees no CUDA device here. "
               "Nothing to measure (the kernels' correctness tests run on CPU: pytest tests/test_kernels.py).")
         return 0
 

@@ -12,8 +12,8 @@ The concepts:
 Both work on one layer's ``k_cache, v_cache`` ``[num_blocks, block_size, H_kv, D]``;
 the host pool has the same per-block shape (pinned memory on CUDA, so copies overlap).
 Both move whole blocks of any dtype and per-block shape, so a quantized cache's scales
-``[num_blocks, H_kv]`` move by the same calls (``kernels.copy_blocks`` and
-``kernels.swap_blocks`` do that when given the scales).
+``[num_blocks, H_kv]`` move by the same calls (``minillm_kernels.ops.copy_blocks`` and
+``minillm_kernels.ops.swap_blocks`` do that when given the scales).
 """
 
 from __future__ import annotations

@@ -225,7 +225,7 @@ def store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, q
     """Torch reference (and CPU backend) of :func:`store_kv_quant_triton`, vectorised over the
     blocks the batch writes: per (block, head), the new amax, the grown scale, the earlier rows
     re-quantized where it grew, then the new rows. ``quantizer`` (``EngineConfig.kv_quantizer``:
-    an object with ``new_scale``, ``quantize`` and ``dequantize``) replaces ``kernels.kv_quant``'s."""
+    an object with ``new_scale``, ``quantize`` and ``dequantize``) replaces ``minillm_kernels.kv_quant``'s."""
     from . import kv_quant
     from .kv_quant import kind_of
 

@@ -4,7 +4,7 @@
 # machine without CUDA, choose Triton's interpreter, so attention_backend="triton" runs
 # the real kernels on the CPU. Triton fixes this choice when it is first imported; see
 # kernels/_triton_setup.py.
-import kernels as _kernels
+from minillm_kernels import ops as _kernels
 
 try:
     _kernels.use_interpreter_if_no_cuda()

@@ -38,7 +38,7 @@ class EngineConfig:
                                           # one scale per (block, KV head); ~2x the blocks of fp16
     kv_quantizer: Any = None              # the int8/fp8 store's arithmetic: an object with new_scale,
                                           # quantize and dequantize (notebook 02's exercise plugs its own
-                                          # in here; torch backend only); None = kernels.kv_quant
+                                          # in here; torch backend only); None = minillm_kernels.kv_quant
     watermark: float = 0.0                # fraction of blocks admission keeps free ("headroom")
     kv_manager: Optional[Callable] = None  # factory(config, num_blocks) -> a KV manager (the exercises'
                                           # allocators plug in here); None = minillm.core.kv_cache.make_kv_manager
@@ -197,7 +197,7 @@ class EngineConfig:
     def _check_kv_quantizer(self) -> None:
         """A quantizer replaces the arithmetic of the torch store (``kernels/kv_store.py``): it needs a
         quantized cache, the torch backend (the Triton kernels have the format compiled in) and one
-        process (it is a Python object; tensor-parallel ranks use kernels.kv_quant's)."""
+        process (it is a Python object; tensor-parallel ranks use minillm_kernels.kv_quant's)."""
         q = self.kv_quantizer
         missing = [m for m in ("new_scale", "quantize", "dequantize") if not callable(getattr(q, m, None))]
         if missing:
@@ -209,7 +209,7 @@ class EngineConfig:
             _fail("kv_quantizer", q, f"runs in the torch backend's store, so attention_backend must be "
                                      f"'torch' (not {self.attention_backend!r})")
         if self.tensor_parallel_size > 1:
-            _fail("kv_quantizer", q, "needs tensor_parallel_size=1 (ranks use kernels.kv_quant's format)")
+            _fail("kv_quantizer", q, "needs tensor_parallel_size=1 (ranks use minillm_kernels.kv_quant's format)")
 
     def _check_record_options(self) -> None:
         if self.record not in ("auto", "full", "summary", "totals", "none"):

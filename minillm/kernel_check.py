@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import kernels
+from minillm_kernels import ops
 
 
 def pick_device() -> str:
     """``"cuda"`` with a GPU, else ``"cpu"`` with Triton switched to its interpreter; prints which."""
-    interpreted = kernels.use_interpreter_if_no_cuda()
+    interpreted = ops.use_interpreter_if_no_cuda()
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -72,8 +72,8 @@ def check_paged_attention(engine, seed: int = 0) -> AttentionCheck:
     q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
                     generator=torch.Generator(device=dev).manual_seed(seed))
     args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
-    out_triton = kernels.paged_attention(*args, backend="triton")
-    out_torch = kernels.paged_attention(*args, backend="torch")
+    out_triton = ops.paged_attention(*args, backend="triton")
+    out_torch = ops.paged_attention(*args, backend="torch")
     err = (out_triton.float() - out_torch.float()).abs().max().item()
     check = AttentionCheck(tuple(rids), tuple(context_lens.tolist()), err,
                            1e-4 if k_cache.dtype == torch.float32 else 3e-2)

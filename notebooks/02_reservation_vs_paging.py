@@ -36,7 +36,7 @@ from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
 GPU = DEVICE == "cuda"
 
-import kernels
+from minillm_kernels import ops
 import numpy as np
 import plotly.graph_objects as go
 import torch
@@ -249,12 +249,12 @@ block_whatif
 # %%
 if GPU:
     from triton.testing import do_bench
-    from kernels.bench import Case
+    from minillm_kernels.bench import Case
     for bs in (1, 4, 16, 64, 256):
         c = Case(batch=32, ctx=2048, q_len=1, heads=32, kv_heads=8, head_dim=128, block_size=bs,
                  dtype=torch.bfloat16, dev=torch.device("cuda"))
-        ms = do_bench(lambda: kernels.paged_attention(c.q, c.k_cache, c.v_cache, c.block_tables, c.cu_seqlens_q,
-                                                      c.context_lens, c.scale, backend="triton"))
+        ms = do_bench(lambda: ops.paged_attention(c.q, c.k_cache, c.v_cache, c.block_tables, c.cu_seqlens_q,
+                                                  c.context_lens, c.scale, backend="triton"))
         print(f"block_size {bs:>3}: {ms * 1e3:7.1f} us per decode step (batch 32, 2048 positions)")
 else:
     print("no GPU: kernel timings skipped (Triton's interpreter runs one kernel instance at a time)")

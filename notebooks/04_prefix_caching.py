@@ -392,7 +392,7 @@ fig
 # * **copy-on-write**: full blocks are never written again, so sharing them costs nothing. The
 #   prompt's last block is only partly filled, and every sample is about to write its next token into
 #   it. A sequence that must write into a block whose count is above 1 first gets a fresh block and a
-#   copy of the contents (the block-copy kernel, `kernels.copy_blocks`), and the shared block loses a
+#   copy of the contents (the block-copy kernel, `minillm_kernels.ops.copy_blocks`), and the shared block loses a
 #   reference; the last holder writes in place.
 #
 # The scheduler treats the 8 as a group: admitted only if `max_num_seqs` has 8 seats (and a spare block

@@ -83,7 +83,7 @@ def serve(trace, cost_model=H100, **config):
 # admitted at once; together they will need 35. Left: `preemption_mode="recompute"`. Right:
 # `preemption_mode="swap"` with a host pool of 12 blocks (`num_swap_blocks`). Each Step runs the Triton
 # attention kernel. On the right, blocks that move to or from the host are copied with plain torch
-# copies (`kernels.swap_blocks`): a host-device transfer is the work of the GPU's copy engines (DMA), not
+# copies (`minillm_kernels.ops.swap_blocks`): a host-device transfer is the work of the GPU's copy engines (DMA), not
 # of a kernel.
 
 # %%

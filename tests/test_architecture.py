@@ -13,16 +13,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("minillm", "kernels")
+PACKAGES = {"minillm": "minillm", "minillm_kernels": "kernels"}   # import name -> folder (pyproject.toml)
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    for package, folder in PACKAGES.items():
+        if path.is_relative_to(ROOT / folder):
+            parts = [package, *path.relative_to(ROOT / folder).with_suffix("").parts]
+            return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    raise ValueError(f"{path} is in none of {sorted(PACKAGES.values())}")
 
 
 def package_modules() -> dict[str, Path]:
-    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+    return {module_name(p): p for folder in PACKAGES.values() for p in sorted((ROOT / folder).rglob("*.py"))}
 
 
 def imported_modules(name: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -98,7 +101,8 @@ def test_the_import_graph_is_read_from_the_source():
     assert "minillm.core.scheduler" in graph["minillm.engine"]
     assert "minillm.model.llama" in graph["minillm.model.loader"]          # relative: from .llama import ...
     assert "minillm.model.loader" in graph["minillm.engine"]              # from .model.loader import ...
-    assert "kernels" in graph["minillm.worker.model_runner"]                      # inside a function: import kernels
+    assert "minillm_kernels.ops" in graph["minillm.worker.model_runner"]          # inside a function
+    assert "minillm_kernels._triton_setup" in graph["minillm_kernels.attention"]  # relative, in kernels/
 
 
 def test_no_import_cycles():
@@ -109,8 +113,8 @@ def test_no_import_cycles():
 
 def test_the_kernels_do_not_import_the_engine():
     graph = import_graph()
-    upward = sorted((m, d) for m, deps in graph.items() if m.startswith("kernels") for d in deps
-                    if d.startswith("minillm"))
+    upward = sorted((m, d) for m, deps in graph.items() if m.startswith("minillm_kernels.") for d in deps
+                    if d.startswith("minillm."))
     assert not upward, f"kernels/ imports minillm: {upward}"
 
 

@@ -33,16 +33,16 @@ def test_check_refuses_an_engine_that_has_not_stepped():
 
 
 def test_check_raises_when_the_kernel_disagrees(monkeypatch):
-    import kernels
+    from minillm_kernels import ops
 
     eng = _engine()
     eng.step()
-    real = kernels.paged_attention
+    real = ops.paged_attention
 
     def off_by_a_little(*args, backend, **kw):
         out = real(*args, backend=backend, **kw)
         return out + 1e-2 if backend == "triton" else out
 
-    monkeypatch.setattr(kernels, "paged_attention", off_by_a_little)
+    monkeypatch.setattr(ops, "paged_attention", off_by_a_little)
     with pytest.raises(AssertionError, match="disagrees"):
         check_paged_attention(eng)

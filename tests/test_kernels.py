@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
+from minillm_kernels import ops
 
-kernels.use_interpreter_if_no_cuda()  # before triton is imported (no-op with CUDA)
+ops.use_interpreter_if_no_cuda()  # before triton is imported (no-op with CUDA)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 REPO = Path(__file__).resolve().parents[1]
-needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="triton not installed")
+needs_triton = pytest.mark.skipif(not ops.triton_available(), reason="triton not installed")
 
 # Ragged batches: (q_lens, context_lens). context_lens include the new tokens.
 SCENARIOS = {
@@ -86,8 +86,8 @@ def naive_attention(args, seqs):
 
 
 def check_attention(args, dtype, **kw):
-    ref = kernels.paged_attention_ref(*args)
-    out = kernels.paged_attention(*args, backend="triton", **kw)
+    ref = ops.paged_attention_ref(*args)
+    out = ops.paged_attention(*args, backend="triton", **kw)
     assert out.shape == args[0].shape and out.dtype == dtype
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
@@ -100,7 +100,7 @@ def check_attention(args, dtype, **kw):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_reference_matches_naive_attention(scenario, dtype):
     args, seqs = make_batch(*SCENARIOS[scenario], num_heads=8, num_kv_heads=2, dtype=dtype, seed=1)
-    ref = kernels.paged_attention_ref(*args)
+    ref = ops.paged_attention_ref(*args)
     torch.testing.assert_close(ref.double().cpu(), naive_attention(args, seqs),
                                atol=TOL[dtype] * 5, rtol=TOL[dtype] * 5)
 
@@ -108,12 +108,12 @@ def test_reference_matches_naive_attention(scenario, dtype):
 @pytest.mark.parametrize("block_size", [1, 5, 256])
 def test_reference_matches_naive_across_block_sizes(block_size):
     args, seqs = make_batch(*SCENARIOS["mixed"], head_dim=80, block_size=block_size, seed=2)
-    torch.testing.assert_close(kernels.paged_attention_ref(*args).double().cpu(), naive_attention(args, seqs),
+    torch.testing.assert_close(ops.paged_attention_ref(*args).double().cpu(), naive_attention(args, seqs),
                                atol=1e-5, rtol=1e-5)
 
 
 def test_length_groups_partition_the_batch():
-    from kernels.attention import length_groups
+    from minillm_kernels.attention import length_groups
     q_lens = [1, 1, 5, 1, 1, 30, 1]
     ctx = [900, 20, 5, 880, 25, 400, 30]
     groups = length_groups(q_lens, ctx, overhead=512)
@@ -129,15 +129,15 @@ def test_length_groups_partition_the_batch():
 def test_reference_with_length_groups_matches_naive(overhead, monkeypatch):
     # Widely spread contexts: with no overhead each length range gets its own group,
     # with a huge one all decodes share one padded batch; the answer must not change.
-    import kernels.attention as attention
+    import minillm_kernels.attention as attention
     monkeypatch.setattr(attention, "GROUP_OVERHEAD_KEYS", overhead)
     q_lens, ctx = [1, 1, 1, 1, 6, 3, 1], [3, 260, 31, 250, 6, 90, 1]
     args, seqs = make_batch(q_lens, ctx, num_heads=6, num_kv_heads=2, block_size=8, seed=12)
-    plan = kernels.plan_attention_ref(*args[3:6], 8, 3)
+    plan = ops.plan_attention_ref(*args[3:6], 8, 3)
     assert len(plan) == {0: 6, 64: 4, 10**9: 2}[overhead]
-    out = kernels.paged_attention(*args, backend="torch", plan=plan)
+    out = ops.paged_attention(*args, backend="torch", plan=plan)
     torch.testing.assert_close(out.double().cpu(), naive_attention(args, seqs), atol=1e-5, rtol=1e-5)
-    assert torch.equal(out, kernels.paged_attention_ref(*args))   # planning inside gives the same
+    assert torch.equal(out, ops.paged_attention_ref(*args))   # planning inside gives the same
 
 
 # --- the Triton kernel against the reference ----------------------------------------
@@ -210,16 +210,16 @@ def test_kernel_noncontiguous_q():
 
 def test_backend_dispatch_and_empty_batch():
     args, _ = make_batch(*SCENARIOS["mixed"], seed=11)
-    ref = kernels.paged_attention_ref(*args)
-    assert torch.equal(kernels.paged_attention(*args, backend="torch"), ref)
+    ref = ops.paged_attention_ref(*args)
+    assert torch.equal(ops.paged_attention(*args, backend="torch"), ref)
     if DEVICE == "cpu":
-        assert torch.equal(kernels.paged_attention(*args, backend="auto"), ref)
+        assert torch.equal(ops.paged_attention(*args, backend="auto"), ref)
     with pytest.raises(ValueError):
-        kernels.paged_attention(*args, backend="cuda")
+        ops.paged_attention(*args, backend="cuda")
     q, k_cache, v_cache, bt, _, _, scale = args
     empty = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     for backend in ("torch", "triton"):
-        out = kernels.paged_attention(q[:0], k_cache, v_cache, bt[:0], empty, empty[:0], scale, backend=backend)
+        out = ops.paged_attention(q[:0], k_cache, v_cache, bt[:0], empty, empty[:0], scale, backend=backend)
         assert out.shape == (0, *q.shape[1:])
 
 
@@ -242,7 +242,7 @@ def test_store_kv(backend, dtype, block_size):
     slots = torch.tensor([5, -1, 0, 23, -1, 9, 17], dtype=torch.int64)
     k = torch.randn(len(slots), 2, 80, generator=g).to(dtype).to(DEVICE)
     v = torch.randn(len(slots), 2, 80, generator=g).to(dtype).to(DEVICE)
-    kernels.store_kv(k, v, k_cache, v_cache, slots.to(DEVICE), backend=backend)
+    ops.store_kv(k, v, k_cache, v_cache, slots.to(DEVICE), backend=backend)
     # Expected, written independently: token i lands at flat slot i of a [slots, H, D] view.
     exp_k, exp_v = before_k.flatten(0, 1), before_v.flatten(0, 1)
     for i, s in enumerate(slots.tolist()):
@@ -260,7 +260,7 @@ def test_copy_blocks(backend):
     before_k, before_v = k_cache.clone(), v_cache.clone()
     src = torch.tensor([0, 3, 3, 6], device=DEVICE)
     dst = torch.tensor([1, 2, 5, 7], device=DEVICE)
-    kernels.copy_blocks(k_cache, v_cache, src, dst, backend=backend)
+    ops.copy_blocks(k_cache, v_cache, src, dst, backend=backend)
     exp_k, exp_v = before_k.clone(), before_v.clone()
     for s, d in zip(src.tolist(), dst.tolist()):
         exp_k[d], exp_v[d] = before_k[s], before_v[s]
@@ -271,12 +271,12 @@ def test_copy_blocks(backend):
 def test_copy_and_store_kernels_match_references():
     caches = [_cache(num_blocks=5, block_size=3, head_dim=64, seed=4) for _ in range(2)]
     src, dst = torch.tensor([4, 0], device=DEVICE), torch.tensor([1, 3], device=DEVICE)
-    kernels.copy_blocks(*caches[0], src, dst, backend="triton")
-    kernels.copy_blocks_ref(*caches[1], src, dst)
+    ops.copy_blocks(*caches[0], src, dst, backend="triton")
+    ops.copy_blocks_ref(*caches[1], src, dst)
     k = torch.randn(4, 2, 64).to(DEVICE)
     slots = torch.tensor([14, -1, 2, 7], device=DEVICE)
-    kernels.store_kv(k, -k, *caches[0], slots, backend="triton")
-    kernels.store_kv_ref(k, -k, *caches[1], slots)
+    ops.store_kv(k, -k, *caches[0], slots, backend="triton")
+    ops.store_kv_ref(k, -k, *caches[1], slots)
     assert all(torch.equal(a, b) for a, b in zip(caches[0], caches[1]))
 
 
@@ -285,15 +285,15 @@ def test_swap_blocks_roundtrip():
     host_k = torch.zeros(4, *dev_k.shape[1:], dtype=dev_k.dtype, pin_memory=torch.cuda.is_available())
     host_v = torch.zeros_like(host_k)
     ref_k, ref_v = host_k.clone(), host_v.clone()
-    kernels.swap_blocks(dev_k, dev_v, host_k, host_v, [5, 1, 2], [0, 3, 1])  # swap out
-    kernels.swap_blocks_ref(dev_k.cpu(), dev_v.cpu(), ref_k, ref_v, [5, 1, 2], [0, 3, 1])
+    ops.swap_blocks(dev_k, dev_v, host_k, host_v, [5, 1, 2], [0, 3, 1])  # swap out
+    ops.swap_blocks_ref(dev_k.cpu(), dev_v.cpu(), ref_k, ref_v, [5, 1, 2], [0, 3, 1])
     assert torch.equal(host_k, ref_k) and torch.equal(host_v, ref_v)
     assert torch.equal(host_k[2], torch.zeros_like(host_k[2]))  # not a destination
     new_k, new_v = torch.zeros_like(dev_k), torch.zeros_like(dev_v)
-    kernels.swap_blocks(host_k, host_v, new_k, new_v, torch.tensor([0, 3, 1]), torch.tensor([0, 4, 2]))  # swap in
+    ops.swap_blocks(host_k, host_v, new_k, new_v, torch.tensor([0, 3, 1]), torch.tensor([0, 4, 2]))  # swap in
     assert torch.equal(new_k[[0, 4, 2]], dev_k[[5, 1, 2]]) and torch.equal(new_v[[0, 4, 2]], dev_v[[5, 1, 2]])
     assert torch.equal(new_k[[1, 3, 5]], torch.zeros_like(new_k[[1, 3, 5]]))
-    kernels.swap_blocks(host_k, host_v, new_k, new_v, [], [])  # nothing to do
+    ops.swap_blocks(host_k, host_v, new_k, new_v, [], [])  # nothing to do
 
 
 # --- import hygiene: the interpreter flag, lazy imports, the benchmark -------------------
@@ -312,17 +312,17 @@ def test_import_is_lazy_and_late_triton_import_is_handled():
     r = _run("""
         import os, sys
         os.environ.pop("TRITON_INTERPRET", None)
-        import kernels
-        assert "triton" not in sys.modules, "import kernels must not import triton"
+        from minillm_kernels import ops
+        assert "triton" not in sys.modules, "importing minillm_kernels.ops must not import triton"
         import triton  # someone imports triton before the helper ran
         try:
-            kernels.use_interpreter_if_no_cuda()
+            ops.use_interpreter_if_no_cuda()
             raise SystemExit("expected a RuntimeError")
         except RuntimeError as e:
             assert "TRITON_INTERPRET=1" in str(e)
         import torch
         kc, vc = torch.zeros(2, 4, 1, 16), torch.zeros(2, 4, 1, 16)
-        kernels.store_kv(torch.ones(1, 1, 16), torch.ones(1, 1, 16), kc, vc, torch.tensor([5]), backend="torch")
+        ops.store_kv(torch.ones(1, 1, 16), torch.ones(1, 1, 16), kc, vc, torch.tensor([5]), backend="torch")
         assert kc[1, 1].sum() == 16
         print("ok")
     """)
@@ -349,17 +349,18 @@ def test_torch_only_install_keeps_the_references():
     r = _run("""
         import sys
         sys.modules["triton"] = None  # as if triton were not installed
-        import torch, kernels
-        assert not kernels.triton_available()
+        import torch
+        from minillm_kernels import ops
+        assert not ops.triton_available()
         kc, vc = torch.zeros(2, 4, 1, 16), torch.zeros(2, 4, 1, 16)
-        kernels.store_kv(torch.ones(1, 1, 16), torch.ones(1, 1, 16), kc, vc, torch.tensor([5]), backend="torch")
+        ops.store_kv(torch.ones(1, 1, 16), torch.ones(1, 1, 16), kc, vc, torch.tensor([5]), backend="torch")
         cu, ctx = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([6], dtype=torch.int32)
         bt = torch.tensor([[0, 1]], dtype=torch.int32)
-        out = kernels.paged_attention(torch.ones(1, 1, 16), kc, vc, bt, cu, ctx, 0.25, backend="torch")
+        out = ops.paged_attention(torch.ones(1, 1, 16), kc, vc, bt, cu, ctx, 0.25, backend="torch")
         w = torch.exp(torch.tensor(4.0)) / (torch.exp(torch.tensor(4.0)) + 5)  # only slot 5 holds k = v = 1
         assert torch.allclose(out, torch.full_like(out, float(w)))
         try:
-            kernels.paged_attention(torch.ones(1, 1, 16), kc, vc, bt, cu, ctx, 0.25, backend="triton")
+            ops.paged_attention(torch.ones(1, 1, 16), kc, vc, bt, cu, ctx, 0.25, backend="triton")
         except ImportError as e:
             print("ok", e)
     """)
@@ -368,6 +369,6 @@ def test_torch_only_install_keeps_the_references():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA the benchmark runs for minutes")
 def test_bench_without_cuda_exits_cleanly():
-    r = _run("", "-m", "kernels.bench")
+    r = _run("", "-m", "minillm_kernels.bench")
     assert r.returncode == 0, r.stderr
     assert "CUDA" in r.stdout

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(r'''
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels import attention, block_copy, kv_store
+    from minillm_kernels import attention, block_copy, kv_store
 
     TARGET = GPUTarget("cuda", 90, 32)
     TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

@@ -14,17 +14,17 @@ import os
 import pytest
 import torch
 
-import kernels
+from minillm_kernels import ops
 
-kernels.use_interpreter_if_no_cuda()  # before triton is imported (no-op with CUDA)
+ops.use_interpreter_if_no_cuda()  # before triton is imported (no-op with CUDA)
 
-from kernels.kv_quant import QMAX, dequantize, fp8_available, kind_of, quantize, round_to_e4m3, storage_dtype  # noqa: E402
+from minillm_kernels.kv_quant import QMAX, dequantize, fp8_available, kind_of, quantize, round_to_e4m3, storage_dtype  # noqa: E402
 
 from minillm import LLM, SamplingParams  # noqa: E402
 from minillm.core.invariants import check_all_free, check_invariants  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="triton not installed")
+needs_triton = pytest.mark.skipif(not ops.triton_available(), reason="triton not installed")
 KINDS = ["int8", pytest.param("fp8", marks=pytest.mark.skipif(fp8_available() is not None,
                                                                 reason=f"fp8 KV unavailable: {fp8_available()}"))]
 GREEDY = dict(temperature=0, ignore_eos=True)
@@ -90,11 +90,11 @@ def test_quantize_round_trip_error_is_within_one_step(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_quantize_block_is_what_the_store_writes_for_a_whole_block(kind):
-    from kernels.kv_quant import quantize_block
+    from minillm_kernels.kv_quant import quantize_block
     x = torch.randn(4, 2, 64, generator=torch.Generator().manual_seed(3)) * 3
     q, scale = quantize_block(x, kind)
     cache = empty_cache(kind, 2, 4, 2, 64)
-    kernels.store_kv(x.to(DEVICE), x.to(DEVICE), *cache[:2], torch.arange(4, 8, device=DEVICE),
+    ops.store_kv(x.to(DEVICE), x.to(DEVICE), *cache[:2], torch.arange(4, 8, device=DEVICE),
                      k_scale=cache[2], v_scale=cache[3], backend="torch")
     assert same(cache[0][1].cpu(), q) and torch.equal(cache[2][1].cpu(), scale)
 
@@ -116,7 +116,7 @@ def store_steps(kind, backend, head_dim=80, block_size=4, seed=0):
         slots = torch.tensor(slots, device=DEVICE)
         k = (torch.randn(len(slots), 2, head_dim, generator=g) * (1 + i)).to(DEVICE)
         v = (torch.randn(len(slots), 2, head_dim, generator=g) * (1 + 2 * i)).to(DEVICE)
-        kernels.store_kv(k, v, *cache[:2], slots, k_scale=cache[2], v_scale=cache[3], backend=backend)
+        ops.store_kv(k, v, *cache[:2], slots, k_scale=cache[2], v_scale=cache[3], backend=backend)
         history.append((slots, k, v))
     return cache, history
 
@@ -140,7 +140,7 @@ def test_store_kernel_matches_reference_block_size_1_and_16(kind):
             slots = torch.tensor(slots, device=DEVICE)
             k = (torch.randn(len(slots), 2, 64, generator=g) * (1 + i)).to(DEVICE)
             for c, backend in zip(caches, ("triton", "torch")):
-                kernels.store_kv(k, -2 * k, *c[:2], slots, k_scale=c[2], v_scale=c[3], backend=backend)
+                ops.store_kv(k, -2 * k, *c[:2], slots, k_scale=c[2], v_scale=c[3], backend=backend)
         assert all(same(a, b) for a, b in zip(*caches))
 
 
@@ -162,7 +162,7 @@ def test_store_kernel_rounds_ties_to_even_like_the_reference(kind):
     caches = [empty_cache(kind, 1, n, 1, 64) for _ in range(2)]
     slots = torch.arange(n, device=DEVICE)
     for c, backend in zip(caches, ("triton", "torch")):
-        kernels.store_kv(k, k, *c[:2], slots, k_scale=c[2], v_scale=c[3], backend=backend)
+        ops.store_kv(k, k, *c[:2], slots, k_scale=c[2], v_scale=c[3], backend=backend)
     assert float(caches[1][2]) == 1.0
     assert all(same(a, b) for a, b in zip(*caches))
 
@@ -197,7 +197,7 @@ def test_store_reference_keeps_every_value_within_one_step(kind):
 def test_store_requires_scales_for_a_quantized_cache():
     k = torch.zeros(1, 2, 8)
     with pytest.raises(ValueError, match="k_scale"):
-        kernels.store_kv(k, k, torch.zeros(2, 4, 2, 8, dtype=torch.int8), torch.zeros(2, 4, 2, 8, dtype=torch.int8),
+        ops.store_kv(k, k, torch.zeros(2, 4, 2, 8, dtype=torch.int8), torch.zeros(2, 4, 2, 8, dtype=torch.int8),
                          torch.tensor([0]), backend="torch")
 
 
@@ -231,7 +231,7 @@ def quantized_batch(kind, q_lens, ctx_lens, *, q_dtype=torch.float32, block_size
         # A prompt, a chunk of up to 3 tokens, then one token at a time.
         writes = [(0, c // 2), (c // 2, min(c, c // 2 + 3))] + [(j, j + 1) for j in range(c // 2 + 3, c)]
         for a, b in [(a, b) for a, b in writes if b > a]:
-            kernels.store_kv(k[a:b], v[a:b], *cache[:2], slots[a:b], k_scale=cache[2], v_scale=cache[3],
+            ops.store_kv(k[a:b], v[a:b], *cache[:2], slots[a:b], k_scale=cache[2], v_scale=cache[3],
                              backend="torch")
     k_cache, v_cache, k_scale, v_scale = cache
     seqs = []
@@ -266,7 +266,7 @@ def dense_float64(args, seqs):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_reference_matches_dense_float64_on_dequantized_values(kind, scenario):
     args, scales, seqs = quantized_batch(kind, *SCENARIOS[scenario])
-    ref = kernels.paged_attention(*args, backend="torch", **scales)
+    ref = ops.paged_attention(*args, backend="torch", **scales)
     torch.testing.assert_close(ref.double().cpu(), dense_float64(args, seqs), atol=2e-5, rtol=2e-5)
 
 
@@ -276,8 +276,8 @@ def test_reference_matches_dense_float64_on_dequantized_values(kind, scenario):
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_attention_kernel_matches_reference_on_quantized_cache(kind, scenario, q_dtype):
     args, scales, _ = quantized_batch(kind, *SCENARIOS[scenario], q_dtype=q_dtype)
-    ref = kernels.paged_attention(*args, backend="torch", **scales)
-    out = kernels.paged_attention(*args, backend="triton", **scales)
+    ref = ops.paged_attention(*args, backend="torch", **scales)
+    out = ops.paged_attention(*args, backend="triton", **scales)
     tol = 2e-5 if q_dtype == torch.float32 else 3e-3
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
@@ -285,15 +285,15 @@ def test_attention_kernel_matches_reference_on_quantized_cache(kind, scenario, q
 @needs_triton
 def test_attention_kernel_split_k_on_quantized_cache():
     args, scales, _ = quantized_batch("int8", *SCENARIOS["decode"])
-    ref = kernels.paged_attention(*args, backend="torch", **scales)
-    out = kernels.paged_attention(*args, backend="triton", num_splits=3, **scales)
+    ref = ops.paged_attention(*args, backend="torch", **scales)
+    out = ops.paged_attention(*args, backend="triton", num_splits=3, **scales)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
 
 
 def test_attention_without_scales_is_refused():
     args, _, _ = quantized_batch("int8", [1], [5])
     with pytest.raises(ValueError, match="k_scale"):
-        kernels.paged_attention(*args, backend="torch")
+        ops.paged_attention(*args, backend="torch")
 
 
 # --- block copies and swaps carry the scales -------------------------------------------------------
@@ -305,7 +305,7 @@ def test_copy_blocks_carries_scales(kind, backend):
     cache, _ = store_steps(kind, "torch")
     before = [t.clone() for t in cache]
     src, dst = torch.tensor([3, 1], device=DEVICE), torch.tensor([2, 4], device=DEVICE)
-    kernels.copy_blocks(cache[0], cache[1], src, dst, k_scale=cache[2], v_scale=cache[3], backend=backend)
+    ops.copy_blocks(cache[0], cache[1], src, dst, k_scale=cache[2], v_scale=cache[3], backend=backend)
     for a, b in zip(cache, before):
         assert same(a[dst], b[src]) and same(a[[0, 5]], b[[0, 5]])
 
@@ -314,10 +314,10 @@ def test_copy_blocks_carries_scales(kind, backend):
 def test_swap_round_trip_carries_scales(kind):
     cache, _ = store_steps(kind, "torch")
     host = [torch.zeros((4,) + t.shape[1:], dtype=t.dtype) for t in cache]
-    kernels.swap_blocks(cache[0], cache[1], host[0], host[1], [3, 1], [0, 2],
+    ops.swap_blocks(cache[0], cache[1], host[0], host[1], [3, 1], [0, 2],
                         src_scales=(cache[2], cache[3]), dst_scales=(host[2], host[3]))
     back = [torch.zeros_like(t) for t in cache]
-    kernels.swap_blocks(host[0], host[1], back[0], back[1], [0, 2], [5, 0],
+    ops.swap_blocks(host[0], host[1], back[0], back[1], [0, 2], [5, 0],
                         src_scales=(host[2], host[3]), dst_scales=(back[2], back[3]))
     for a, b in zip(back, cache):
         assert same(a[[5, 0]], b[[3, 1]])
@@ -337,7 +337,7 @@ def test_config_validation():
 
 
 class _Halving:
-    """A quantizer whose scales are twice kernels.kv_quant's (values use half the range)."""
+    """A quantizer whose scales are twice minillm_kernels.kv_quant's (values use half the range)."""
     quantize, dequantize = staticmethod(quantize), staticmethod(dequantize)
 
     @staticmethod
@@ -423,8 +423,8 @@ def test_swap_restores_blocks_with_their_scales(kind, monkeypatch):
     swapped, recs, e = run_engine(kv_cache_dtype=kind, num_kv_blocks=20, preemption_mode="swap", num_swap_blocks=40)
     assert e.stats()["swapped_out_blocks"] > 0
     assert swapped == base
-    real = kernels.swap_blocks
-    monkeypatch.setattr(kernels, "swap_blocks",
+    real = ops.swap_blocks
+    monkeypatch.setattr(ops, "swap_blocks",
                         lambda *a, src_scales=None, dst_scales=None: real(*a))   # forgets the scales
     dropped, _, _ = run_engine(kv_cache_dtype=kind, num_kv_blocks=20, preemption_mode="swap", num_swap_blocks=40)
     assert dropped != base
@@ -548,9 +548,9 @@ def test_prefix_cache_hits_read_the_shared_blocks_with_their_scales():
 @needs_triton
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpu_bench_case_on_a_quantized_cache(kind):
-    """``python -m kernels.bench --kv-cache-dtype int8|fp8`` (GPU only) times these two sides:
+    """``python -m minillm_kernels.bench --kv-cache-dtype int8|fp8`` (GPU only) times these two sides:
     they must agree, and the bytes it counts are one per value plus the scales."""
-    from kernels.bench import Case
+    from minillm_kernels.bench import Case
     c = Case(2, 40, 3, 4, 2, 64, 16, torch.float32, torch.device(DEVICE), kv_cache_dtype=kind)
     torch.testing.assert_close(c.ours(), c.sdpa(), atol=2e-5, rtol=2e-5)
     assert c.kv_bytes() == 2 * 2 * 40 * 2 * 64 + 2 * 2 * 3 * 2 * 4

@@ -50,3 +50,12 @@ def test_notebook_outputs_are_kept_out_of_commits_by_a_git_filter():
     assert "nbstripout" in dict(_name_spec(r) for r in py["optional-dependencies"]["dev"])
     makefile = (ROOT / "Makefile").read_text()
     assert "git config filter.nbstripout.clean" in makefile
+
+
+def test_the_installed_packages_are_every_package_folder():
+    """``pyproject.toml`` lists the packages by hand (``kernels/`` goes in as ``minillm_kernels``): a new
+    sub-package of ``minillm/`` must be added there, or an install that is not editable would lack it."""
+    tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "minillm").rglob("__init__.py")}
+    assert set(tools["packages"]) == folders | {"minillm_kernels"}
+    assert tools["package-dir"] == {"minillm_kernels": "kernels"}

@@ -166,8 +166,8 @@ def shipped_heldout(tokens: Optional[int] = None):
 
 def available_kv_dtypes(device=None) -> list[str]:
     """``KV_DTYPES`` less fp8 where it cannot run (this torch, or the GPU ``device``: see
-    ``kernels.kv_quant.fp8_available``)."""
-    from kernels.kv_quant import fp8_available
+    ``minillm_kernels.kv_quant.fp8_available``)."""
+    from minillm_kernels.kv_quant import fp8_available
     return [d for d in KV_DTYPES if d != "fp8" or fp8_available(device) is None]
 
 
@@ -248,7 +248,7 @@ def modeled(hardware: str = "H100-SXM", model: str = "llama-2-7b", context: int 
 # --------------------------------------------------------------------------------------
 
 def run(args) -> dict:
-    from kernels.kv_quant import fp8_available
+    from minillm_kernels.kv_quant import fp8_available
     from .common import shipped_model_available
     if not shipped_model_available():
         raise RuntimeError("kv-quant measures the shipped model's quality: minillm/checkpoints/shakespeare is missing")

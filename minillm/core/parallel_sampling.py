@@ -16,7 +16,7 @@ Management for Large Language Model Serving with PagedAttention", section 4.4):
    The last block is partly filled: the first sample to decode would write its next token's
    KV into a block the others still read. So a sequence that must write into a block whose
    reference count is above 1 gets a fresh block first, and the block's contents are copied
-   (``kernels.copy_blocks``, before the forward); the shared block loses one reference. The
+   (``minillm_kernels.ops.copy_blocks``, before the forward); the shared block loses one reference. The
    last sequence still holding it (count 1) writes in place. At the first decode step the k
    samples hold the prompt's blocks once, plus at most one block each.
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-import kernels  # the paged-attention kernels and their torch references
+from minillm_kernels import ops  # the paged-attention kernels and their torch references
 import torch.nn.functional as F
 from torch import nn
 
@@ -33,7 +33,7 @@ class AttentionMetadata:
     backend: str = "torch"          # "torch" reference or "triton" kernel
     plan: Optional[list] = None     # torch backend: the step's attention plan, shared by all layers
     kv_quantizer: Optional[object] = None   # int8/fp8 cache, torch backend: the store's arithmetic
-                                            # (EngineConfig.kv_quantizer; None = kernels.kv_quant)
+                                            # (EngineConfig.kv_quantizer; None = minillm_kernels.kv_quant)
 
 
 class RMSNorm(nn.Module):
@@ -90,9 +90,9 @@ class Attention(nn.Module):
         k_cache, v_cache, *scales = kv_cache
         k_scale, v_scale = scales or (None, None)
         # 1) write this step's K/V into the paged cache, 2) attend over the cache.
-        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale,
+        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale,
                          backend=meta.backend, quantizer=meta.kv_quantizer)
-        o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
+        o = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
                                     meta.context_lens, self.scale, max_q_len=meta.max_q_len,
                                     backend=meta.backend, plan=meta.plan, k_scale=k_scale, v_scale=v_scale)
         return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
@@ -173,7 +173,7 @@ class LlamaModel(nn.Module):
         if meta.backend == "torch" and meta.plan is None and kv_caches:
             # Which requests pad together, and the gather indices and masks: the same in
             # every layer, so computed once per forward (the runner usually did it already).
-            meta.plan = kernels.plan_attention_ref(meta.block_tables, meta.cu_seqlens_q, meta.context_lens,
+            meta.plan = ops.plan_attention_ref(meta.block_tables, meta.cu_seqlens_q, meta.context_lens,
                                                    kv_caches[0][0].shape[1], self.num_heads // self.num_kv_heads)
         for layer, kv in zip(self.model.layers, kv_caches):
             x = layer(x, cos, sin, kv, meta)

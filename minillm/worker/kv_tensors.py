@@ -18,7 +18,7 @@ def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_
     v_scale)`` ``[num_blocks, num_kv_heads]`` for a quantized cache ("int8" | "fp8"), else ``[]``.
     ``kv_cache_dtype`` "auto" stores the model's ``dtype``; "float32" / "float16" / "bfloat16"
     store that float type (for comparisons: the engine's config takes "auto", "int8", "fp8")."""
-    from kernels.kv_quant import SCALE_DTYPE, storage_dtype
+    from minillm_kernels.kv_quant import SCALE_DTYPE, storage_dtype
 
     floats = {"auto": dtype, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     quantized = kv_cache_dtype not in floats

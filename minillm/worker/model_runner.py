@@ -55,11 +55,11 @@ class ModelRunner:
         self.dtype = dtype
         self.backend = resolve_backend(config.attention_backend, device)
         if self.backend == "triton":
-            import kernels
-            kernels.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter
+            from minillm_kernels import ops
+            ops.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter
         kv_dtype = getattr(config, "kv_cache_dtype", "auto")
         if kv_dtype == "fp8" and self.backend == "triton" and device.type == "cuda":
-            from kernels.kv_quant import check_fp8
+            from minillm_kernels.kv_quant import check_fp8
             check_fp8(device)                      # say so now, not at the first store
         layout = (config.block_size, model.num_kv_heads, model.head_dim, dtype, kv_dtype)
         # kv_scales[layer] = (k_scale, v_scale) of a quantized cache; [] for a float one.
@@ -95,7 +95,7 @@ class ModelRunner:
         swap-out and handed to a swap-in in the same pass is read before it is written (a host
         block freed by a swap-in is not reused until the step is over). The step's
         copy-on-write copies run between the two, for the same reason."""
-        import kernels
+        from minillm_kernels import ops
         moved = 0
         for pairs, to_host in ((out.swap_out, True), (out.swap_in, False)):
             if not to_host and out.copies:
@@ -108,22 +108,22 @@ class ModelRunner:
                 dev_s = self.kv_scales[layer] if self.kv_scales else None
                 host_s = self.swap_scales[layer] if self.kv_scales else None
                 if to_host:
-                    kernels.swap_blocks(dk, dv, hk, hv, src, dst, src_scales=dev_s, dst_scales=host_s)
+                    ops.swap_blocks(dk, dv, hk, hv, src, dst, src_scales=dev_s, dst_scales=host_s)
                 else:
-                    kernels.swap_blocks(hk, hv, dk, dv, src, dst, src_scales=host_s, dst_scales=dev_s)
+                    ops.swap_blocks(hk, hv, dk, dv, src, dst, src_scales=host_s, dst_scales=dev_s)
             moved += len(pairs) * self.bytes_per_block
         return moved
 
     def copy_on_write(self, out: SchedulerOutput) -> None:
         """Copy each shared block a sequence is about to write into to its fresh block, every
-        layer (``kernels.copy_blocks``: Triton on a GPU, the torch reference on the CPU)."""
-        import kernels
+        layer (``minillm_kernels.ops.copy_blocks``: Triton on a GPU, the torch reference on the CPU)."""
+        from minillm_kernels import ops
         src = torch.tensor([c.src_block for c in out.copies], dtype=torch.long, device=self.device)
         dst = torch.tensor([c.dst_block for c in out.copies], dtype=torch.long, device=self.device)
         backend = "triton" if self.backend == "triton" else "auto"
         for layer, (k, v) in enumerate(self.kv_caches):
             scales = self.kv_scales[layer] if self.kv_scales else (None, None)
-            kernels.copy_blocks(k, v, src, dst, k_scale=scales[0], v_scale=scales[1], backend=backend)
+            ops.copy_blocks(k, v, src, dst, k_scale=scales[0], v_scale=scales[1], backend=backend)
 
     # --- one step ---------------------------------------------------------------------
     def prepare(self, out: SchedulerOutput):
@@ -151,8 +151,8 @@ class ModelRunner:
         if self.backend == "torch":
             # The torch attention's gather indices and masks are the same in every layer:
             # plan them once here, as part of preparing the batch.
-            import kernels
-            meta.plan = kernels.plan_attention_ref(meta.block_tables, meta.cu_seqlens_q, meta.context_lens,
+            from minillm_kernels import ops
+            meta.plan = ops.plan_attention_ref(meta.block_tables, meta.cu_seqlens_q, meta.context_lens,
                                                    self.kv.attn_block_size,
                                                    self.model.num_heads // self.model.num_kv_heads)
         return batch

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import kv_quant as ref
+from minillm_kernels import kv_quant as ref
 from minillm import LLM, SamplingParams, impl
 
 FP8 = ref.fp8_available() is None

@@ -1,18 +1,20 @@
-"""minillm's kernels: paged attention, KV stores and block copies, each in Triton with
-a plain-torch reference beside it (the reference is also the engine's CPU backend).
-Every one of them also works on a quantized cache (int8 or fp8 values with one scale
-per block and KV head: ``kernels/kv_quant.py``).
+"""The kernels' front door: paged attention, KV stores and block copies, each in Triton with
+a plain-torch reference beside it (the reference is also the engine's CPU backend). Every
+one of them also works on a quantized cache (int8 or fp8 values with one scale per block
+and KV head: ``kernels/kv_quant.py``).
 
-``import kernels`` is cheap and imports no Triton: the kernel modules load on first use,
+The ``kernels/`` folder is installed under the import name ``minillm_kernels`` (see
+``pyproject.toml``), so the engine writes ``from minillm_kernels import ops``. The folder has
+no ``__init__.py`` on purpose: Hugging Face's hub package is also called ``kernels`` and
+``transformers`` imports it; a package of ours by that name would shadow it whenever the
+repository root is on ``sys.path`` (``python -m pytest``, ``python -c`` in the root).
+
+Importing this module is cheap and imports no Triton: the kernel modules load on first use,
 after :func:`use_interpreter_if_no_cuda` has had the chance to set ``TRITON_INTERPRET=1``
 on a machine without CUDA (see ``kernels/_triton_setup.py`` for why that must come first).
 
 Backends: ``"triton"`` (GPU, or Triton's interpreter on CPU: slow, for tests),
 ``"torch"`` (the reference), ``"auto"`` (Triton on CUDA tensors, torch otherwise).
-
-This package deliberately has no ``__version__``: ``transformers`` probes for the Hugging
-Face *hub* package that is also called ``kernels``, and a version here could make it
-believe that package is installed (see ``tests/test_kernels_transformers.py``).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None
     ``k_scale, v_scale`` ``[num_blocks, H_kv]``: the tokens are quantized on the way in, and a
     block's scale grows (its earlier rows re-quantized) when a larger value arrives.
     ``quantizer``: an object with ``new_scale``, ``quantize`` and ``dequantize`` used instead of
-    ``kernels.kv_quant``'s by the torch reference (the Triton kernel has its own compiled in)."""
+    ``minillm_kernels.kv_quant``'s by the torch reference (the Triton kernel has its own compiled in)."""
     from . import kv_store
     from .kv_quant import kind_of
 
