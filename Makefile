@@ -1,6 +1,7 @@
 # minillm: two commands set up a fresh machine.
 #   make lab    -> installs everything (first time) and launches JupyterLab on notebooks/
 #   make test   -> installs everything (first time) and runs the tests
+# Both install the tested versions pinned in constraints.txt; make test-latest tries the newest ones.
 # Both create or reuse the virtual environment in .venv.
 
 VENV   ?= .venv
@@ -15,36 +16,67 @@ TORCH_VERSION   ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 PIP_QUICK       := --timeout 15 --retries 0
 
+# The tested versions of every package (constraints.txt); `make ... CONSTRAINTS=` installs without them.
+CONSTRAINTS     ?= constraints.txt
+PIP_CONSTRAINTS  = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+# make test-latest: torch too at its newest release (a version number pins it instead).
+LATEST_TORCH    ?=
+TORCH_SPEC       = torch$(if $(TORCH_VERSION),==$(TORCH_VERSION))
+PIP_UPGRADE     ?=
+
 # make lab: JupyterLab on 127.0.0.1:PORT (the next free port when PORT is taken), extra options in LAB_ARGS.
 PORT     ?= 8888
 LAB_ARGS ?=
 # The news pop-up (it covers the widgets) is this JupyterLab plugin, disabled in the environment.
 ANNOUNCEMENTS := @jupyterlab/apputils-extension:announcements
 
-.PHONY: install lab test grade exercises notebooks git-filter bench serve clean
+.PHONY: install test-latest lab test grade exercises notebooks git-filter bench serve clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+# Each step says what it does; a step that fails says which it was and what to try, and the set-up stops.
+FAILED = { echo ""; echo "[install] FAILED at step $(1): $(2)"; echo ""; exit 1; }
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@echo "[install] step 1/4: the virtual environment $(VENV)"
+	@test -x $(PY) || python3 -m venv $(VENV) || $(call FAILED,1 (python3 -m venv $(VENV)),\
+		install Python 3.10 or newer with its venv module (Debian/Ubuntu: apt-get install python3-venv) and run make again)
+	@echo "[install] step 2/4: pip (pinned in $(CONSTRAINTS))"
+	@$(PY) -m pip install -q --upgrade pip $(PIP_CONSTRAINTS) || $(call FAILED,2 (upgrading pip),\
+		check that the package index is reachable (pip config list shows which one); then run make again)
+	@echo "[install] step 3/4: torch $(TORCH_VERSION)"
 	@if command -v nvidia-smi >/dev/null 2>&1 || $(PY) -c "import torch" 2>/dev/null; then :; \
 	elif $(PY) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
 			"$(TORCH_CPU_INDEX)/torch/" >/dev/null 2>&1; then \
 		echo "[install] no CUDA: torch $(TORCH_VERSION), CPU build, from PyTorch's CPU wheel index"; \
 		$(PY) -m pip install -q $(PIP_QUICK) --index-url "$(TORCH_CPU_INDEX)" \
-			--extra-index-url "$${PIP_INDEX_URL:-https://pypi.org/simple}" "torch==$(TORCH_VERSION)" \
+			--extra-index-url "$${PIP_INDEX_URL:-https://pypi.org/simple}" "$(TORCH_SPEC)" \
 		|| { echo "[install] PyTorch's CPU wheel index failed: torch $(TORCH_VERSION) from the default index"; \
-		     $(PY) -m pip install -q "torch==$(TORCH_VERSION)" || $(PY) -m pip install -q "torch>=2.4"; }; \
+		     $(PY) -m pip install -q "$(TORCH_SPEC)"; }; \
 	else \
 		echo "[install] no CUDA, and PyTorch's CPU wheel index is unreachable: torch $(TORCH_VERSION) from the default index"; \
-		$(PY) -m pip install -q "torch==$(TORCH_VERSION)" || $(PY) -m pip install -q "torch>=2.4"; \
-	fi
-	$(PY) -m pip install -q -e ".[dev]"
+		$(PY) -m pip install -q "$(TORCH_SPEC)"; \
+	fi || $(call FAILED,3 (torch $(TORCH_VERSION)),\
+		pip found no torch $(TORCH_VERSION) for this Python and machine. Install a torch build yourself into \
+		$(VENV) ($(PY) -m pip install torch) and run make again: this step is skipped once torch imports)
+	@echo "[install] step 4/4: minillm and its dependencies (the tested versions in $(CONSTRAINTS))"
+	@$(PY) -m pip install -q -e ".[dev]" $(PIP_CONSTRAINTS) $(PIP_UPGRADE) || $(call FAILED,4 (pip install -e .[dev]),\
+		the versions in $(CONSTRAINTS) were tested on Python 3.11; with another Python some may not exist. \
+		make $(MAKECMDGOALS) CONSTRAINTS= installs the newest versions pyproject.toml allows instead)
 	@$(PY) -c "import torch; print('[install] torch', torch.__version__)" 2>/dev/null || true
 	@$(PY) -m jupyter labextension disable --level=sys_prefix "$(ANNOUNCEMENTS)" >/dev/null 2>&1 || true
 	@$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) git-filter
 	@touch $(STAMP)
+
+# make test-latest: the newest versions pyproject.toml's ranges allow (no constraints), in their own
+# environment $(LATEST_VENV), and the fast tests on them: the next breaking release is seen here first.
+LATEST_VENV ?= .venv-latest
+test-latest:
+	@rm -f $(LATEST_VENV)/.minillm-installed
+	@$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) install VENV=$(LATEST_VENV) CONSTRAINTS= \
+		TORCH_VERSION=$(LATEST_TORCH) PIP_UPGRADE="--upgrade --upgrade-strategy eager"
+	@$(LATEST_VENV)/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|triton|transformers|kernels|numpy|jupyterlab) "
+	MINILLM_IMPL=solutions $(LATEST_VENV)/bin/python -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
 
 # In a git checkout: notebooks are committed without outputs. The filter named in .gitattributes
 # strips them when a notebook is staged, so running the notebooks never dirties a commit.

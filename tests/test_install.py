@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None or os.name != "posi
 
 FAKE_PYTHON = """#!/bin/sh
 echo "$*" >> "{log}"
+case "$*" in *"{fail}"*) exit 1 ;; esac
 case "$1" in
   -m) exit 0 ;;
   -c) case "$2" in *"import torch"*) exit 1 ;; esac ;;
@@ -34,14 +35,15 @@ exec "{python}" "$@"
 """
 
 
-def _install(tmp_path: Path, index: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _install(tmp_path: Path, index: str, fail: str = "no command fails") -> tuple[subprocess.CompletedProcess, list[str]]:
     work = tmp_path / "work"             # not a git checkout: the git filter step does nothing
     venv = work / "venv"
     (venv / "bin").mkdir(parents=True)
-    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
+    for name in ("pyproject.toml", "constraints.txt"):
+        shutil.copy(ROOT / name, work / name)
     log = tmp_path / "commands.log"
     py = venv / "bin" / "python"
-    py.write_text(FAKE_PYTHON.format(log=log, python=sys.executable))
+    py.write_text(FAKE_PYTHON.format(log=log, python=sys.executable, fail=fail))
     py.chmod(0o755)
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
                            if p and not os.path.exists(os.path.join(p, "nvidia-smi")))   # a machine without CUDA
@@ -49,8 +51,9 @@ def _install(tmp_path: Path, index: str) -> tuple[subprocess.CompletedProcess, l
     env.update(PATH=path, GIT_CEILING_DIRECTORIES=str(tmp_path))
     proc = subprocess.run(["make", "-f", str(ROOT / "Makefile"), "install", f"VENV={venv}", f"TORCH_CPU_INDEX={index}"],
                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (venv / ".minillm-installed").exists()
+    if fail == "no command fails":
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert (venv / ".minillm-installed").exists()
     return proc, log.read_text().splitlines()
 
 
@@ -76,7 +79,7 @@ def test_without_cuda_torch_comes_from_the_cpu_index(tmp_path):
     assert torch[torch.index("--index-url") + 1] == index
     assert "--extra-index-url" in torch, "the default index as an extra one, so torch's own dependencies resolve"
     assert "--retries" in torch and torch[torch.index("--retries") + 1] == "0"
-    assert installs[1].endswith('-e .[dev]') and len(installs) == 2, installs
+    assert installs[1].split()[-4:] == ["-e", ".[dev]", "-c", "constraints.txt"] and len(installs) == 2, installs
     assert any("labextension disable" in c and "announcements" in c for c in commands), "the news pop-up is off"
 
 
@@ -89,4 +92,29 @@ def test_an_unreachable_cpu_index_falls_back_to_the_default_index(tmp_path):
     assert "PyTorch's CPU wheel index is unreachable: torch 2.13.0 from the default index" in proc.stdout
     assert installs[0] == "-m pip install -q torch==2.13.0", installs
     assert not any("--index-url" in c for c in installs), "the unreachable index is not tried again by pip"
-    assert installs[1].endswith('-e .[dev]') and len(installs) == 2, installs
+    assert installs[1].split()[-4:] == ["-e", ".[dev]", "-c", "constraints.txt"] and len(installs) == 2, installs
+
+
+def _closed_port_index() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/whl/cpu"
+
+
+@pytest.mark.parametrize("fail, step, advice", [
+    ("install -q torch==", "step 3 (torch 2.13.0)", "this step is skipped once torch imports"),
+    (".[dev]", "step 4 (pip install -e .[dev])", "CONSTRAINTS= installs the newest versions"),
+])
+def test_a_failed_step_is_named_with_what_to_do(tmp_path, fail, step, advice):
+    proc, commands = _install(tmp_path, _closed_port_index(), fail=fail)
+    assert proc.returncode != 0
+    assert f"[install] FAILED at {step}:" in proc.stdout and advice in proc.stdout, proc.stdout
+    assert not (tmp_path / "work" / "venv" / ".minillm-installed").exists(), "a failed set-up is tried again"
+
+
+def test_the_tested_versions_and_the_newest_are_two_environments():
+    """``make test`` installs with constraints.txt; ``make test-latest`` without it, upgrading, elsewhere."""
+    dry = subprocess.run(["make", "-n", "--no-print-directory", "test-latest"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60).stdout
+    assert "install VENV=.venv-latest CONSTRAINTS=" in dry
+    assert '--upgrade --upgrade-strategy eager' in dry and "not slow and not browser" in dry

@@ -23,8 +23,9 @@ def test_environment_yml_matches_pyproject():
     want = dict(_name_spec(r) for r in py["dependencies"] + py["optional-dependencies"]["dev"])
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
-    have = dict(_name_spec(r) for r in pip if not r.startswith("-e"))
+    have = dict(_name_spec(r) for r in pip if not r.startswith(("-e", "-c")))
     assert have == want
+    assert "-c constraints.txt" in pip, "conda users install the tested versions too"
 
 
 def test_torch_is_a_range_not_a_pin():
@@ -59,3 +60,30 @@ def test_the_installed_packages_are_every_package_folder():
     folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "minillm").rglob("__init__.py")}
     assert set(tools["packages"]) == folders | {"minillm_kernels"}
     assert tools["package-dir"] == {"minillm_kernels": "kernels"}
+
+
+def _pins() -> dict[str, str]:
+    """constraints.txt as {normalized name: version}."""
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt pins exact versions: {line!r}"
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version.strip()
+    return pins
+
+
+def test_every_dependency_is_pinned_inside_its_range():
+    """The README's commands install a tested set (constraints.txt); each pin satisfies pyproject.toml."""
+    from packaging.requirements import Requirement
+
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = _pins()
+    for text in py["dependencies"] + py["optional-dependencies"]["dev"]:
+        req = Requirement(text)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in pins, f"{req.name} is not pinned in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} is outside {req}"
+    makefile = (ROOT / "Makefile").read_text()
+    assert "CONSTRAINTS     ?= constraints.txt" in makefile
+    assert f"TORCH_VERSION   ?= {pins['torch']}" in makefile, "the torch the set-up installs is the pinned one"
