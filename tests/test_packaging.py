@@ -57,8 +57,9 @@ def test_the_installed_packages_are_every_package_folder():
     """``pyproject.toml`` lists the packages by hand (``kernels/`` goes in as ``minillm_kernels``): a new
     sub-package of ``minillm/`` must be added there, or an install that is not editable would lack it."""
     tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "minillm").rglob("__init__.py")}
-    assert set(tools["packages"]) == folders | {"minillm_kernels"}
+    folders = {".".join(p.relative_to(ROOT).parts) for p in [ROOT / "minillm", *(ROOT / "minillm").rglob("*")]
+               if p.is_dir() and p.name != "__pycache__" and p.name.isidentifier()}
+    assert set(tools["packages"]) == folders | {"minillm_kernels"}   # a data folder too, or setuptools warns
     assert tools["package-dir"] == {"minillm_kernels": "kernels"}
 
 
