@@ -18,11 +18,12 @@ PIP_QUICK       := --timeout 15 --retries 0
 
 # The tested versions of every package (constraints.txt); `make ... CONSTRAINTS=` installs without them.
 CONSTRAINTS     ?= constraints.txt
-PIP_CONSTRAINTS  = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+CONSTRAINT_ARGS  = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 # make test-latest: torch too at its newest release (a version number pins it instead).
+# (No variable here starts with PIP_: make exports command-line variables, and pip reads PIP_* as options.)
 LATEST_TORCH    ?=
 TORCH_SPEC       = torch$(if $(TORCH_VERSION),==$(TORCH_VERSION))
-PIP_UPGRADE     ?=
+UPGRADE_ARGS     ?=
 
 # make lab: JupyterLab on 127.0.0.1:PORT (the next free port when PORT is taken), extra options in LAB_ARGS.
 PORT     ?= 8888
@@ -37,14 +38,18 @@ install: $(STAMP)
 # Each step says what it does; a step that fails says which it was and what to try, and the set-up stops.
 FAILED = { echo ""; echo "[install] FAILED at step $(1): $(2)"; echo ""; exit 1; }
 
+STEP4_ADVICE = $(if $(CONSTRAINTS),the versions in $(CONSTRAINTS) were tested on Python 3.11 and some may not exist \
+	for another Python: make $(or $(MAKECMDGOALS),install) CONSTRAINTS= installs the newest versions pyproject.toml allows instead,\
+	pip names the package it could not install above; make install (the tested versions) avoids it)
+
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@echo "[install] step 1/4: the virtual environment $(VENV)"
 	@test -x $(PY) || python3 -m venv $(VENV) || $(call FAILED,1 (python3 -m venv $(VENV)),\
 		install Python 3.10 or newer with its venv module (Debian/Ubuntu: apt-get install python3-venv) and run make again)
-	@echo "[install] step 2/4: pip (pinned in $(CONSTRAINTS))"
-	@$(PY) -m pip install -q --upgrade pip $(PIP_CONSTRAINTS) || $(call FAILED,2 (upgrading pip),\
+	@echo "[install] step 2/4: pip ($(if $(CONSTRAINTS),pinned in $(CONSTRAINTS),its newest release))"
+	@$(PY) -m pip install -q --upgrade pip $(CONSTRAINT_ARGS) || $(call FAILED,2 (upgrading pip),\
 		check that the package index is reachable (pip config list shows which one); then run make again)
-	@echo "[install] step 3/4: torch $(TORCH_VERSION)"
+	@echo "[install] step 3/4: torch $(or $(TORCH_VERSION),(its newest release))"
 	@if command -v nvidia-smi >/dev/null 2>&1 || $(PY) -c "import torch" 2>/dev/null; then :; \
 	elif $(PY) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
 			"$(TORCH_CPU_INDEX)/torch/" >/dev/null 2>&1; then \
@@ -56,13 +61,12 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	else \
 		echo "[install] no CUDA, and PyTorch's CPU wheel index is unreachable: torch $(TORCH_VERSION) from the default index"; \
 		$(PY) -m pip install -q "$(TORCH_SPEC)"; \
-	fi || $(call FAILED,3 (torch $(TORCH_VERSION)),\
-		pip found no torch $(TORCH_VERSION) for this Python and machine. Install a torch build yourself into \
+	fi || $(call FAILED,3 ($(TORCH_SPEC)),\
+		pip found no $(TORCH_SPEC) for this Python and machine. Install a torch build yourself into \
 		$(VENV) ($(PY) -m pip install torch) and run make again: this step is skipped once torch imports)
-	@echo "[install] step 4/4: minillm and its dependencies (the tested versions in $(CONSTRAINTS))"
-	@$(PY) -m pip install -q -e ".[dev]" $(PIP_CONSTRAINTS) $(PIP_UPGRADE) || $(call FAILED,4 (pip install -e .[dev]),\
-		the versions in $(CONSTRAINTS) were tested on Python 3.11; with another Python some may not exist. \
-		make $(MAKECMDGOALS) CONSTRAINTS= installs the newest versions pyproject.toml allows instead)
+	@echo "[install] step 4/4: minillm and its dependencies ($(if $(CONSTRAINTS),the tested versions in $(CONSTRAINTS),the newest versions pyproject.toml allows))"
+	@$(PY) -m pip install -q -e ".[dev]" $(CONSTRAINT_ARGS) $(UPGRADE_ARGS) \
+		|| $(call FAILED,4 (pip install -e .[dev]),$(STEP4_ADVICE))
 	@$(PY) -c "import torch; print('[install] torch', torch.__version__)" 2>/dev/null || true
 	@$(PY) -m jupyter labextension disable --level=sys_prefix "$(ANNOUNCEMENTS)" >/dev/null 2>&1 || true
 	@$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) git-filter
@@ -74,7 +78,7 @@ LATEST_VENV ?= .venv-latest
 test-latest:
 	@rm -f $(LATEST_VENV)/.minillm-installed
 	@$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) install VENV=$(LATEST_VENV) CONSTRAINTS= \
-		TORCH_VERSION=$(LATEST_TORCH) PIP_UPGRADE="--upgrade --upgrade-strategy eager"
+		TORCH_VERSION=$(LATEST_TORCH) UPGRADE_ARGS="--upgrade --upgrade-strategy eager"
 	@$(LATEST_VENV)/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|triton|transformers|kernels|numpy|jupyterlab) "
 	MINILLM_IMPL=solutions $(LATEST_VENV)/bin/python -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
 

@@ -102,7 +102,7 @@ def _closed_port_index() -> str:
 
 
 @pytest.mark.parametrize("fail, step, advice", [
-    ("install -q torch==", "step 3 (torch 2.13.0)", "this step is skipped once torch imports"),
+    ("install -q torch==", "step 3 (torch==2.13.0)", "this step is skipped once torch imports"),
     (".[dev]", "step 4 (pip install -e .[dev])", "CONSTRAINTS= installs the newest versions"),
 ])
 def test_a_failed_step_is_named_with_what_to_do(tmp_path, fail, step, advice):
