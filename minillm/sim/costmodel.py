@@ -6,10 +6,16 @@ cost on a real accelerator. The cost model is what lets a laptop show the batchi
 math (from batch 1 to 32, about 20x the throughput for about 1.5x the step time) and the
 swap-vs-recompute rule with the numbers of an H100 serving Llama-2-7B.
 
-Two cost models implement one interface (``CostModel``):
+Three cost models implement one interface (``CostModel``):
 
 * ``ConstantStepTime(0.010)``: the worked examples' assumption: the time of a step is
   independent of the batch size, a constant 10 ms.
+* ``LinearStepCost``: a step's time as a sum of terms fitted to the real engine's steps
+  measured on this machine (``minillm/sim/calibration.py``), saved as a profile and loaded
+  with ``CostModel.from_profile(path)``:
+
+      step_time = fixed + new_tokens * t_token + sequences * t_sequence
+                + context_tokens * t_context + attention_pairs * t_pair
 * ``RooflineCostModel(hardware, model)``: a roofline. A step is bound either by
   arithmetic (FLOPs / achievable FLOP/s) or by memory traffic (bytes / achievable
   HBM bandwidth), whichever is slower, plus a fixed per-step overhead:
@@ -53,7 +59,7 @@ import numpy as np
 
 __all__ = [
     "HardwareSpec", "HARDWARE", "ModelSpec", "MODELS", "LinkSpec", "LINKS", "get_link",
-    "CostModel", "ConstantStepTime", "RooflineCostModel", "get_cost_model",
+    "CostModel", "ConstantStepTime", "LinearStepCost", "RooflineCostModel", "get_cost_model", "batch_terms",
     "get_hardware", "get_model_spec",
     "kv_cache_bytes", "max_kv_tokens", "bytes_per_generated_token", "max_batch_size",
     "decode_step_time_vs_batch", "swap_or_recompute", "kv_block_bytes", "kv_element_bytes",
@@ -408,6 +414,11 @@ class CostModel:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
+    @staticmethod
+    def from_profile(path) -> "LinearStepCost":
+        """The cost model a calibration on some machine saved (``python -m minillm.bench calibrate``)."""
+        return LinearStepCost.from_profile(path)
+
 
 def _check_batch(num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> None:
     if len(num_new_tokens) != len(context_lens):
@@ -449,6 +460,87 @@ class ConstantStepTime(CostModel):
 
     def schedule_time(self, num_running: int, num_waiting: int) -> float:
         return self.schedule_overhead
+
+
+STEP_TERMS = ("fixed", "new_tokens", "sequences", "context_tokens", "attention_pairs")
+
+
+def batch_terms(num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> tuple[int, int, int, int, int]:
+    """What a step's time is made of, counted for one batch (``LinearStepCost``'s terms, in
+    ``STEP_TERMS``' order): 1 (the fixed part), new tokens (every linear layer runs once per
+    new token), sequences (sampling and bookkeeping per request), context tokens (the KV each
+    request reads) and attention pairs (query-key products: new token j of a request with
+    ``c`` positions after the step and ``q`` new ones attends to ``c - q + j + 1`` keys)."""
+    pairs = sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(num_new_tokens, context_lens))
+    return 1, sum(num_new_tokens), len(num_new_tokens), sum(context_lens), pairs
+
+
+class LinearStepCost(CostModel):
+    """A step's time as a sum of per-unit costs, fitted to measured steps of the real engine.
+
+    ``seconds``: one number per term of ``STEP_TERMS`` (seconds per step, per new token, per
+    sequence, per context token, per attention pair); ``stderr``: each one's standard error
+    from the fit; ``info``: where it was measured (machine, model, threads, ...). A profile is
+    this as JSON (``to_profile`` / ``from_profile``).
+    """
+    PROFILE_FORMAT = "minillm-step-cost/1"
+
+    def __init__(self, seconds: Mapping[str, float], stderr: Optional[Mapping[str, float]] = None, *,
+                 info: Optional[Mapping[str, Any]] = None, name: Optional[str] = None):
+        self.seconds = {t: _profile_number("terms", t, seconds) for t in STEP_TERMS}
+        self.stderr = {t: _profile_number("stderr", t, stderr) for t in STEP_TERMS} if stderr else {}
+        unknown = sorted(set(seconds) - set(STEP_TERMS))
+        if unknown:
+            raise ValueError(f"profile field terms: unknown term(s) {unknown}; the terms are {list(STEP_TERMS)}")
+        self.info = dict(info or {})
+        self.name = name or f"calibrated({self.info.get('machine', 'this machine')})"
+        self._weights = [self.seconds[t] for t in STEP_TERMS]
+
+    def step_time(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
+        _check_batch(num_new_tokens, context_lens)
+        if not num_new_tokens:
+            return 0.0
+        return sum(w * x for w, x in zip(self._weights, batch_terms(num_new_tokens, context_lens)))
+
+    def to_profile(self) -> dict:
+        return {"format": self.PROFILE_FORMAT, "terms": dict(self.seconds), "stderr": dict(self.stderr),
+                **{k: v for k, v in self.info.items() if k not in ("format", "terms", "stderr")}}
+
+    def save(self, path) -> None:
+        import json
+        from pathlib import Path
+        Path(path).write_text(json.dumps(self.to_profile(), indent=2) + "\n")
+
+    @classmethod
+    def from_profile(cls, path) -> "LinearStepCost":
+        """Load a profile saved by ``save``; a malformed one is refused naming the field."""
+        import json
+        from pathlib import Path
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"profile {path}: not JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"profile {path}: expected a JSON object, got {type(data).__name__}")
+        if data.get("format") != cls.PROFILE_FORMAT:
+            raise ValueError(f"profile field format={data.get('format')!r}: expected {cls.PROFILE_FORMAT!r}")
+        terms = data.get("terms")
+        if not isinstance(terms, dict):
+            raise ValueError(f"profile field terms={terms!r}: expected an object with {list(STEP_TERMS)}")
+        stderr = data.get("stderr") or None
+        if stderr is not None and not isinstance(stderr, dict):
+            raise ValueError(f"profile field stderr={stderr!r}: expected an object")
+        info = {k: v for k, v in data.items() if k not in ("format", "terms", "stderr")}
+        return cls(terms, stderr, info=info)
+
+
+def _profile_number(group: str, term: str, values: Mapping[str, Any]) -> float:
+    if term not in values:
+        raise ValueError(f"profile field {group}.{term} is missing")
+    v = values[term]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"profile field {group}.{term}={v!r}: must be a finite number >= 0 (seconds)")
+    return float(v)
 
 
 class RooflineCostModel(CostModel):

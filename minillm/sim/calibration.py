@@ -1,0 +1,287 @@
+"""Is the simulator right? Calibrate its clock on this machine, then check it against the real engine.
+
+The simulator runs the real scheduler and KV manager; only the *time* a step takes is predicted, by a
+cost model. So a simulator calibrated on this machine should predict what the real engine does here.
+Three parts, each usable alone:
+
+1. ``measure_steps``: run the real engine (the shipped model unless told otherwise) over a grid of
+   batch shapes (decodes at batch 1 to 64, short and long contexts, whole and chunked prefills, mixed
+   batches) and keep, for every step, each request's new tokens and context and the step's wall time.
+2. ``fit_step_cost``: a least-squares fit of ``LinearStepCost``'s terms (``costmodel.batch_terms``: a
+   fixed part, per new token, per sequence, per context token, per attention pair) to those steps,
+   weighted so that every step counts by its *relative* error; a term the data make negative is
+   dropped (its cost is then 0) and the rest fitted again. Each term keeps its standard error.
+3. ``compare_on_trace``: the same trace (Poisson arrivals, log-normal lengths) run on the real engine
+   (wall clock, requests arriving in real time) and on the simulator (modeled clock, the calibrated
+   cost model): every request's TTFT, TPOT and end-to-end latency side by side, with the median and
+   90th-percentile relative error, and both step counts.
+
+``calibrate(out=DIR)`` does all three and writes the profile (``DIR/step-cost-MACHINE.json``, loaded by
+``CostModel.from_profile``) and the report (``DIR/calibration-MACHINE.json``);
+``python -m minillm.bench calibrate`` is the same from a shell.
+
+Published simulators, for scale: Vidur (Agrawal et al., MLSys 2024) profiles each operator and predicts
+request latency within 9%; ours predicts only step times, with every decision the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from .costmodel import STEP_TERMS, LinearStepCost, batch_terms
+
+__all__ = ["StepSample", "measure_steps", "fit_step_cost", "validation_trace", "compare_on_trace", "calibrate",
+           "machine_name"]
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured step: each request's new tokens and KV length after the step, and the seconds it took."""
+    num_new_tokens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    seconds: float
+
+
+def machine_name() -> str:
+    """A file-name-safe name for this machine (its host name)."""
+    name = platform.node() or "this-machine"
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 1. Measuring the real engine's steps
+# ---------------------------------------------------------------------------------------------------------
+
+# (requests, prompt length range, output tokens, token budget): decodes at every batch size up to 64,
+# long contexts, prefills whole and chunked, and decodes mixed with chunks of a new prompt.
+GRID = (
+    (1, (8, 32), 24, 2048), (2, (8, 32), 24, 2048), (4, (8, 64), 24, 2048), (8, (8, 64), 24, 2048),
+    (16, (8, 64), 24, 2048), (32, (8, 64), 20, 2048), (64, (8, 48), 16, 2048),
+    (4, (300, 700), 16, 2048), (16, (200, 500), 12, 4096),
+    (1, (16, 900), 1, 2048), (1, (400, 900), 1, 2048), (1, (100, 300), 1, 2048),
+    (12, (8, 32), 24, 96), (24, (64, 400), 12, 256), (6, (400, 800), 8, 128),
+)
+
+
+def _engine(model: Optional[str], **config):
+    from ..config import EngineConfig
+    from ..engine import LLMEngine
+    config.setdefault("record", "summary")
+    config.setdefault("record_history", None)
+    return LLMEngine(model, EngineConfig.from_fields("calibrate", **config))
+
+
+def _warm_up(engine) -> None:
+    """A few steps first: torch's first forwards allocate and are slower than the rest."""
+    from ..sampling_params import SamplingParams
+    sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for n in (40, 8, 3):
+        engine.add_request(list(range(10, 10 + n)), sp)
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: int = 0, grid=GRID,
+                  progress: Optional[Callable[[int, int], None]] = None, **config) -> list[StepSample]:
+    """Run the real engine over ``grid`` (every request arriving at once, greedy, exactly its output
+    length) and return every step as a ``StepSample``; stops early once ``budget_s`` seconds are spent.
+
+    A step's time is the time from the end of the step before to its own end, so what the engine does
+    between steps is counted too; the first step of each workload (after an idle engine) is left out."""
+    from ..sampling_params import SamplingParams
+    rng = np.random.default_rng(seed)
+    config.setdefault("max_model_len", 1024)
+    samples: list[StepSample] = []
+    t_start = time.perf_counter()
+    engines: dict[int, Any] = {}
+    for i, (n, (lo, hi), out_len, budget) in enumerate(grid):
+        if time.perf_counter() - t_start > budget_s:
+            break
+        if budget not in engines:
+            engines[budget] = _engine(model, max_num_batched_tokens=budget, max_num_seqs=64, **config)
+            _warm_up(engines[budget])
+        engine = engines[budget]
+        sp = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
+        for _ in range(n):
+            length = int(rng.integers(lo, hi + 1))
+            engine.add_request(rng.integers(10, engine.vocab_size, length).tolist(), sp)
+        previous_end = None
+        while engine.has_unfinished_requests():
+            rec = engine.step()
+            grants = [e for e in rec.batch]
+            if previous_end is not None and grants:
+                samples.append(StepSample(tuple(e.num_new_tokens for e in grants),
+                                          tuple(e.context_len for e in grants), rec.time - previous_end))
+            previous_end = rec.time
+        if progress is not None:
+            progress(i + 1, len(grid))
+    return samples
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 2. Fitting the terms
+# ---------------------------------------------------------------------------------------------------------
+
+def fit_step_cost(samples: Sequence[StepSample], *, info: Optional[dict] = None) -> LinearStepCost:
+    """Weighted least squares of the step times on ``batch_terms``, every term >= 0.
+
+    Weights 1/seconds make the fit minimise relative error (a 2 ms step counts as much as a 40 ms one).
+    A term whose fitted cost is negative is set to 0 and the others fitted again. Standard errors come
+    from the residuals: ``s^2 (X^T W X)^-1``."""
+    if len(samples) < len(STEP_TERMS) + 2:
+        raise ValueError(f"fit_step_cost: {len(samples)} steps; need at least {len(STEP_TERMS) + 2}")
+    x = np.array([batch_terms(s.num_new_tokens, s.context_lens) for s in samples], dtype=float)
+    y = np.array([s.seconds for s in samples], dtype=float)
+    if not np.all(np.isfinite(y)) or np.any(y <= 0):
+        raise ValueError("fit_step_cost: every step time must be a positive number of seconds")
+    w = 1.0 / y
+    active = list(range(len(STEP_TERMS)))
+    while True:
+        xa = x[:, active] * w[:, None]
+        scale = np.abs(xa).max(axis=0)                      # columns of very different sizes: rescale
+        scale[scale == 0] = 1.0
+        coef, *_ = np.linalg.lstsq(xa / scale, y * w, rcond=None)
+        coef = coef / scale
+        negative = [a for a, c in zip(active, coef) if c < 0]
+        if not negative:
+            break
+        active.remove(min(negative, key=lambda a: coef[active.index(a)]))
+    seconds = dict.fromkeys(STEP_TERMS, 0.0)
+    stderr = dict.fromkeys(STEP_TERMS, 0.0)
+    residual = (x[:, active] @ coef - y) * w
+    dof = max(1, len(y) - len(active))
+    xw = x[:, active] * w[:, None]
+    cov = (residual @ residual / dof) * np.linalg.pinv(xw.T @ xw)
+    for j, a in enumerate(active):
+        seconds[STEP_TERMS[a]] = float(coef[j])
+        stderr[STEP_TERMS[a]] = float(np.sqrt(max(cov[j, j], 0.0)))
+    rel = np.abs(residual)
+    info = dict(info or {})
+    info.update(num_steps=len(samples), fit_median_rel_err=float(np.median(rel)),
+                fit_p90_rel_err=float(np.percentile(rel, 90)))
+    return LinearStepCost(seconds, stderr, info=info)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 3. The same trace on the real engine and on the simulator
+# ---------------------------------------------------------------------------------------------------------
+
+def validation_trace(n: int = 300, rate: float = 12.0, seed: int = 1, *, prompt_median: int = 48,
+                     output_median: int = 40) -> list:
+    """``n`` requests, Poisson arrivals at ``rate`` per second, log-normal prompt and output lengths."""
+    from ..analysis.workloads import LogNormal, synthetic_trace
+    return synthetic_trace(n, rate=rate, prompt_len=LogNormal(prompt_median, 0.8, 4, 600),
+                           output_len=LogNormal(output_median, 0.8, 2, 300), seed=seed)
+
+
+def _latencies(metrics) -> dict[str, Optional[float]]:
+    tpot = None
+    if metrics.num_output_tokens > 1 and metrics.first_token_time is not None:
+        tpot = (metrics.finish_time - metrics.first_token_time) / (metrics.num_output_tokens - 1)
+    return {"ttft": metrics.ttft, "tpot": tpot, "e2e": metrics.finish_time - metrics.arrival_time}
+
+
+def _relative_errors(measured: dict, modeled: dict, metric: str) -> np.ndarray:
+    pairs = [(measured[r][metric], modeled[r][metric]) for r in measured if r in modeled]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None and a > 0]
+    return np.array([abs(b - a) / a for a, b in pairs])
+
+
+def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optional[str] = None,
+                     **config) -> dict:
+    """Run ``trace`` on the real engine (wall clock) and on the simulator (``cost_model``); per metric
+    (``ttft``, ``tpot``, ``e2e``) the median and 90th-percentile relative error of modeled against
+    measured, both medians, every request's pair (``per_request``), and the two step counts."""
+    from ..analysis.workloads import submit_trace
+    from ..model.loader import resolve_model_path
+    from .simulated import simulate
+    config.setdefault("max_num_seqs", 64)
+    config.setdefault("max_num_batched_tokens", 2048)
+    config.setdefault("max_model_len", 1024)
+    config.setdefault("preemption_mode", "recompute")
+
+    engine = _engine(model, **config)
+    _warm_up(engine)
+    engine.step_records.clear()
+    start = engine.clock.now() + 0.05
+    ids = submit_trace(engine, [replace(r, arrival_time=r.arrival_time + start) for r in trace],
+                       vocab_size=engine.vocab_size)
+    while engine.has_unfinished_requests():
+        engine.step()
+    measured = {rid: _latencies(engine.requests[rid].metrics) for rid in ids}
+    measured_steps = sum(1 for rec in engine.step_records if rec.batch_size)
+    preemptions = sum(engine.requests[rid].metrics.num_preemptions for rid in ids)
+
+    sim, _ = simulate(trace, model=resolve_model_path(model), cost_model=cost_model, records="full", **config)
+    modeled = {rid: _latencies(sim.requests[rid].metrics) for rid in ids}
+    modeled_steps = sum(1 for rec in sim.step_records if rec.batch_size)
+
+    report: dict[str, Any] = {}
+    for metric in ("ttft", "tpot", "e2e"):
+        err = _relative_errors(measured, modeled, metric)
+        values = [(measured[r][metric], modeled[r][metric]) for r in ids
+                  if measured[r][metric] is not None and modeled[r][metric] is not None]
+        report[metric] = {"median_rel_err": float(np.median(err)), "p90_rel_err": float(np.percentile(err, 90)),
+                          "median_measured_s": float(np.median([a for a, _ in values])),
+                          "median_modeled_s": float(np.median([b for _, b in values])), "num_requests": len(err)}
+    report["steps"] = {"measured": measured_steps, "modeled": modeled_steps}
+    report["preemptions"] = preemptions
+    report["num_requests"] = len(ids)
+    report["per_request"] = {rid: {"measured": measured[rid], "modeled": modeled[rid]} for rid in ids}
+    return report
+
+
+# ---------------------------------------------------------------------------------------------------------
+# All three: the command
+# ---------------------------------------------------------------------------------------------------------
+
+def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_s: float = 40.0,
+              validate: bool = True, traces: Optional[dict] = None, seed: int = 0,
+              progress: Optional[Callable[[str], None]] = print, **config) -> tuple[LinearStepCost, dict]:
+    """Measure, fit, and (``validate``) compare on ``traces`` ({name: (trace, engine settings)}; default
+    two: a Poisson trace, and a second, busier one on a small KV cache, so that requests are preempted).
+    Returns ``(cost_model, report)``; with ``out``, writes the profile and the report there."""
+    import torch
+    say = progress or (lambda _msg: None)
+    info = {"machine": machine_name(), "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "model": model or "shipped",
+            "date": time.strftime("%Y-%m-%d")}
+    t0 = time.perf_counter()
+    say(f"calibrate: timing the real engine's steps on {info['machine']} (at most {budget_s:.0f} s)")
+    samples = measure_steps(model, budget_s=budget_s, seed=seed, **config)
+    info["calibration_s"] = time.perf_counter() - t0
+    cost = fit_step_cost(samples, info=info)
+    say(f"calibrate: {len(samples)} steps in {info['calibration_s']:.1f} s; fit within "
+        f"{cost.info['fit_median_rel_err']:.1%} (median), {cost.info['fit_p90_rel_err']:.1%} (p90) per step")
+    for term in STEP_TERMS:
+        say(f"    {term:<16} {cost.seconds[term] * 1e6:12.4f} us  (+/- {cost.stderr.get(term, 0) * 1e6:.4f})")
+    report: dict[str, Any] = {"calibration_s": info["calibration_s"], "profile": cost.to_profile(), "traces": {}}
+    if validate:
+        if traces is None:
+            traces = {"poisson": (validation_trace(300, rate=12.0, seed=seed + 1), {}),
+                      "preempting": (validation_trace(240, rate=16.0, seed=seed + 2, prompt_median=96,
+                                                      output_median=64), {"num_kv_blocks": 48})}
+        for name, (trace, settings) in traces.items():
+            say(f"calibrate: trace '{name}' ({len(trace)} requests) on the real engine, then the simulator")
+            r = compare_on_trace(cost, trace, model, **{**config, **settings})
+            report["traces"][name] = r
+            say(f"    {name}: e2e {r['e2e']['median_rel_err']:.1%} median / {r['e2e']['p90_rel_err']:.1%} p90, "
+                f"TTFT {r['ttft']['median_rel_err']:.1%} / {r['ttft']['p90_rel_err']:.1%}, "
+                f"TPOT {r['tpot']['median_rel_err']:.1%} / {r['tpot']['p90_rel_err']:.1%}; steps "
+                f"{r['steps']['measured']} measured, {r['steps']['modeled']} modeled; "
+                f"{r['preemptions']} preemptions")
+    if out is not None:
+        path = Path(out)
+        path.mkdir(parents=True, exist_ok=True)
+        profile = path / f"step-cost-{info['machine']}.json"
+        cost.save(profile)
+        (path / f"calibration-{info['machine']}.json").write_text(json.dumps(report, indent=1) + "\n")
+        say(f"calibrate: wrote {profile} (CostModel.from_profile loads it) and the report beside it")
+    return cost, report
