@@ -247,3 +247,18 @@ def test_a_step_that_raises_undoes_its_fork_and_copies(mode):
     clean = run_group(FCFS())
     flaky = run_group(_FlakyFCFS())
     assert flaky[2] > 5 and flaky[:2] == clean[:2]
+
+
+@pytest.mark.parametrize("record", ["summary", "totals"])
+def test_a_forked_block_counts_once_in_the_summary_and_totals_records(record):
+    """Without prefix caching only a fork shares blocks: the records without the per-block map
+    still count a shared block once, as the full one does (they counted it once per sample, and
+    ``kv.used`` exceeded the cache). A plain ``LLM()`` keeps "summary" records above 256 blocks."""
+    llm = LLM("random", executor="simulated", block_size=4, num_kv_blocks=16, max_model_len=64, record=record)
+    e = llm.engine
+    e.add_request([3] * 14, SamplingParams(n=4, max_tokens=6, ignore_eos=True), request_id="g")
+
+    def same_as_full(rec):
+        assert rec.kv.used == e.kv.snapshot(e._active, detail=True).used
+    recs = run(e, same_as_full)
+    assert recs[0].forks

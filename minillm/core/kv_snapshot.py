@@ -11,6 +11,12 @@ import math
 from ..step_record import BlockInfo, KVSnapshot, RequestKV
 
 
+def may_share_blocks(kv) -> bool:
+    """Can a block have two holders now? Always with prefix caching (a cache hit); without it only
+    after a parallel-sampling fork, and then the block tables hold more entries than blocks are in use."""
+    return kv.enable_prefix_caching or sum(map(len, kv.req_blocks.values())) > kv.num_blocks - kv.pool.num_free
+
+
 def paged_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
     """The snapshot of a ``PagedKVCacheManager``; ``detail`` adds the per-block map (O(blocks))."""
     bs = kv.block_size
@@ -19,7 +25,7 @@ def paged_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
     per_request = {}
     used = partial = 0
     seen: set[int] = set()
-    shared = kv.enable_prefix_caching or detail     # else no block has two owners
+    shared = detail or may_share_blocks(kv)         # else no block has two owners
     for rid, blocks in kv.req_blocks.items():
         req = requests.get(rid)
         n = req.num_computed_tokens if req is not None else 0
@@ -103,7 +109,7 @@ def paged_totals(kv, requests: dict) -> KVSnapshot:
     repeated full block."""
     bs = kv.block_size
     used = held = computed = repeats = 0
-    shared = kv.enable_prefix_caching        # else no block has two owners (as paged_snapshot assumes)
+    shared = may_share_blocks(kv)            # else no block has two owners
     seen: set[int] = set()
     for rid, blocks in kv.req_blocks.items():
         req = requests.get(rid)
