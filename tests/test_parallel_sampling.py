@@ -262,3 +262,24 @@ def test_a_forked_block_counts_once_in_the_summary_and_totals_records(record):
         assert rec.kv.used == e.kv.snapshot(e._active, detail=True).used
     recs = run(e, same_as_full)
     assert recs[0].forks
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_a_group_swapped_out_in_the_pass_of_its_first_copy_on_write_keeps_its_kv(kv_cache_dtype):
+    """The first decode after the fork gives sample 0 a fresh block for its copy-on-write; the
+    next sample then finds no block free, and the group (the lower priority) is swapped out in
+    the same pass. The fresh block is still empty (the runner swaps out before it copies): the
+    host must get the shared block it stands for. Every sample equals its request run alone
+    (sample 0 once diverged from its second token). On the trained model: its output depends on the KV."""
+    prompt = [15, 40, 33, 17, 38, 11]                  # 6 tokens: the second block is half full
+    sp = dict(temperature=1.0, max_tokens=8, ignore_eos=True)
+    cfg = dict(dtype="float32", block_size=4, max_model_len=64, kv_cache_dtype=kv_cache_dtype)
+    alone = LLM(**cfg, num_kv_blocks=64).generate([prompt] * 3, [SamplingParams(**sp, seed=completion_seed(5, i))
+                                                                 for i in range(3)], use_tqdm=False)
+    llm = LLM(**cfg, num_kv_blocks=5, policy="priority", preemption_mode="swap", num_swap_blocks=20)
+    e = llm.engine
+    e.add_request(prompt, SamplingParams(**sp, n=3, seed=5), request_id="g", priority=1)
+    e.add_request([4, 4, 4, 4], SamplingParams(max_tokens=8, ignore_eos=True), request_id="b", priority=0)
+    recs = run(e)
+    assert recs[0].forks and completion_id("g", 0) in {p.request_id for p in recs[1].preempted}
+    assert [c.token_ids for c in e.get_output("g").outputs] == [o.token_ids for o in alone]
