@@ -65,7 +65,7 @@ def test_swap_in_and_out_in_one_pass_keep_each_requests_kv():
             cfg.pop(k, None)
         return cfg
     for seed in range(8):
-        stats = fe.fuzz_run(seed, num_requests=8, fault_rate=0.0, abort_rate=0.0, config=swap_config)
+        stats = fe.fuzz_run(seed, num_requests=8, fault_rate=0.0, abort_rate=0.0, config=swap_config, group_rate=0.0)
         assert stats.mismatches == 0 and not stats.problems, stats.problems[:2]
 
 

@@ -195,13 +195,17 @@ class KVStepJournal:
         return self._damaged(kv)
 
     def _damaged(self, kv) -> dict[str, int]:
-        """Per request the step touched: the position of its first block handed out during the step
-        (its prefix hashes from there on are dropped)."""
+        """Per request the step touched: the position of its first block handed out during the step.
+        The request gives that block and the ones after it back (it recomputes them into blocks of its
+        own: the samples of a fork still share them) and drops its prefix hashes from there on."""
         damaged: dict[str, int] = {}
         for rid in self.tables:
-            for i, b in enumerate(kv.req_blocks.get(rid, ())):
+            blocks = kv.req_blocks.get(rid, ())
+            for i, b in enumerate(blocks):
                 if b.block_id in self.fresh:
                     damaged[rid] = i * kv.block_size
+                    kv.pool.free_blocks(blocks[i:])
+                    del blocks[i:]
                     hashes = kv.req_hashes.get(rid)
                     if hashes and len(hashes) > i:
                         del hashes[i:]
