@@ -45,8 +45,9 @@ class FuzzStats:
         self.problems += other.problems
 
     def line(self) -> str:
-        return (f"runs {self.runs}, steps {self.steps}, requests {self.requests}, groups {self.groups}, aborts {self.aborts}, "
-                f"faults {self.faults}, mismatches {self.mismatches}, lost {self.lost}, leaks {self.leaks}")
+        return (f"runs {self.runs}, steps {self.steps}, requests {self.requests}, groups {self.groups}, "
+                f"aborts {self.aborts}, faults {self.faults}, mismatches {self.mismatches}, lost {self.lost}, "
+                f"leaks {self.leaks}")
 
 
 class FaultyPolicy:
@@ -182,7 +183,8 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
     ids = []
     for r in reqs:
         try:
-            ids.append(eng.add_request(r["prompt"], sampling_params(r), arrival_time=r["arrival"], priority=r["priority"], tenant=r["tenant"],
+            ids.append(eng.add_request(r["prompt"], sampling_params(r), arrival_time=r["arrival"],
+                                       priority=r["priority"], tenant=r["tenant"],
                                        expected_output_len=r["expected_output_len"]))
         except ValueError:
             ids.append(None)                 # does not fit this configuration at all: rejected at the door
@@ -223,5 +225,6 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
             ok = got == ref if r.finish_reason == "length" else got == ref[:len(got)]
             if not ok:
                 stats.mismatches += 1
-                stats.problems.append(f"{where}: request {r.request_id} ({r.finish_reason}) got {got}, alone {ref}")
+                stats.problems.append(f"{where}: request {r.request_id} ({r.finish_reason}) got {got}, "
+                                      f"alone {ref}")
     return stats

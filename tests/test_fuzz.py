@@ -2,7 +2,8 @@
 configurations (policies x preemption modes x allocators x prefix caching x speculation x
 static / every-N batching x queue caps), random workloads, aborts and injected faults; the
 invariants hold after every step and every request's tokens match the same request
-run alone (a parallel-sampling group's samples: each run alone with its own seed). ``make fuzz`` runs a long campaign."""
+run alone (a parallel-sampling group's samples: each run alone with its own seed). ``make fuzz``
+runs a long campaign."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from operator import attrgetter
 from typing import Callable, Optional
 
 from .block_pool import Block, BlockPool
-from .kv_snapshot import paged_snapshot, paged_totals
+from .kv_snapshot import paged_snapshot, paged_totals, paged_wait_reason, prefix_cache_stats
 from .request import Request
 from .reserved_kv_cache import ReservedKVCacheManager
 from .step_journal import KVStepJournal
@@ -160,14 +160,9 @@ class PagedKVCacheManager:
         return copies
 
     def _drop_copies(self, rid: str) -> dict[int, int]:
-        """The request leaves the device in this pass (preempted): its copy-on-write copies are
-        not made. Returns them as {dst block: src block}: a block not filled yet, and the one
-        that holds its KV."""
-        if not self.copies:
-            return {}
+        """A request preempted in this pass needs none of its copies: they go, returned as {dst: src}."""
         mine = {dst: src for r, src, dst in self.copies if r == rid}
-        if mine:
-            self.copies = [c for c in self.copies if c[0] != rid]
+        self.copies = [c for c in self.copies if c[0] != rid] if mine else self.copies
         return mine
 
     def _free_for(self, cached: list[Block]) -> int:
@@ -359,17 +354,10 @@ class PagedKVCacheManager:
     # --- explaining ----------------------------------------------------------------------------
     def explain_wait(self, req: Request, num_new_tokens: int, cached: list[Block] = (),
                      reserve_blocks: int = 0, requests: Optional[dict] = None) -> str:
-        ok, need, free = self.can_allocate(req, num_new_tokens, cached)
-        headroom = self._headroom(req, reserve_blocks)
-        return (f"needs {need} block{'s' if need != 1 else ''}, {free} free"
-                + (f" ({headroom} kept as headroom)" if headroom else ""))
+        return paged_wait_reason(self, req, num_new_tokens, cached, reserve_blocks)
 
     def stats(self) -> dict:
-        st = dict(self.pool.stats)
-        q = st["queried_blocks"]
-        st["hit_rate"] = st["hit_blocks"] / q if q else 0.0
-        st["prefill_tokens_saved"] = self.prefill_tokens_saved
-        return st
+        return prefix_cache_stats(self)
 
     # --- the snapshot StepRecord.kv carries ----------------------------------------------------
     def snapshot(self, requests: dict[str, Request], detail: bool = True) -> KVSnapshot:
