@@ -38,8 +38,6 @@ class IncrementalDetokenizer:
 
     def update(self, token_ids: list[int]) -> str:
         """Take in the output's tokens not seen yet; returns the text they add (possibly "")."""
-        if len(token_ids) < self.num_tokens:      # the output was cut back (a step undone): start over
-            self.__init__(self.tokenizer)
         added = []
         decode = self.tokenizer.decode
         for n in range(self.num_tokens + 1, len(token_ids) + 1):
@@ -52,6 +50,13 @@ class IncrementalDetokenizer:
         new = "".join(added)
         self.text += new
         return new
+
+    def rewind(self, token_ids: list[int]) -> None:
+        """The output was cut back to ``token_ids`` (a step undone): the text becomes theirs again,
+        decoded from the start, one token at a time as ``update`` takes them in, so the offsets are
+        the ones it had after the last of them."""
+        self.__init__(self.tokenizer)
+        self.update(token_ids)
 
 
 def find_stop(text: str, num_new_chars: int, stops: list[str]) -> Optional[tuple[int, str]]:

@@ -1,6 +1,8 @@
 """A randomized differential run of the engine: random configurations, workloads, aborts and
 injected faults, with the invariants checked after every step and every finished request's
-greedy tokens compared with the same request run without contention.
+tokens compared with the same request run without contention. Most requests are greedy; some
+are parallel-sampling groups (``SamplingParams.n`` > 1, sampled with a seed), and each of a
+group's samples must equal the request run alone with that sample's seed (``completion_seed``).
 
 ``fuzz_run(seed)`` makes one run and returns its counts; ``tests/test_fuzz.py`` runs a bounded
 number under hypothesis, and ``make fuzz`` (``scripts/fuzz.py``) a long campaign.
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 from minillm import LLM, SamplingParams
 from minillm.core.invariants import check_all_free, check_invariants
+from minillm.core.parallel_sampling import completion_seed
 from minillm.core.policies import make_policy
 
 MODEL = dict(model="random", max_model_len=96)
@@ -28,6 +31,7 @@ class FuzzStats:
     runs: int = 0
     steps: int = 0
     requests: int = 0
+    groups: int = 0                 # of the requests, parallel-sampling groups (n > 1)
     aborts: int = 0
     faults: int = 0
     mismatches: int = 0
@@ -36,13 +40,14 @@ class FuzzStats:
     problems: list = field(default_factory=list)
 
     def add(self, other: "FuzzStats") -> None:
-        for f in ("runs", "steps", "requests", "aborts", "faults", "mismatches", "lost", "leaks"):
+        for f in ("runs", "steps", "requests", "groups", "aborts", "faults", "mismatches", "lost", "leaks"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.problems += other.problems
 
     def line(self) -> str:
-        return (f"runs {self.runs}, steps {self.steps}, requests {self.requests}, aborts {self.aborts}, "
-                f"faults {self.faults}, mismatches {self.mismatches}, lost {self.lost}, leaks {self.leaks}")
+        return (f"runs {self.runs}, steps {self.steps}, requests {self.requests}, groups {self.groups}, "
+                f"aborts {self.aborts}, faults {self.faults}, mismatches {self.mismatches}, lost {self.lost}, "
+                f"leaks {self.leaks}")
 
 
 class FaultyPolicy:
@@ -120,21 +125,44 @@ def random_workload(rng: random.Random, n: int, cfg: dict) -> list[dict]:
     return reqs
 
 
-def references(reqs: list[dict]) -> list[list[int]]:
-    """Greedy tokens of each request with the engine to itself: plenty of KV, no contention."""
+def make_groups(rng: random.Random, reqs: list[dict], cfg: dict, rate: float) -> None:
+    """Turn about ``rate`` of the requests into parallel-sampling groups of 2 or 3 samples, sampled
+    (temperature 0.8) with a seed of their own; only where the configuration serves them (paged KV,
+    no speculation, room for the group's seats)."""
+    if cfg["kv_allocation"] != "paged" or "speculative_model" in cfg:
+        return
+    for r in reqs:
+        if rng.random() < rate:
+            r.update(n=rng.randint(2, min(3, cfg["max_num_seqs"])), seed=rng.randrange(2**31))
+
+
+def sampling_params(r: dict, n: int = None, seed: int = None) -> SamplingParams:
+    """Request ``r``'s parameters: greedy, or for a group sampled with its seed (``n``, ``seed``:
+    those of one of its samples run alone)."""
+    n = r.get("n", 1) if n is None else n
+    seed = r.get("seed") if seed is None else seed
+    return SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, n=n, seed=seed,
+                          temperature=0.0 if seed is None else 0.8)
+
+
+def references(reqs: list[dict]) -> list[list[list[int]]]:
+    """Each request's tokens with the engine to itself (plenty of KV, no contention): one list per
+    sample, a group's sample i run as a request of its own seeded with ``completion_seed(seed, i)``."""
     llm = LLM(**MODEL, block_size=16, num_kv_blocks=512, max_num_seqs=64, max_num_batched_tokens=4096)
-    outs = llm.generate([r["prompt"] for r in reqs],
-                        [SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True) for r in reqs],
-                        use_tqdm=False)
-    return [o.token_ids for o in outs]
+    alone = [(r, sampling_params(r, 1, completion_seed(r.get("seed"), i))) for r in reqs for i in range(r.get("n", 1))]
+    outs = iter(llm.generate([r["prompt"] for r, _ in alone], [sp for _, sp in alone], use_tqdm=False))
+    return [[next(outs).token_ids for _ in range(r.get("n", 1))] for r in reqs]
 
 
 def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_rate: float = 0.03,
-             max_steps: int = 3000, config=random_config) -> FuzzStats:
-    """One run: ``config(rng)`` draws the engine configuration (``random_config`` by default)."""
+             max_steps: int = 3000, config=random_config, group_rate: float = 0.3) -> FuzzStats:
+    """One run: ``config(rng)`` draws the engine configuration (``random_config`` by default);
+    about ``group_rate`` of the requests are parallel-sampling groups (drawn from a random stream
+    of their own, so the configuration, workload and faults of a seed do not depend on it)."""
     rng = random.Random(seed)
     cfg = config(rng)
     reqs = random_workload(rng, num_requests, cfg)
+    make_groups(random.Random(f"groups {seed}"), reqs, cfg, group_rate)
     want = references(reqs)
     policy = cfg.pop("policy")
     cfg["policy"] = FaultyPolicy(make_policy(policy), rng, fault_rate)
@@ -151,13 +179,12 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
         return res
     eng.executor.execute = execute
 
-    stats = FuzzStats(runs=1, requests=len(reqs))
+    stats = FuzzStats(runs=1, requests=len(reqs), groups=sum(r.get("n", 1) > 1 for r in reqs))
     ids = []
     for r in reqs:
         try:
-            ids.append(eng.add_request(r["prompt"], SamplingParams(max_tokens=r["max_tokens"], temperature=0.0,
-                                                                   ignore_eos=True),
-                                       arrival_time=r["arrival"], priority=r["priority"], tenant=r["tenant"],
+            ids.append(eng.add_request(r["prompt"], sampling_params(r), arrival_time=r["arrival"],
+                                       priority=r["priority"], tenant=r["tenant"],
                                        expected_output_len=r["expected_output_len"]))
         except ValueError:
             ids.append(None)                 # does not fit this configuration at all: rejected at the door
@@ -168,7 +195,7 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
             stats.problems.append(f"{where}: no end after {max_steps} steps")
             break
         if rng.random() < abort_rate:
-            live = [i for i in ids if i is not None and not eng.requests[i].is_finished]
+            live = [i for i in ids if i is not None and not eng.is_finished(i)]
             if live:
                 eng.abort_request(rng.choice(live))
                 stats.aborts += 1
@@ -189,13 +216,15 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
     except AssertionError as e:
         stats.leaks += 1
         stats.problems.append(f"{where}: {e}")
-    for i, (rid, ref) in enumerate(zip(ids, want)):
+    for rid, refs in zip(ids, want):
         if rid is None:
             continue
-        r = eng.requests[rid]
-        got = r.output_token_ids
-        ok = got == ref if r.finish_reason == "length" else got == ref[:len(got)]
-        if not ok:
-            stats.mismatches += 1
-            stats.problems.append(f"{where}: request {rid} ({r.finish_reason}) got {got}, alone {ref}")
+        parent = eng.parents.get(rid)
+        for r, ref in zip(parent.members if parent is not None else [eng.requests[rid]], refs):
+            got = r.output_token_ids
+            ok = got == ref if r.finish_reason == "length" else got == ref[:len(got)]
+            if not ok:
+                stats.mismatches += 1
+                stats.problems.append(f"{where}: request {r.request_id} ({r.finish_reason}) got {got}, "
+                                      f"alone {ref}")
     return stats

@@ -247,3 +247,68 @@ def test_a_step_that_raises_undoes_its_fork_and_copies(mode):
     clean = run_group(FCFS())
     flaky = run_group(_FlakyFCFS())
     assert flaky[2] > 5 and flaky[:2] == clean[:2]
+
+
+@pytest.mark.parametrize("record", ["summary", "totals"])
+def test_a_forked_block_counts_once_in_the_summary_and_totals_records(record):
+    """Without prefix caching only a fork shares blocks: the records without the per-block map
+    still count a shared block once, as the full one does (they counted it once per sample, and
+    ``kv.used`` exceeded the cache). A plain ``LLM()`` keeps "summary" records above 256 blocks."""
+    llm = LLM("random", executor="simulated", block_size=4, num_kv_blocks=16, max_model_len=64, record=record)
+    e = llm.engine
+    e.add_request([3] * 14, SamplingParams(n=4, max_tokens=6, ignore_eos=True), request_id="g")
+
+    def same_as_full(rec):
+        assert rec.kv.used == e.kv.snapshot(e._active, detail=True).used
+    recs = run(e, same_as_full)
+    assert recs[0].forks
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_a_group_swapped_out_in_the_pass_of_its_first_copy_on_write_keeps_its_kv(kv_cache_dtype):
+    """The first decode after the fork gives sample 0 a fresh block for its copy-on-write; the
+    next sample then finds no block free, and the group (the lower priority) is swapped out in
+    the same pass. The fresh block is still empty (the runner swaps out before it copies): the
+    host must get the shared block it stands for. Every sample equals its request run alone
+    (sample 0 once diverged from its second token). On the trained model: its output depends on the KV."""
+    prompt = [15, 40, 33, 17, 38, 11]                  # 6 tokens: the second block is half full
+    sp = dict(temperature=1.0, max_tokens=8, ignore_eos=True)
+    cfg = dict(dtype="float32", block_size=4, max_model_len=64, kv_cache_dtype=kv_cache_dtype)
+    alone = LLM(**cfg, num_kv_blocks=64).generate([prompt] * 3, [SamplingParams(**sp, seed=completion_seed(5, i))
+                                                                 for i in range(3)], use_tqdm=False)
+    llm = LLM(**cfg, num_kv_blocks=5, policy="priority", preemption_mode="swap", num_swap_blocks=20)
+    e = llm.engine
+    e.add_request(prompt, SamplingParams(**sp, n=3, seed=5), request_id="g", priority=1)
+    e.add_request([4, 4, 4, 4], SamplingParams(max_tokens=8, ignore_eos=True), request_id="b", priority=0)
+    recs = run(e)
+    assert recs[0].forks and completion_id("g", 0) in {p.request_id for p in recs[1].preempted}
+    assert [c.token_ids for c in e.get_output("g").outputs] == [o.token_ids for o in alone]
+
+
+def test_a_sample_swapped_in_is_not_swapped_out_again_in_the_same_pass():
+    """Sample 0 of a low-priority group is back on the device and sample 1 still in host memory.
+    A pass swaps sample 1 in, then admits a higher-priority arrival that preempts sample 0, and
+    with it the whole group: sample 1's swap-out would copy device blocks its swap-in has not
+    filled yet (the runner swaps out first). A group with a member placed by the pass is not
+    preempted by it. The workload is one a search found; the check is the order of the KV moves."""
+    llm = LLM("random", executor="simulated", block_size=4, num_kv_blocks=8, max_model_len=64, policy="priority",
+              preemption_mode="swap", num_swap_blocks=40, clock="modeled", cost_model=0.01)
+    e = llm.engine
+    e.add_request([7] * 3, SamplingParams(n=2, max_tokens=11, ignore_eos=True), request_id="g", priority=1,
+                  arrival_time=0.0)
+    for i, (plen, max_tokens, t) in enumerate([(4, 6, 0.0557), (2, 7, 0.0661), (5, 5, 0.0869)]):
+        e.add_request([5] * plen, SamplingParams(max_tokens=max_tokens, ignore_eos=True), request_id=f"h{i}",
+                      priority=0, arrival_time=t)
+    kv, swapped_in = e.kv, set()
+    swap_in, swap_out = kv.swap_in, kv.swap_out
+
+    def logged_swap_in(req):
+        swapped_in.add(req.request_id)
+        return swap_in(req)
+
+    def checked_swap_out(req):
+        assert req.request_id not in swapped_in, f"{req.request_id} swapped in and out in one pass"
+        return swap_out(req)
+    kv.swap_in, kv.swap_out = logged_swap_in, checked_swap_out
+    recs = run(e, lambda rec: swapped_in.clear())
+    assert sum(len(r.swapped_in) for r in recs) >= 2

@@ -65,7 +65,7 @@ def test_swap_in_and_out_in_one_pass_keep_each_requests_kv():
             cfg.pop(k, None)
         return cfg
     for seed in range(8):
-        stats = fe.fuzz_run(seed, num_requests=8, fault_rate=0.0, abort_rate=0.0, config=swap_config)
+        stats = fe.fuzz_run(seed, num_requests=8, fault_rate=0.0, abort_rate=0.0, config=swap_config, group_rate=0.0)
         assert stats.mismatches == 0 and not stats.problems, stats.problems[:2]
 
 
@@ -414,3 +414,28 @@ def test_an_executor_that_returns_too_few_token_lists_is_refused_and_changes_not
     eng.executor.execute = real_execute
     run_checked(eng)
     assert [eng.requests[rid].output_token_ids for rid in ids] == [alone(p, 4) for p in ps]
+
+
+def test_a_step_undone_after_its_tokens_were_appended_rolls_their_text_back():
+    """A stop string is matched on the incremental text. A step whose on_step hook raises has
+    appended its tokens and decoded their text; the rollback cuts both back, so the text always
+    decodes the output's tokens, and the retried step finds the stop string the first try had
+    found (the text once kept the undone token, the retry added nothing, and the stop was missed)."""
+    def run(policy):
+        eng = LLM(max_model_len=256, block_size=8, num_kv_blocks=64, policy=policy).engine
+        eng.add_request("ROMEO:", SamplingParams(max_tokens=30, temperature=0.0, stop=["ot"]), request_id="a")
+        req, faults = eng.requests["a"], 0
+        while eng.has_unfinished_requests():
+            try:
+                eng.step()
+            except Boom:
+                faults += 1
+            if req.detokenizer is not None:
+                assert req.detokenizer.text == eng.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+        out = eng.get_output("a")
+        return (out.token_ids, out.text, out.finish_reason, req.stop_reason), faults
+
+    clean, _ = run(Priority())
+    assert clean[2:] == ("stop", "ot")
+    flaky, faults = run(FlakyPriority("on_step", range(1, 100, 2)))
+    assert faults >= 3 and flaky == clean

@@ -19,7 +19,7 @@ from operator import attrgetter
 from typing import Callable, Optional
 
 from .block_pool import Block, BlockPool
-from .kv_snapshot import paged_snapshot, paged_totals
+from .kv_snapshot import paged_snapshot, paged_totals, paged_wait_reason, prefix_cache_stats
 from .request import Request
 from .reserved_kv_cache import ReservedKVCacheManager
 from .step_journal import KVStepJournal
@@ -155,11 +155,15 @@ class PagedKVCacheManager:
         self.copies.append((req.request_id, shared.block_id, fresh.block_id))
 
     def take_copies(self) -> list[tuple[str, int, int]]:
-        """This pass's copy-on-write copies ``(request id, src block, dst block)`` whose writer
-        still holds the destination (a writer preempted later in the pass needs no copy)."""
+        """This pass's copy-on-write copies ``(request id, src block, dst block)``."""
         copies, self.copies = self.copies, []
-        return [(rid, src, dst) for rid, src, dst in copies
-                if any(b.block_id == dst for b in self.req_blocks.get(rid, ()))]
+        return copies
+
+    def _drop_copies(self, rid: str) -> dict[int, int]:
+        """A request preempted in this pass needs none of its copies: they go, returned as {dst: src}."""
+        mine = {dst: src for r, src, dst in self.copies if r == rid}
+        self.copies = [c for c in self.copies if c[0] != rid] if mine else self.copies
+        return mine
 
     def _free_for(self, cached: list[Block]) -> int:
         # Cached hits sitting in the free list stop being free once taken.
@@ -236,6 +240,7 @@ class PagedKVCacheManager:
         if rid not in self.req_blocks and rid not in self.swapped and rid not in self.req_hashes:
             return
         self._save_table(rid)
+        self._drop_copies(rid)
         blocks = self.req_blocks.pop(rid, [])
         self.pool.free_blocks(blocks)
         self._forget_uncomputed(blocks)
@@ -313,13 +318,15 @@ class PagedKVCacheManager:
     def swap_out(self, req: Request) -> list[tuple[int, int]]:
         """Move the request's blocks to the host pool: returns (device block, host block) copies.
         The device blocks are free at once: the runner copies every swap-out before anything
-        is written into them (swap-ins, then the forward)."""
+        is written into them (copy-on-write copies, swap-ins, then the forward). A block this
+        pass gave the request for a copy-on-write is still empty: its source goes to the host."""
         self._save_table(req.request_id)
+        unfilled = self._drop_copies(req.request_id)
         blocks = self.req_blocks.pop(req.request_id, [])
         self.req_hashes.pop(req.request_id, None)
         host = [self.swap_free.pop() for _ in blocks]
         self.swapped[req.request_id] = host
-        mapping = [(b.block_id, h) for b, h in zip(blocks, host)]
+        mapping = [(unfilled.get(b.block_id, b.block_id), h) for b, h in zip(blocks, host)]
         self.pool.free_blocks(blocks)
         self._forget_uncomputed(blocks)
         return mapping
@@ -347,17 +354,10 @@ class PagedKVCacheManager:
     # --- explaining ----------------------------------------------------------------------------
     def explain_wait(self, req: Request, num_new_tokens: int, cached: list[Block] = (),
                      reserve_blocks: int = 0, requests: Optional[dict] = None) -> str:
-        ok, need, free = self.can_allocate(req, num_new_tokens, cached)
-        headroom = self._headroom(req, reserve_blocks)
-        return (f"needs {need} block{'s' if need != 1 else ''}, {free} free"
-                + (f" ({headroom} kept as headroom)" if headroom else ""))
+        return paged_wait_reason(self, req, num_new_tokens, cached, reserve_blocks)
 
     def stats(self) -> dict:
-        st = dict(self.pool.stats)
-        q = st["queried_blocks"]
-        st["hit_rate"] = st["hit_blocks"] / q if q else 0.0
-        st["prefill_tokens_saved"] = self.prefill_tokens_saved
-        return st
+        return prefix_cache_stats(self)
 
     # --- the snapshot StepRecord.kv carries ----------------------------------------------------
     def snapshot(self, requests: dict[str, Request], detail: bool = True) -> KVSnapshot:

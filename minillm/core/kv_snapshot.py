@@ -1,4 +1,5 @@
 """The KV snapshot a StepRecord carries (``StepRecord.kv``): who holds which positions, block by block.
+Beside it, what a paged KV manager says about itself: why a request waits, the prefix cache's counts.
 
 Built from a KV manager after each step for the widgets and the invariant checks: positions used,
 free, cached, reserved but unused, the empty tails of last blocks, and (``detail``) every block's owners.
@@ -11,6 +12,12 @@ import math
 from ..step_record import BlockInfo, KVSnapshot, RequestKV
 
 
+def may_share_blocks(kv) -> bool:
+    """Can a block have two holders now? Always with prefix caching (a cache hit); without it only
+    after a parallel-sampling fork, and then the block tables hold more entries than blocks are in use."""
+    return kv.enable_prefix_caching or sum(map(len, kv.req_blocks.values())) > kv.num_blocks - kv.pool.num_free
+
+
 def paged_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
     """The snapshot of a ``PagedKVCacheManager``; ``detail`` adds the per-block map (O(blocks))."""
     bs = kv.block_size
@@ -19,7 +26,7 @@ def paged_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
     per_request = {}
     used = partial = 0
     seen: set[int] = set()
-    shared = kv.enable_prefix_caching or detail     # else no block has two owners
+    shared = detail or may_share_blocks(kv)         # else no block has two owners
     for rid, blocks in kv.req_blocks.items():
         req = requests.get(rid)
         n = req.num_computed_tokens if req is not None else 0
@@ -103,7 +110,7 @@ def paged_totals(kv, requests: dict) -> KVSnapshot:
     repeated full block."""
     bs = kv.block_size
     used = held = computed = repeats = 0
-    shared = kv.enable_prefix_caching        # else no block has two owners (as paged_snapshot assumes)
+    shared = may_share_blocks(kv)            # else no block has two owners
     seen: set[int] = set()
     for rid, blocks in kv.req_blocks.items():
         req = requests.get(rid)
@@ -128,3 +135,20 @@ def paged_totals(kv, requests: dict) -> KVSnapshot:
                       blocks_free=num_free, block_size=bs, cached=kv.pool.num_cached_free * bs,
                       partial_waste=held * bs - computed, swap_used_blocks=kv.swap_used,
                       swap_total_blocks=kv.num_swap_blocks)
+
+
+def paged_wait_reason(kv, req, num_new_tokens: int, cached=(), reserve_blocks: int = 0) -> str:
+    """Why a ``PagedKVCacheManager`` cannot take ``req`` now (``explain_wait``): "needs 3 blocks, 1 free"."""
+    ok, need, free = kv.can_allocate(req, num_new_tokens, cached)
+    headroom = kv._headroom(req, reserve_blocks)
+    return (f"needs {need} block{'s' if need != 1 else ''}, {free} free"
+            + (f" ({headroom} kept as headroom)" if headroom else ""))
+
+
+def prefix_cache_stats(kv) -> dict:
+    """The prefix cache's counters, its hit rate and the prefill tokens it saved (``kv.stats()``)."""
+    st = dict(kv.pool.stats)
+    q = st["queried_blocks"]
+    st["hit_rate"] = st["hit_blocks"] / q if q else 0.0
+    st["prefill_tokens_saved"] = kv.prefill_tokens_saved
+    return st

@@ -69,8 +69,12 @@ def preempt_group(sched, victim: Request, out, reason: str) -> int:
 
 
 def just_placed(req: Request, out) -> bool:
-    """Admitted or swapped in by this very pass: not preempted by it (no ping-pong)."""
-    return req.request_id in out.admitted or req.request_id in out.swapped_in
+    """Admitted or swapped in by this very pass, or a member of its parallel-sampling group was: not
+    preempted by it (no ping-pong; the group goes together, and a block swapped in is filled only
+    after the pass's swap-outs have read theirs)."""
+    p = req.parent
+    group = p.members if p is not None and p.forked else (req,)
+    return any(m.request_id in out.admitted or m.request_id in out.swapped_in for m in group)
 
 
 def unschedule(victim: Request, out) -> int:

@@ -63,10 +63,8 @@ class StepJournal:
                     setattr(req, f, v)
                 for f, v in zip(_METRICS_FIELDS, b):
                     setattr(req.metrics, f, v)
-                del req.output_token_ids[n_out:]
+                cut_output(req, n_out)
                 del req.metrics.token_times[n_times:]
-                if req.output_logprobs is not None:
-                    del req.output_logprobs[n_out:]
             else:
                 _, scheduled, first_tokens = entry
                 for req in first_tokens:
@@ -76,12 +74,22 @@ class StepJournal:
                     req.num_computed_tokens = s.num_computed_before
                     appended = len(req.output_token_ids) - s.num_output_before
                     if appended > 0:        # each output token was appended with its time
-                        del req.output_token_ids[s.num_output_before:]
+                        cut_output(req, s.num_output_before)
                         del req.metrics.token_times[-appended:]
-                    if req.output_logprobs is not None:
-                        del req.output_logprobs[s.num_output_before:]
+                        req.stop_reason = req.stop_text = None     # only a stop in those tokens sets them
         self._log.clear()
         self._saved.clear()
+
+
+def cut_output(req, num_tokens: int) -> None:
+    """Cut ``req``'s output back to its first ``num_tokens`` tokens: their logprobs, and the text its
+    incremental detokenizer has decoded (so a stop string is matched on the text of those tokens only)."""
+    del req.output_token_ids[num_tokens:]
+    if req.output_logprobs is not None:
+        del req.output_logprobs[num_tokens:]
+    d = req.detokenizer
+    if d is not None and d.num_tokens > num_tokens:
+        d.rewind(req.output_token_ids)
 
 
 # --- the scheduler's step: checkpoint before, commit after, rollback if it raised --------------------
@@ -187,13 +195,17 @@ class KVStepJournal:
         return self._damaged(kv)
 
     def _damaged(self, kv) -> dict[str, int]:
-        """Per request the step touched: the position of its first block handed out during the step
-        (its prefix hashes from there on are dropped)."""
+        """Per request the step touched: the position of its first block handed out during the step.
+        The request gives that block and the ones after it back (it recomputes them into blocks of its
+        own: the samples of a fork still share them) and drops its prefix hashes from there on."""
         damaged: dict[str, int] = {}
         for rid in self.tables:
-            for i, b in enumerate(kv.req_blocks.get(rid, ())):
+            blocks = kv.req_blocks.get(rid, ())
+            for i, b in enumerate(blocks):
                 if b.block_id in self.fresh:
                     damaged[rid] = i * kv.block_size
+                    kv.pool.free_blocks(blocks[i:])
+                    del blocks[i:]
                     hashes = kv.req_hashes.get(rid)
                     if hashes and len(hashes) > i:
                         del hashes[i:]
