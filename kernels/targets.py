@@ -103,7 +103,7 @@ class Launch:
 
     def describe(self) -> str:
         consts = " ".join(f"{k}={getattr(v, 'name', v)}" for k, v in self.constants)
-        types = " ".join(f"{k}={v}" for k, v in self.types if k.endswith("_ptr"))
+        types = " ".join(f"{k}={v}" for k, v in self.types if k in ("q_ptr", "k_ptr", "k_cache_ptr"))
         return (f"{getattr(self.kernel, 'fn', self.kernel).__name__} {consts} {types} "
                 f"warps={self.num_warps} stages={self.num_stages}")
 
@@ -153,3 +153,22 @@ def require(condition, message: str) -> None:
         torch._assert_async(condition, message)
     elif not bool(condition):
         raise AssertionError(message)
+
+
+def check_launches(launches, target: Target) -> tuple[list[str], list[str]]:
+    """Compile every launch for ``target``: ``(report, problems)``, one report line per launch
+    (its shared memory against the target's), and a problem for each that does not compile or
+    needs more shared memory than the target has."""
+    report, problems = [], []
+    for launch in launches:
+        try:
+            used = shared_memory(launch, target)
+        except Exception as e:   # the compiler's own error, whatever its type
+            problems.append(f"sm_{target.capability}: {launch.describe()}: does not compile: "
+                            f"{type(e).__name__}: {str(e)[:300]}")
+            continue
+        report.append(f"sm_{target.capability}: {used:>7} / {target.shared_memory} B  {launch.describe()}")
+        if used > target.shared_memory:
+            problems.append(f"sm_{target.capability}: {launch.describe()}: needs {used} B of shared memory, "
+                            f"the {target.name} has {target.shared_memory} B")
+    return report, problems
