@@ -108,7 +108,7 @@ def check_kernels(report: Report, dev, small: bool):
                     report.line(f"- attention {dtype_name:8s} cache {kv:4s} heads {heads}/{kv_heads} "
                                 f"head_dim {head_dim:3d} {step:7s} B={batch} ctx={ctx} q={q_len}: "
                                 f"max |err| {err:.2e} (tolerance {tol:g}) {'ok' if ok else 'FAIL'}")
-                failed += not _check_store_and_copy(report, dtype, kv, dev)
+            failed += not _check_store_and_copy(report, dtype, kv, dev)
     report.verdict("kernels against their references", "FAIL" if failed else "PASS", f"{failed} failed")
 
 
