@@ -31,7 +31,7 @@ LAB_ARGS ?=
 # The news pop-up (it covers the widgets) is this JupyterLab plugin, disabled in the environment.
 ANNOUNCEMENTS := @jupyterlab/apputils-extension:announcements
 
-.PHONY: install test-latest lab test grade exercises notebooks git-filter bench serve clean
+.PHONY: install test-latest lab test grade exercises notebooks git-filter bench gpu-check serve clean
 
 install: $(STAMP)
 
@@ -137,6 +137,15 @@ train-default-model: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m minillm.bench all
+
+# make gpu-check: on one GPU, unattended, every kernel against its torch reference, the engine's greedy
+# tokens against transformers (shipped model, a Qwen3-0.6B-shaped random model), decode bandwidth
+# against the GPU's peak, throughput next to vLLM when it is installed; one report, GPU_CHECK_REPORT.
+# make gpu-check DRY_RUN=1: the same script on the CPU (Triton's interpreter, small sizes).
+DRY_RUN          ?=
+GPU_CHECK_REPORT ?= build/gpu_check_report.md
+gpu-check: $(STAMP)
+	$(PY) scripts/gpu_check.py --out $(GPU_CHECK_REPORT) $(if $(DRY_RUN),--dry-run)
 
 # make serve: the OpenAI-compatible server (python -m minillm.serve) on 127.0.0.1:SERVE_PORT, the
 # shipped model unless SERVE_ARGS says otherwise, e.g. SERVE_ARGS="--num-kv-blocks 512 --api-key KEY".

@@ -38,7 +38,7 @@ binary search over that (no host sync, no idle programs for short requests).
 Split-K (flash-decoding): in decode, a tile has one query token per head and the grid
 has only ``batch * num_kv_heads`` programs, too few to keep every SM streaming HBM
 when the batch is small and the contexts long. Then each tile's keys are cut into
-``NUM_SPLITS`` ranges handled by separate programs, which write partial results (the
+``num_splits`` ranges handled by separate programs, which write partial results (the
 normalised partial output and its log-sum-exp); a small second kernel merges them.
 
 Quantized caches (int8 or fp8 values, one float32 scale per block and KV head; see
@@ -60,6 +60,8 @@ import torch
 import torch.nn.functional as F
 
 from ._triton_setup import import_triton, interpreter_active
+from .kv_quant import kind_of
+from .targets import Launch, Target, device_target, fits, pointer, shared_memory
 
 triton, tl = import_triton()
 
@@ -88,17 +90,18 @@ def _find_request(cu_seqlens_q_ptr, tile_id, batch, BLOCK_Q: tl.constexpr):
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
-    part_out_ptr, part_lse_ptr,  # split-K scratch, unused when NUM_SPLITS == 1
+    part_out_ptr, part_lse_ptr,  # split-K scratch, unused when not SPLIT
     k_scale_ptr, v_scale_ptr,  # [num_blocks, H_kv] float32 scales of a quantized cache; unused if not QUANT
     scale, batch,
+    num_splits,  # programs sharing one tile's keys (split-K); 1 when not SPLIT
     stride_qt, stride_qh,  # q [total_q, H, D]; the last dim of every tensor is contiguous
     stride_ot, stride_oh,  # out [total_q, H, D]
     stride_kb, stride_ks, stride_kh,  # k_cache [num_blocks, block_size, H_kv, D]
     stride_vb, stride_vs, stride_vh,  # v_cache
     stride_bt,  # block_tables [batch, max_blocks]
     stride_ksb, stride_vsb,  # k_scale, v_scale [num_blocks, H_kv] (head stride 1)
-    stride_pt, stride_ph, stride_ps,  # part_out [total_q, H, NUM_SPLITS, D] float32
-    stride_lt, stride_lh,  # part_lse [total_q, H, NUM_SPLITS] float32
+    stride_pt, stride_ph, stride_ps,  # part_out [total_q, H, num_splits, D] float32
+    stride_lt, stride_lh,  # part_lse [total_q, H, num_splits] float32
     HEAD_DIM: tl.constexpr,  # real head dim, e.g. 80
     BLOCK_D: tl.constexpr,  # head dim padded to a power of two, e.g. 128; the tail is masked
     GROUP: tl.constexpr,  # query heads per KV head (GQA ratio)
@@ -106,7 +109,7 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr,  # rows per tile: BLOCK_Q * GROUP, padded to a power of two >= 16
     BLOCK_N: tl.constexpr,  # keys per inner-loop step
     PAGE: tl.constexpr,  # KV cache block size (tokens per block)
-    NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (split-K); 1 = off
+    SPLIT: tl.constexpr,  # split-K: write partial results for _merge_splits_kernel
     DOT_DTYPE: tl.constexpr,  # matmul operand type: the input dtype (see _dot_dtype)
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs, so float32 stays exact
     QUANT: tl.constexpr,  # int8/fp8 cache: multiply by the (block, head) scales on load
@@ -142,13 +145,13 @@ def _paged_attention_kernel(
 
     # --- which keys: causal end of the tile, then this program's split ----------------
     kv_end = tl.minimum(ctx_len, ctx_len - q_len + (local_tile + 1) * BLOCK_Q)
-    if NUM_SPLITS == 1:
-        kv_lo = 0
-        kv_hi = kv_end
-    else:
-        per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    if SPLIT:
+        per_split = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
         kv_lo = split * per_split
         kv_hi = tl.minimum(kv_lo + per_split, kv_end)
+    else:
+        kv_lo = 0
+        kv_hi = kv_end
 
     # --- online softmax over the keys, in base 2 (exp2 is the hardware instruction) ---
     qk_scale = scale * 1.4426950408889634  # log2(e)
@@ -202,33 +205,33 @@ def _paged_attention_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     mask = row_ok[:, None] & d_ok[None, :]
-    if NUM_SPLITS == 1:
-        tl.store(
-            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-            out.to(out_ptr.dtype.element_ty), mask=mask,
-        )
-    else:
+    if SPLIT:
         # Partial result of this split, and its log2-sum-exp2 (-inf for an empty split).
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         part = token * stride_pt + head * stride_ph + split * stride_ps
         tl.store(part_out_ptr + part[:, None] + d[None, :], out, mask=mask)
         tl.store(part_lse_ptr + token * stride_lt + head * stride_lh + split, lse, mask=row_ok)
+    else:
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty), mask=mask,
+        )
 
 
 @triton.jit
 def _merge_splits_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr, out_ptr, num_splits,
     stride_pt, stride_ph, stride_ps,
     stride_lt, stride_lh,
     stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # MAX_SPLITS: one compiled kernel for every split count
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Split-K epilogue: out = sum_s w_s * out_s / sum_s w_s, w_s = 2^(lse_s - max lse)."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
-    s_ok = s < NUM_SPLITS
+    s_ok = s < num_splits
     lse = tl.load(part_lse_ptr + token * stride_lt + head * stride_lh + s, mask=s_ok, other=float("-inf"))
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
@@ -252,23 +255,35 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def pick_tiles(head_dim: int, group: int, max_q_len: int, elem_size: int = 2) -> dict:
-    """Tile sizes for one launch. Decode (and short speculative verifies) get 16-row
-    tiles, the smallest a tensor-core matmul takes; prefill chunks get 128-row tiles
-    (64 for head dims above 128 or float32 data, to stay within registers and shared
-    memory)."""
+def tile_choices(head_dim: int, group: int, max_q_len: int, elem_size: int = 2):
+    """Tile sizes for one launch, best first; the launcher takes the first that fits the GPU.
+
+    Decode (and short speculative verifies) get 16-row tiles, the smallest a tensor-core
+    matmul takes; prefill chunks get 128-row tiles (64 for head dims above 128 or float32
+    data, to stay within registers). Each smaller choice halves the keys per step
+    (``BLOCK_N``), then the rows (``BLOCK_M``): shared memory holds the query tile and
+    ``num_stages`` K/V tiles in flight, so that is what a GPU with less of it gets."""
     block_d = max(16, _next_pow2(head_dim))
     cap = 128 if block_d <= 128 and elem_size <= 2 else 64
     block_m = min(cap, max(16, _next_pow2(max_q_len * group)))
-    block_m = max(block_m, _next_pow2(group))  # at least one whole token per tile
-    return dict(
-        BLOCK_D=block_d,
-        BLOCK_M=block_m,
-        BLOCK_Q=block_m // group,
-        BLOCK_N=64 if block_d <= 128 else 32,
-        num_warps=4 if block_m <= 64 else 8,
-        num_stages=3 if block_m <= 64 else 2,
-    )
+    smallest_m = max(16, _next_pow2(group))  # at least one whole token per tile
+    block_m = max(block_m, smallest_m)
+    block_n = 64 if block_d <= 128 else 32
+    num_warps, num_stages = (4, 3) if block_m <= 64 else (8, 2)
+    while True:
+        yield dict(BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_Q=block_m // group, BLOCK_N=block_n,
+                   num_warps=num_warps, num_stages=num_stages)
+        if block_n > 16:
+            block_n //= 2
+        elif block_m > smallest_m:
+            block_m //= 2
+        else:
+            return
+
+
+def pick_tiles(head_dim: int, group: int, max_q_len: int, elem_size: int = 2) -> dict:
+    """The preferred tile sizes (:func:`tile_choices`' first), before any GPU is asked."""
+    return next(tile_choices(head_dim, group, max_q_len, elem_size))
 
 
 def _dot_dtype(dtype: torch.dtype):
@@ -278,6 +293,69 @@ def _dot_dtype(dtype: torch.dtype):
     if dtype == torch.bfloat16 and interpreter_active():
         return tl.float32
     return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
+
+
+MAX_SPLITS = 32  # the most programs that share one tile's keys (split-K)
+
+
+@lru_cache(maxsize=None)
+def attention_launch(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int, page: int,
+                     max_q_len: int, split: bool, target: Optional[Target] = None) -> Launch:
+    """The launch of :func:`_paged_attention_kernel` for one step: queries of ``dtype``, a cache
+    of ``kv_dtype`` (``dtype``, or int8/fp8 with scales), ``group`` query heads per KV head,
+    ``page`` tokens per KV block, at most ``max_q_len`` new tokens per request, split-K or not.
+    The tiles are the first of :func:`tile_choices` whose compiled kernel fits ``target``'s
+    shared memory (``None``: the interpreter, where anything fits)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    tried = []
+    for t in tile_choices(head_dim, group, max(1, max_q_len), elem):
+        launch = Launch.of(
+            _paged_attention_kernel,
+            dict(q_ptr=pointer(dtype), out_ptr=pointer(dtype), k_cache_ptr=pointer(kv_dtype),
+                 v_cache_ptr=pointer(kv_dtype), block_tables_ptr="*i32", cu_seqlens_q_ptr="*i32",
+                 context_lens_ptr="*i32", part_out_ptr="*fp32", part_lse_ptr="*fp32",
+                 k_scale_ptr="*fp32", v_scale_ptr="*fp32", scale="fp32"),
+            dict(HEAD_DIM=head_dim, BLOCK_D=t["BLOCK_D"], GROUP=group, BLOCK_Q=t["BLOCK_Q"],
+                 BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], PAGE=page, SPLIT=bool(split),
+                 DOT_DTYPE=_dot_dtype(dtype), DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                 QUANT=kind_of(torch.empty((), dtype=kv_dtype)) is not None),
+            t["num_warps"], t["num_stages"])
+        if fits(launch, target):
+            return launch
+        tried.append(f"{launch.describe()}: {shared_memory(launch, target)} B")
+    raise RuntimeError(f"no attention tile fits the {target.shared_memory} B of shared memory of "
+                       f"sm_{target.capability}:\n  " + "\n  ".join(tried))
+
+
+@lru_cache(maxsize=None)
+def merge_launch(dtype: torch.dtype, head_dim: int) -> Launch:
+    """The launch of :func:`_merge_splits_kernel`: one compiled kernel for any split count."""
+    return Launch.of(_merge_splits_kernel,
+                     dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=pointer(dtype)),
+                     dict(BLOCK_S=MAX_SPLITS, HEAD_DIM=head_dim, BLOCK_D=max(16, _next_pow2(head_dim))),
+                     num_warps=4)
+
+
+def attention_launches(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int, page: int,
+                       target: Optional[Target] = None) -> list[Launch]:
+    """Every launch :func:`paged_attention_triton` can make for one model shape and cache, over
+    every step the engine can take (any ``max_q_len``, split-K or not): the distinct results of
+    :func:`attention_launch` and :func:`merge_launch` over their whole range."""
+    launches = []
+    q_len = 1
+    while True:   # max_q_len changes the tiles only at powers of two, up to the largest tile
+        for split in (False, True) if _splits_allowed(q_len, group) else (False,):
+            launches.append(attention_launch(dtype, kv_dtype, head_dim, group, page, q_len, split, target))
+        if q_len * group >= 128:
+            break
+        q_len *= 2
+    launches.append(merge_launch(dtype, head_dim))
+    return list(dict.fromkeys(launches))
+
+
+def _splits_allowed(max_q_len: int, group: int) -> bool:
+    """Split-K (flash-decoding) is for decode-shaped steps: tiles of a single row block."""
+    return max_q_len * group <= 16
 
 
 @lru_cache(maxsize=None)
@@ -292,7 +370,7 @@ def auto_num_splits(programs: int, max_kv_len: int, device: torch.device) -> int
     if device.type != "cuda" or programs <= 0:
         return 1
     want = math.ceil(4 * _sm_count(device.index or 0) / programs)
-    return max(1, min(want, max_kv_len // 128, 32))
+    return max(1, min(want, max_kv_len // 128, MAX_SPLITS))
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
@@ -300,8 +378,16 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
     """Causal attention of a ragged batch of new tokens over the paged KV cache (Triton).
 
     ``max_q_len``: the longest ``q_len_i`` in the batch, known to the scheduler; passing
-    it avoids a device-to-host sync. ``num_splits``: split-K factor (None = automatic).
+    it avoids a device-to-host sync. ``num_splits``: split-K factor, at most
+    :data:`MAX_SPLITS` (None = automatic: decode-shaped steps only).
     ``k_scale, v_scale``: the ``[num_blocks, H_kv]`` scales of an int8/fp8 cache.
+
+    bfloat16: on a GPU the matmuls take bfloat16 operands (tensor cores, float32
+    accumulation). Triton's interpreter cannot multiply bfloat16 (it holds them as raw
+    16-bit integers), so there the same bfloat16 values are widened to float32 first: the
+    interpreter checks the indexing, masking and online softmax at bfloat16 inputs and
+    outputs, but not the tensor-core products, whose rounding only a GPU run shows
+    (``scripts/gpu_check.py`` holds them against the reference at bfloat16 tolerances).
     """
     total_q, num_heads, head_dim = q.shape
     _, page, num_kv_heads, head_dim_kv = k_cache.shape
@@ -329,11 +415,18 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
     context_lens = context_lens.to(device=q.device, dtype=torch.int32).contiguous()
     if max_q_len is None:
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # syncs on a GPU
+    max_q_len = max(1, max_q_len)
 
-    t = pick_tiles(head_dim, group, max(1, max_q_len), q.element_size())
-    n_tiles = total_q // t["BLOCK_Q"] + batch  # upper bound of the ragged tile numbering
+    target = device_target(q.device.index or 0) if q.is_cuda else None
+    shape = (q.dtype, k_cache.dtype, head_dim, group, page, max_q_len)
     if num_splits is None:
-        num_splits = auto_num_splits(n_tiles * num_kv_heads, block_tables.shape[1] * page, q.device)
+        num_splits = 1
+        if _splits_allowed(max_q_len, group):
+            tiles = total_q // dict(attention_launch(*shape, False, target).constants)["BLOCK_Q"] + batch
+            num_splits = auto_num_splits(tiles * num_kv_heads, block_tables.shape[1] * page, q.device)
+    assert 1 <= num_splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}]"
+    launch = attention_launch(*shape, num_splits > 1, target)
+    n_tiles = total_q // dict(launch.constants)["BLOCK_Q"] + batch  # upper bound of the ragged tile numbering
     if num_splits > 1:
         part_out = torch.empty((total_q, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((total_q, num_heads, num_splits), dtype=torch.float32, device=q.device)
@@ -342,12 +435,13 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
         part_out = part_lse = out  # never touched
         part_strides = (0, 0, 0, 0, 0)
 
-    _paged_attention_kernel[(n_tiles, num_kv_heads, num_splits)](
+    launch(
+        (n_tiles, num_kv_heads, num_splits),
         q, k_cache, v_cache, out,
         block_tables, cu_seqlens_q, context_lens,
         part_out, part_lse,
         k_scale, v_scale,
-        float(scale), batch,
+        float(scale), batch, num_splits,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
         *k_cache.stride()[:3],
@@ -355,21 +449,13 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
         block_tables.stride(0),
         *scale_strides,
         *part_strides,
-        HEAD_DIM=head_dim, BLOCK_D=t["BLOCK_D"], GROUP=group,
-        BLOCK_Q=t["BLOCK_Q"], BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"],
-        PAGE=page, NUM_SPLITS=num_splits,
-        DOT_DTYPE=_dot_dtype(q.dtype), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        QUANT=quant,
-        num_warps=t["num_warps"], num_stages=t["num_stages"],
     )
     if num_splits > 1:
-        _merge_splits_kernel[(total_q, num_heads)](
-            part_out, part_lse, out,
+        merge_launch(q.dtype, head_dim)(
+            (total_q, num_heads),
+            part_out, part_lse, out, num_splits,
             *part_strides,
             out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, BLOCK_S=_next_pow2(num_splits),
-            HEAD_DIM=head_dim, BLOCK_D=t["BLOCK_D"],
-            num_warps=4,
         )
     return out
 
@@ -483,8 +569,6 @@ def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page: int, grou
 
 def _check_scales(k_cache, k_scale, v_scale) -> bool:
     """Whether the cache is quantized (and then that its scales came with it)."""
-    from .kv_quant import kind_of
-
     if kind_of(k_cache) is None:
         return False
     if k_scale is None or v_scale is None:

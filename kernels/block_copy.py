@@ -18,9 +18,12 @@ Both move whole blocks of any dtype and per-block shape, so a quantized cache's 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from ._triton_setup import import_triton
+from .targets import Launch, pointer, require
 
 triton, tl = import_triton()
 
@@ -39,22 +42,43 @@ def _copy_blocks_kernel(k_cache_ptr, v_cache_ptr, src_ptr, dst_ptr, block_numel,
     tl.store(v_cache_ptr + dst * block_numel + offs, v, mask=mask)
 
 
+@lru_cache(maxsize=None)
+def copy_launch(dtype: torch.dtype, block_numel: int) -> Launch:
+    """The launch of :func:`_copy_blocks_kernel` for blocks of ``block_numel`` ``dtype`` elements."""
+    return Launch.of(
+        _copy_blocks_kernel,
+        dict(k_cache_ptr=pointer(dtype), v_cache_ptr=pointer(dtype), src_ptr="*i64", dst_ptr="*i64"),
+        dict(BLOCK=min(4096, triton.next_power_of_2(block_numel))),
+        num_warps=4)
+
+
+def check_disjoint(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """The block copy's precondition: the destinations are distinct and none is a source.
+    Pairs run in parallel, in no order, so a destination that is also a source could be read
+    before or after it is overwritten, and two pairs with one destination race. Copy-on-write
+    meets it by construction (its destinations are fresh blocks); this checks it, on a GPU
+    without a host sync."""
+    ordered = torch.sort(dst).values
+    require((ordered[1:] != ordered[:-1]).all(), "copy_blocks: two copies into one block")
+    require(~torch.isin(dst, src).any(), "copy_blocks: a destination block is also a source")
+
+
 def copy_blocks_triton(k_cache, v_cache, src, dst):
     """In place: block ``src[i]`` -> block ``dst[i]`` in both caches. The ``dst`` blocks
     must be distinct and not among ``src`` (copy-on-write targets are fresh blocks):
-    pairs run in parallel, in no order."""
+    pairs run in parallel, in no order (:func:`check_disjoint`)."""
     assert src.numel() == dst.numel()
     if src.numel() == 0:
         return
+    src = src.to(device=k_cache.device, dtype=torch.int64).contiguous()
+    dst = dst.to(device=k_cache.device, dtype=torch.int64).contiguous()
+    check_disjoint(src, dst)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return copy_blocks_ref(k_cache, v_cache, src, dst)
     block_numel = k_cache[0].numel()
-    BLOCK = min(4096, triton.next_power_of_2(block_numel))
-    src = src.to(device=k_cache.device, dtype=torch.int64).contiguous()
-    dst = dst.to(device=k_cache.device, dtype=torch.int64).contiguous()
-    _copy_blocks_kernel[(src.numel(), triton.cdiv(block_numel, BLOCK))](
-        k_cache, v_cache, src, dst, block_numel, BLOCK=BLOCK, num_warps=4,
-    )
+    launch = copy_launch(k_cache.dtype, block_numel)
+    launch((src.numel(), triton.cdiv(block_numel, dict(launch.constants)["BLOCK"])),
+           k_cache, v_cache, src, dst, block_numel)
 
 
 def copy_blocks_ref(k_cache, v_cache, src, dst):

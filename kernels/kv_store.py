@@ -16,9 +16,13 @@ the block (it grows, re-quantizing the block's earlier rows; ``kernels/kv_quant.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from ._triton_setup import import_triton
+from .kv_quant import QMAX, kind_of
+from .targets import Launch, pointer, require
 
 triton, tl = import_triton()
 
@@ -49,6 +53,18 @@ def _store_kv_kernel(
              v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+@lru_cache(maxsize=None)
+def store_launch(dtype: torch.dtype, cache_dtype: torch.dtype, num_kv_heads: int, head_dim: int, page: int) -> Launch:
+    """The launch of :func:`_store_kv_kernel` for ``dtype`` tokens into a ``cache_dtype`` cache."""
+    return Launch.of(
+        _store_kv_kernel,
+        dict(k_ptr=pointer(dtype), v_ptr=pointer(dtype), k_cache_ptr=pointer(cache_dtype),
+             v_cache_ptr=pointer(cache_dtype), slot_ptr="*i64"),
+        dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_kv_heads),
+             BLOCK_D=triton.next_power_of_2(head_dim), PAGE=page),
+        num_warps=4)
+
+
 def store_kv_triton(k, v, k_cache, v_cache, slot_mapping):
     """In place: ``cache[slot // block_size, slot % block_size] = k`` for every slot >= 0."""
     n, num_kv_heads, head_dim = k.shape
@@ -60,14 +76,11 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping):
     if v.stride(-1) != 1:
         v = v.contiguous()
     slot_mapping = slot_mapping.to(device=k.device, dtype=torch.int64).contiguous()
-    _store_kv_kernel[(n,)](
+    store_launch(k.dtype, k_cache.dtype, num_kv_heads, head_dim, k_cache.shape[1])(
+        (n,),
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-        PAGE=k_cache.shape[1],
-        num_warps=4,
     )
 
 
@@ -189,12 +202,44 @@ def _store_kv_quant_kernel(
                          HEAD_DIM, BLOCK_D, BLOCK_P, QMAX, FP8)
 
 
+@lru_cache(maxsize=None)
+def store_quant_launch(dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int, page: int) -> Launch:
+    """The launch of :func:`_store_kv_quant_kernel` for ``dtype`` tokens into an int8/fp8 cache."""
+    kind = kind_of(torch.empty((), dtype=cache_dtype))
+    return Launch.of(
+        _store_kv_quant_kernel,
+        dict(k_ptr=pointer(dtype), v_ptr=pointer(dtype), k_cache_ptr=pointer(cache_dtype),
+             v_cache_ptr=pointer(cache_dtype), k_scale_ptr="*fp32", v_scale_ptr="*fp32", slot_ptr="*i64"),
+        dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=page,
+             BLOCK_P=triton.next_power_of_2(page), QMAX=QMAX[kind], FP8=kind == "fp8"),
+        num_warps=4)
+
+
+def check_one_run_per_block(slot_mapping: torch.Tensor, page: int) -> None:
+    """The quantizing store's precondition: each block's new tokens are one run of consecutive
+    rows of the batch, with no slot written twice. The kernel lets the first row of each run
+    (its *lead* program) own the block's scale; two runs into one block would be two lead
+    programs growing the same scale and re-quantizing the same rows at once (a race).
+    The engine meets it by construction (a request's new tokens are consecutive rows, and a
+    block being written belongs to one request); this checks it, on a GPU without a host sync."""
+    slots = slot_mapping.to(torch.int64)
+    block = torch.where(slots >= 0, slots // page, -1)
+    prev = torch.cat([block.new_full((1,), -1), block[:-1]])
+    leads = ((block >= 0) & (block != prev)).sum()
+    written = torch.sort(torch.where(slots >= 0, slots, -1)).values   # the -1s first, then the slots
+    distinct = written[1:] != written[:-1]
+    blocks = torch.sort(block).values
+    runs_needed = ((blocks[1:] != blocks[:-1]) & (blocks[1:] >= 0)).sum() + (blocks[:1] >= 0).sum()
+    require(leads == runs_needed,
+            "store_kv: a block's new tokens must be one run of consecutive rows (one lead program per block)")
+    require((distinct | (written[1:] < 0)).all(), "store_kv: a slot is written twice")
+
+
 def store_kv_quant_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping):
     """In place: quantize the new tokens into an int8/fp8 cache, growing the blocks' scales
     (re-quantizing their earlier rows) where needed. A block's new tokens must be consecutive
-    rows of the batch (they are: a request's tokens are, and blocks being written are not shared)."""
-    from .kv_quant import QMAX, kind_of
-
+    rows of the batch (they are: a request's tokens are, and blocks being written are not
+    shared); :func:`check_one_run_per_block` checks that before the launch."""
     kind = kind_of(k_cache)
     if kind == "fp8" and k_cache.is_cuda:
         from .kv_quant import check_fp8
@@ -210,14 +255,13 @@ def store_kv_quant_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping
         v = v.contiguous()
     slot_mapping = slot_mapping.to(device=k.device, dtype=torch.int64).contiguous()
     page = k_cache.shape[1]
-    _store_kv_quant_kernel[(n, num_kv_heads)](
+    check_one_run_per_block(slot_mapping, page)
+    store_quant_launch(k.dtype, k_cache.dtype, head_dim, page)(
+        (n, num_kv_heads),
         k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, n,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         k_scale.stride(0), v_scale.stride(0),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=page,
-        BLOCK_P=triton.next_power_of_2(page), QMAX=QMAX[kind], FP8=kind == "fp8",
-        num_warps=4,
     )
 
 
@@ -227,7 +271,6 @@ def store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, q
     re-quantized where it grew, then the new rows. ``quantizer`` (``EngineConfig.kv_quantizer``:
     an object with ``new_scale``, ``quantize`` and ``dequantize``) replaces ``minillm_kernels.kv_quant``'s."""
     from . import kv_quant
-    from .kv_quant import kind_of
 
     fmt = quantizer if quantizer is not None else kv_quant
     dequantize, new_scale, quantize = fmt.dequantize, fmt.new_scale, fmt.quantize

@@ -26,6 +26,7 @@ __all__ = [
     "store_kv", "store_kv_ref",
     "copy_blocks", "copy_blocks_ref",
     "swap_blocks", "swap_blocks_ref",
+    "launches",
     "triton_available", "use_interpreter_if_no_cuda", "interpreter_active",
 ]
 
@@ -160,3 +161,27 @@ def swap_blocks_ref(src_k, src_v, dst_k, dst_v, src_ids, dst_ids, *, src_scales=
     ref(src_k, src_v, dst_k, dst_v, src_ids, dst_ids)
     if src_scales is not None:
         ref(*src_scales, *dst_scales, src_ids, dst_ids)
+
+
+def launches(dtype, kv_dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, target=None):
+    """Every distinct kernel launch (``minillm_kernels.targets.Launch``) the engine can make for
+    one model shape (``num_heads``, ``num_kv_heads``, ``head_dim``), activation ``dtype``, cache
+    ``kv_dtype`` (``dtype``, ``torch.int8`` or ``torch.float8_e4m3fn``) and ``block_size``, over
+    every step: each comes from the launcher that makes it, with the tiles it picks for
+    ``target`` (a ``Target``; None: no shared-memory limit). ``tests/test_kernels_targets.py``
+    compiles them all for each GPU target."""
+    import torch
+
+    from . import attention, block_copy, kv_store
+    from .kv_quant import SCALE_DTYPE, kind_of
+
+    group = num_heads // num_kv_heads
+    out = attention.attention_launches(dtype, kv_dtype, head_dim, group, block_size, target)
+    if kind_of(torch.empty((), dtype=kv_dtype)) is None:
+        out.append(kv_store.store_launch(dtype, kv_dtype, num_kv_heads, head_dim, block_size))
+    else:
+        out.append(kv_store.store_quant_launch(dtype, kv_dtype, head_dim, block_size))
+        out.append(block_copy.copy_launch(SCALE_DTYPE, num_kv_heads))   # the scales move with their blocks
+    out.append(block_copy.copy_launch(kv_dtype, block_size * num_kv_heads * head_dim))
+    return list(dict.fromkeys(out))
+

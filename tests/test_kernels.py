@@ -152,6 +152,22 @@ def test_kernel_scenarios(scenario, dtype):
 
 
 @needs_triton
+@pytest.mark.parametrize("scenario", ["decode", "mixed", "verify"])
+def test_bfloat16_kernel_at_bfloat16_tolerance(scenario):
+    """bfloat16 in, bfloat16 out, against the float32 reference at bfloat16's tolerance. On a GPU
+    the matmuls take bfloat16 operands; Triton's interpreter cannot multiply bfloat16, so there
+    the same values are widened to float32 for the matmuls (the kernel's docstring says what that
+    leaves unchecked: the tensor-core products, which ``make gpu-check`` compares)."""
+    from minillm_kernels import attention
+
+    args, _ = make_batch(*SCENARIOS[scenario], num_heads=8, num_kv_heads=2, head_dim=80,
+                         dtype=torch.bfloat16, seed=7)
+    check_attention(args, torch.bfloat16)
+    expected = "fp32" if ops.interpreter_active() and DEVICE == "cpu" else "bf16"
+    assert attention._dot_dtype(torch.bfloat16).name == expected
+
+
+@needs_triton
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 def test_kernel_gqa(group):
     args, _ = make_batch(*SCENARIOS["mixed"], num_heads=2 * group, num_kv_heads=2, seed=4)
@@ -265,6 +281,19 @@ def test_copy_blocks(backend):
     for s, d in zip(src.tolist(), dst.tolist()):
         exp_k[d], exp_v[d] = before_k[s], before_v[s]
     assert torch.equal(k_cache, exp_k) and torch.equal(v_cache, exp_v)
+
+
+@needs_triton
+@pytest.mark.parametrize("src, dst", [([0, 3], [4, 4]), ([0, 3], [3, 5]), ([2], [2])],
+                         ids=["two-copies-into-one-block", "destination-is-a-source", "onto-itself"])
+def test_copy_blocks_refuses_overlapping_pairs(src, dst):
+    """Pairs run in parallel: a destination that is a source, or shared by two pairs, would race."""
+    k_cache, v_cache = _cache(num_blocks=8, dtype=torch.float16, seed=3)
+    before = k_cache.clone()
+    with pytest.raises(AssertionError, match="copy_blocks"):
+        ops.copy_blocks(k_cache, v_cache, torch.tensor(src, device=DEVICE), torch.tensor(dst, device=DEVICE),
+                        backend="triton")
+    assert torch.equal(k_cache, before), "nothing is copied when the check fails"
 
 
 @needs_triton

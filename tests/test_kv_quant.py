@@ -131,6 +131,19 @@ def test_store_kernel_matches_reference_exactly(kind):
 
 
 @needs_triton
+@pytest.mark.parametrize("slots", [[0, 1, 4, 2], [0, 1, -1, 2], [5, 5]],
+                         ids=["block-in-two-runs", "run-broken-by-padding", "slot-twice"])
+def test_store_kernel_refuses_two_lead_programs_for_one_block(slots):
+    """One lead program owns a block's scale; a block written by two runs of rows would have two."""
+    k_cache, v_cache, k_scale, v_scale = empty_cache("int8", 3, 4, 2, 16)
+    k = torch.randn(len(slots), 2, 16, device=DEVICE)
+    with pytest.raises(AssertionError, match="store_kv"):
+        ops.store_kv(k, k, k_cache, v_cache, torch.tensor(slots, device=DEVICE), k_scale=k_scale,
+                     v_scale=v_scale, backend="triton")
+    assert not k_scale.any(), "nothing is stored when the check fails"
+
+
+@needs_triton
 @pytest.mark.parametrize("kind", KINDS)
 def test_store_kernel_matches_reference_block_size_1_and_16(kind):
     for block_size, steps in ((1, [[3, 0, -1, 5], [1]]), (16, [list(range(16, 27)), [27], [28, 29], [0, 1]])):

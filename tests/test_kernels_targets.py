@@ -1,0 +1,124 @@
+"""Every kernel launch the engine can make compiles for every GPU we target, and fits its shared memory.
+
+No GPU needed: Triton compiles for a compute capability ahead of time (``kernels/targets.py``).
+The launches come from the engine's own launchers (``minillm_kernels.ops.launches``: the same
+functions that compute the launch arguments when a kernel runs), for each model shape, dtype and
+cache kind below and every step shape (decode, split-K decode, prefill chunks of every tile
+size), so a new kernel or a new launch is covered without editing this file.
+
+The sweep runs in a subprocess (Triton's interpreter must be off before Triton is imported), two
+compiles at a time. Triton caches every compiled kernel on disk, so a run after the first only
+compiles what changed.
+"""
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The model shapes checked: (query heads, KV heads, head dim).
+MODELS = {
+    "shakespeare": (4, 2, 64),      # the shipped checkpoint
+    "qwen3-0.6b": (16, 8, 128),     # the gpu-check's random-weight model
+    "head-dim-80": (32, 32, 80),    # a head dim that is not a power of two (phi-2 style)
+}
+BLOCK_SIZE = 16                     # EngineConfig.block_size's default
+
+
+def _items(capabilities):
+    import torch
+
+    from minillm_kernels.targets import TARGETS
+
+    items = []
+    for cap in capabilities:
+        for model in MODELS:
+            for dtype in (torch.float16, torch.bfloat16, torch.float32):
+                caches = [dtype, torch.int8] + ([torch.float8_e4m3fn] if TARGETS[cap].fp8 else [])
+                items += [(cap, model, dtype, kv) for kv in caches]
+    return items
+
+
+def _check(item):
+    """Compile the launches of one (target, model, dtype, cache): (capability, report, problems)."""
+    from minillm_kernels import ops
+    from minillm_kernels.targets import TARGETS, check_launches
+
+    cap, model, dtype, kv = item
+    heads, kv_heads, head_dim = MODELS[model]
+    target = TARGETS[cap]
+    try:
+        launches = ops.launches(dtype, kv, heads, kv_heads, head_dim, BLOCK_SIZE, target)
+    except Exception as e:   # the launcher found no tiles that fit, or a probe did not compile
+        return cap, [], [f"sm_{cap}: {model} {dtype} cache {kv}: no launch: {type(e).__name__}: {e}"]
+    return (cap, *check_launches(launches, target))
+
+
+def sweep(capabilities, workers: int = 2, keep=lambda item: True) -> int:
+    """Compile everything for ``capabilities`` (the items ``keep`` keeps); print the counts per
+    target and the problems; return the number of problems."""
+    t0 = time.time()
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        results = pool.map(_check, [i for i in _items(capabilities) if keep(i)], chunksize=1)
+    problems = []
+    for cap in capabilities:
+        lines = sorted({line for c, report, _ in results if c == cap for line in report})
+        largest = max((int(line.split()[1]) for line in lines), default=0)
+        print(f"sm_{cap}: {len(lines)} distinct launches compiled, largest shared memory {largest} B")
+        if os.environ.get("VERBOSE"):
+            print("\n".join(lines))
+    for _, _, p in results:
+        problems += p
+    print("\n".join(problems) if problems else "no problems", f"({time.time() - t0:.0f} s)")
+    return len(problems)
+
+
+def _run(*args, timeout=900):
+    env = dict(os.environ, TRITON_INTERPRET="0")   # compiled kernels: no GPU needed to compile
+    return subprocess.run([sys.executable, __file__, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_every_launch_compiles_and_fits_every_target():
+    pytest.importorskip("triton.backends.nvidia")
+    r = _run("75", "80", "86", "89", "90")
+    print(r.stdout)
+    assert r.returncode == 0 and "no problems" in r.stdout, r.stdout + r.stderr[-3000:]
+    for cap in (75, 80, 86, 89, 90):
+        assert f"sm_{cap}: " in r.stdout
+
+
+def test_an_oversized_tile_is_reported():
+    """A launcher that ignored the device and asked for too big a tile would be caught."""
+    pytest.importorskip("triton.backends.nvidia")
+    r = _run("--oversized")
+    assert r.returncode != 0, r.stdout + r.stderr[-3000:]
+    assert "needs" in r.stdout and "shared memory, the T4 has 65536 B" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+def _oversized():
+    """The tile choice replaced by one too big for a T4, and the fit check by one that says yes."""
+    from minillm_kernels import attention
+
+    def too_big(head_dim, group, max_q_len, elem_size=2):
+        yield dict(BLOCK_D=128, BLOCK_M=16, BLOCK_Q=16 // group, BLOCK_N=128, num_warps=4, num_stages=4)
+
+    attention.tile_choices = too_big
+    attention.fits = lambda launch, target: True
+    MODELS.clear()
+    MODELS["qwen3-0.6b"] = (16, 8, 128)
+
+
+if __name__ == "__main__":
+    import torch
+
+    if sys.argv[1:] == ["--oversized"]:
+        _oversized()
+        sys.exit(1 if sweep([75], workers=1, keep=lambda i: i[2] == i[3] == torch.float16) else 0)
+    sys.exit(1 if sweep([int(c) for c in sys.argv[1:]]) else 0)
