@@ -18,6 +18,8 @@ the machine and the command that reproduces it, and writes ``DIR/NAME-SIZE.json`
   routers on shared-prefix and multi-turn traces (100,000 requests each at ``--size full``).
 * ``whatif``: CPU seconds of one redraw of the what-if widget per control change (engine,
   metrics, figures), and the engine's per-step KV record with and without per-request entries.
+* ``calibrate``: the simulator's step cost fitted to this machine's real engine (a profile for
+  ``CostModel.from_profile``), then checked: the same traces on both, modeled vs measured per request.
 * ``all``: each of them at the chosen size.
 
 Beside them, ``decode_timing`` (not a command): decode step time against batch size,
@@ -40,6 +42,7 @@ BENCHMARKS = {
     "serve": "serve",
     "router": "router",
     "whatif": "whatif",
+    "calibrate": "calibrate",
 }
 if importlib.util.find_spec(f"{__name__}.spec") is not None:   # added by the speculative-decoding work
     BENCHMARKS["spec"] = "spec"
