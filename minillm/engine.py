@@ -118,10 +118,9 @@ class LLMEngine:
         sp = checked_copy(sampling_params, who)
         if request_id is not None:
             request_id = str(request_id)
-            taken = [request_id] + [completion_id(request_id, i) for i in range(sp.n)] * (sp.n > 1)
-            if any(t in self.requests or t in self.parents for t in taken):
-                raise ValueError(f"request_id={request_id!r}: already used"
-                                 + (" (or one of its samples' ids, '<id>#<index>')" if sp.n > 1 else ""))
+            clash = self._id_clash(request_id, sp.n)
+            if clash is not None:
+                raise ValueError(f"request_id={request_id!r}: {clash}")
         return check_request(self, prompt, sp, who, request_id, arrival_time, priority, tenant,
                              expected_output_len)
 
@@ -129,8 +128,9 @@ class LLMEngine:
         """Queue a request ``_check_request`` accepted: nothing here can fail on its input."""
         request_id = checked["request_id"]
         if request_id is None:
+            n = checked["sampling_params"].n
             request_id = str(next(self._ids))
-            while request_id in self.requests or request_id in self.parents:
+            while self._id_clash(request_id, n) is not None:
                 request_id = str(next(self._ids))
         arrival_time = checked["arrival_time"]
         if arrival_time is None:
@@ -146,6 +146,26 @@ class LLMEngine:
         self._active[req.request_id] = req
         self.scheduler.add(req)
         return request_id
+
+    def _id_taken(self, seq_id: str) -> bool:
+        """Is ``seq_id`` a request's or a sequence's id, or the id a group will give a sample it has
+        not forked yet (``"<group id>#<index>"``, index < n)?"""
+        if seq_id in self.requests or seq_id in self.parents:
+            return True
+        group, sep, index = seq_id.rpartition("#")
+        parent = self.parents.get(group) if sep else None
+        return parent is not None and index.isdigit() and completion_id(group, int(index)) == seq_id \
+            and int(index) < parent.n
+
+    def _id_clash(self, request_id: str, n: int) -> Optional[str]:
+        """Why a new request ``request_id`` with ``n`` samples cannot have that id (None if it can):
+        the id, or one its samples would get, is already taken (``_id_taken``)."""
+        if self._id_taken(request_id):
+            return "already used"
+        for i in range(n if n > 1 else 0):
+            if self._id_taken(completion_id(request_id, i)):
+                return f"its sample {i} would be {completion_id(request_id, i)!r}, an id already used"
+        return None
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is and free its KV; the next StepRecord lists it in
