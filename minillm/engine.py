@@ -22,7 +22,7 @@ from .kv_sizing import bytes_per_block, check_kv_fits, num_blocks_from_memory
 from .model.loader import (load_target, load_tokenizer, resolve_device, resolve_dtype, resolve_model_path,
                            torch_dtype)
 from .outputs import RequestOutput, output_text, request_output
-from .core.parallel_sampling import ParentRequest, completion_id, first_sequence
+from .core.parallel_sampling import ParentRequest, first_sequence, id_clash
 from .core.policies import make_policy
 from .core.request import Request
 from .sampling_params import SamplingParams, checked_copy
@@ -118,7 +118,7 @@ class LLMEngine:
         sp = checked_copy(sampling_params, who)
         if request_id is not None:
             request_id = str(request_id)
-            clash = self._id_clash(request_id, sp.n)
+            clash = id_clash(request_id, sp.n, self.requests, self.parents)
             if clash is not None:
                 raise ValueError(f"request_id={request_id!r}: {clash}")
         return check_request(self, prompt, sp, who, request_id, arrival_time, priority, tenant,
@@ -130,7 +130,7 @@ class LLMEngine:
         if request_id is None:
             n = checked["sampling_params"].n
             request_id = str(next(self._ids))
-            while self._id_clash(request_id, n) is not None:
+            while id_clash(request_id, n, self.requests, self.parents) is not None:
                 request_id = str(next(self._ids))
         arrival_time = checked["arrival_time"]
         if arrival_time is None:
@@ -146,26 +146,6 @@ class LLMEngine:
         self._active[req.request_id] = req
         self.scheduler.add(req)
         return request_id
-
-    def _id_taken(self, seq_id: str) -> bool:
-        """Is ``seq_id`` a request's or a sequence's id, or the id a group will give a sample it has
-        not forked yet (``"<group id>#<index>"``, index < n)?"""
-        if seq_id in self.requests or seq_id in self.parents:
-            return True
-        group, sep, index = seq_id.rpartition("#")
-        parent = self.parents.get(group) if sep else None
-        return parent is not None and index.isdigit() and completion_id(group, int(index)) == seq_id \
-            and int(index) < parent.n
-
-    def _id_clash(self, request_id: str, n: int) -> Optional[str]:
-        """Why a new request ``request_id`` with ``n`` samples cannot have that id (None if it can):
-        the id, or one its samples would get, is already taken (``_id_taken``)."""
-        if self._id_taken(request_id):
-            return "already used"
-        for i in range(n if n > 1 else 0):
-            if self._id_taken(completion_id(request_id, i)):
-                return f"its sample {i} would be {completion_id(request_id, i)!r}, an id already used"
-        return None
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is and free its KV; the next StepRecord lists it in
