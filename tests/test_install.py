@@ -35,7 +35,8 @@ exec "{python}" "$@"
 """
 
 
-def _install(tmp_path: Path, index: str, fail: str = "no command fails") -> tuple[subprocess.CompletedProcess, list[str]]:
+def _install(tmp_path: Path, index: str,
+             fail: str = "no command fails") -> tuple[subprocess.CompletedProcess, list[str]]:
     work = tmp_path / "work"             # not a git checkout: the git filter step does nothing
     venv = work / "venv"
     (venv / "bin").mkdir(parents=True)
