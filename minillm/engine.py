@@ -21,7 +21,7 @@ from .core.kv_cache import make_kv_manager
 from .kv_sizing import bytes_per_block, check_kv_fits, num_blocks_from_memory
 from .model.loader import (load_target, load_tokenizer, resolve_device, resolve_dtype, resolve_model_path,
                            torch_dtype)
-from .outputs import RequestOutput, output_text, request_output
+from .outputs import RequestOutput, RequestTable, output_text, request_output
 from .core.parallel_sampling import ParentRequest, first_sequence, id_clash
 from .core.policies import make_policy
 from .core.request import Request
@@ -71,7 +71,7 @@ class LLMEngine:
             self.executor.set_proposer(self.speculator.proposer)
 
         self._simulated = config.executor == "simulated"
-        self.requests: dict[str, Request] = {}      # every request ever added
+        self.requests: dict[str, Request] = RequestTable()   # every request ever added
         self.parents: dict[str, ParentRequest] = {}  # parallel sampling (n > 1): request id -> its group
         self._active: dict[str, Request] = {}       # not yet finished (what the KV snapshot looks up)
         self._ids = itertools.count()
@@ -149,16 +149,15 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is and free its KV; the next StepRecord lists it in
-        ``aborted``. Aborting a finished request does nothing."""
+        ``aborted``. Aborting a finished request does nothing, nor one done and held back
+        (static / every-N batching): it keeps its finish reason."""
         parent = self.parents.get(str(request_id))
         if parent is not None:              # every sample of a parallel-sampling request
             for m in list(parent.members):
                 self.abort_request(m.request_id)
             return
-        req = self.requests.get(str(request_id))
-        if req is None:
-            raise KeyError(f"abort_request: unknown request_id={request_id!r}")
-        if req.is_finished:
+        req = self.requests[str(request_id)]
+        if req.is_finished or req.pending_finish_reason is not None:
             return
         self.scheduler.remove(req)
         self.scheduler.finish_request(req, "abort", self.clock.now())

@@ -414,3 +414,29 @@ def test_an_executor_that_returns_too_few_token_lists_is_refused_and_changes_not
     eng.executor.execute = real_execute
     run_checked(eng)
     assert [eng.requests[rid].output_token_ids for rid in ids] == [alone(p, 4) for p in ps]
+
+
+@pytest.mark.parametrize("ask", ["get_output", "is_finished", "output_text", "abort_request"])
+def test_an_unknown_request_id_is_a_key_error_naming_it(ask):
+    eng = LLM(**SMALL, num_kv_blocks=32).engine
+    with pytest.raises(KeyError) as e:
+        getattr(eng, ask)("nope")
+    assert str(e.value).startswith("unknown request_id='nope'")
+
+
+@pytest.mark.parametrize("config", [dict(batching="static"), dict(schedule_every=4)])
+def test_aborting_a_request_done_but_held_back_keeps_its_finish_reason(config):
+    """Static and every-N batching hold a finished request back until its batch is returned: an abort
+    then changes nothing, it finishes with its own reason and tokens, and nothing leaks."""
+    eng = LLM(**SMALL, num_kv_blocks=32, **config).engine
+    eng.add_request([1, 2, 3], SamplingParams(max_tokens=1, ignore_eos=True), request_id="short")
+    eng.add_request([4, 5, 6], SamplingParams(max_tokens=6, ignore_eos=True), request_id="long")
+    while not eng.scheduler.held:
+        eng.step()
+    assert [r.request_id for r in eng.scheduler.held] == ["short"]
+    eng.abort_request("short")
+    rec = eng.step()
+    assert "short" not in rec.aborted
+    run_checked(eng)
+    assert eng.get_output("short").finish_reason == "length" and len(eng.get_output("short").token_ids) == 1
+    assert eng.get_output("long").finish_reason == "length"
