@@ -34,7 +34,7 @@ from .detokenizer import next_output_text, stop_buffer_length
 from .engine import LLMEngine
 from .core.parallel_sampling import completion_id
 from .core.request import RequestMetrics
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, checked_copy
 from .step_record import StepRecord
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ class AsyncLLM:
         self._lock = threading.Lock()            # guards _commands between the loop and the engine thread
         self._streams: dict[str, _Stream] = {}   # sequence id -> stream (event loop side)
         self._sent: dict[str, _Sent] = {}        # sequence id -> what was handed out (engine thread side)
+        self._ended: list[_Delta] = []           # final outputs of aborts, for the next dispatch (engine thread)
         self._ids = itertools.count()
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
@@ -191,11 +192,20 @@ class AsyncLLM:
         await self._submit(lambda e: self._abort_on_engine(e, request_id))
 
     def _abort_on_engine(self, engine: LLMEngine, request_id: str) -> None:
+        """Engine thread: abort the request (every sample for n > 1, or one sample by its id) and
+        hand each of its sequences still streaming its final output (``finish_reason="abort"``,
+        with any tokens not yet handed out); nothing of it is left in ``_sent``."""
         if request_id in engine.requests or request_id in engine.parents:
-            engine.abort_request(request_id)      # a request with n > 1: every sample
-        self._sent.pop(request_id, None)
-        for i in range(len(engine.parents[request_id].members) if request_id in engine.parents else 0):
-            self._sent.pop(completion_id(request_id, i), None)
+            engine.abort_request(request_id)
+        parent = engine.parents.get(request_id)
+        seqs = [completion_id(request_id, i) for i in range(parent.n)] if parent is not None else [request_id]
+        for seq in seqs:
+            req = engine.requests.get(seq)
+            if seq not in self._sent or (req is not None and not req.is_finished):
+                continue                # not streaming, or done but held back: it ends with its own reason
+            self._ended.append(self._delta(engine, seq) if req is not None
+                               else _Delta(seq, [], "", "abort", None, 0, 0, None))   # a sample never forked
+            del self._sent[seq]
 
     def _apply_commands(self) -> None:
         """Engine thread: run the queued commands, resolve their futures on the event loop."""
@@ -221,7 +231,9 @@ class AsyncLLM:
         what the final text cuts off. Closing the generator early aborts the request. With
         ``SamplingParams(n=k)`` the k completions' outputs interleave, each with its ``index``;
         the generator ends when all k have finished."""
-        sp = sampling_params if sampling_params is not None else SamplingParams()
+        # The params are checked (and copied) before anything is registered: a dict, or a field
+        # edited into a bad value after construction, raises here naming it.
+        sp = checked_copy(sampling_params, f" (request {str(request_id)!r})" if request_id is not None else "")
         rid = str(request_id) if request_id is not None else str(next(self._ids))
         # One stream per completion, keyed by the engine's sequence id; one queue for all.
         keys = [completion_id(rid, i) for i in range(sp.n)] if sp.n > 1 else [rid]
@@ -285,6 +297,9 @@ class AsyncLLM:
                 await self._wake.wait()  # nothing to do until a command arrives
                 continue
             record, deltas, finished = result
+            if record is None:           # no step, only the final outputs of aborted requests
+                self._dispatch(deltas)
+                continue
             self.last_record = record
             self.num_steps += 1
             self._dispatch(deltas)
@@ -299,34 +314,24 @@ class AsyncLLM:
         """Engine thread: apply commands, then one step if there is work. Returns
         (record, deltas, finished metrics) or None when idle."""
         self._apply_commands()
+        ended, self._ended = self._ended, []
         engine = self.engine
         if not engine.has_unfinished_requests():
-            return None
+            return (None, ended, []) if ended else None
         record = engine.step()
         touched = {e.request_id for e in record.batch if e.num_output_tokens}
         touched.update(record.finished)
         touched.update(w.request_id for w in record.rejected)
-        deltas, finished = [], []
+        deltas, finished = ended, []
         for rid in touched:
-            sent = self._sent.get(rid)
-            if sent is None:            # not ours (added straight to the engine) or already aborted
+            if rid not in self._sent:   # not ours (added straight to the engine) or already aborted
                 continue
+            deltas.append(self._delta(engine, rid))
             req = engine.requests[rid]
-            start = sent.num_tokens
-            new = req.output_token_ids[start:]
             done = req.finish_reason is not None
-            text = next_output_text(engine.output_text(rid), sent.num_chars, done,
-                                    stop_buffer_length(req.sampling_params))
             if done:
                 del self._sent[rid]
                 finished.append(req.metrics)
-            else:
-                sent.num_tokens += len(new)
-                sent.num_chars += len(text)
-            lp = req.output_logprobs[start:start + len(new)] if req.output_logprobs is not None else None
-            deltas.append(_Delta(rid, list(new), text, req.finish_reason, req.finish_detail,
-                                 req.num_prompt_tokens, req.num_output_tokens, req.metrics if done else None, lp,
-                                 req.stop_reason))
             parent = req.parent
             if done and parent is not None and not parent.forked:
                 # Finished before its prompt was computed (rejected): no other sample will come.
@@ -335,6 +340,19 @@ class AsyncLLM:
                         deltas.append(_Delta(completion_id(parent.request_id, i), [], "", req.finish_reason,
                                              req.finish_detail, req.num_prompt_tokens, 0, None))
         return record, deltas, finished
+
+    def _delta(self, engine: LLMEngine, rid: str) -> _Delta:
+        """Engine thread: what sequence ``rid`` has that its stream was not handed yet; ``_sent`` moves on."""
+        sent, req = self._sent[rid], engine.requests[rid]
+        start = sent.num_tokens
+        new = req.output_token_ids[start:]
+        done = req.finish_reason is not None
+        text = next_output_text(engine.output_text(rid), sent.num_chars, done, stop_buffer_length(req.sampling_params))
+        sent.num_tokens += len(new)
+        sent.num_chars += len(text)
+        lp = req.output_logprobs[start:start + len(new)] if req.output_logprobs is not None else None
+        return _Delta(rid, list(new), text, req.finish_reason, req.finish_detail, req.num_prompt_tokens,
+                      req.num_output_tokens, req.metrics if done else None, lp, req.stop_reason)
 
     def _dispatch(self, deltas: list[_Delta]) -> None:
         """Event loop: turn each delta into a StreamOutput on its request's queue."""

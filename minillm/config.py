@@ -193,6 +193,12 @@ class EngineConfig:
         if not isinstance(self.random_model, Mapping):
             raise TypeError(f"EngineConfig.random_model={self.random_model!r}: must be a dict of "
                             "LlamaConfig fields")
+        if self.random_model:
+            from .model.loader import RANDOM_MODEL_FIELDS
+            unknown = sorted(set(self.random_model) - RANDOM_MODEL_FIELDS, key=str)
+            if unknown:
+                raise TypeError(f"EngineConfig.random_model: unknown LlamaConfig field(s) {unknown}; "
+                                f"it takes {sorted(RANDOM_MODEL_FIELDS)}")
 
     def _check_kv_quantizer(self) -> None:
         """A quantizer replaces the arithmetic of the torch store (``kernels/kv_store.py``): it needs a

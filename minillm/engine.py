@@ -21,8 +21,8 @@ from .core.kv_cache import make_kv_manager
 from .kv_sizing import bytes_per_block, check_kv_fits, num_blocks_from_memory
 from .model.loader import (load_target, load_tokenizer, resolve_device, resolve_dtype, resolve_model_path,
                            torch_dtype)
-from .outputs import RequestOutput, output_text, request_output
-from .core.parallel_sampling import ParentRequest, completion_id, first_sequence
+from .outputs import RequestOutput, RequestTable, output_text, request_output
+from .core.parallel_sampling import ParentRequest, first_sequence, id_clash
 from .core.policies import make_policy
 from .core.request import Request
 from .sampling_params import SamplingParams, checked_copy
@@ -71,7 +71,7 @@ class LLMEngine:
             self.executor.set_proposer(self.speculator.proposer)
 
         self._simulated = config.executor == "simulated"
-        self.requests: dict[str, Request] = {}      # every request ever added
+        self.requests: dict[str, Request] = RequestTable()   # every request ever added
         self.parents: dict[str, ParentRequest] = {}  # parallel sampling (n > 1): request id -> its group
         self._active: dict[str, Request] = {}       # not yet finished (what the KV snapshot looks up)
         self._ids = itertools.count()
@@ -118,10 +118,9 @@ class LLMEngine:
         sp = checked_copy(sampling_params, who)
         if request_id is not None:
             request_id = str(request_id)
-            taken = [request_id] + [completion_id(request_id, i) for i in range(sp.n)] * (sp.n > 1)
-            if any(t in self.requests or t in self.parents for t in taken):
-                raise ValueError(f"request_id={request_id!r}: already used"
-                                 + (" (or one of its samples' ids, '<id>#<index>')" if sp.n > 1 else ""))
+            clash = id_clash(request_id, sp.n, self.requests, self.parents)
+            if clash is not None:
+                raise ValueError(f"request_id={request_id!r}: {clash}")
         return check_request(self, prompt, sp, who, request_id, arrival_time, priority, tenant,
                              expected_output_len)
 
@@ -129,8 +128,9 @@ class LLMEngine:
         """Queue a request ``_check_request`` accepted: nothing here can fail on its input."""
         request_id = checked["request_id"]
         if request_id is None:
+            n = checked["sampling_params"].n
             request_id = str(next(self._ids))
-            while request_id in self.requests or request_id in self.parents:
+            while id_clash(request_id, n, self.requests, self.parents) is not None:
                 request_id = str(next(self._ids))
         arrival_time = checked["arrival_time"]
         if arrival_time is None:
@@ -149,16 +149,15 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is and free its KV; the next StepRecord lists it in
-        ``aborted``. Aborting a finished request does nothing."""
+        ``aborted``. Aborting a finished request does nothing, nor one done and held back
+        (static / every-N batching): it keeps its finish reason."""
         parent = self.parents.get(str(request_id))
         if parent is not None:              # every sample of a parallel-sampling request
             for m in list(parent.members):
                 self.abort_request(m.request_id)
             return
-        req = self.requests.get(str(request_id))
-        if req is None:
-            raise KeyError(f"abort_request: unknown request_id={request_id!r}")
-        if req.is_finished:
+        req = self.requests[str(request_id)]
+        if req.is_finished or req.pending_finish_reason is not None:
             return
         self.scheduler.remove(req)
         self.scheduler.finish_request(req, "abort", self.clock.now())

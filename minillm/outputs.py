@@ -5,6 +5,7 @@ As in vLLM, one prompt has ``n`` completions (``SamplingParams.n``), each a
 ``.finish_reason`` and ``.finish_detail`` are the *first* completion's (``outputs[0]``), so
 code written for one completion per prompt reads them directly. ``request_output`` assembles one
 from a request's sequences; ``output_text`` is a sequence's text so far, for streaming.
+``RequestTable`` is the engine's table of requests: an unknown id raises ``UnknownRequestError``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,21 @@ from typing import Optional
 
 from .core.request import Request, RequestMetrics
 from .detokenizer import IncrementalDetokenizer
+
+
+class UnknownRequestError(KeyError):
+    """An id the engine never had: a ``KeyError`` (what a missing id always raised) whose message
+    names the id, shown as written (a bare KeyError shows only the key)."""
+
+    def __str__(self) -> str:
+        return f"unknown request_id={self.args[0]!r}: no request (or sequence '<id>#<index>') has this id"
+
+
+class RequestTable(dict):
+    """``LLMEngine.requests``: request id -> Request; an id never added raises UnknownRequestError."""
+
+    def __missing__(self, request_id):
+        raise UnknownRequestError(request_id)
 
 
 @dataclass

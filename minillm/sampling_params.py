@@ -16,6 +16,12 @@ from typing import Optional
 
 from .checks import as_bool, as_int, as_real, as_seed
 
+# repetition_penalty p divides (or multiplies) float32 logits. vLLM asks only p > 0, but p = 1e-39
+# already turns a logit of 1 into inf (NaN probabilities), and the rows of the other requests of
+# the batch share the step. 100 either way is far past any useful penalty (transformers' docs
+# suggest about 1.2) and leaves logits of a few thousand finite even at temperature 1e-6.
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+
 
 @dataclass
 class SamplingParams:
@@ -34,7 +40,8 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None  # the same for each prompt token (after the first)
     presence_penalty: float = 0.0     # subtracted once from every token already in the output
     frequency_penalty: float = 0.0    # subtracted per occurrence in the output
-    repetition_penalty: float = 1.0   # divides positive / multiplies negative logits of seen tokens
+    repetition_penalty: float = 1.0   # divides positive / multiplies negative logits of seen tokens;
+                                      # in [0.01, 100] (see REPETITION_PENALTY_RANGE)
 
     def __post_init__(self) -> None:
         # Checked here, so a bad value fails where it is written, naming the field; integer-like
@@ -75,8 +82,8 @@ class SamplingParams:
         self.prompt_logprobs = as_int(own, "prompt_logprobs", self.prompt_logprobs, 0, optional=True)
         self.presence_penalty = as_real(own, "presence_penalty", self.presence_penalty, -2.0, 2.0)
         self.frequency_penalty = as_real(own, "frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        self.repetition_penalty = as_real(own, "repetition_penalty", self.repetition_penalty, 0.0,
-                                          low_open=True)
+        self.repetition_penalty = as_real(own, "repetition_penalty", self.repetition_penalty,
+                                          *REPETITION_PENALTY_RANGE)
 
     @property
     def greedy(self) -> bool:

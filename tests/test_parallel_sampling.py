@@ -21,6 +21,8 @@ from helpers import drive_through_faults
 
 torch.set_num_threads(1)
 
+SMALL_GROUPS = dict(block_size=4, num_kv_blocks=64, max_model_len=64, max_num_seqs=8)
+
 
 def run(engine, every=None):
     recs = []
@@ -312,3 +314,41 @@ def test_a_sample_swapped_in_is_not_swapped_out_again_in_the_same_pass():
     kv.swap_in, kv.swap_out = logged_swap_in, checked_swap_out
     recs = run(e, lambda rec: swapped_in.clear())
     assert sum(len(r.swapped_in) for r in recs) >= 2
+
+
+@pytest.mark.parametrize("first, then", [
+    (("a", 2), ("a#1", 1)),          # a sample id the group will give at its fork
+    (("a", 3), ("a#2", 2)),          # ... as a group of its own
+    (("a#1", 1), ("a", 2)),          # a group whose sample would take an existing id
+    (("a", 2), ("a#0", 1)),          # the group's first sequence
+])
+def test_an_id_that_collides_with_a_group_or_its_samples_is_refused(first, then):
+    """An id that a group's sample has or will have at its fork, or a group whose samples'
+    ids are taken, is refused naming request_id before anything changes; the group then
+    finishes with all its samples."""
+    e = LLM("random", **SMALL_GROUPS).engine
+    rid, n = first
+    e.add_request([1, 2, 3], SamplingParams(n=n, max_tokens=3, ignore_eos=True), request_id=rid)
+    before = (set(e.requests), set(e.parents), len(e.scheduler.waiting))
+    with pytest.raises(ValueError, match=f"request_id={then[0]!r}"):
+        e.add_request([4, 5, 6], SamplingParams(n=then[1], max_tokens=3, ignore_eos=True), request_id=then[0])
+    assert (set(e.requests), set(e.parents), len(e.scheduler.waiting)) == before
+    run(e)
+    out = e.get_output(rid)
+    assert len(out.outputs) == n and all(len(c.token_ids) == 3 for c in out.outputs)
+
+
+def test_automatic_ids_never_collide_with_samples_ids():
+    """An automatic id skips any id a group holds or will hold at its fork, either way round."""
+    e = LLM("random", **SMALL_GROUPS).engine
+    auto = e.add_request([1, 2, 3], SamplingParams(n=2, max_tokens=3, ignore_eos=True))
+    assert auto == "0"
+    with pytest.raises(ValueError, match="request_id='0#1'"):
+        e.add_request([1, 2], SamplingParams(max_tokens=2), request_id="0#1")
+    e.add_request([1, 2], SamplingParams(max_tokens=2), request_id="1#1")
+    e.add_request([1, 2], SamplingParams(max_tokens=2), request_id="2")
+    later = e.add_request([1, 2, 3], SamplingParams(n=2, max_tokens=3, ignore_eos=True))
+    assert later not in ("1", "2")            # "1" would fork "1#1"; "2" is taken
+    run(e)
+    assert all(e.is_finished(r) for r in (auto, later, "1#1", "2"))
+    assert [len(c.token_ids) for c in e.get_output(later).outputs] == [3, 3]

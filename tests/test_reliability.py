@@ -11,6 +11,7 @@ bound. Outputs are checked against the same request run alone (greedy, batch-ind
 from __future__ import annotations
 
 import pytest
+import torch
 
 from minillm import LLM, SamplingParams
 from minillm.core.invariants import InvariantError, check_all_free, check_invariants, check_places
@@ -439,3 +440,113 @@ def test_a_step_undone_after_its_tokens_were_appended_rolls_their_text_back():
     assert clean[2:] == ("stop", "ot")
     flaky, faults = run(FlakyPriority("on_step", range(1, 100, 2)))
     assert faults >= 3 and flaky == clean
+
+
+@pytest.mark.parametrize("ask", ["get_output", "is_finished", "output_text", "abort_request"])
+def test_an_unknown_request_id_is_a_key_error_naming_it(ask):
+    eng = LLM(**SMALL, num_kv_blocks=32).engine
+    with pytest.raises(KeyError) as e:
+        getattr(eng, ask)("nope")
+    assert str(e.value).startswith("unknown request_id='nope'")
+
+
+@pytest.mark.parametrize("config", [dict(batching="static"), dict(schedule_every=4)])
+def test_aborting_a_request_done_but_held_back_keeps_its_finish_reason(config):
+    """Static and every-N batching hold a finished request back until its batch is returned: an abort
+    then changes nothing, it finishes with its own reason and tokens, and nothing leaks."""
+    eng = LLM(**SMALL, num_kv_blocks=32, **config).engine
+    eng.add_request([1, 2, 3], SamplingParams(max_tokens=1, ignore_eos=True), request_id="short")
+    eng.add_request([4, 5, 6], SamplingParams(max_tokens=6, ignore_eos=True), request_id="long")
+    while not eng.scheduler.held:
+        eng.step()
+    assert [r.request_id for r in eng.scheduler.held] == ["short"]
+    eng.abort_request("short")
+    rec = eng.step()
+    assert "short" not in rec.aborted
+    run_checked(eng)
+    assert eng.get_output("short").finish_reason == "length" and len(eng.get_output("short").token_ids) == 1
+    assert eng.get_output("long").finish_reason == "length"
+
+
+def _poison(eng, rid):
+    """Give the engine's own copy of ``rid``'s params a repetition penalty the door refuses (1e-300):
+    its logits overflow float32 to +inf, as they did before SamplingParams refused such values."""
+    for seq in eng.parents[rid].members if rid in eng.parents else [eng.requests[rid]]:
+        seq.sampling_params.repetition_penalty = 1e-300
+    if rid in eng.parents:
+        for p in eng.parents[rid].params:
+            p.repetition_penalty = 1e-300
+
+
+def _serve(goods, bads=(), poison_late=None, failing_draw=None):
+    """Run ``goods`` (prompt, SamplingParams) with the ``bads`` (poisoned at arrival) and ``poison_late``
+    (poisoned after two steps) beside them; invariants after every step. Returns the engine."""
+    eng = LLM(**SMALL, num_kv_blocks=128, max_num_seqs=8).engine
+    for i, (p, sp) in enumerate(goods):
+        eng.add_request(p, sp, request_id=f"good{i}")
+    for i, (p, sp) in enumerate(bads):
+        eng.add_request(p, sp, request_id=f"bad{i}")
+        _poison(eng, f"bad{i}")
+    if poison_late is not None:
+        eng.add_request(poison_late[0], poison_late[1], request_id="late")
+    steps = 0
+
+    def on_step(engine, rec):
+        nonlocal steps
+        steps += 1
+        if steps == 2 and poison_late is not None:
+            _poison(engine, "late")
+    run_checked(eng, on_step=on_step)
+    return eng
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+def test_a_request_whose_sampling_fails_ends_alone_and_the_batch_is_unchanged(kind):
+    """A request whose logits overflow (inf/NaN) ends with finish_reason 'abort' and a finish_detail
+    saying why; the requests beside it (greedy, or seeded sampling) get exactly the tokens they get
+    without it, and the step does not fail."""
+    ps = prompts(4, length=8, seed=7)
+
+    def sp(i, **kw):
+        if kind == "greedy":
+            return SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, **kw)
+        return SamplingParams(max_tokens=8, temperature=0.9, seed=40 + i, ignore_eos=True, **kw)
+    goods = [(p, sp(i)) for i, p in enumerate(ps[:2])]
+    clean = _serve(goods)
+    bads = [(ps[2], sp(2)), (ps[3], sp(3, n=2))]
+    late = (ps[3], sp(5))
+    eng = _serve(goods, bads, poison_late=late)
+    for i in range(len(goods)):
+        assert eng.get_output(f"good{i}").token_ids == clean.get_output(f"good{i}").token_ids
+        assert eng.get_output(f"good{i}").finish_reason == "length"
+    for rid in ("bad0", "bad1", "late"):
+        out = eng.get_output(rid)
+        assert out.finish_reason == "abort", rid
+        assert out.finish_detail.startswith("sampling failed: its logits contain"), out.finish_detail
+    assert eng.get_output("bad0").token_ids == []
+    assert len(eng.get_output("late").token_ids) in (1, 2, 3)      # it failed at a decode
+
+
+def test_a_draw_that_raises_ends_only_its_request(monkeypatch):
+    """A sampling error in one row (here: the draw of one seeded request raises) ends that request;
+    the other seeded requests draw the same tokens as without it."""
+    ps = prompts(3, length=8, seed=9)
+    goods = [(p, SamplingParams(max_tokens=6, temperature=1.0, seed=3 + i, ignore_eos=True))
+             for i, p in enumerate(ps[:2])]
+    clean = _serve(goods)
+    eng = LLM(**SMALL, num_kv_blocks=128, max_num_seqs=8).engine
+    for i, (p, sp) in enumerate(goods):
+        eng.add_request(p, sp, request_id=f"good{i}")
+    eng.add_request(ps[2], SamplingParams(max_tokens=6, temperature=1.0, seed=99), request_id="bad0")
+    sampler, real = eng.executor.sampler, torch.multinomial
+
+    def multinomial(probs, num, generator=None, **kw):
+        if generator is not None and generator is sampler.generators.get("bad0"):
+            raise RuntimeError("injected: this row's draw fails")
+        return real(probs, num, generator=generator, **kw)
+    monkeypatch.setattr(torch, "multinomial", multinomial)
+    run_checked(eng)
+    assert eng.get_output("bad0").finish_reason == "abort" and eng.get_output("bad0").token_ids == []
+    assert eng.get_output("bad0").finish_detail == "sampling failed: the draw failed: injected: this row's draw fails"
+    for i in range(len(goods)):
+        assert eng.get_output(f"good{i}").token_ids == clean.get_output(f"good{i}").token_ids

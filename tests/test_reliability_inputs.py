@@ -204,6 +204,22 @@ def test_random_model_overrides_are_checked(executor):
         LLM("random", executor=executor, random_model=dict(num_attention_heads=0, head_dim=None))
 
 
+@pytest.mark.parametrize("executor", ["simulated", "model"])
+def test_random_model_refuses_unknown_fields_naming_them(executor):
+    with pytest.raises(TypeError, match=r"random_model: unknown LlamaConfig field\(s\) \['bogus', 'hiden_size'\]"):
+        LLM("random", executor=executor, random_model={"bogus": 1, "hiden_size": 32, "vocab_size": 64})
+    assert LLM("random", executor=executor, random_model={"vocab_size": 64}).engine.vocab_size == 64
+
+
+def test_random_model_fields_are_llama_config_arguments():
+    """Every field random_model takes is an argument of transformers' LlamaConfig (rope_theta: its older name)."""
+    import inspect
+    from transformers import LlamaConfig
+    from minillm.model.loader import RANDOM_MODEL_FIELDS
+    takes = set(inspect.signature(LlamaConfig.__init__).parameters) | {"rope_theta"}
+    assert RANDOM_MODEL_FIELDS <= takes, sorted(RANDOM_MODEL_FIELDS - takes)
+
+
 @pytest.mark.parametrize("executor,blocks", [("model", 10**9), ("simulated", 10**10)])
 def test_a_kv_cache_too_big_for_the_machine_is_a_value_error_with_bytes(executor, blocks):
     with pytest.raises(ValueError, match=rf"num_kv_blocks={blocks}.* bytes .*more than"):

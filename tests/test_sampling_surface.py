@@ -200,11 +200,23 @@ def test_stop_string_never_found_changes_nothing(shakespeare):
     (dict(frequency_penalty=float("inf")), ValueError, "frequency_penalty=inf"),
     (dict(repetition_penalty=0.0), ValueError, "repetition_penalty=0.0"),
     (dict(repetition_penalty=float("nan")), ValueError, "repetition_penalty=nan"),
+    (dict(repetition_penalty=1e-300), ValueError, r"repetition_penalty=1e-300: .*\[0\.01, 100\.0\]"),
+    (dict(repetition_penalty=0.009), ValueError, "repetition_penalty=0.009"),
+    (dict(repetition_penalty=101.0), ValueError, "repetition_penalty=101.0"),
     (dict(include_stop_str_in_output=1), TypeError, "include_stop_str_in_output=1"),
 ])
 def test_new_fields_checked_at_the_door(kw, err, match):
     with pytest.raises(err, match=match):
         SamplingParams(**kw)
+
+
+def test_repetition_penalty_range_ends_are_accepted_and_stay_finite():
+    """The ends of the allowed range keep float32 logits finite (a smaller penalty overflowed them)."""
+    for penalty in (0.01, 100.0):
+        assert SamplingParams(repetition_penalty=penalty).repetition_penalty == penalty
+        req = _Req([0, 1], [], SamplingParams(repetition_penalty=penalty))
+        out = apply_penalties(torch.tensor([[3000.0, -3000.0, 1.0]]), [req])
+        assert torch.isfinite(out / 1e-6).all()
 
 
 def test_engine_refuses_what_it_cannot_serve():

@@ -474,3 +474,38 @@ def test_async_llm_refuses_a_record_mode_without_batch_entries(record):
     with pytest.raises(ValueError, match=f"EngineConfig.record='{record}'"):
         AsyncLLM.from_config("random", record=record, num_kv_blocks=32)
     assert AsyncLLM.from_config("random", record="summary", num_kv_blocks=32).engine.record_mode == "summary"
+
+
+def test_an_unusable_repetition_penalty_gets_400_and_the_streams_beside_it_finish(server, reference):
+    """One request with repetition_penalty=1e-300 (float32 logits would overflow) among 4 streaming
+    ones: it is answered 400 naming the field, and the 4 streams finish in full with the text they
+    get without it."""
+    def body(i, **kw):
+        return dict(model="shakespeare", prompt=PROMPTS[i % 3], max_tokens=12, temperature=0, ignore_eos=True, **kw)
+    want = [reference.generate([PROMPTS[i % 3]], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0].text
+            for i in range(4)]
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as c:
+            async def stream(i):
+                text, finish = "", None
+                async with c.stream("POST", "/v1/completions", json=body(i, stream=True)) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        chunk = json.loads(line[len("data: "):])
+                        assert "error" not in chunk, chunk
+                        text += chunk["choices"][0]["text"]
+                        finish = chunk["choices"][0]["finish_reason"] or finish
+                return text, finish
+
+            async def bad():
+                await asyncio.sleep(0.05)               # while the streams run
+                bad = {**body(0), "temperature": 0.8, "seed": 1, "repetition_penalty": 1e-300}
+                return await c.post("/v1/completions", json=bad)
+            return await asyncio.wait_for(asyncio.gather(*(stream(i) for i in range(4)), bad()), timeout=120)
+    *streams, resp = asyncio.run(main())
+    err = _assert_openai_error(resp, 400, "repetition_penalty")
+    assert "repetition_penalty=1e-300" in err["message"]
+    assert streams == [(w, "length") for w in want]

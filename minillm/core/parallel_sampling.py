@@ -32,6 +32,7 @@ prefix caching its full prompt blocks are shared again through the cache.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from ..checks import MAX_SEED
 from ..sampling_params import SamplingParams
@@ -54,6 +55,26 @@ def completion_seed(seed, index: int):
 def completion_id(request_id: str, index: int) -> str:
     """The id of completion ``index``'s sequence: ``"<request_id>#<index>"``."""
     return f"{request_id}#{index}"
+
+
+def id_clash(request_id: str, n: int, requests, parents) -> Optional[str]:
+    """Why a new request with ``n`` samples cannot be called ``request_id`` (None if it can): that id,
+    or one its samples would get, is a request's or a sequence's (``requests``), a group's
+    (``parents``: id -> ``ParentRequest``), or the id a group gives a sample at its fork."""
+    def taken(seq_id: str) -> bool:
+        if seq_id in requests or seq_id in parents:
+            return True
+        group, sep, index = seq_id.rpartition("#")
+        parent = parents.get(group) if sep else None
+        return parent is not None and index.isdigit() and completion_id(group, int(index)) == seq_id \
+            and int(index) < parent.n
+
+    if taken(request_id):
+        return "already used"
+    for i in range(n if n > 1 else 0):
+        if taken(completion_id(request_id, i)):
+            return f"its sample {i} would be {completion_id(request_id, i)!r}, an id already used"
+    return None
 
 
 class ParentRequest:

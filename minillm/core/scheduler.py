@@ -110,12 +110,13 @@ class Scheduler:
             heapq.heapify(self.incoming)
         self.kv.free(req)
 
-    def finish(self, req: Request, reason: str, t: float) -> bool:
+    def finish(self, req: Request, reason: str, t: float, detail: Optional[str] = None) -> bool:
         """The request is done generating: its KV is freed. Returns True if it leaves now,
         False if it is held back until the batch (static) or the next pass (every-N) comes."""
         self.journal.save(req)
         self.running.remove(req)
         self.kv.free(req)
+        req.finish_detail = detail or req.finish_detail
         if self.config.batching == "static" or self.config.schedule_every > 1:
             req.pending_finish_reason = reason
             self.held.append(req)
@@ -199,7 +200,8 @@ class Scheduler:
                     req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
             if extras:
                 self._after_tokens(s, result, t, upd)
-            if reason and self.finish(req, reason, t):
+            failed = result.failed.get(req.request_id) if result.failed else None  # its sampling failed: it alone
+            if (reason or failed) and self.finish(req, "abort" if failed else reason, t, failed):
                 finished.append(req)
         if self.config.batching == "static" and not self.running and self.held:
             finished += self._release_held(t)    # the whole static batch is done: return it now

@@ -36,6 +36,15 @@ RANDOM_DEFAULTS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, nu
                        max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
                        bos_token_id=1, eos_token_id=2)
 
+# What EngineConfig.random_model may override: the arguments of transformers' LlamaConfig (5.x), and
+# rope_theta (its older name for the rotary base, still accepted). Anything else is a typo.
+RANDOM_MODEL_FIELDS = frozenset((
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range",
+    "rms_norm_eps", "use_cache", "pad_token_id", "bos_token_id", "eos_token_id", "pretraining_tp",
+    "tie_word_embeddings", "rope_parameters", "rope_theta", "attention_bias", "attention_dropout", "mlp_bias",
+    "dtype", "architectures", "chunk_size_feed_forward", "id2label", "label2id", "is_encoder_decoder",
+    "output_hidden_states", "problem_type", "return_dict", "transformers_version"))
 
 # Sizes beyond these are a typo, not a model (the largest open models stay far below them).
 LIMITS = dict(vocab_size=2**22, hidden_size=2**17, intermediate_size=2**19, num_hidden_layers=2**12,

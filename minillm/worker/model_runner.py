@@ -18,7 +18,7 @@ from ..spec import acceptance
 from ..sim.clock import PhaseTimes
 from .flat_batch import flat_batch, token_slice
 from .kv_tensors import allocate_kv_cache
-from .sampler import Sampler, apply_penalties, mask_stop_tokens, token_logprobs
+from .sampler import Sampler, sample_plain, token_logprobs
 from ..core.scheduler import SchedulerOutput
 
 
@@ -33,6 +33,9 @@ class ExecutionResult:
     swap_bytes: int = 0
     # SamplingParams.logprobs: per request, one {token id: Logprob} per sampled token.
     logprobs: dict[str, list[dict]] = field(default_factory=dict)
+    # Requests whose sampling failed (a row of non-finite logits, a draw that raised), with why: they
+    # got no token and end alone (sampler.sample_plain); the rest of the batch is untouched.
+    failed: dict[str, str] = field(default_factory=dict)
     # SamplingParams.prompt_logprobs: per request, (prompt position, {token id: Logprob}) pairs.
     prompt_logprobs: dict[str, list[tuple[int, dict]]] = field(default_factory=dict)
     # EngineConfig.phase_clock: host time of "prepare", "forward" and "sample" (empty when not timed).
@@ -212,7 +215,7 @@ class ModelRunner:
             self._prompt_logprobs(logits[len(rows):], prompt_rows, res)
             logits = logits[:len(rows)]
         if plain:
-            self._sample_plain(logits, plain, res)
+            sample_plain(self.sampler, logits, plain, res)
         if spec:
             # The target's distributions p (temperature, top-k/p) for every row of every sampled
             # (non-greedy) verifying request, in one batched call.
@@ -234,43 +237,6 @@ class ModelRunner:
                 res.spec_accepted[rid] = len(toks) - 1
         phases.add("sample", t)
         return res
-
-    def _sample_plain(self, logits: torch.Tensor, plain: list, res: ExecutionResult) -> None:
-        """One token per plain row (a request that forks samples its row once per completion,
-        each with its completion's stream), with penalties, ``min_tokens`` and logprobs."""
-        from ..core.parallel_sampling import completion_id
-        rows, params, ids, reqs, grants = [], [], [], [], []   # grants: the grant index, None for a fork's
-        for r, g, s in plain:
-            req = s.request
-            rows.append(r)
-            params.append(req.sampling_params)
-            ids.append(req.request_id)
-            reqs.append(req)
-            grants.append(g)
-            parent = req.parent
-            if parent is not None and not parent.forked:      # the fork: n - 1 more first tokens
-                for i in range(1, parent.n):
-                    rows.append(r)
-                    params.append(parent.params[i])
-                    ids.append(completion_id(parent.request_id, i))
-                    reqs.append(req)                          # same prompt, same (empty) output
-                    grants.append(None)
-        raw = logits[rows].float()
-        adjusted = raw
-        if any(p.penalized for p in params):
-            adjusted = apply_penalties(raw, reqs)
-        if any(p.min_tokens for p in params):
-            adjusted = mask_stop_tokens(adjusted if adjusted is not raw else raw.clone(), reqs)
-        toks = self.sampler.sample(adjusted, params, ids)
-        want = [j for j, p in enumerate(params) if p.logprobs is not None]
-        logp = torch.log_softmax(raw[want], dim=-1) if want else None
-        for j, t in enumerate(toks):
-            if grants[j] is not None:
-                res.sampled[grants[j]] = [t]
-            else:
-                res.fork_sampled[ids[j]] = [t]
-        for row, j in enumerate(want):
-            res.logprobs[ids[j]] = [token_logprobs(logp[row], toks[j], params[j].logprobs)]
 
     @staticmethod
     def _prompt_logprobs(logits: torch.Tensor, prompt_rows: list, res: ExecutionResult) -> None:

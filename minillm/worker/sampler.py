@@ -58,6 +58,69 @@ def apply_penalties(logits: torch.Tensor, requests) -> torch.Tensor:
     return logits
 
 
+def unusable(rows: torch.Tensor, probabilities: bool = False) -> list[Optional[str]]:
+    """Why each row of ``rows`` [R, V] (logits, or with ``probabilities`` the distribution drawn from)
+    cannot be sampled; None where it can. A NaN or +inf (float32 overflow, e.g. logits divided by a
+    tiny repetition penalty), no finite logit left, probabilities negative or all zero."""
+    what = "probabilities" if probabilities else "logits"
+    nan = torch.isnan(rows).any(-1).tolist()
+    posinf = torch.isposinf(rows).any(-1).tolist()
+    if probabilities:                     # a distribution: nothing negative, something to draw
+        empty = ((rows < 0).any(-1) | ~(rows.sum(-1) > 0)).tolist()
+        nothing = "its probabilities are negative or all zero"
+    else:
+        empty = (~torch.isfinite(rows)).all(-1).tolist()
+        nothing = "no logit is finite"
+    whys: list[Optional[str]] = []
+    for has_nan, has_posinf, is_empty in zip(nan, posinf, empty):
+        whys.append(f"its {what} contain NaN" if has_nan else f"its {what} contain +inf" if has_posinf
+                    else nothing if is_empty else None)
+    return whys
+
+
+def sample_plain(sampler: "Sampler", logits: torch.Tensor, plain: list, res) -> None:
+    """One token per plain row into ``res`` (an ``ExecutionResult``): a request that forks samples
+    its row once per completion, each with its completion's stream; penalties, ``min_tokens`` and
+    logprobs. ``plain``: (logits row, grant index, ScheduledRequest). A request whose row (or one of
+    its fork's rows) cannot be sampled gets no token and its reason in ``res.failed``."""
+    from ..core.parallel_sampling import completion_id
+    rows, params, ids, reqs, grants = [], [], [], [], []   # grants: the grant index, None for a fork's
+    for r, g, s in plain:
+        req = s.request
+        rows.append(r)
+        params.append(req.sampling_params)
+        ids.append(req.request_id)
+        reqs.append(req)
+        grants.append(g)
+        parent = req.parent
+        if parent is not None and not parent.forked:      # the fork: n - 1 more first tokens
+            for i in range(1, parent.n):
+                rows.append(r)
+                params.append(parent.params[i])
+                ids.append(completion_id(parent.request_id, i))
+                reqs.append(req)                          # same prompt, same (empty) output
+                grants.append(None)
+    raw = logits[rows].float()
+    adjusted = raw
+    if any(p.penalized for p in params):
+        adjusted = apply_penalties(raw, reqs)
+    if any(p.min_tokens for p in params):
+        adjusted = mask_stop_tokens(adjusted if adjusted is not raw else raw.clone(), reqs)
+    toks, failed_rows = sampler.sample(adjusted, params, ids)
+    for j, why in failed_rows.items():           # a fork's row fails its whole group (it has not forked)
+        res.failed.setdefault(reqs[j].request_id, f"sampling failed: {why}")
+    ok = [j for j in range(len(toks)) if reqs[j].request_id not in res.failed]
+    want = [j for j in ok if params[j].logprobs is not None]
+    logp = torch.log_softmax(raw[want], dim=-1) if want else None
+    for j in ok:
+        if grants[j] is not None:
+            res.sampled[grants[j]] = [toks[j]]
+        else:
+            res.fork_sampled[ids[j]] = [toks[j]]
+    for row, j in enumerate(want):
+        res.logprobs[ids[j]] = [token_logprobs(logp[row], toks[j], params[j].logprobs)]
+
+
 def stop_token_ids(req) -> list[int]:
     """The tokens that would end ``req``: its stop_token_ids, and EOS unless ignore_eos."""
     sp = req.sampling_params
@@ -137,15 +200,25 @@ class Sampler:
         return filter_probs(logits.float(), t, k, tp)
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
-               probs: Optional[torch.Tensor] = None) -> list[int]:
-        """One token per row of ``logits`` [R, V]."""
-        out = logits.argmax(dim=-1).tolist()
+               probs: Optional[torch.Tensor] = None) -> tuple[list[Optional[int]], dict[int, str]]:
+        """One token per row of ``logits`` [R, V], and the rows that could not be sampled, each with
+        why (``unusable``, or a draw that raised): such a row gets None and draws nothing from any
+        random stream, so every other row gets what it would have got without it."""
+        failed = {i: why for i, why in enumerate(unusable(logits)) if why}
+        out: list[Optional[int]] = logits.argmax(dim=-1).tolist()
         rand_rows = [i for i, p in enumerate(params) if not p.greedy]
         if rand_rows:
             if probs is None:
                 probs = self.probs(logits[rand_rows], [params[i] for i in rand_rows])
             probs = probs.cpu()
-            for j, i in enumerate(rand_rows):
-                g = self.generator(request_ids[i], params[i])
-                out[i] = int(torch.multinomial(probs[j], 1, generator=g))
-        return out
+            for j, (i, why) in enumerate(zip(rand_rows, unusable(probs, probabilities=True))):
+                if i in failed or why:
+                    failed.setdefault(i, why)
+                    continue
+                try:
+                    out[i] = int(torch.multinomial(probs[j], 1, generator=self.generator(request_ids[i], params[i])))
+                except RuntimeError as e:
+                    failed[i] = f"the draw failed: {e}"
+        for i in failed:
+            out[i] = None
+        return out, failed
