@@ -33,7 +33,8 @@ def run(args) -> dict:
     traces = {"poisson": (cal.validation_trace(n1, rate=12.0, seed=seed + 1), {}),
               "preempting": (cal.validation_trace(n2, rate=16.0, seed=seed + 2, prompt_median=96, output_median=64),
                              {"num_kv_blocks": 48})}
-    cost, report = cal.calibrate(args.out, budget_s=budget, traces=traces, seed=seed, grid=grid)
+    device = {} if args.device == "cpu" else {"device": args.device}     # on a GPU: the GPU's steps
+    cost, report = cal.calibrate(args.out, budget_s=budget, traces=traces, seed=seed, grid=grid, **device)
 
     terms = [[t, f"{cost.seconds[t] * 1e6:.4f}", f"{cost.stderr.get(t, 0.0) * 1e6:.4f}"] for t in cost.seconds]
     rows = []

@@ -243,10 +243,11 @@ def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optiona
 # ---------------------------------------------------------------------------------------------------------
 
 def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_s: float = 40.0,
-              validate: bool = True, traces: Optional[dict] = None, seed: int = 0,
+              validate: bool = True, traces: Optional[dict] = None, seed: int = 0, grid=GRID,
               progress: Optional[Callable[[str], None]] = print, **config) -> tuple[LinearStepCost, dict]:
     """Measure, fit, and (``validate``) compare on ``traces`` ({name: (trace, engine settings)}; default
     two: a Poisson trace, and a second, busier one on a small KV cache, so that requests are preempted).
+    ``config``: ``EngineConfig`` fields for every engine (``device="cuda"`` calibrates a GPU).
     Returns ``(cost_model, report)``; with ``out``, writes the profile and the report there."""
     import torch
     say = progress or (lambda _msg: None)
@@ -255,7 +256,7 @@ def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_
             "date": time.strftime("%Y-%m-%d")}
     t0 = time.perf_counter()
     say(f"calibrate: timing the real engine's steps on {info['machine']} (at most {budget_s:.0f} s)")
-    samples = measure_steps(model, budget_s=budget_s, seed=seed, **config)
+    samples = measure_steps(model, budget_s=budget_s, seed=seed, grid=grid, **config)
     info["calibration_s"] = time.perf_counter() - t0
     cost = fit_step_cost(samples, info=info)
     say(f"calibrate: {len(samples)} steps in {info['calibration_s']:.1f} s; fit within "
