@@ -661,14 +661,14 @@ whatif
 # The model of one step (`LinearStepCost`, `minillm/sim/costmodel.py`) is a sum of five terms, each a
 # cost per unit: a fixed part (launching the step, Python, the scheduling pass), per new token (every
 # linear layer), per sequence (sampling and bookkeeping), per context token (the KV each request reads)
-# and per attention pair (each new token's products with the keys before it). The fit
-# (`minillm/sim/calibration.py`) weighs every step by its relative error and gives each term an
-# uncertainty. About 15 seconds of timing:
+# and per attention pair (each new token's products with the keys before it). The timing runs a grid of
+# batch shapes, then replays a few short traces in real time (the batches a server really forms); the
+# fit (`minillm/sim/calibration.py`, least squares) gives each term an uncertainty. About 20 seconds:
 
 # %%
 from minillm.sim import calibration
 
-steps = calibration.measure_steps(budget_s=15)
+steps = calibration.measure_steps(budget_s=20)
 calibrated = calibration.fit_step_cost(steps)
 print(f"{len(steps)} steps timed; the fit is within {calibrated.info['fit_median_rel_err']:.1%} of a step's time "
       f"(median), {calibrated.info['fit_p90_rel_err']:.1%} (p90)")

@@ -32,7 +32,7 @@ def run(args) -> dict:
     seed = args.seed
     traces = {"poisson": (cal.validation_trace(n1, rate=12.0, seed=seed + 1), {}),
               "preempting": (cal.validation_trace(n2, rate=16.0, seed=seed + 2, prompt_median=96, output_median=64),
-                             {"num_kv_blocks": 48})}
+                             {"num_kv_blocks": 64})}
     device = {} if args.device == "cpu" else {"device": args.device}     # on a GPU: the GPU's steps
     cost, report = cal.calibrate(args.out, budget_s=budget, traces=traces, seed=seed, grid=grid, **device)
 

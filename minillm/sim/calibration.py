@@ -6,11 +6,12 @@ Three parts, each usable alone:
 
 1. ``measure_steps``: run the real engine (the shipped model unless told otherwise) over a grid of
    batch shapes (decodes at batch 1 to 64, short and long contexts, whole and chunked prefills, mixed
-   batches) and keep, for every step, each request's new tokens and context and the step's wall time.
+   batches), then over a few traces replayed in real time (the batches a server really forms), and
+   keep, for every step, each request's new tokens and context and the step's wall time.
 2. ``fit_step_cost``: a least-squares fit of ``LinearStepCost``'s terms (``costmodel.batch_terms``: a
-   fixed part, per new token, per sequence, per context token, per attention pair) to those steps,
-   weighted so that every step counts by its *relative* error; a term the data make negative is
-   dropped (its cost is then 0) and the rest fitted again. Each term keeps its standard error.
+   fixed part, per new token, per sequence, per context token, per attention pair) to those steps; a
+   term the data make negative is dropped (its cost is then 0) and the rest fitted again. Each term
+   keeps its standard error.
 3. ``compare_on_trace``: the same trace (Poisson arrivals, log-normal lengths) run on the real engine
    (wall clock, requests arriving in real time) and on the simulator (modeled clock, the calibrated
    cost model): every request's TTFT, TPOT and end-to-end latency side by side, with the median and
@@ -88,40 +89,78 @@ def _warm_up(engine) -> None:
         engine.step()
 
 
-def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: int = 0, grid=GRID,
-                  progress: Optional[Callable[[int, int], None]] = None, **config) -> list[StepSample]:
-    """Run the real engine over ``grid`` (every request arriving at once, greedy, exactly its output
-    length) and return every step as a ``StepSample``; stops early once ``budget_s`` seconds are spent.
+def _timed_steps(engine) -> list[StepSample]:
+    """Step ``engine`` until it is done; every step with work, timed from just before ``step()`` to
+    just after it. When nothing can run until the next arrival, the wait happens before the timer
+    starts, so a sample is the step's own time."""
+    samples = []
+    s = engine.scheduler
+    while engine.has_unfinished_requests():
+        if not (s.running or s.swapped or s.held or s.waiting):        # idle: let the next arrival come
+            t = s.next_arrival()
+            while t is not None and engine.clock.now() < t:
+                engine.clock.wait_until(t)
+        t0 = time.perf_counter()
+        rec = engine.step()
+        seconds = time.perf_counter() - t0
+        if rec.batch:
+            samples.append(StepSample(tuple(e.num_new_tokens for e in rec.batch),
+                                      tuple(e.context_len for e in rec.batch), seconds))
+    return samples
 
-    A step's time is the time from the end of the step before to its own end, so what the engine does
-    between steps is counted too; the first step of each workload (after an idle engine) is left out."""
+
+# Traces replayed in real time after the grid: the mixes a server sees (arrivals one by one,
+# prefills beside decodes, batches growing and shrinking). (requests, rate, prompt median, output median)
+TRACES = ((120, 8.0, 48, 40), (120, 16.0, 96, 64), (160, 24.0, 48, 40))
+
+
+def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: int = 0, grid=GRID,
+                  traces=TRACES, progress: Optional[Callable[[int, int], None]] = None,
+                  **config) -> list[StepSample]:
+    """Run the real engine over ``grid`` (every request arriving at once, greedy, exactly its output
+    length), then replay ``traces`` (Poisson arrivals in real time, log-normal lengths; seeds 1000 and
+    up, never those of ``validation_trace``'s defaults), and return every step as a ``StepSample``.
+    Stops starting new workloads once ``budget_s`` seconds are spent."""
+    from dataclasses import replace as replace_field
+
+    from ..analysis.workloads import submit_trace
     from ..sampling_params import SamplingParams
     rng = np.random.default_rng(seed)
     config.setdefault("max_model_len", 1024)
     samples: list[StepSample] = []
     t_start = time.perf_counter()
     engines: dict[int, Any] = {}
-    for i, (n, (lo, hi), out_len, budget) in enumerate(grid):
-        if time.perf_counter() - t_start > budget_s:
-            break
+
+    def engine_with_budget(budget):
         if budget not in engines:
             engines[budget] = _engine(model, max_num_batched_tokens=budget, max_num_seqs=64, **config)
             _warm_up(engines[budget])
-        engine = engines[budget]
+        return engines[budget]
+
+    work = len(grid) + len(traces)
+    for i, (n, (lo, hi), out_len, budget) in enumerate(grid):
+        if time.perf_counter() - t_start > budget_s:
+            break
+        engine = engine_with_budget(budget)
         sp = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
         for _ in range(n):
             length = int(rng.integers(lo, hi + 1))
             engine.add_request(rng.integers(10, engine.vocab_size, length).tolist(), sp)
-        previous_end = None
-        while engine.has_unfinished_requests():
-            rec = engine.step()
-            grants = [e for e in rec.batch]
-            if previous_end is not None and grants:
-                samples.append(StepSample(tuple(e.num_new_tokens for e in grants),
-                                          tuple(e.context_len for e in grants), rec.time - previous_end))
-            previous_end = rec.time
+        samples += _timed_steps(engine)[1:]             # the first: a new batch shape's allocations
         if progress is not None:
-            progress(i + 1, len(grid))
+            progress(i + 1, work)
+    for k, (n, rate, prompt_median, output_median) in enumerate(traces):
+        if time.perf_counter() - t_start > budget_s:
+            break
+        engine = engine_with_budget(2048)
+        trace = validation_trace(n, rate=rate, seed=1000 + seed * len(traces) + k, prompt_median=prompt_median,
+                                 output_median=output_median)
+        start = engine.clock.now() + 0.02
+        submit_trace(engine, [replace_field(r, arrival_time=r.arrival_time + start, request_id=f"cal{k}-{r.request_id}")
+                              for r in trace], vocab_size=engine.vocab_size, seed=seed + k)
+        samples += _timed_steps(engine)
+        if progress is not None:
+            progress(len(grid) + k + 1, work)
     return samples
 
 
@@ -130,18 +169,21 @@ def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: 
 # ---------------------------------------------------------------------------------------------------------
 
 def fit_step_cost(samples: Sequence[StepSample], *, info: Optional[dict] = None) -> LinearStepCost:
-    """Weighted least squares of the step times on ``batch_terms``, every term >= 0.
+    """Least squares of the step times on ``batch_terms``, every term >= 0.
 
-    Weights 1/seconds make the fit minimise relative error (a 2 ms step counts as much as a 40 ms one).
-    A term whose fitted cost is negative is set to 0 and the others fitted again. Standard errors come
-    from the residuals: ``s^2 (X^T W X)^-1``."""
+    Plain (unweighted) least squares: with the fixed term in the model its residuals sum to zero, so
+    the fitted steps add up to the measured ones, which is what a request's latency adds up. (Weighting
+    each step by 1/seconds would fit relative errors instead; step times are skewed, a few slow steps
+    among many quick ones, and that fit comes out a few percent short in total.) A term whose fitted
+    cost is negative is set to 0 and the others fitted again. Standard errors come from the residuals:
+    ``s^2 (X^T X)^-1``."""
     if len(samples) < len(STEP_TERMS) + 2:
         raise ValueError(f"fit_step_cost: {len(samples)} steps; need at least {len(STEP_TERMS) + 2}")
     x = np.array([batch_terms(s.num_new_tokens, s.context_lens) for s in samples], dtype=float)
     y = np.array([s.seconds for s in samples], dtype=float)
     if not np.all(np.isfinite(y)) or np.any(y <= 0):
         raise ValueError("fit_step_cost: every step time must be a positive number of seconds")
-    w = 1.0 / y
+    w = np.ones_like(y)                                      # one weight per step: see the docstring
     active = list(range(len(STEP_TERMS)))
     while True:
         xa = x[:, active] * w[:, None]
@@ -162,7 +204,7 @@ def fit_step_cost(samples: Sequence[StepSample], *, info: Optional[dict] = None)
     for j, a in enumerate(active):
         seconds[STEP_TERMS[a]] = float(coef[j])
         stderr[STEP_TERMS[a]] = float(np.sqrt(max(cov[j, j], 0.0)))
-    rel = np.abs(residual)
+    rel = np.abs(residual) / y
     info = dict(info or {})
     info.update(num_steps=len(samples), fit_median_rel_err=float(np.median(rel)),
                 fit_p90_rel_err=float(np.percentile(rel, 90)))
@@ -268,7 +310,7 @@ def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_
         if traces is None:
             traces = {"poisson": (validation_trace(300, rate=12.0, seed=seed + 1), {}),
                       "preempting": (validation_trace(240, rate=16.0, seed=seed + 2, prompt_median=96,
-                                                      output_median=64), {"num_kv_blocks": 48})}
+                                                      output_median=64), {"num_kv_blocks": 64})}
         for name, (trace, settings) in traces.items():
             say(f"calibrate: trace '{name}' ({len(trace)} requests) on the real engine, then the simulator")
             r = compare_on_trace(cost, trace, model, **{**config, **settings})
