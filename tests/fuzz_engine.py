@@ -186,11 +186,13 @@ def make_groups(rng: random.Random, reqs: list[dict], cfg: dict, rate: float) ->
 def draw_sampling(rng: random.Random, reqs: list[dict], cfg: dict, rate: float) -> None:
     """Each of seeded sampling (temperature, top-p, top-k: single requests; a group is sampled
     already), logprobs and penalties goes to about ``rate`` of the requests, into ``r["params"]``
-    (extra SamplingParams fields); logprobs and penalties only without speculation (refused there)."""
+    (extra SamplingParams fields); only without speculation: logprobs and penalties are refused
+    there, and a seeded request's tokens depend on how many guesses each step verified (the
+    acceptance rule's draws), which contention changes: the same distribution, not the same tokens."""
     spec = "speculative_model" in cfg
     for r in reqs:
         params = r.setdefault("params", {})
-        if r.get("n", 1) == 1 and rng.random() < rate:
+        if not spec and r.get("n", 1) == 1 and rng.random() < rate:
             r["seed"] = rng.randrange(2**31)
             params.update(temperature=rng.choice([0.5, 0.8, 1.2]), top_p=rng.choice([1.0, 0.9, 0.5]),
                           top_k=rng.choice([0, 0, 5, 50]))
@@ -241,15 +243,11 @@ def references(reqs: list[dict], cfg: dict) -> list[list[dict]]:
     """Each request's outcome with the engine to itself (plenty of KV, no contention, every prompt
     prefilled whole): one dict (tokens, finish_reason, text, logprobs) per sample, a group's
     sample i run as a request of its own seeded with ``completion_seed(seed, i)``. A quantized
-    cache is run alone with the run's dtype and block size (a block's scale covers its positions);
-    seeded sampling with speculative decoding alone with the same speculation (the acceptance rule
-    draws from the request's stream in its own way: the same distribution, not the same tokens)."""
+    cache is run alone with the run's dtype and block size (a block's scale covers its positions)."""
     kv = dict(block_size=16, num_kv_blocks=512)
     if cfg.get("kv_cache_dtype", "auto") != "auto":
         kv = dict(block_size=cfg["block_size"], num_kv_blocks=8192 // cfg["block_size"],
                   kv_cache_dtype=cfg["kv_cache_dtype"])
-    if "speculative_model" in cfg and any(r.get("seed") is not None for r in reqs):
-        kv.update(speculative_model=cfg["speculative_model"], num_speculative_tokens=cfg["num_speculative_tokens"])
     llm = LLM(**MODEL, **kv, max_num_seqs=64, max_num_batched_tokens=4096,
               tokenizer=tokenizer() if needs_tokenizer(reqs) else None)
     alone = [(r, sampling_params(r, 1, completion_seed(r.get("seed"), i))) for r in reqs for i in range(r.get("n", 1))]
