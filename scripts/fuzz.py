@@ -1,13 +1,16 @@
 """A long randomized differential campaign against the engine (``make fuzz``).
 
 Runs ``tests/fuzz_engine.py``'s ``fuzz_run`` on successive seeds until ``--steps`` engine steps
-have run, then prints runs, steps, aborts, faults, mismatches, lost requests and leaks, and
+have run (``--tp-share`` of the runs on 2 tensor-parallel ranks, ``--async-share`` through
+``async_fuzz_run``), then prints what was covered (each feature's requests, quantized and
+tensor-parallel runs, async streams), aborts, faults, mismatches, lost requests and leaks, and
 the first problems found (each names its seed and configuration, so it can be replayed).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 from pathlib import Path
@@ -15,7 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from fuzz_engine import FuzzStats, fuzz_run  # noqa: E402
+from fuzz_engine import FuzzStats, async_fuzz_run, fuzz_run  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -25,6 +28,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="first seed")
     ap.add_argument("--fault-rate", type=float, default=0.05)
     ap.add_argument("--abort-rate", type=float, default=0.03)
+    ap.add_argument("--tp-share", type=float, default=0.005,
+                    help="fraction of runs on 2 tensor-parallel ranks (each starts 2 processes: slow)")
+    ap.add_argument("--async-share", type=float, default=0.05, help="fraction of runs through AsyncLLM")
     args = ap.parse_args(argv)
     import torch
     torch.set_num_threads(1)           # a tiny model: one thread is fastest, and leaves the other core free
@@ -33,7 +39,12 @@ def main(argv=None) -> int:
     seed = args.seed
     with tqdm(total=args.steps, unit="step") as bar:
         while total.steps < args.steps:
-            s = fuzz_run(seed, num_requests=args.requests, fault_rate=args.fault_rate, abort_rate=args.abort_rate)
+            kind = random.Random(f"kind {seed}").random()
+            if kind < args.async_share:
+                s = async_fuzz_run(seed)
+            else:
+                s = fuzz_run(seed, num_requests=args.requests, fault_rate=args.fault_rate,
+                             abort_rate=args.abort_rate, tensor_parallel=kind > 1 - args.tp_share)
             total.add(s)
             bar.update(s.steps)
             bar.set_postfix(runs=total.runs, mismatches=total.mismatches, lost=total.lost, leaks=total.leaks)

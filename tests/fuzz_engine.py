@@ -3,23 +3,49 @@ injected faults, with the invariants checked after every step and every finished
 tokens compared with the same request run without contention. Most requests are greedy; some
 are parallel-sampling groups (``SamplingParams.n`` > 1, sampled with a seed), and each of a
 group's samples must equal the request run alone with that sample's seed (``completion_seed``).
+Others are sampled with a seed (temperature, top-p, top-k), ask for logprobs, carry penalties,
+or end at a stop string or stop token id; their text, finish reason and logprobs must match too.
 
-``fuzz_run(seed)`` makes one run and returns its counts; ``tests/test_fuzz.py`` runs a bounded
-number under hypothesis, and ``make fuzz`` (``scripts/fuzz.py``) a long campaign.
+Each feature's knob is drawn by a function of its own from a random stream of its own
+(``random.Random(f"<feature> {seed}")``), so adding a feature leaves the configuration,
+workload, aborts and faults that earlier features drew for a seed as they were.
+
+With an int8 / fp8 KV cache (``draw_kv_cache_dtype``) a block's bytes depend on the pieces it
+was written in (its scale only grows, and earlier rows are re-quantized when it does), so a
+sequence is compared with the run alone only when it was written in the same pieces
+(``written_like_alone``); the others are counted in ``FuzzStats.quantized_skipped``.
+
+``fuzz_run(seed)`` makes one run and returns its counts; ``async_fuzz_run(seed)`` serves a
+workload through ``AsyncLLM`` with cancelled streams and aborts; ``tests/test_fuzz.py`` runs a
+bounded number under hypothesis, and ``make fuzz`` (``scripts/fuzz.py``) a long campaign.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from minillm import LLM, SamplingParams
+from minillm.async_llm import AsyncLLM
 from minillm.core.invariants import check_all_free, check_invariants
-from minillm.core.parallel_sampling import completion_seed
+from minillm.core.parallel_sampling import completion_id, completion_seed
 from minillm.core.policies import make_policy
+from minillm.model.loader import load_tokenizer
+from minillm_kernels.kv_quant import fp8_available
 
 MODEL = dict(model="random", max_model_len=96)
 POLICIES = ("fcfs", "sjf", "priority", "mlfq", "fair")
+# The random model has no tokenizer; runs with stop strings borrow the shipped model's (its first
+# 512 token ids, the random model's vocabulary, decode to text).
+TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "minillm" / "checkpoints" / "shakespeare"
+
+
+@functools.cache
+def tokenizer():
+    return load_tokenizer(str(TOKENIZER_DIR))
 
 
 class InjectedFault(Exception):
@@ -32,22 +58,36 @@ class FuzzStats:
     steps: int = 0
     requests: int = 0
     groups: int = 0                 # of the requests, parallel-sampling groups (n > 1)
+    sampled: int = 0                # single requests sampled with a seed (temperature, top-p, top-k)
+    logprobs: int = 0               # requests asking for logprobs
+    penalties: int = 0              # requests with a repetition, presence or frequency penalty
+    stops: int = 0                  # requests with a stop string or a stop token id
+    stopped: int = 0                # sequences one of those ended ("stop")
+    quantized: int = 0              # runs with an int8 / fp8 KV cache
+    quantized_compared: int = 0     # their sequences compared with the run alone
+    quantized_skipped: int = 0      # their sequences written in other pieces than alone: not compared
+    tp_runs: int = 0                # runs on 2 tensor-parallel ranks
+    async_runs: int = 0             # AsyncLLM runs
+    async_streams: int = 0          # their streams (a group's samples: one each)
+    async_cancels: int = 0          # streams cancelled (task.cancel) or aborted (whole request or one sample)
     aborts: int = 0
     faults: int = 0
+    sampler_faults: int = 0         # rows made unsamplable (NaN logits) on purpose
+    sampling_failed: int = 0        # sequences that ended "abort" because their row could not be sampled
     mismatches: int = 0
     lost: int = 0
     leaks: int = 0
     problems: list = field(default_factory=list)
 
     def add(self, other: "FuzzStats") -> None:
-        for f in ("runs", "steps", "requests", "groups", "aborts", "faults", "mismatches", "lost", "leaks"):
-            setattr(self, f, getattr(self, f) + getattr(other, f))
+        for f in fields(self):
+            if f.name != "problems":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         self.problems += other.problems
 
     def line(self) -> str:
-        return (f"runs {self.runs}, steps {self.steps}, requests {self.requests}, groups {self.groups}, "
-                f"aborts {self.aborts}, faults {self.faults}, mismatches {self.mismatches}, lost {self.lost}, "
-                f"leaks {self.leaks}")
+        return ", ".join(f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)
+                         if f.name != "problems")
 
 
 class FaultyPolicy:
@@ -107,6 +147,13 @@ def random_config(rng: random.Random) -> dict:
     return cfg
 
 
+def draw_kv_cache_dtype(rng: random.Random, cfg: dict, rate: float) -> None:
+    """About ``rate`` of the paged configurations store KV as int8 or fp8 (fp8 where this torch has
+    the dtype); a quantized cache needs paged KV."""
+    if cfg["kv_allocation"] == "paged" and rng.random() < rate:
+        cfg["kv_cache_dtype"] = rng.choice(["int8", "fp8"] if fp8_available() is None else ["int8"])
+
+
 def random_workload(rng: random.Random, n: int, cfg: dict) -> list[dict]:
     bases = [[rng.randrange(3, 500) for _ in range(16)] for _ in range(3)]     # shared prefixes
     reqs = []
@@ -136,59 +183,203 @@ def make_groups(rng: random.Random, reqs: list[dict], cfg: dict, rate: float) ->
             r.update(n=rng.randint(2, min(3, cfg["max_num_seqs"])), seed=rng.randrange(2**31))
 
 
+def draw_sampling(rng: random.Random, reqs: list[dict], cfg: dict, rate: float) -> None:
+    """Each of seeded sampling (temperature, top-p, top-k: single requests; a group is sampled
+    already), logprobs and penalties goes to about ``rate`` of the requests, into ``r["params"]``
+    (extra SamplingParams fields); only without speculation: logprobs and penalties are refused
+    there, and a seeded request's tokens depend on how many guesses each step verified (the
+    acceptance rule's draws), which contention changes: the same distribution, not the same tokens."""
+    spec = "speculative_model" in cfg
+    for r in reqs:
+        params = r.setdefault("params", {})
+        if not spec and r.get("n", 1) == 1 and rng.random() < rate:
+            r["seed"] = rng.randrange(2**31)
+            params.update(temperature=rng.choice([0.5, 0.8, 1.2]), top_p=rng.choice([1.0, 0.9, 0.5]),
+                          top_k=rng.choice([0, 0, 5, 50]))
+        if not spec and rng.random() < rate:
+            params["logprobs"] = rng.choice([0, 1, 3])
+        if not spec and rng.random() < rate:
+            if rng.random() < 0.5:
+                params["repetition_penalty"] = rng.choice([0.8, 1.3, 2.0])
+            else:
+                params.update(presence_penalty=rng.uniform(-1, 1), frequency_penalty=rng.uniform(-1, 1))
+
+
+def draw_stops(rng: random.Random, reqs: list[dict], refs: list, rate: float) -> bool:
+    """Give about ``rate`` of the requests a stop token id or a stop string, taken from what the
+    request's first sample produces alone (``refs``, before any stop), so that most do stop.
+    Returns whether any request got one (the references must then be made again)."""
+    drew = False
+    for r, ref in zip(reqs, refs):
+        tokens = ref[0]["tokens"]
+        if rng.random() >= rate or len(tokens) < 2:
+            continue
+        tok = tokens[rng.randrange(1, len(tokens))]
+        piece = tokenizer().decode([tok]).strip()
+        if rng.random() < 0.5 or not piece:
+            r["params"]["stop_token_ids"] = [tok]
+        else:
+            r["params"].update(stop=[piece[:rng.randint(1, 2)]], include_stop_str_in_output=rng.random() < 0.5)
+        drew = True
+    return drew
+
+
 def sampling_params(r: dict, n: int = None, seed: int = None) -> SamplingParams:
-    """Request ``r``'s parameters: greedy, or for a group sampled with its seed (``n``, ``seed``:
-    those of one of its samples run alone)."""
+    """Request ``r``'s parameters: greedy, or sampled with its seed (``n``, ``seed``: those of one
+    sample of a group run alone), with the extra fields ``draw_sampling`` and ``draw_stops`` gave it."""
     n = r.get("n", 1) if n is None else n
     seed = r.get("seed") if seed is None else seed
+    params = dict(r.get("params", {}))
+    temperature = params.pop("temperature", 0.8)
     return SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, n=n, seed=seed,
-                          temperature=0.0 if seed is None else 0.8)
+                          temperature=0.0 if seed is None else temperature, **params)
 
 
-def references(reqs: list[dict]) -> list[list[list[int]]]:
-    """Each request's tokens with the engine to itself (plenty of KV, no contention): one list per
-    sample, a group's sample i run as a request of its own seeded with ``completion_seed(seed, i)``."""
-    llm = LLM(**MODEL, block_size=16, num_kv_blocks=512, max_num_seqs=64, max_num_batched_tokens=4096)
+def needs_tokenizer(reqs: list[dict]) -> bool:
+    return any(r.get("params", {}).get("stop") for r in reqs)
+
+
+def references(reqs: list[dict], cfg: dict) -> list[list[dict]]:
+    """Each request's outcome with the engine to itself (plenty of KV, no contention, every prompt
+    prefilled whole): one dict (tokens, finish_reason, text, logprobs) per sample, a group's
+    sample i run as a request of its own seeded with ``completion_seed(seed, i)``. A quantized
+    cache is run alone with the run's dtype and block size (a block's scale covers its positions)."""
+    kv = dict(block_size=16, num_kv_blocks=512)
+    if cfg.get("kv_cache_dtype", "auto") != "auto":
+        kv = dict(block_size=cfg["block_size"], num_kv_blocks=8192 // cfg["block_size"],
+                  kv_cache_dtype=cfg["kv_cache_dtype"])
+    llm = LLM(**MODEL, **kv, max_num_seqs=64, max_num_batched_tokens=4096,
+              tokenizer=tokenizer() if needs_tokenizer(reqs) else None)
     alone = [(r, sampling_params(r, 1, completion_seed(r.get("seed"), i))) for r in reqs for i in range(r.get("n", 1))]
     outs = iter(llm.generate([r["prompt"] for r, _ in alone], [sp for _, sp in alone], use_tqdm=False))
-    return [[next(outs).token_ids for _ in range(r.get("n", 1))] for r in reqs]
+    return [[outcome(next(outs)) for _ in range(r.get("n", 1))] for r in reqs]
 
 
-def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_rate: float = 0.03,
-             max_steps: int = 3000, config=random_config, group_rate: float = 0.3) -> FuzzStats:
-    """One run: ``config(rng)`` draws the engine configuration (``random_config`` by default);
-    about ``group_rate`` of the requests are parallel-sampling groups (drawn from a random stream
-    of their own, so the configuration, workload and faults of a seed do not depend on it)."""
-    rng = random.Random(seed)
-    cfg = config(rng)
-    reqs = random_workload(rng, num_requests, cfg)
-    make_groups(random.Random(f"groups {seed}"), reqs, cfg, group_rate)
-    want = references(reqs)
-    policy = cfg.pop("policy")
-    cfg["policy"] = FaultyPolicy(make_policy(policy), rng, fault_rate)
-    llm = LLM(**cfg)
-    eng = llm.engine
+def outcome(out) -> dict:
+    return dict(tokens=out.token_ids, finish_reason=out.finish_reason, text=out.text,
+                logprobs=out.outputs[0].logprobs)
+
+
+def written_like_alone(writes: list[tuple[int, int]], prompt_len: int, block_size: int) -> bool:
+    """Were a sequence's positions written (``writes``: the ranges each step's forward wrote, in
+    order) in the pieces the run alone writes them in: from position 0 (no prefix-cache hit), each
+    position once (no recompute, no speculative guess written and then rejected, no retried step),
+    the prompt cut only at block boundaries? Alone, the prompt is written whole and then one
+    position per decode; a cut at a block boundary leaves every block's pieces as they were."""
+    done = 0
+    for start, end in writes:
+        if start != done or (0 < start < prompt_len and start % block_size):
+            return False
+        done = end
+    return True
+
+
+def check_sequence(seq, ref: dict, text) -> list[str]:
+    """What differs between a finished (or aborted) sequence and its run alone."""
+    got = seq.output_token_ids
+    complete = seq.finish_reason in ("length", "stop")
+    if complete and (got, seq.finish_reason) != (ref["tokens"], ref["finish_reason"]):
+        return [f"got {got} ({seq.finish_reason}), alone {ref['tokens']} ({ref['finish_reason']})"]
+    if not complete and got != ref["tokens"][:len(got)]:
+        return [f"got {got} ({seq.finish_reason}), alone {ref['tokens']}"]
+    if complete and text is not None and text != ref["text"]:
+        return [f"text {text!r}, alone {ref['text']!r}"]
+    if seq.output_logprobs is not None:
+        for i, (a, b) in enumerate(zip(seq.output_logprobs, ref["logprobs"])):
+            if a.keys() != b.keys() or any(abs(a[t].logprob - b[t].logprob) > 1e-4 for t in a):
+                return [f"logprobs at {i}: {a}, alone {b}"]
+    return []
+
+
+def install_faults(eng, rng: random.Random, fault_rate: float, sampler_rng: random.Random,
+                   sampler_fault_rate: float, writes: dict, stats: "FuzzStats") -> None:
+    """Faults in the forward (before or after it ran) and rows the sampler cannot sample (NaN
+    logits: the sampler's own failure path, which ends that request alone). Each forward's writes
+    are noted in ``writes`` (sequence id -> ranges), for ``written_like_alone``."""
     real_execute = eng.executor.execute
+    sampler = eng.executor.sampler
+    real_sample = sampler.sample
 
-    def execute(out):                     # a forward that fails before or after it ran
+    def execute(out):
         if rng.random() < fault_rate:
             raise InjectedFault("before execute")
+        for s in out.scheduled:
+            writes.setdefault(s.request.request_id, []).append(
+                (s.num_computed_before, s.num_computed_before + s.num_new_tokens))
         res = real_execute(out)
         if rng.random() < fault_rate:
             raise InjectedFault("after execute")
         return res
-    eng.executor.execute = execute
 
-    stats = FuzzStats(runs=1, requests=len(reqs), groups=sum(r.get("n", 1) > 1 for r in reqs))
-    ids = []
+    def sample(logits, params, request_ids, probs=None):
+        if sampler_fault_rate and sampler_rng.random() < sampler_fault_rate:
+            logits = logits.clone()
+            logits[sampler_rng.randrange(len(logits))] = float("nan")
+            stats.sampler_faults += 1
+        return real_sample(logits, params, request_ids, probs)
+    eng.executor.execute = execute
+    sampler.sample = sample
+
+
+def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_rate: float = 0.03,
+             max_steps: int = 3000, config=random_config, group_rate: float = 0.3,
+             feature_rate: float = 0.15, quantized_rate: float = 0.25, sampler_fault_rate: float = 0.02,
+             tensor_parallel: bool = False) -> FuzzStats:
+    """One run: ``config(rng)`` draws the engine configuration (``random_config`` by default);
+    about ``group_rate`` of the requests are parallel-sampling groups, ``feature_rate`` of them get
+    each sampling feature (``draw_sampling``, ``draw_stops``), ``quantized_rate`` of the paged runs
+    an int8 / fp8 KV cache, and each sampling call fails one row with probability
+    ``sampler_fault_rate``; each is drawn from a random stream of its own, so the configuration,
+    workload and faults of a seed do not depend on them. ``tensor_parallel``: on 2 gloo ranks."""
+    rng = random.Random(seed)
+    cfg = config(rng)
+    reqs = random_workload(rng, num_requests, cfg)
+    make_groups(random.Random(f"groups {seed}"), reqs, cfg, group_rate)
+    draw_kv_cache_dtype(random.Random(f"kv dtype {seed}"), cfg, quantized_rate)
+    draw_sampling(random.Random(f"sampling {seed}"), reqs, cfg, feature_rate)
+    want = references(reqs, cfg)
+    if draw_stops(random.Random(f"stops {seed}"), reqs, want, feature_rate):
+        want = references(reqs, cfg)
+    if tensor_parallel:
+        cfg["tensor_parallel_size"] = 2
+    policy = cfg.pop("policy")
+    cfg["policy"] = FaultyPolicy(make_policy(policy), rng, fault_rate)
+    quantized = cfg.get("kv_cache_dtype", "auto") != "auto"
+    stats = FuzzStats(runs=1, requests=len(reqs), groups=sum(r.get("n", 1) > 1 for r in reqs),
+                      quantized=int(quantized), tp_runs=int(tensor_parallel))
     for r in reqs:
-        try:
-            ids.append(eng.add_request(r["prompt"], sampling_params(r), arrival_time=r["arrival"],
-                                       priority=r["priority"], tenant=r["tenant"],
-                                       expected_output_len=r["expected_output_len"]))
-        except ValueError:
-            ids.append(None)                 # does not fit this configuration at all: rejected at the door
-    where = f"seed {seed} ({policy}, {cfg})"
+        p = r.get("params", {})
+        stats.sampled += "temperature" in p
+        stats.logprobs += "logprobs" in p
+        stats.penalties += any(k in p for k in ("repetition_penalty", "presence_penalty"))
+        stats.stops += "stop" in p or "stop_token_ids" in p
+    tok = tokenizer() if needs_tokenizer(reqs) else None
+    with LLM(**cfg, tokenizer=tok) as llm:
+        eng = llm.engine
+        writes: dict[str, list] = {}
+        install_faults(eng, rng, fault_rate, random.Random(f"sampler faults {seed}"), sampler_fault_rate,
+                       writes, stats)
+        ids = []
+        for r in reqs:
+            try:
+                ids.append(eng.add_request(r["prompt"], sampling_params(r), arrival_time=r["arrival"],
+                                           priority=r["priority"], tenant=r["tenant"],
+                                           expected_output_len=r["expected_output_len"]))
+            except ValueError:
+                ids.append(None)                 # does not fit this configuration at all: rejected at the door
+        where = f"seed {seed} ({policy}, {cfg})"
+        if not drive(eng, rng, ids, abort_rate, max_steps, stats, where):
+            return stats
+        for rid, r, refs in zip(ids, reqs, want):
+            if rid is not None:
+                compare(eng, rid, r, refs, writes, quantized, cfg["block_size"], tok is not None, stats, where)
+    return stats
+
+
+def drive(eng, rng: random.Random, ids: list, abort_rate: float, max_steps: int, stats: FuzzStats,
+          where: str) -> bool:
+    """Step until done, aborting now and then, the invariants after every step and everything
+    free at the end. False if the invariants broke (the run stops there)."""
     while eng.has_unfinished_requests():
         if stats.steps >= max_steps:
             stats.lost += 1
@@ -210,21 +401,123 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
         except AssertionError as e:
             stats.problems.append(f"{where}, step {stats.steps}: {e}")
             stats.leaks += 1
-            return stats
+            return False
     try:
         check_all_free(eng)
     except AssertionError as e:
         stats.leaks += 1
         stats.problems.append(f"{where}: {e}")
-    for rid, refs in zip(ids, want):
-        if rid is None:
-            continue
-        parent = eng.parents.get(rid)
-        for r, ref in zip(parent.members if parent is not None else [eng.requests[rid]], refs):
-            got = r.output_token_ids
-            ok = got == ref if r.finish_reason == "length" else got == ref[:len(got)]
-            if not ok:
-                stats.mismatches += 1
-                stats.problems.append(f"{where}: request {r.request_id} ({r.finish_reason}) got {got}, "
-                                      f"alone {ref}")
+    return True
+
+
+def compare(eng, rid: str, r: dict, refs: list[dict], writes: dict, quantized: bool, block_size: int,
+            with_text: bool, stats: FuzzStats, where: str) -> None:
+    """Request ``rid``'s sequences against their runs alone (a quantized run's: only those written
+    in the same pieces); a sequence whose sampling failed must have had a row made unsamplable."""
+    parent = eng.parents.get(rid)
+    members = parent.members if parent is not None else [eng.requests[rid]]
+    prompt_writes = [w for w in writes.get(members[0].request_id, []) if w[0] < len(r["prompt"])]
+    for seq, ref in zip(members, refs):
+        stats.stopped += seq.finish_reason == "stop"
+        if (seq.finish_detail or "").startswith("sampling failed"):
+            stats.sampling_failed += 1
+            if not stats.sampler_faults:
+                stats.problems.append(f"{where}: request {seq.request_id}: {seq.finish_detail}")
+        if quantized and seq.output_token_ids:
+            own = writes.get(seq.request_id, []) if seq is members[0] else \
+                prompt_writes + writes.get(seq.request_id, [])
+            if not written_like_alone(own, len(r["prompt"]), block_size):
+                stats.quantized_skipped += 1
+                continue
+            stats.quantized_compared += 1
+        text = eng.output_text(seq.request_id) if with_text else None
+        for why in check_sequence(seq, ref, text):
+            stats.mismatches += 1
+            stats.problems.append(f"{where}: request {seq.request_id}: {why}")
+
+
+async def _serve_async(seed: int, num_requests: int, cancel_rate: float, stats: FuzzStats, timeout: float):
+    """``async_fuzz_run``'s body: one stream per request, some cancelled or aborted on the way."""
+    rng = random.Random(seed)
+    cfg = dict(MODEL, block_size=rng.choice([1, 2, 4]), max_num_seqs=rng.randint(2, 6),
+               max_num_batched_tokens=rng.choice([16, 32]), policy=rng.choice(POLICIES),
+               preemption_mode=rng.choice(["recompute", "swap"]), enable_prefix_caching=rng.random() < 0.5,
+               record="summary", kv_allocation="paged")
+    cfg["num_kv_blocks"] = rng.randint(40, 100) // cfg["block_size"] + 8
+    cfg["num_swap_blocks"] = cfg["num_kv_blocks"]
+    reqs = random_workload(rng, num_requests, cfg)
+    make_groups(random.Random(f"groups {seed}"), reqs, cfg, 0.3)
+    draw_sampling(random.Random(f"sampling {seed}"), reqs, cfg, 0.15)
+    want = references(reqs, cfg)
+    stats.groups += sum(r.get("n", 1) > 1 for r in reqs)
+    where = f"async seed {seed} ({cfg})"
+    llm = AsyncLLM.from_config(**cfg)
+
+    async def consume(i: int, r: dict) -> dict:
+        got = {}                                   # index -> [tokens, finish reason]
+        async for out in llm.generate(r["prompt"], sampling_params(r), request_id=str(i)):
+            seq = got.setdefault(out.index, [[], None])
+            seq[0] += out.token_ids
+            seq[1] = out.finish_reason
+        return got
+
+    async with llm:
+        tasks = [asyncio.create_task(consume(i, r)) for i, r in enumerate(reqs)]
+        cancelled = set()
+        for _ in range(num_requests):              # cancels and aborts while the streams run
+            await asyncio.sleep(rng.uniform(0, 0.02))
+            if rng.random() < cancel_rate:
+                i = rng.randrange(num_requests)
+                how = rng.choice(["cancel", "abort", "abort one sample"])
+                stats.async_cancels += 1
+                if how == "cancel":
+                    tasks[i].cancel()
+                    cancelled.add(i)
+                elif how == "abort" or reqs[i].get("n", 1) == 1:
+                    await llm.abort(str(i))
+                else:
+                    await llm.abort(completion_id(str(i), rng.randrange(reqs[i]["n"])))
+        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout)
+        for i, (r, refs, got) in enumerate(zip(reqs, want, done)):
+            stats.async_streams += r.get("n", 1)
+            if isinstance(got, asyncio.CancelledError) and i in cancelled:
+                continue
+            if isinstance(got, BaseException):
+                stats.problems.append(f"{where}: stream {i} raised {got!r}")
+                continue
+            for k, ref in enumerate(refs):
+                tokens, reason = got.get(k, ([], None))
+                if reason == "abort" and tokens == ref["tokens"][:len(tokens)]:
+                    continue
+                if (tokens, reason) != (ref["tokens"], ref["finish_reason"]):
+                    stats.mismatches += 1
+                    stats.problems.append(f"{where}: stream {i}.{k} got {tokens} ({reason}), "
+                                          f"alone {ref['tokens']}")
+        for _ in range(200):                       # a cancelled stream's abort reaches the engine soon
+            if not await llm.engine_call(lambda e: e.has_unfinished_requests()):
+                break
+            await asyncio.sleep(0.01)
+        try:
+            await llm.engine_call(lambda e: (check_invariants(e, None), check_all_free(e)))
+        except AssertionError as e:
+            stats.leaks += 1
+            stats.problems.append(f"{where}: {e}")
+        if llm._sent or llm._streams or llm.num_in_flight():
+            stats.leaks += 1
+            stats.problems.append(f"{where}: AsyncLLM still holds {dict(llm._sent)}, {list(llm._streams)}")
+        stats.steps += llm.num_steps
+
+
+def async_fuzz_run(seed: int, num_requests: int = 8, cancel_rate: float = 0.4, timeout: float = 60.0) -> FuzzStats:
+    """Serve a random workload through ``AsyncLLM`` (greedy, seeded, groups, logprobs, penalties),
+    cancelling some streams (``task.cancel``) and aborting some requests or single samples of a
+    group while they run. Every stream that was not cancelled must end: with the tokens of its
+    run alone, or with ``finish_reason="abort"`` and a prefix of them; nothing may hang (``timeout``
+    seconds); afterwards the engine holds nothing and AsyncLLM has no stream or sent output left."""
+    stats = FuzzStats(runs=1, async_runs=1, requests=num_requests)
+    try:
+        asyncio.run(_serve_async(seed, num_requests, cancel_rate, stats, timeout))
+    except asyncio.TimeoutError:
+        stats.lost += 1
+        stats.problems.append(f"async seed {seed}: streams still open after {timeout} s")
     return stats

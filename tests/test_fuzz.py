@@ -1,9 +1,12 @@
 """The randomized differential test (``tests/fuzz_engine.py``) under a bounded budget: random
 configurations (policies x preemption modes x allocators x prefix caching x speculation x
-static / every-N batching x queue caps), random workloads, aborts and injected faults; the
-invariants hold after every step and every request's tokens match the same request
-run alone (a parallel-sampling group's samples: each run alone with its own seed). ``make fuzz``
-runs a long campaign."""
+static / every-N batching x queue caps x int8 / fp8 KV), random workloads (greedy, seeded
+sampling with top-p / top-k, logprobs, penalties, stop strings and stop token ids), aborts and
+faults injected into policy hooks, the forward and the sampler; the invariants hold after every
+step and every request's tokens match the same request run alone (a parallel-sampling group's
+samples: each run alone with its own seed; on a quantized cache, the sequences written in the
+same pieces as alone). The same through ``AsyncLLM`` with cancelled and aborted streams, and a
+few runs on 2 tensor-parallel ranks. ``make fuzz`` runs a long campaign."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz_engine import fuzz_run
+from fuzz_engine import FuzzStats, async_fuzz_run, fuzz_run
 
 
 @settings(max_examples=60, deadline=None, derandomize=True,
@@ -28,7 +31,8 @@ def test_seeds_that_once_broke_the_free_list_order(seed):
     """A step rolled back after its forward left the prefixes it registered in the cache; the
     retried step computed them again in other blocks, and a parent block sat ahead of its child
     in the free list (found by a long ``make fuzz`` campaign)."""
-    stats = fuzz_run(seed, num_requests=16, group_rate=0.0)
+    stats = fuzz_run(seed, num_requests=16, group_rate=0.0, feature_rate=0.0, quantized_rate=0.0,
+                     sampler_fault_rate=0.0)
     assert stats.problems == [], "\n".join(stats.problems[:3])
 
 
@@ -37,5 +41,33 @@ def test_seed_where_a_rolled_back_fork_recomputed_into_shared_blocks():
     group its blocks back, and every sample recomputed from the first block handed away while the
     samples still shared it (one copy-on-write, then writes into a shared block). Each now gives
     that block and the ones after it back first."""
-    stats = fuzz_run(373, num_requests=16)
+    stats = fuzz_run(373, num_requests=16, feature_rate=0.0, quantized_rate=0.0, sampler_fault_rate=0.0)
     assert stats.problems == [], "\n".join(stats.problems[:3])
+
+
+def test_the_features_are_exercised_and_compared():
+    """Seeds 0-19 reach every feature the fuzzer draws: a bound on what a passing run above means."""
+    total = FuzzStats()
+    for seed in range(20):
+        total.add(fuzz_run(seed))
+    assert total.problems == [], "\n".join(total.problems[:3])
+    for name in ("groups", "sampled", "logprobs", "penalties", "stopped", "quantized", "quantized_compared",
+                 "sampler_faults", "sampling_failed", "aborts", "faults"):
+        assert getattr(total, name) > 0, f"no {name}: {total.line()}"
+
+
+@settings(max_examples=8, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_async_streams_with_cancels_and_aborts_end_with_their_tokens_or_abort(seed):
+    stats = async_fuzz_run(seed)
+    assert stats.problems == [], "\n".join(stats.problems[:3])
+    assert stats.mismatches == stats.lost == stats.leaks == 0
+
+
+@pytest.mark.parametrize("seed", [3, 5])
+def test_random_runs_on_two_tensor_parallel_ranks(seed):
+    """Seed 3: int8 KV, groups, a sampling failure; seed 5: int8 KV, stop strings, seeded sampling."""
+    stats = fuzz_run(seed, num_requests=6, tensor_parallel=True)
+    assert stats.problems == [], "\n".join(stats.problems[:3])
+    assert stats.tp_runs == 1 and stats.mismatches == stats.leaks == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 
 import pytest
 import torch
@@ -567,3 +568,46 @@ def test_gpu_bench_case_on_a_quantized_cache(kind):
     c = Case(2, 40, 3, 4, 2, 64, 16, torch.float32, torch.device(DEVICE), kv_cache_dtype=kind)
     torch.testing.assert_close(c.ours(), c.sdpa(), atol=2e-5, rtol=2e-5)
     assert c.kv_bytes() == 2 * 2 * 40 * 2 * 64 + 2 * 2 * 3 * 2 * 4
+
+
+# --- what "the same tokens as alone" means on a quantized cache --------------------------------
+
+def _int8_prompts(seed=4):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 500) for _ in range(rng.randint(9, 16))] for _ in range(4)]
+
+
+def _greedy_tokens(prompts, kind, **config):
+    llm = LLM(model="random", max_model_len=96, kv_cache_dtype=kind, block_size=4, **config)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, **GREEDY), use_tqdm=False)
+    return [o.token_ids for o in outs], [o.metrics for o in outs]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_quantized_request_written_in_the_same_pieces_gets_its_tokens_alone(kind):
+    """The README's statement: on an int8 / fp8 cache a request gets the tokens it gets alone when
+    its blocks are written in the same pieces: here batched with others, its prompt written whole
+    (no chunked prefill) and swapped out and back in (bytes and scales travel); and alone with its
+    prompt cut into chunks at block boundaries only (a budget of one block, then of two)."""
+    prompts = _int8_prompts()
+    alone = [_greedy_tokens([p], kind, num_kv_blocks=64, max_num_batched_tokens=96)[0][0] for p in prompts]
+    batched, metrics = _greedy_tokens(prompts, kind, num_kv_blocks=12, max_num_seqs=4, max_num_batched_tokens=96,
+                                      enable_chunked_prefill=False, preemption_mode="swap", num_swap_blocks=64)
+    assert sum(m.num_preemptions for m in metrics) > 0 and all(m.num_recomputed_tokens == 0 for m in metrics)
+    assert batched == alone
+    for budget in (4, 8):
+        assert _greedy_tokens(prompts, kind, num_kv_blocks=64, max_num_seqs=1,
+                              max_num_batched_tokens=budget)[0] == alone
+
+
+def test_a_prompt_cut_inside_a_block_can_change_a_quantized_requests_tokens():
+    """The README's caveat: with a budget of 3 tokens (block size 4) a prompt's chunks end inside
+    blocks; a block written in two pieces is re-quantized when its scale grows, so its bytes, and
+    here prompt 3's greedy tokens, differ from the prompt written whole. A float cache does not
+    care how the prompt was cut."""
+    prompts = _int8_prompts()
+    whole, _ = _greedy_tokens(prompts, "int8", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=96)
+    cut, _ = _greedy_tokens(prompts, "int8", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=3)
+    assert [i for i in range(4) if whole[i] != cut[i]] == [3]
+    assert _greedy_tokens(prompts, "auto", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=96)[0] == \
+        _greedy_tokens(prompts, "auto", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=3)[0]
