@@ -154,6 +154,33 @@ def test_abort_one_sample_then_the_rest():
     assert [c.finish_reason for c in out.outputs] == ["abort"] * 3 and out.finished
 
 
+@pytest.mark.parametrize("first_done", [True, False], ids=["cached-copy-free", "cached-copy-held"])
+def test_a_sample_leaving_alone_frees_its_child_before_the_cached_copy_of_its_prompt(first_done):
+    """A group whose prompt is cached already computes the prompt's last full block again (its
+    last token must be): the samples share a second copy of that prefix, and the block a sample
+    fills next is chained on it, so its parent in the cache is the first request's copy. When one
+    sample leaves alone (aborted; in the fuzzer, a failed draw), its child must reach the free
+    list before that copy, whether the copy was already free or is freed by its own request
+    meanwhile: evicting the parent first would strand the child (seeds 191 and 288 of the fuzzer)."""
+    llm = LLM("random", executor="simulated", block_size=2, num_kv_blocks=16, max_model_len=32,
+              enable_prefix_caching=True)
+    e = llm.engine
+    e.add_request([5, 6, 7, 8], SamplingParams(max_tokens=1 if first_done else 5, ignore_eos=True), request_id="a")
+    check_invariants(e, e.step())
+    e.add_request([5, 6, 7, 8], SamplingParams(n=2, max_tokens=8, ignore_eos=True), request_id="g")
+    while not e.is_finished("a") or len(e.kv.req_blocks.get(completion_id("g", 0), ())) < 4:
+        check_invariants(e, e.step())
+    pool, g0, g1 = e.kv.pool, e.kv.req_blocks[completion_id("g", 0)], e.kv.req_blocks[completion_id("g", 1)]
+    copy, child = pool.cached[g0[1].block_hash], g0[2]
+    assert copy is not g0[1] and copy.ref_count == 0 and g1[1] is g0[1]      # the samples hold a second copy
+    assert child.parent_hash == copy.block_hash and child.block_id in {b.block_id for b in g0}
+    e.abort_request(completion_id("g", 0))
+    check_invariants(e, e.step())
+    order = list(pool.free_queue)
+    assert order.index(child.block_id) < order.index(copy.block_id)
+    run(e)
+
+
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_group_is_preempted_together_and_invariants_hold(mode):
     llm = LLM("random", executor="simulated", block_size=4, num_kv_blocks=24, max_model_len=64,

@@ -9,7 +9,8 @@ and its own tokens, so equal hashes mean equal prefixes. A freed block that carr
 its KV and its hash in the free list: a later request with the same prefix can ``touch`` it
 (reference count +1, nothing recomputed). Free blocks holding nothing reusable are handed out
 first; only then is the least recently freed cached block evicted. A table is freed last block
-first, so a child is always evicted before its parent.
+first, so a child is always evicted before its parent, and a freed child also moves its cached
+parent behind it when that parent is a copy the table does not hold (see ``_to_free_list``).
 """
 
 from __future__ import annotations
@@ -108,6 +109,17 @@ class BlockPool:
             block.block_hash = block.token_ids = block.parent_hash = None
             if self.enable_caching:
                 self.free_queue.move_to_end(block.block_id, last=False)
+            return
+        # Its parent in the cache is cached[parent_hash], the first copy of that prefix; its table
+        # may hold another (a prompt's last full block is computed again even when cached: its last
+        # token must be), so freeing the table last block first does not put that parent behind it.
+        # The free cached ancestors move behind it, root last (bounded: colliding keys could loop).
+        parent = self.cached.get(block.parent_hash)
+        for _ in range(len(self.free_queue)):
+            if parent is None or parent.block_id not in self.free_queue:
+                return
+            self.free_queue.move_to_end(parent.block_id)
+            parent = self.cached.get(parent.parent_hash)
 
     def set_ref_count(self, block: Block, ref_count: int) -> None:
         """Rollback of a failed step: give a block the reference count its holders imply."""
