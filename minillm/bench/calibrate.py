@@ -4,7 +4,7 @@
 shapes (``minillm.sim.calibration.measure_steps``, at most 60 s), fits ``LinearStepCost``'s terms with
 their standard errors, and saves the profile as ``DIR/step-cost-MACHINE.json``
 (``CostModel.from_profile`` loads it). Then the same traces run on the real engine and on the
-simulator with that profile: a Poisson trace, and a second, busier one on a small KV cache where
+simulator with that profile: a Poisson trace, and a second with longer requests on a small KV cache where
 requests are preempted. Per request TTFT, TPOT and end-to-end latency, modeled against measured: the
 median and p90 relative error of each (``median_rel_err``, ``p90_rel_err``, fractions) and both step
 counts go into ``DIR/calibration-MACHINE.json`` and the benchmark's own JSON.
@@ -31,7 +31,7 @@ def run(args) -> dict:
     grid = cal.GRID[:4] + cal.GRID[9:10] + cal.GRID[12:13] if size == "tiny" else cal.GRID
     seed = args.seed
     traces = {"poisson": (cal.validation_trace(n1, rate=12.0, seed=seed + 1), {}),
-              "preempting": (cal.validation_trace(n2, rate=16.0, seed=seed + 2, prompt_median=96, output_median=64),
+              "preempting": (cal.validation_trace(n2, rate=6.0, seed=seed + 2, prompt_median=96, output_median=64),
                              {"num_kv_blocks": 64})}
     device = {} if args.device == "cpu" else {"device": args.device}     # on a GPU: the GPU's steps
     cost, report = cal.calibrate(args.out, budget_s=budget, traces=traces, seed=seed, grid=grid, **device)

@@ -80,10 +80,11 @@ def _engine(model: Optional[str], **config):
 
 
 def _warm_up(engine) -> None:
-    """A few steps first: torch's first forwards allocate and are slower than the rest."""
+    """Steps of many shapes first: torch's first forward at each new batch shape allocates, and is
+    slower than every later one. Greedy requests of prompts from 3 to 600 tokens, at once."""
     from ..sampling_params import SamplingParams
-    sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    for n in (40, 8, 3):
+    sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    for n in (600, 300, 150, 80, 40, 20, 10, 3, 5, 7, 9, 12, 16, 24, 32, 48):
         engine.add_request(list(range(10, 10 + n)), sp)
     while engine.has_unfinished_requests():
         engine.step()
@@ -288,7 +289,8 @@ def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_
               validate: bool = True, traces: Optional[dict] = None, seed: int = 0, grid=GRID,
               progress: Optional[Callable[[str], None]] = print, **config) -> tuple[LinearStepCost, dict]:
     """Measure, fit, and (``validate``) compare on ``traces`` ({name: (trace, engine settings)}; default
-    two: a Poisson trace, and a second, busier one on a small KV cache, so that requests are preempted).
+    two: a Poisson trace, and a second with longer requests on a small KV cache, so that requests are
+    preempted, below the machine's capacity: past it the queue grows and any error in a step compounds).
     ``config``: ``EngineConfig`` fields for every engine (``device="cuda"`` calibrates a GPU).
     Returns ``(cost_model, report)``; with ``out``, writes the profile and the report there."""
     import torch
@@ -309,7 +311,7 @@ def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_
     if validate:
         if traces is None:
             traces = {"poisson": (validation_trace(300, rate=12.0, seed=seed + 1), {}),
-                      "preempting": (validation_trace(240, rate=16.0, seed=seed + 2, prompt_median=96,
+                      "preempting": (validation_trace(240, rate=6.0, seed=seed + 2, prompt_median=96,
                                                       output_median=64), {"num_kv_blocks": 64})}
         for name, (trace, settings) in traces.items():
             say(f"calibrate: trace '{name}' ({len(trace)} requests) on the real engine, then the simulator")
