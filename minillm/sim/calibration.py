@@ -27,6 +27,7 @@ request latency within 9%; ours predicts only step times, with every decision th
 
 from __future__ import annotations
 
+import gc
 import json
 import platform
 import time
@@ -250,6 +251,7 @@ def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optiona
     config.setdefault("max_model_len", 1024)
     config.setdefault("preemption_mode", "recompute")
 
+    gc.collect()                                  # start from a clean heap, as a fresh server would
     engine = _engine(model, **config)
     _warm_up(engine)
     engine.step_records.clear()
@@ -303,7 +305,8 @@ def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_
     samples = measure_steps(model, budget_s=budget_s, seed=seed, grid=grid, **config)
     info["calibration_s"] = time.perf_counter() - t0
     cost = fit_step_cost(samples, info=info)
-    say(f"calibrate: {len(samples)} steps in {info['calibration_s']:.1f} s; fit within "
+    del samples                                   # thousands of objects the garbage collector would walk
+    say(f"calibrate: {cost.info['num_steps']} steps in {info['calibration_s']:.1f} s; fit within "
         f"{cost.info['fit_median_rel_err']:.1%} (median), {cost.info['fit_p90_rel_err']:.1%} (p90) per step")
     for term in STEP_TERMS:
         say(f"    {term:<16} {cost.seconds[term] * 1e6:12.4f} us  (+/- {cost.stderr.get(term, 0) * 1e6:.4f})")
