@@ -195,10 +195,13 @@ class AsyncLLM:
         """Engine thread: abort the request (every sample for n > 1, or one sample by its id) and
         hand each of its sequences still streaming its final output (``finish_reason="abort"``,
         with any tokens not yet handed out); nothing of it is left in ``_sent``."""
+        parent = engine.parents.get(request_id)
+        group = engine.parents.get(engine.parent_id(request_id)) if request_id in engine.requests else None
+        if parent is None and group is not None and not group.forked:
+            parent = group              # before its fork, sample 0 is the whole group: every sample ends
         if request_id in engine.requests or request_id in engine.parents:
             engine.abort_request(request_id)
-        parent = engine.parents.get(request_id)
-        seqs = [completion_id(request_id, i) for i in range(parent.n)] if parent is not None else [request_id]
+        seqs = [completion_id(parent.request_id, i) for i in range(parent.n)] if parent is not None else [request_id]
         for seq in seqs:
             req = engine.requests.get(seq)
             if seq not in self._sent or (req is not None and not req.is_finished):

@@ -72,6 +72,32 @@ def test_an_aborted_group_ends_every_sample_stream():
     assert {o.finish_reason for o in outs if o.finished} == {"abort"}
 
 
+def test_aborting_sample_0_before_the_fork_ends_every_sample_stream():
+    """Before its fork a group is one sequence, sample 0: aborting that sample ends the group, so
+    every sample's stream gets its final output (found by the async fuzzer: the others waited forever)."""
+    async def main(llm):
+        blockers = [asyncio.ensure_future(_collect(llm.generate([3, 4], SamplingParams(**LONG), request_id=b)))
+                    for b in ("b1", "b2")]
+        task = asyncio.ensure_future(_collect(llm.generate([5, 6, 7], SamplingParams(n=2, **LONG), request_id="g")))
+        while not await llm.engine_call(lambda e: "g" in e.parents):
+            await asyncio.sleep(0.005)
+        assert not await llm.engine_call(lambda e: e.parents["g"].forked)    # waiting: both slots are taken
+        await llm.abort(completion_id("g", 0))
+        return await asyncio.wait_for(task, 30), [await b for b in blockers]
+
+    async def go():
+        async with AsyncLLM.from_config("random", **{**CONFIG, "max_num_seqs": 2}) as llm:
+            return await asyncio.wait_for(main(llm), timeout=60)
+    outs, blocked = asyncio.run(go())
+    assert sorted(o.index for o in outs if o.finished) == [0, 1]
+    assert {o.finish_reason for o in outs if o.finished} == {"abort"}
+    assert [b[-1].finish_reason for b in blocked] == ["length", "length"]
+
+
+async def _collect(gen):
+    return [o async for o in gen]
+
+
 def test_streams_cancelled_before_their_fork_leave_no_phantoms():
     """60 streams of n=3 cancelled at once, some before their prompt ran (so before the fork):
     load() and the table of outputs handed out count none of them afterwards."""
