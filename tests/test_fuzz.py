@@ -71,3 +71,19 @@ def test_random_runs_on_two_tensor_parallel_ranks(seed):
     stats = fuzz_run(seed, num_requests=6, tensor_parallel=True)
     assert stats.problems == [], "\n".join(stats.problems[:3])
     assert stats.tp_runs == 1 and stats.mismatches == stats.leaks == 0
+
+
+def test_written_like_alone_by_hand():
+    """The quantized oracle compares a sequence only when its positions were written in the pieces the
+    run alone writes them in (README, KV-cache quantization): the prompt whole or cut at block
+    boundaries, then one position per step; a verify step's guesses (several positions past the
+    prompt at once) are not, nor a rewrite, nor a prefix-cache hit (seed 512 of a long campaign had
+    fp8 with n-gram speculation compared)."""
+    from fuzz_engine import written_like_alone
+
+    assert written_like_alone([(0, 6), (6, 7), (7, 8)], prompt_len=6, block_size=2)      # whole, then decodes
+    assert written_like_alone([(0, 4), (4, 6), (6, 7)], prompt_len=6, block_size=2)      # cut at a boundary
+    assert not written_like_alone([(0, 3), (3, 6)], prompt_len=6, block_size=2)          # cut inside a block
+    assert not written_like_alone([(0, 6), (6, 10)], prompt_len=6, block_size=2)         # guesses verified
+    assert not written_like_alone([(0, 6), (6, 7), (6, 7)], prompt_len=6, block_size=2)  # written twice
+    assert not written_like_alone([(4, 6), (6, 7)], prompt_len=6, block_size=2)          # a cache hit
