@@ -67,6 +67,7 @@ class FuzzStats:
     quantized_compared: int = 0     # their sequences compared with the run alone
     quantized_skipped: int = 0      # their sequences written in other pieces than alone: not compared
     tp_runs: int = 0                # runs on 2 tensor-parallel ranks
+    draft_runs: int = 0             # speculative runs with a draft model (the others: n-gram lookup)
     async_runs: int = 0             # AsyncLLM runs
     async_streams: int = 0          # their streams (a group's samples: one each)
     async_cancels: int = 0          # streams cancelled (task.cancel) or aborted (whole request or one sample)
@@ -152,6 +153,16 @@ def draw_kv_cache_dtype(rng: random.Random, cfg: dict, rate: float) -> None:
     the dtype); a quantized cache needs paged KV."""
     if cfg["kv_allocation"] == "paged" and rng.random() < rate:
         cfg["kv_cache_dtype"] = rng.choice(["int8", "fp8"] if fp8_available() is None else ["int8"])
+
+
+def draw_draft_model(rng: random.Random, cfg: dict, rate: float) -> bool:
+    """About ``rate`` of the speculative configurations propose with a draft model instead of n-gram
+    lookup: the shipped Shakespeare model and its 1-layer draft (the random model has no draft). The
+    workload's token ids (below 500) are in the shipped vocabulary."""
+    if cfg.get("speculative_model") == "ngram" and rng.random() < rate:
+        cfg.update(model=None, speculative_model="default-draft")
+        return True
+    return False
 
 
 def random_workload(rng: random.Random, n: int, cfg: dict) -> list[dict]:
@@ -248,7 +259,7 @@ def references(reqs: list[dict], cfg: dict) -> list[list[dict]]:
     if cfg.get("kv_cache_dtype", "auto") != "auto":
         kv = dict(block_size=cfg["block_size"], num_kv_blocks=8192 // cfg["block_size"],
                   kv_cache_dtype=cfg["kv_cache_dtype"])
-    llm = LLM(**MODEL, **kv, max_num_seqs=64, max_num_batched_tokens=4096,
+    llm = LLM(**{k: cfg[k] for k in MODEL}, **kv, max_num_seqs=64, max_num_batched_tokens=4096,
               tokenizer=tokenizer() if needs_tokenizer(reqs) else None)
     alone = [(r, sampling_params(r, 1, completion_seed(r.get("seed"), i))) for r in reqs for i in range(r.get("n", 1))]
     outs = iter(llm.generate([r["prompt"] for r, _ in alone], [sp for _, sp in alone], use_tqdm=False))
@@ -326,11 +337,12 @@ def install_faults(eng, rng: random.Random, fault_rate: float, sampler_rng: rand
 def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_rate: float = 0.03,
              max_steps: int = 3000, config=random_config, group_rate: float = 0.3,
              feature_rate: float = 0.15, quantized_rate: float = 0.25, sampler_fault_rate: float = 0.02,
-             tensor_parallel: bool = False) -> FuzzStats:
+             draft_rate: float = 0.05, tensor_parallel: bool = False) -> FuzzStats:
     """One run: ``config(rng)`` draws the engine configuration (``random_config`` by default);
     about ``group_rate`` of the requests are parallel-sampling groups, ``feature_rate`` of them get
     each sampling feature (``draw_sampling``, ``draw_stops``), ``quantized_rate`` of the paged runs
-    an int8 / fp8 KV cache, and each sampling call fails one row with probability
+    an int8 / fp8 KV cache, ``draft_rate`` of the speculative ones a draft model (``draw_draft_model``),
+    and each sampling call fails one row with probability
     ``sampler_fault_rate``; each is drawn from a random stream of its own, so the configuration,
     workload and faults of a seed do not depend on them. ``tensor_parallel``: on 2 gloo ranks."""
     rng = random.Random(seed)
@@ -338,6 +350,7 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
     reqs = random_workload(rng, num_requests, cfg)
     make_groups(random.Random(f"groups {seed}"), reqs, cfg, group_rate)
     draw_kv_cache_dtype(random.Random(f"kv dtype {seed}"), cfg, quantized_rate)
+    drafted = draw_draft_model(random.Random(f"draft {seed}"), cfg, draft_rate)
     draw_sampling(random.Random(f"sampling {seed}"), reqs, cfg, feature_rate)
     want = references(reqs, cfg)
     if draw_stops(random.Random(f"stops {seed}"), reqs, want, feature_rate):
@@ -348,7 +361,7 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
     cfg["policy"] = FaultyPolicy(make_policy(policy), rng, fault_rate)
     quantized = cfg.get("kv_cache_dtype", "auto") != "auto"
     stats = FuzzStats(runs=1, requests=len(reqs), groups=sum(r.get("n", 1) > 1 for r in reqs),
-                      quantized=int(quantized), tp_runs=int(tensor_parallel))
+                      quantized=int(quantized), tp_runs=int(tensor_parallel), draft_runs=int(drafted))
     for r in reqs:
         p = r.get("params", {})
         stats.sampled += "temperature" in p

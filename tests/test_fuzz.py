@@ -87,3 +87,13 @@ def test_written_like_alone_by_hand():
     assert not written_like_alone([(0, 6), (6, 10)], prompt_len=6, block_size=2)         # guesses verified
     assert not written_like_alone([(0, 6), (6, 7), (6, 7)], prompt_len=6, block_size=2)  # written twice
     assert not written_like_alone([(4, 6), (6, 7)], prompt_len=6, block_size=2)          # a cache hit
+
+
+@pytest.mark.parametrize("seed", [104])
+def test_a_run_proposing_with_a_draft_model(seed):
+    """Speculation with a draft model (the shipped pair) rather than n-gram lookup: the same checks,
+    and the run is one (``draw_draft_model`` picks it for about 5% of the speculative runs)."""
+    stats = fuzz_run(seed)
+    assert stats.draft_runs == 1
+    assert stats.problems == [], "\n".join(stats.problems[:3])
+    assert stats.mismatches == stats.lost == stats.leaks == 0
