@@ -459,7 +459,8 @@ fig
 #
 # An example of FCFS's blocking: 10 requests are decoding when the scheduler admits one with a
 # 2000-token prompt. At a rule-of-thumb 4000 prompt tokens per second its prefill takes 500 ms, and
-# all 10 decodes pause for it. Three answers (chunked prefill is Sarathi-Serve's, Agrawal et al., OSDI 2024):
+# all 10 decodes pause for it. Three answers (chunked prefill with decodes piggybacked on the chunks comes
+# from SARATHI, Agrawal et al., arXiv 2308.16369, 2023, and its successor Sarathi-Serve, OSDI 2024):
 #
 # | Approach | Idea | Tradeoff |
 # |---|---|---|
@@ -503,8 +504,8 @@ fig
 # stall printed is what the roofline says their prefill costs. Decode priority never interrupts a
 # decode, and P waits until all ten have finished. Chunked prefill splits P's prompt into budget-sized
 # pieces that ride along with the decodes: each decode step grows a little, no step is long, and P's
-# first token comes only slightly later than under prefill priority. Chunked prefill (Sarathi-Serve,
-# Agrawal et al., OSDI 2024) is the standard compromise: it bounds the worst stall a decode can suffer,
+# first token comes only slightly later than under prefill priority. Chunked prefill (SARATHI, Agrawal
+# et al., 2023, and Sarathi-Serve, Agrawal et al., OSDI 2024) is the standard compromise: it bounds the worst stall a decode can suffer,
 # at modest cost. Note which spike it removes. It is sometimes said to fix TTFT spikes; here P's own
 # first token comes a little *later* than under prefill priority (the cell asserts it). What it fixes
 # is the spike in the *other* requests' time between tokens, which a long prefill causes. It is minillm's default (`interference="chunked"`).

@@ -134,7 +134,7 @@ fig.show()
 #
 # * **1P3D** and **2P2D**: disaggregated;
 # * **chunked**: colocated, prefill chunks of at most 512 tokens share each step with the decodes
-#   (Sarathi-Serve's answer to the same interference);
+#   (the answer of SARATHI, Agrawal et al., 2023, and Sarathi-Serve, OSDI 2024, to the same interference);
 # * **unchunked**: colocated, a whole prompt per step, prefill first (vLLM before chunked prefill, the
 #   baseline DistServe compared against).
 #
@@ -331,6 +331,8 @@ with impl.attempt("ex07.kv_transfer_time / max_prompt_for_transfer"):
 #   1.4x throughput at 20% lower cost, or 2.35x throughput at the same cost and power.
 # * Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention"
 #   (vLLM), SOSP 2023: 2-4x the throughput of FasterTransformer and Orca at the same latency.
+# * Agrawal et al., "SARATHI: Efficient LLM Inference by Piggybacking Decodes with Chunked Prefills",
+#   arXiv 2308.16369, 2023 (chunked prefill, decodes piggybacked on the chunks).
 # * Agrawal et al., "Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve", OSDI 2024
 #   (chunked prefill, stall-free batching).
 # * Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", SODA 2018.
