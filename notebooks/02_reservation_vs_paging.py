@@ -132,8 +132,10 @@ print(check_paged_attention(fig4.steppers[1].engine))   # the Triton kernel agai
 # %% [markdown]
 # ## 2. A realistic trace: what reservation costs
 #
-# Now hundreds of requests. A modeled H100 serves Llama-2-7B with **8 GiB for KV** (16,384 positions: the
-# rest of its memory holds the weights and everything else), at most 256 requests at once. 150 requests
+# Now hundreds of requests. A modeled H100 serves Llama-2-7B with **8 GiB for KV** (16,384 positions), at
+# most 256 requests at once. The 8 GiB is a deliberate restriction: after the 13.5 GB of weights, the 90% of
+# an H100's memory that notebook 01 counts as usable leaves about 58 GB (54 GiB) for KV. The smaller cache
+# creates memory pressure, so that how the memory is managed shows in the results. 150 requests
 # arrive as a Poisson process at 40 per second with log-normal prompt and output lengths. The simulated
 # executor runs the real scheduler and KV managers without the model; the clock is the roofline cost
 # model.

@@ -56,8 +56,9 @@ ex = impl.load("ex04_prefix_cache")   # your exercises/ex04_prefix_cache.py (MIN
                                       # re-run this cell after editing the file: impl.load reads it again
 
 def serve(trace, **config):
-    """A modeled H100 serving Llama-2-7B with 8 GiB of KV cache, as in notebook 02 (the simulated executor: the
-    real scheduler and block pool, no forward pass). Returns the engine, its requests' metrics, the summary."""
+    """A modeled H100 serving Llama-2-7B with 8 GiB of KV cache, as in notebook 02: deliberately small, to create
+    memory pressure (the simulated executor: the real scheduler and block pool, no forward pass). Returns the
+    engine, its requests' metrics, the summary."""
     config.setdefault("num_kv_blocks", 1024)                 # blocks of 16: 16,384 positions, 8 GiB of Llama-2-7B KV
     llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", max_model_len=8192,
               max_num_seqs=64, max_num_batched_tokens=2048, **config, record="summary")   # no per-block KV map: totals are enough here
@@ -223,7 +224,8 @@ print(check_paged_attention(apc_run.engine))   # the Triton kernel against its t
 #
 # 400 requests share a 1024-token system prompt, each with its own question (log-normal, around 128
 # tokens) and answer (around 128), arriving at 12 per second, on a modeled H100 serving Llama-2-7B with
-# 8 GiB of KV cache (16,384 positions, as in notebook 02). Without and with prefix caching:
+# 8 GiB of KV cache (16,384 positions, as in notebook 02: a deliberate restriction, well below the
+# 58 GB or so an H100 has left after the weights, to create memory pressure). Without and with prefix caching:
 
 # %%
 def sys_prompt_trace(rate):

@@ -207,7 +207,8 @@ fig
 # ## 3. At scale: recompute, swap, and the rule
 #
 # 150 requests with long prompts (500 to 1500 tokens) and answers (200 to 600) arrive at 40 per second on
-# the modeled H100 with 8 GiB of KV: far more than fits, so the engine preempts all the time. minillm's
+# the modeled H100 with 8 GiB of KV (as in notebook 02, a deliberate restriction well below the 58 GB or so
+# left after the weights, to create memory pressure): far more than fits, so the engine preempts all the time. minillm's
 # `preemption_mode="auto"` applies the rule to each victim (`CostModel.preemption_mode`), with the cost
 # model's PCIe bandwidth and prefill speed.
 
