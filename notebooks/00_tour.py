@@ -271,13 +271,14 @@ print(f"server running: {server.running}")
 #
 # | notebook | what it covers |
 # |---|---|
-# | [00 · A tour](00_tour.ipynb) | generate text, one engine step as data, the step-through widget |
+# | [00 · A tour](00_tour.ipynb) | generate text, one engine step as data, the step-through widget, the Triton kernel checked on the engine's cache, an OpenAI-compatible server and a client |
 # | [01 · Batching math](01_batching_math.ipynb) | why decode is memory bound, the roofline, KV memory and the maximum batch, static vs continuous batching, the execution-token budget |
 # | [02 · Reservation vs paging](02_reservation_vs_paging.ipynb) | why max-length reservations make requests wait (Figure 4), paged KV blocks, waste, the block size |
 # | [03 · Scheduling policies](03_scheduling_policies.ipynb) | FCFS, shortest-first, priority classes, MLFQ, fair queuing; head-of-line blocking and starvation |
 # | [04 · Prefix caching](04_prefix_caching.ipynb) | block hashes, reference counts, shared system prompts and multi-turn conversations |
 # | [05 · Preemption](05_preemption.ipynb) | swap vs recompute and the cost rule that picks one; thrashing |
 # | [06 · Speculative decoding](06_speculative_decoding.ipynb) | a draft proposes, the target verifies in one pass; acceptance rate and when it stops paying |
+# | [07 · Beyond one GPU](07_beyond_one_gpu.ipynb) | tensor parallelism on two CPU ranks and where it stops paying, disaggregated prefill/decode vs chunked colocation under SLOs, routing across replicas |
 #
 # Each notebook runs the real engine and ends with exercises that plug into it.
 
