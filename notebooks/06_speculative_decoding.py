@@ -292,10 +292,10 @@ fig
 # improve the draft or turn speculation off.
 
 # %% [markdown]
-# ## Exercise
+# ## Exercises
 #
-# **`accept_greedy` and `accept_sampled`** in `exercises/ex06_speculative.py`: the acceptance rule of
-# section 2. `ex.speculative_engine(...)` builds an `LLM` whose verification steps run your rule; below,
+# **Exercises 1 and 2, `accept_greedy` and `accept_sampled`** in `exercises/ex06_speculative.py`: the
+# acceptance rule of section 2. `ex.speculative_engine(...)` builds an `LLM` whose verification steps run your rule; below,
 # the shipped pair with your rule, greedy (must equal plain decoding) and sampled:
 
 # %% [markdown]
@@ -323,7 +323,7 @@ with impl.attempt("ex06.accept_sampled"):
           mine.generate([PROMPT], sampled)[0].token_ids == theirs[0].token_ids)
 
 # %% [markdown]
-# **Exercise 3: `tokens_per_step` and `speculative_speedup`** in `exercises/ex06_speculative.py`: the
+# **Exercise 3, `tokens_per_step` and `speculative_speedup`** in `exercises/ex06_speculative.py`: the
 # formula of section 3, written yourself. `tokens_per_step(alpha, k)` is the mean number of tokens one
 # verification emits when each guess is kept with probability α; `speculative_speedup(alpha, k, c)`
 # divides it by the cost of a step in target forwards. The graders compare with sums worked by hand,
