@@ -91,8 +91,9 @@ def copy_on_write(table: list[int], num_computed_tokens: int, block_size: int,
 
     Returns the copy the runner must make, ``(shared block, fresh block)``: source, then
     destination. Returns None, and changes nothing (no ``new_block()`` either), when nothing must
-    be copied: the position starts a new block, or the block is held by this sequence alone (the
-    last holder writes in place).
+    be copied: the position lies past the last block of ``table`` (it will go into a block not yet
+    allocated), or the block is held by this sequence alone (the last holder writes in place). A
+    shared block whose *first* position is next is written too, so it is copied like any other.
     """
     ### BEGIN SOLUTION
     index = block_to_write(num_computed_tokens, block_size, len(table))

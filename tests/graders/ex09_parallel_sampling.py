@@ -80,6 +80,20 @@ def test_copy_on_write_four_samples_by_hand():
     assert ex().copy_on_write(tables[0], 11, 4, counts, no_new_block) is None and tables[0] == [0, 1, 5]
 
 
+def test_copy_on_write_into_a_shared_block_at_its_first_position():
+    """A table may hold a shared block the next position opens (its first position, offset 0): that
+    block is written, so the sequence needs its own copy as for any other position inside it."""
+    counts = {0: 2, 1: 2, 2: 2}
+    table = [0, 1, 2]
+
+    def new_block():
+        counts[9] = 1
+        return 9
+    assert ex().copy_on_write(table, 8, 4, counts, new_block) == (2, 9), \
+        "position 8 is block 2's first position, and block 2 is shared: copy it"
+    assert table == [0, 1, 9] and counts == {0: 2, 1: 2, 2: 1, 9: 1}
+
+
 def test_copy_on_write_when_the_prompt_fills_its_blocks():
     counts = {0: 3, 1: 3}
     table = [0, 1]
