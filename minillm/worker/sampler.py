@@ -63,6 +63,8 @@ def unusable(rows: torch.Tensor, probabilities: bool = False) -> list[Optional[s
     cannot be sampled; None where it can. A NaN or +inf (float32 overflow, e.g. logits divided by a
     tiny repetition penalty), no finite logit left, probabilities negative or all zero."""
     what = "probabilities" if probabilities else "logits"
+    if not probabilities and bool(torch.isfinite(rows.amax(-1)).all()):
+        return [None] * len(rows)         # one pass: a row's max is NaN, +inf or -inf only if it is unusable
     nan = torch.isnan(rows).any(-1).tolist()
     posinf = torch.isposinf(rows).any(-1).tolist()
     if probabilities:                     # a distribution: nothing negative, something to draw
