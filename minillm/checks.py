@@ -120,6 +120,8 @@ def check_request(engine, prompt, sp, who: str, request_id, arrival_time, priori
                              f"vocabulary [0, {engine.vocab_size})")
     check_sampling_support(engine, sp, who)
     ids, text = check_prompt(engine, prompt, who)
+    if sp.max_tokens is None:      # vLLM's None: until the context ends (the engine's own copy of the params)
+        sp.max_tokens = max(1, engine.config.max_model_len - len(ids))
     check_fits(engine, ids, sp, who)
     return dict(request_id=request_id, prompt_token_ids=ids, sampling_params=sp, arrival_time=arrival_time,
                 priority=priority, tenant=tenant, expected_output_len=expected_output_len, prompt=text)

@@ -7,6 +7,7 @@ Each field carries a comment in the notebooks' vocabulary.
 
 from __future__ import annotations
 
+import logging
 import numbers
 import os
 import re
@@ -21,9 +22,40 @@ def _fail(name: str, value: Any, why: str) -> None:
     raise ValueError(f"EngineConfig.{name}={value!r}: {why}")
 
 
+# vLLM's other names for the dtypes (its ``--dtype`` choices), read as minillm's.
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+
+# vLLM settings that mean nothing on this engine: accepted, and what that means logged once per process.
+_NO_EFFECT = {
+    "enforce_eager": "minillm never captures CUDA graphs, so every step already runs eagerly",
+    "trust_remote_code": "minillm runs only its own model code and never a checkpoint's (a model whose config "
+                         "or tokenizer needs remote code is still refused)",
+}
+_logged: set[str] = set()
+
+
+def _log_no_effect(name: str) -> None:
+    if name not in _logged:
+        _logged.add(name)
+        logging.getLogger("minillm").warning("EngineConfig.%s=True is accepted: %s", name, _NO_EFFECT[name])
+
+
+def dtype_name(value: Any) -> Any:
+    """``EngineConfig.dtype`` in minillm's words: vLLM's aliases ("half", "float") and torch dtypes
+    (``torch.float16``) become "float16", "float32", ...; anything else is returned as it is."""
+    if isinstance(value, str):
+        return DTYPE_ALIASES.get(value, value)
+    if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
+        return str(value).replace("torch.", "")
+    return value
+
+
 def _cuda_index(device: str) -> bool:
     """``"cuda:0"``, ``"cuda:1"``, ...: a CUDA device by index."""
     return re.fullmatch(r"cuda:\d+", device) is not None
+
+
+KV_CACHE_MEMORY_GB = 0.25
 
 
 @dataclass
@@ -31,7 +63,11 @@ class EngineConfig:
     # --- paged KV cache -------------------------------------------------------
     block_size: int = 16                  # token positions per KV block (a "page")
     num_kv_blocks: Optional[int] = None   # KV capacity in blocks; None = size from memory
-    kv_cache_memory_gb: float = 0.25      # memory budget used when num_kv_blocks is None
+    kv_cache_memory_gb: float = KV_CACHE_MEMORY_GB  # memory budget used when num_kv_blocks is None
+    gpu_memory_utilization: Optional[float] = None  # vLLM's: the share (0, 1] of the device's memory this
+                                          # engine may fill; the KV cache gets what that leaves beside
+                                          # the weights and whatever else is in use (kv_sizing.py).
+                                          # Sizes the cache in place of kv_cache_memory_gb; None = not used
     kv_allocation: str = "paged"          # "paged" (blocks on demand) | "reserved" (max-length reservation)
     enable_prefix_caching: bool = False   # automatic prefix caching (hash of full blocks)
     kv_cache_dtype: str = "auto"          # "auto" (the model's dtype) | "int8" | "fp8": quantized KV,
@@ -59,6 +95,9 @@ class EngineConfig:
     # --- preemption ----------------------------------------------------------------
     preemption_mode: str = "recompute"    # "recompute" | "swap" | "auto" (the preemption cost rule)
     num_swap_blocks: int = 0              # host-memory pool for swapped-out blocks
+    swap_space: Optional[float] = None    # vLLM's: that pool given in GiB instead (the engine turns it
+                                          # into num_swap_blocks); swap is used by preemption_mode
+                                          # "swap" or "auto"; None = num_swap_blocks decides
 
     # --- policy, admission control --------------------------------------------------
     policy: Any = "fcfs"                  # "fcfs" | "sjf" | "priority" | "mlfq" | "fair" | a Policy object
@@ -68,11 +107,17 @@ class EngineConfig:
     # --- execution -------------------------------------------------------------------
     executor: str = "model"               # "model" (real forward) | "simulated" (placeholder tokens)
     device: str = "cpu"                   # "cpu" | "cuda" | "auto"
-    dtype: str = "float32"                # "float32" | "float16" | "bfloat16" | "auto"
+    dtype: str = "float32"                # "float32" | "float16" | "bfloat16" | "auto"; vLLM's names
+                                          # "half", "float" and torch dtypes are read as these
     attention_backend: str = "torch"      # "torch" | "triton" | "auto" (triton on CUDA, torch on CPU)
     seed: int = 0                         # seeds the random model and default sampling
     tensor_parallel_size: int = 1         # ranks (processes) that split every layer's heads and MLP
                                           # (Megatron style, minillm/worker/tp_executor.py); 1 = one device
+    enforce_eager: bool = False           # vLLM's "no CUDA graphs": minillm never captures graphs, so
+                                          # every step runs eagerly either way (True is logged once)
+    trust_remote_code: bool = False       # vLLM's "run the checkpoint's own Python code": minillm runs
+                                          # only its own Llama code and never a checkpoint's (True is
+                                          # logged once)
 
     # --- time --------------------------------------------------------------------------
     clock: str = "wall"                   # "wall" (measured) | "modeled" (cost model)
@@ -114,8 +159,10 @@ class EngineConfig:
         self.kv_cache_memory_gb = as_real(own, "kv_cache_memory_gb", self.kv_cache_memory_gb, 0.0,
                                           low_open=True)
         self.max_queue_delay = as_real(own, "max_queue_delay", self.max_queue_delay, 0.0, optional=True)
-        for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "trust_remote_code"):
             setattr(self, name, as_bool(own, name, getattr(self, name)))
+        self.dtype = dtype_name(self.dtype)
+        self._check_vllm_sizes()
         choices = {
             "kv_allocation": ("paged", "reserved"),
             "batching": ("continuous", "static"),
@@ -131,7 +178,8 @@ class EngineConfig:
         for name, allowed in choices.items():
             v = getattr(self, name)
             if not isinstance(v, str) or (v not in allowed and not (name == "device" and _cuda_index(v))):
-                _fail(name, v, f"must be one of {allowed}" + (" or 'cuda:N'" if name == "device" else ""))
+                _fail(name, v, f"must be one of {allowed}" + (" or 'cuda:N'" if name == "device" else "")
+                      + (f" (or vLLM's {tuple(DTYPE_ALIASES)}, a torch dtype)" if name == "dtype" else ""))
         self._check_objects()
         if self.kv_allocation == "reserved" and self.enable_prefix_caching:
             _fail("enable_prefix_caching", True,
@@ -149,6 +197,9 @@ class EngineConfig:
         if self.speculative_model is not None and self.num_speculative_tokens < 1:
             _fail("num_speculative_tokens", self.num_speculative_tokens,
                   "must be >= 1 when speculative_model is set")
+        for name in _NO_EFFECT:                 # every value checked: say what a no-effect setting means
+            if getattr(self, name):
+                _log_no_effect(name)
 
     @classmethod
     def from_fields(cls, owner: str, **fields) -> "EngineConfig":
@@ -157,7 +208,31 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"{owner}: unknown config field(s) {sorted(unknown)}; "
                             f"EngineConfig has {sorted(cls.field_names())}")
+        if "gpu_memory_utilization" in fields and "kv_cache_memory_gb" in fields \
+                and fields["gpu_memory_utilization"] is not None:
+            _fail("gpu_memory_utilization", fields["gpu_memory_utilization"],
+                  f"and kv_cache_memory_gb={fields['kv_cache_memory_gb']!r} both size the KV cache: set one")
         return cls(**fields)
+
+    def _check_vllm_sizes(self) -> None:
+        """vLLM's ways of sizing the KV pools, each beside minillm's own: one of them, never both."""
+        own = "EngineConfig"
+        self.gpu_memory_utilization = as_real(own, "gpu_memory_utilization", self.gpu_memory_utilization,
+                                              0.0, 1.0, low_open=True, optional=True)
+        self.swap_space = as_real(own, "swap_space", self.swap_space, 0.0, optional=True)
+        if self.gpu_memory_utilization is not None:
+            if self.num_kv_blocks is not None:
+                _fail("gpu_memory_utilization", self.gpu_memory_utilization,
+                      f"and num_kv_blocks={self.num_kv_blocks} both size the KV cache: set one")
+            if self.kv_cache_memory_gb != KV_CACHE_MEMORY_GB:
+                _fail("gpu_memory_utilization", self.gpu_memory_utilization,
+                      f"and kv_cache_memory_gb={self.kv_cache_memory_gb} both size the KV cache: set one")
+        if self.swap_space is not None and self.num_swap_blocks:
+            _fail("swap_space", self.swap_space,
+                  f"and num_swap_blocks={self.num_swap_blocks} both size the swap pool: set one")
+        for name in _NO_EFFECT:
+            if getattr(self, name):
+                _log_no_effect(name)
 
     def _check_objects(self) -> None:
         """The fields that take a name or an object: policy, cost_model, speculative_model, random_model, and

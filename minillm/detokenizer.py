@@ -29,8 +29,9 @@ from .sampling_params import SamplingParams
 class IncrementalDetokenizer:
     """The text of one sequence's output, extended one token at a time."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens     # SamplingParams.skip_special_tokens
         self.text = ""
         self.num_tokens = 0        # output tokens already taken in
         self.prefix_offset = 0
@@ -39,10 +40,10 @@ class IncrementalDetokenizer:
     def update(self, token_ids: list[int]) -> str:
         """Take in the output's tokens not seen yet; returns the text they add (possibly "")."""
         added = []
-        decode = self.tokenizer.decode
+        decode, skip = self.tokenizer.decode, self.skip_special_tokens
         for n in range(self.num_tokens + 1, len(token_ids) + 1):
-            prefix = decode(token_ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
-            window = decode(token_ids[self.prefix_offset:n], skip_special_tokens=True)
+            prefix = decode(token_ids[self.prefix_offset:self.read_offset], skip_special_tokens=skip)
+            window = decode(token_ids[self.prefix_offset:n], skip_special_tokens=skip)
             if len(window) > len(prefix) and not window.endswith("\ufffd"):
                 added.append(window[len(prefix):])
                 self.prefix_offset, self.read_offset = self.read_offset, n
@@ -55,7 +56,7 @@ class IncrementalDetokenizer:
         """The output was cut back to ``token_ids`` (a step undone): the text becomes theirs again,
         decoded from the start, one token at a time as ``update`` takes them in, so the offsets are
         the ones it had after the last of them."""
-        self.__init__(self.tokenizer)
+        self.__init__(self.tokenizer, self.skip_special_tokens)
         self.update(token_ids)
 
 

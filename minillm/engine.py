@@ -8,6 +8,7 @@ loads, sizes, checks and returns lives beside it: ``model/loader``, ``kv_sizing`
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from operator import attrgetter
@@ -18,7 +19,7 @@ from .sim.costmodel import engine_cost_model, modeled_step_time
 from .checks import check_config, check_kv_manager, check_request
 from .config import EngineConfig
 from .core.kv_cache import make_kv_manager
-from .kv_sizing import bytes_per_block, check_kv_fits, num_blocks_from_memory
+from .kv_sizing import bytes_per_block, check_kv_fits, num_blocks_from_memory, num_swap_blocks_from_memory
 from .model.loader import (load_target, load_tokenizer, resolve_device, resolve_dtype, resolve_model_path,
                            torch_dtype)
 from .outputs import RequestOutput, RequestTable, output_text, request_output
@@ -52,8 +53,11 @@ class LLMEngine:
         self.clock = make_clock(config.clock)
 
         # --- KV memory ---------------------------------------------------------------------
+        if config.swap_space is not None:        # vLLM's swap_space (GiB): this engine's config holds it in blocks
+            config = self.config = dataclasses.replace(config, swap_space=None, num_swap_blocks=(
+                num_swap_blocks_from_memory(config, self.model_spec, self.cost_model, self.dtype)))
         num_blocks = config.num_kv_blocks or num_blocks_from_memory(config, self.model_spec, self.cost_model,
-                                                                    self.dtype)
+                                                                    self.dtype, self.device)
         check_kv_fits(config, num_blocks, self.model_spec, self.cost_model, self.dtype, self.device)
         self.num_kv_blocks = num_blocks
         # the built-in KV manager for the config, or the one EngineConfig.kv_manager builds

@@ -7,6 +7,7 @@ x K and V, plus a draft's KV in the same block); the engine sizes and checks its
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -28,13 +29,49 @@ def bytes_per_block(config, model_spec, cost_model, dtype: torch.dtype) -> int:
     return model_spec.kv_block_bytes(config.block_size, elt, config.kv_cache_dtype)
 
 
-def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: torch.dtype) -> int:
-    """``EngineConfig.num_kv_blocks=None``: as many blocks as ``kv_cache_memory_gb`` holds (a draft's
-    KV shares each block), never more than ``max_num_seqs`` requests at ``max_model_len`` need; in the
-    simulator, what the cost model's GPU memory leaves beside the weights."""
+def available_kv_bytes(cfg, device: torch.device) -> int:
+    """``EngineConfig.gpu_memory_utilization`` u (vLLM's): of the device's memory, the share u this engine
+    may fill, less what is in use already (the weights, loaded by now, and anything else on the device):
+    ``u * total - (total - free)``. On the CPU the device is host memory (free = MemAvailable). Unlike
+    vLLM, no forward pass is profiled first: the activations of a step are not set aside."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+    else:
+        total, free = host_memory_bytes(), host_available_bytes()
+    return int(cfg.gpu_memory_utilization * total) - (total - free)
+
+
+def host_available_bytes() -> int:
+    """Host memory a new allocation can take without swapping (MemAvailable in /proc/meminfo; the
+    free pages where that file is missing)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return host_memory_bytes()
+
+
+def num_swap_blocks_from_memory(cfg, model_spec, cost_model, dtype: torch.dtype) -> int:
+    """``EngineConfig.swap_space`` (GiB of host memory, vLLM's) as a number of swap blocks."""
+    return int(cfg.swap_space * 2**30) // bytes_per_block(cfg, model_spec, cost_model, dtype)
+
+
+def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: torch.dtype,
+                           device: torch.device = torch.device("cpu")) -> int:
+    """``EngineConfig.num_kv_blocks=None``: as many blocks as ``kv_cache_memory_gb`` holds (or, when
+    ``gpu_memory_utilization`` is set, ``available_kv_bytes``; a draft's KV shares each block), never
+    more than ``max_num_seqs`` requests at ``max_model_len`` need; in the simulator, what the cost model's
+    GPU memory (its share ``gpu_memory_utilization``, 0.9 unless set) leaves beside the weights."""
     cm = cost_model
     if cfg.executor == "simulated" and cm is not None and hasattr(cm, "kv_capacity_tokens"):
-        blocks = cm.kv_capacity_tokens() // cfg.block_size
+        share = cfg.gpu_memory_utilization
+        blocks = (cm.kv_capacity_tokens() if share is None else cm.kv_capacity_tokens(share)) // cfg.block_size
         if blocks < 1:
             raise ValueError(f"cost_model={cm.name}: the weights leave no memory for a KV cache; "
                              "model more GPUs, e.g. RooflineCostModel(minillm.sim.simulated."
@@ -42,7 +79,15 @@ def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: torch.dtype) -> i
         return blocks
     per_block = bytes_per_block(cfg, model_spec, cm, dtype) + (draft_kv_bytes_per_block(cfg, dtype)
                                                                if cfg.executor == "model" else 0)
-    by_memory = int(cfg.kv_cache_memory_gb * 2**30) // per_block
+    if cfg.gpu_memory_utilization is None:
+        by_memory = int(cfg.kv_cache_memory_gb * 2**30) // per_block
+    else:
+        have = available_kv_bytes(cfg, device)
+        by_memory = max(0, have) // per_block
+        if by_memory < 1:
+            raise ValueError(f"EngineConfig.gpu_memory_utilization={cfg.gpu_memory_utilization}: leaves "
+                             f"{have / 2**30:.2f} GiB of {device} memory for the KV cache, less than one block "
+                             f"({per_block:,} bytes); raise it or set num_kv_blocks")
     enough = cfg.max_num_seqs * math.ceil(cfg.max_model_len / cfg.block_size) + 1
     return max(1, min(by_memory, enough))
 
@@ -52,6 +97,8 @@ def check_kv_fits(cfg, num_blocks: int, model_spec, cost_model, dtype: torch.dty
     """Before anything is allocated: the KV cache (and the swap space) must fit in memory,
     else a ValueError naming the field, the bytes needed and the bytes there are."""
     field = (f"EngineConfig.num_kv_blocks={cfg.num_kv_blocks}" if cfg.num_kv_blocks is not None
+             else f"EngineConfig.gpu_memory_utilization={cfg.gpu_memory_utilization}"
+             if cfg.gpu_memory_utilization is not None
              else f"EngineConfig.kv_cache_memory_gb={cfg.kv_cache_memory_gb}")
     host = (num_blocks + cfg.num_swap_blocks) * BOOKKEEPING_BYTES_PER_BLOCK
     on_device = 0

@@ -5,20 +5,28 @@
     outs = llm.generate(["ROMEO:"], SamplingParams(max_tokens=60))
     print(outs[0].text)
 
-Every ``EngineConfig`` field is a keyword: ``LLM(block_size=1, num_kv_blocks=24)``.
+Every ``EngineConfig`` field is a keyword: ``LLM(block_size=1, num_kv_blocks=24)``, vLLM's
+among them (``gpu_memory_utilization``, ``swap_space``, ``dtype="half"``, ``enforce_eager``,
+``trust_remote_code``: config.py says what each means here). A prompt is a string, token ids, or
+vLLM's prompt dict (``{"prompt": ...}``, ``{"prompt_token_ids": [...]}``: minillm/inputs.py);
+``llm.chat(messages)`` renders a conversation with the server's chat template (minillm/serve/chat.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
+from collections.abc import Mapping
 from typing import Optional, Sequence, Union
 
 from .config import EngineConfig
 from .engine import LLMEngine
+from .inputs import TextPrompt, TokensPrompt, parse_prompt
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
-Prompt = Union[str, list[int]]
+Prompt = Union[str, list[int], TextPrompt, TokensPrompt]
+Params = Union[SamplingParams, Sequence[SamplingParams], None]
 
 
 def _is_token_ids(p) -> bool:
@@ -29,10 +37,21 @@ def _is_token_ids(p) -> bool:
         and not isinstance(p[0], bool)
 
 
+def _per_prompt(sampling_params: Params, n: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt: the same for all, or a list with one for each."""
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params or SamplingParams()] * n
+    params = list(sampling_params)
+    if len(params) != n:
+        raise ValueError(f"sampling_params: {len(params)} given for {n} prompts")
+    return params
+
+
 class LLM:
     def __init__(self, model: Optional[str] = None, tokenizer=None, **config_fields):
-        self.config = EngineConfig.from_fields("LLM", **config_fields)
-        self.engine = LLMEngine(model, self.config, tokenizer=tokenizer)
+        config = EngineConfig.from_fields("LLM", **config_fields)
+        self.engine = LLMEngine(model, config, tokenizer=tokenizer)
+        self.config = self.engine.config      # as the engine resolved it (swap_space -> num_swap_blocks)
 
     def close(self) -> None:
         """Shut down the engine's worker processes (``tensor_parallel_size > 1``); idempotent.
@@ -49,26 +68,26 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
-                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+    def get_tokenizer(self):
+        """The model's tokenizer (a Hugging Face tokenizer), as vLLM's ``LLM.get_tokenizer``; None for
+        a model without one (``model="random"``)."""
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]], sampling_params: Params = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs in prompt order.
 
         All or nothing: every prompt and its params are checked first, and only then queued, so
         one bad prompt raises (naming its index) with nothing queued."""
-        if isinstance(prompts, (str, bytes, bytearray)) or _is_token_ids(prompts):
+        if isinstance(prompts, (str, bytes, bytearray, Mapping)) or _is_token_ids(prompts):
             prompts = [prompts]
         prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(f"sampling_params: {len(params)} given for {len(prompts)} prompts")
+        params = _per_prompt(sampling_params, len(prompts))
         engine = self.engine
         checked = []
         for i, (p, sp) in enumerate(zip(prompts, params)):
             try:
+                p = parse_prompt(p, f"prompts[{i}]")
                 checked.append(engine._check_request(p, sp, None, None, 0, None, None))
             except (TypeError, ValueError) as e:
                 if type(e) not in (TypeError, ValueError):
@@ -91,3 +110,45 @@ class LLM:
         if bar is not None:
             bar.close()
         return [engine.get_output(rid) for rid in ids]
+
+    def chat(self, messages, sampling_params: Params = None, use_tqdm: bool = False,
+             add_generation_prompt: bool = True, chat_template: Optional[str] = None,
+             continue_final_message: bool = False, tools: Optional[list] = None) -> list[RequestOutput]:
+        """Reply to a conversation (a list of ``{"role": ..., "content": ...}`` messages), or to each of a
+        list of conversations, as vLLM's ``LLM.chat``: each is rendered with the server's chat template
+        (minillm/serve/chat.py: the tokenizer's own, else the plain play-script one) and generated.
+
+        The plain template's reply ends at its first blank line (``chat.PLAIN_STOP``), as the server's
+        does: those stop strings are added to params that have none of their own. A custom
+        ``chat_template``, ``continue_final_message`` and ``tools`` are refused (not served here)."""
+        from .serve.chat import render
+        if chat_template is not None:
+            raise ValueError("chat_template: a custom template is not supported; minillm uses the "
+                             "tokenizer's own (or its plain template)")
+        if continue_final_message:
+            raise ValueError("continue_final_message=True: not supported; the reply starts a new turn")
+        if tools:
+            raise ValueError(f"tools: {len(tools)} given; minillm has no tool calling")
+        one = isinstance(messages, Sequence) and not isinstance(messages, str) and \
+            (not messages or isinstance(messages[0], Mapping))
+        conversations = [messages] if one else list(messages)
+        params = _per_prompt(sampling_params, len(conversations))
+        prompts, chat_params = [], []
+        for i, (conv, sp) in enumerate(zip(conversations, params)):
+            where = "messages" if one else f"messages[{i}]"
+            if isinstance(conv, (str, bytes)) or not isinstance(conv, Sequence):
+                raise TypeError(f"{where}={conv!r}: must be a list of messages ({{'role': ..., 'content': ...}})")
+            for j, m in enumerate(conv):
+                if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+                    raise TypeError(f"{where}[{j}]={m!r}: a message is a dict with a 'role' string and a "
+                                    "'content'")
+            try:
+                prompt, default_stop = render(self.engine.tokenizer, conv, add_generation_prompt)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from e
+            sp = sp or SamplingParams()
+            if isinstance(sp, SamplingParams) and default_stop and not sp.stop and sp.detokenize:
+                sp = dataclasses.replace(sp, stop=list(default_stop))
+            prompts.append(prompt)
+            chat_params.append(sp)
+        return self.generate(prompts, chat_params, use_tqdm=use_tqdm)

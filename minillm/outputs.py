@@ -87,19 +87,25 @@ class RequestOutput:
 # --- assembling outputs from the engine's requests ------------------------------------------------
 
 def final_text(r: Request, tokenizer) -> str:
-    """A sequence's whole output text: cut where a stop string matched, else its tokens decoded."""
-    return r.stop_text if r.stop_text is not None else tokenizer.decode(r.output_token_ids, skip_special_tokens=True)
+    """A sequence's whole output text: cut where a stop string matched, else its tokens decoded
+    ("" with ``SamplingParams.detokenize=False``, as vLLM)."""
+    sp = r.sampling_params
+    if not sp.detokenize:
+        return ""
+    if r.stop_text is not None:
+        return r.stop_text
+    return tokenizer.decode(r.output_token_ids, skip_special_tokens=sp.skip_special_tokens)
 
 
 def output_text(r: Request, tokenizer) -> str:
     """A sequence's output text so far: while it runs, what its incremental detokenizer
     (minillm/detokenizer.py) has decoded; once finished, its ``final_text``. "" without a tokenizer."""
-    if tokenizer is None:
+    if tokenizer is None or not r.sampling_params.detokenize:
         return ""
     if r.is_finished:
         return final_text(r, tokenizer)
     if r.detokenizer is None:
-        r.detokenizer = IncrementalDetokenizer(tokenizer)
+        r.detokenizer = IncrementalDetokenizer(tokenizer, r.sampling_params.skip_special_tokens)
     r.detokenizer.update(r.output_token_ids)
     return r.detokenizer.text
 
@@ -119,7 +125,7 @@ def completion_output(r: Request, index: int, tokenizer, with_text: bool) -> Com
     """Completion ``index`` of a request: sequence ``r``'s tokens, text (when ``with_text`` and there
     is a tokenizer), logprobs and finish reason."""
     text = final_text(r, tokenizer) if tokenizer is not None and with_text else None
-    logprobs = with_token_text(r.output_logprobs, tokenizer)
+    logprobs = with_token_text(r.output_logprobs, tokenizer if r.sampling_params.detokenize else None)
     return CompletionOutput(index=index, text=text, token_ids=list(r.output_token_ids),
                             cumulative_logprob=None if logprobs is None else
                             sum(lp[t].logprob for lp, t in zip(logprobs, r.output_token_ids)),
@@ -136,4 +142,5 @@ def request_output(request_id: str, members: list, tokenizer, with_text: bool) -
                          token_ids=first.token_ids, text=first.text, finish_reason=first.finish_reason,
                          metrics=r.metrics, num_cached_tokens=r.metrics.num_cached_tokens,
                          finish_detail=first.finish_detail, outputs=outputs,
-                         prompt_logprobs=with_token_text(r.prompt_logprobs, tokenizer))
+                         prompt_logprobs=with_token_text(r.prompt_logprobs,
+                                                         tokenizer if r.sampling_params.detokenize else None))

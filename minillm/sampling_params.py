@@ -2,7 +2,7 @@
 
 The fields and their meaning follow vLLM's ``SamplingParams``, so what a reader learns here
 transfers: ``n`` completions per prompt (parallel sampling, sharing the prompt's KV blocks),
-stop strings, ``min_tokens``, ``logprobs`` / ``prompt_logprobs`` and the three penalties
+stop strings, ``min_tokens``, ``min_p`` (Nguyen et al. 2024), ``logprobs`` / ``prompt_logprobs`` and the three penalties
 (``repetition_penalty`` as in Keskar et al. 2019, CTRL; ``presence_penalty`` and
 ``frequency_penalty`` as in the OpenAI API). Every field is checked where it is written.
 """
@@ -26,9 +26,10 @@ REPETITION_PENALTY_RANGE = (0.01, 100.0)
 @dataclass
 class SamplingParams:
     temperature: float = 1.0          # 0 = greedy (argmax)
-    top_k: int = 0                    # keep the k most likely tokens; 0 = all
+    top_k: int = 0                    # keep the k most likely tokens; 0 or -1 (vLLM's "all") = all
     top_p: float = 1.0                # keep the smallest set with probability >= top_p
-    max_tokens: int = 16              # most output tokens to generate
+    max_tokens: Optional[int] = 16    # most output tokens to generate; None = until the context ends
+                                      # (max_model_len - the prompt's length, set when the request is added)
     seed: Optional[int] = None        # per-request generator seed (reproducible sampling)
     ignore_eos: bool = False          # keep generating past the end-of-sequence token
     stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end the request
@@ -42,15 +43,20 @@ class SamplingParams:
     frequency_penalty: float = 0.0    # subtracted per occurrence in the output
     repetition_penalty: float = 1.0   # divides positive / multiplies negative logits of seen tokens;
                                       # in [0.01, 100] (see REPETITION_PENALTY_RANGE)
+    min_p: float = 0.0                # drop tokens less likely than min_p x the most likely one (0 = none)
+                                      # (after temperature, before top-k / top-p, as vLLM)
+    skip_special_tokens: bool = True  # leave special tokens (EOS, <|im_end|>, ...) out of the text
+    detokenize: bool = True           # False: no text at all (outputs' text is ""), tokens only
 
     def __post_init__(self) -> None:
         # Checked here, so a bad value fails where it is written, naming the field; integer-like
         # values (numpy, torch) become plain ints. LLMEngine.add_request checks a copy again.
         own = "SamplingParams"
         self.temperature = as_real(own, "temperature", self.temperature, 0.0)
-        self.top_k = as_int(own, "top_k", self.top_k, 0)
+        self.top_k = as_int(own, "top_k", self.top_k, -1, rng=" >= 1, or 0 or -1 (all tokens)")
         self.top_p = as_real(own, "top_p", self.top_p, 0.0, 1.0, low_open=True)
-        self.max_tokens = as_int(own, "max_tokens", self.max_tokens, 1)
+        self.min_p = as_real(own, "min_p", self.min_p, 0.0, 1.0)
+        self.max_tokens = as_int(own, "max_tokens", self.max_tokens, 1, optional=True)
         self.seed = as_seed(own, "seed", self.seed, optional=True)
         self.ignore_eos = as_bool(own, "ignore_eos", self.ignore_eos)
         stop = self.stop_token_ids
@@ -75,7 +81,7 @@ class SamplingParams:
         self.include_stop_str_in_output = as_bool(own, "include_stop_str_in_output",
                                                   self.include_stop_str_in_output)
         self.min_tokens = as_int(own, "min_tokens", self.min_tokens, 0)
-        if self.min_tokens > self.max_tokens:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"SamplingParams.min_tokens={self.min_tokens}: must be <= "
                              f"max_tokens={self.max_tokens}")
         self.logprobs = as_int(own, "logprobs", self.logprobs, 0, optional=True)
@@ -84,6 +90,11 @@ class SamplingParams:
         self.frequency_penalty = as_real(own, "frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         self.repetition_penalty = as_real(own, "repetition_penalty", self.repetition_penalty,
                                           *REPETITION_PENALTY_RANGE)
+        self.skip_special_tokens = as_bool(own, "skip_special_tokens", self.skip_special_tokens)
+        self.detokenize = as_bool(own, "detokenize", self.detokenize)
+        if not self.detokenize and self.stop:
+            raise ValueError(f"SamplingParams.stop={self.stop!r}: stop strings are matched on the text, "
+                             "and detokenize=False makes none; use stop_token_ids")
 
     @property
     def greedy(self) -> bool:

@@ -62,7 +62,7 @@ class StopChecker:
         """Extend the output's text by its newest token; True if a stop string now appears in it
         (the text is then cut before it, or after it with ``include_stop_str_in_output``)."""
         if req.detokenizer is None:
-            req.detokenizer = IncrementalDetokenizer(self.tokenizer)
+            req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.sampling_params.skip_special_tokens)
         d = req.detokenizer
         new = d.update(req.output_token_ids)
         hit = find_stop(d.text, len(new), req.sampling_params.stop) if new and not early else None

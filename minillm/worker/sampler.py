@@ -3,7 +3,7 @@
 First the logits are adjusted where a request asks for it (``apply_penalties``:
 repetition, frequency and presence penalties; ``mask_stop_tokens``: no stop token
 before ``min_tokens``). Greedy rows then take the argmax (all at once). The others
-are scaled by their temperature, cut to top-k / top-p in one batched sort, and
+are scaled by their temperature, cut to min-p, then to top-k / top-p in one batched sort, and
 drawn with the request's own generator, so a seeded request gives the same tokens
 whatever else shares its batch. ``token_logprobs`` reports what the model thought
 of the chosen token: log-softmax of its unadjusted logits.
@@ -19,9 +19,14 @@ from ..sampling_params import SamplingParams
 
 
 def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor) -> torch.Tensor:
-    """Probabilities after temperature, top-k and top-p, batched over rows. [R, V] float32."""
+                 top_p: torch.Tensor, min_p: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Probabilities after temperature, min-p, top-k and top-p, batched over rows. [R, V] float32.
+    ``top_k`` <= 0 keeps every token; ``min_p`` (vLLM's, Nguyen et al. 2024) drops the tokens less
+    likely than ``min_p`` times the most likely one and renormalizes what is left."""
     probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    if min_p is not None:
+        probs = probs * (probs >= min_p[:, None] * probs.amax(-1, keepdim=True))
+        probs = probs / probs.sum(-1, keepdim=True)
     sorted_p, idx = probs.sort(dim=-1, descending=True)
     rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
     k = torch.where(top_k > 0, top_k, probs.shape[-1])[:, None]
@@ -199,7 +204,8 @@ class Sampler:
         t = torch.tensor([max(p.temperature, 1e-6) for p in params], device=dev)
         k = torch.tensor([p.top_k for p in params], device=dev)
         tp = torch.tensor([p.top_p for p in params], device=dev)
-        return filter_probs(logits.float(), t, k, tp)
+        mp = torch.tensor([p.min_p for p in params], device=dev) if any(p.min_p for p in params) else None
+        return filter_probs(logits.float(), t, k, tp, mp)
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
                probs: Optional[torch.Tensor] = None) -> tuple[list[Optional[int]], dict[int, str]]:
