@@ -142,10 +142,9 @@ class LLM:
                 if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
                     raise TypeError(f"{where}[{j}]={m!r}: a message is a dict with a 'role' string and a "
                                     "'content'")
-            try:
-                prompt, default_stop = render(self.engine.tokenizer, conv, add_generation_prompt)
-            except ValueError as e:
-                raise ValueError(f"{where}: {e}") from e
+            if not conv:
+                raise ValueError(f"{where}: at least one message is needed")
+            prompt, default_stop = render(self.engine.tokenizer, conv, add_generation_prompt)
             sp = sp or SamplingParams()
             if isinstance(sp, SamplingParams) and default_stop and not sp.stop and sp.detokenize:
                 sp = dataclasses.replace(sp, stop=list(default_stop))
