@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 from collections.abc import Mapping
 from typing import Optional, Sequence, Union
 
 from .config import EngineConfig
 from .engine import LLMEngine
 from .inputs import TextPrompt, TokensPrompt, parse_prompt
+from .model.loader import load_tokenizer
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
@@ -49,7 +51,11 @@ def _per_prompt(sampling_params: Params, n: int) -> list[SamplingParams]:
 
 class LLM:
     def __init__(self, model: Optional[str] = None, tokenizer=None, **config_fields):
+        """``model``: a checkpoint directory, None (the shipped model) or "random"; ``tokenizer``: a
+        tokenizer object or, as in vLLM, a directory holding one (default: the model's own)."""
         config = EngineConfig.from_fields("LLM", **config_fields)
+        if isinstance(tokenizer, (str, os.PathLike)):      # vLLM's: a tokenizer directory
+            tokenizer = load_tokenizer(os.fspath(tokenizer), must_exist=True)
         self.engine = LLMEngine(model, config, tokenizer=tokenizer)
         self.config = self.engine.config      # as the engine resolved it (swap_space -> num_swap_blocks)
 

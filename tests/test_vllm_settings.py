@@ -182,6 +182,14 @@ def test_skip_special_tokens_and_detokenize_in_the_text(shipped):
 
 # --- prompts and chat ---------------------------------------------------------------------------------------
 
+def test_tokenizer_as_a_directory(shipped, tmp_path):
+    from minillm.model.loader import DEFAULT_MODEL_DIR
+    llm = LLM("random", tokenizer=DEFAULT_MODEL_DIR, random_model=dict(vocab_size=1024), **SMALL)
+    assert llm.get_tokenizer().encode("ROMEO:") == shipped.get_tokenizer().encode("ROMEO:")
+    with pytest.raises(ValueError, match=r"tokenizer='.*': no tokenizer"):
+        LLM("random", tokenizer=str(tmp_path), **SMALL)
+
+
 def test_prompt_dicts_match_plain_prompts():
     llm = LLM("random", **SMALL)
     out = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}, [5, 6, 7, 8]], GREEDY)
@@ -256,13 +264,25 @@ def test_minillm_serve_model_reaches_the_engine(tmp_path):
         main(["serve", str(tmp_path / "none"), "--port", "0"])
 
 
-@pytest.mark.parametrize("command,shown", [("serve", "--model"), ("bench", "throughput"),
-                                           ("chat", "--system-prompt")])
+@pytest.mark.parametrize("command,shown", [("serve", "--model"), ("serve", "--gpu-memory-utilization"),
+                                           ("serve", "--enforce-eager"), ("serve", "--swap-space"),
+                                           ("bench", "throughput"), ("chat", "--system-prompt")])
 def test_each_command_has_its_own_help(command, shown, capsys):
     from minillm.cli import main
     with pytest.raises(SystemExit) as e:
         main([command, "--help"])
     assert e.value.code == 0 and shown in capsys.readouterr().out
+
+
+def test_python_dash_m_minillm_is_the_command():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from minillm import __version__
+    out = subprocess.run([sys.executable, "-m", "minillm", "--version"], capture_output=True, text=True,
+                         cwd=Path(__file__).parents[1], timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == f"minillm {__version__}", out.stderr
 
 
 def test_version_and_no_command(capsys):

@@ -288,10 +288,14 @@ def tensor_parallel_config(model_path: str, config):
     return cfg
 
 
-def load_tokenizer(path: str):
-    """The checkpoint's tokenizer, or None when the directory has none."""
+def load_tokenizer(path: str, must_exist: bool = False):
+    """The checkpoint's tokenizer, or None when the directory has none (with ``must_exist``, a
+    ValueError naming the directory: ``LLM(tokenizer=DIR)``)."""
     if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer.model",
                                                                "vocab.json")):
+        if must_exist:
+            raise ValueError(f"tokenizer={path!r}: no tokenizer (tokenizer.json, tokenizer.model or "
+                             "vocab.json) in this directory")
         return None
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
