@@ -79,7 +79,7 @@ def chat(argv: Sequence[str], client=None, read: Callable[[str], str] = input, o
         else:
             try:
                 text = read("> ")
-            except EOFError:
+            except (EOFError, KeyboardInterrupt):
                 break
             if not text.strip():
                 break

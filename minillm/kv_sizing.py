@@ -123,4 +123,5 @@ def check_kv_fits(cfg, num_blocks: int, model_spec, cost_model, dtype: torch.dty
                 f"{field}: {num_blocks} KV blocks"
                 f"{f' + {cfg.num_swap_blocks} swap blocks' if cfg.num_swap_blocks else ''} need "
                 f"{need:,} bytes ({need / 2**30:.1f} GiB), more than the {have:,} bytes "
-                f"({have / 2**30:.1f} GiB) of {where}; lower num_kv_blocks (or num_swap_blocks)")
+                f"({have / 2**30:.1f} GiB) of {where}; lower num_kv_blocks (or the swap pool: num_swap_blocks, "
+                f"swap_space)")

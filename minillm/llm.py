@@ -80,21 +80,27 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]], sampling_params: Params = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, lora_request=None,
+                 priority: Optional[Sequence[int]] = None) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs in prompt order.
+        ``priority`` (vLLM's): one per prompt, lower first, with ``policy="priority"``; ``lora_request``
+        must be None (no adapters here).
 
         All or nothing: every prompt and its params are checked first, and only then queued, so
         one bad prompt raises (naming its index) with nothing queued."""
+        if lora_request is not None:
+            raise ValueError(f"lora_request={lora_request!r}: minillm has no LoRA adapters; pass None")
         if isinstance(prompts, (str, bytes, bytearray, Mapping)) or _is_token_ids(prompts):
             prompts = [prompts]
         prompts = list(prompts)
         params = _per_prompt(sampling_params, len(prompts))
+        priorities = self._priorities(priority, len(prompts))
         engine = self.engine
         checked = []
-        for i, (p, sp) in enumerate(zip(prompts, params)):
+        for i, (p, sp, prio) in enumerate(zip(prompts, params, priorities)):
+            p = parse_prompt(p, f"prompts[{i}]")
             try:
-                p = parse_prompt(p, f"prompts[{i}]")
-                checked.append(engine._check_request(p, sp, None, None, 0, None, None))
+                checked.append(engine._check_request(p, sp, None, None, prio, None, None))
             except (TypeError, ValueError) as e:
                 if type(e) not in (TypeError, ValueError):
                     raise
@@ -116,6 +122,19 @@ class LLM:
         if bar is not None:
             bar.close()
         return [engine.get_output(rid) for rid in ids]
+
+    def _priorities(self, priority: Optional[Sequence[int]], n: int) -> list[int]:
+        """``generate``'s ``priority`` list, checked as vLLM does: one per prompt, and only where the
+        policy reads it (elsewhere a priority would change nothing, silently)."""
+        if priority is None:
+            return [0] * n
+        priority = list(priority)
+        if len(priority) != n:
+            raise ValueError(f"priority: {len(priority)} given for {n} prompts")
+        if any(priority) and getattr(self.engine.policy, "name", None) != "priority":
+            raise ValueError(f"priority={priority!r}: read only by policy='priority' (this engine's policy is "
+                             f"{getattr(self.engine.policy, 'name', self.engine.policy)!r})")
+        return priority
 
     def chat(self, messages, sampling_params: Params = None, use_tqdm: bool = False,
              add_generation_prompt: bool = True, chat_template: Optional[str] = None,

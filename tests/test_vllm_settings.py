@@ -211,6 +211,19 @@ def test_bad_prompt_dicts_name_the_prompt_and_queue_nothing(prompt, error, match
     assert not llm.engine.requests and not llm.engine.has_unfinished_requests()
 
 
+def test_priority_per_prompt_as_vllm():
+    llm = LLM("random", policy="priority", block_size=16, max_num_seqs=1, max_model_len=64)
+    out = llm.generate([[5, 6], [7, 8], [9, 10]], GREEDY, priority=[2, 0, 1])
+    order = sorted(range(3), key=lambda i: out[i].metrics.first_token_time)
+    assert order == [1, 2, 0]                              # one at a time, lower priority value first
+    with pytest.raises(ValueError, match=r"priority=\[1, 0\]: read only by policy='priority'"):
+        LLM("random", **SMALL).generate([[5], [6]], GREEDY, priority=[1, 0])
+    with pytest.raises(ValueError, match=r"priority: 1 given for 2 prompts"):
+        llm.generate([[5], [6]], GREEDY, priority=[1])
+    with pytest.raises(ValueError, match=r"lora_request='adapter'"):
+        llm.generate([[5]], GREEDY, lora_request="adapter")
+
+
 def test_neutral_vllm_prompt_keys_are_accepted():
     llm = LLM("random", **SMALL)
     out = llm.generate({"prompt_token_ids": [5, 6, 7, 8], "multi_modal_data": None, "cache_salt": None}, GREEDY)
@@ -255,6 +268,16 @@ def test_serve_takes_the_model_as_its_first_argument():
     assert serve_argv(["ckpt", "--port", "9"], False) == ["ckpt", "--port", "9"]   # the server's own positional
     with pytest.raises(SystemExit, match="given twice"):
         serve_argv(["ckpt", "--model", "other"], True)
+
+
+def test_vllm_serve_flags_are_server_options():
+    from minillm.serve.__main__ import engine_config_fields, make_parser
+    args = make_parser().parse_args(["--dtype", "half", "--gpu-memory-utilization", "0.5", "--swap-space", "2",
+                                     "--enforce-eager", "--trust-remote-code"])
+    fields = engine_config_fields(args)
+    assert fields == dict(dtype="half", gpu_memory_utilization=0.5, swap_space=2.0, enforce_eager=True,
+                          trust_remote_code=True)
+    assert EngineConfig(**fields).dtype == "float16"
 
 
 def test_minillm_serve_model_reaches_the_engine(tmp_path):
