@@ -108,7 +108,9 @@ class EngineConfig:
     executor: str = "model"               # "model" (real forward) | "simulated" (placeholder tokens)
     device: str = "cpu"                   # "cpu" | "cuda" | "auto"
     dtype: str = "float32"                # "float32" | "float16" | "bfloat16" | "auto"; vLLM's names
-                                          # "half", "float" and torch dtypes are read as these
+                                          # "half", "float" and torch dtypes are read as these. "auto" is
+                                          # bfloat16 on a GPU, float32 on the CPU (vLLM's "auto" follows
+                                          # the checkpoint: name the dtype to match a vLLM run exactly)
     attention_backend: str = "torch"      # "torch" | "triton" | "auto" (triton on CUDA, torch on CPU)
     seed: int = 0                         # seeds the random model and default sampling
     tensor_parallel_size: int = 1         # ranks (processes) that split every layer's heads and MLP
