@@ -21,6 +21,8 @@ from .checks import as_bool, as_int, as_real, as_seed
 # the batch share the step. 100 either way is far past any useful penalty (transformers' docs
 # suggest about 1.2) and leaves logits of a few thousand finite even at temperature 1e-6.
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
+# logit_bias values, as the OpenAI API bounds them: -100 bans a token, +100 all but forces it.
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
 
 
 @dataclass
@@ -42,6 +44,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0    # subtracted per occurrence in the output
     repetition_penalty: float = 1.0   # divides positive / multiplies negative logits of seen tokens;
                                       # in [0.01, 100] (see REPETITION_PENALTY_RANGE)
+    logit_bias: Optional[dict[int, float]] = None   # token id -> added to its logit, in [-100, 100]
+                                                    # (the OpenAI API's); {} is None
 
     def __post_init__(self) -> None:
         # Checked here, so a bad value fails where it is written, naming the field; integer-like
@@ -84,6 +88,11 @@ class SamplingParams:
         self.frequency_penalty = as_real(own, "frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         self.repetition_penalty = as_real(own, "repetition_penalty", self.repetition_penalty,
                                           *REPETITION_PENALTY_RANGE)
+        bias = self.logit_bias
+        if bias is not None and not isinstance(bias, dict):
+            raise TypeError(f"SamplingParams.logit_bias={bias!r}: must be a dict {{token id: bias}}")
+        self.logit_bias = {as_int(own, "logit_bias key", t, 0): as_real(own, f"logit_bias[{t!r}]", b, *LOGIT_BIAS_RANGE)
+                           for t, b in bias.items()} if bias else None
 
     @property
     def greedy(self) -> bool:
@@ -91,8 +100,9 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Do the logits need changing before sampling (penalties)?"""
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        """Do the logits need changing before sampling (logit_bias, penalties)?"""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+                or self.logit_bias is not None)
 
 
 def checked_copy(sampling_params, who: str = "") -> SamplingParams:

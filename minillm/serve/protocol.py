@@ -8,67 +8,107 @@ vLLM's tooling work unchanged.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..sampling_params import LOGIT_BIAS_RANGE, REPETITION_PENALTY_RANGE
+
+
+# OpenAI's bounds where the engine has the same ones (so the schema says what a request may hold).
+MAX_LOGPROBS = 20                        # top_logprobs / logprobs: OpenAI's and vLLM's default cap
+MAX_STOP = 4                             # stop sequences per request (OpenAI's)
+
 
 class OpenAIModel(BaseModel):
-    # Unknown fields are refused (400, like OpenAI's "Unrecognized request argument").
-    model_config = ConfigDict(extra="forbid")
+    """A request body. Strict types (``true`` is not a token id, ``"1"`` not a number, ``1.0`` not
+    a count); fields this server does not know are kept in ``model_extra``, and the server logs
+    that it ignored them (as vLLM does)."""
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(OpenAIModel):
     include_usage: bool = False          # one last chunk with ``usage`` and no choices
+    continuous_usage_stats: bool = False  # vLLM's: accepted; usage comes in the last chunk only
 
 
 class SamplingFields(OpenAIModel):
-    """What both endpoints share. Values are checked by the engine's ``SamplingParams``."""
+    """What both endpoints share. Values are checked again by the engine's ``SamplingParams``."""
     model: Optional[str] = None          # None: the one model served
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0                       # vLLM's extension: 0 = all tokens
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
+    temperature: Optional[float] = Field(None, ge=0.0)     # None: 1.0
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)   # None: 1.0
+    top_k: Optional[int] = Field(None, ge=-1)   # vLLM's extension: 0 or -1 = all tokens
+    seed: Optional[int] = Field(None, ge=0, lt=2**64)
+    stop: Optional[Union[str, Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP)]]] = None
     include_stop_str_in_output: bool = False   # vLLM's extension: the matched stop string ends the text
-    stream: bool = False
+    stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    n: int = 1                           # completions of the prompt (they share its KV blocks)
-    user: Optional[str] = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0      # vLLM's extension
-    min_tokens: int = 0                  # vLLM's extension: no stop before this many tokens
-    logit_bias: Optional[dict[str, float]] = None   # accepted empty only
+    n: Optional[int] = Field(1, ge=1)    # completions of each prompt (they share its KV blocks)
+    user: Optional[str] = None           # an end user's id: accepted, not used
+    presence_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])  # vLLM's
+    min_tokens: int = Field(0, ge=0)     # vLLM's extension: no stop before this many tokens
+    logit_bias: Optional[dict[Annotated[str, Field(pattern=r"^[0-9]{1,12}$")],
+                              Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]]] = None
     ignore_eos: bool = False             # vLLM's extension: generate max_tokens tokens
-    stop_token_ids: list[int] = Field(default_factory=list)   # vLLM's extension
+    stop_token_ids: Optional[list[Annotated[int, Field(ge=0)]]] = None   # vLLM's extension
     return_token_ids: bool = False       # vLLM's extension: choices carry ``token_ids``
-    priority: int = 0                    # vLLM's extension: lower = more urgent (policy="priority")
+    priority: int = Field(0, ge=-2**63, lt=2**63)   # vLLM's extension: lower = more urgent (policy="priority")
+
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, list[int], list[str], list[list[int]]]
-    max_tokens: Optional[int] = 16
-    echo: bool = False                   # accepted False only
-    logprobs: Optional[int] = None       # top-k logprobs per output token (the legacy format)
-    suffix: Optional[str] = None         # accepted None only
-    best_of: Optional[int] = None        # accepted None or 1 only
+    # one prompt (text or token ids) or a list of them: choices are numbered across prompts
+    prompt: Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, Field(min_length=1)]],
+                                                                 Field(min_length=1)],
+                  TokenIds, Annotated[list[TokenIds], Field(min_length=1)]]
+    max_tokens: Optional[int] = Field(16, ge=1)   # None: up to the context length
+    echo: Optional[bool] = False         # the prompt's text starts each choice's text
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)   # top-k logprobs per output token (legacy)
+    suffix: Optional[Literal[""]] = None  # inserting between a prompt and a suffix is not served
+    best_of: Optional[Literal[1]] = None  # server-side best-of-n is not served (use n)
 
 
 class ChatMessage(OpenAIModel):
-    model_config = ConfigDict(extra="allow")   # tool calls and the like pass through unread
-    role: str
+    """One message. ``name`` follows OpenAI's rule (letters, digits, ``_``, ``-``; up to 64), so it
+    cannot carry a line break into the prompt and forge a turn."""
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Optional[Union[str, list[dict[str, Any]]]] = None
-    name: Optional[str] = None
+    name: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None   # an assistant's earlier tool calls (kept as history)
+    tool_call_id: Optional[str] = None   # a tool message's answer to that call
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[dict[str, Any]] = None
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage]
-    max_tokens: Optional[int] = None     # None: up to the context length
-    max_completion_tokens: Optional[int] = None   # OpenAI's newer name for max_tokens
-    logprobs: bool = False               # logprobs of each output token ...
-    top_logprobs: Optional[int] = None   # ... and of the top-k alternatives
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Optional[int] = Field(None, ge=1)   # None: up to the context length
+    max_completion_tokens: Optional[int] = Field(None, ge=1)   # OpenAI's newer name for max_tokens
+    logprobs: Optional[bool] = False     # logprobs of each output token ...
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)   # ... and of the top-k alternatives
     add_generation_prompt: bool = True   # vLLM's extension: end the prompt with the assistant's turn
+    # OpenAI fields clients send by default: neutral values are honoured, others are a 400 that says why
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+    functions: Optional[list[dict[str, Any]]] = None        # the older form of tools
+    function_call: Optional[Union[Literal["none", "auto"], dict[str, Any]]] = None
+    response_format: Optional[ResponseFormat] = None
+    metadata: Optional[dict[str, str]] = None               # kept by nobody: accepted
+    store: Optional[bool] = None                            # nothing is stored: only false is honoured
+    modalities: Optional[list[Literal["text", "audio"]]] = None
+    audio: Optional[dict[str, Any]] = None
+    prediction: Optional[dict[str, Any]] = None
+    reasoning_effort: Optional[str] = None
+    service_tier: Optional[str] = None
+    web_search_options: Optional[dict[str, Any]] = None
 
 
 # --- responses -----------------------------------------------------------------------------
@@ -172,6 +212,36 @@ class ModelCard(BaseModel):
     owned_by: str = "minillm"
     root: Optional[str] = None           # the checkpoint directory
     max_model_len: Optional[int] = None
+
+
+class TokenizeRequest(OpenAIModel):
+    """vLLM's ``/tokenize``: a prompt, or chat messages rendered by the chat template."""
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[Annotated[list[ChatMessage], Field(min_length=1)]] = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False     # the engine encodes prompts without them
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: Optional[list[str]] = None
+
+
+class DetokenizeRequest(OpenAIModel):
+    model: Optional[str] = None
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
 
 
 class ModelList(BaseModel):

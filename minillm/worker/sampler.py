@@ -1,7 +1,7 @@
 """Sampling: turn each request's logits into its next token.
 
 First the logits are adjusted where a request asks for it (``apply_penalties``:
-repetition, frequency and presence penalties; ``mask_stop_tokens``: no stop token
+``logit_bias``, then the repetition, frequency and presence penalties; ``mask_stop_tokens``: no stop token
 before ``min_tokens``). Greedy rows then take the argmax (all at once). The others
 are scaled by their temperature, cut to top-k / top-p in one batched sort, and
 drawn with the request's own generator, so a seeded request gives the same tokens
@@ -35,6 +35,7 @@ def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
 def apply_penalties(logits: torch.Tensor, requests) -> torch.Tensor:
     """The penalties of each row's request, on a copy of ``logits`` [R, V], in vLLM's order:
 
+    * ``logit_bias`` (the OpenAI API's): each listed token's logit gets its bias added;
     * ``repetition_penalty`` p (Keskar et al. 2019, as transformers'
       ``RepetitionPenaltyLogitsProcessor``): every token of the prompt or the output so far has
       its logit divided by p if positive, multiplied by p if not;
@@ -46,6 +47,9 @@ def apply_penalties(logits: torch.Tensor, requests) -> torch.Tensor:
     for i, req in enumerate(requests):
         sp = req.sampling_params
         row = logits[i]
+        if sp.logit_bias:
+            ids = torch.tensor(list(sp.logit_bias), dtype=torch.long, device=logits.device)
+            row[ids] += torch.tensor(list(sp.logit_bias.values()), dtype=logits.dtype, device=logits.device)
         if sp.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(req.prompt_token_ids) | set(req.output_token_ids)),
                                 dtype=torch.long, device=logits.device)
