@@ -214,13 +214,19 @@ class ModelCard(BaseModel):
     max_model_len: Optional[int] = None
 
 
-class TokenizeRequest(OpenAIModel):
-    """vLLM's ``/tokenize``: a prompt, or chat messages rendered by the chat template."""
+class TokenizeCompletionRequest(OpenAIModel):
+    """vLLM's ``/tokenize`` of a prompt (encoded as the engine encodes prompts: no special tokens)."""
     model: Optional[str] = None
-    prompt: Optional[str] = None
-    messages: Optional[Annotated[list[ChatMessage], Field(min_length=1)]] = None
+    prompt: str
+    add_special_tokens: bool = False
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(OpenAIModel):
+    """vLLM's ``/tokenize`` of chat messages, rendered by the chat template."""
+    model: Optional[str] = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
     add_generation_prompt: bool = True
-    add_special_tokens: bool = False     # the engine encodes prompts without them
     return_token_strs: bool = False
 
 
