@@ -1,10 +1,12 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over one ``AsyncLLM``.
 
 Routes: ``/v1/completions``, ``/v1/chat/completions`` (streaming as server-sent events),
-``/v1/models``, ``/health``, ``/metrics``. Named after vLLM's ``entrypoints/openai/api_server.py``.
+``/v1/models``, ``/v1/models/{id}``, ``/health``, ``/metrics``, ``/version``, and vLLM's
+``/tokenize`` and ``/detokenize``. Named after vLLM's ``entrypoints/openai/api_server.py``.
 
 Every error a client can cause is answered with OpenAI's error body and a 4xx status: malformed
-JSON or a bad field 400, a wrong API key 401, an unknown model or route 404; the engine's own
+JSON or a bad field 400 (the OpenAPI schema says 400 too, not FastAPI's 422), a wrong API key
+401, an unknown model or route 404, a body over ``max_request_bytes`` 413; the engine's own
 checks (``SamplingParams``, ``add_request``) raise ValueError, passed through as 400 with their
 message. A request the engine's admission control rejects (``max_queue_len``, ``max_queue_delay``)
 gets 503 with the engine's reason. A streamed response is decided (200 or an error) when its
@@ -188,11 +190,10 @@ class OpenAIServing:
         modality) are what the server does anyway."""
         def refuse(param: str, why: str):
             raise APIError(400, f"{param}={getattr(req, param)!r}: {why}", param=param)
-        choice_field = "tool_choice" if req.tool_choice is not None else "function_call"
-        choice = getattr(req, choice_field)
-        if isinstance(choice, dict) or choice == "required":
-            refuse(choice_field, "this server does not call tools (no tool-call parser); send 'none' or 'auto'")
-        for tools_field in ("tools", "functions"):
+        for tools_field, choice_field in (("tools", "tool_choice"), ("functions", "function_call")):
+            choice = getattr(req, choice_field)
+            if isinstance(choice, dict) or choice == "required":
+                refuse(choice_field, "this server does not call tools (no tool-call parser); send 'none' or 'auto'")
             if getattr(req, tools_field) and choice != "none":
                 refuse(tools_field, "this server does not call tools (no tool-call parser); with "
                        f"{choice_field}='none' the tools are ignored")
@@ -200,7 +201,7 @@ class OpenAIServing:
             refuse("response_format", "structured output (JSON) is not served; only {'type': 'text'}")
         if req.store:
             refuse("store", "this server stores no completions; send false or leave it out")
-        if req.modalities is not None and set(req.modalities) != {"text"}:
+        if req.modalities is not None and set(req.modalities) - {"text"}:
             refuse("modalities", "this server answers in text only; send ['text']")
         for name in ("audio", "prediction", "reasoning_effort", "web_search_options"):
             if getattr(req, name) is not None:
@@ -426,8 +427,9 @@ def _errors(*statuses: int) -> dict:
     return {code: {"model": ErrorResponse, "description": words[code]} for code in statuses}
 
 
-_SSE = {"text/event-stream": {"schema": {"type": "string"},
-                              "description": "stream=true: server-sent events 'data: {chunk}' ... 'data: [DONE]'"}}
+# stream=true: server-sent events, each 'data: {chunk as JSON}', the last 'data: [DONE]'
+_SSE = {"text/event-stream": {"schema": {"type": "object", "properties": {"data": {"type": "string"}},
+                                         "required": ["data"]}}}
 
 
 def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
@@ -580,6 +582,8 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
             raise APIError(400, f"top_logprobs={req.top_logprobs} needs logprobs=true", param="top_logprobs")
         top = req.top_logprobs or 0
         ids, default_stop = await serving.render_chat(req.messages, req.add_generation_prompt)
+        if req.max_completion_tokens is not None and req.max_tokens is not None:   # both must fit
+            serving.max_tokens(req.max_tokens, len(ids), "messages")
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = serving.max_tokens(requested, len(ids), "messages")
         stop = serving.stop_strings(req) if req.stop is not None else (default_stop or [])
@@ -608,10 +612,47 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
                     op.get("responses", {}).pop("422", None)
             for name in ("HTTPValidationError", "ValidationError"):
                 schema.get("components", {}).get("schemas", {}).pop(name, None)
+            document_limits(schema, serving)
             app.openapi_schema = schema
         return app.openapi_schema
     app.openapi = openapi
     return app
+
+
+def integer_pattern(n: int) -> str:
+    """A regular expression for the decimal integers 0..n (no leading zeros): 1023 ->
+    ``^(?:0|[1-9][0-9]{0,2}|[1-9]...|1023)$``, digit by digit."""
+    digits = str(n)
+    alts = ["0"] + ([f"[1-9][0-9]{{0,{len(digits) - 2}}}"] if len(digits) > 1 else [])
+    for i, c in enumerate(digits):       # the same length as n: equal up to i, smaller at i
+        low = 1 if i == 0 else 0
+        if int(c) > low:
+            alts.append(digits[:i] + f"[{low}-{int(c) - 1}]" + "[0-9]" * (len(digits) - i - 1))
+    alts.append(digits)
+    return "^(?:" + "|".join(alts) + ")$"
+
+
+def document_limits(schema: Any, serving: OpenAIServing) -> None:
+    """Write the served model's bounds into the schema where a field is marked ``protocol.limit``:
+    a token id below the vocabulary size, n up to max_num_seqs, a prompt and an output shorter than
+    the context, a text no longer than ``max_prompt_chars``. What JSON Schema cannot say (a
+    prompt's token count plus max_tokens within the context, min_tokens <= max_tokens) is a 400."""
+    bounds = {"token_id": ("maximum", serving.vocab_size - 1),
+              "token_id_key": ("pattern", integer_pattern(serving.vocab_size - 1)),   # logit_bias's keys
+              "max_num_seqs": ("maximum", serving.llm.engine.config.max_num_seqs),
+              "max_output_tokens": ("maximum", serving.max_model_len - 1),
+              "prompt_tokens": ("maxItems", serving.max_model_len - 1),
+              "prompt_chars": ("maxLength", serving.max_prompt_chars)}
+    if isinstance(schema, dict):
+        name = schema.pop("x-limit", None)
+        if name is not None:
+            keyword, value = bounds[name]
+            schema[keyword] = value
+        for value in schema.values():
+            document_limits(value, serving)
+    elif isinstance(schema, list):
+        for value in schema:
+            document_limits(value, serving)
 
 
 async def _start_all(serving: OpenAIServing, prompts: list[list[int]], sps: list[SamplingParams], priority: int,

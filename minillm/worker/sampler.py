@@ -201,7 +201,7 @@ class Sampler:
     def probs(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         dev = logits.device
         t = torch.tensor([max(p.temperature, 1e-6) for p in params], device=dev)
-        k = torch.tensor([p.top_k for p in params], device=dev)
+        k = torch.tensor([min(p.top_k, logits.shape[-1]) for p in params], device=dev)   # k >= V: all
         tp = torch.tensor([p.top_p for p in params], device=dev)
         return filter_probs(logits.float(), t, k, tp)
 
