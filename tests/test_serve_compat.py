@@ -396,3 +396,26 @@ def test_the_async_openai_client(server, reference):
     assert [c.text for c in batch.choices] == [w.text for w in want]
     assert model.id == "shakespeare"
     assert streamed == chat.choices[0].message.content
+
+
+def test_langchain_batch_chat_tools_none_and_structured_output_refused_clearly(server, reference):
+    """LangChain's OpenAI().batch() sends one request with a list of prompts; ChatOpenAI with
+    tools bound at tool_choice="none" is served; with_structured_output's JSON mode and function
+    calling are refused with a 400 that says why."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel
+    base = server.url + "/v1"
+    llm = langchain_openai.OpenAI(base_url=base, api_key="x", model="shakespeare", max_tokens=8, temperature=0)
+    assert llm.batch(PROMPTS) == [_greedy(reference, p, max_tokens=8).text for p in PROMPTS]
+    chat = langchain_openai.ChatOpenAI(base_url=base, api_key="x", model="shakespeare", max_tokens=8,
+                                       temperature=0)
+    text = chat.invoke("Speak.").content
+    assert "".join(c.content for c in chat.stream("Speak.")) == text
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    assert chat.bind_tools([tool], tool_choice="none").invoke("Speak.").content == text
+
+    class Answer(BaseModel):
+        text: str
+    for method, match in (("json_mode", "structured output"), ("function_calling", "does not call tools")):
+        with pytest.raises(openai.BadRequestError, match=match):
+            chat.with_structured_output(Answer, method=method).invoke("Speak.")

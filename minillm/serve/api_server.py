@@ -189,7 +189,9 @@ class OpenAIServing:
         Neutral values (no tools or tool_choice "none", response_format text, store false, text
         modality) are what the server does anyway."""
         def refuse(param: str, why: str):
-            raise APIError(400, f"{param}={getattr(req, param)!r}: {why}", param=param)
+            value = getattr(req, param)
+            shown = f" type {value.type!r}" if param == "response_format" else f"={value!r}"
+            raise APIError(400, f"{param}{shown}: {why}", param=param)
         for tools_field, choice_field in (("tools", "tool_choice"), ("functions", "function_call")):
             choice = getattr(req, choice_field)
             if isinstance(choice, dict) or choice == "required":
