@@ -81,6 +81,18 @@ def _error(resp: httpx.Response, status: int, param=None, match=None) -> dict:
     return err
 
 
+def _wait_for_value(read, timeout=30.0):
+    """``read()`` once it stops changing (polled), or its last value after ``timeout``."""
+    deadline, last = time.monotonic() + timeout, read()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = read()
+        if now == last and None not in now:
+            return now
+        last = now
+    return last
+
+
 def _post(server, path, body, **kw):
     return httpx.post(server.url + path, json=body, timeout=60, **kw)
 
@@ -351,6 +363,17 @@ def test_an_abort_is_counted_when_it_happens_on_an_idle_server(client, server):
     assert _finished(after, "abort") - _finished(before, "abort") == 1       # one request, two sequences
     assert _finished(after) - _finished(before) == 1
     assert server.engine_call(lambda e: e.has_unfinished_requests()) is False
+    # several prompts in one stream: the client going away aborts them all and frees their KV
+    total = server.engine_call(lambda e: e.num_kv_blocks)
+    stream = client.completions.create(model="shakespeare", prompt=PROMPTS, max_tokens=200, stream=True,
+                                       extra_body={"ignore_eos": True})
+    it = iter(stream)
+    rid = next(it).id.split("-", 1)[1]
+    next(it)
+    stream.close()
+    ids = [f"{rid}-{i}" for i in range(3)]
+    assert _wait_for_value(lambda: server.engine_call(
+        lambda e: [e.requests[i].finish_reason for i in ids] + [e.kv.num_free_blocks])) == ["abort"] * 3 + [total]
 
 
 # --- the OpenAPI schema and the behaviour, one ------------------------------------------------------
