@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
 from .config import EngineConfig
@@ -39,7 +39,7 @@ from .step_record import StepRecord
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncLLM", "StreamOutput", "EngineDeadError"]
+__all__ = ["AsyncLLM", "StreamOutput", "EngineDeadError", "IterationStats", "FinishedRequestStats"]
 
 
 class EngineDeadError(RuntimeError):
@@ -61,6 +61,49 @@ class StreamOutput:
     metrics: Optional[RequestMetrics] = None   # the engine's timestamps, on the last output
     index: int = 0                       # which completion (SamplingParams.n > 1: one stream each)
     logprobs: Optional[list] = None      # SamplingParams.logprobs: one {token id: Logprob} per new token
+
+
+@dataclass
+class FinishedRequestStats:
+    """One request at the moment it ended (all its ``n`` completions; an abort too), for the stat
+    loggers. Named after vLLM's ``FinishedRequestStats``."""
+    request_id: str
+    finish_reason: str                   # "abort" if any completion was aborted, else completion 0's
+    num_prompt_tokens: int
+    num_generation_tokens: int           # over all its completions (= the response's usage.completion_tokens)
+    ttft: Optional[float] = None         # its first token (any completion)
+    tpot: Optional[float] = None         # completion 0's
+    e2e_latency: Optional[float] = None  # to its last completion's end
+    queue_wait: Optional[float] = None
+
+
+@dataclass
+class IterationStats:
+    """What one pass of the step loop did for the stat loggers: the tokens it handed to the streams
+    and the requests that ended. vLLM's ``IterationStats``."""
+    num_generation_tokens: int = 0
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+@dataclass
+class _Group:
+    """One request's completions still streaming, and what the ended ones add up to (engine thread)."""
+    left: int
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    reasons: list = field(default_factory=list)
+    metrics: list = field(default_factory=list)
+
+    def stats(self, request_id: str) -> FinishedRequestStats:
+        ms = [m for m in self.metrics if m is not None]
+
+        def pick(name, fn):
+            values = [getattr(m, name) for m in ms if getattr(m, name) is not None]
+            return fn(values) if values else None
+        reason = "abort" if "abort" in self.reasons else str(self.reasons[0])
+        return FinishedRequestStats(request_id, reason, self.num_prompt_tokens, self.num_generation_tokens,
+                                    ttft=pick("ttft", min), tpot=ms[0].tpot if ms else None,
+                                    e2e_latency=pick("e2e_latency", max), queue_wait=pick("queue_wait", min))
 
 
 @dataclass
@@ -111,13 +154,16 @@ class AsyncLLM:
                              "step's batch entries name, and this mode keeps none; use 'auto', 'summary' or 'full'")
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.stat_loggers = list(stat_loggers)   # each gets .record(record, finished_outputs)
+        self.stat_loggers = list(stat_loggers)   # each gets .record(step record or None, IterationStats)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="minillm-engine")
         self._commands: collections.deque[_Command] = collections.deque()
         self._lock = threading.Lock()            # guards _commands between the loop and the engine thread
         self._streams: dict[str, _Stream] = {}   # sequence id -> stream (event loop side)
         self._sent: dict[str, _Sent] = {}        # sequence id -> what was handed out (engine thread side)
         self._ended: list[_Delta] = []           # final outputs of aborts, for the next dispatch (engine thread)
+        self._groups: dict[str, _Group] = {}     # request id -> its completions still streaming (engine thread)
+        self._group_of: dict[str, str] = {}      # sequence id -> request id (engine thread)
+        self._done: list[FinishedRequestStats] = []   # requests ended since the last stats (engine thread)
         self._ids = itertools.count()
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
@@ -208,7 +254,7 @@ class AsyncLLM:
                 continue                # not streaming, or done but held back: it ends with its own reason
             self._ended.append(self._delta(engine, seq) if req is not None
                                else _Delta(seq, [], "", "abort", None, 0, 0, None))   # a sample never forked
-            del self._sent[seq]
+            self._end(engine, seq, "abort")
 
     def _apply_commands(self) -> None:
         """Engine thread: run the queued commands, resolve their futures on the event loop."""
@@ -253,6 +299,8 @@ class AsyncLLM:
                                      priority=priority, tenant=tenant)
             for k in keys:
                 self._sent[k] = _Sent()
+                self._group_of[k] = rid
+            self._groups[rid] = _Group(left=len(keys))
             return out
 
         def forget() -> None:
@@ -299,33 +347,32 @@ class AsyncLLM:
             if result is None:
                 await self._wake.wait()  # nothing to do until a command arrives
                 continue
-            record, deltas, finished = result
-            if record is None:           # no step, only the final outputs of aborted requests
-                self._dispatch(deltas)
-                continue
-            self.last_record = record
-            self.num_steps += 1
+            record, deltas, stats = result
+            if record is not None:       # None: no step, only the final outputs of aborted requests
+                self.last_record = record
+                self.num_steps += 1
             self._dispatch(deltas)
             for stat_logger in self.stat_loggers:
                 try:
-                    stat_logger.record(record, finished)
+                    stat_logger.record(record, stats)
                 except Exception:
                     logger.exception("stat logger failed")
-            await asyncio.sleep(0)      # let handlers run between steps
+            if record is not None:
+                await asyncio.sleep(0)  # let handlers run between steps
 
     def _iteration(self):
         """Engine thread: apply commands, then one step if there is work. Returns
-        (record, deltas, finished metrics) or None when idle."""
+        (record or None, deltas, IterationStats) or None when idle."""
         self._apply_commands()
         ended, self._ended = self._ended, []
         engine = self.engine
         if not engine.has_unfinished_requests():
-            return (None, ended, []) if ended else None
+            return (None, ended, self._iteration_stats(ended)) if ended or self._done else None
         record = engine.step()
         touched = {e.request_id for e in record.batch if e.num_output_tokens}
         touched.update(record.finished)
         touched.update(w.request_id for w in record.rejected)
-        deltas, finished = ended, []
+        deltas = ended
         for rid in touched:
             if rid not in self._sent:   # not ours (added straight to the engine) or already aborted
                 continue
@@ -333,16 +380,40 @@ class AsyncLLM:
             req = engine.requests[rid]
             done = req.finish_reason is not None
             if done:
-                del self._sent[rid]
-                finished.append(req.metrics)
+                self._end(engine, rid, req.finish_reason)
             parent = req.parent
             if done and parent is not None and not parent.forked:
                 # Finished before its prompt was computed (rejected): no other sample will come.
                 for i in range(1, parent.n):
-                    if self._sent.pop(completion_id(parent.request_id, i), None) is not None:
-                        deltas.append(_Delta(completion_id(parent.request_id, i), [], "", req.finish_reason,
+                    seq = completion_id(parent.request_id, i)
+                    if seq in self._sent:
+                        self._end(engine, seq, req.finish_reason)
+                        deltas.append(_Delta(seq, [], "", req.finish_reason,
                                              req.finish_detail, req.num_prompt_tokens, 0, None))
-        return record, deltas, finished
+        return record, deltas, self._iteration_stats(deltas)
+
+    def _end(self, engine: LLMEngine, seq: str, reason: str) -> None:
+        """Engine thread: sequence ``seq`` streams no more; when it is its request's last, the
+        request's ``FinishedRequestStats`` are ready for the stat loggers (an abort as soon as it
+        is applied, not at the next step)."""
+        del self._sent[seq]
+        rid = self._group_of.pop(seq)
+        group = self._groups[rid]
+        req = engine.requests.get(seq)      # None: a sample that never forked
+        group.left -= 1
+        group.reasons.append(reason)
+        if req is not None:
+            group.num_prompt_tokens = req.num_prompt_tokens
+            group.num_generation_tokens += req.num_output_tokens
+            group.metrics.append(req.metrics)
+        if not group.left:
+            del self._groups[rid]
+            self._done.append(group.stats(rid))
+
+    def _iteration_stats(self, deltas: list[_Delta]) -> IterationStats:
+        """Engine thread: the tokens ``deltas`` hand out and the requests that ended since the last call."""
+        done, self._done = self._done, []
+        return IterationStats(sum(len(d.token_ids) for d in deltas), done)
 
     def _delta(self, engine: LLMEngine, rid: str) -> _Delta:
         """Engine thread: what sequence ``rid`` has that its stream was not handed yet; ``_sent`` moves on."""

@@ -118,6 +118,10 @@ def check_request(engine, prompt, sp, who: str, request_id, arrival_time, priori
         if t >= engine.vocab_size:
             raise ValueError(f"SamplingParams.stop_token_ids[{i}]={t}{who}: token id outside the "
                              f"vocabulary [0, {engine.vocab_size})")
+    for t in sp.logit_bias or ():
+        if t >= engine.vocab_size:
+            raise ValueError(f"SamplingParams.logit_bias[{t}]{who}: token id outside the "
+                             f"vocabulary [0, {engine.vocab_size})")
     check_sampling_support(engine, sp, who)
     ids, text = check_prompt(engine, prompt, who)
     if sp.max_tokens is None:      # vLLM's None: until the context ends (the engine's own copy of the params)
@@ -206,7 +210,8 @@ def check_sampling_support(engine, sp, who: str) -> None:
                          "and this model has no tokenizer; use stop_token_ids")
     if engine.speculator is not None:
         for name, off in (("logprobs", None), ("prompt_logprobs", None), ("n", 1), ("min_tokens", 0),
-                          ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+                          ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0),
+                          ("logit_bias", None)):
             if getattr(sp, name) != off:
                 raise ValueError(f"SamplingParams.{name}={getattr(sp, name)!r}{who}: not supported with "
                                  "speculative decoding (EngineConfig.speculative_model)")

@@ -21,6 +21,8 @@ from .checks import as_bool, as_int, as_real, as_seed
 # the batch share the step. 100 either way is far past any useful penalty (transformers' docs
 # suggest about 1.2) and leaves logits of a few thousand finite even at temperature 1e-6.
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
+# logit_bias values, as the OpenAI API bounds them: -100 bans a token, +100 all but forces it.
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
 
 
 @dataclass
@@ -47,6 +49,8 @@ class SamplingParams:
                                       # (after temperature, before top-k / top-p, as vLLM)
     skip_special_tokens: bool = True  # leave special tokens (EOS, <|im_end|>, ...) out of the text
     detokenize: bool = True           # False: no text at all (outputs' text is ""), tokens only
+    logit_bias: Optional[dict[int, float]] = None   # token id -> added to its logit, in [-100, 100]
+                                                    # (the OpenAI API's); {} is None
 
     def __post_init__(self) -> None:
         # Checked here, so a bad value fails where it is written, naming the field; integer-like
@@ -95,6 +99,11 @@ class SamplingParams:
         if not self.detokenize and self.stop:
             raise ValueError(f"SamplingParams.stop={self.stop!r}: stop strings are matched on the text, "
                              "and detokenize=False makes none; use stop_token_ids")
+        bias = self.logit_bias
+        if bias is not None and not isinstance(bias, dict):
+            raise TypeError(f"SamplingParams.logit_bias={bias!r}: must be a dict {{token id: bias}}")
+        self.logit_bias = {as_int(own, "logit_bias key", t, 0): as_real(own, f"logit_bias[{t!r}]", b, *LOGIT_BIAS_RANGE)
+                           for t, b in bias.items()} if bias else None
 
     @property
     def greedy(self) -> bool:
@@ -102,8 +111,9 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Do the logits need changing before sampling (penalties)?"""
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        """Do the logits need changing before sampling (logit_bias, penalties)?"""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+                or self.logit_bias is not None)
 
 
 def checked_copy(sampling_params, who: str = "") -> SamplingParams:

@@ -262,7 +262,9 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client, ser
         (dict(json={**good, "prompt": "x" * 400}), 400, "prompt"),                          # longer than context
         (dict(json={**good, "temperature": -1}), 400, "temperature"),
         (dict(json={**good, "max_tokens": "many"}), 400, "max_tokens"),                     # wrong type
-        (dict(json={**good, "frobnicate": 1}), 400, "frobnicate"),                          # unknown field
+        (dict(json={**good, "max_tokens": True}), 400, "max_tokens"),                      # a bool is no count
+        (dict(json={**good, "prompt": [5, True]}), 400, "prompt"),                          # nor a token id
+        (dict(json={**good, "best_of": 0}), 400, "best_of"),
         (dict(json={**good, "n": 0}), 400, "n"),
         (dict(json={**good, "presence_penalty": 5}), 400, "presence_penalty"),
         (dict(json={k: v for k, v in good.items() if k != "prompt"}), 400, "prompt"),       # missing field
@@ -329,7 +331,12 @@ def test_metrics_parse_as_prometheus_text(client, server):
     assert samples["minillm:time_to_first_token_seconds_sum"] > 0
     assert 0.0 <= samples["minillm:kv_cache_usage_perc"] <= 1.0
     assert samples["minillm:num_requests_running"] == 0
-    finished = server.engine_call(lambda e: sum(r.finish_reason in ("stop", "length") for r in e.requests.values()))
+    def requests_done(e):     # one per request, however many completions (n) it had
+        reasons = {}
+        for rid, r in e.requests.items():
+            reasons.setdefault(e.parent_id(rid), []).append(r.finish_reason)
+        return sum(all(f in ("stop", "length") for f in fs) for fs in reasons.values())
+    finished = server.engine_call(requests_done)
     assert samples["minillm:time_to_first_token_seconds_count"] == finished
 
 

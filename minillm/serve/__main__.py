@@ -71,6 +71,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("MINILLM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $MINILLM_API_KEY, else none)")
+    p.add_argument("--max-request-bytes", type=int, default=None,
+                   help="refuse a request body over this many bytes with 413 (default: 4 MiB)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     add_engine_options(p)
     return p
@@ -83,13 +85,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import uvicorn
 
     from ..async_llm import AsyncLLM
-    from .api_server import build_app
+    from .api_server import DEFAULT_MAX_REQUEST_BYTES, build_app
     try:
         llm = AsyncLLM.from_config(args.model, **engine_config_fields(args))
     except (ValueError, TypeError) as e:
         raise SystemExit(f"minillm.serve: {e}")
     name = args.served_model_name or default_model_name(llm.engine.model_path)
-    app = build_app(llm, name, llm.engine.model_path, api_key=args.api_key)
+    app = build_app(llm, name, llm.engine.model_path, api_key=args.api_key,
+                    max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES)
     cfg = llm.engine.config
     print(f"minillm: serving '{name}' ({llm.engine.model_path}) on http://{args.host}:{args.port}/v1 "
           f"(device {llm.engine.device}, {llm.engine.num_kv_blocks} KV blocks of {cfg.block_size}, "

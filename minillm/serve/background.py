@@ -24,12 +24,13 @@ class BackgroundServer:
 
     def __init__(self, model: Optional[str] = None, *, llm: Optional[AsyncLLM] = None, host: str = "127.0.0.1",
                  port: int = 0, api_key: Optional[str] = None, model_name: Optional[str] = None,
-                 log_level: str = "warning", **config_fields):
+                 log_level: str = "warning", max_request_bytes: Optional[int] = None, **config_fields):
         from .__main__ import default_model_name
         self.llm = llm if llm is not None else AsyncLLM.from_config(model, **config_fields)
         self.model_path = self.llm.engine.model_path
         self.model_name = model_name or default_model_name(self.model_path)
         self.host, self.port, self.api_key, self.log_level = host, port, api_key, log_level
+        self.max_request_bytes = max_request_bytes      # None: the server's default
         self._server = None
         self._thread: Optional[threading.Thread] = None
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -45,8 +46,9 @@ class BackgroundServer:
 
     def start(self, timeout: float = 60.0) -> "BackgroundServer":
         import uvicorn
-        from .api_server import build_app
-        app = build_app(self.llm, self.model_name, self.model_path, api_key=self.api_key)
+        from .api_server import DEFAULT_MAX_REQUEST_BYTES, build_app
+        app = build_app(self.llm, self.model_name, self.model_path, api_key=self.api_key,
+                        max_request_bytes=self.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))

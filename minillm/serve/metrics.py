@@ -7,7 +7,7 @@ that produced the token); a client sees them plus the network and the HTTP layer
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the server)
@@ -43,7 +43,7 @@ class PrometheusStatLogger:
                                      labels, registry=r)
         self.generation_tokens = Counter("minillm:generation_tokens", "Generated tokens",
                                          labels, registry=r)
-        self.finished = Counter("minillm:request_finished", "Finished requests by finish reason",
+        self.finished = Counter("minillm:request_finished", "Finished requests by finish reason (n>1: one)",
                                 labels + ["finished_reason"], registry=r)
         # --- per finished request (the engine's clock) ---
         self.ttft = Histogram("minillm:time_to_first_token_seconds", "Time to first token (engine)",
@@ -59,19 +59,20 @@ class PrometheusStatLogger:
                        self.prompt_tokens, self.generation_tokens, self.ttft, self.tpot, self.e2e, self.queue):
             metric.labels(**self.labels)        # every series exists from the start, at 0
 
-    def record(self, record: Any, finished: Sequence[Any]) -> None:
-        """One StepRecord and the RequestMetrics of the requests it finished."""
+    def record(self, record: Optional[Any], stats: Any) -> None:
+        """One pass of ``AsyncLLM``'s step loop: its StepRecord (None when it only applied aborts)
+        and its ``IterationStats``. A request counts once, when it ends, however many completions
+        (``n``) it has; generated tokens are those handed to the streams, so their total is the sum
+        of the responses' ``usage.completion_tokens``."""
         lab = self.labels
-        self.steps.labels(**lab).inc()
-        if record.preempted:
-            self.preemptions.labels(**lab).inc(len(record.preempted))
-        new = sum(e.num_output_tokens for e in record.batch)
-        if new:
-            self.generation_tokens.labels(**lab).inc(new)
-        if record.aborted:
-            self.finished.labels(**lab, finished_reason="abort").inc(len(record.aborted))
-        for m in finished:
-            self.finished.labels(**lab, finished_reason=str(m.finish_reason)).inc()
+        if record is not None:
+            self.steps.labels(**lab).inc()
+            if record.preempted:
+                self.preemptions.labels(**lab).inc(len(record.preempted))
+        if stats.num_generation_tokens:
+            self.generation_tokens.labels(**lab).inc(stats.num_generation_tokens)
+        for m in stats.finished_requests:
+            self.finished.labels(**lab, finished_reason=m.finish_reason).inc()
             if m.finish_reason in ("rejected", "abort"):
                 continue
             self.prompt_tokens.labels(**lab).inc(m.num_prompt_tokens)

@@ -1,7 +1,7 @@
 """Sampling: turn each request's logits into its next token.
 
 First the logits are adjusted where a request asks for it (``apply_penalties``:
-repetition, frequency and presence penalties; ``mask_stop_tokens``: no stop token
+``logit_bias``, then the repetition, frequency and presence penalties; ``mask_stop_tokens``: no stop token
 before ``min_tokens``). Greedy rows then take the argmax (all at once). The others
 are scaled by their temperature, cut to min-p, then to top-k / top-p in one batched sort, and
 drawn with the request's own generator, so a seeded request gives the same tokens
@@ -40,6 +40,7 @@ def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
 def apply_penalties(logits: torch.Tensor, requests) -> torch.Tensor:
     """The penalties of each row's request, on a copy of ``logits`` [R, V], in vLLM's order:
 
+    * ``logit_bias`` (the OpenAI API's): each listed token's logit gets its bias added;
     * ``repetition_penalty`` p (Keskar et al. 2019, as transformers'
       ``RepetitionPenaltyLogitsProcessor``): every token of the prompt or the output so far has
       its logit divided by p if positive, multiplied by p if not;
@@ -51,6 +52,9 @@ def apply_penalties(logits: torch.Tensor, requests) -> torch.Tensor:
     for i, req in enumerate(requests):
         sp = req.sampling_params
         row = logits[i]
+        if sp.logit_bias:
+            ids = torch.tensor(list(sp.logit_bias), dtype=torch.long, device=logits.device)
+            row[ids] += torch.tensor(list(sp.logit_bias.values()), dtype=logits.dtype, device=logits.device)
         if sp.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(req.prompt_token_ids) | set(req.output_token_ids)),
                                 dtype=torch.long, device=logits.device)
@@ -202,7 +206,7 @@ class Sampler:
     def probs(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         dev = logits.device
         t = torch.tensor([max(p.temperature, 1e-6) for p in params], device=dev)
-        k = torch.tensor([p.top_k for p in params], device=dev)
+        k = torch.tensor([min(p.top_k, logits.shape[-1]) for p in params], device=dev)   # k >= V: all
         tp = torch.tensor([p.top_p for p in params], device=dev)
         mp = torch.tensor([p.min_p for p in params], device=dev) if any(p.min_p for p in params) else None
         return filter_probs(logits.float(), t, k, tp, mp)
