@@ -197,7 +197,7 @@ def check_sampling_support(engine, sp, who: str) -> None:
         if k is not None and k > engine.vocab_size:
             raise ValueError(f"SamplingParams.{name}={k}{who}: more than the vocabulary's "
                              f"{engine.vocab_size} tokens")
-        if k is not None and cfg.executor == "simulated":
+        if k is not None and not cfg.runs_model:
             raise ValueError(f"SamplingParams.{name}={k}{who}: the simulated executor has no logits")
     if sp.stop and engine.tokenizer is None:
         raise ValueError(f"SamplingParams.stop={sp.stop!r}{who}: stop strings are matched on text "

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
 from .checks import as_bool, as_int, as_real, as_seed
+from .executor import EXECUTORS
 
 
 def _fail(name: str, value: Any, why: str) -> None:
@@ -66,7 +67,8 @@ class EngineConfig:
     max_queue_delay: Optional[float] = None  # reject requests that waited longer than this (seconds)
 
     # --- execution -------------------------------------------------------------------
-    executor: str = "model"               # "model" (real forward) | "simulated" (placeholder tokens)
+    executor: str = "model"               # "model" (real forward) | "simulated" (placeholder tokens):
+                                          # the kinds minillm/executor.py declares (EXECUTORS)
     device: str = "cpu"                   # "cpu" | "cuda" | "auto"
     dtype: str = "float32"                # "float32" | "float16" | "bfloat16" | "auto"
     attention_backend: str = "torch"      # "torch" | "triton" | "auto" (triton on CUDA, torch on CPU)
@@ -121,7 +123,7 @@ class EngineConfig:
             "batching": ("continuous", "static"),
             "interference": ("chunked", "prefill-priority", "decode-priority"),
             "preemption_mode": ("recompute", "swap", "auto"),
-            "executor": ("model", "simulated"),
+            "executor": tuple(EXECUTORS),
             "device": ("cpu", "cuda", "auto"),
             "dtype": ("float32", "float16", "bfloat16", "auto"),
             "kv_cache_dtype": ("auto", "int8", "fp8"),
@@ -142,13 +144,19 @@ class EngineConfig:
                   "reservation need not start on a block boundary)")
         if self.kv_quantizer is not None:
             self._check_kv_quantizer()
-        if self.tensor_parallel_size > 1 and self.executor != "model":
+        if self.tensor_parallel_size > 1 and not self.runs_model:
             _fail("tensor_parallel_size", self.tensor_parallel_size,
                   "runs the real model on that many processes (executor='model'); the simulator "
                   "models tensor parallelism through its cost model (minillm.sim.simulated.tensor_parallel)")
         if self.speculative_model is not None and self.num_speculative_tokens < 1:
             _fail("num_speculative_tokens", self.num_speculative_tokens,
                   "must be >= 1 when speculative_model is set")
+
+    @property
+    def runs_model(self) -> bool:
+        """Does this engine compute logits (``EXECUTORS[executor].runs_model``)? Text, logprobs, speculative
+        decoding and the KV cache's real element size need it; the simulator has the model's shape only."""
+        return EXECUTORS[self.executor].runs_model
 
     @classmethod
     def from_fields(cls, owner: str, **fields) -> "EngineConfig":

@@ -67,10 +67,10 @@ class LLMEngine:
         self.speculator = None                      # speculative decoding: proposes before each step
         if config.speculative_model is not None:
             from .spec.speculative import make_speculator
-            self.speculator = make_speculator(self)
+            self.speculator = make_speculator(config, self.kv, self.model_spec, self.cost_model, self.device,
+                                              self.dtype, self.executor.backend, self.executor.sampler)
             self.executor.set_proposer(self.speculator.proposer)
 
-        self._simulated = config.executor == "simulated"
         self.requests: dict[str, Request] = RequestTable()   # every request ever added
         self.parents: dict[str, ParentRequest] = {}  # parallel sampling (n > 1): request id -> its group
         self._active: dict[str, Request] = {}       # not yet finished (what the KV snapshot looks up)
@@ -88,7 +88,7 @@ class LLMEngine:
     def _make_executor(self, num_blocks: int):
         """Who runs a step: the model on this process, N rank processes, or the simulator."""
         config = self.config
-        if config.executor == "simulated":
+        if not config.runs_model:
             from .sim.sim_executor import SimulatedExecutor
             return SimulatedExecutor(config, self.kv, bytes_per_block(config, self.model_spec, self.cost_model,
                                                                       self.dtype))
@@ -96,8 +96,8 @@ class LLMEngine:
             from .worker.tp_executor import TPExecutor   # N rank processes, each with a shard of the model
             return TPExecutor(config, self.model_path, self.hf_config, self.kv, num_blocks, self.device,
                               self.dtype)
-        from .worker.model_runner import ModelRunner
-        return ModelRunner(config, self.model, self.hf_config, self.kv, num_blocks, self.device, self.dtype)
+        from .worker.model_runner import make_model_runner
+        return make_model_runner(config, self.model, self.kv, num_blocks, self.device, self.dtype)
 
     # --- requests -----------------------------------------------------------------------------
     def add_request(self, prompt: Union[str, list[int]], sampling_params: Optional[SamplingParams] = None,
@@ -188,16 +188,13 @@ class LLMEngine:
         completion's tokens, text and finish reason at the top level (``minillm/outputs.py``)."""
         parent = self.parents.get(request_id)
         members = parent.members if parent is not None else [self.requests[request_id]]
-        return request_output(request_id, members, self.tokenizer, with_text=self.config.executor == "model")
+        return request_output(request_id, members, self.tokenizer, with_text=self.config.runs_model)
 
     def _forget(self, finished: list[Request]) -> None:
         """Finished requests leave the engine: the executor and the proposer drop their state."""
-        forget = getattr(self.executor, "forget", None) or getattr(getattr(self.executor, "sampler", None),
-                                                                    "forget", None)
         for req in finished:
             self._active.pop(req.request_id, None)
-            if forget:
-                forget(req.request_id)
+            self.executor.forget(req.request_id)
             if self.speculator is not None:
                 self.speculator.forget(req.request_id)
 
@@ -318,9 +315,7 @@ class LLMEngine:
 
     def close(self) -> None:
         """Release the executor's processes (tensor parallelism's ranks); idempotent."""
-        close = getattr(self.executor, "close", None)
-        if close is not None:
-            close()
+        self.executor.close()
 
     def stats(self) -> dict:
         d = dict(self.scheduler.counters)

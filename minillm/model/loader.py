@@ -246,7 +246,7 @@ def load_target(path: str, config, dtype_name: str, device: torch.device):
     """(model, hf_config, model_spec): the weights on this process, or only the shape (the simulator;
     tensor parallelism, whose weights live in the ranks' processes)."""
     from ..sim.costmodel import ModelSpec
-    if config.executor == "simulated":
+    if not config.runs_model:
         return (None, *simulated_shape(path, config))
     if config.tensor_parallel_size > 1:
         hf_config = tensor_parallel_config(path, config)

@@ -373,31 +373,32 @@ def draft_cost_model(target_cost_model, draft_spec, target_spec):
     return ScaledCostModel(cm, draft_spec.weight_bytes / target_spec.weight_bytes)
 
 
-def make_speculator(engine) -> Speculator:
-    """Build the proposer named by ``EngineConfig.speculative_model`` for this engine."""
-    cfg = engine.config
-    if cfg.executor != "model":
+def make_speculator(config, kv, target_spec, cost_model, device: torch.device, dtype: torch.dtype,
+                    backend: str, sampler) -> Speculator:
+    """The speculator ``EngineConfig.speculative_model`` names, built from the engine's parts: its KV
+    manager (a draft model's cache uses the same block tables), the target's shape (``ModelSpec``) and cost
+    model (the draft's is priced alike), the device and dtype, and the runner's attention ``backend`` and
+    ``sampler`` (one random stream per request for draft and verification)."""
+    if not config.runs_model:
         raise ValueError("EngineConfig.speculative_model: speculative decoding needs executor='model' "
                          "(the simulator has no model to propose or verify; see expected_speedup)")
     draft_cm = None
-    if cfg.speculative_model == "ngram":
+    if config.speculative_model == "ngram":
         proposer: Proposer = NgramProposer()
     else:
         from ..sim.costmodel import ModelSpec
         from ..model.loader import load_model
-        path = resolve_draft_path(cfg.speculative_model)
-        dtype_name = {torch.float32: "float32", torch.float16: "float16",
-                      torch.bfloat16: "bfloat16"}[engine.dtype]
-        model, hf = load_model(path, dtype_name, str(engine.device), cfg.seed)
-        if hf.vocab_size != engine.vocab_size:
-            raise ValueError(f"EngineConfig.speculative_model={cfg.speculative_model!r}: vocabulary of "
-                             f"{hf.vocab_size} tokens, the target's has {engine.vocab_size} (a draft "
+        path = resolve_draft_path(config.speculative_model)
+        dtype_name = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+        model, hf = load_model(path, dtype_name, str(device), config.seed)
+        if hf.vocab_size != target_spec.vocab_size:
+            raise ValueError(f"EngineConfig.speculative_model={config.speculative_model!r}: vocabulary of "
+                             f"{hf.vocab_size} tokens, the target's has {target_spec.vocab_size} (a draft "
                              "must share the target's tokenizer)")
-        proposer = DraftModelProposer(model, engine.kv, engine.num_kv_blocks, cfg.block_size, engine.device,
-                                      engine.dtype, engine.executor.backend, engine.executor.sampler,
+        proposer = DraftModelProposer(model, kv, kv.num_blocks, config.block_size, device, dtype, backend, sampler,
                                       name=os.path.basename(os.path.normpath(path)))
-        draft_cm = draft_cost_model(engine.cost_model, ModelSpec.from_hf_config(hf), engine.model_spec)
-    return Speculator(proposer, cfg.num_speculative_tokens, cfg.max_model_len, draft_cm)
+        draft_cm = draft_cost_model(cost_model, ModelSpec.from_hf_config(hf), target_spec)
+    return Speculator(proposer, config.num_speculative_tokens, config.max_model_len, draft_cm)
 
 
 # =====================================================================================
