@@ -15,9 +15,11 @@ from typing import Optional, Union
 
 from .sim.clock import PhaseTimes, make_clock
 from .sim.costmodel import engine_cost_model, modeled_step_time
-from .checks import check_config, check_kv_manager, check_request
+from .checks import check_config, check_protocol, check_request
+from .executor import Executor
 from .config import EngineConfig
 from .core.kv_cache import make_kv_manager
+from .core.kv_manager import check_kv_manager
 from .kv_sizing import bytes_per_block, check_kv_fits, num_blocks_from_memory
 from .model.loader import (load_target, load_tokenizer, resolve_device, resolve_dtype, resolve_model_path,
                            torch_dtype)
@@ -63,7 +65,7 @@ class LLMEngine:
         # --- scheduler and executor -----------------------------------------------------------
         self.policy = make_policy(config.policy)
         self.scheduler = Scheduler(config, self.kv, self.policy, self.cost_model, tokenizer=self.tokenizer)
-        self.executor = self._make_executor(num_blocks)
+        self.executor = check_protocol(self._make_executor(num_blocks), Executor, "the executor")
         self.speculator = None                      # speculative decoding: proposes before each step
         if config.speculative_model is not None:
             from .spec.speculative import make_speculator
@@ -250,7 +252,8 @@ class LLMEngine:
         draft_time = self.speculator.draft(out) if self.speculator else 0.0   # a draft model fills its slots
         p = phases.mark()
         result = self.executor.execute(out)
-        self.kv.forward_done()
+        if self.kv.supports_prefix_caching:
+            self.kv.forward_done()             # the blocks this step registered now hold their prefixes
         phases.add("execute", p)
         phases.times.update(result.phase_times)
         wall = time.perf_counter() - t0

@@ -32,7 +32,7 @@ def _gone(pid: int) -> bool:
 
 def _assert_all_gone(llm):
     ex = llm.engine.executor
-    for p in ex._procs:
+    for p in ex.ranks._procs:
         assert not p.is_alive(), f"rank process {p.pid} still running"
         assert _gone(p.pid), f"rank process {p.pid} left behind"
 

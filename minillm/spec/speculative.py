@@ -50,12 +50,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 import torch
 
 from .acceptance import check_verified, verify  # noqa: F401  (the acceptance rule, re-exported)
+from ..checks import check_protocol
 from ..core.request import Request
 
 # =====================================================================================
@@ -63,10 +64,21 @@ from ..core.request import Request
 # =====================================================================================
 
 
-class Proposer:
-    """Guesses the next tokens of decoding requests. Subclasses implement ``propose``."""
-    name = "proposer"
-    needs_kv = False       # writes a KV cache, so its look-ahead positions need blocks first
+@runtime_checkable
+class Proposer(Protocol):
+    """The proposer contract: guesses the next tokens of decoding requests (step 1 above).
+
+    ``propose(requests, k)`` returns up to ``k`` guesses per request (fewer or none is fine);
+    ``draft_probs(request_id, k)`` the distributions ``q`` they were drawn from, which the acceptance
+    rule needs to keep the target's distribution exact (None: a deterministic proposer, one-hot ``q``);
+    ``forget(request_id)`` drops a finished request's state. ``needs_kv`` declares a proposer that
+    writes KV where it guesses (a draft model): it asks for its slots before the scheduler runs and
+    guesses into what was granted. ``forwards`` lists the shapes of the step's draft forwards, for the
+    modeled clock. Subclass it to inherit the defaults; ``make_speculator`` checks a proposer against it.
+    """
+    name: str = "proposer"
+    needs_kv: bool = False       # writes a KV cache, so its look-ahead positions need blocks first
+    forwards: list
 
     def __init__(self):
         # Shapes of this step's draft forwards, (num_new_tokens, context_lens) each, for the
@@ -398,6 +410,7 @@ def make_speculator(config, kv, target_spec, cost_model, device: torch.device, d
         proposer = DraftModelProposer(model, kv, kv.num_blocks, config.block_size, device, dtype, backend, sampler,
                                       name=os.path.basename(os.path.normpath(path)))
         draft_cm = draft_cost_model(cost_model, ModelSpec.from_hf_config(hf), target_spec)
+    check_protocol(proposer, Proposer, f"EngineConfig.speculative_model={config.speculative_model!r}")
     return Speculator(proposer, config.num_speculative_tokens, config.max_model_len, draft_cm)
 
 
