@@ -74,7 +74,8 @@ class KVCacheManager(Protocol):
         """Why ``can_allocate`` said no, in a sentence a person can read."""
 
     def snapshot(self, requests: dict[str, Request], detail: bool = True) -> KVSnapshot:
-        """What ``StepRecord.kv`` carries: positions used, free, cached, reserved; with ``detail``, each block's owners."""
+        """What ``StepRecord.kv`` carries: positions used, free, cached, reserved; with ``detail``, each
+        block's owners."""
 
     def totals(self, requests: dict[str, Request]) -> KVSnapshot:
         """The snapshot's counts only."""
