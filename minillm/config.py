@@ -148,6 +148,10 @@ class EngineConfig:
             _fail("tensor_parallel_size", self.tensor_parallel_size,
                   "runs the real model on that many processes (executor='model'); the simulator "
                   "models tensor parallelism through its cost model (minillm.sim.simulated.tensor_parallel)")
+        if self.speculative_model is not None and not self.runs_model:
+            _fail("speculative_model", self.speculative_model,
+                  f"speculative decoding needs a model to propose and verify: executor={self.executor!r} has "
+                  "none (executor='model'; for the simulator, see minillm.spec.speculative.expected_speedup)")
         if self.speculative_model is not None and self.num_speculative_tokens < 1:
             _fail("num_speculative_tokens", self.num_speculative_tokens,
                   "must be >= 1 when speculative_model is set")

@@ -391,9 +391,6 @@ def make_speculator(config, kv, target_spec, cost_model, device: torch.device, d
     manager (a draft model's cache uses the same block tables), the target's shape (``ModelSpec``) and cost
     model (the draft's is priced alike), the device and dtype, and the runner's attention ``backend`` and
     ``sampler`` (one random stream per request for draft and verification)."""
-    if not config.runs_model:
-        raise ValueError("EngineConfig.speculative_model: speculative decoding needs executor='model' "
-                         "(the simulator has no model to propose or verify; see expected_speedup)")
     draft_cm = None
     if config.speculative_model == "ngram":
         proposer: Proposer = NgramProposer()
