@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 from .checks import as_bool, as_int, as_real, as_seed
 from .executor import EXECUTORS
+from minillm_kernels.kv_formats import KV_FORMATS
 
 
 def _fail(name: str, value: Any, why: str) -> None:
@@ -35,7 +36,8 @@ class EngineConfig:
     kv_cache_memory_gb: float = 0.25      # memory budget used when num_kv_blocks is None
     kv_allocation: str = "paged"          # "paged" (blocks on demand) | "reserved" (max-length reservation)
     enable_prefix_caching: bool = False   # automatic prefix caching (hash of full blocks)
-    kv_cache_dtype: str = "auto"          # "auto" (the model's dtype) | "int8" | "fp8": quantized KV,
+    kv_cache_dtype: str = "auto"          # "auto" (the model's dtype) | "int8" | "fp8": quantized KV
+                                          # (a format of minillm_kernels.kv_formats.KV_FORMATS),
                                           # one scale per (block, KV head); ~2x the blocks of fp16
     kv_quantizer: Any = None              # the int8/fp8 store's arithmetic: an object with new_scale,
                                           # quantize and dequantize (notebook 02's exercise plugs its own
@@ -126,7 +128,7 @@ class EngineConfig:
             "executor": tuple(EXECUTORS),
             "device": ("cpu", "cuda", "auto"),
             "dtype": ("float32", "float16", "bfloat16", "auto"),
-            "kv_cache_dtype": ("auto", "int8", "fp8"),
+            "kv_cache_dtype": ("auto", *KV_FORMATS),
             "attention_backend": ("torch", "triton", "auto"),
             "clock": ("wall", "modeled"),
         }
@@ -222,7 +224,7 @@ class EngineConfig:
             raise TypeError(f"EngineConfig.kv_quantizer={q!r}: needs callable {', '.join(missing)} "
                             "(kernels/kv_quant.py says what each does)")
         if self.kv_cache_dtype == "auto":
-            _fail("kv_quantizer", q, "quantizes an int8/fp8 cache: set kv_cache_dtype='int8' or 'fp8'")
+            _fail("kv_quantizer", q, f"quantizes a quantized cache: set kv_cache_dtype to one of {sorted(KV_FORMATS)}")
         if self.attention_backend != "torch":
             _fail("kv_quantizer", q, f"runs in the torch backend's store, so attention_backend must be "
                                      f"'torch' (not {self.attention_backend!r})")

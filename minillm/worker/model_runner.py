@@ -48,9 +48,9 @@ class LocalModel:
             from minillm_kernels import ops
             ops.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter
         kv_dtype = config.kv_cache_dtype
-        if kv_dtype == "fp8" and self.backend == "triton" and device.type == "cuda":
-            from minillm_kernels.kv_quant import check_fp8
-            check_fp8(device)                      # say so now, not at the first store
+        if kv_dtype != "auto" and self.backend == "triton" and device.type == "cuda":
+            from minillm_kernels.kv_quant import check_available
+            check_available(kv_dtype, device)      # say so now, not at the first store (fp8 needs sm 8.9)
         layout = (config.block_size, model.num_kv_heads, model.head_dim, dtype, kv_dtype)
         # kv_scales[layer] = (k_scale, v_scale) of a quantized cache; [] for a float one.
         self.kv_caches, self.kv_scales = allocate_kv_cache(model.num_layers, num_blocks, *layout, device=device)
