@@ -58,6 +58,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from minillm_kernels.kv_formats import KV_FORMATS, SCALE_BYTES as KV_SCALE_BYTES
+from ..model.families import MODEL_FAMILIES
 
 __all__ = [
     "HardwareSpec", "HARDWARE", "ModelSpec", "MODELS", "LinkSpec", "LINKS", "get_link",
@@ -325,9 +326,11 @@ class ModelSpec:
         if num_params is None:
             q_out, kv_out = heads * head_dim, kv_heads * head_dim
             attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden       # Wq, Wk, Wv, Wo
-            if get("attention_bias", default=False) or model_type.startswith("qwen2"):
+            family = MODEL_FAMILIES.get(model_type or "llama", MODEL_FAMILIES["llama"])   # (model/families.py)
+            qkv_bias = family.qkv_bias if family.qkv_bias is not None else bool(get("attention_bias", default=False))
+            if qkv_bias:
                 attn += q_out + 2 * kv_out                                       # q/k/v biases
-            if model_type.startswith("qwen3"):
+            if family.qk_norm:
                 attn += 2 * head_dim                                             # q_norm, k_norm
             mlp = 3 * hidden * inter                                             # gate, up, down
             per_layer = attn + mlp + 2 * hidden                                  # two RMSNorms
