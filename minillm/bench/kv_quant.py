@@ -236,7 +236,7 @@ def modeled(hardware: str = "H100-SXM", model: str = "llama-2-7b", context: int 
     at that batch."""
     from ..sim.costmodel import RooflineCostModel, max_batch_size
     out = {}
-    for name, kv in (("bfloat16", None), ("int8", "int8"), ("fp8", "fp8")):
+    for name, kv in (("bfloat16", None), *((k, k) for k in KV_FORMATS)):
         cm = RooflineCostModel(hardware, model, kv_cache_dtype=kv)
         b = max_batch_size(hardware, cm.model, context)
         t = cm.step_time([1] * b, [context] * b) if b else float("nan")

@@ -204,7 +204,7 @@ def get_hardware(hw: Union[str, HardwareSpec]) -> HardwareSpec:
 # =====================================================================================
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
-                "bfloat16": 2, "bf16": 2, "float8": 1, "int8": 1,
+                "bfloat16": 2, "bf16": 2, "float8": 1,
                 **{name: f.bytes_per_value for name, f in KV_FORMATS.items()}}
 
 # A quantized KV cache (EngineConfig.kv_cache_dtype: a format of kernels/kv_formats.py) stores
