@@ -98,8 +98,9 @@ class LLMEngine:
             from .worker.tp_executor import TPExecutor   # N rank processes, each with a shard of the model
             return TPExecutor(config, self.model_path, self.hf_config, self.kv, num_blocks, self.device,
                               self.dtype)
-        from .worker.model_runner import make_model_runner
-        return make_model_runner(config, self.model, self.kv, num_blocks, self.device, self.dtype)
+        from .worker.model_runner import LocalModel, ModelRunner   # the model and its KV cache on this process
+        local = LocalModel(config, self.model, num_blocks, self.device, self.dtype, self.kv.attn_block_size)
+        return ModelRunner(config, self.kv, local, self.device)
 
     # --- requests -----------------------------------------------------------------------------
     def add_request(self, prompt: Union[str, list[int]], sampling_params: Optional[SamplingParams] = None,

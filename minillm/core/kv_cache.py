@@ -27,8 +27,7 @@ from ..step_record import KVSnapshot
 
 
 class PagedKVCacheManager:
-    """Block tables on demand from a ``BlockPool``; admission leaves ``watermark_blocks`` free. Keeps the
-    ``KVCacheManager`` protocol (``kv_manager.py``) and every capability it names."""
+    """Block tables on demand from a ``BlockPool``; admission leaves ``watermark_blocks`` free (kv_manager.py)."""
     mode = "paged"
     supports_prefix_caching = True       # (on when enable_prefix_caching)
     supports_swapping = True

@@ -51,7 +51,6 @@ class Scheduler:
     def __init__(self, config, kv, policy, cost_model=None, tokenizer=None):
         self.config = config
         self.kv = kv                     # a KVCacheManager (kv_manager.py): paged, reserved or a student's
-        # cache_full_blocks / find_cached_prefix are asked only of a manager that caches prefixes, with caching on
         self.prefix_caching = kv.supports_prefix_caching and kv.enable_prefix_caching
         self.policy = policy
         self.cost_model = cost_model     # for preemption_mode="auto"

@@ -1,13 +1,11 @@
 """The runner: turn a SchedulerOutput into tensors, run the model, sample.
 
-Two parts, composed. ``LocalModel`` is the model on this process with its KV cache tensors
-(``kv_tensors.py``: one (K, V) pair per layer, plus scales when quantized) and the host-memory swap
-pool; it copies blocks between them (swap out, swap in, copy-on-write) and runs the forward.
-``ModelRunner`` is the executor (``minillm.executor.Executor``): it prepares the batch, asks its model
-for the logits and samples. Tensor parallelism gives a ``ModelRunner`` a group of rank processes in
-place of a ``LocalModel`` (``tp_executor.py``); the two keep the same two verbs, ``swap`` and ``forward``.
-Batch preparation is one Python loop over *requests* collecting token ids and block tables;
-positions, cache slots and context lengths are whole arrays (``flat_batch.py``).
+``LocalModel``: the model on this process, its KV cache tensors (``kv_tensors.py``; scales when quantized)
+and the host swap pool; it copies blocks (swap out, swap in, copy-on-write) and runs the forward.
+``ModelRunner`` (an ``Executor``, ``minillm/executor.py``) prepares the batch, asks its model for the
+logits and samples; tensor parallelism gives it the ranks in place of a ``LocalModel`` (same verbs,
+``swap`` and ``forward``: ``tp_executor.py``). Batch preparation is one Python loop over *requests*
+collecting token ids and block tables; positions, slots and context lengths are arrays (``flat_batch.py``).
 """
 
 from __future__ import annotations
@@ -33,9 +31,8 @@ def resolve_backend(name: str, device: torch.device) -> str:
 
 
 class LocalModel:
-    """The model on this process and its KV cache: block copies (``swap``) and the forward. Reads of the
-    config: ``attention_backend``, ``kv_cache_dtype``, ``block_size``, ``num_swap_blocks``.
-    ``attn_block_size``: the KV manager's view of a block (1 for a position-granular reservation)."""
+    """The model on this process and its KV cache: block copies (``swap``) and the forward. ``attn_block_size``:
+    the KV manager's view of a block (1 for a position-granular reservation)."""
 
     def __init__(self, config, model, num_blocks: int, device: torch.device, dtype: torch.dtype,
                  attn_block_size: int):
@@ -129,13 +126,11 @@ class ModelRunner:
         self.verify = config.acceptance_rule or acceptance.verify
 
     @property
-    def kv_caches(self) -> list:
-        """The KV cache tensors of a ``LocalModel``: one (K, V) pair per layer."""
+    def kv_caches(self) -> list:         # a LocalModel's: one (K, V) pair per layer
         return self.model.kv_caches
 
     @property
-    def kv_scales(self) -> list:
-        """A quantized cache's scales, one (k_scale, v_scale) pair per layer ([] for a float cache)."""
+    def kv_scales(self) -> list:         # a quantized cache's (k_scale, v_scale) per layer; [] for a float one
         return self.model.kv_scales
 
     def set_proposer(self, proposer) -> None:
@@ -151,8 +146,7 @@ class ModelRunner:
         self.sampler.rollback()
 
     def forget(self, request_id: str) -> None:
-        """A finished request's random stream goes."""
-        self.sampler.forget(request_id)
+        self.sampler.forget(request_id)          # a finished request's random stream goes
 
     def close(self) -> None:
         """Nothing outside this process to release."""
@@ -264,10 +258,3 @@ class ModelRunner:
             req = s.request
             res.prompt_logprobs.setdefault(req.request_id, []).append(
                 (p + 1, token_logprobs(logp[row], req.prompt_token_ids[p + 1], req.sampling_params.prompt_logprobs)))
-
-
-def make_model_runner(config, model, kv_manager, num_blocks: int, device: torch.device,
-                      dtype: torch.dtype) -> ModelRunner:
-    """The executor of a model on this process: a ``ModelRunner`` over a ``LocalModel``."""
-    return ModelRunner(config, kv_manager, LocalModel(config, model, num_blocks, device, dtype,
-                                                      kv_manager.attn_block_size), device)
