@@ -103,7 +103,7 @@ class Worker:
                                 spec.attn_block_size)
 
     def step(self, swap_out, copies, swap_in, batch: Optional[dict]):
-        """This step's block moves on this rank's slice of the cache, in ``ModelRunner.swap``'s
+        """This step's block moves on this rank's slice of the cache, in ``LocalModel.swap``'s
         order (swap-outs, copy-on-write ``copies``, swap-ins), then (if anything is scheduled)
         one forward over this rank's shard. Rank 0 returns the logits (numpy); the others None."""
         from ..model.llama import AttentionMetadata
