@@ -280,6 +280,9 @@ ALLOWED_PROBES = {
         "EngineConfig.cost_model may be any object with step_time: one that knows no KV size makes the "
         "preemption cost rule fall back to recompute",
     ("minillm/core/kv_cache.py", "getattr(type(self), f)"): "the decode fast path's test of a subclass's sizing",
+    ("minillm/core/scheduler.py", 'getattr(type(self.policy), "order_waiting", None)'):
+        "the FCFS pass walks the queue itself when the policy's class keeps Policy's order (a wrapper that "
+        "forwards attributes to a policy has no order_waiting on its class)",
     ("minillm/core/kv_cache.py", "getattr(PagedKVCacheManager, f)"): "(the same)",
 }
 

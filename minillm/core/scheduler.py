@@ -406,7 +406,7 @@ class Scheduler:
         waiting reasons go, and a change to the queue meanwhile copies it first. So a long
         queue costs a pass nothing it does not look at."""
         # (read on the class: a wrapper that forwards attributes to a policy is not one that keeps the order)
-        if type(self.policy).order_waiting is Policy.order_waiting and now >= self.now:
+        if getattr(type(self.policy), "order_waiting", None) is Policy.order_waiting and now >= self.now:
             self._shared_waiting = self.waiting
             return self.waiting
         return self.policy.order_waiting(self._arrived(now), now)
