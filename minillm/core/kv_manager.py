@@ -156,9 +156,10 @@ def check_kv_manager(kv, cfg, num_blocks: int):
     who = f"EngineConfig.kv_manager={cfg.kv_manager!r}"
     check_protocol(kv, KVCacheManager, who)
     for flag, protocol in CAPABILITIES.items():
-        if not isinstance(getattr(kv, flag), bool):
-            raise TypeError(f"{who}: {type(kv).__name__}.{flag}={getattr(kv, flag)!r}: must be True or False")
-        if getattr(kv, flag):
+        declared = getattr(kv, flag)             # (check_protocol found every flag)
+        if not isinstance(declared, bool):
+            raise TypeError(f"{who}: {type(kv).__name__}.{flag}={declared!r}: must be True or False")
+        if declared:
             check_protocol(kv, protocol, f"{who} (it declares {flag})")
     if kv.num_blocks != num_blocks or kv.block_size != cfg.block_size:
         raise ValueError(f"{who}: built a manager of "
