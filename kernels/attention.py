@@ -612,7 +612,7 @@ def _attend_padded(q, k_cache, v_cache, g: PaddedGroup, scale, out, k_scale=None
     if k_scale is None:
         k, v = k.float(), v.float()
     else:   # dequantize: one scale per (block, KV head); int8 * float32 is float32 in one pass
-        if k.dtype != torch.int8:
+        if k.dtype.is_floating_point:
             k, v = k.float(), v.float()   # fp8: torch does not promote it
         k = k * k_scale.index_select(0, g.blocks)[:, None, :, None]
         v = v * v_scale.index_select(0, g.blocks)[:, None, :, None]

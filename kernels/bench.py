@@ -28,6 +28,8 @@ import sys
 
 import torch
 
+from .kv_formats import KV_FORMATS
+
 # Datasheet HBM bandwidth, GB/s. More specific names first ("H200" before "H20").
 _PEAK_GBPS = [
     ("GH200", 4000), ("H200", 4800), ("H100 NVL", 3900), ("H100 PCIe", 2000), ("H100", 3350), ("H800", 3350),
@@ -92,10 +94,9 @@ class Case:
 
     @staticmethod
     def _random_quantized(shape, kind, g, dev):
-        if kind == "int8":
-            return torch.randint(-127, 128, shape, generator=g, device=dev, dtype=torch.int8)
-        x = torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) * 64
-        return x.clamp(-448, 448).to(torch.float8_e4m3fn)
+        from .kv_quant import QMAX, quantize
+        x = torch.randn(shape, generator=g, device=dev, dtype=torch.float32) * (QMAX[kind] / 4)
+        return quantize(x, torch.ones((), device=dev), kind)   # values spread over the format's range
 
     # --- the work, in bytes and FLOPs ---
     def kv_bytes(self) -> int:
@@ -259,7 +260,7 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", default="128,256,512,1024,2048,4096", help="prefill query tokens per request")
     p.add_argument("--prefix", type=int, default=0, help="KV tokens already cached before each prefill chunk")
     p.add_argument("--prefill-tokens", type=int, default=16384, help="batch size x chunk, roughly")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_FORMATS],
                    help="auto: the cache in --dtype; int8 / fp8: quantized, one scale per (block, KV head)")
     args = p.parse_args(argv)
 
@@ -273,12 +274,12 @@ def main(argv=None) -> int:
     props = torch.cuda.get_device_properties(dev)
     peak, source = peak_bandwidth_gbps(props)
     copy_bw = _copy_bandwidth_gbps(dev)
-    if args.kv_cache_dtype == "fp8":
-        from .kv_quant import check_fp8
-        check_fp8(dev)
+    if args.kv_cache_dtype != "auto":
+        from .kv_quant import check_available
+        check_available(args.kv_cache_dtype, dev)
     shape = dict(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, block_size=args.block_size,
                  dtype=dtype, dev=dev, kv_cache_dtype=args.kv_cache_dtype)
-    kv_elt = dtype.itemsize if args.kv_cache_dtype == "auto" else 2  # fp8 values are drawn via a bf16 copy
+    kv_elt = dtype.itemsize if args.kv_cache_dtype == "auto" else 4  # quantized values are drawn via a float32 copy
     print(f"{props.name}: {props.multi_processor_count} SMs, peak HBM "
           f"{f'{peak:.0f} GB/s ({source})' if peak else 'unknown'}, measured copy {copy_bw:.0f} GB/s")
     print(f"heads {args.heads}/{args.kv_heads} (GQA {args.heads // args.kv_heads}), head_dim {args.head_dim}, "

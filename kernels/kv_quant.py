@@ -49,50 +49,61 @@ from typing import Optional
 
 import torch
 
-QMAX = {"int8": 127.0, "fp8": 448.0}           # the largest magnitude a stored value may take
+from .kv_formats import KV_FORMATS, SCALE_BYTES, kv_format  # noqa: F401  (SCALE_BYTES: the format's)
+
+QMAX = {name: f.qmax for name, f in KV_FORMATS.items()}   # the largest magnitude a stored value may take
 SCALE_DTYPE = torch.float32
-SCALE_BYTES = 4                                  # bytes per scale (one per block, KV head, K or V)
 
 
-def fp8_available(device=None) -> Optional[str]:
-    """None when fp8 KV can be used, else why not: this torch has no ``float8_e4m3fn``, or (for a
-    CUDA ``device``, where the Triton kernels run) the GPU predates fp8 (Triton's e4m3 needs
-    compute capability 8.9: Ada, Hopper and later). On the CPU, Triton's interpreter handles it."""
-    if not hasattr(torch, "float8_e4m3fn"):
-        return f"torch {torch.__version__} has no float8_e4m3fn dtype"
+def format_available(kind: str, device=None) -> Optional[str]:
+    """None when the ``kind`` KV format (``kv_formats.KV_FORMATS``) can be used, else why not: this torch
+    has no such dtype, or (for a CUDA ``device``, where the Triton kernels run) the GPU lacks the
+    conversions (fp8's e4m3 needs compute capability 8.9: Ada, Hopper and later). On the CPU, Triton's
+    interpreter handles every format."""
+    f = kv_format(kind)
+    if not hasattr(torch, f.torch_dtype):
+        return f"torch {torch.__version__} has no {f.torch_dtype} dtype"
     device = torch.device(device) if device is not None else None
     if device is not None and device.type == "cuda":
         cap = torch.cuda.get_device_capability(device)
-        if cap < (8, 9):
-            return f"the GPU (compute capability {cap[0]}.{cap[1]}) has no fp8 conversions; e4m3 needs 8.9+"
+        if cap < f.min_cuda_capability:
+            need = ".".join(map(str, f.min_cuda_capability))
+            return f"the GPU (compute capability {cap[0]}.{cap[1]}) has no {kind} conversions; {kind} needs {need}+"
     return None
 
 
-def check_fp8(device) -> None:
-    """Raise a clear error when fp8 KV cannot run on ``device`` (see :func:`fp8_available`)."""
-    why = fp8_available(device)
+def check_available(kind: str, device) -> None:
+    """Raise a clear error when the ``kind`` KV format cannot run on ``device`` (see :func:`format_available`)."""
+    why = format_available(kind, device)
     if why:
-        raise ValueError(f"kv_cache_dtype='fp8' is unavailable here: {why}; use 'int8'")
+        others = sorted(k for k in KV_FORMATS if k != kind and format_available(k, device) is None)
+        raise ValueError(f"kv_cache_dtype={kind!r} is unavailable here: {why}"
+                         + (f"; use {' or '.join(map(repr, others))}" if others else ""))
+
+
+def fp8_available(device=None) -> Optional[str]:
+    """``format_available("fp8", device)``."""
+    return format_available("fp8", device)
+
+
+def check_fp8(device) -> None:
+    """``check_available("fp8", device)``."""
+    check_available("fp8", device)
 
 
 def storage_dtype(kind: str) -> torch.dtype:
-    """The element dtype of a cache holding ``kind`` ("int8" | "fp8") values."""
-    if kind == "int8":
-        return torch.int8
-    if kind == "fp8":
-        why = fp8_available()
-        if why:
-            raise ValueError(f"kv_cache_dtype='fp8' is unavailable: {why}")
-        return torch.float8_e4m3fn
-    raise ValueError(f"unknown quantized KV kind {kind!r}; expected 'int8' or 'fp8'")
+    """The element dtype of a cache holding ``kind`` values (``kv_formats.KV_FORMATS``)."""
+    why = format_available(kind)
+    if why:
+        raise ValueError(f"kv_cache_dtype={kind!r} is unavailable: {why}")
+    return getattr(torch, kv_format(kind).torch_dtype)
 
 
 def kind_of(cache: torch.Tensor) -> Optional[str]:
-    """"int8" / "fp8" for a quantized cache, None for a float one."""
-    if cache.dtype == torch.int8:
-        return "int8"
-    if cache.dtype == getattr(torch, "float8_e4m3fn", None):
-        return "fp8"
+    """The KV format of a quantized cache ("int8", "fp8", ...), None for a float one."""
+    for name, f in KV_FORMATS.items():
+        if cache.dtype == getattr(torch, f.torch_dtype, None):
+            return name
     return None
 
 
@@ -114,9 +125,10 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, kind: str) -> torch.Tensor:
     """Quantize float32 ``x`` with ``scale`` (broadcast against it) to the storage dtype."""
     s = torch.where(scale > 0, scale, torch.ones_like(scale))
     y = x / s
-    if kind == "int8":
-        return torch.round(y).clamp(-127.0, 127.0).to(torch.int8)
-    return y.clamp(-448.0, 448.0).to(storage_dtype("fp8"))
+    f = kv_format(kind)
+    if f.rounding == "integer":
+        return torch.round(y).clamp(-f.qmax, f.qmax).to(storage_dtype(kind))
+    return y.clamp(-f.qmax, f.qmax).to(storage_dtype(kind))      # "e4m3": torch's cast rounds
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

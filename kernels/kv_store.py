@@ -21,6 +21,7 @@ from functools import lru_cache
 import torch
 
 from ._triton_setup import import_triton
+from .kv_formats import KV_FORMATS
 from .kv_quant import QMAX, kind_of
 from .targets import Launch, pointer, require
 
@@ -211,7 +212,7 @@ def store_quant_launch(dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: i
         dict(k_ptr=pointer(dtype), v_ptr=pointer(dtype), k_cache_ptr=pointer(cache_dtype),
              v_cache_ptr=pointer(cache_dtype), k_scale_ptr="*fp32", v_scale_ptr="*fp32", slot_ptr="*i64"),
         dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=page,
-             BLOCK_P=triton.next_power_of_2(page), QMAX=QMAX[kind], FP8=kind == "fp8"),
+             BLOCK_P=triton.next_power_of_2(page), QMAX=QMAX[kind], FP8=KV_FORMATS[kind].rounding == "e4m3"),
         num_warps=4)
 
 
@@ -241,9 +242,9 @@ def store_kv_quant_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping
     rows of the batch (they are: a request's tokens are, and blocks being written are not
     shared); :func:`check_one_run_per_block` checks that before the launch."""
     kind = kind_of(k_cache)
-    if kind == "fp8" and k_cache.is_cuda:
-        from .kv_quant import check_fp8
-        check_fp8(k_cache.device)
+    if k_cache.is_cuda:
+        from .kv_quant import check_available
+        check_available(kind, k_cache.device)
     n, num_kv_heads, head_dim = k.shape
     if n == 0:
         return

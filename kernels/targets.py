@@ -22,6 +22,8 @@ from typing import Any, Optional
 
 import torch
 
+from .kv_formats import KV_FORMATS
+
 
 @dataclass(frozen=True)
 class Target:
@@ -66,8 +68,8 @@ TRITON_TYPES = {
     torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
     torch.int8: "i8", torch.int32: "i32", torch.int64: "i64",
 }
-if hasattr(torch, "float8_e4m3fn"):
-    TRITON_TYPES[torch.float8_e4m3fn] = "fp8e4nv"
+TRITON_TYPES.update({getattr(torch, f.torch_dtype): f.triton_type for f in KV_FORMATS.values()
+                     if hasattr(torch, f.torch_dtype)})      # the quantized KV formats' storage types
 
 
 def pointer(dtype: torch.dtype) -> str:

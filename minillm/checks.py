@@ -13,6 +13,7 @@ against its model (``check_config``).
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import operator
@@ -203,7 +204,7 @@ def check_sampling_support(engine, sp, who: str) -> None:
         if k is not None and k > engine.vocab_size:
             raise ValueError(f"SamplingParams.{name}={k}{who}: more than the vocabulary's "
                              f"{engine.vocab_size} tokens")
-        if k is not None and cfg.executor == "simulated":
+        if k is not None and not cfg.runs_model:
             raise ValueError(f"SamplingParams.{name}={k}{who}: the simulated executor has no logits")
     if sp.stop and engine.tokenizer is None:
         raise ValueError(f"SamplingParams.stop={sp.stop!r}{who}: stop strings are matched on text "
@@ -216,9 +217,9 @@ def check_sampling_support(engine, sp, who: str) -> None:
                 raise ValueError(f"SamplingParams.{name}={getattr(sp, name)!r}{who}: not supported with "
                                  "speculative decoding (EngineConfig.speculative_model)")
     if sp.n > 1:
-        if cfg.kv_allocation != "paged":
+        if not engine.kv.supports_forking:
             raise ValueError(f"SamplingParams.n={sp.n}{who}: parallel sampling shares KV blocks, "
-                             "which needs kv_allocation='paged'")
+                             "which needs a KV manager that supports forking (kv_allocation='paged')")
         if sp.n > cfg.max_num_seqs:
             raise ValueError(f"SamplingParams.n={sp.n}{who}: its {sp.n} sequences could never run "
                              f"together under max_num_seqs={cfg.max_num_seqs}")
@@ -241,14 +242,29 @@ def check_config(cfg, hf_config, model_path: str) -> None:
                       f"max_position_embeddings={max_pos}")
 
 
-def check_kv_manager(kv, cfg, num_blocks: int):
-    """A KV manager ``EngineConfig.kv_manager`` built must hold the engine's blocks, of its size,
-    and keep the config's watermark (the manager keeps the headroom)."""
-    if kv.num_blocks != num_blocks or kv.block_size != cfg.block_size:
-        raise ValueError(f"EngineConfig.kv_manager={cfg.kv_manager!r}: built a manager of "
-                         f"{kv.num_blocks} blocks of {kv.block_size} tokens; the engine has "
-                         f"{num_blocks} blocks of {cfg.block_size}")
-    if getattr(kv, "watermark_blocks", None) != int(cfg.watermark * num_blocks):
-        raise ValueError(f"EngineConfig.kv_manager={cfg.kv_manager!r}: built a manager without the "
-                         f"watermark={cfg.watermark} (pass the config's watermark to it)")
-    return kv
+def protocol_members(protocol: type) -> list[str]:
+    """The names a ``typing.Protocol`` promises: its methods and its annotated attributes (its own, and
+    those of the protocols it extends)."""
+    names: list[str] = []
+    for cls in reversed(protocol.__mro__):
+        if cls is object or not getattr(cls, "_is_protocol", False) or cls.__name__ in ("Protocol", "Generic"):
+            continue
+        for name in [*vars(cls).get("__annotations__", {}), *vars(cls)]:
+            if not name.startswith("_") and name not in names:
+                names.append(name)
+    return names
+
+
+def check_protocol(obj: Any, protocol: type, who: str) -> Any:
+    """``obj`` must keep ``protocol``: every method it names, callable, and every attribute. Returns ``obj``;
+    raises a TypeError naming what is missing and where the protocol is written down. ``who``: the field
+    that built ``obj`` (``EngineConfig.kv_manager=...``)."""
+    missing = []
+    for name in protocol_members(protocol):
+        method = inspect.isfunction(inspect.getattr_static(protocol, name, None))
+        if not hasattr(obj, name) or (method and not callable(getattr(obj, name))):
+            missing.append(f"{name}()" if method else name)
+    if missing:
+        raise TypeError(f"{who}: {obj!r} does not keep the {protocol.__name__} protocol "
+                        f"({protocol.__module__}): it lacks {', '.join(missing)}")
+    return obj

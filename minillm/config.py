@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
 from .checks import as_bool, as_int, as_real, as_seed
+from .executor import EXECUTORS
+from minillm_kernels.kv_formats import KV_FORMATS
 
 
 def _fail(name: str, value: Any, why: str) -> None:
@@ -70,7 +72,8 @@ class EngineConfig:
                                           # Sizes the cache in place of kv_cache_memory_gb; None = not used
     kv_allocation: str = "paged"          # "paged" (blocks on demand) | "reserved" (max-length reservation)
     enable_prefix_caching: bool = False   # automatic prefix caching (hash of full blocks)
-    kv_cache_dtype: str = "auto"          # "auto" (the model's dtype) | "int8" | "fp8": quantized KV,
+    kv_cache_dtype: str = "auto"          # "auto" (the model's dtype) | "int8" | "fp8": quantized KV
+                                          # (a format of minillm_kernels.kv_formats.KV_FORMATS),
                                           # one scale per (block, KV head); ~2x the blocks of fp16
     kv_quantizer: Any = None              # the int8/fp8 store's arithmetic: an object with new_scale,
                                           # quantize and dequantize (notebook 02's exercise plugs its own
@@ -105,7 +108,8 @@ class EngineConfig:
     max_queue_delay: Optional[float] = None  # reject requests that waited longer than this (seconds)
 
     # --- execution -------------------------------------------------------------------
-    executor: str = "model"               # "model" (real forward) | "simulated" (placeholder tokens)
+    executor: str = "model"               # "model" (real forward) | "simulated" (placeholder tokens):
+                                          # the kinds minillm/executor.py declares (EXECUTORS)
     device: str = "cpu"                   # "cpu" | "cuda" | "auto"
     dtype: str = "float32"                # "float32" | "float16" | "bfloat16" | "auto"; vLLM's names
                                           # "half", "float" and torch dtypes are read as these. "auto" is
@@ -170,10 +174,10 @@ class EngineConfig:
             "batching": ("continuous", "static"),
             "interference": ("chunked", "prefill-priority", "decode-priority"),
             "preemption_mode": ("recompute", "swap", "auto"),
-            "executor": ("model", "simulated"),
+            "executor": tuple(EXECUTORS),
             "device": ("cpu", "cuda", "auto"),
             "dtype": ("float32", "float16", "bfloat16", "auto"),
-            "kv_cache_dtype": ("auto", "int8", "fp8"),
+            "kv_cache_dtype": ("auto", *KV_FORMATS),
             "attention_backend": ("torch", "triton", "auto"),
             "clock": ("wall", "modeled"),
         }
@@ -192,16 +196,26 @@ class EngineConfig:
                   "reservation need not start on a block boundary)")
         if self.kv_quantizer is not None:
             self._check_kv_quantizer()
-        if self.tensor_parallel_size > 1 and self.executor != "model":
+        if self.tensor_parallel_size > 1 and not self.runs_model:
             _fail("tensor_parallel_size", self.tensor_parallel_size,
                   "runs the real model on that many processes (executor='model'); the simulator "
                   "models tensor parallelism through its cost model (minillm.sim.simulated.tensor_parallel)")
+        if self.speculative_model is not None and not self.runs_model:
+            _fail("speculative_model", self.speculative_model,
+                  f"speculative decoding needs a model to propose and verify: executor={self.executor!r} has "
+                  "none (executor='model'; for the simulator, see minillm.spec.speculative.expected_speedup)")
         if self.speculative_model is not None and self.num_speculative_tokens < 1:
             _fail("num_speculative_tokens", self.num_speculative_tokens,
                   "must be >= 1 when speculative_model is set")
         for name in _NO_EFFECT:                 # every value checked: say what a no-effect setting means
             if getattr(self, name):
                 _log_no_effect(name)
+
+    @property
+    def runs_model(self) -> bool:
+        """Does this engine compute logits (``EXECUTORS[executor].runs_model``)? Text, logprobs, speculative
+        decoding and the KV cache's real element size need it; the simulator has the model's shape only."""
+        return EXECUTORS[self.executor].runs_model
 
     @classmethod
     def from_fields(cls, owner: str, **fields) -> "EngineConfig":
@@ -287,7 +301,7 @@ class EngineConfig:
             raise TypeError(f"EngineConfig.kv_quantizer={q!r}: needs callable {', '.join(missing)} "
                             "(kernels/kv_quant.py says what each does)")
         if self.kv_cache_dtype == "auto":
-            _fail("kv_quantizer", q, "quantizes an int8/fp8 cache: set kv_cache_dtype='int8' or 'fp8'")
+            _fail("kv_quantizer", q, f"quantizes a quantized cache: set kv_cache_dtype to one of {sorted(KV_FORMATS)}")
         if self.attention_backend != "torch":
             _fail("kv_quantizer", q, f"runs in the torch backend's store, so attention_backend must be "
                                      f"'torch' (not {self.attention_backend!r})")

@@ -16,9 +16,11 @@ from typing import Optional, Union
 
 from .sim.clock import PhaseTimes, make_clock
 from .sim.costmodel import engine_cost_model, modeled_step_time
-from .checks import check_config, check_kv_manager, check_request
+from .checks import check_config, check_protocol, check_request
+from .executor import Executor
 from .config import EngineConfig
 from .core.kv_cache import make_kv_manager
+from .core.kv_manager import check_kv_manager
 from .kv_sizing import bytes_per_block, check_kv_fits, num_blocks_from_memory, num_swap_blocks_from_memory
 from .model.loader import (load_target, load_tokenizer, resolve_device, resolve_dtype, resolve_model_path,
                            torch_dtype)
@@ -67,14 +69,14 @@ class LLMEngine:
         # --- scheduler and executor -----------------------------------------------------------
         self.policy = make_policy(config.policy)
         self.scheduler = Scheduler(config, self.kv, self.policy, self.cost_model, tokenizer=self.tokenizer)
-        self.executor = self._make_executor(num_blocks)
+        self.executor = check_protocol(self._make_executor(num_blocks), Executor, "the executor")
         self.speculator = None                      # speculative decoding: proposes before each step
         if config.speculative_model is not None:
             from .spec.speculative import make_speculator
-            self.speculator = make_speculator(self)
+            self.speculator = make_speculator(config, self.kv, self.model_spec, self.cost_model, self.device,
+                                              self.dtype, self.executor.backend, self.executor.sampler)
             self.executor.set_proposer(self.speculator.proposer)
 
-        self._simulated = config.executor == "simulated"
         self.requests: dict[str, Request] = RequestTable()   # every request ever added
         self.parents: dict[str, ParentRequest] = {}  # parallel sampling (n > 1): request id -> its group
         self._active: dict[str, Request] = {}       # not yet finished (what the KV snapshot looks up)
@@ -92,7 +94,7 @@ class LLMEngine:
     def _make_executor(self, num_blocks: int):
         """Who runs a step: the model on this process, N rank processes, or the simulator."""
         config = self.config
-        if config.executor == "simulated":
+        if not config.runs_model:
             from .sim.sim_executor import SimulatedExecutor
             return SimulatedExecutor(config, self.kv, bytes_per_block(config, self.model_spec, self.cost_model,
                                                                       self.dtype))
@@ -100,8 +102,9 @@ class LLMEngine:
             from .worker.tp_executor import TPExecutor   # N rank processes, each with a shard of the model
             return TPExecutor(config, self.model_path, self.hf_config, self.kv, num_blocks, self.device,
                               self.dtype)
-        from .worker.model_runner import ModelRunner
-        return ModelRunner(config, self.model, self.hf_config, self.kv, num_blocks, self.device, self.dtype)
+        from .worker.model_runner import LocalModel, ModelRunner   # the model and its KV cache on this process
+        local = LocalModel(config, self.model, num_blocks, self.device, self.dtype, self.kv.attn_block_size)
+        return ModelRunner(config, self.kv, local, self.device)
 
     # --- requests -----------------------------------------------------------------------------
     def add_request(self, prompt: Union[str, list[int]], sampling_params: Optional[SamplingParams] = None,
@@ -192,16 +195,13 @@ class LLMEngine:
         completion's tokens, text and finish reason at the top level (``minillm/outputs.py``)."""
         parent = self.parents.get(request_id)
         members = parent.members if parent is not None else [self.requests[request_id]]
-        return request_output(request_id, members, self.tokenizer, with_text=self.config.executor == "model")
+        return request_output(request_id, members, self.tokenizer, with_text=self.config.runs_model)
 
     def _forget(self, finished: list[Request]) -> None:
         """Finished requests leave the engine: the executor and the proposer drop their state."""
-        forget = getattr(self.executor, "forget", None) or getattr(getattr(self.executor, "sampler", None),
-                                                                    "forget", None)
         for req in finished:
             self._active.pop(req.request_id, None)
-            if forget:
-                forget(req.request_id)
+            self.executor.forget(req.request_id)
             if self.speculator is not None:
                 self.speculator.forget(req.request_id)
 
@@ -257,7 +257,8 @@ class LLMEngine:
         draft_time = self.speculator.draft(out) if self.speculator else 0.0   # a draft model fills its slots
         p = phases.mark()
         result = self.executor.execute(out)
-        self.kv.forward_done()
+        if self.kv.supports_prefix_caching:
+            self.kv.forward_done()             # the blocks this step registered now hold their prefixes
         phases.add("execute", p)
         phases.times.update(result.phase_times)
         wall = time.perf_counter() - t0
@@ -322,9 +323,7 @@ class LLMEngine:
 
     def close(self) -> None:
         """Release the executor's processes (tensor parallelism's ranks); idempotent."""
-        close = getattr(self.executor, "close", None)
-        if close is not None:
-            close()
+        self.executor.close()
 
     def stats(self) -> dict:
         d = dict(self.scheduler.counters)

@@ -61,7 +61,7 @@ def check_paged_attention(engine, seed: int = 0) -> AttentionCheck:
     rids = list(rec.running)                                        # requests holding KV right now
     if not rids:
         raise ValueError(f"check_paged_attention: no request is running after step {rec.step}")
-    k_cache, v_cache = engine.executor.caches_for_attention()[0]    # layer 0's cache, as the kernel sees it
+    k_cache, v_cache = engine.executor.model.caches_for_attention()[0]    # layer 0's cache (its LocalModel)
     dev = k_cache.device
     tables = [engine.kv.block_table(r) for r in rids]               # where each request's positions live
     width = max(len(t) for t in tables)

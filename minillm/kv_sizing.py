@@ -22,9 +22,9 @@ def bytes_per_block(config, model_spec, cost_model, dtype: torch.dtype) -> int:
     """Bytes one block of the target's KV takes: the model's shape (``ModelSpec.kv_block_bytes``),
     or in the simulator the cost model's shape when it has one (a 70B modeled on a tiny model)."""
     cm = cost_model
-    if config.executor == "simulated" and getattr(cm, "kv_bytes_per_token", 0):
+    if not config.runs_model and getattr(cm, "kv_bytes_per_token", 0):
         return cm.kv_bytes_per_token * config.block_size   # the cost model's shape (70B)
-    elt = 4 if config.executor == "model" and dtype == torch.float32 else 2
+    elt = 4 if config.runs_model and dtype == torch.float32 else 2
     # values (1 byte for int8/fp8) and their per-block scales
     return model_spec.kv_block_bytes(config.block_size, elt, config.kv_cache_dtype)
 
@@ -69,7 +69,7 @@ def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: torch.dtype,
     more than ``max_num_seqs`` requests at ``max_model_len`` need; in the simulator, what the cost model's
     GPU memory (its share ``gpu_memory_utilization``, 0.9 unless set) leaves beside the weights."""
     cm = cost_model
-    if cfg.executor == "simulated" and cm is not None and hasattr(cm, "kv_capacity_tokens"):
+    if not cfg.runs_model and cm is not None and hasattr(cm, "kv_capacity_tokens"):
         share = cfg.gpu_memory_utilization
         blocks = (cm.kv_capacity_tokens() if share is None else cm.kv_capacity_tokens(share)) // cfg.block_size
         if blocks < 1:
@@ -78,7 +78,7 @@ def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: torch.dtype,
                              "tensor_parallel('H100-SXM', 4), ...), or set num_kv_blocks")
         return blocks
     per_block = bytes_per_block(cfg, model_spec, cm, dtype) + (draft_kv_bytes_per_block(cfg, dtype)
-                                                               if cfg.executor == "model" else 0)
+                                                               if cfg.runs_model else 0)
     if cfg.gpu_memory_utilization is None:
         by_memory = int(cfg.kv_cache_memory_gb * 2**30) // per_block
     else:
@@ -102,7 +102,7 @@ def check_kv_fits(cfg, num_blocks: int, model_spec, cost_model, dtype: torch.dty
              else f"EngineConfig.kv_cache_memory_gb={cfg.kv_cache_memory_gb}")
     host = (num_blocks + cfg.num_swap_blocks) * BOOKKEEPING_BYTES_PER_BLOCK
     on_device = 0
-    if cfg.executor == "model":
+    if cfg.runs_model:
         per_block = bytes_per_block(cfg, model_spec, cost_model, dtype)
         on_device = num_blocks * (per_block + draft_kv_bytes_per_block(cfg, dtype))
         host += cfg.num_swap_blocks * per_block

@@ -80,11 +80,13 @@ def check_kernels(report: Report, dev, small: bool):
 
     from minillm_kernels import ops
     from minillm_kernels.bench import Case
-    from minillm_kernels.kv_quant import fp8_available
+    from minillm_kernels.kv_formats import KV_FORMATS
+    from minillm_kernels.kv_quant import format_available
 
-    caches = ["auto", "int8"] + (["fp8"] if fp8_available(dev) is None else [])
-    if fp8_available(dev):
-        report.line(f"fp8 caches skipped: {fp8_available(dev)}")
+    caches = ["auto"] + [k for k in KV_FORMATS if format_available(k, dev) is None]
+    for k in KV_FORMATS:
+        if format_available(k, dev):
+            report.line(f"{k} caches skipped: {format_available(k, dev)}")
     # (name, batch, context, new tokens per request): decode (split-K on a GPU), a prefill chunk on a
     # cached prefix, speculative verification.
     steps = ([("decode", 3, 40, 1), ("prefill", 2, 24, 16), ("verify", 2, 30, 4)] if small else

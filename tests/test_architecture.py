@@ -261,3 +261,50 @@ def test_engine_step_reads_as_the_loop():
     engine = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "LLMEngine")
     step = next(f for f in engine.body if isinstance(f, ast.FunctionDef) and f.name == "step")
     assert step.end_lineno - step.lineno + 1 <= 30
+
+
+# --- components keep written contracts: nothing probes what an object happens to have ----------------
+
+PROBED = sorted((ROOT / "minillm/core").glob("*.py")) + [ROOT / "minillm/engine.py"]
+# (file, the call as written): why it is not a probe of a component. Everything else is: a component's
+# contract is a typing.Protocol (minillm/executor.py, core/kv_manager.py, core/policies.py,
+# spec/speculative.py) and what it can do beyond that, a declared capability (``supports_swapping``).
+ALLOWED_PROBES = {
+    ("minillm/engine.py", 'getattr(self.hf_config, "eos_token_id", None)'):
+        "a model's config.json need not name an EOS token (data, not a component)",
+    ("minillm/core/policies.py", "getattr(r, attr)"):
+        "HistoryPredictor(key='tenant' | 'priority') reads the request field it was told to, by name",
+    ("minillm/core/kv_manager.py", "getattr(kv, flag)"):
+        "check_kv_manager reads each capability CAPABILITIES declares, by its name, to check it",
+    ("minillm/core/preemption.py", 'getattr(cm, "kv_bytes_per_token", 0)'):
+        "EngineConfig.cost_model may be any object with step_time: one that knows no KV size makes the "
+        "preemption cost rule fall back to recompute",
+    ("minillm/core/kv_cache.py", "getattr(type(self), f)"): "the decode fast path's test of a subclass's sizing",
+    ("minillm/core/scheduler.py", 'getattr(type(self.policy), "order_waiting", None)'):
+        "the FCFS pass walks the queue itself when the policy's class keeps Policy's order (a wrapper that "
+        "forwards attributes to a policy has no order_waiting on its class)",
+    ("minillm/core/kv_cache.py", "getattr(PagedKVCacheManager, f)"): "(the same)",
+}
+
+
+def probes(path: Path) -> list[tuple[int, str]]:
+    """Every ``hasattr(...)`` / ``getattr(...)`` call in ``path``: (line, the call as written)."""
+    text = path.read_text(encoding="utf-8")
+    return [(node.lineno, ast.get_source_segment(text, node)) for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("hasattr", "getattr")]
+
+
+def test_the_probe_finder_finds_probes(tmp_path):
+    p = tmp_path / "x.py"
+    p.write_text("if hasattr(kv, 'fork'):\n    f = getattr(e.executor, 'close', None)\nx.getattr(1)\n")
+    assert probes(p) == [(1, "hasattr(kv, 'fork')"), (2, "getattr(e.executor, 'close', None)")]
+
+
+@pytest.mark.parametrize("path", PROBED, ids=[str(p.relative_to(ROOT)) for p in PROBED])
+def test_core_and_engine_never_probe_a_component(path):
+    """The scheduler, the KV managers and the engine decide by a component's declared capabilities
+    (``kv.supports_prefix_caching``, ``config.runs_model``), never by whether an object has a method."""
+    rel = str(path.relative_to(ROOT))
+    found = [(line, call) for line, call in probes(path) if (rel, call) not in ALLOWED_PROBES]
+    assert not found, f"{rel} probes components with hasattr/getattr: {found}"

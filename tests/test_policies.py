@@ -57,7 +57,8 @@ def test_make_policy_names_objects_and_classes():
     assert isinstance(make_policy("sjf", predictor="prompt").predictor, PromptPredictor)
     with pytest.raises(ValueError, match="policy='lifo'"):
         make_policy("lifo")
-    with pytest.raises(ValueError, match="lacks"):
+    lacks = r"Policy protocol .* lacks name, pick_victim\(\), preempt_for\(\), on_step\(\)"
+    with pytest.raises(TypeError, match=lacks):
         make_policy(type("Half", (), {"order_waiting": lambda self, w, now: w})())
     with pytest.raises(ValueError):
         MLFQ(quanta=())

@@ -32,7 +32,7 @@ def _gone(pid: int) -> bool:
 
 def _assert_all_gone(llm):
     ex = llm.engine.executor
-    for p in ex._procs:
+    for p in ex.ranks._procs:
         assert not p.is_alive(), f"rank process {p.pid} still running"
         assert _gone(p.pid), f"rank process {p.pid} left behind"
 
@@ -190,7 +190,7 @@ def _stall_rank_1(worker: Worker, seconds: float) -> None:
 
 def test_a_silent_rank_times_out():
     llm = LLM("random", tensor_parallel_size=2, num_kv_blocks=32)
-    llm.engine.executor.step_timeout = 1.0
+    llm.engine.executor.ranks.step_timeout = 1.0
     err = _raise_within(60, lambda: llm.engine.executor.collective_rpc(_stall_rank_1, 120.0))
     assert isinstance(err, TensorParallelError), err
     assert "no answer from rank(s) [1]" in str(err)
@@ -236,7 +236,7 @@ def test_ctrl_c_during_a_step_keeps_the_ranks_in_step():
 
 def test_ctrl_c_twice_stops_waiting():
     llm = LLM("random", tensor_parallel_size=2, num_kv_blocks=32)
-    llm.engine.executor.step_timeout = 60.0      # the bound, should the second Ctrl-C be ignored
+    llm.engine.executor.ranks.step_timeout = 60.0      # the bound, should the second Ctrl-C be ignored
     _interrupt_after(0.3, times=2)               # Ctrl-C reaches the main thread: call from it
     with pytest.raises(TensorParallelError, match="Ctrl-C twice"):
         llm.engine.executor.collective_rpc(_stall_rank_1, 120.0)

@@ -27,10 +27,12 @@ import math
 import time
 from typing import Optional
 
+from minillm_kernels.kv_formats import KV_FORMATS
+
 from .common import finish, goal, pct, pick, set_threads, table
 
 NAME = "kv-quant"
-KV_DTYPES = ("float32", "float16", "int8", "fp8")
+KV_DTYPES = ("float32", "float16", *KV_FORMATS)
 
 
 def _sizes(size: str) -> dict:
@@ -165,10 +167,10 @@ def shipped_heldout(tokens: Optional[int] = None):
 
 
 def available_kv_dtypes(device=None) -> list[str]:
-    """``KV_DTYPES`` less fp8 where it cannot run (this torch, or the GPU ``device``: see
-    ``minillm_kernels.kv_quant.fp8_available``)."""
-    from minillm_kernels.kv_quant import fp8_available
-    return [d for d in KV_DTYPES if d != "fp8" or fp8_available(device) is None]
+    """``KV_DTYPES`` less the quantized formats that cannot run here (this torch, or the GPU ``device``:
+    see ``minillm_kernels.kv_quant.format_available``)."""
+    from minillm_kernels.kv_quant import format_available
+    return [d for d in KV_DTYPES if d not in KV_FORMATS or format_available(d, device) is None]
 
 
 def heldout_prompts(ids: list[int], count: int, length: int) -> list[list[int]]:
@@ -217,11 +219,11 @@ def capacity(memory_gb: float = 0.25, block_size: int = 16) -> dict:
     """KV blocks the engine sizes for ``memory_gb`` with the shipped model's shape, per KV dtype."""
     from ..sim.costmodel import kv_block_bytes
     from .common import SHIPPED_SHAPE as S
-    elt = {"float32": 4, "float16": 2, "int8": 1, "fp8": 1}
+    elt = {"float32": 4, "float16": 2, **{k: f.bytes_per_value for k, f in KV_FORMATS.items()}}
     out = {}
     for name in KV_DTYPES:
         per_block = kv_block_bytes(S["num_hidden_layers"], block_size, S["num_key_value_heads"], S["head_dim"],
-                                   elt[name], name if name in ("int8", "fp8") else "auto")
+                                   elt[name], name if name in KV_FORMATS else "auto")
         out[name] = dict(bytes_per_block=per_block, blocks=int(memory_gb * 2**30) // per_block)
     for name in KV_DTYPES:
         out[name]["vs_float16"] = out[name]["blocks"] / out["float16"]["blocks"]
@@ -234,7 +236,7 @@ def modeled(hardware: str = "H100-SXM", model: str = "llama-2-7b", context: int 
     at that batch."""
     from ..sim.costmodel import RooflineCostModel, max_batch_size
     out = {}
-    for name, kv in (("bfloat16", None), ("int8", "int8"), ("fp8", "fp8")):
+    for name, kv in (("bfloat16", None), *((k, k) for k in KV_FORMATS)):
         cm = RooflineCostModel(hardware, model, kv_cache_dtype=kv)
         b = max_batch_size(hardware, cm.model, context)
         t = cm.step_time([1] * b, [context] * b) if b else float("nan")

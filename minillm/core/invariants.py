@@ -152,12 +152,12 @@ def check_invariants(engine, record=None) -> None:
            f"{len(sched.running)} running > max_num_seqs={cfg.max_num_seqs}")
     seqs = sum(r.num_seqs for r in sched.running)      # a group that has not forked counts n
     _check(seqs <= cfg.max_num_seqs, f"{seqs} sequences running > max_num_seqs={cfg.max_num_seqs}")
-    for rid, parent in getattr(engine, "parents", {}).items():
+    for rid, parent in engine.parents.items():
         _check(len(parent.members) in ((1, parent.n) if not parent.forked else (parent.n,)),
                f"request {rid}: {len(parent.members)} sequences for n={parent.n} (forked={parent.forked})")
     for r in sched.running:
         _check(r.status == RequestStatus.RUNNING, f"{r.request_id} in running with status {r.status}")
-    holders = set(getattr(kv, "req_blocks", getattr(kv, "regions", {})).keys())
+    holders = set(kv.req_blocks if isinstance(kv, PagedKVCacheManager) else kv.regions)
     live = {r.request_id for r in sched.running}
     _check(holders <= live, f"requests hold KV but are not running: {sorted(holders - live)}")
     if record is not None:

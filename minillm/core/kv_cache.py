@@ -27,8 +27,12 @@ from ..step_record import KVSnapshot
 
 
 class PagedKVCacheManager:
-    """Block tables on demand from a ``BlockPool``; admission leaves ``watermark_blocks`` free."""
+    """Block tables on demand from a ``BlockPool``; admission leaves ``watermark_blocks`` free (kv_manager.py)."""
     mode = "paged"
+    supports_prefix_caching = True       # (on when enable_prefix_caching)
+    supports_swapping = True
+    supports_forking = True
+    allocates_on_demand = True
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  num_swap_blocks: int = 0, watermark: float = 0.0, block_pool: Optional[Callable] = None):

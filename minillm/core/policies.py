@@ -32,18 +32,26 @@ Policies keep per-request state in ``request.policy_state`` (a dict).
 from __future__ import annotations
 
 import heapq
+import numbers
 from collections import defaultdict
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Protocol, Sequence, Union, runtime_checkable
 
 from .request import Request
+from ..checks import check_protocol
 
 __all__ = ["Policy", "FCFS", "SJF", "Priority", "MLFQ", "Fair", "POLICIES", "make_policy",
            "LengthPredictor", "OraclePredictor", "HistoryPredictor", "PromptPredictor",
            "make_predictor"]
 
 
-class Policy:
-    name = "base"
+@runtime_checkable
+class Policy(Protocol):
+    """The scheduling-policy contract (the module's docstring is its lesson): four hooks, with defaults.
+
+    A class that subclasses ``Policy`` inherits the defaults and overrides what it changes (FCFS changes
+    nothing); any object with the four hooks keeps the contract too. ``make_policy`` checks a policy
+    object against it when the engine is built, naming a missing hook."""
+    name: str = "base"
 
     def order_waiting(self, waiting: list[Request], now: float) -> list[Request]:
         return waiting
@@ -89,13 +97,15 @@ class FCFS(Policy):
 # SJF and its output-length predictors
 # =====================================================================================
 
-class LengthPredictor:
-    """Predicts how many tokens a request will generate (SJF's missing input).
+@runtime_checkable
+class LengthPredictor(Protocol):
+    """The output-length predictor contract: how many tokens a request will generate (SJF's missing input).
 
     ``predict(request) -> float`` is asked once per request, when SJF first sees it;
-    ``observe(request)`` is told about every finished request (its true length is known).
+    ``observe(request)`` is told about every finished request (its true length is known). Subclass it
+    to inherit ``observe`` (which learns nothing); ``make_predictor`` checks an object against it.
     """
-    name = "predictor"
+    name: str = "predictor"
 
     def predict(self, request: Request) -> float:
         raise NotImplementedError
@@ -188,9 +198,9 @@ def make_predictor(spec: Union[str, LengthPredictor]) -> LengthPredictor:
         if spec not in PREDICTORS:
             raise ValueError(f"predictor={spec!r}: one of {sorted(PREDICTORS)} or a LengthPredictor")
         return PREDICTORS[spec]()
-    if callable(getattr(spec, "predict", None)):
-        return spec
-    raise ValueError(f"predictor={spec!r}: one of {sorted(PREDICTORS)} or an object with predict()")
+    if isinstance(spec, (str, type, numbers.Number)) or spec is None:
+        raise ValueError(f"predictor={spec!r}: one of {sorted(PREDICTORS)} or a LengthPredictor")
+    return check_protocol(spec, LengthPredictor, "SJF(predictor=...)")
 
 
 class SJF(Policy):
@@ -475,22 +485,17 @@ class Fair(Policy):
 POLICIES = {"fcfs": FCFS, "sjf": SJF, "priority": Priority, "mlfq": MLFQ, "fair": Fair}
 
 
-_HOOKS = ("order_waiting", "pick_victim", "preempt_for", "on_step")
-
-
 def make_policy(spec, **kwargs) -> Policy:
-    """A policy from a name in ``POLICIES`` (with constructor ``kwargs``), a Policy class, or a
-    policy object (returned as is: a ``Policy`` subclass, or any object with the four hooks)."""
-    if isinstance(spec, type) and issubclass(spec, Policy):
-        return spec(**kwargs)
-    if isinstance(spec, Policy) or (not isinstance(spec, (str, type)) and hasattr(spec, "order_waiting")):
-        missing = [h for h in _HOOKS if not callable(getattr(spec, h, None))]
-        if missing:
-            raise ValueError(f"policy {spec!r} lacks {missing}: subclass minillm.core.policies.Policy to "
-                             "inherit the defaults")
-        if kwargs:
-            raise ValueError(f"make_policy({spec!r}, ...): keyword arguments need a policy name or class")
-        return spec
+    """A policy from a name in ``POLICIES`` (with constructor ``kwargs``), a policy class, or a policy
+    object (returned as is: a ``Policy`` subclass, or any object with the four hooks), checked against
+    the ``Policy`` protocol."""
     if isinstance(spec, str) and spec.lower() in POLICIES:
         return POLICIES[spec.lower()](**kwargs)
-    raise ValueError(f"EngineConfig.policy={spec!r}: must be one of {sorted(POLICIES)} or a Policy object")
+    if isinstance(spec, (str, numbers.Number, bytes, list, tuple, dict)) or spec is None:
+        raise ValueError(f"EngineConfig.policy={spec!r}: must be one of {sorted(POLICIES)} or a Policy object")
+    if isinstance(spec, type):
+        spec = spec(**kwargs)
+    elif kwargs:
+        raise ValueError(f"make_policy({spec!r}, ...): keyword arguments need a policy name or class")
+    return check_protocol(spec, Policy, "EngineConfig.policy (subclass minillm.core.policies.Policy to inherit "
+                                        "the defaults)")

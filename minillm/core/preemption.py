@@ -21,7 +21,7 @@ def choose_mode(sched, victim: Request) -> str:
         if cm is None or not getattr(cm, "kv_bytes_per_token", 0):
             return "recompute"
         mode = cm.preemption_mode(victim.num_computed_tokens)
-    if mode == "swap" and not sched.kv.can_swap_out(victim):
+    if mode == "swap" and not (sched.kv.supports_swapping and sched.kv.can_swap_out(victim)):
         return "recompute"            # swap pool full: fall back
     return mode
 
@@ -106,7 +106,8 @@ def schedule_swapped(sched, out, budget: int) -> int:
         out.swap_in.extend(copies)
         sched.counters["swapped_in_blocks"] += len(copies)
         sched.kv.allocate(req, n)
-        sched.kv.cache_full_blocks(req, min(req.num_computed_tokens + n, req.num_tokens), shareable=False)
+        if sched.prefix_caching:
+            sched.kv.cache_full_blocks(req, min(req.num_computed_tokens + n, req.num_tokens), shareable=False)
         req.status = RequestStatus.RUNNING
         sched.running.append(req)
         out.swapped_in.append(req.request_id)

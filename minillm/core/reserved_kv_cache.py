@@ -3,7 +3,9 @@
 At admission a request reserves one contiguous region for its *maximum* length,
 ``min(prompt + max_tokens, max_model_len)`` positions, first fit in an address space of
 ``num_kv_blocks * block_size`` positions. Reserved-but-unused positions belong to nobody else;
-gaps between regions are external fragmentation. Same interface as ``PagedKVCacheManager``.
+gaps between regions are external fragmentation. It keeps the ``KVCacheManager`` protocol
+(``kv_manager.py``) and declares none of its capabilities: a reservation is not made of shareable
+blocks, so no prefix caching, forking or swapping.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from ..step_record import KVSnapshot
 class ReservedKVCacheManager:
     """Max-length reservation in one contiguous address space (first fit)."""
     mode = "reserved"
+    supports_prefix_caching = False
+    supports_swapping = False
+    supports_forking = False
+    allocates_on_demand = False          # the whole reservation at admission
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, watermark: float = 0.0):
         self.num_blocks = num_blocks
@@ -30,6 +36,7 @@ class ReservedKVCacheManager:
         self.regions: dict[str, tuple[int, int]] = {}    # request -> (start position, length)
         self.num_swap_blocks = 0
         self.swapped: dict[str, list[int]] = {}
+        self._saved_regions: Optional[dict] = None       # the regions before the step in progress
 
     def reservation_len(self, req: Request) -> int:
         return min(req.max_len, self.max_model_len)
@@ -59,16 +66,7 @@ class ReservedKVCacheManager:
     def num_free_blocks(self) -> int:
         return self.num_free_positions // self.block_size
 
-    # --- same interface as the paged manager --------------------------------------------
-    def find_cached_prefix(self, req: Request) -> list:
-        return []
-
-    def record_lookup(self, req, hits) -> None:
-        pass
-
-    def cache_full_blocks(self, req: Request, num_tokens: int, shareable: bool = True) -> None:
-        pass
-
+    # --- the KVCacheManager protocol (kv_manager.py) ----------------------------------------
     def can_allocate(self, req: Request, num_new_tokens: int, cached=(), reserve_blocks: int = 0):
         """(fits, positions needed, positions free): a running request grows inside its region; a new
         one's whole reservation must fit one gap beside the watermark's headroom and ``reserve_blocks``."""
@@ -93,20 +91,17 @@ class ReservedKVCacheManager:
         self.regions.pop(req.request_id, None)
 
     def truncate(self, req: Request, num_tokens: int) -> None:
-        pass
+        """A region keeps its length: the positions of rejected guesses stay reserved for the request."""
 
     # --- one step, all or nothing (see PagedKVCacheManager.begin_step) -------------------------
     def begin_step(self) -> None:
         self._saved_regions = dict(self.regions)
 
-    def forward_done(self) -> None:
-        pass
-
     def end_step(self) -> None:
         self._saved_regions = None
 
     def rollback(self) -> dict[str, int]:
-        saved = getattr(self, "_saved_regions", None)
+        saved = self._saved_regions
         if saved is None:
             return {}
         new = [r for rid, r in self.regions.items() if saved.get(rid) != r]
@@ -122,12 +117,6 @@ class ReservedKVCacheManager:
         """Position-granular 'blocks' (block size 1) covering the request's region."""
         start, length = self.regions[request_id]
         return list(range(start, start + length))
-
-    def can_swap_out(self, req) -> bool:
-        return False
-
-    def take_copies(self) -> list:
-        return []                        # a reservation is never shared: nothing to copy
 
     def explain_wait(self, req: Request, num_new_tokens: int, cached=(), reserve_blocks: int = 0,
                      requests: Optional[dict] = None) -> str:
@@ -148,6 +137,7 @@ class ReservedKVCacheManager:
         return s
 
     def stats(self) -> dict:
+        """No prefix cache: every counter is zero."""
         return dict(lookups=0, queried_blocks=0, hit_blocks=0, evictions=0, hit_rate=0.0,
                     prefill_tokens_saved=0)
 

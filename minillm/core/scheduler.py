@@ -50,7 +50,8 @@ from ..step_record import BatchEntry, BlockCopy, WaitingEntry
 class Scheduler:
     def __init__(self, config, kv, policy, cost_model=None, tokenizer=None):
         self.config = config
-        self.kv = kv                     # PagedKVCacheManager | ReservedKVCacheManager
+        self.kv = kv                     # a KVCacheManager (kv_manager.py): paged, reserved or a student's
+        self.prefix_caching = kv.supports_prefix_caching and kv.enable_prefix_caching
         self.policy = policy
         self.cost_model = cost_model     # for preemption_mode="auto"
         self.waiting: list[Request] = []     # arrived, not running: new, or preempted (recompute)
@@ -262,7 +263,8 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         out = self._schedule_pass(now)
         cap_queue(self, now, out)        # after admission: a free slot never turns a request away
-        out.copies = [BlockCopy(*c) for c in self.kv.take_copies()]   # copy-on-write, before the forward
+        if self.kv.supports_forking:     # copy-on-write, before the forward
+            out.copies = [BlockCopy(*c) for c in self.kv.take_copies()]
         return out
 
     def _schedule_pass(self, now: float) -> SchedulerOutput:
@@ -307,9 +309,9 @@ class Scheduler:
         decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) if guesses else 0
         spare = self._spare_blocks() if decodes_left else 0      # blocks the drafts may take
         kv = self.kv
-        caching = getattr(kv, "enable_prefix_caching", True)   # else cache_full_blocks registers nothing
+        caching = self.prefix_caching
         # Decode fast path: a token into a block part way through needs no allocate (kv.in_place_block_size)
-        rule = None if guesses or self.has_groups else getattr(kv, "in_place_block_size", None)
+        rule = None if guesses or self.has_groups or not kv.allocates_on_demand else kv.in_place_block_size
         bs = (rule() if rule is not None else None) or 0
         RUNNING = RequestStatus.RUNNING        # (locals: an enum member or a method read per request is slow)
         append, Grant = out.scheduled.append, ScheduledRequest
@@ -361,7 +363,7 @@ class Scheduler:
     def _spare_blocks(self) -> int:
         """Free blocks no running request needs for its plain next step: what drafts may take."""
         kv = self.kv
-        if not hasattr(kv, "num_blocks_needed"):          # a reservation: its region has room or not
+        if not kv.allocates_on_demand:          # a reservation: its region has room or not
             return 0
         return kv.num_free_blocks - sum(kv.num_blocks_needed(r, r.num_tokens - r.num_computed_tokens)
                                         for r in self.running)
@@ -371,7 +373,7 @@ class Scheduler:
         positions for a decode), the draft trimmed to what ``spare`` blocks hold. Returns the draft
         kept and the spare blocks left. The rejected guesses' slots go back in ``update_from_output``."""
         kv = self.kv
-        if not hasattr(kv, "num_blocks_needed"):
+        if not kv.allocates_on_demand:
             return (spec if kv.allocate(req, n + len(spec)) else []), spare
         plain = kv.num_blocks_needed(req, n)
         while spec and kv.num_blocks_needed(req, n + len(spec)) - plain > spare:
@@ -436,7 +438,7 @@ class Scheduler:
                     + (f" (it needs {seats} for its parallel samples)" if seats > 1 else "")))
                 blocker = req.request_id
                 continue
-            cached = self.kv.find_cached_prefix(req) if req.prompt_logprobs is None else []
+            cached = self.kv.find_cached_prefix(req) if self.prefix_caching and req.prompt_logprobs is None else []
             computed = len(cached) * self.kv.block_size
             n = req.num_tokens - computed
             if n > budget:
@@ -474,10 +476,12 @@ class Scheduler:
         computed = len(cached) * self.kv.block_size
         self.journal.save(req)
         self.kv.allocate(req, n, cached)
-        self.kv.record_lookup(req, cached)
+        if self.prefix_caching:
+            self.kv.record_lookup(req, cached)
         self._writable_waiting().remove(req)
         req.num_computed_tokens = computed
-        self.kv.cache_full_blocks(req, min(computed + n, req.num_tokens))
+        if self.prefix_caching:
+            self.kv.cache_full_blocks(req, min(computed + n, req.num_tokens))
         req.num_cached_tokens = computed
         req.metrics.num_cached_tokens = max(req.metrics.num_cached_tokens, computed)
         req.status = RequestStatus.RUNNING

@@ -19,7 +19,7 @@ class StopChecker:
     def __init__(self, config, tokenizer=None):
         self.max_model_len = config.max_model_len
         self.tokenizer = tokenizer
-        self.simulated = config.executor == "simulated"
+        self.simulated = not config.runs_model
 
     def check(self, req: Request, tok: int) -> Optional[str]:
         """Does ``tok`` (just appended) end the request? "stop", "length" or None. Before

@@ -1,4 +1,2 @@
-"""The model: a Llama-family decoder that reads and writes the paged KV cache."""
-
-from .llama import LlamaModel, AttentionMetadata  # noqa: F401
-from .loader import load_model, random_model_config  # noqa: F401
+"""The model: a Llama-family decoder that reads and writes the paged KV cache (``llama.py``), the families it
+covers (``families.py``), loading (``loader.py``) and tensor parallelism's shards (``parallel.py``)."""

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from minillm_kernels import ops  # the paged-attention kernels and their torch references
+from .families import model_family
 import torch.nn.functional as F
 from torch import nn
 
@@ -63,14 +64,14 @@ class Attention(nn.Module):
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scale = self.head_dim ** -0.5
-        bias = bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2"
+        family = model_family(cfg)                          # the family's switches (families.py)
+        bias, o_bias = family.biases(cfg)
         h = cfg.hidden_size
         self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h,
-                                bias=bool(getattr(cfg, "attention_bias", False)) and cfg.model_type != "qwen2")
-        self.qk_norm = cfg.model_type == "qwen3"            # Qwen3 normalises q and k per head
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=o_bias)
+        self.qk_norm = family.qk_norm                       # e.g. Qwen3 normalises q and k per head
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)

@@ -22,9 +22,10 @@ from typing import Optional
 
 import torch
 
+from .families import MODEL_FAMILIES, model_family
 from .llama import LlamaModel
 
-SUPPORTED = ("llama", "qwen2", "qwen3")
+SUPPORTED = tuple(MODEL_FAMILIES)        # the model_types the engine runs (families.py)
 
 # The shipped checkpoints: model="default" and speculative_model="default-draft".
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "shakespeare"
@@ -180,8 +181,7 @@ def load_model(model: Optional[str], dtype: str = "float32", device: str = "cpu"
         return m.to(device=device, dtype=dt).eval(), cfg
 
     cfg = load_config(model)
-    if cfg.model_type not in SUPPORTED:
-        raise ValueError(f"model={model!r}: model_type {cfg.model_type!r} is not supported (only {SUPPORTED})")
+    model_family(cfg, model)                 # a model_type the engine runs, else a ValueError naming it
     files = sorted(glob.glob(os.path.join(model, "*.safetensors")))
     if not files:
         raise ValueError(f"model={model!r}: no *.safetensors weights found (pickle checkpoints are "
@@ -246,7 +246,7 @@ def load_target(path: str, config, dtype_name: str, device: torch.device):
     """(model, hf_config, model_spec): the weights on this process, or only the shape (the simulator;
     tensor parallelism, whose weights live in the ranks' processes)."""
     from ..sim.costmodel import ModelSpec
-    if config.executor == "simulated":
+    if not config.runs_model:
         return (None, *simulated_shape(path, config))
     if config.tensor_parallel_size > 1:
         hf_config = tensor_parallel_config(path, config)
@@ -281,9 +281,7 @@ def tensor_parallel_config(model_path: str, config):
         cfg = random_model_config(**config.random_model)
     else:
         cfg = load_config(model_path)
-        if cfg.model_type not in SUPPORTED:
-            raise ValueError(f"model={model_path!r}: model_type {cfg.model_type!r} is not supported "
-                             f"(only {SUPPORTED})")
+        model_family(cfg, model_path)
     check_heads(cfg, config.tensor_parallel_size)
     return cfg
 

@@ -57,6 +57,9 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from minillm_kernels.kv_formats import KV_FORMATS, SCALE_BYTES as KV_SCALE_BYTES
+from ..model.families import MODEL_FAMILIES
+
 __all__ = [
     "HardwareSpec", "HARDWARE", "ModelSpec", "MODELS", "LinkSpec", "LINKS", "get_link",
     "CostModel", "ConstantStepTime", "LinearStepCost", "RooflineCostModel", "get_cost_model", "batch_terms",
@@ -201,12 +204,12 @@ def get_hardware(hw: Union[str, HardwareSpec]) -> HardwareSpec:
 # =====================================================================================
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
-                "bfloat16": 2, "bf16": 2, "float8": 1, "fp8": 1, "int8": 1}
+                "bfloat16": 2, "bf16": 2, "float8": 1,
+                **{name: f.bytes_per_value for name, f in KV_FORMATS.items()}}
 
-# A quantized KV cache (EngineConfig.kv_cache_dtype "int8" | "fp8") stores one byte per value
-# plus one float32 scale per (block, KV head), for K and for V (kernels/kv_quant.py).
-KV_QUANTIZED = ("int8", "fp8")
-KV_SCALE_BYTES = 4
+# A quantized KV cache (EngineConfig.kv_cache_dtype: a format of kernels/kv_formats.py) stores
+# bytes_per_value per value plus one float32 scale per (block, KV head), for K and for V.
+KV_QUANTIZED = tuple(KV_FORMATS)
 
 
 def kv_element_bytes(kv_cache_dtype: Optional[str], dtype_bytes: int) -> int:
@@ -216,8 +219,8 @@ def kv_element_bytes(kv_cache_dtype: Optional[str], dtype_bytes: int) -> int:
         return int(dtype_bytes)
     key = str(kv_cache_dtype).replace("torch.", "").lower()
     if key not in _DTYPE_BYTES:
-        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: unknown; expected 'auto', 'int8', 'fp8' "
-                         f"or a float dtype name")
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: unknown; expected 'auto', one of "
+                         f"{sorted(KV_FORMATS)} or a float dtype name")
     return _DTYPE_BYTES[key]
 
 
@@ -323,9 +326,11 @@ class ModelSpec:
         if num_params is None:
             q_out, kv_out = heads * head_dim, kv_heads * head_dim
             attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden       # Wq, Wk, Wv, Wo
-            if get("attention_bias", default=False) or model_type.startswith("qwen2"):
+            family = MODEL_FAMILIES.get(model_type or "llama", MODEL_FAMILIES["llama"])   # (model/families.py)
+            qkv_bias = family.qkv_bias if family.qkv_bias is not None else bool(get("attention_bias", default=False))
+            if qkv_bias:
                 attn += q_out + 2 * kv_out                                       # q/k/v biases
-            if model_type.startswith("qwen3"):
+            if family.qk_norm:
                 attn += 2 * head_dim                                             # q_norm, k_norm
             mlp = 3 * hidden * inter                                             # gate, up, down
             per_layer = attn + mlp + 2 * hidden                                  # two RMSNorms

@@ -7,15 +7,15 @@ builds whole simulations on it (``simulate()``).
 
 from __future__ import annotations
 
-from ..worker.model_runner import ExecutionResult
-from ..core.scheduler import SchedulerOutput
+from ..core.scheduler_output import SchedulerOutput
+from ..executor import ExecutionResult
 
 PLACEHOLDER_TOKEN = 0
 _ONE_TOKEN = (PLACEHOLDER_TOKEN,)
 
 
 class SimulatedExecutor:
-    """Stands in for ``ModelRunner``: the same ``execute(SchedulerOutput) -> ExecutionResult``, no forward."""
+    """Stands in for ``ModelRunner``: the same contract (``minillm.executor.Executor``), no forward."""
 
     def __init__(self, config, kv_manager, bytes_per_block: int = 0):
         self.config = config
@@ -30,11 +30,15 @@ class SimulatedExecutor:
         res.sampled = [_ONE_TOKEN if s.samples else () for s in out.scheduled]
         return res
 
+    # Nothing is kept between steps or per request, and nothing lives outside this process.
     def forget(self, request_id: str) -> None:
         pass
 
     def checkpoint(self) -> None:
-        pass                               # nothing of a step's is kept here
+        pass
 
     def rollback(self, checkpoint) -> None:
+        pass
+
+    def close(self) -> None:
         pass

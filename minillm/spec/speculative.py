@@ -50,12 +50,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 import torch
 
 from .acceptance import check_verified, verify  # noqa: F401  (the acceptance rule, re-exported)
+from ..checks import check_protocol
 from ..core.request import Request
 
 # =====================================================================================
@@ -63,10 +64,21 @@ from ..core.request import Request
 # =====================================================================================
 
 
-class Proposer:
-    """Guesses the next tokens of decoding requests. Subclasses implement ``propose``."""
-    name = "proposer"
-    needs_kv = False       # writes a KV cache, so its look-ahead positions need blocks first
+@runtime_checkable
+class Proposer(Protocol):
+    """The proposer contract: guesses the next tokens of decoding requests (step 1 above).
+
+    ``propose(requests, k)`` returns up to ``k`` guesses per request (fewer or none is fine);
+    ``draft_probs(request_id, k)`` the distributions ``q`` they were drawn from, which the acceptance
+    rule needs to keep the target's distribution exact (None: a deterministic proposer, one-hot ``q``);
+    ``forget(request_id)`` drops a finished request's state. ``needs_kv`` declares a proposer that
+    writes KV where it guesses (a draft model): it asks for its slots before the scheduler runs and
+    guesses into what was granted. ``forwards`` lists the shapes of the step's draft forwards, for the
+    modeled clock. Subclass it to inherit the defaults; ``make_speculator`` checks a proposer against it.
+    """
+    name: str = "proposer"
+    needs_kv: bool = False       # writes a KV cache, so its look-ahead positions need blocks first
+    forwards: list
 
     def __init__(self):
         # Shapes of this step's draft forwards, (num_new_tokens, context_lens) each, for the
@@ -373,31 +385,30 @@ def draft_cost_model(target_cost_model, draft_spec, target_spec):
     return ScaledCostModel(cm, draft_spec.weight_bytes / target_spec.weight_bytes)
 
 
-def make_speculator(engine) -> Speculator:
-    """Build the proposer named by ``EngineConfig.speculative_model`` for this engine."""
-    cfg = engine.config
-    if cfg.executor != "model":
-        raise ValueError("EngineConfig.speculative_model: speculative decoding needs executor='model' "
-                         "(the simulator has no model to propose or verify; see expected_speedup)")
+def make_speculator(config, kv, target_spec, cost_model, device: torch.device, dtype: torch.dtype,
+                    backend: str, sampler) -> Speculator:
+    """The speculator ``EngineConfig.speculative_model`` names, built from the engine's parts: its KV
+    manager (a draft model's cache uses the same block tables), the target's shape (``ModelSpec``) and cost
+    model (the draft's is priced alike), the device and dtype, and the runner's attention ``backend`` and
+    ``sampler`` (one random stream per request for draft and verification)."""
     draft_cm = None
-    if cfg.speculative_model == "ngram":
+    if config.speculative_model == "ngram":
         proposer: Proposer = NgramProposer()
     else:
         from ..sim.costmodel import ModelSpec
         from ..model.loader import load_model
-        path = resolve_draft_path(cfg.speculative_model)
-        dtype_name = {torch.float32: "float32", torch.float16: "float16",
-                      torch.bfloat16: "bfloat16"}[engine.dtype]
-        model, hf = load_model(path, dtype_name, str(engine.device), cfg.seed)
-        if hf.vocab_size != engine.vocab_size:
-            raise ValueError(f"EngineConfig.speculative_model={cfg.speculative_model!r}: vocabulary of "
-                             f"{hf.vocab_size} tokens, the target's has {engine.vocab_size} (a draft "
+        path = resolve_draft_path(config.speculative_model)
+        dtype_name = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+        model, hf = load_model(path, dtype_name, str(device), config.seed)
+        if hf.vocab_size != target_spec.vocab_size:
+            raise ValueError(f"EngineConfig.speculative_model={config.speculative_model!r}: vocabulary of "
+                             f"{hf.vocab_size} tokens, the target's has {target_spec.vocab_size} (a draft "
                              "must share the target's tokenizer)")
-        proposer = DraftModelProposer(model, engine.kv, engine.num_kv_blocks, cfg.block_size, engine.device,
-                                      engine.dtype, engine.executor.backend, engine.executor.sampler,
+        proposer = DraftModelProposer(model, kv, kv.num_blocks, config.block_size, device, dtype, backend, sampler,
                                       name=os.path.basename(os.path.normpath(path)))
-        draft_cm = draft_cost_model(engine.cost_model, ModelSpec.from_hf_config(hf), engine.model_spec)
-    return Speculator(proposer, cfg.num_speculative_tokens, cfg.max_model_len, draft_cm)
+        draft_cm = draft_cost_model(cost_model, ModelSpec.from_hf_config(hf), target_spec)
+    check_protocol(proposer, Proposer, f"EngineConfig.speculative_model={config.speculative_model!r}")
+    return Speculator(proposer, config.num_speculative_tokens, config.max_model_len, draft_cm)
 
 
 # =====================================================================================

@@ -1,16 +1,17 @@
 """The runner: turn a SchedulerOutput into tensors, run the model, sample.
 
-It owns the KV cache tensors (``kv_tensors.py``: one (K, V) pair per layer, plus scales when
-quantized) and the host-memory swap pool, and copies blocks between them (swap out, swap in,
-copy-on-write). Batch preparation is one Python loop over *requests* collecting token ids and
-block tables; positions, cache slots and context lengths are whole arrays (``flat_batch.py``).
+``LocalModel``: the model on this process, its KV cache tensors (``kv_tensors.py``; scales when quantized)
+and the host swap pool; it copies blocks (swap out, swap in, copy-on-write) and runs the forward.
+``ModelRunner`` (an ``Executor``, ``minillm/executor.py``) prepares the batch, asks its model for the
+logits and samples; tensor parallelism gives it the ranks in place of a ``LocalModel`` (same verbs,
+``swap`` and ``forward``: ``tp_executor.py``). Batch preparation is one Python loop over *requests*
+collecting token ids and block tables; positions, slots and context lengths are arrays (``flat_batch.py``).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -19,27 +20,8 @@ from ..sim.clock import PhaseTimes
 from .flat_batch import flat_batch, token_slice
 from .kv_tensors import allocate_kv_cache
 from .sampler import Sampler, sample_plain, token_logprobs
-from ..core.scheduler import SchedulerOutput
-
-
-@dataclass
-class ExecutionResult:
-    # New output tokens of each grant, in ``out.scheduled``'s order (empty: a prompt chunk short of the
-    # prompt's end), walked beside the grants (vLLM's ModelRunnerOutput.sampled_token_ids).
-    sampled: list[Sequence[int]] = field(default_factory=list)
-    # Parallel sampling: the first token of each completion a fork adds, by its request id.
-    fork_sampled: dict[str, list[int]] = field(default_factory=dict)
-    spec_accepted: dict[str, int] = field(default_factory=dict)   # accepted draft tokens per request
-    swap_bytes: int = 0
-    # SamplingParams.logprobs: per request, one {token id: Logprob} per sampled token.
-    logprobs: dict[str, list[dict]] = field(default_factory=dict)
-    # Requests whose sampling failed (a row of non-finite logits, a draw that raised), with why: they
-    # got no token and end alone (sampler.sample_plain); the rest of the batch is untouched.
-    failed: dict[str, str] = field(default_factory=dict)
-    # SamplingParams.prompt_logprobs: per request, (prompt position, {token id: Logprob}) pairs.
-    prompt_logprobs: dict[str, list[tuple[int, dict]]] = field(default_factory=dict)
-    # EngineConfig.phase_clock: host time of "prepare", "forward" and "sample" (empty when not timed).
-    phase_times: dict[str, float] = field(default_factory=dict)
+from ..core.scheduler_output import SchedulerOutput
+from ..executor import ExecutionResult
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -48,22 +30,24 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
-class ModelRunner:
-    def __init__(self, config, model, hf_config, kv_manager, num_blocks: int, device: torch.device,
-                 dtype: torch.dtype):
-        self.config = config
+class LocalModel:
+    """The model on this process and its KV cache: block copies (``swap``) and the forward. ``attn_block_size``:
+    the KV manager's view of a block (1 for a position-granular reservation)."""
+
+    def __init__(self, config, model, num_blocks: int, device: torch.device, dtype: torch.dtype,
+                 attn_block_size: int):
         self.model = model
-        self.kv = kv_manager
         self.device = device
-        self.dtype = dtype
+        self.block_size, self.attn_block_size = config.block_size, attn_block_size
+        self.num_heads, self.num_kv_heads = model.num_heads, model.num_kv_heads
         self.backend = resolve_backend(config.attention_backend, device)
         if self.backend == "triton":
             from minillm_kernels import ops
             ops.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter
-        kv_dtype = getattr(config, "kv_cache_dtype", "auto")
-        if kv_dtype == "fp8" and self.backend == "triton" and device.type == "cuda":
-            from minillm_kernels.kv_quant import check_fp8
-            check_fp8(device)                      # say so now, not at the first store
+        kv_dtype = config.kv_cache_dtype
+        if kv_dtype != "auto" and self.backend == "triton" and device.type == "cuda":
+            from minillm_kernels.kv_quant import check_available
+            check_available(kv_dtype, device)      # say so now, not at the first store (fp8 needs sm 8.9)
         layout = (config.block_size, model.num_kv_heads, model.head_dim, dtype, kv_dtype)
         # kv_scales[layer] = (k_scale, v_scale) of a quantized cache; [] for a float one.
         self.kv_caches, self.kv_scales = allocate_kv_cache(model.num_layers, num_blocks, *layout, device=device)
@@ -74,30 +58,12 @@ class ModelRunner:
         k0 = self.kv_caches[0][0]
         self.bytes_per_block = sum(t[0].nbytes + t[1].nbytes for t in (self.kv_caches + self.kv_scales)) \
             // k0.shape[0]   # K, V and their scales, every layer
-        self.sampler = Sampler(config.seed)
-        self.proposer = None       # speculative decoding: the engine's set_proposer (draft probabilities q)
-        # The acceptance rule applied to each verified request: EngineConfig.acceptance_rule, by
-        # default minillm.spec.acceptance.verify (notebook 06's exercise plugs its own in there).
-        self.verify = config.acceptance_rule or acceptance.verify
 
-    def set_proposer(self, proposer) -> None:
-        """Speculative decoding: the proposer whose draft probabilities ``q`` the acceptance rule reads."""
-        self.proposer = proposer
-
-    # --- one step, all or nothing ------------------------------------------------------
-    def checkpoint(self) -> None:
-        """Before a step: remember the random streams (a failed step draws nothing)."""
-        self.sampler.checkpoint()
-
-    def rollback(self, checkpoint) -> None:
-        self.sampler.rollback()
-
-    # --- swapping ---------------------------------------------------------------------
-    def swap(self, out: SchedulerOutput) -> int:
+    def swap(self, out) -> int:
         """Copy swapped blocks: every swap-out before any swap-in, so a device block freed by a
         swap-out and handed to a swap-in in the same pass is read before it is written (a host
         block freed by a swap-in is not reused until the step is over). The step's
-        copy-on-write copies run between the two, for the same reason."""
+        copy-on-write copies run between the two, for the same reason. Returns the bytes moved."""
         from minillm_kernels import ops
         moved = 0
         for pairs, to_host in ((out.swap_out, True), (out.swap_in, False)):
@@ -117,7 +83,7 @@ class ModelRunner:
             moved += len(pairs) * self.bytes_per_block
         return moved
 
-    def copy_on_write(self, out: SchedulerOutput) -> None:
+    def copy_on_write(self, out) -> None:
         """Copy each shared block a sequence is about to write into to its fresh block, every
         layer (``minillm_kernels.ops.copy_blocks``: Triton on a GPU, the torch reference on the CPU)."""
         from minillm_kernels import ops
@@ -127,6 +93,63 @@ class ModelRunner:
         for layer, (k, v) in enumerate(self.kv_caches):
             scales = self.kv_scales[layer] if self.kv_scales else (None, None)
             ops.copy_blocks(k, v, src, dst, k_scale=scales[0], v_scale=scales[1], backend=backend)
+
+    def caches_for_attention(self):
+        """One entry per layer for the model: ``(k, v)``, or ``(k, v, k_scale, v_scale)`` when quantized."""
+        if self.kv_scales:   # quantized caches are paged (EngineConfig rejects a reservation)
+            return [kv + s for kv, s in zip(self.kv_caches, self.kv_scales)]
+        if self.attn_block_size == self.block_size:
+            return self.kv_caches
+        # Reservation: regions are position-granular, so view the cache as blocks of 1.
+        return [(k.view(-1, 1, *k.shape[2:]), v.view(-1, 1, *v.shape[2:])) for k, v in self.kv_caches]
+
+    def forward(self, input_ids, positions, meta, logits_rows: torch.Tensor) -> torch.Tensor:
+        """The logits of ``logits_rows`` after one forward over the flat batch (writing its KV)."""
+        return self.model(input_ids, positions, self.caches_for_attention(), meta, logits_rows.to(self.device))
+
+
+class ModelRunner:
+    """The executor of a model: prepares each step's batch on ``device``, has ``model`` (a ``LocalModel``,
+    or tensor parallelism's rank group) copy the blocks and run the forward, and samples the tokens."""
+
+    def __init__(self, config, kv_manager, model, device: torch.device):
+        self.config = config
+        self.kv = kv_manager
+        self.model = model           # swap(out) -> bytes, forward(ids, positions, meta, rows) -> logits
+        self.device = device
+        self.backend = model.backend
+        self.bytes_per_block = model.bytes_per_block
+        self.sampler = Sampler(config.seed)
+        self.proposer = None       # speculative decoding: the engine's set_proposer (draft probabilities q)
+        # The acceptance rule applied to each verified request: EngineConfig.acceptance_rule, by
+        # default minillm.spec.acceptance.verify (notebook 06's exercise plugs its own in there).
+        self.verify = config.acceptance_rule or acceptance.verify
+
+    @property
+    def kv_caches(self) -> list:         # a LocalModel's: one (K, V) pair per layer
+        return self.model.kv_caches
+
+    @property
+    def kv_scales(self) -> list:         # a quantized cache's (k_scale, v_scale) per layer; [] for a float one
+        return self.model.kv_scales
+
+    def set_proposer(self, proposer) -> None:
+        """Speculative decoding: the proposer whose draft probabilities ``q`` the acceptance rule reads."""
+        self.proposer = proposer
+
+    # --- one step, all or nothing; a request's and the process's end ------------------------
+    def checkpoint(self) -> None:
+        """Before a step: remember the random streams (a failed step draws nothing)."""
+        self.sampler.checkpoint()
+
+    def rollback(self, checkpoint) -> None:
+        self.sampler.rollback()
+
+    def forget(self, request_id: str) -> None:
+        self.sampler.forget(request_id)          # a finished request's random stream goes
+
+    def close(self) -> None:
+        """Nothing outside this process to release."""
 
     # --- one step ---------------------------------------------------------------------
     def prepare(self, out: SchedulerOutput):
@@ -150,7 +173,7 @@ class ModelRunner:
         batch = flat_batch(ids, [s.num_new_tokens for s in reqs], [s.num_computed_before for s in reqs],
                            tables, self.kv.attn_block_size, self.device, self.backend)
         meta = batch[2]
-        meta.kv_quantizer = getattr(self.config, "kv_quantizer", None)   # set only with a quantized cache
+        meta.kv_quantizer = self.config.kv_quantizer   # set only with a quantized cache
         if self.backend == "torch":
             # The torch attention's gather indices and masks are the same in every layer:
             # plan them once here, as part of preparing the batch.
@@ -160,16 +183,6 @@ class ModelRunner:
                                                    self.model.num_heads // self.model.num_kv_heads)
         return batch
 
-    def caches_for_attention(self):
-        """One entry per layer for the model: ``(k, v)``, or ``(k, v, k_scale, v_scale)`` when quantized."""
-        abs_ = self.kv.attn_block_size
-        if self.kv_scales:   # quantized caches are paged (EngineConfig rejects a reservation)
-            return [kv + s for kv, s in zip(self.kv_caches, self.kv_scales)]
-        if abs_ == self.config.block_size:
-            return self.kv_caches
-        # Reservation: regions are position-granular, so view the cache as blocks of 1.
-        return [(k.view(-1, 1, *k.shape[2:]), v.view(-1, 1, *v.shape[2:])) for k, v in self.kv_caches]
-
     def forward(self, out: SchedulerOutput, logits_rows: torch.Tensor, phases: Optional[PhaseTimes] = None
                 ) -> torch.Tensor:
         phases = phases or PhaseTimes()
@@ -177,13 +190,13 @@ class ModelRunner:
         input_ids, positions, meta, _ = self.prepare(out)
         phases.add("prepare", t)
         t = phases.mark()
-        logits = self.model(input_ids, positions, self.caches_for_attention(), meta, logits_rows.to(self.device))
+        logits = self.model.forward(input_ids, positions, meta, logits_rows)
         phases.add("forward", t)
         return logits
 
     def execute(self, out: SchedulerOutput) -> ExecutionResult:
         res = ExecutionResult(sampled=[()] * len(out.scheduled))
-        res.swap_bytes = self.swap(out)
+        res.swap_bytes = self.model.swap(out)
         if not out.scheduled:
             return res
         # Logits rows: the last row of each request that samples; for a request verifying k
@@ -207,7 +220,7 @@ class ModelRunner:
                 last = min(s.num_computed_before + s.num_new_tokens, s.request.num_prompt_tokens - 1)
                 prompt_rows += [(first + p - s.num_computed_before, s, p)
                                 for p in range(s.num_computed_before, last)]
-        phases = PhaseTimes(getattr(self.config, "phase_clock", None))
+        phases = PhaseTimes(self.config.phase_clock)
         logits = self.forward(out, torch.tensor(rows + [r for r, _, _ in prompt_rows], dtype=torch.long), phases)
         res.phase_times = phases.times
         t = phases.mark()

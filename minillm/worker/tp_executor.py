@@ -5,8 +5,8 @@ single-device ``ModelRunner``. Who holds what:
 
 - **The driver** (the engine's own process) keeps everything that decides: the scheduler,
   the block pool and block tables, the sampler and its random streams. It holds no weights
-  and no KV values. Each step it prepares the flat batch exactly as ``ModelRunner`` does
-  (``prepare``, inherited, so the two never drift) and sends it to every rank: **one
+  and no KV values. Each step its ``ModelRunner`` prepares the flat batch exactly as on one
+  device (the same object, whose model is the ``RankGroup``: the two never drift) and sends it to every rank: **one
   broadcast of the scheduler's decision** (input ids, positions, attention metadata, the
   logits rows, the step's swaps and copy-on-write copies).
 - **Rank r** (a worker process, started with ``torch.multiprocessing`` "spawn") holds its
@@ -45,11 +45,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..spec import acceptance
-from ..sim.clock import PhaseTimes
-from .model_runner import ModelRunner, resolve_backend
-from .sampler import Sampler
-from ..core.scheduler import SchedulerOutput
+from .model_runner import LocalModel, ModelRunner, resolve_backend
+from ..core.scheduler_output import SchedulerOutput
 
 START_TIMEOUT = 300.0     # seconds for every rank to load its shard and report ready
 STEP_TIMEOUT = 300.0      # seconds for every rank to answer one step (the first may compile kernels)
@@ -85,9 +82,8 @@ def _free_port() -> int:
 # =====================================================================================
 
 class Worker:
-    """One rank: its shard of the model and a ``ModelRunner`` over it, which owns this rank's
-    slice of the KV cache (and of the swap space) and does the swaps; batch preparation and
-    sampling stay in the driver."""
+    """One rank: its shard of the model as a ``LocalModel``, which owns this rank's slice of the KV
+    cache (and of the swap space) and does the swaps; batch preparation and sampling stay in the driver."""
 
     def __init__(self, rank: int, spec: SimpleNamespace):
         import torch.distributed as dist
@@ -103,25 +99,23 @@ class Worker:
                                 rank=rank, world_size=spec.world, timeout=timedelta(seconds=spec.timeout))
         self.model = load_shard_model(spec.model, spec.hf_config, rank, spec.world, spec.dtype,
                                       str(self.device), spec.seed, spec.random_overrides)
-        kv = SimpleNamespace(attn_block_size=spec.attn_block_size)   # all a runner reads of the pool
-        self.runner = ModelRunner(spec.runner_config, self.model, spec.hf_config, kv, spec.num_blocks,
-                                  self.device, spec.dtype)
+        self.local = LocalModel(spec.runner_config, self.model, spec.num_blocks, self.device, spec.dtype,
+                                spec.attn_block_size)
 
     def step(self, swap_out, copies, swap_in, batch: Optional[dict]):
-        """This step's block moves on this rank's slice of the cache, in ``ModelRunner.swap``'s
+        """This step's block moves on this rank's slice of the cache, in ``LocalModel.swap``'s
         order (swap-outs, copy-on-write ``copies``, swap-ins), then (if anything is scheduled)
         one forward over this rank's shard. Rank 0 returns the logits (numpy); the others None."""
         from ..model.llama import AttentionMetadata
         if swap_out or copies or swap_in:
-            self.runner.swap(SimpleNamespace(swap_out=swap_out, copies=copies, swap_in=swap_in))
+            self.local.swap(SimpleNamespace(swap_out=swap_out, copies=copies, swap_in=swap_in))
         if batch is None:
             return None
         t = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if isinstance(v, np.ndarray)}
         meta = AttentionMetadata(slot_mapping=t["slot_mapping"], block_tables=t["block_tables"],
                                  cu_seqlens_q=t["cu_seqlens_q"], context_lens=t["context_lens"],
                                  max_q_len=batch["max_q_len"], backend=batch["backend"])
-        logits = self.model(t["input_ids"], t["positions"], self.runner.caches_for_attention(), meta,
-                            t["rows"])
+        logits = self.local.forward(t["input_ids"], t["positions"], meta, t["rows"])
         return logits.cpu().numpy() if self.rank == 0 else None
 
     def comm(self) -> dict:
@@ -131,11 +125,11 @@ class Worker:
 
     def describe(self) -> dict:
         """What this rank holds: its parameters' shapes and its KV cache slice."""
-        k = self.runner.kv_caches[0][0]
+        k = self.local.kv_caches[0][0]
         return dict(rank=self.rank, device=str(self.device),
                     params={n: tuple(p.shape) for n, p in self.model.named_parameters()},
                     num_heads=self.model.num_heads, num_kv_heads=self.model.num_kv_heads,
-                    kv_cache_shape=tuple(k.shape), kv_bytes_per_block=self.runner.bytes_per_block)
+                    kv_cache_shape=tuple(k.shape), kv_bytes_per_block=self.local.bytes_per_block)
 
 
 def _rank_main(rank: int, spec: SimpleNamespace, conn) -> None:
@@ -146,7 +140,7 @@ def _rank_main(rank: int, spec: SimpleNamespace, conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         worker = Worker(rank, spec)
-        conn.send(("ok", worker.runner.bytes_per_block))
+        conn.send(("ok", worker.local.bytes_per_block))
         while True:
             msg = conn.recv()
             if msg[0] == "close":
@@ -222,28 +216,24 @@ def _shut_down(procs: list, conns: list, grace: float) -> None:
 # The driver's side
 # =====================================================================================
 
-class TPExecutor(ModelRunner):
-    """The engine's executor over ``config.tensor_parallel_size`` ranks: same interface as
-    ``ModelRunner`` (``execute(out) -> ExecutionResult``, ``checkpoint``/``rollback``, the
-    sampler), plus ``close()`` and ``collective_rpc``. Batch preparation, sampling and the
-    verification of speculative tokens are ``ModelRunner``'s own; only ``swap`` (with the
-    copy-on-write copies of parallel sampling) and ``forward`` go to the ranks."""
+class RankGroup:
+    """The model split over ``config.tensor_parallel_size`` rank processes, seen from the driver: the
+    two verbs of a ``LocalModel`` (``swap``, ``forward``) carried out by the ranks, plus ``close()``,
+    ``describe()`` and ``collective_rpc``. A step's swaps and copy-on-write copies travel to the ranks
+    with its batch (one message per step); ``flush()`` sends them alone in a step with no forward."""
 
-    def __init__(self, config, model: str, hf_config, kv_manager, num_blocks: int, device: torch.device,
-                 dtype: torch.dtype, step_timeout: float = STEP_TIMEOUT, start_timeout: float = START_TIMEOUT):
+    def __init__(self, config, model: str, hf_config, num_blocks: int, attn_block_size: int,
+                 device: torch.device, dtype: torch.dtype, step_timeout: float = STEP_TIMEOUT,
+                 start_timeout: float = START_TIMEOUT):
         from ..model.parallel import check_heads, rank_config
         self.world = config.tensor_parallel_size
         check_heads(hf_config, self.world)
-        self.config, self.kv, self.dtype = config, kv_manager, dtype
-        self.device = torch.device("cpu")            # batches are prepared on the host and sent
+        self.config = config
         self.backend = resolve_backend(config.attention_backend, device)
         shard = rank_config(hf_config, 0, self.world)
-        # prepare() needs only the model's shape (heads per KV head); the weights are in the ranks.
-        self.model = SimpleNamespace(num_heads=shard.num_attention_heads, num_kv_heads=shard.num_key_value_heads,
-                                     head_dim=shard.head_dim, num_layers=hf_config.num_hidden_layers)
-        self.sampler = Sampler(config.seed)
-        self.proposer = None
-        self.verify = config.acceptance_rule or acceptance.verify
+        # What the driver's batch preparation reads of the model: heads per KV head, on each rank.
+        self.num_heads, self.num_kv_heads = shard.num_attention_heads, shard.num_key_value_heads
+        self.attn_block_size = attn_block_size
         self.step_timeout = step_timeout
         self._swaps = None                           # this step's swaps and copies, sent with its batch
         self._closed: Optional[str] = None           # why the ranks are gone, once they are
@@ -266,10 +256,9 @@ class TPExecutor(ModelRunner):
             world=self.world, device="cuda" if cuda else "cpu", init_method=f"tcp://127.0.0.1:{_free_port()}",
             timeout=self.step_timeout, threads=max(1, torch.get_num_threads() // self.world),
             model=model, hf_config=hf_config, dtype=dtype, seed=c.seed, random_overrides=dict(c.random_model),
-            num_blocks=num_blocks, attn_block_size=self.kv.attn_block_size,
+            num_blocks=num_blocks, attn_block_size=self.attn_block_size,
             runner_config=SimpleNamespace(attention_backend=c.attention_backend, kv_cache_dtype=c.kv_cache_dtype,
-                                          block_size=c.block_size, num_swap_blocks=c.num_swap_blocks, seed=c.seed,
-                                          acceptance_rule=None))   # the driver verifies, not the ranks
+                                          block_size=c.block_size, num_swap_blocks=c.num_swap_blocks))
         ctx = _process_context()
         procs, conns = [], []
         for rank in range(self.world):
@@ -384,9 +373,9 @@ class TPExecutor(ModelRunner):
             _shut_down(self._procs, self._conns, grace)
 
     # --- one step -------------------------------------------------------------------------------
-    def checkpoint(self) -> None:
+    def discard(self) -> None:
+        """A new step (or a failed one): no swaps are pending."""
         self._swaps = None
-        super().checkpoint()
 
     def swap(self, out: SchedulerOutput) -> int:
         """Not done here: the step's swaps and copy-on-write copies travel to the ranks with its
@@ -399,24 +388,67 @@ class TPExecutor(ModelRunner):
         self._swaps = None
         return ("step", swap_out, copies, swap_in, batch)
 
-    def forward(self, out: SchedulerOutput, logits_rows: torch.Tensor, phases: Optional[PhaseTimes] = None
-                ) -> torch.Tensor:
-        phases = phases or PhaseTimes()
-        t = phases.mark()
-        input_ids, positions, meta, _ = self.prepare(out)
-        phases.add("prepare", t)
-        t = phases.mark()                            # the forward: send, every rank's shard, gather
+    def forward(self, input_ids, positions, meta, logits_rows: torch.Tensor) -> torch.Tensor:
+        """Send the batch (with the step's block moves), every rank's shard runs, rank 0's logits back."""
         batch = dict(input_ids=input_ids.numpy(), positions=positions.numpy(),
                      slot_mapping=meta.slot_mapping.numpy(), block_tables=meta.block_tables.numpy(),
                      cu_seqlens_q=meta.cu_seqlens_q.numpy(), context_lens=meta.context_lens.numpy(),
                      max_q_len=meta.max_q_len, backend=meta.backend, rows=logits_rows.numpy())
-        logits = self._broadcast(self._step_message(batch), "step")[0]
-        phases.add("forward", t)
-        return torch.from_numpy(logits)
+        return torch.from_numpy(self._broadcast(self._step_message(batch), "step")[0])
+
+    def flush(self) -> None:
+        """Block moves of a step with no forward go to the ranks on their own."""
+        if self._swaps is not None and any(self._swaps):
+            self._broadcast(self._step_message(None), "swap")
+        self._swaps = None
+
+
+class TPExecutor:
+    """The engine's executor over ``config.tensor_parallel_size`` ranks (``minillm.executor.Executor``):
+    a ``ModelRunner`` on the driver (batch preparation, sampling, the verification of speculative
+    tokens: the same code as on one device) whose model is a ``RankGroup`` (the swaps and the forward,
+    in the ranks). Plus what a group of processes needs: ``close()``, ``describe()``, ``collective_rpc``."""
+
+    def __init__(self, config, model: str, hf_config, kv_manager, num_blocks: int, device: torch.device,
+                 dtype: torch.dtype, step_timeout: float = STEP_TIMEOUT, start_timeout: float = START_TIMEOUT):
+        self.ranks = RankGroup(config, model, hf_config, num_blocks, kv_manager.attn_block_size, device, dtype,
+                               step_timeout, start_timeout)
+        # batches are prepared on the host and sent
+        self.runner = ModelRunner(config, kv_manager, self.ranks, torch.device("cpu"))
+        self.backend, self.sampler = self.runner.backend, self.runner.sampler   # (a draft model shares them)
+        self.bytes_per_block = self.ranks.bytes_per_block
 
     def execute(self, out: SchedulerOutput):
-        res = super().execute(out)                   # swap(), then forward() if anything is scheduled
-        if self._swaps is not None and any(self._swaps):
-            self._broadcast(self._step_message(None), "swap")   # block moves in a step with no forward
-        self._swaps = None
+        res = self.runner.execute(out)               # ranks.swap(), then ranks.forward() if anything is scheduled
+        self.ranks.flush()                           # block moves in a step with no forward
         return res
+
+    def checkpoint(self) -> None:
+        self.ranks.discard()
+        self.runner.checkpoint()
+
+    def rollback(self, checkpoint) -> None:
+        self.ranks.discard()
+        self.runner.rollback(checkpoint)
+
+    def forget(self, request_id: str) -> None:
+        self.runner.forget(request_id)
+
+    def set_proposer(self, proposer) -> None:
+        self.runner.set_proposer(proposer)
+
+    # --- the ranks ------------------------------------------------------------------------------
+    @property
+    def pids(self) -> list[int]:
+        return self.ranks.pids
+
+    def describe(self) -> list[dict]:
+        """What each rank holds (its parameters' shapes, its KV cache slice)."""
+        return self.ranks.describe()
+
+    def collective_rpc(self, fn: Callable, *args) -> list:
+        """``fn(worker, *args)`` on every rank: ``RankGroup.collective_rpc``."""
+        return self.ranks.collective_rpc(fn, *args)
+
+    def close(self, grace: float = 5.0) -> None:
+        self.ranks.close(grace)
