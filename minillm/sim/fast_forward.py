@@ -76,7 +76,7 @@ def decode_run(engine, max_steps: Optional[int] = None) -> list[StepRecord]:
     stops, bs = s.stops, kv.block_size
     new_block_at: dict[int, list] = {}             # step j -> (request, its computed positions before j)
     for req, before in zip(running, befores):
-        if req.status is not RequestStatus.RUNNING or req.spec_token_ids or not req.output_token_ids \
+        if req.status is not RequestStatus.RUNNING or req.spec_token_ids or not req.is_decoding \
                 or req.num_tokens - before != 1:
             return []
         limit = min(limit, stops.num_tokens_before_stop(req, PLACEHOLDER_TOKEN))
