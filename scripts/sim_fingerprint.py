@@ -3,7 +3,8 @@
 ``python scripts/sim_fingerprint.py OUT.pkl`` runs a handful of configurations (FCFS, SJF,
 priority with swap, MLFQ, fair queueing, chunked prefill on and off, a small KV cache that
 forces preemption, prefix caching, load shedding) through ``simulate`` and pickles, per
-configuration, every StepRecord as a plain dict and every request's metrics. Two such files
+configuration, every StepRecord as a plain dict and every request's metrics; with ``records=False``
+(where ``simulate`` fast-forwards runs of decode-only steps) the records passed to ``progress``. Two such files
 compared key by key say whether a change to the simulated path changed any decision.
 """
 
@@ -48,6 +49,18 @@ CASES = {
 }
 
 
+OFF_CASES = {
+    "fcfs": dict(policy="fcfs"),
+    "fcfs-slow": dict(policy="fcfs"),
+    "priority-swap-slow": dict(policy="priority", num_kv_blocks=500, preemption_mode="swap", num_swap_blocks=400),
+    "small-kv-slow": dict(policy="fcfs", enable_chunked_prefill=False, num_kv_blocks=300),
+    "sjf-slow": dict(policy="sjf", num_kv_blocks=700),
+    "mlfq-slow": dict(policy="mlfq"),
+    "decode-priority-slow": dict(interference="decode-priority"),
+    "seats-slow": dict(max_num_seqs=8),
+}
+
+
 def _plain(x):
     return dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x
 
@@ -72,6 +85,14 @@ def fingerprint() -> dict:
         out[f"big-{rec}"] = dict(records=[_plain(r) for r in eng.step_summaries],
                                  metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
                                  summary={k: v for k, v in summ.items() if k not in TIMINGS})
+    # records=False (where simulate fast-forwards decode-only runs): the records passed to progress
+    slow = _trace(400, rate=6.0, seed=9)
+    for name, cfg in OFF_CASES.items():
+        recs: list = []
+        eng, summ = simulate(slow if name.endswith("-slow") else trace, records=False, progress=recs.append, **cfg)
+        out[f"off-{name}"] = dict(records=[_plain(r) for r in recs],
+                                  metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
+                                  summary={k: v for k, v in summ.items() if k not in TIMINGS})
     eng, summ = simulate(big[:1500], records="full", cost_model=ConstantStepTime(0.02), policy="sjf",
                          num_kv_blocks=2000)
     out["const-sjf"] = dict(records=[_plain(r) for r in eng.step_records],

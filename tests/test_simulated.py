@@ -4,6 +4,7 @@ Expected capacities are worked out here by hand from datasheet figures and the m
 shape (as in test_costmodel.py), never read from the code under test.
 """
 
+import dataclasses
 import gc
 import time
 
@@ -160,6 +161,55 @@ def test_records_off_changes_no_decision():
         assert {k: full[k] for k in from_requests} == {k: off[k] for k in from_requests}
         assert (full["num_preemptions"] > 0) == ("num_kv_blocks" in cfg)
     assert max(len(r.waiting) for r in full_eng.step_records) > 8
+
+
+def _stepped(trace, fast_forward: bool, **cfg):
+    """The engine of ``simulate(records=False)`` stepped by hand: every record, the block tables after
+    each ``engine.step()`` (by step count), and how many steps ``decode_run`` took."""
+    from minillm.sim.fast_forward import decode_run
+    eng = LLM("random", executor="simulated", clock="modeled", record="none",
+              cost_model=RooflineCostModel(tensor_parallel("H100-SXM", 4), MODELS["llama-2-70b"]), **cfg).engine
+    submit_trace(eng, trace, vocab_size=eng.vocab_size)
+    records, tables, skipped = [], {}, 0
+    while eng.has_unfinished_requests():
+        run = decode_run(eng) if fast_forward else []
+        skipped += len(run)
+        for rec in run + [eng.step()]:
+            records.append(dataclasses.asdict(rec))
+        tables[eng.step_count] = {rid: [b.block_id for b in blocks] for rid, blocks in eng.kv.req_blocks.items()}
+    return eng, records, tables, skipped
+
+
+def test_fast_forward_changes_no_decision():
+    """The decode-only runs taken in one go (``minillm/sim/fast_forward.py``) against the same engine
+    stepped one step at a time: the same records step by step, the same block tables after each
+    event (so the same blocks in the same order), every request's tokens, token times and metrics,
+    the same clock and the same free list at the end; under FCFS and priority, a KV cache small
+    enough to preempt (a run stops where its new blocks would not be free) and max_model_len cuts."""
+    trace = synthetic_trace(120, rate=4.0, prompt_len=LogNormal(300, 1.0, 8, 1500),
+                            output_len=LogNormal(150, 1.0, 4, 800), priority_mix={0: 0.5, 1: 0.5}, seed=5)
+    for cfg in (dict(), dict(policy="priority", num_kv_blocks=400, max_num_seqs=16),
+                dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=100),
+                dict(max_num_seqs=4, max_model_len=600)):
+        cfg.setdefault("max_model_len", 4096)
+        short = [r for r in trace if r.prompt_len + r.output_len < cfg["max_model_len"] - 100] \
+            if cfg["max_model_len"] < 4096 else trace
+        plain, plain_recs, plain_tables, none = _stepped(short, False, **cfg)
+        fast, fast_recs, fast_tables, skipped = _stepped(short, True, **cfg)
+        assert none == 0 and skipped > 0, cfg                          # runs were taken
+        assert fast_recs == plain_recs
+        assert all(fast_tables[i] == plain_tables[i] for i in fast_tables)
+        assert fast.step_count == plain.step_count == len(plain_recs) and fast.clock.now() == plain.clock.now()
+        assert {k: (r.output_token_ids, r.num_computed_tokens, r.metrics) for k, r in fast.requests.items()} == \
+            {k: (r.output_token_ids, r.num_computed_tokens, r.metrics) for k, r in plain.requests.items()}
+        assert list(fast.kv.pool.free_queue) == list(plain.kv.pool.free_queue)
+        assert fast.stats() == plain.stats()
+    # simulate() itself, with and without: the same metrics and summary
+    runs = [simulate(trace, records=False, fast_forward=ff, num_kv_blocks=400) for ff in (True, False)]
+    (a, sa), (b, sb) = runs
+    assert {k: r.metrics for k, r in a.requests.items()} == {k: r.metrics for k, r in b.requests.items()}
+    timings = ("wall_time", "cpu_time", "step_cpu_time")
+    assert {k: v for k, v in sa.items() if k not in timings} == {k: v for k, v in sb.items() if k not in timings}
 
 
 @pytest.mark.parametrize("caching", [False, True])

@@ -19,10 +19,10 @@ and ``F`` about 0 (a step never walks the queue or the finished requests).
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import replace
 
+from ..sim.simulated import gc_paused
 from .common import finish, fit_line, goal, loglog_exponent, median, pick, progress, set_threads, table
 
 NAME = "sim-scale"
@@ -44,55 +44,67 @@ def four_h100():
     return RooflineCostModel(hw4, MODELS["llama-2-70b"])
 
 
+class GrowthPoint:
+    """One point of the growth curve: an engine in which ``running`` requests decode (none
+    finishing for ``rounds * steps`` steps), ``waiting`` wait behind ``max_num_seqs`` and
+    ``finished`` have come and gone. Built once; ``measure(steps)`` then times the next
+    ``steps`` calls of ``engine.step()`` and may be called ``rounds`` times."""
+
+    def __init__(self, running: int, waiting: int = 0, finished: int = 0, steps: int = 20, rounds: int = 1):
+        from .. import LLM
+        from ..sim.costmodel import ConstantStepTime
+        from ..sampling_params import SamplingParams
+        prompt = list(range(10, 26))                          # 16 tokens: one block
+        length = rounds * steps + 8                           # output tokens: none finishes while measured
+        blocks_per_req = -(-(len(prompt) + length) // 16)
+        e = LLM("random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.01),
+                max_num_seqs=running, num_kv_blocks=running * blocks_per_req + 1, max_model_len=2048,
+                max_num_batched_tokens=max(2048, running * len(prompt)), record="none").engine
+        one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        with gc_paused():                                     # (the set-up makes no cycles worth a collection)
+            for _ in range(finished):
+                e.add_request(prompt, one)
+            while e.has_unfinished_requests():
+                e.step()
+            long = SamplingParams(temperature=0.0, max_tokens=length, ignore_eos=True)
+            for _ in range(running + waiting):
+                e.add_request(prompt, long)
+            e.step()                                          # R prompts prefilled, W queued behind them
+        assert len(e.scheduler.running) == running and len(e.scheduler.waiting) == waiting
+        self.engine = e
+
+    def measure(self, steps: int) -> float:
+        """Median CPU seconds of one of the next ``steps`` calls of ``engine.step()``."""
+        e, times = self.engine, []
+        with gc_paused():
+            for _ in range(steps):
+                c0 = time.process_time()
+                e.step()
+                times.append(time.process_time() - c0)
+        return median(times)
+
+
 def step_cpu_seconds(running: int, waiting: int = 0, finished: int = 0, steps: int = 20) -> float:
     """Median CPU seconds of one ``engine.step()`` while ``running`` requests decode (none
     finishing), ``waiting`` wait behind ``max_num_seqs`` and ``finished`` have come and gone."""
-    from .. import LLM
-    from ..sim.costmodel import ConstantStepTime
-    from ..sampling_params import SamplingParams
-    prompt = list(range(10, 26))                          # 16 tokens: one block
-    long = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
-    blocks_per_req = -(-(len(prompt) + steps + 8) // 16)
-    e = LLM("random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.01),
-            max_num_seqs=running, num_kv_blocks=running * blocks_per_req + 1, max_model_len=2048,
-            max_num_batched_tokens=max(2048, running * len(prompt)), record="none").engine
-    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    for _ in range(finished):
-        e.add_request(prompt, one)
-    while e.has_unfinished_requests():
-        e.step()
-    for _ in range(running + waiting):
-        e.add_request(prompt, long)
-    e.step()                                              # R prompts prefilled, W queued behind them
-    assert len(e.scheduler.running) == running and len(e.scheduler.waiting) == waiting
-    times = []
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(steps):
-            c0 = time.process_time()
-            e.step()
-            times.append(time.process_time() - c0)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return median(times)
+    return GrowthPoint(running, waiting, finished, steps).measure(steps)
 
 
 def growth(P: dict, rounds: int = 3) -> dict:
     """Per-step CPU time against running, waiting and finished requests, and the log-log slopes.
-    Every point is measured once per round, the rounds one after another, and keeps its smallest
-    median: a busy spell of a shared machine then slows one round of every point rather than all
-    rounds of a few."""
+    Each point's engine is built once; every point is then measured once per round, the rounds
+    one after another, and keeps its smallest median: a busy spell of a shared machine then slows
+    one round of every point rather than all rounds of a few."""
     base, steps = P["base"], P["steps"]
     points = [("running", r, dict(running=r)) for r in P["running"]]
     points += [("waiting", w, dict(running=base, waiting=w)) for w in P["others"]]
     points += [("finished", f, dict(running=base, finished=f)) for f in P["others"]]
+    engines = {(kind, x): GrowthPoint(steps=steps, rounds=rounds, **kw) for kind, x, kw in points}
     best: dict = {}
     for _ in range(rounds):
-        for kind, x, kw in points:
-            t = step_cpu_seconds(steps=steps, **kw)
-            best[kind, x] = min(best.get((kind, x), t), t)
+        for key, point in engines.items():
+            t = point.measure(steps)
+            best[key] = min(best.get(key, t), t)
     by_running, by_waiting, by_finished = ({x: t for (k, x), t in best.items() if k == kind}
                                            for kind in ("running", "waiting", "finished"))
     # Linear in R means a + b R: a fixed part per step and b per running request. The log-log slope of

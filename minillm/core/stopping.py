@@ -72,3 +72,18 @@ class StopChecker:
         req.stop_reason = stop
         req.stop_text = d.text[:i + len(stop)] if req.sampling_params.include_stop_str_in_output else d.text[:i]
         return True
+
+    def num_tokens_before_stop(self, req: Request, tok: int) -> int:
+        """How many more ``tok`` tokens ``req`` can append with ``check`` certain to return None
+        after each: the output stays below its length limits (``max_tokens``, ``max_model_len``, the
+        simulator's trace length). 0 when ``tok`` may end it (EOS, a stop token) or stop strings are
+        matched. The simulator's fast-forward (``minillm/sim/fast_forward.py``) advances that far
+        without a check per token."""
+        sp = req.sampling_params
+        if (sp.stop and self.tokenizer is not None) or tok in sp.stop_token_ids \
+                or (tok == req.eos_token_id and not sp.ignore_eos):
+            return 0
+        limit = min(sp.max_tokens, self.max_model_len - len(req.prompt_token_ids))
+        if self.simulated and req.expected_output_len is not None:
+            limit = min(limit, req.expected_output_len)
+        return max(0, limit - len(req.output_token_ids) - 1)

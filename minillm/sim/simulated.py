@@ -164,7 +164,7 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
              num_gpus: Optional[int] = None, cost_model: Any = None,
              records: Union[str, bool] = "auto", progress: Optional[Callable] = None,
              slo_ttft: Optional[float] = None, slo_tpot: Optional[float] = None,
-             max_waiting_entries: Optional[int] = 32, **config) -> tuple:
+             max_waiting_entries: Optional[int] = 32, fast_forward: bool = True, **config) -> tuple:
     """Replay ``trace`` (a list of ``workloads.TraceRequest``) on the simulated executor with a
     modeled clock; returns ``(engine, summary)``, ``summary`` being ``metrics.summarize``'s dict
     plus ``wall_time`` (seconds this call took), ``cpu_time`` (its CPU seconds), ``step_cpu_time`` (the
@@ -183,11 +183,15 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
       runs with ``record="none"``: no KV snapshot, no batch entries; the metrics are the same).
     * ``max_waiting_entries``: at most this many waiting requests get a reason in each
       record (a queue of thousands would otherwise cost O(queue) objects per step).
+    * ``fast_forward``: with ``records=False``, take each run of decode-only steps between two
+      events in one go (``minillm/sim/fast_forward.py``): the same decisions, clock, metrics and
+      records passed to ``progress``; ``False`` steps the engine one step at a time throughout.
     * every other keyword is an ``EngineConfig`` field (``policy="sjf"``,
       ``max_num_seqs=...``); defaults here: ``max_num_seqs=256``,
       ``max_num_batched_tokens=8192``, ``max_model_len`` long enough for the trace.
     """
     from .costmodel import MODELS, RooflineCostModel
+    from .fast_forward import decode_run
     from ..config import EngineConfig
     from ..engine import LLMEngine
     from ..analysis.metrics import summarize
@@ -231,6 +235,9 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
         submit_trace(engine, trace, vocab_size=engine.vocab_size)
         c_steps = time.process_time()
         while engine.has_unfinished_requests():   # engine.run() without the list of every record
+            if fast_forward:
+                for rec in decode_run(engine):    # the decode-only steps up to the next event, if any
+                    on_step(rec)
             on_step(engine.step())
         step_cpu = time.process_time() - c_steps
         recs = engine.step_records if keep else summaries
