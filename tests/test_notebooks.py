@@ -181,6 +181,50 @@ def quotes_not_printed(nb) -> list[str]:
     return [q for q in quotes if q not in printed]
 
 
+PLOTLY = "application/vnd.plotly.v1+json"
+
+
+def figures_missing_titles(nb) -> list[str]:
+    """Each plotly figure the notebook's cells displayed (a widget's live figure is not in the outputs) needs a
+    title, and every axis it shows a title: one line per missing one, naming the cell and the axis."""
+    missing = []
+    for i, cell in enumerate(nb.cells):
+        outs = cell.get("outputs", []) if cell.cell_type == "code" else []
+        for out in outs:
+            fig = out.get("data", {}).get(PLOTLY) if out.output_type in ("execute_result", "display_data") else None
+            if fig is None:
+                continue
+            layout = fig.get("layout", {})
+            title = layout.get("title")
+            title = title.get("text") if isinstance(title, dict) else title
+            where = f"cell {i} ({cell.source.splitlines()[0][:60] if cell.source else ''})"
+            if not title:
+                missing.append(f"{where}: no figure title")
+            used = {t.get(k, k[0]) for t in fig.get("data", []) for k in ("xaxis", "yaxis")}
+            used = {f"{a[0]}axis{a[1:]}" for a in used}          # "x2" -> "xaxis2"
+            for axis in sorted(used):
+                ax = layout.get(axis, {})
+                if ax.get("visible") is False:
+                    continue
+                text = ax.get("title", {}).get("text") if isinstance(ax.get("title"), dict) else ax.get("title")
+                if not text and not (axis.startswith("yaxis") and axis != "yaxis" and layout.get("yaxis", {})
+                                     .get("title") and ax.get("matches")):
+                    missing.append(f"{where}: {axis} has no title")
+    return missing
+
+
+def test_a_figure_without_titles_is_named():
+    fig = {"data": [{"type": "scatter", "x": [1], "y": [1]}, {"type": "scatter", "xaxis": "x2", "yaxis": "y2"}],
+           "layout": {"title": {"text": "t"}, "xaxis": {"title": {"text": "batch size"}},
+                      "yaxis": {"title": {"text": "ms per step"}}, "xaxis2": {"title": {"text": "s"}}, "yaxis2": {}}}
+    def notebook():
+        return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("fig", outputs=[
+            nbformat.v4.new_output("display_data", data={PLOTLY: fig})])])
+    assert figures_missing_titles(notebook()) == ["cell 0 (fig): yaxis2 has no title"]
+    del fig["layout"]["title"]
+    assert figures_missing_titles(notebook())[0] == "cell 0 (fig): no figure title"
+
+
 def test_a_quoted_number_must_be_printed_by_the_run():
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("print(...)", outputs=[
