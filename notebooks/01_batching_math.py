@@ -215,7 +215,7 @@ shipped = replace(bench.engine.model_spec, name="shipped model (this notebook)",
                   dtype_bytes=bench.engine.executor.kv_caches[0][0].element_size())
 for spec in (mha70, MODELS["llama-2-70b"], MODELS["llama-2-7b"], MODELS["llama-3-8b"], shipped):
     print(f"{spec.name:<28} {spec.kv_bytes_per_token / 2**10:8.1f} KiB per position, "
-          f"{kv_cache_bytes(spec, 4096) / 1e9:7.3f} GB for one request of 4096 positions")
+          f"{kv_cache_bytes(spec, 4096) / 2**30:7.3f} GiB for one request of 4096 positions")
 
 # %% [markdown]
 # If every request is given room for its maximum length up front (the next notebook's *reservation*),

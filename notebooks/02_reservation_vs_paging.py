@@ -195,7 +195,8 @@ for name, parts in shares.items():
 fig = go.Figure([go.Bar(name=part, y=list(shares), x=[s[part] for s in shares.values()], orientation="h")
                  for part in next(iter(shares.values()))])
 fig.update_layout(barmode="stack", title="where the KV cache goes while requests wait", height=280,
-                  xaxis=dict(title="fraction of KV capacity", tickformat=".0%"), plot_bgcolor="white")
+                  xaxis=dict(title="fraction of KV capacity", tickformat=".0%"), yaxis_title="allocation",
+                  plot_bgcolor="white")
 fig
 
 # %%

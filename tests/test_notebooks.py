@@ -239,6 +239,22 @@ def test_a_quoted_number_must_be_printed_by_the_run():
     assert quotes_not_printed(nb) == ["75 ms"]
 
 
+CELL_LIMIT = 30       # seconds a cell may take on a quiet 2-core machine (checked with MINILLM_NOTEBOOK_LIMITS=1)
+
+
+def cell_seconds(nb) -> list[tuple[float, int]]:
+    """(seconds, cell index) of each executed code cell, from the timing nbclient records in its metadata."""
+    from datetime import datetime
+    out = []
+    for i, cell in enumerate(nb.cells):
+        ex = cell.get("metadata", {}).get("execution", {})
+        start, end = ex.get("iopub.status.busy"), ex.get("shell.execute_reply")
+        if cell.cell_type == "code" and start and end:
+            t0, t1 = (datetime.fromisoformat(str(x).replace("Z", "+00:00")) for x in (start, end))
+            out.append(((t1 - t0).total_seconds(), i))
+    return out
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_notebook_runs_top_to_bottom(path, tmp_path):
     from nbclient import NotebookClient
@@ -262,7 +278,15 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
     assert not errors, f"{path.name}: error outputs {[(o.ename, o.evalue) for o in errors]}"
     stale = quotes_not_printed(nb)
     assert not stale, f"{path.name}: the prose quotes {stale} from the run, but no cell printed them"
-    print(f"{path.name}: {elapsed:.1f} s")
+    untitled = figures_missing_titles(nb)
+    assert not untitled, f"{path.name}: figures need a title and axis titles with units: {untitled}"
+    slowest = max(cell_seconds(nb), default=(0.0, -1))
+    print(f"{path.name}: {elapsed:.1f} s, slowest cell {slowest[1]} {slowest[0]:.1f} s")
+    # Opt-in, on a quiet machine (MINILLM_NOTEBOOK_LIMITS=1): every cell within CELL_LIMIT seconds too.
+    # scripts/notebook_times.py prints each notebook's and cell's CPU time, which a busy machine cannot inflate.
+    if os.environ.get("MINILLM_NOTEBOOK_LIMITS") == "1":
+        slow = [(round(t, 1), i) for t, i in cell_seconds(nb) if t > CELL_LIMIT]
+        assert not slow, f"{path.name}: cells over {CELL_LIMIT} s (seconds, cell index): {slow}"
     # The budget is the reader's: a notebook on a 2-core machine doing nothing else. When other work
     # kept more runnable processes than cores (the 1-minute load average), wall time says nothing about
     # the notebook, and the overrun is reported instead of failing.

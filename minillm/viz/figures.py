@@ -549,10 +549,12 @@ def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, c
     """KV maps of several engines at one step, one above the other (Figure 4 of notebook 02).
 
     ``records``: name -> the StepRecord (or KV snapshot) of that engine at the step to show,
-    e.g. ``{"reserved": rec_a, "paged": rec_b}``. Each row's title says what waits and why.
+    e.g. ``{"reserved": rec_a, "paged": rec_b}``. Each row's title says what waits and why; the figure's
+    title (default: the engines compared) sits above them.
     """
     colors = _colors(colors)
     names = list(records)
+    title = title or "KV caches side by side: " + ", ".join(names)
     cells_by = {}
     subtitles = []
     for name in names:
@@ -962,8 +964,7 @@ def latency_cdf_figure(configs: Mapping[str, Sequence[Any]], metrics: Sequence[s
                           row=1, col=j)
             fig.update_xaxes(title_text=f"{metric.replace('_', ' ')} ({unit})", row=1, col=j, showgrid=True,
                              gridcolor="#eee", rangemode="tozero")
-    fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
-    fig.update_yaxes(showgrid=True, gridcolor="#eee", range=[0, 1.02])
+    fig.update_yaxes(title_text="fraction of requests", showgrid=True, gridcolor="#eee", range=[0, 1.02])
     fig.update_layout(title=title or "latency CDF: the share of requests served within each time",
                       plot_bgcolor="white", height=380, margin=dict(t=80),
                       legend=dict(orientation="h", y=1.12, yanchor="bottom", x=0))
