@@ -65,8 +65,11 @@ class FewLevels:
 EXAGGERATED = {"int4-like": ("int8", FewLevels(7))}
 
 
-def _storage(kind: str) -> tuple[str, Optional[object]]:
-    """A KV kind's storage dtype and quantizer (None: the engine's own)."""
+def _storage(kind) -> tuple[str, Optional[object]]:
+    """A KV kind's storage dtype and quantizer (None: the engine's own): a dtype name, a name in
+    ``EXAGGERATED``, or the pair itself, ``(storage dtype, quantizer)``."""
+    if isinstance(kind, tuple):
+        return kind
     return EXAGGERATED.get(kind, (kind, None))
 
 
@@ -83,8 +86,8 @@ def _sizes(size: str) -> dict:
 
 class PagedRun:
     """A batch of sequences on ``model``, each with its own blocks of a fresh cache whose values
-    are stored as ``kv_cache_dtype`` ("float32" | "float16" | "bfloat16" | "int8" | "fp8", or a
-    name in ``EXAGGERATED``)."""
+    are stored as ``kv_cache_dtype`` ("float32" | "float16" | "bfloat16" | "int8" | "fp8", a name in
+    ``EXAGGERATED``, or a pair (storage dtype, quantizer))."""
 
     def __init__(self, model, lengths: list[int], kv_cache_dtype: str, block_size: int = 16):
         import torch
