@@ -30,6 +30,9 @@ PORT     ?= 8888
 LAB_ARGS ?=
 # The news pop-up (it covers the widgets) is this JupyterLab plugin, disabled in the environment.
 ANNOUNCEMENTS := @jupyterlab/apputils-extension:announcements
+# The file browser hides each notebook's jupytext source (notebooks/NN_*.py, the file authors edit), so a
+# student opens the notebook; the rest are jupyter_server's own defaults.
+HIDE_GLOBS := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "[0-9][0-9]_*.py"]
 
 .PHONY: install test-latest lab test grade exercises notebooks git-filter bench gpu-check fuzz serve clean
 
@@ -109,6 +112,7 @@ lab: $(STAMP)
 		--IdentityProvider.token=$$token \
 		--LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
 		--LabApp.extension_manager=readonly \
+		'--ContentsManager.hide_globs=$(HIDE_GLOBS)' \
 		$(LAB_ARGS)
 
 test: $(STAMP)

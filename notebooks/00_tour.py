@@ -28,7 +28,9 @@
 # 3. step the engine yourself with a widget;
 # 4. check the Triton attention kernel against its torch reference, on the engine's own KV cache;
 # 5. serve it over HTTP, send it requests with the `openai` client and watch the engine take a burst;
-# 6. the map of the series.
+# 6. the map of the series;
+# 7. the words the series uses (KV cache, prefill and decode, SLO, p99, CDF, ...): if any of them is new
+#    to you, read section 7 first.
 #
 # You need basic PyTorch. Everything runs offline. On a GPU the Triton kernels are compiled. On a laptop
 # CPU they run in Triton's *interpreter* (slow, but exactly the same kernels) wherever a notebook steps
@@ -281,6 +283,61 @@ print(f"server running: {server.running}")
 # | [07 · Beyond one GPU](07_beyond_one_gpu.ipynb) | tensor parallelism on two CPU ranks and where it stops paying, disaggregated prefill/decode vs chunked colocation under SLOs, routing across replicas |
 #
 # Each notebook runs the real engine and ends with exercises that plug into it.
+
+# %% [markdown]
+# ## 7. The words the series uses
+#
+# **Prefill and decode.** A request's prompt is read in one forward pass (or a few *chunks*) that
+# computes all its positions at once and yields the first output token: the *prefill*, many tokens per
+# request in a step, limited by arithmetic. Every later token needs a forward pass of its own, with one
+# new position: *decode*, one token per request per step, limited by reading the weights from memory
+# (notebook 01). In minillm both are the same thing, a number of new tokens granted to a request in a step.
+#
+# **KV cache.** Attention at a position reads the keys and values (K and V) of every earlier position, in
+# every layer. Rather than recompute them each step, an engine keeps them: the KV cache, 2 x layers x KV
+# heads x head size numbers per position. Its size limits how many requests run at once (notebook 01),
+# and paging (02), prefix caching (04) and preemption (05) are ways of managing it.
+#
+# **TTFT and TPOT.** Time to first token (from arrival to the first output token: queueing plus prefill)
+# and time per output token (the mean gap between later tokens: the decode pace a reader sees).
+#
+# **SLO.** A *service-level objective*: a latency target each request should meet, e.g. TTFT at most 2 s
+# and TPOT at most 100 ms. Requests served within their SLOs per second is *goodput* (notebook 03 also
+# gives DistServe's definition: the highest arrival rate at which, say, 90% of requests meet them).
+#
+# **Percentiles: p50, p99.** The p-th percentile of a set of latencies is the value that p% of them are
+# at or below. p50 is the median; p99 is the value only 1 request in 100 exceeds: the *tail*, what the
+# unluckiest users see.
+#
+# **CDF.** A cumulative distribution plot: for each latency on the x axis, the fraction of requests
+# served within it (0 to 1 on the y axis). The p50 is where the curve crosses 0.5 and the p99 where it
+# crosses 0.99; a curve further left is faster.
+#
+# **Poisson arrivals.** Requests arriving independently at a constant average rate of λ per second: the
+# gaps between arrivals are random (exponential, mean 1/λ), so arrivals come in bursts and lulls, as
+# independent users' requests do. The traces of the series are generated this way.
+#
+# **Log-normal lengths.** A length whose logarithm is normally distributed: most values near the median
+# and a long tail of a few very large ones, the shape of real prompt and answer lengths.
+# `workloads.LogNormal(100, 1.0)` has median 100 and a standard deviation of 1 for the natural log.
+#
+# **Teacher forcing.** Scoring a model on a known text: at every position it is given the true preceding
+# tokens (not its own earlier predictions), and its probability for the true next token is recorded.
+#
+# **Nats per character.** The mean of −ln(probability of the true next token) under teacher forcing,
+# summed over the text's tokens and divided by its characters (so models with different tokenizers
+# compare); lower is better. A nat is a unit of information with the natural log: ln 2 ≈ 0.69 nats is one bit.
+#
+# **e4m3.** An 8-bit floating-point (FP8) format: 1 sign bit, 4 exponent bits, 3 mantissa bits; the
+# largest value is 448 (Micikevicius et al., "FP8 Formats for Deep Learning", 2022). Notebook 02 stores
+# the KV cache in it.
+#
+# **gloo.** PyTorch's library for collective communication (all-reduce, broadcast) between processes on
+# CPUs; NCCL is its GPU counterpart. Notebook 07's tensor-parallel run uses gloo between two CPU processes.
+#
+# **GiB and GB.** 1 GiB = 2³⁰ bytes, 1 GB = 10⁹ bytes (1 GiB ≈ 1.07 GB). Memory sizes are written in
+# GiB where the series sets them (a KV cache of 8 GiB) and in GB where they are quoted as vendors state
+# them (an 80 GB GPU, 13.5 GB of weights); bandwidths are in GB/s.
 
 # %% [markdown]
 # ## Exercises

@@ -107,8 +107,10 @@ figures.roofline_figure(h100, batch_sizes=(1, 4, 16, 64, 256, 1024), context_len
 # times 16 decode steps per run and takes their median (the prefill step is left out), runs every batch
 # size 3 times, round-robin, and keeps the fastest of the 3: noise only ever adds time. The *spread*,
 # slowest repeat over fastest, says how much the machine disturbed the measurement; the cell says when
-# it is too large for the ratios to mean much. On a CPU with one torch thread it times with this
-# process's CPU time, which a busy machine cannot inflate by descheduling us. On a GPU this is the
+# it is too large for the ratios to mean much. On a CPU, `measure` runs torch with one thread while it
+# times (and restores the setting after) and times with this process's CPU time, which a busy machine
+# cannot inflate by descheduling us: with one thread, CPU time is what the step costs a quiet core. On a
+# GPU it times wall time, and this is the
 # Triton kernel, compiled. On a CPU we time the engine's torch backend instead: Triton's interpreter
 # executes one kernel instance after another in Python, so its timings measure the interpreter, not the
 # hardware (the kernel itself is checked against torch in section 5).
@@ -182,10 +184,14 @@ print(f"the step time doubles (the batch stops being nearly free) at batch {doub
 # up toward the ridge.
 
 # %% [markdown]
-# The machine you are on behaves like the model in shape, not in scale: the shipped model is tiny, so a
-# CPU step is dominated by fixed costs (Python, kernel launches) rather than by the weight read, and the
-# curve flattens for a different reason. The lesson carries over: as long as the step is bound by
-# something the batch shares, more requests are nearly free.
+# Compare the ratios section 2 printed for the machine you are on. The shipped model is tiny, so a CPU
+# step is dominated by fixed costs (Python, the engine's bookkeeping, many small kernel calls) rather
+# than by a weight read. The batch shares those costs too, so on one quiet CPU core the curve has the
+# H100's shape for a different reason: from batch 1 to 32 the throughput grows more than tenfold while
+# the step time grows a few times (measured with one torch thread on a 2-core machine: about x14 and
+# x2.3). If that cell said its repeats were too noisy, its ratios describe the other work on the machine,
+# not the model: re-run it when the machine is quiet. The lesson carries over: as long as the step is
+# bound by something the batch shares, more requests are nearly free.
 #
 # The price is latency: every request in a batch waits for the whole step. Real-time chat favours small
 # batches, offline jobs large ones; the scheduler must trade one for the other.
@@ -209,7 +215,7 @@ shipped = replace(bench.engine.model_spec, name="shipped model (this notebook)",
                   dtype_bytes=bench.engine.executor.kv_caches[0][0].element_size())
 for spec in (mha70, MODELS["llama-2-70b"], MODELS["llama-2-7b"], MODELS["llama-3-8b"], shipped):
     print(f"{spec.name:<28} {spec.kv_bytes_per_token / 2**10:8.1f} KiB per position, "
-          f"{kv_cache_bytes(spec, 4096) / 1e9:7.3f} GB for one request of 4096 positions")
+          f"{kv_cache_bytes(spec, 4096) / 2**30:7.3f} GiB for one request of 4096 positions")
 
 # %% [markdown]
 # If every request is given room for its maximum length up front (the next notebook's *reservation*),
@@ -239,13 +245,48 @@ fig
 # %% [markdown]
 # ## 4. Static vs continuous batching
 #
-# **A worked example.** Ten requests arrive together: 8 generate 100 tokens, 2 generate 1000;
-# every step costs 10 ms whatever the batch. *Static batching* runs the group until its longest member
-# finishes and returns everyone together (like a coach that leaves only when every passenger has
-# boarded and lets everyone off together at the end). *Continuous
-# batching* re-forms the batch every step: a finished request leaves at once, and its slot goes to a
-# waiting one. minillm runs both with its simulated executor (the real scheduler and KV manager, no
-# model) on the modeled clock, `ConstantStepTime(0.010)`:
+# *Static batching* runs a group of requests until its longest member finishes and returns everyone
+# together (like a coach that leaves only when every passenger has boarded and lets everyone off together
+# at the end); a request that arrives meanwhile waits for the next group. *Continuous batching* re-forms
+# the batch every step (every *iteration* of the model): a finished request leaves at once, and its slot
+# goes to a waiting one.
+#
+# **Figure 1, the classic case.** Two slots (`max_num_seqs=2`), three requests: A generates 2 tokens,
+# B 5, and C (3 tokens) arrives after the first iteration. Every step costs 10 ms whatever the batch.
+# minillm runs both with its simulated executor (the real scheduler and KV manager, no model) on the
+# modeled clock, `ConstantStepTime(0.010)`:
+
+# %%
+def abc(batching):
+    """Figure 1's three requests on 2 slots: A (2 tokens) and B (5) at t = 0, C (3) after the first step."""
+    llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.010),
+              batching=batching, max_num_seqs=2, max_model_len=64, record="summary")
+    for rid, n, arrival in (("A", 2, 0.0), ("B", 5, 0.0), ("C", 3, 0.010)):
+        llm.engine.add_request([10] * 8, SamplingParams(max_tokens=n, ignore_eos=True), request_id=rid,
+                               arrival_time=arrival)
+    return llm.engine, llm.engine.run()
+
+figure1 = {b: abc(b) for b in ("static", "continuous")}
+for batching, (eng, recs) in figure1.items():
+    done = ", ".join(f"{rid} at {r.metrics.finish_time * 1e3:.0f} ms" for rid, r in eng.requests.items())
+    print(f"{batching:>10}: {len(recs)} steps; returned: {done}")
+
+# %% [markdown]
+# Static batching runs A and B for 5 steps: A is done after 2 but its slot idles, held, until B ends,
+# and C, which arrived after the first step, starts only when the whole batch has left: 8 steps in all.
+# Continuous batching gives A's slot to C at step 3, and all three are done after 5 steps.
+
+# %%
+eng, recs = figure1["static"]
+figures.gantt_figure(recs, eng.requests, title="Figure 1a, static batching: C waits for the whole batch of A and B")
+
+# %%
+eng, recs = figure1["continuous"]
+figures.gantt_figure(recs, eng.requests, title="Figure 1b, continuous batching: C takes A's slot as soon as A is done")
+
+# %% [markdown]
+# **Tail padding, in a larger batch.** Ten requests arrive together: 8 generate 100 tokens, 2 generate
+# 1000, with 10 slots, on the same 10 ms clock:
 
 # %%
 def worked_example(batching, output_lens=[100] * 8 + [1000] * 2):
@@ -265,18 +306,17 @@ for batching, (eng, recs) in runs.items():
 
 # %% [markdown]
 # The printed averages are the hand calculation: a short request's 100 tokens take 100 steps, 1 s, but
-# static batching returns it with the long ones after 1000 steps, 10 s. The two timelines below are
-# **Figure 1**, static against continuous batching. They show where static batching's time goes: short
-# requests finish generating after 1 s and then sit, done but held, until the long ones end (*tail
-# padding*).
+# static batching returns it with the long ones after 1000 steps, 10 s. The two timelines show where
+# static batching's time goes: short requests finish generating after 1 s and then sit, done but held,
+# until the long ones end (*tail padding*).
 
 # %%
 eng, recs = runs["static"]
-figures.gantt_figure(recs, eng.requests, title="Figure 1a, static batching: finished short requests wait for the long ones")
+figures.gantt_figure(recs, eng.requests, title="tail padding, static batching: 8 short and 2 long requests, the short ones held")
 
 # %%
 eng, recs = runs["continuous"]
-figures.gantt_figure(recs, eng.requests, title="Figure 1b, continuous batching: each request leaves when it is done")
+figures.gantt_figure(recs, eng.requests, title="the same 10 requests, continuous batching: each leaves when it is done")
 
 # %% [markdown]
 # **One long request in ten.** The tail costs more than the short requests' wait. Take 9 requests of 50
@@ -335,8 +375,14 @@ figures.latency_cdf_figure({b: e.request_metrics() for b, (e, _, _) in served.it
 
 
 # %% [markdown]
-# Continuous batching keeps the batch full (compare the mean batch and the occupancy printed above), so the same hardware
-# produces more tokens per second, and a request no longer waits for strangers' long answers. The idea,
+# Continuous batching does not fill the 32 slots here: requests arrive 30 a second and most are done in
+# well under a second, so it averages <span title="from the run">12.7</span> requests in flight (occupancy
+# <span title="from the run">40%</span>). This trace is limited by its arrivals, not by the slots. What
+# continuous batching changes is that no slot is held by a finished request and no newcomer waits for a
+# group to end: static batching averages <span title="from the run">2.9</span> requests
+# (<span title="from the run">9%</span>), because each group runs until its longest member is done while
+# the requests that arrived meanwhile queue. So the same hardware produces more tokens per second, and a
+# request no longer waits for strangers' long answers. The idea,
 # *iteration-level scheduling*, comes from Orca (Yu et al., OSDI 2022), which reports 36.9x the
 # throughput of NVIDIA FasterTransformer, a request-level (static) batching system, at the same latency
 # on GPT-3 175B. (vLLM's often-quoted 2-4x over FasterTransformer and Orca, Kwon et al., SOSP 2023, is a

@@ -51,6 +51,7 @@ from minillm.viz import Stepper
 # %%
 from minillm.core.block_pool import hash_block
 from minillm.analysis.workloads import LogNormal
+from minillm.sim.replay import replay
 
 ex = impl.load("ex04_prefix_cache")   # your exercises/ex04_prefix_cache.py (MINILLM_IMPL=solutions: the answers);
                                       # re-run this cell after editing the file: impl.load reads it again
@@ -60,13 +61,7 @@ def serve(trace, **config):
     memory pressure (the simulated executor: the real scheduler and block pool, no forward pass). Returns the
     engine, its requests' metrics, the summary."""
     config.setdefault("num_kv_blocks", 1024)                 # blocks of 16: 16,384 positions, 8 GiB of Llama-2-7B KV
-    llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", max_model_len=8192,
-              max_num_seqs=64, max_num_batched_tokens=2048, **config, record="summary")   # no per-block KV map: totals are enough here
-    workloads.submit_trace(llm.engine, trace)
-    records = llm.engine.run()
-    m = {rid: r.metrics for rid, r in llm.engine.requests.items()}
-    stats = llm.engine.kv.stats() if llm.config.enable_prefix_caching else None
-    return llm.engine, m, metrics.summarize(m, records, max_num_seqs=64, prefix_cache_stats=stats)
+    return replay(trace, model="llama-2-7b", cost_model="H100-SXM", max_model_len=8192, max_num_seqs=64, **config)
 
 def mean(xs):
     xs = [x for x in xs if x is not None]
@@ -253,10 +248,12 @@ figures.latency_cdf_figure({name: list(m.values()) for name, (_, m, _) in apc_ru
 
 # %% [markdown]
 # All three savings, and here memory is the one that matters most. Without the cache
-# every request holds its own copy of the 1024-token prompt, so 8 GiB holds about a dozen requests; the
-# queue grows, the cache overflows into preemptions, and the first token takes seconds. With it the
-# prompt's 64 blocks exist once, each request adds only its question and answer, and every prompt after
-# the first prefills about a seventh of its tokens.
+# every request holds its own copy of the 1024-token prompt, so 8 GiB (16,384 positions) holds about a
+# dozen requests (16,384 / (1,024 + a question and an answer of about 128 tokens each) ≈ 13); the queue
+# grows, the cache overflows into preemptions (<span title="from the run">145 preemptions</span>), and
+# the first token takes seconds. With it the prompt's 64 blocks exist once, each request adds only its
+# question and answer, and the prompts prefill about a seventh of their tokens
+# (<span title="from the run">71,513 of 480,089</span>).
 #
 # **Move the slider.** The same workload in a what-if widget: each move re-simulates the 400 requests (the
 # same scheduler and block pool) and redraws the TTFT and TPOT CDFs, the KV cache over the run and the
@@ -350,12 +347,14 @@ fig
 #
 # ## 6. What it is worth
 #
-# Providers pass the saving on in their API prices. DeepSeek's published prices for its V4 Flash model,
-# for example, charge \$0.0028 per million input tokens on a cache hit and \$0.14 on a miss, 50x more.
+# Providers pass the saving on in their API prices. DeepSeek's published prices for its V4 Flash model
+# (its pricing page, api-docs.deepseek.com/quick_start/pricing, since the end of April 2026, when the
+# cache-hit price was cut to a tenth of its launch price of \$0.028), for example, charge \$0.0028 per
+# million input tokens on a cache hit and \$0.14 on a miss, 50x more.
 # A workload pays a blend, weighted by its hit rate:
 
 # %%
-HIT, MISS = 0.0028, 0.14                    # $ per 1M input tokens: DeepSeek V4 Flash, cache hit and miss
+HIT, MISS = 0.0028, 0.14                    # $ per 1M input tokens: DeepSeek V4 Flash, cache hit and miss (April 2026)
 print(f"a hit costs {MISS / HIT:.0f}x less than a miss")
 
 def price(hit_rate):

@@ -46,7 +46,7 @@ import plotly.graph_objects as go
 
 from minillm import LLM, SamplingParams, impl
 from minillm.viz import figures
-from minillm.analysis import metrics, workloads
+from minillm.analysis import workloads
 from minillm.viz import LockstepStepper
 
 # %%
@@ -57,6 +57,7 @@ from plotly.subplots import make_subplots
 from minillm.sim.costmodel import HARDWARE, RooflineCostModel, swap_or_recompute
 from minillm.core.policies import Priority
 from minillm.analysis.workloads import TraceRequest, Uniform
+from minillm.sim.replay import replay
 
 ex = impl.load("ex05_preemption")    # your exercises/ex05_preemption.py (MINILLM_IMPL=solutions: the answers);
                                      # re-run this cell after editing the file: impl.load reads it again
@@ -67,12 +68,8 @@ def serve(trace, cost_model=H100, **config):
     modeled clock of `cost_model`. Returns the engine, its requests' metrics, and metrics.summarize's dict."""
     config.setdefault("num_kv_blocks", 1024)             # 16,384 positions of KV (8 GiB), as in notebook 02
     config.setdefault("max_num_seqs", 256)
-    llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model=cost_model, max_model_len=8192,
-              max_num_batched_tokens=8192, **config, record="summary")   # no per-block KV map: totals are enough here
-    workloads.submit_trace(llm.engine, trace, vocab_size=llm.engine.vocab_size)
-    records = llm.engine.run()
-    m = {rid: r.metrics for rid, r in llm.engine.requests.items()}
-    return llm.engine, m, metrics.summarize(m, records, max_num_seqs=llm.config.max_num_seqs)
+    return replay(trace, model="llama-2-7b", cost_model=cost_model, max_model_len=8192, max_num_batched_tokens=8192,
+                  **config)
 
 
 # %% [markdown]

@@ -21,12 +21,12 @@
 # generating one: decode is bandwidth bound, so a few extra positions are nearly free. It converts spare
 # compute into lower latency.
 #
-# The catch comes with it: the acceptance rate determines the actual speed-up, and a low acceptance
-# rate can make things slower rather than faster. This notebook:
+# The catch comes with it: how often the draft's guesses are kept determines the actual speed-up, and a
+# draft that is rarely right can make things slower rather than faster. This notebook:
 #
 # 1. draft and verify, stepped live on the shipped model and its shipped draft;
 # 2. the acceptance rule: greedy, and rejection sampling (why the output does not change);
-# 3. acceptance rate against speed-up;
+# 3. the probability α that a guess is kept, against speed-up;
 # 4. when speculation makes things slower: low acceptance, a costly draft, a large batch;
 # 5. the shipped draft (`speculative_model="default-draft"`) against the n-gram proposer (`"ngram"`);
 # 6. exercises: the acceptance rule, inside the engine, and the speed-up formula.
@@ -155,7 +155,15 @@ fig
 # If each guess is accepted with probability α, independently, one target step emits on average
 # 1 + α + α² + ... + α^k = (1 − α^(k+1)) / (1 − α) tokens. If a draft forward costs c target forwards
 # and the verification costs one (the memory-bound assumption), the speed-up is
-# (1 − α^(k+1)) / ((1 − α)(k c + 1)) (Leviathan et al., 2023; `speculative.expected_speedup`):
+# (1 − α^(k+1)) / ((1 − α)(k c + 1)) (Leviathan et al., 2023; `speculative.expected_speedup`).
+#
+# Two quantities must not be confused. **α** is a parameter of this model: the probability that a guess
+# is kept, given that the guesses before it were. The **acceptance rate** the engine reports
+# (`spec_stats`) is a count: accepted guesses over proposed guesses. Guesses after the first rejection are
+# proposed but never accepted, so the acceptance rate is below α: at α = 0.8 and k = 4 a step keeps
+# 0.8 + 0.8² + 0.8³ + 0.8⁴ = 2.36 of its 4 guesses on average, a rate of 59%. Below, α is *fitted* from a
+# run: the value that makes the formula's tokens per target step equal the measured mean
+# (`alpha_from_tokens_per_step`).
 
 # %%
 alphas = np.linspace(0.0, 0.98, 50)
@@ -165,8 +173,9 @@ for k in (1, 2, 4, 8):
 fig.add_trace(go.Scatter(x=alphas, y=[expected_speedup(a, 4, 0.36) for a in alphas], name="k = 4, c = 0.36 (the shipped pair)",
                          line=dict(dash="dash", color="black")))
 fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
-fig.update_layout(title="expected speed-up vs acceptance rate", xaxis_title="per-token acceptance rate alpha",
-                  yaxis_title="speed-up (x)", height=380, plot_bgcolor="white")
+fig.update_layout(title="expected speed-up vs α, the probability that a guess is kept",
+                  xaxis_title="α (probability that a guess is kept, given the earlier ones were)",
+                  yaxis_title="speed-up over plain decoding (times)", height=380, plot_bgcolor="white")
 fig
 
 # %% [markdown]
@@ -203,15 +212,17 @@ for k in (1, 2, 4, 6):
           f"{base / t:.2f}x, the formula with c = {ratio:.2f}: {rows[-1][3]:.2f}x")
 
 # %% [markdown]
-# The engine's measurements follow the formula. A draft that agrees with its target on about half of the
-# greedy tokens (the α printed above), but costs over a third of it per forward, gains a little with one
-# or two guesses and loses time from four on: each rejected guess wasted a draft forward. Real drafts are
-# 10 to 50 times smaller than their targets (c of 0.02 to 0.1), where the same α gives a clear gain.
+# The engine's measurements follow the formula. A draft whose guesses are kept with the α printed above,
+# but which costs over a third of the target per forward, gains a little with one or two guesses and
+# loses time from four on: each rejected guess wasted a draft forward. Published pairs have far cheaper
+# drafts: a 4 B-parameter draft for the 70 B Chinchilla (Chen et al., 2023: c ≈ 0.06 by parameters),
+# T5-small (77 M) for T5-XXL (11 B) (Leviathan et al., 2023: c ≈ 0.007), and section 4's 125 M draft for
+# Llama-3-8B (<span title="from the run">c = 0.016</span>, printed there). With so small a c the same α gives a clear gain.
 #
 # ## 4. When speculation makes things slower
 #
-# When speculative decoding is slower, the usual cause is a low acceptance rate, and the fix a better
-# draft model, or none. Low acceptance is one cause (the curves above fall below 1 on the left). The other is
+# When speculative decoding is slower, the usual cause is a draft that is rarely right (a low α), and
+# the fix a better draft model, or none. A low α is one cause (the curves above fall below 1 on the left). The other is
 # the assumption behind "nearly free": verification of k + 1 positions costs one plain step only while
 # the verification step is memory bound, that is, while the batch is small. Verifying k + 1 positions
 # multiplies a step's arithmetic by k + 1 without adding weight reads, so the verification step crosses
@@ -277,14 +288,21 @@ for proposer in ("default-draft", "ngram"):
     rows = [r for r in compare if r[2] == proposer]
     fig.add_trace(go.Bar(name=proposer, x=[f"{n}, {'greedy' if t == 0 else 'T=0.8'}" for t, n, *_ in rows], y=[r[5] for r in rows]))
 fig.add_hline(y=1.0, line_dash="dot")
-fig.update_layout(barmode="group", title="speed-up on the modeled clock (10 ms per target step)", yaxis_title="x",
+fig.update_layout(barmode="group", title="speed-up on the modeled clock (10 ms per target step), k = 4",
+                  xaxis_title="prompt and sampling", yaxis_title="speed-up over plain decoding (times)",
                   height=360, plot_bgcolor="white")
 fig
 
 # %% [markdown]
 # Greedy, the small shipped model falls into loops (look at its text in section 2), so prompt lookup
-# finds its guesses in the request's own recent output, keeps many of them, and costs nothing: the
-# best results here, while the draft model, costing a third of a target step per guess, loses time.
+# finds guesses in the request's own recent output. It does not guess better than the draft model: about
+# the same share of its guesses is accepted (<span title="from the run">27%</span> against the draft's
+# <span title="from the run">26%</span> on Romeo, <span title="from the run">37%</span> against
+# <span title="from the run">32%</span> on the dialogue), and it emits fewer tokens per target step. Its
+# gain is the cost: a guess looked up in the context costs no forward at all, while each of the draft
+# model's costs a third of a target step. So prompt lookup gives the best results here
+# (<span title="from the run">1.45x</span> and <span title="from the run">1.66x</span>), while the draft
+# model loses time.
 # Sampled at T = 0.8 the text stops repeating and prompt lookup finds almost nothing to propose, while
 # the draft model, which learned the target's distribution, has more of its guesses accepted than it
 # did greedy, on both prompts (compare the greedy and sampled rows; rejection sampling accepts by

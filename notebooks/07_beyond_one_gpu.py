@@ -34,6 +34,7 @@
 
 # %%
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from minillm import LLM, SamplingParams, impl
@@ -102,15 +103,16 @@ CASES = {"decode, batch 32, context 1024": dict(num_new_tokens=[1] * 32, context
          "prefill, one 4096-token prompt": dict(num_new_tokens=[4096], context_lens=[4096])}
 fig = make_subplots(rows=1, cols=2, subplot_titles=list(CASES))
 for col, (case, kw) in enumerate(CASES.items(), start=1):
-    for link in (None, "NVLink", "PCIe", "InfiniBand"):
+    for i, link in enumerate((None, "NVLink", "PCIe", "InfiniBand")):    # one colour per link, in both panels
         t = tp_step_times("H100-SXM", "llama-2-13b", SIZES, link, **kw)
         speedup = [t[0] / x for x in t]
         fig.add_trace(go.Scatter(x=list(SIZES), y=speedup, mode="lines+markers", name=link or "ideal",
-                                 legendgroup=link or "ideal", showlegend=col == 1), row=1, col=col)
+                                 line_color=qualitative.Plotly[i], legendgroup=link or "ideal",
+                                 showlegend=col == 1), row=1, col=col)
         print(f"{case:32s} {link or 'ideal':10s} step ms " + ", ".join(f"{x * 1e3:6.2f}" for x in t)
               + "   speed-up at 8: " + f"{speedup[-1]:.2f}x")
 fig.update_xaxes(title_text="GPUs (tensor parallel)", type="log", tickvals=list(SIZES))
-fig.update_yaxes(title_text="speed-up over 1 GPU")
+fig.update_yaxes(title_text="speed-up over 1 GPU (times)")
 fig.update_layout(title="Llama-2-13B on H100s: modeled step time speed-up by link", height=380)
 fig.show()
 
@@ -172,12 +174,17 @@ for name, rs in rows.items():
               f"{r['tpot_p99'] * 1e3:11.1f} {r['good_loose']:13.2f} {r['good_tight']:12.2f}")
 
 # %%
-fig = make_subplots(rows=1, cols=4, subplot_titles=["TTFT p99 (s)", "TPOT p99 (ms)", "goodput, TPOT <= 100 ms",
+PANELS = (("ttft_p99", 1, "TTFT p99 (s)"), ("tpot_p99", 1e3, "TPOT p99 (ms)"),
+          ("good_loose", 1, "goodput (req/s)"), ("good_tight", 1, "goodput (req/s)"))
+fig = make_subplots(rows=1, cols=4, subplot_titles=["TTFT p99", "TPOT p99", "goodput, TPOT <= 100 ms",
                                                     "goodput, TPOT <= 25 ms"])
-for name, rs in rows.items():
-    for col, (key, scale) in enumerate((("ttft_p99", 1), ("tpot_p99", 1e3), ("good_loose", 1), ("good_tight", 1)), 1):
+for i, (name, rs) in enumerate(rows.items()):          # one colour per deployment, in every panel
+    for col, (key, scale, _) in enumerate(PANELS, 1):
         fig.add_trace(go.Scatter(x=list(RATES), y=[r[key] * scale for r in rs], mode="lines+markers", name=name,
-                                 legendgroup=name, showlegend=col == 1), row=1, col=col)
+                                 line_color=qualitative.Plotly[i], legendgroup=name, showlegend=col == 1),
+                      row=1, col=col)
+for col, (_, _, unit) in enumerate(PANELS, 1):
+    fig.update_yaxes(title_text=unit, row=1, col=col)
 fig.update_xaxes(title_text="arrival rate (req/s)")
 fig.update_yaxes(type="log", row=1, col=1)
 fig.update_layout(height=380, title="4 x A100, Llama-2-13B: disaggregated vs colocated")
@@ -259,14 +266,19 @@ for tname, trace in TRACES.items():
               f"  requests per replica {s['requests_per_instance']}  ({s['wall_time']:.1f} s wall)")
 
 # %%
-fig = make_subplots(rows=1, cols=3, subplot_titles=["prefix-cache hit rate", "TTFT p50 (ms)", "TTFT p99 (ms)"])
-for label in ROUTERS:
+ROUTER_PANELS = (("prefix_cache_hit_rate", 1, "hit rate (fraction, 0 to 1)"), ("ttft_p50", 1e3, "TTFT p50 (ms)"),
+                 ("ttft_p99", 1e3, "TTFT p99 (ms)"))
+fig = make_subplots(rows=1, cols=3, subplot_titles=["prefix-cache hit rate", "TTFT p50", "TTFT p99"])
+for i, label in enumerate(ROUTERS):                    # one colour per router, in every panel
     xs = [t for t in TRACES if (t, label) in res]
     if not xs:
         continue
-    for col, (key, scale) in enumerate((("prefix_cache_hit_rate", 1), ("ttft_p50", 1e3), ("ttft_p99", 1e3)), 1):
+    for col, (key, scale, _) in enumerate(ROUTER_PANELS, 1):
         fig.add_trace(go.Bar(x=xs, y=[res[t, label][key] * scale for t in xs], name=label, legendgroup=label,
-                             showlegend=col == 1), row=1, col=col)
+                             marker_color=qualitative.Plotly[i], showlegend=col == 1), row=1, col=col)
+for col, (_, _, unit) in enumerate(ROUTER_PANELS, 1):
+    fig.update_yaxes(title_text=unit, row=1, col=col)
+fig.update_xaxes(title_text="trace")
 fig.update_layout(barmode="group", height=380, title="4 replicas, 60 req/s: three routers")
 fig.show()
 

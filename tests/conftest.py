@@ -1,6 +1,7 @@
 """Shared test set-up: offline, seeded, small."""
 
 import os
+import re
 
 # On a machine without CUDA, Triton's interpreter must be chosen before anything imports
 # Triton (transformers' model modules may): see kernels/_triton_setup.py.
@@ -94,11 +95,27 @@ class GradeReport:
             except Exception:
                 pass
         text = message.splitlines() or [""]
+        if isinstance(exc, AssertionError) and not frames and text[0].startswith("assert "):
+            return self.bare_assert(excinfo, text[0])
         if len(text) > self.MAX_MESSAGE_LINES:
             text = text[:self.MAX_MESSAGE_LINES] + ["..."]
         if frames or not isinstance(exc, AssertionError):
             text[0] = f"{kind}: {text[0]}" if text[0] else kind
         return lines + text
+
+    COMPARISON = re.compile(r"^assert (.+?) (==|!=|<=|>=|<|>) (.+)$")
+
+    def bare_assert(self, excinfo, first: str) -> list[str]:
+        """A grader's ``assert`` without a message, as a sentence: the check as the grader writes it, and the
+        two values pytest compared (``first`` is the first line of pytest's report of it)."""
+        statement = " ".join(str(excinfo.traceback[-1].statement).split()).removeprefix("assert ")
+        lines = [f"your code does not pass the grader's check: {statement}"]
+        m = self.COMPARISON.match(first)
+        if m:
+            lines.append(f"    the left side is {m.group(1)}, the right side {m.group(3)}")
+        else:
+            lines.append(f"    pytest evaluated it as: {first.removeprefix('assert ')}")
+        return lines
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def pytest_collection_finish(self, session):

@@ -53,3 +53,29 @@ def test_measure_rejects_bad_input_naming_the_value():
     busy.add_request([1, 2, 3])
     with pytest.raises(ValueError, match="unfinished requests"):
         decode_timing.measure(busy, [1])
+
+
+def test_measure_on_the_cpu_uses_one_torch_thread_and_cpu_time_then_restores_the_count():
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+
+        class CountingEngine:
+            """The simulated engine, noting torch's thread count at every step."""
+            def __init__(self, engine):
+                self.engine, self.config = engine, engine.config
+
+            def __getattr__(self, name):
+                return getattr(self.engine, name)
+
+            def step(self):
+                seen.append(torch.get_num_threads())
+                return self.engine.step()
+        engine = CountingEngine(simulated_engine())
+        t = decode_timing.measure(engine, [1, 2], steps=2, repeats=1, prompt_len=8, device="cpu")
+        assert set(seen) == {1} and t.clock == "CPU time"
+        assert torch.get_num_threads() == 2, "the caller's thread count is restored"
+    finally:
+        torch.set_num_threads(before)

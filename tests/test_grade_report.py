@@ -89,8 +89,9 @@ def test_a_failure_shows_the_students_lines_only(tmp_path):
 
 
 def test_a_bare_assert_in_a_grader_shows_both_values(tmp_path):
-    """Graders are loaded with pytest's assert rewriting: a grader's plain ``assert got == want`` tells the
-    student what their code returned and what was expected (here: int8 rounding halves up, not to even)."""
+    """Graders are loaded with pytest's assert rewriting: a grader's plain ``assert got == want`` is reported as
+    a sentence, the check as the grader writes it and the two values compared (here: int8 rounding halves up,
+    not to even), not as pytest's introspection."""
     d = tmp_path / "mine"
     d.mkdir()
     src = (ROOT / "solutions" / "ex08_kv_quant.py").read_text()
@@ -101,4 +102,6 @@ def test_a_bare_assert_in_a_grader_shows_both_values(tmp_path):
     out = proc.stdout.rstrip("\n").split("\n")
     i = next(i for i, ln in enumerate(out) if LINE.match(ln) and "quantize_block_by_hand" in ln)
     assert LINE.match(out[i]).group(1) == "FAIL", proc.stdout[-3000:]
-    assert "assert [[[1, -127]" in out[i + 1] and "== [[[0, -127]" in out[i + 1], proc.stdout[-3000:]
+    assert out[i + 1].strip().startswith("your code does not pass the grader's check: "), proc.stdout[-3000:]
+    assert "the left side is [[[1, -127]" in out[i + 2] and "the right side [[[0, -127]" in out[i + 2], \
+        proc.stdout[-3000:]

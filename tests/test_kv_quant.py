@@ -611,3 +611,20 @@ def test_a_prompt_cut_inside_a_block_can_change_a_quantized_requests_tokens():
     assert [i for i in range(4) if whole[i] != cut[i]] == [3]
     assert _greedy_tokens(prompts, "auto", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=96)[0] == \
         _greedy_tokens(prompts, "auto", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=3)[0]
+
+
+@needs_shipped
+def test_few_levels_with_int8s_127_levels_is_the_int8_store_and_7_levels_costs_more(shipped):
+    """``FewLevels(127)`` is the int8 store's arithmetic (same scale, rounding and clamp): its loss and argmaxes
+    equal the engine's int8 cache exactly. ``FewLevels(7)`` (notebook 02's int4-like case) has 18 times coarser
+    steps: its loss moves away from float32's by more than int8's does."""
+    from minillm.bench.kv_quant import FewLevels, teacher_forced
+    model, _, text, ids = shipped
+    ids = ids[:257]
+    base, int8 = (teacher_forced(model, ids, kind, context=256) for kind in ("float32", "int8"))
+    same = teacher_forced(model, ids, ("int8", FewLevels(127)), context=256)
+    coarse = teacher_forced(model, ids, "int4-like", context=256)
+    assert same["nats"] == int8["nats"] and same["argmax"] == int8["argmax"]
+    assert abs(coarse["nats"] / base["nats"] - 1) > 10 * abs(int8["nats"] / base["nats"] - 1)
+    with pytest.raises(ValueError, match="levels=0"):
+        FewLevels(0)

@@ -162,6 +162,10 @@ def test_make_lab_on_a_fresh_clone(as_user, workdir):
         assert "@jupyterlab/apputils-extension:announcements" in config["disabledExtensions"], "news pop-up off"
         assert config["news"] == {"disabled": True}
         assert config["extensionManager"]["can_install"] is False, "the extension manager cannot install"
+        status, listing = _get(f"{base}/api/contents", token)
+        names = {e["name"] for e in json.loads(listing)["content"]}
+        assert status == 200 and "00_tour.ipynb" in names, names
+        assert not any(n.endswith(".py") for n in names), f"the jupytext sources are hidden from the browser: {names}"
         assert ("--allow-root" in _cmdline_of_group(proc.pid)) == (uid == 0), "--allow-root as root only"
     finally:
         _stop(proc)

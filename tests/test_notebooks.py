@@ -89,7 +89,11 @@ def test_running_a_notebook_does_not_dirty_a_commit(tmp_path):
     shutil.copy(ROOT / ".gitattributes", repo / ".gitattributes")
     clean = NOTEBOOKS[0]
     path = repo / "notebooks" / clean.name
-    shutil.copy(clean, path)
+    committed = staged_text(clean)          # as git holds it: the student's working file may carry outputs
+    if committed is not None:
+        path.write_text(committed)
+    else:
+        shutil.copy(clean, path)
     for args in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
         assert _git(*args, cwd=repo).returncode == 0, args
 
@@ -112,7 +116,8 @@ def test_running_a_notebook_does_not_dirty_a_commit(tmp_path):
     assert _git("add", "--renormalize", str(path), cwd=repo).returncode == 0
     staged = staged_notebook(path)
     assert not cells_with_outputs(staged), "the nbstripout filter strips outputs when a notebook is staged"
-    assert nbformat.writes(staged) == nbformat.writes(nbformat.read(clean, as_version=4))
+    assert nbformat.writes(staged) == nbformat.writes(nbformat.reads(committed, as_version=4) if committed is not None
+                                                      else nbformat.read(clean, as_version=4))
     assert cells_with_outputs(nbformat.read(path, as_version=4)), "the working file keeps the student's outputs"
     assert _git("diff", "--quiet", cwd=repo).returncode == 0, "`git diff` shows no change for outputs alone"
 
@@ -151,10 +156,10 @@ def test_a_students_copy_with_run_notebooks_passes_these_checks(tmp_path):
     env = {**os.environ, "MINILLM_STUDENT_COPY": "1"}
     env.pop("CI", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_notebooks.py",
-                           "-k", "committed_without_outputs or in_sync"],
+                           "-k", "committed_without_outputs or in_sync or does_not_dirty_a_commit"],
                           cwd=clone, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "skipped" not in proc.stdout and f"{2 * len(NOTEBOOKS)} passed" in proc.stdout, proc.stdout[-2000:]
+    assert "skipped" not in proc.stdout and f"{2 * len(NOTEBOOKS) + 1} passed" in proc.stdout, proc.stdout[-2000:]
 
 
 # A number the prose quotes from a run is marked where it stands, <span title="from the run">67 ms</span>
@@ -181,6 +186,50 @@ def quotes_not_printed(nb) -> list[str]:
     return [q for q in quotes if q not in printed]
 
 
+PLOTLY = "application/vnd.plotly.v1+json"
+
+
+def figures_missing_titles(nb) -> list[str]:
+    """Each plotly figure the notebook's cells displayed (a widget's live figure is not in the outputs) needs a
+    title, and every axis it shows a title: one line per missing one, naming the cell and the axis."""
+    missing = []
+    for i, cell in enumerate(nb.cells):
+        outs = cell.get("outputs", []) if cell.cell_type == "code" else []
+        for out in outs:
+            fig = out.get("data", {}).get(PLOTLY) if out.output_type in ("execute_result", "display_data") else None
+            if fig is None:
+                continue
+            layout = fig.get("layout", {})
+            title = layout.get("title")
+            title = title.get("text") if isinstance(title, dict) else title
+            where = f"cell {i} ({cell.source.splitlines()[0][:60] if cell.source else ''})"
+            if not title:
+                missing.append(f"{where}: no figure title")
+            used = {t.get(k, k[0]) for t in fig.get("data", []) for k in ("xaxis", "yaxis")}
+            used = {f"{a[0]}axis{a[1:]}" for a in used}          # "x2" -> "xaxis2"
+            for axis in sorted(used):
+                ax = layout.get(axis, {})
+                if ax.get("visible") is False:
+                    continue
+                text = ax.get("title", {}).get("text") if isinstance(ax.get("title"), dict) else ax.get("title")
+                if not text and not (axis.startswith("yaxis") and axis != "yaxis" and layout.get("yaxis", {})
+                                     .get("title") and ax.get("matches")):
+                    missing.append(f"{where}: {axis} has no title")
+    return missing
+
+
+def test_a_figure_without_titles_is_named():
+    fig = {"data": [{"type": "scatter", "x": [1], "y": [1]}, {"type": "scatter", "xaxis": "x2", "yaxis": "y2"}],
+           "layout": {"title": {"text": "t"}, "xaxis": {"title": {"text": "batch size"}},
+                      "yaxis": {"title": {"text": "ms per step"}}, "xaxis2": {"title": {"text": "s"}}, "yaxis2": {}}}
+    def notebook():
+        return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("fig", outputs=[
+            nbformat.v4.new_output("display_data", data={PLOTLY: fig})])])
+    assert figures_missing_titles(notebook()) == ["cell 0 (fig): yaxis2 has no title"]
+    del fig["layout"]["title"]
+    assert figures_missing_titles(notebook())[0] == "cell 0 (fig): no figure title"
+
+
 def test_a_quoted_number_must_be_printed_by_the_run():
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("print(...)", outputs=[
@@ -188,6 +237,22 @@ def test_a_quoted_number_must_be_printed_by_the_run():
         nbformat.v4.new_markdown_cell('Newcomers waited <span title="from the run">67 ms</span>, '
                                       'not <span title="from the run">75 ms</span>.')])
     assert quotes_not_printed(nb) == ["75 ms"]
+
+
+CELL_LIMIT = 30       # seconds a cell may take on a quiet 2-core machine (checked with MINILLM_NOTEBOOK_LIMITS=1)
+
+
+def cell_seconds(nb) -> list[tuple[float, int]]:
+    """(seconds, cell index) of each executed code cell, from the timing nbclient records in its metadata."""
+    from datetime import datetime
+    out = []
+    for i, cell in enumerate(nb.cells):
+        ex = cell.get("metadata", {}).get("execution", {})
+        start, end = ex.get("iopub.status.busy"), ex.get("shell.execute_reply")
+        if cell.cell_type == "code" and start and end:
+            t0, t1 = (datetime.fromisoformat(str(x).replace("Z", "+00:00")) for x in (start, end))
+            out.append(((t1 - t0).total_seconds(), i))
+    return out
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
@@ -213,7 +278,15 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
     assert not errors, f"{path.name}: error outputs {[(o.ename, o.evalue) for o in errors]}"
     stale = quotes_not_printed(nb)
     assert not stale, f"{path.name}: the prose quotes {stale} from the run, but no cell printed them"
-    print(f"{path.name}: {elapsed:.1f} s")
+    untitled = figures_missing_titles(nb)
+    assert not untitled, f"{path.name}: figures need a title and axis titles with units: {untitled}"
+    slowest = max(cell_seconds(nb), default=(0.0, -1))
+    print(f"{path.name}: {elapsed:.1f} s, slowest cell {slowest[1]} {slowest[0]:.1f} s")
+    # Opt-in, on a quiet machine (MINILLM_NOTEBOOK_LIMITS=1): every cell within CELL_LIMIT seconds too.
+    # scripts/notebook_times.py prints each notebook's and cell's CPU time, which a busy machine cannot inflate.
+    if os.environ.get("MINILLM_NOTEBOOK_LIMITS") == "1":
+        slow = [(round(t, 1), i) for t, i in cell_seconds(nb) if t > CELL_LIMIT]
+        assert not slow, f"{path.name}: cells over {CELL_LIMIT} s (seconds, cell index): {slow}"
     # The budget is the reader's: a notebook on a 2-core machine doing nothing else. When other work
     # kept more runnable processes than cores (the 1-minute load average), wall time says nothing about
     # the notebook, and the overrun is reported instead of failing.

@@ -182,3 +182,17 @@ def test_a_configuration_that_cannot_work_is_refused_before_anything_runs():
         WhatIfSettings(watermark=1.0)
     with pytest.raises(ValueError, match="kv_capacity_tokens=8"):
         WhatIfSettings(kv_capacity_tokens=8)
+
+
+def test_notebook_03s_suggestion_shows_fcfs_and_sjf_apart():
+    """Notebook 03 suggests FCFS against SJF at 16,000 KV positions and 12 req/s (the widget's 2,000-request trace):
+    a queue forms and SJF's median TTFT is several times FCFS's while its p99 is not better; at the default
+    64,000 positions and 12 req/s hardly a queue forms and the two policies give nearly the same TTFTs (why it
+    suggests 16,000)."""
+    w = WhatIf(slo_ttft=2.0, slo_tpot=0.1)
+    run = {(kv, pol): simulate(w.trace_for(12.0), **w.simulate_kwargs(WhatIfSettings(rate=12.0, policy=pol,
+                                                                                     kv_capacity_tokens=kv)))[1]
+           for kv in (16_000, 64_000) for pol in ("fcfs", "sjf")}
+    fcfs, sjf = run[16_000, "fcfs"], run[16_000, "sjf"]
+    assert fcfs["ttft_p50"] > 3 * sjf["ttft_p50"] and sjf["ttft_p99"] >= fcfs["ttft_p99"]
+    assert run[64_000, "fcfs"]["ttft_p50"] == pytest.approx(run[64_000, "sjf"]["ttft_p50"], rel=0.05)

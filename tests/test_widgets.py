@@ -695,3 +695,19 @@ def test_lockstep_says_when_both_runs_are_done():
     assert "all 2 requests are done" in banner and "Press Reset" in banner
     lk.reset()
     assert lk.finished_html.value == "" and not lk.step_button.disabled
+
+
+def test_a_running_request_without_tokens_is_given_the_reason_the_step_recorded():
+    """The samples of a group forked at the end of a step are running but had no grant in it: the queue panel
+    says they were forked (not that a budget was spent)."""
+    from minillm.viz.panels import idle_reason
+    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=32, max_model_len=64,
+              max_num_seqs=8, max_num_batched_tokens=64)
+    llm.engine.add_request(list(range(10, 20)), SamplingParams(n=4, max_tokens=4, ignore_eos=True), request_id="g")
+    rec = llm.engine.step()
+    assert rec.forks, "the prompt ran and the group forked in the first step"
+    idle = [rid for rid in rec.running if rec.entry(rid) is None]
+    assert idle, "the forked samples are running but had no grant in this step"
+    for rid in idle:
+        assert idle_reason(rec, rid).startswith("forked from g at the end of this step"), idle_reason(rec, rid)
+

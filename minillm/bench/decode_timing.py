@@ -17,17 +17,20 @@ over its fastest. On a quiet machine it stays near 1; when it is large, backgrou
 numbers by that factor and the ratios between batch sizes mean little. :func:`measure` returns both
 and :attr:`DecodeTimings.noisy` applies the threshold.
 
-The clock: this process's CPU time when the executor runs on the CPU with one torch thread (a busy
-machine then cannot inflate a step by descheduling us), else wall time (a GPU step's tokens are
-copied to the host before it returns, so the wall clock covers the kernels).
+The clock: on the CPU, :func:`measure` runs torch with one intra-op thread for its duration (the
+setting is restored after) and times with this process's CPU time, which a busy machine cannot
+inflate by descheduling us; with one thread, CPU time is the time the step would take on a quiet
+core. On a GPU it is wall time (a GPU step's tokens are copied to the host before it returns, so
+the wall clock covers the kernels).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -41,6 +44,20 @@ def clock_for(device: str) -> tuple[Callable[[], float], str]:
     if device == "cpu" and torch.get_num_threads() == 1:
         return time.process_time, "CPU time"
     return time.perf_counter, "wall time"
+
+
+@contextmanager
+def one_torch_thread(device: str) -> Iterator[None]:
+    """On the CPU, one intra-op torch thread inside the block (the previous count is restored after);
+    elsewhere nothing changes."""
+    before = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def decode_steps(engine, batch: int, steps: int, prompt_len: int = 32,
@@ -93,7 +110,8 @@ class DecodeTimings:
 def measure(engine, batches: Sequence[int], steps: int = 16, repeats: int = 3, prompt_len: int = 32,
             device: str = "cpu") -> DecodeTimings:
     """Time decode steps at each batch size in ``batches``: ``repeats`` interleaved rounds of
-    ``steps`` decode steps each, after one warm-up run (on a GPU it compiles the kernels).
+    ``steps`` decode steps each, after one warm-up run (on a GPU it compiles the kernels). On the
+    CPU with one torch thread, timed in CPU time (see the module's docstring).
 
     ``engine`` must admit ``max(batches)`` requests at once (``max_num_seqs`` and KV room for
     ``prompt_len + steps + 1`` positions each) and be idle."""
@@ -103,10 +121,11 @@ def measure(engine, batches: Sequence[int], steps: int = 16, repeats: int = 3, p
         raise ValueError("measure needs an idle engine: it has unfinished requests")
     if max(batches) > engine.config.max_num_seqs:
         raise ValueError(f"batches go up to {max(batches)} but max_num_seqs is {engine.config.max_num_seqs}")
-    clock, name = clock_for(device)
-    decode_steps(engine, min(4, max(batches)), 2, prompt_len, clock)        # warm-up
-    out = DecodeTimings(list(batches), {b: [] for b in batches}, name)
-    for _ in range(repeats):
-        for b in batches:
-            out.repeat_medians[b].append(median(decode_steps(engine, b, steps, prompt_len, clock)))
+    with one_torch_thread(device):
+        clock, name = clock_for(device)
+        decode_steps(engine, min(4, max(batches)), 2, prompt_len, clock)        # warm-up
+        out = DecodeTimings(list(batches), {b: [] for b in batches}, name)
+        for _ in range(repeats):
+            for b in batches:
+                out.repeat_medians[b].append(median(decode_steps(engine, b, steps, prompt_len, clock)))
     return out

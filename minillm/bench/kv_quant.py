@@ -35,6 +35,46 @@ NAME = "kv-quant"
 KV_DTYPES = ("float32", "float16", *KV_FORMATS)
 
 
+class FewLevels:
+    """An int8 store that keeps only the integers ``-levels ... +levels`` (``levels=7``: the 15 of a
+    4-bit format): the same per-(block, head) scale, ``amax / levels``, and rounding as the int8 store,
+    with 18 times coarser steps. An exaggerated case that shows what quantization error does to a
+    model once it is large enough to matter (``EngineConfig.kv_quantizer`` takes it too)."""
+
+    def __init__(self, levels: int = 7):
+        if not 1 <= levels <= 127:
+            raise ValueError(f"FewLevels(levels={levels!r}): must be in 1..127 (an int8 holds it)")
+        self.levels = float(levels)
+
+    def new_scale(self, old, amax, kind):
+        import torch
+        return torch.maximum(old, amax / self.levels)
+
+    def quantize(self, x, scale, kind):
+        import torch
+        s = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return torch.round(x.to(torch.float32) / s).clamp(-self.levels, self.levels).to(torch.int8)
+
+    def dequantize(self, q, scale):
+        import torch
+        return q.to(torch.float32) * scale
+
+    def __repr__(self) -> str:
+        return f"FewLevels({int(self.levels)})"
+
+
+# KV kinds beyond the engine's dtypes: name -> (the cache's storage dtype, the store's arithmetic).
+EXAGGERATED = {"int4-like": ("int8", FewLevels(7))}
+
+
+def _storage(kind) -> tuple[str, Optional[object]]:
+    """A KV kind's storage dtype and quantizer (None: the engine's own): a dtype name, a name in
+    ``EXAGGERATED``, or the pair itself, ``(storage dtype, quantizer)``."""
+    if isinstance(kind, tuple):
+        return kind
+    return EXAGGERATED.get(kind, (kind, None))
+
+
 def _sizes(size: str) -> dict:
     return pick(size,
                 tiny=dict(tokens=300, context=128, prompts=2, prompt_len=16, new=8),
@@ -48,12 +88,14 @@ def _sizes(size: str) -> dict:
 
 class PagedRun:
     """A batch of sequences on ``model``, each with its own blocks of a fresh cache whose values
-    are stored as ``kv_cache_dtype`` ("float32" | "float16" | "bfloat16" | "int8" | "fp8")."""
+    are stored as ``kv_cache_dtype`` ("float32" | "float16" | "bfloat16" | "int8" | "fp8", a name in
+    ``EXAGGERATED``, or a pair (storage dtype, quantizer))."""
 
     def __init__(self, model, lengths: list[int], kv_cache_dtype: str, block_size: int = 16):
         import torch
 
         from ..worker.kv_tensors import allocate_kv_cache
+        kv_cache_dtype, self.quantizer = _storage(kv_cache_dtype)
         self.model, self.block_size = model, block_size
         self.device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
@@ -73,6 +115,7 @@ class PagedRun:
         q_lens = [len(c) for c in chunks]
         input_ids, positions, meta, _ = flat_batch(ids, q_lens, starts, [self.tables[r] for r in rows],
                                                    self.block_size, self.device, "torch")
+        meta.kv_quantizer = self.quantizer
         logits = self.model(input_ids, positions, self.caches, meta)
         return list(logits.split(q_lens))
 

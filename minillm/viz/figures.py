@@ -549,10 +549,12 @@ def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, c
     """KV maps of several engines at one step, one above the other (Figure 4 of notebook 02).
 
     ``records``: name -> the StepRecord (or KV snapshot) of that engine at the step to show,
-    e.g. ``{"reserved": rec_a, "paged": rec_b}``. Each row's title says what waits and why.
+    e.g. ``{"reserved": rec_a, "paged": rec_b}``. Each row's title says what waits and why; the figure's
+    title (default: the engines compared) sits above them.
     """
     colors = _colors(colors)
     names = list(records)
+    title = title or "KV caches side by side: " + ", ".join(names)
     cells_by = {}
     subtitles = []
     for name in names:
@@ -917,7 +919,7 @@ def gantt_figure(records: Sequence[StepRecord], requests: Any = None, *, title: 
                       xaxis_title=f"time (s, {clock} clock)", plot_bgcolor="white",
                       height=int(min(900, 140 + 22 * len(shown))),
                       yaxis=dict(autorange="reversed", type="category", categoryorder="array",
-                                 categoryarray=shown),
+                                 categoryarray=shown, title="request"),
                       legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
                       margin=dict(l=10, r=10, t=70, b=40))
     fig.update_xaxes(showgrid=True, gridcolor="#eee")
@@ -960,10 +962,11 @@ def latency_cdf_figure(configs: Mapping[str, Sequence[Any]], metrics: Sequence[s
                                      hovertemplate=f"{cfg}: %{{x:.2f}} {unit} (p%{{y:.0%}})"
                                      f"<br>p50 {p50:.2f}, p99 {p99:.2f}<extra></extra>"),
                           row=1, col=j)
-            fig.update_xaxes(title_text=unit, row=1, col=j, showgrid=True, gridcolor="#eee", rangemode="tozero")
-    fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
-    fig.update_yaxes(showgrid=True, gridcolor="#eee", range=[0, 1.02])
-    fig.update_layout(title=title, plot_bgcolor="white", height=380, margin=dict(t=80),
+            fig.update_xaxes(title_text=f"{metric.replace('_', ' ')} ({unit})", row=1, col=j, showgrid=True,
+                             gridcolor="#eee", rangemode="tozero")
+    fig.update_yaxes(title_text="fraction of requests", showgrid=True, gridcolor="#eee", range=[0, 1.02])
+    fig.update_layout(title=title or "latency CDF: the share of requests served within each time",
+                      plot_bgcolor="white", height=380, margin=dict(t=80),
                       legend=dict(orientation="h", y=1.12, yanchor="bottom", x=0))
     if width:
         fig.update_layout(width=width)

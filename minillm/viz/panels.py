@@ -239,6 +239,18 @@ def _section(title: str, rows: list[str], extra: int = 0) -> str:
             f"<table style='border-collapse:collapse;font-size:12px'>{_HEAD}{''.join(rows)}</table>{more}")
 
 
+def idle_reason(rec: StepRecord, rid: str) -> str:
+    """Why running request ``rid`` has no grant in step ``rec``, from what the step recorded: a sample forked at
+    the end of this step (its group's prompt ran; the sample decodes from the next step), or a token budget
+    the step used up. Otherwise the record does not say, and neither does this."""
+    parent = next((f.request_id for f in rec.forks if rid in f.sequences), None)
+    if parent is not None:
+        return f"forked from {parent} at the end of this step: it decodes from the next step"
+    if rec.num_batched_tokens >= rec.token_budget:
+        return f"not scheduled: the step's token budget was spent ({rec.num_batched_tokens}/{rec.token_budget})"
+    return "not scheduled this step"
+
+
 def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, colors: ColorMap, *,
                max_num_seqs: int, max_rows: int = MAX_ROWS) -> str:
     """The running set and the waiting queue after the step, with each request's progress."""
@@ -267,7 +279,7 @@ def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, color
     for rid in rec.running[:max_rows]:
         e = rec.entry(rid)
         if e is None:
-            status = "<span style='color:#a05a00'>not scheduled (budget spent)</span>"
+            status = f"<span style='color:#a05a00'>{_e(idle_reason(rec, rid))}</span>"
         elif e.phase == "decode":
             status = f"decode +{e.num_new_tokens}"
             if e.num_spec_tokens:
@@ -379,10 +391,8 @@ def reasons_html(rec: Optional[StepRecord], infos: dict, *, max_rows: int = MAX_
         items.append(f"<b>{_e(w.request_id)}</b> waits: {_e(w.reason)}.")
     if len(rec.waiting) > max_rows:
         items.append(f"... and {len(rec.waiting) - max_rows} more wait.")
-    idle = [rid for rid in rec.running if rec.entry(rid) is None]
-    if idle:
-        items.append("Running but given no tokens this step (budget spent): "
-                     + ", ".join(f"<b>{_e(r)}</b>" for r in idle) + ".")
+    for rid in (rid for rid in rec.running if rec.entry(rid) is None):
+        items.append(f"Running but given no tokens this step: <b>{_e(rid)}</b>, {_e(idle_reason(rec, rid))}.")
     for rid in rec.finished:
         why = rec.finish_reasons.get(rid, "")
         why_s = {"length": "reached max_tokens", "stop": "produced a stop token"}.get(why, why)

@@ -283,10 +283,12 @@ class WhatIf:
                                                                         color=figures.PALETTE[0 if dash == "solid"
                                                                                               else 7])),
                               row=1, col=col)
-        fig.update_xaxes(title_text="s", type="log")
-        fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
-        fig.update_yaxes(range=[0, 1.02])
-        fig.update_layout(height=340, plot_bgcolor="white", margin=dict(t=60, b=40),
+        # one labelled tick per power of ten (0.01, 0.1, 1, 10), written out, not 2 and 5 between them
+        fig.update_xaxes(title_text="seconds (log scale)", type="log", dtick=1, exponentformat="none",
+                         gridcolor="#eee")
+        fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02])
+        fig.update_layout(height=360, plot_bgcolor="white", margin=dict(t=90, b=40),
+                          title=dict(text="latency CDFs: share of requests within each time", y=0.98, yanchor="top"),
                           legend=dict(orientation="h", y=1.15, yanchor="bottom", x=0))
         return fig
 

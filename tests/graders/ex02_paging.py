@@ -222,7 +222,7 @@ def test_first_fit_reserve_and_release():
     got = a.reserve("C", 6)
     assert got is None and "C" not in a.regions, (
         f"Figure 4: B holds 20 of 24 positions, so C's 6 cannot be reserved: expected None, got {got}")
-    assert a.largest_gap() == 4
+    assert a.largest_gap() == 4, f"after B's 20 of 24 positions, the largest gap is 4, got {a.largest_gap()}"
     with pytest.raises(RuntimeError):
         a.reserve("B", 2)
     a.release("B")

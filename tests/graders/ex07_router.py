@@ -86,8 +86,11 @@ def test_router_sends_every_request_where_minillm_does():
     mine, s_mine = cluster.run_replicas(trace, ex().ExerciseRouter(), 3, model="llama-2-7b")
     ref, s_ref = cluster.run_replicas(trace, cluster.PrefixAwareRouter(), 3, model="llama-2-7b")
     for a, b in zip(mine, ref):
-        assert sorted(a.engine.requests) == sorted(b.engine.requests)
-    assert s_mine["prefix_cache_hit_rate"] == s_ref["prefix_cache_hit_rate"]
+        assert sorted(a.engine.requests) == sorted(b.engine.requests), (
+            "your router must send each request to the replica PrefixAwareRouter picks")
+    assert s_mine["prefix_cache_hit_rate"] == s_ref["prefix_cache_hit_rate"], (
+        f"prefix-cache hit rate {s_mine['prefix_cache_hit_rate']}, "
+        f"PrefixAwareRouter's {s_ref['prefix_cache_hit_rate']}")
 
 
 # --- Exercise 3: the KV transfer ----------------------------------------------------------------------

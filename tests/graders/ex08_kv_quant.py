@@ -47,8 +47,9 @@ def test_new_scale_by_hand():
 def test_quantize_int8_rounds_half_to_even_and_clamps_symmetrically():
     f = ex().quantize
     q = f(torch.tensor([2.5, 3.5, -2.5, 0.49, -0.51, 126.6, 200.0, -200.0]), torch.tensor(1.0), "int8")
-    assert q.dtype == torch.int8
-    assert q.tolist() == [2, 4, -2, 0, -1, 127, 127, -127]
+    assert q.dtype == torch.int8, f"quantize(..., 'int8') must return an int8 tensor, got {q.dtype}"
+    assert q.tolist() == [2, 4, -2, 0, -1, 127, 127, -127], (
+        f"int8 rounds halves to even and clamps to +-127: expected [2, 4, -2, 0, -1, 127, 127, -127], got {q.tolist()}")
     assert f(torch.tensor([1.0, -3.0, 0.75]), torch.tensor(0.5), "int8").tolist() == [2, -6, 2]
     per_head = f(torch.tensor([[10.0, 10.0]]), torch.tensor([[1.0, 4.0]]), "int8")       # broadcast
     assert per_head.tolist() == [[10, 2]]
@@ -57,14 +58,15 @@ def test_quantize_int8_rounds_half_to_even_and_clamps_symmetrically():
 @pytest.mark.parametrize("kind", KINDS)
 def test_quantize_a_block_of_zeros_with_scale_zero(kind):
     q = ex().quantize(torch.zeros(4, 2, 8), torch.zeros(1, 2, 1), kind)
-    assert q.dtype == ref.storage_dtype(kind)
+    assert q.dtype == ref.storage_dtype(kind), (
+        f"quantize(..., {kind!r}) must return {ref.storage_dtype(kind)}, got {q.dtype}")
     assert torch.equal(q.float(), torch.zeros(4, 2, 8)), "a scale of 0 stores zeros (no 0/0 = nan)"
 
 
 @pytest.mark.skipif(not FP8, reason="no float8_e4m3fn in this torch")
 def test_quantize_fp8_by_hand():
     q = ex().quantize(torch.tensor([0.3, -0.3, 1000.0, -1000.0, 448.0, 17.0, 1.0]), torch.tensor(1.0), "fp8")
-    assert q.dtype == torch.float8_e4m3fn
+    assert q.dtype == torch.float8_e4m3fn, f"quantize(..., 'fp8') must return a float8_e4m3fn tensor, got {q.dtype}"
     # 0.3 lies between e4m3's 0.28125 and 0.3125 (steps of 2^-5 in [0.25, 0.5)); 17 between 16 and 18.
     assert q.float().tolist() == [0.3125, -0.3125, 448.0, -448.0, 448.0, 16.0, 1.0]
     assert ex().quantize(torch.tensor([2.0]), torch.tensor(4.0), "fp8").float().tolist() == [0.5]
@@ -100,7 +102,10 @@ def test_round_trip_stays_within_one_step(kind):
     back = ex().dequantize(ex().quantize(x, scale[None, :, None], kind), scale[None, :, None])
     err = (back - x).abs()
     bound = 0.5 * scale[None, :, None] * (1 + 1e-5) if kind == "int8" else x.abs() / 16 + scale[None, :, None] / 2**10
-    assert (err <= bound).all()
+    worst = int(err.argmax())
+    limit = float(bound.expand_as(err).flatten()[worst])
+    assert (err <= bound).all(), (f"dequantize(quantize(x)) must be within half a step of x; the largest error is "
+                                  f"{float(err.max()):.4g} where the bound is {limit:.4g}")
 
 
 # --- Exercise 4: quantize_block -----------------------------------------------------------------------
@@ -148,9 +153,9 @@ def test_engine_with_your_quantizer_writes_minillms_cache(kind):
     scales of every layer) and the greedy tokens must be minillm's, byte for byte."""
     mine, mine_out = _run(kind, ex().ExerciseQuantizer())
     base, base_out = _run(kind, None)
-    assert mine.config.kv_quantizer is not None
+    assert mine.config.kv_quantizer is not None, "ExerciseQuantizer() must reach the engine as its kv_quantizer"
     for (a, b), (c, d) in zip(mine.executor.kv_caches, base.executor.kv_caches):
         assert same(a, c) and same(b, d)
     for (a, b), (c, d) in zip(mine.executor.kv_scales, base.executor.kv_scales):
         assert torch.equal(a, c) and torch.equal(b, d)
-    assert mine_out == base_out
+    assert mine_out == base_out, "with your quantizer the engine's greedy tokens must be minillm's own"

@@ -131,14 +131,14 @@ def test_engine_forks_and_copies_as_minillm_does(prompt_len):
     assert mine == want, "your forks / copies / blocks in use differ from minillm's, step by step"
     if prompt_len % 16:
         assert sum(len(step[1]) for step in mine) >= 7
-    assert all(len(c.token_ids) == 20 for c in e.get_output("g").outputs)
+    assert all(len(c.token_ids) == 20 for c in e.get_output("g").outputs), "every sample must generate its 20 tokens"
 
 
 def test_engine_with_preemption_keeps_its_invariants():
     mine, _ = _run(ex().cow_kv_manager, 100, 6, block_size=8, num_kv_blocks=36, preemption_mode="recompute")
     want, _ = _run(None, 100, 6, block_size=8, num_kv_blocks=36, preemption_mode="recompute")
     assert any(step[3] for step in want), "the small cache was meant to force a preemption"
-    assert mine == want
+    assert mine == want, "with preemptions, your forks / copies / blocks in use differ from minillm's, step by step"
 
 
 def test_real_model_samples_equal_separate_requests():
