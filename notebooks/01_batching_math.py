@@ -29,6 +29,15 @@
 #    live by the step-through widget);
 # 6. exercises.
 
+# %% [markdown]
+# **After this notebook you can:**
+#
+# - compute the bytes a decode step reads per generated token, and place a step on the roofline (memory or compute bound);
+# - compute the KV-cache bytes of a request and the largest batch of a given length that fits beside the weights;
+# - predict a decode step's time from the batch size and the context on a modeled GPU;
+# - compute when each request finishes under static and continuous batching, and why continuous batching keeps the batch full;
+# - plan one step under the execution-token budget: which running and waiting requests get how many tokens.
+
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
@@ -162,6 +171,9 @@ figures.throughput_latency_figure([1, 2, 4, 8, 16, 32, 64, 128], latency=lat,
 # above says otherwise, and the cost model can say by how much: the share of the step the arithmetic
 # needs, and the arithmetic intensity against the ridge point where the roofline turns.
 
+# %% [markdown]
+# **Predict, then run.** An H100 does about 260 FLOPs per byte it reads. A decode step of batch 32 at 512 positions of context: does its arithmetic fill most of the step, about half, or a small part?
+
 # %%
 ridge = h100.flops_per_s / h100.bytes_per_s
 doubled = next(b for b in range(1, 4097) if decode_step_time_vs_batch(h100, [b], context_len=512)[0][0] >= 2 * lat[0])
@@ -171,6 +183,13 @@ for b in (1, 8, 32, 256, 4096):
           f"{d['compute_time'] / d['time']:5.1%} of the step: {d['bound']} bound")
     assert d["bound"] == "memory"       # with 512 positions of context, no decode batch reaches the compute bound
 print(f"the step time doubles (the batch stops being nearly free) at batch {doubled}")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# A small part, well under a tenth: the step is memory bound, and the KV each request brings to read keeps the arithmetic intensity below the ridge however large the batch (the next cell explains).
+#
+# </details>
 
 # %% [markdown]
 # At batch 32 the arithmetic fills well under a tenth of the step: nowhere near the compute bound. And
@@ -247,6 +266,9 @@ fig
 # waiting one. minillm runs both with its simulated executor (the real scheduler and KV manager, no
 # model) on the modeled clock, `ConstantStepTime(0.010)`:
 
+# %% [markdown]
+# **Predict, then run.** Ten requests arrive together, 8 generate 100 tokens and 2 generate 1000, at 10 ms a step. When does a short request get its answer under static batching, and under continuous batching?
+
 # %%
 def worked_example(batching, output_lens=[100] * 8 + [1000] * 2):
     llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.010),
@@ -262,6 +284,13 @@ for batching, (eng, recs) in runs.items():
     short = [t for rid, t in done.items() if rid.startswith("short")]
     print(f"{batching:>10}: short requests returned after {np.mean(short):5.2f} s on average, "
           f"long ones after {max(done.values()):5.2f} s ({len(recs)} steps)")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Static: after 10 s, with the long ones, because the batch is returned when its longest member ends (1000 steps). Continuous: after 1 s (100 steps): each request leaves when it is done.
+#
+# </details>
 
 # %% [markdown]
 # The printed averages are the hand calculation: a short request's 100 tokens take 100 steps, 1 s, but
@@ -548,3 +577,29 @@ with impl.attempt("ex01.plan_step"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+
+# %% [markdown]
+# ## Summary
+#
+# 1. A decode step reads every weight once whatever the batch, so batching amortises that read: throughput grows far faster than the step time.
+# 2. Decode stays below the roofline's ridge: memory bound, its arithmetic units mostly idle, so a larger batch is nearly free until the KV reads grow.
+# 3. The KV cache costs 2 x layers x KV heads x head_dim x bytes per position, per request; memory left after the weights sets the largest batch.
+# 4. Static batching holds finished requests until the longest one ends; continuous batching re-forms the batch every step.
+# 5. Each step plans new tokens for running and waiting requests under the execution-token budget, the slots and the free KV.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. Why does the step time grow so little from batch 1 to 32 on the modeled H100?
+# 2. Grouped-query attention keeps 8 KV heads instead of 32. What happens to the largest batch?
+# 3. In the static batch of one 500-token request and nine of 50, what fraction of slot-steps produce a token?
+# 4. Two steps process the same number of new tokens. Why can they take different times?
+#
+# <details><summary>Answers</summary>
+#
+# 1. The weight read dominates a small batch's step and does not grow with the batch; only the KV reads and the arithmetic grow, and both are small until the batch is large.
+# 2. Each position's KV is four times smaller, so about four times as many positions, and requests, fit in the memory left after the weights.
+# 3. (9 x 50 + 500) / (10 x 500) = 19%: the other 81% of slot-steps hold finished requests.
+# 4. The budget counts new positions only; attention also reads every cached position, so a step of decodes over long contexts costs more than one over short ones.
+#
+# </details>

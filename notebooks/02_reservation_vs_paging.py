@@ -31,6 +31,15 @@
 # weighs the block size, and ends with a quantized KV cache: more positions in the same memory, and what
 # that costs in quality.
 
+# %% [markdown]
+# **After this notebook you can:**
+#
+# - explain with Figure 4 why an unused reservation makes a request wait that paging would admit;
+# - split a cache into holding KV, reserved but unused, fragmentation and partial-block waste, from step records;
+# - compute the blocks a request needs and the waste of its partly filled last block;
+# - weigh the block size: waste against block-table lookups and contiguous reads;
+# - say what a quantized KV cache buys in positions and what it costs in accuracy.
+
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
@@ -90,6 +99,9 @@ fig4
 # %% [markdown]
 # Step twice (B's prefill, then one decode) and look at B's memory in each engine:
 
+# %% [markdown]
+# **Predict, then run.** B has a 5-token prompt and `max_tokens=15`. After its prefill and one decode, how many of the 24 positions does B hold under reservation, and how many under paging (blocks of 1)?
+
 # %%
 fig4.step()
 fig4.step()
@@ -98,6 +110,13 @@ for name, s in zip(fig4.names, fig4.steppers):
     b = kv.per_request["B"]
     print(f"{name:<36} B: {b.used} positions of KV, {b.reserved_unused} reserved but unused; "
           f"{kv.free} of {kv.total} positions free for anyone else")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Reservation: 20, its prompt plus `max_tokens`, set aside at admission, so only 4 are free. Paging: only the 6 it has filled, so 18 are free. C's prompt needs 6.
+#
+# </details>
 
 # %% [markdown]
 # Under reservation only 24 − 20 = **4** positions are free. C's prefill needs 6 newly allocated positions
@@ -318,6 +337,9 @@ kv_lockstep
 # %% [markdown]
 # Run them to the end (or press **Run N** above) and count:
 
+# %% [markdown]
+# **Predict, then run.** The same 64 KiB of KV memory in float32, float16, int8 and fp8. How many times the float32 engine's blocks does the int8 engine get: exactly 4, a little less, or more?
+
 # %%
 kv_lockstep.run(500)
 for kind, s in zip(KV_KINDS, kv_lockstep.steppers):
@@ -325,6 +347,13 @@ for kind, s in zip(KV_KINDS, kv_lockstep.steppers):
     print(f"{kind:>7} KV: {s.engine.num_kv_blocks:>2} blocks, largest batch {max(len(r.running) for r in recs):>2}, "
           f"{sum(len(r.preempted) for r in recs):>2} preemptions, all 12 served in {len(recs):>3} steps")
 kv_lockstep.compare_figure(index=6)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# A little less than 4: one byte per value instead of four, but the per-head scales take some of the memory. The batch grows with the blocks.
+#
+# </details>
 
 # %% [markdown]
 # One byte instead of four gives about four times the blocks (the scales take the rest), and the batch
@@ -493,3 +522,29 @@ with impl.attempt("ex08.quantize_block"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+
+# %% [markdown]
+# ## Summary
+#
+# 1. Max-length reservation sets aside prompt + `max_tokens` at admission; until the request fills it, that memory serves nobody.
+# 2. Paging hands out a block only when the last one is full; a block table maps a request's positions to blocks anywhere in the cache.
+# 3. On a realistic trace reservation leaves a large share of memory reserved but unused, or in gaps no reservation fits; requests wait for memory that holds nothing.
+# 4. Paging's waste is at most `block_size - 1` positions per request; larger blocks mean fewer lookups and longer contiguous reads.
+# 5. A quantized KV cache stores more positions in the same memory, at a measured cost in accuracy.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. Why can't reservation simply reserve less, say the mean answer length?
+# 2. A request of 17 positions in blocks of 16: how many blocks, and how many positions wasted?
+# 3. Why does a block of one position waste nothing, yet nobody uses it?
+# 4. Paging removes fragmentation between requests. Where is its remaining waste?
+#
+# <details><summary>Answers</summary>
+#
+# 1. A request that outgrows its region cannot grow in place: its region is contiguous. It must be moved or stopped, so reservation must cover the maximum.
+# 2. 2 blocks; 32 - 17 = 15 positions wasted in the second.
+# 3. Every position is then a block-table entry the scheduler maintains and the kernel looks up, and keys no longer sit together in memory: the kernel reads them one by one.
+# 4. In each request's partly filled last block (at most `block_size - 1` positions).
+#
+# </details>

@@ -36,6 +36,15 @@
 # minillm's prefix cache is *automatic* (vLLM's APC): nobody marks a prefix as shareable; every full
 # block is hashed, and kept after its request finishes until its memory is needed.
 
+# %% [markdown]
+# **After this notebook you can:**
+#
+# - compute a prompt's chained block hashes and how many of its tokens a cache can reuse;
+# - follow reference counts and LRU eviction on the real engine, and say which cached block is evicted first;
+# - measure what a shared system prompt saves in prefill, memory and TTFT;
+# - compute how much of a cached prompt an edit at a given position invalidates;
+# - explain how parallel sampling shares a prompt's blocks and copies one on write.
+
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
@@ -100,6 +109,9 @@ print("\nthe same four tokens after another prefix get another key:",
 # starts at the 11th block. The engine, blocks of 16: a first request with a 165-token shared prefix and its own
 # question, then a second request with the same prefix and another question.
 
+# %% [markdown]
+# **Predict, then run.** Two requests share their first 165 tokens and differ after that; blocks of 16. From which token does the second request's prefill start?
+
 # %%
 shared = list(range(1000, 1165))                           # 165 tokens: 10 full blocks of 16, and 5 more
 llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", enable_prefix_caching=True,
@@ -111,6 +123,13 @@ rec = llm.engine.step()
 e = rec.entry(second)
 print(f"second request: {len(shared) + 25} prompt tokens; KV reused for {e.num_computed_before} "
       f"({e.num_computed_before // 16} blocks); prefilled {e.num_new_tokens}")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# From token 160: the first 10 blocks (160 tokens) are full and shared, so their keys match. The 11th block holds 5 shared tokens and 11 different ones, so its key differs, and the match ends there.
+#
+# </details>
 
 # %% [markdown]
 # The 11th block holds tokens 160 to 175: 5 shared ones and 11 that differ, so its key differs, and the
@@ -199,6 +218,9 @@ print("eviction order, front of the free list first:", list(apc_run.engine.kv.po
 # more as it decodes; fresh blocks come from the front of the free list, evicting the cached prefixes
 # there. Run until D is done, then one more step for E:
 
+# %% [markdown]
+# **Predict, then run.** D's growth takes the last free blocks. The system prompt's two cached blocks (0, its first, and 1) are at the back of the free list. Which one is evicted first, and how much of the system prompt does E reuse?
+
 # %%
 while "D" not in rec.finished:
     rec = apc_run.engine.step()
@@ -208,6 +230,13 @@ rec = apc_run.engine.step()
 print(rec.summary())
 e = rec.entry("E")
 print(f"E: {e.num_computed_before} of its {len(SYSTEM) + 2} prompt tokens reused, {e.num_new_tokens} prefilled")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Block 1 (the child) goes first: it was freed before its parent. E finds block 0 still cached and recomputes from the second block on. Evicting a child before its parent keeps the surviving prefix usable.
+#
+# </details>
 
 # %% [markdown]
 # D's growth took the last free blocks, down to one of the system prompt's: the *second* (block 1), the
@@ -323,6 +352,9 @@ fig
 # tokens (tool list and project notes first, then the conversation) is cached; then one token is edited
 # at a given position and the context is sent again:
 
+# %% [markdown]
+# **Predict, then run.** A 2,048-token context is cached. One token is edited: in the first block, or near the end. How much is recomputed in each case?
+
 # %%
 agent = list(range(5000, 7048))                                       # 2048 tokens: 128 blocks of 16
 llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", enable_prefix_caching=True,
@@ -342,6 +374,13 @@ fig = go.Figure(go.Scatter(x=positions, y=recomputed, mode="lines+markers"))
 fig.update_layout(title="one edited token: everything from its block on is recomputed", height=320, plot_bgcolor="white",
                   xaxis_title="position of the edit (token)", yaxis_title="tokens prefilled again")
 fig
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# An edit in the first block recomputes the whole context: every later key is chained on the edited one. An edit near the end recomputes only from its block on, almost nothing.
+#
+# </details>
 
 # %% [markdown]
 # An edit in the first block (the tool list, the system prompt) costs the whole context; an edit near
@@ -591,3 +630,29 @@ with impl.attempt("ex04.tokens_reused_after_edit"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+
+# %% [markdown]
+# ## Summary
+#
+# 1. Each full block's key hashes its tokens together with the previous block's key, so a key names the whole prefix up to it.
+# 2. A new request looks its keys up in order; the first miss ends the match, and the prefill starts there.
+# 3. Shared blocks carry reference counts; freed blocks stay cached until their memory is needed, evicted least recently used first, children before parents.
+# 4. A shared system prompt saves prefill, memory and TTFT; an edit invalidates everything after it, so keep prefixes stable.
+# 5. Parallel sampling forks one prompt's blocks to n sequences and copies a block only when a sequence writes into a shared one.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. Why does a block's key include its parent's key, not just its own tokens?
+# 2. Why is the last token of a fully cached prompt computed again?
+# 3. Without prefix caching, 8 GiB held about a dozen requests with a 1024-token system prompt. Why so many more with it?
+# 4. When does copy-on-write copy a block, and why only then?
+#
+# <details><summary>Answers</summary>
+#
+# 1. The same tokens at a different position after a different prefix have different KV; chaining makes a key match only when the whole prefix matches.
+# 2. Its logits choose the first output token, and a cached block stores KV, not logits.
+# 3. The prompt's KV is stored once and shared by all; each request holds only its own suffix and answer.
+# 4. When a sequence must write into a block other sequences still hold (the partly filled last block of the prompt); full shared blocks are only read, so they never need a copy.
+#
+# </details>

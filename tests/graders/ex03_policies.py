@@ -479,14 +479,15 @@ class _Runs:
         self.p99, self.asked = p99, []
 
     def __call__(self, cap):
-        assert isinstance(cap, int) and cap in self.p99, f"asked for a run with queue cap {cap!r}: caps are 1 to max_cap"
+        assert isinstance(cap, int) and cap in self.p99, f"asked for a run with queue cap {cap!r}: caps are 1 to " \
+            "max_cap"
         self.asked.append(cap)
         return {"ttft_p99": self.p99[cap], "ttft_p50": self.p99[cap] / 3, "ttft_p90": self.p99[cap] / 2,
                 "ttft_mean": self.p99[cap] / 3}
 
 
 def _runs_allowed(max_cap):
-    return (max_cap + 1 - 1).bit_length()        # ceil(log2(max_cap + 1))
+    return max_cap.bit_length()                  # ceil(log2(max_cap + 1))
 
 
 @pytest.mark.parametrize("p99, slo, want", [
@@ -503,8 +504,8 @@ def test_largest_queue_cap_by_hand(p99, slo, want):
     assert got == want, (f"TTFT p99 by cap {dict(runs.p99)}, target {slo} s: the largest cap that meets it is {want}, "
                          f"got {got}")
     allowed = _runs_allowed(len(p99))
-    assert len(runs.asked) <= allowed, (f"caps 1 to {len(p99)}: bisection needs at most {allowed} runs (each is a whole "
-                                        f"simulation); yours asked for {len(runs.asked)}: {runs.asked}")
+    assert len(runs.asked) <= allowed, (f"caps 1 to {len(p99)}: bisection needs at most {allowed} runs (each is a "
+                                        f"whole simulation); yours asked for {len(runs.asked)}: {runs.asked}")
 
 
 def test_largest_queue_cap_in_the_simulator():

@@ -322,7 +322,8 @@ def test_crossover_by_hand():
                              f"{block_size}: the first whole-block victim that recomputes holds {want} positions, "
                              f"got {got}")
     got = ex().swap_recompute_crossover(flat, 1e12, block_size=16, max_tokens=4096)
-    assert got is None, f"over 1 TB/s 4096 positions copy in 4 ms, faster than the 10 ms prefill: expected None, got {got}"
+    assert got is None, (f"over 1 TB/s 4096 positions copy in 4 ms, faster than the 10 ms prefill: expected None, "
+                         f"got {got}")
 
 
 @pytest.mark.parametrize("model", ["llama-2-7b", "llama-3-8b"])

@@ -239,8 +239,8 @@ class _Measured:
 def _check_first_losing_k(speedup, max_k, want, what):
     runs = _Measured(speedup, max_k)
     got = ex().first_losing_k(runs, max_k)
-    assert got == want, f"{what}: speed-ups {[round(speedup(k), 4) for k in range(1, max_k + 1)]} for k = 1..{max_k}: " \
-                        f"expected {want}, got {got}"
+    shown = [round(speedup(k), 4) for k in range(1, max_k + 1)]
+    assert got == want, f"{what}: speed-ups {shown} for k = 1..{max_k}: expected {want}, got {got}"
     last = max_k if want is None else want
     assert runs.asked == list(range(1, last + 1)), (f"{what}: each k is a run of the engine: ask for 1 to {last} once "
                                                     f"each, in order, then stop; you asked for {runs.asked}")
