@@ -462,12 +462,12 @@ print(f"batch sizes seen: {sorted(sizes)}; steps whose requests have different c
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Count what one position of one request stores: in every one of the `num_layers` layers, a K vector and a V vector for each of the `num_kv_heads` KV heads, each `head_dim` elements of `dtype_bytes` bytes. Then scale by positions and requests.
+# Section 3 prints the KV of one position for several models (Llama-2-7B: 512 KiB). What does one position store in every layer, and for how many heads? Then scale by positions and requests.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Per position: `2 * num_layers * num_kv_heads * head_dim * dtype_bytes` bytes (Llama-2-7B: 2 × 32 × 32 × 128 × 2 = 524,288). Times `num_tokens`, times `batch`.
+# The cell below prints the expected size for Llama-2-70B with 64 KV heads at 4096 positions (about 10.7 GB). If yours is off by an exact factor, that factor names the term you missed.
 #
 # </details>
 
@@ -482,12 +482,12 @@ with impl.attempt("ex01.kv_cache_bytes"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Usable bytes: `hbm_bytes * memory_fraction`. Take the weights out; what is left holds KV, at `kv_cache_bytes(model, 1)` bytes per position.
+# Section 3's plot is the answer to reproduce: the largest batch at each length. The docstring says which fraction of memory is usable and what the weights take from it.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Whole positions first (`//`, and never below 0), then whole requests: `positions // max_len`. An H100 with Llama-2-7B: 72e9 − 13.48e9 bytes hold 111,624 positions, 54 requests of 2,048.
+# A request of `max_len` positions either fits whole or not at all, and a model too large for the GPU fits none (never a negative count). The cell below prints the cost model's answer to compare with.
 #
 # </details>
 
@@ -503,12 +503,12 @@ with impl.attempt("ex01.max_batch_size"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Work out the FLOPs and the bytes of the whole step, turn each into seconds at its achieved rate (`peak_flops * flops_efficiency`, `hbm_bandwidth * bandwidth_efficiency`), take the larger, add `step_overhead`.
+# Section 1's roofline: a step takes the longer of its arithmetic time and its memory time, each at the achieved rate (the docstring's efficiencies), plus a fixed overhead.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# FLOPs: `2 * num_params * batch` for the weights, plus `4 * num_layers * num_heads * head_dim * batch * context_len` for attention (QKᵀ and PV, 2 FLOPs per multiply-add each). Bytes: `weight_bytes` once, plus `kv_per_position * batch * context_len` read, plus `kv_per_position * batch` written.
+# Compare term by term with `RooflineCostModel.breakdown` (section 1's figure is drawn from it) on one batch: weights, attention, KV read and KV written. The ratios the cell prints should match section 2's (about 20x / 1.5x).
 #
 # </details>
 
@@ -525,12 +525,12 @@ with impl.attempt("ex01.decode_step_time"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Count in steps and multiply by `step_time` at the end. Static: consecutive groups of `max_num_seqs`; a group runs as many steps as its longest member, starting where the previous group ended.
+# Figure 1 draws both timelines: count in steps first and convert to seconds at the end. In Figure 1a, when does the second group start?
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Continuous: remember, for each of the `max_num_seqs` slots, the step from which it is free (all 0 at first). Each request, in order, takes the slot that frees earliest (a heap, `heapq`) and finishes `length` steps later; the slot is free again from then.
+# In Figure 1b a freed slot goes to the next waiting request at once. The invariant: at most `max_num_seqs` requests run at any step, and no slot idles while a request waits.
 #
 # </details>
 
@@ -549,12 +549,12 @@ with impl.attempt("ex01.completion_times"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Keep three counters as you go: the budget left, the free KV positions left, and the occupied slots (which start at `len(running)`: every running request holds one).
+# Section 5's step 2 (Figure 3) is the case to work by hand: who runs, with how many tokens, and why the others wait (the step record's waiting reasons).
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Running: `n = min(num_tokens - num_computed_tokens, budget left)`; if `n > 0`, plan it and take `n` off the budget *and* the free positions. Waiting: stop at the first request without a slot, without budget, or whose `n = min(num_tokens, budget left)` exceeds the free positions; otherwise plan it and take `n` off both counters and one slot.
+# The invariants the graders check on every plan: the new tokens fit the budget, the new positions fit the free KV, the requests fit `max_num_seqs`; running requests come before waiting ones, and under FCFS the first waiting request that does not fit stops admission.
 #
 # </details>
 

@@ -401,12 +401,12 @@ assert abs(quality["int8"]["rel_change_decode"]) < 0.01, "int8 KV within 1% of f
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `blocks_needed` is a division rounded *up*, in integers: `-(-n // b)` or `(n + b - 1) // b`.
+# `blocks_needed`: work blocks of 16 by hand: 16 positions need how many blocks, and 17? Use integer arithmetic only (no floats, no `math.ceil` on a float).
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `partial_block_waste`: a request of `n` positions holds `blocks_needed(n, b) * b` positions; its waste is what they hold beyond `n`. Sum over the requests.
+# `partial_block_waste`: the docstring's example, `[5, 16, 17]` in blocks of 16, is the case to check; section 2's waste breakdown counts the same thing over a whole trace.
 #
 # </details>
 
@@ -422,12 +422,12 @@ with impl.attempt("ex02.blocks_needed / partial_block_waste"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `free_queue` is an `OrderedDict`: `popitem(last=False)` takes the front; `free_queue[block_id] = block` puts a block at the back.
+# The class docstring says which end of the free queue hands blocks out and which end takes them back; the cell below runs Figure 4 on your allocator and counts its calls.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `free_blocks`: `for block in reversed(blocks)`: refuse a block whose `ref_count` is already 0, take one off, and put the block at the back of the queue when it reaches 0.
+# The invariant the graders check after every call: a block is in the free queue exactly when its `ref_count` is 0, and freeing a free block is an error. The docstring says in which order a request's blocks go back.
 #
 # </details>
 
@@ -447,12 +447,12 @@ with impl.attempt("ex02.paged_engine (your blocks_needed and BlockAllocator)"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `gaps()`: walk the regions sorted by start with a cursor at 0. A region that starts past the cursor leaves a gap before it; the cursor then moves to the region's end. After the last region, the rest up to `capacity` is a gap too (if not empty).
+# `gaps()`: draw a reserved cache as regions with free space between them (section 1's reserved engine); the docstring's example lists the gaps to reproduce, the one after the last region included.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `reserve()`: refuse a request that holds a region; take the *first* `(start, size)` of `gaps()` with `size >= length` (not the smallest, not the largest), record `(start, length)`, return `start`; `None` when there is none. `release()`: `dict.pop(request_id, None)`.
+# `reserve()`: the docstring says which gap first fit takes (not the best fit, not the worst). Figure 4 on your allocator (the cell below) must make C wait exactly as the engine's reserved engine does.
 #
 # </details>
 
@@ -475,17 +475,17 @@ with impl.attempt("ex02.FirstFitAllocator"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `new_scale`: `amax / QMAX[kind]` maps the largest value onto the largest storable number; `torch.maximum(old, ...)` keeps the scale from shrinking under values already in the block.
+# `new_scale`: section 4's text: a scale maps the block's largest value onto the largest storable number, and a block's scale may only grow (values already written keep theirs).
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `quantize`: replace a zero scale by 1 first (`torch.where(scale > 0, scale, torch.ones_like(scale))`), then `(x / s).clamp(-QMAX[kind], QMAX[kind])`. int8: `torch.round` (halves to even) and `.to(torch.int8)`; without the clamp, 200 wraps around to -56 in the cast. fp8: `.to(STORAGE["fp8"])` rounds by itself (do not round to an integer first).
+# `quantize`: the graders feed a zero scale and values beyond the range; work both by hand first. Casting an out-of-range float to `torch.int8` does not saturate.
 #
 # </details>
 # <details><summary>Hint 3</summary>
 #
-# `quantize_block`: one scale per head, so reduce `x.abs()` over the rows and the head dimension (`amax(dim=(0, 2))`), start from `torch.zeros(num_kv_heads)` as `old`, and broadcast the scales back with `scale[None, :, None]`.
+# `quantize_block`: shapes first. A block is (positions, KV heads, head_dim) with one scale per head; the cell below compares your block's error with the engine's.
 #
 # </details>
 

@@ -522,12 +522,12 @@ assert shared_s["output_throughput"] > separate_s["output_throughput"] and share
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `hash_block` is one call to Python's `hash` on a pair; a list cannot be hashed, a tuple can.
+# Section 1's first cell computes a chain of keys with the engine's `hash_block`; yours must give the same keys. Which Python types can be hashed?
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `block_hashes`: `parent = None`; for each *full* block (`len(token_ids) // block_size` of them), `parent = hash_block(parent, that block's tokens)` and keep it.
+# Section 1: only full blocks get a key, and each key is chained on the one before. The cell below compares your keys with the engine's on section 1's prompt.
 #
 # </details>
 
@@ -546,12 +546,12 @@ with impl.attempt("ex04.hash_block / block_hashes"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `longest_prefix_match`: the loop of `block_hashes` over `(len(token_ids) - 1) // block_size` blocks, looking each key up in `cached`; `break` at the first key that is missing or whose block holds other `token_ids` or another `parent_hash`.
+# Section 1's 165-token example: the second prefill starts at token 160. The match ends at the first key that misses (or names a block holding other tokens), and it never covers the prompt's last token (Exercise 5's hint says why).
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# The pool: `touch` removes a block with `ref_count == 0` from the free queue before counting it; `get_new_blocks` refuses first when too few are free, then per block `popitem(last=False)`, and `evict` if the block has a hash; `evict` deletes the index entry only if it is this very block (`self.cached.get(h) is block`); `free_blocks` walks `reversed(blocks)` and puts a block that reaches 0 into the free queue where its docstring says.
+# Section 2's stepped run is the behaviour to reproduce: which blocks go back to the free list, in what order, and which cached block is evicted first. The docstrings of `touch`, `get_new_blocks`, `evict` and `free_blocks` are the contract; the cell below replays section 2 on your pool.
 #
 # </details>
 
@@ -576,7 +576,7 @@ with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `fork`: raise each block's count by one, and return `list(table)` (a new list). `block_to_write`: `num_computed_tokens // block_size`, or None if that is not below `num_blocks_held`. `copy_on_write`: nothing to do unless that block exists and its count is above 1; then `new_block()`, put the fresh id in its place in `table`, take one off the shared block's count, and return `(shared, fresh)`.
+# Section 7's two steps, read from their step records: the fork (which blocks, shared by how many sequences) and the copy (which block, when). The invariant: a block more than one sequence holds is never written, and a block only one holds is never copied.
 #
 # </details>
 
@@ -599,12 +599,12 @@ with impl.attempt("ex09.fork / block_to_write / copy_on_write"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Only the earliest edit matters: its block's key changes, and every later key is chained on it. The blocks strictly before that block are reused: `min(edited_positions) // block_size` of them.
+# Section 5's figure: an edit in the first block costs the whole context, one near the end almost nothing. Which of the `edited_positions` decides the answer?
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Even with no edit, the last prompt token is computed again (its logits choose the first output token): never more than `(num_tokens - 1) // block_size` blocks. Check the positions first, and name the bad one in the `ValueError`.
+# Check the case of no edit against section 1: even then the prompt's last token is computed again (its logits choose the first output token). The docstring says which positions are invalid, and the error must name the bad one.
 #
 # </details>
 

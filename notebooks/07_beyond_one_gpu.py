@@ -331,15 +331,12 @@ fig.show()
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `route_on_ring`: `bisect.bisect_left` on the ring's points finds the first point at or after the key;
-# walk `ring[(start + j) % len(ring)]` for `j` in `range(len(ring))`, skipping replicas already seen.
+# `route_on_ring`: section 3's prefix-aware router: a key goes to the first point on the ring at or after it, wrapping around, and a replica over the load bound is passed over for the next one. The docstring's example is the case to check by hand.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `max_prompt_for_transfer`: solve `latency + n * M_KV / bandwidth <= budget` for the largest integer
-# n, then check n and n + 1 against `kv_transfer_time` itself: floating point can put the quotient a
-# hair under an integer.
+# `max_prompt_for_transfer`: a prompt's KV crosses the link in a fixed latency plus its bytes over the bandwidth (notebook 05, section 2 prices a swap the same way). The invariant: your n fits the budget and n + 1 does not, checked with `kv_transfer_time` itself.
 #
 # </details>
 
