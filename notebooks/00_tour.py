@@ -37,6 +37,15 @@
 # the engine by hand and in each notebook's kernel check; the large runs (hundreds of requests) use the
 # torch attention path or the simulated executor, which runs the real scheduler without the model.
 
+# %% [markdown]
+# **After this notebook you can:**
+#
+# - generate text with `LLM.generate` and read each request's TTFT and TPOT;
+# - read one engine step as data (a `StepRecord`): who ran, how many tokens each, who waits and why;
+# - predict which requests a step admits from the token budget and `max_num_seqs`, and check it with the Stepper;
+# - check the Triton attention kernel against its torch reference on the engine's own KV cache;
+# - serve the engine over HTTP and tell the client's TTFT from the engine's.
+
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
@@ -89,6 +98,9 @@ for out in llm.generate(prompts, params):
 # many (*chunked prefill*). Below: four requests, a budget of 16 tokens, at most 3 requests at once, a
 # KV cache of 16 blocks of 4 positions.
 
+# %% [markdown]
+# **Predict, then run.** Four requests with prompts of 6, 9, 4 and 5 tokens, a budget of 16 tokens per step, at most 3 requests at once. Which requests run in step 0, with how many tokens each, and who waits?
+
 # %%
 small = LLM(device=DEVICE, dtype="auto", block_size=4, num_kv_blocks=16, max_num_batched_tokens=16, max_num_seqs=3)
 eng = small.engine
@@ -98,6 +110,13 @@ for rid, prompt_len in (("A", 6), ("B", 9), ("C", 4), ("D", 5)):
 rec = eng.step()
 print(rec.summary())
 
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# A and B prefill whole (6 + 9 = 15 tokens), C gets the one token of budget left (its prompt is split), and D waits: three requests already run. The waiting reason in the printout says so.
+#
+# </details>
 
 # %% [markdown]
 # The same record, field by field. `batch` has one entry per request in the step; `waiting` says, in
@@ -124,8 +143,18 @@ print("\nevery field:", ", ".join(rec.to_dict()))
 # **split**, and its first token went into this step. D waits because 3 requests are already running.
 # One more step: A, B decode one token each, C continues its prompt.
 
+# %% [markdown]
+# **Predict, then run.** The next step. What does each of A, B and C process, and does D run now?
+
 # %%
 show(eng.step())
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# A and B decode one token each; C continues its prompt (the 3 tokens left of it); D still waits for a slot, since A, B and C all still run.
+#
+# </details>
 
 # %% [markdown]
 # ## 3. Step it yourself
@@ -239,6 +268,9 @@ print(f"{sum(c.error is None for c in client_side)} of {len(burst)} answered; th
 # everything outside the engine: HTTP, the server's event loop, handing the request to the step loop,
 # and the streamed token's way back.
 
+# %% [markdown]
+# **Predict, then run.** For each request, which is larger: the TTFT the client measured, or the one the engine measured? Can the engine's ever be larger?
+
 # %%
 c = load_generator.compare(client_side, engine_side)
 print(f"TTFT p50: client {c['ttft_p50_client'] * 1e3:6.0f} ms, engine {c['ttft_p50_engine'] * 1e3:6.0f} ms")
@@ -253,6 +285,13 @@ fig = go.Figure([go.Bar(name="client (HTTP)", y=[a for a, _ in pairs]), go.Bar(n
 fig.update_layout(barmode="group", height=300, plot_bgcolor="white", xaxis_title="request", yaxis_title="seconds",
                   title="TTFT per request (sorted): as the client saw it, as the engine did")
 fig
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The client's, always: its interval (HTTP request sent to first streamed token received) contains the engine's (`add_request` to the step that sampled the token). The difference is everything outside the engine.
+#
+# </details>
 
 # %% [markdown]
 # Where the time goes depends on the load. A request that waited for one of the eight slots inside the
@@ -360,3 +399,29 @@ print(f"server running: {server.running}")
 #    Change `max_num_batched_tokens=16` to `8` in `tour_engine` and predict again: which prompt is split?
 # 2. In section 2, D waits because `max_num_seqs=3`. Rebuild `small` with `max_num_seqs=4`: does D run in
 #    step 0? (Check the budget first: 6 + 9 + 4 + 5 tokens against 16.)
+
+# %% [markdown]
+# ## Summary
+#
+# 1. `LLM.generate` adds each prompt as a request and calls `engine.step()` until all are done; the requests run together.
+# 2. Each step the scheduler decides, the runner executes and the engine applies the results, emitting a `StepRecord`.
+# 3. There are no phases in the data: a step grants each request some new tokens under one execution-token budget (one for a decode, many for a prefill, a capped many for a chunk).
+# 4. The attention kernel reads KV through each request's block table, and is checked against a torch reference on the engine's own cache.
+# 5. Behind an OpenAI-compatible server, the client's TTFT contains the engine's, plus everything outside it.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. Why can two prompts of different lengths run in the same step, and what limits how many do?
+# 2. What does `num_computed_tokens` count, and what is a decode in terms of it?
+# 3. In section 2, would a budget of 32 tokens have let D run in step 0?
+# 4. Why do load generators measure latency at the client rather than read it from the engine?
+#
+# <details><summary>Answers</summary>
+#
+# 1. Each step grants every request its own number of new tokens (its prompt, or one for a decode); the execution-token budget (`max_num_batched_tokens`), the slots (`max_num_seqs`) and free KV blocks limit them.
+# 2. The positions of a request that already have KV in the cache; a decode is a step that grants it one new token.
+# 3. No: the budget would fit all four prompts (24 tokens), but `max_num_seqs=3` leaves D without a slot.
+# 4. The user experiences the client's latency: HTTP, the server's event loop and the network add to the engine's time, and only the client sees all of it.
+#
+# </details>

@@ -29,6 +29,15 @@
 #    live by the step-through widget);
 # 6. exercises.
 
+# %% [markdown]
+# **After this notebook you can:**
+#
+# - compute the bytes a decode step reads per generated token, and place a step on the roofline (memory or compute bound);
+# - compute the KV-cache bytes of a request and the largest batch of a given length that fits beside the weights;
+# - predict a decode step's time from the batch size and the context on a modeled GPU;
+# - compute when each request finishes under static and continuous batching, and why continuous batching keeps the batch full;
+# - plan one step under the execution-token budget: which running and waiting requests get how many tokens.
+
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
@@ -164,6 +173,9 @@ figures.throughput_latency_figure([1, 2, 4, 8, 16, 32, 64, 128], latency=lat,
 # above says otherwise, and the cost model can say by how much: the share of the step the arithmetic
 # needs, and the arithmetic intensity against the ridge point where the roofline turns.
 
+# %% [markdown]
+# **Predict, then run.** An H100 does about 260 FLOPs per byte it reads. A decode step of batch 32 at 512 positions of context: does its arithmetic fill most of the step, about half, or a small part?
+
 # %%
 ridge = h100.flops_per_s / h100.bytes_per_s
 doubled = next(b for b in range(1, 4097) if decode_step_time_vs_batch(h100, [b], context_len=512)[0][0] >= 2 * lat[0])
@@ -173,6 +185,13 @@ for b in (1, 8, 32, 256, 4096):
           f"{d['compute_time'] / d['time']:5.1%} of the step: {d['bound']} bound")
     assert d["bound"] == "memory"       # with 512 positions of context, no decode batch reaches the compute bound
 print(f"the step time doubles (the batch stops being nearly free) at batch {doubled}")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# A small part, well under a tenth: the step is memory bound, and the KV each request brings to read keeps the arithmetic intensity below the ridge however large the batch (the next cell explains).
+#
+# </details>
 
 # %% [markdown]
 # At batch 32 the arithmetic fills well under a tenth of the step: nowhere near the compute bound. And
@@ -288,6 +307,9 @@ figures.gantt_figure(recs, eng.requests, title="Figure 1b, continuous batching: 
 # **Tail padding, in a larger batch.** Ten requests arrive together: 8 generate 100 tokens, 2 generate
 # 1000, with 10 slots, on the same 10 ms clock:
 
+# %% [markdown]
+# **Predict, then run.** Ten requests arrive together, 8 generate 100 tokens and 2 generate 1000, at 10 ms a step. When does a short request get its answer under static batching, and under continuous batching?
+
 # %%
 def worked_example(batching, output_lens=[100] * 8 + [1000] * 2):
     llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.010),
@@ -303,6 +325,13 @@ for batching, (eng, recs) in runs.items():
     short = [t for rid, t in done.items() if rid.startswith("short")]
     print(f"{batching:>10}: short requests returned after {np.mean(short):5.2f} s on average, "
           f"long ones after {max(done.values()):5.2f} s ({len(recs)} steps)")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Static: after 10 s, with the long ones, because the batch is returned when its longest member ends (1000 steps). Continuous: after 1 s (100 steps): each request leaves when it is done.
+#
+# </details>
 
 # %% [markdown]
 # The printed averages are the hand calculation: a short request's 100 tokens take 100 steps, 1 s, but
@@ -479,12 +508,12 @@ print(f"batch sizes seen: {sorted(sizes)}; steps whose requests have different c
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Count what one position of one request stores: in every one of the `num_layers` layers, a K vector and a V vector for each of the `num_kv_heads` KV heads, each `head_dim` elements of `dtype_bytes` bytes. Then scale by positions and requests.
+# Section 3 prints the KV of one position for several models (Llama-2-7B: 512 KiB). What does one position store in every layer, and for how many heads? Then scale by positions and requests.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Per position: `2 * num_layers * num_kv_heads * head_dim * dtype_bytes` bytes (Llama-2-7B: 2 × 32 × 32 × 128 × 2 = 524,288). Times `num_tokens`, times `batch`.
+# The cell below prints the expected size for Llama-2-70B with 64 KV heads at 4096 positions (about 10.7 GB). If yours is off by an exact factor, that factor names the term you missed.
 #
 # </details>
 
@@ -499,12 +528,12 @@ with impl.attempt("ex01.kv_cache_bytes"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Usable bytes: `hbm_bytes * memory_fraction`. Take the weights out; what is left holds KV, at `kv_cache_bytes(model, 1)` bytes per position.
+# Section 3's plot is the answer to reproduce: the largest batch at each length. The docstring says which fraction of memory is usable and what the weights take from it.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Whole positions first (`//`, and never below 0), then whole requests: `positions // max_len`. An H100 with Llama-2-7B: 72e9 − 13.48e9 bytes hold 111,624 positions, 54 requests of 2,048.
+# A request of `max_len` positions either fits whole or not at all, and a model too large for the GPU fits none (never a negative count). The cell below prints the cost model's answer to compare with.
 #
 # </details>
 
@@ -520,12 +549,12 @@ with impl.attempt("ex01.max_batch_size"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Work out the FLOPs and the bytes of the whole step, turn each into seconds at its achieved rate (`peak_flops * flops_efficiency`, `hbm_bandwidth * bandwidth_efficiency`), take the larger, add `step_overhead`.
+# Section 1's roofline: a step takes the longer of its arithmetic time and its memory time, each at the achieved rate (the docstring's efficiencies), plus a fixed overhead.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# FLOPs: `2 * num_params * batch` for the weights, plus `4 * num_layers * num_heads * head_dim * batch * context_len` for attention (QKᵀ and PV, 2 FLOPs per multiply-add each). Bytes: `weight_bytes` once, plus `kv_per_position * batch * context_len` read, plus `kv_per_position * batch` written.
+# Compare term by term with `RooflineCostModel.breakdown` (section 1's figure is drawn from it) on one batch: weights, attention, KV read and KV written. The ratios the cell prints should match section 2's (about 20x / 1.5x).
 #
 # </details>
 
@@ -542,12 +571,12 @@ with impl.attempt("ex01.decode_step_time"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Count in steps and multiply by `step_time` at the end. Static: consecutive groups of `max_num_seqs`; a group runs as many steps as its longest member, starting where the previous group ended.
+# Figure 1 draws both timelines: count in steps first and convert to seconds at the end. In Figure 1a, when does the second group start?
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Continuous: remember, for each of the `max_num_seqs` slots, the step from which it is free (all 0 at first). Each request, in order, takes the slot that frees earliest (a heap, `heapq`) and finishes `length` steps later; the slot is free again from then.
+# In Figure 1b a freed slot goes to the next waiting request at once. The invariant: at most `max_num_seqs` requests run at any step, and no slot idles while a request waits.
 #
 # </details>
 
@@ -566,12 +595,12 @@ with impl.attempt("ex01.completion_times"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Keep three counters as you go: the budget left, the free KV positions left, and the occupied slots (which start at `len(running)`: every running request holds one).
+# Section 5's step 2 (Figure 3) is the case to work by hand: who runs, with how many tokens, and why the others wait (the step record's waiting reasons).
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Running: `n = min(num_tokens - num_computed_tokens, budget left)`; if `n > 0`, plan it and take `n` off the budget *and* the free positions. Waiting: stop at the first request without a slot, without budget, or whose `n = min(num_tokens, budget left)` exceeds the free positions; otherwise plan it and take `n` off both counters and one slot.
+# The invariants the graders check on every plan: the new tokens fit the budget, the new positions fit the free KV, the requests fit `max_num_seqs`; running requests come before waiting ones, and under FCFS the first waiting request that does not fit stops admission.
 #
 # </details>
 
@@ -594,3 +623,29 @@ with impl.attempt("ex01.plan_step"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+
+# %% [markdown]
+# ## Summary
+#
+# 1. A decode step reads every weight once whatever the batch, so batching amortises that read: throughput grows far faster than the step time.
+# 2. Decode stays below the roofline's ridge: memory bound, its arithmetic units mostly idle, so a larger batch is nearly free until the KV reads grow.
+# 3. The KV cache costs 2 x layers x KV heads x head_dim x bytes per position, per request; memory left after the weights sets the largest batch.
+# 4. Static batching holds finished requests until the longest one ends; continuous batching re-forms the batch every step.
+# 5. Each step plans new tokens for running and waiting requests under the execution-token budget, the slots and the free KV.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. Why does the step time grow so little from batch 1 to 32 on the modeled H100?
+# 2. Grouped-query attention keeps 8 KV heads instead of 32. What happens to the largest batch?
+# 3. In the static batch of one 500-token request and nine of 50, what fraction of slot-steps produce a token?
+# 4. Two steps process the same number of new tokens. Why can they take different times?
+#
+# <details><summary>Answers</summary>
+#
+# 1. The weight read dominates a small batch's step and does not grow with the batch; only the KV reads and the arithmetic grow, and both are small until the batch is large.
+# 2. Each position's KV is four times smaller, so about four times as many positions, and requests, fit in the memory left after the weights.
+# 3. (9 x 50 + 500) / (10 x 500) = 19%: the other 81% of slot-steps hold finished requests.
+# 4. The budget counts new positions only; attention also reads every cached position, so a step of decodes over long contexts costs more than one over short ones.
+#
+# </details>

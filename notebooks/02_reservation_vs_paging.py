@@ -31,6 +31,15 @@
 # weighs the block size, and ends with a quantized KV cache: more positions in the same memory, and what
 # that costs in quality.
 
+# %% [markdown]
+# **After this notebook you can:**
+#
+# - explain with Figure 4 why an unused reservation makes a request wait that paging would admit;
+# - split a cache into holding KV, reserved but unused, fragmentation and partial-block waste, from step records;
+# - compute the blocks a request needs and the waste of its partly filled last block;
+# - weigh the block size: waste against block-table lookups and contiguous reads;
+# - say what a quantized KV cache buys in positions and what it costs in accuracy.
+
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
@@ -91,6 +100,9 @@ fig4
 # %% [markdown]
 # Step twice (B's prefill, then one decode) and look at B's memory in each engine:
 
+# %% [markdown]
+# **Predict, then run.** B has a 5-token prompt and `max_tokens=15`. After its prefill and one decode, how many of the 24 positions does B hold under reservation, and how many under paging (blocks of 1)?
+
 # %%
 fig4.step()
 fig4.step()
@@ -99,6 +111,13 @@ for name, s in zip(fig4.names, fig4.steppers):
     b = kv.per_request["B"]
     print(f"{name:<36} B: {b.used} positions of KV, {b.reserved_unused} reserved but unused; "
           f"{kv.free} of {kv.total} positions free for anyone else")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Reservation: 20, its prompt plus `max_tokens`, set aside at admission, so only 4 are free. Paging: only the 6 it has filled, so 18 are free. C's prompt needs 6.
+#
+# </details>
 
 # %% [markdown]
 # Under reservation only 24 − 20 = **4** positions are free. C's prefill needs 6 newly allocated positions
@@ -322,6 +341,9 @@ kv_lockstep
 # %% [markdown]
 # Run them to the end (or press **Run N** above) and count:
 
+# %% [markdown]
+# **Predict, then run.** The same 64 KiB of KV memory in float32, float16, int8 and fp8. How many times the float32 engine's blocks does the int8 engine get: exactly 4, a little less, or more?
+
 # %%
 kv_lockstep.run(500)
 for kind, s in zip(KV_KINDS, kv_lockstep.steppers):
@@ -329,6 +351,13 @@ for kind, s in zip(KV_KINDS, kv_lockstep.steppers):
     print(f"{kind:>7} KV: {s.engine.num_kv_blocks:>2} blocks, largest batch {max(len(r.running) for r in recs):>2}, "
           f"{sum(len(r.preempted) for r in recs):>2} preemptions, all 12 served in {len(recs):>3} steps")
 kv_lockstep.compare_figure(index=6)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# A little less than 4: one byte per value instead of four, but the per-head scales take some of the memory. The batch grows with the blocks.
+#
+# </details>
 
 # %% [markdown]
 # One byte instead of four gives about four times the blocks (the scales take the rest), and the batch
@@ -385,12 +414,12 @@ assert abs(quality["int8"]["rel_change_decode"]) < 0.01, "int8 KV within 1% of f
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `blocks_needed` is a division rounded *up*, in integers: `-(-n // b)` or `(n + b - 1) // b`.
+# `blocks_needed`: work blocks of 16 by hand: 16 positions need how many blocks, and 17? Use integer arithmetic only (no floats, no `math.ceil` on a float).
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `partial_block_waste`: a request of `n` positions holds `blocks_needed(n, b) * b` positions; its waste is what they hold beyond `n`. Sum over the requests.
+# `partial_block_waste`: the docstring's example, `[5, 16, 17]` in blocks of 16, is the case to check; section 2's waste breakdown counts the same thing over a whole trace.
 #
 # </details>
 
@@ -406,12 +435,12 @@ with impl.attempt("ex02.blocks_needed / partial_block_waste"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `free_queue` is an `OrderedDict`: `popitem(last=False)` takes the front; `free_queue[block_id] = block` puts a block at the back.
+# The class docstring says which end of the free queue hands blocks out and which end takes them back; the cell below runs Figure 4 on your allocator and counts its calls.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `free_blocks`: `for block in reversed(blocks)`: refuse a block whose `ref_count` is already 0, take one off, and put the block at the back of the queue when it reaches 0.
+# The invariant the graders check after every call: a block is in the free queue exactly when its `ref_count` is 0, and freeing a free block is an error. The docstring says in which order a request's blocks go back.
 #
 # </details>
 
@@ -431,12 +460,12 @@ with impl.attempt("ex02.paged_engine (your blocks_needed and BlockAllocator)"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `gaps()`: walk the regions sorted by start with a cursor at 0. A region that starts past the cursor leaves a gap before it; the cursor then moves to the region's end. After the last region, the rest up to `capacity` is a gap too (if not empty).
+# `gaps()`: draw a reserved cache as regions with free space between them (section 1's reserved engine); the docstring's example lists the gaps to reproduce, the one after the last region included.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `reserve()`: refuse a request that holds a region; take the *first* `(start, size)` of `gaps()` with `size >= length` (not the smallest, not the largest), record `(start, length)`, return `start`; `None` when there is none. `release()`: `dict.pop(request_id, None)`.
+# `reserve()`: the docstring says which gap first fit takes (not the best fit, not the worst). Figure 4 on your allocator (the cell below) must make C wait exactly as the engine's reserved engine does.
 #
 # </details>
 
@@ -459,17 +488,17 @@ with impl.attempt("ex02.FirstFitAllocator"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `new_scale`: `amax / QMAX[kind]` maps the largest value onto the largest storable number; `torch.maximum(old, ...)` keeps the scale from shrinking under values already in the block.
+# `new_scale`: section 4's text: a scale maps the block's largest value onto the largest storable number, and a block's scale may only grow (values already written keep theirs).
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `quantize`: replace a zero scale by 1 first (`torch.where(scale > 0, scale, torch.ones_like(scale))`), then `(x / s).clamp(-QMAX[kind], QMAX[kind])`. int8: `torch.round` (halves to even) and `.to(torch.int8)`; without the clamp, 200 wraps around to -56 in the cast. fp8: `.to(STORAGE["fp8"])` rounds by itself (do not round to an integer first).
+# `quantize`: the graders feed a zero scale and values beyond the range; work both by hand first. Casting an out-of-range float to `torch.int8` does not saturate.
 #
 # </details>
 # <details><summary>Hint 3</summary>
 #
-# `quantize_block`: one scale per head, so reduce `x.abs()` over the rows and the head dimension (`amax(dim=(0, 2))`), start from `torch.zeros(num_kv_heads)` as `old`, and broadcast the scales back with `scale[None, :, None]`.
+# `quantize_block`: shapes first. A block is (positions, KV heads, head_dim) with one scale per head; the cell below compares your block's error with the engine's.
 #
 # </details>
 
@@ -506,3 +535,29 @@ with impl.attempt("ex08.quantize_block"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+
+# %% [markdown]
+# ## Summary
+#
+# 1. Max-length reservation sets aside prompt + `max_tokens` at admission; until the request fills it, that memory serves nobody.
+# 2. Paging hands out a block only when the last one is full; a block table maps a request's positions to blocks anywhere in the cache.
+# 3. On a realistic trace reservation leaves a large share of memory reserved but unused, or in gaps no reservation fits; requests wait for memory that holds nothing.
+# 4. Paging's waste is at most `block_size - 1` positions per request; larger blocks mean fewer lookups and longer contiguous reads.
+# 5. A quantized KV cache stores more positions in the same memory, at a measured cost in accuracy.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. Why can't reservation simply reserve less, say the mean answer length?
+# 2. A request of 17 positions in blocks of 16: how many blocks, and how many positions wasted?
+# 3. Why does a block of one position waste nothing, yet nobody uses it?
+# 4. Paging removes fragmentation between requests. Where is its remaining waste?
+#
+# <details><summary>Answers</summary>
+#
+# 1. A request that outgrows its region cannot grow in place: its region is contiguous. It must be moved or stopped, so reservation must cover the maximum.
+# 2. 2 blocks; 32 - 17 = 15 positions wasted in the second.
+# 3. Every position is then a block-table entry the scheduler maintains and the kernel looks up, and keys no longer sit together in memory: the kernel reads them one by one.
+# 4. In each request's partly filled last block (at most `block_size - 1` positions).
+#
+# </details>

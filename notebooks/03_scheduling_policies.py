@@ -48,6 +48,17 @@
 # (`preempt_for`, `pick_victim`). Built-in ones have names (`LLM(policy="fcfs")`); yours plugs in the
 # same way (`LLM(policy=MyPolicy())`).
 
+# %% [markdown]
+# **After this notebook you can:**
+#
+# - point to head-of-line blocking in a step record's waiting reasons, and say which policy removes it;
+# - compare FCFS and shortest-first on mean and worst completion time, and say what a length predictor and
+#   aging change (starvation);
+# - choose between priority classes, MLFQ and fair queuing for a workload, and write each as a policy the
+#   scheduler calls every step;
+# - compare the worst decode stall and the prompt's TTFT under prefill priority, decode priority and chunked prefill;
+# - read goodput and the TTFT tail off a load sweep, and find the largest queue cap that keeps a 2 s TTFT.
+
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
@@ -123,6 +134,10 @@ hol
 # Step 0 prefills A and B and step 1 decodes them; L and the short requests arrive during step 1.
 # Step 2 is where the policies part. Four steps, in code (the same as four clicks on **Step**):
 
+# %% [markdown]
+# **Predict, then run.** At step 2 one of the three slots is free, and L, s1, s2 and s3 are waiting (L arrived
+# first). Which request takes the slot under FCFS, and which under SJF with the true lengths?
+
 # %%
 for _ in range(4):
     hol.step()
@@ -132,6 +147,15 @@ for name, s in zip(hol.names, hol.steppers):
         ran = ", ".join(f"{e.request_id} {e.phase} +{e.num_new_tokens}" for e in rec.batch)
         waits = "; ".join(f"{w.request_id}: {w.reason}" for w in rec.waiting[:2])
         print(f"  step {rec.step}: ran {ran}" + (f"  | waiting {waits}" if waits else ""))
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# FCFS gives it to L, the oldest, whose 24-token prompt then takes two steps of the 16-token budget while the
+# short ones wait ("queued behind"). SJF gives it to a short request (s1, the earliest of the three), which
+# is done two steps later, and the next short one follows.
+#
+# </details>
 
 # %% [markdown]
 # Under FCFS the short requests sit in the queue with the reason "max_num_seqs=3 requests already
@@ -174,6 +198,10 @@ figures.gantt_figure(eng.step_records, eng.requests, title="SJF: the short reque
 # When all job lengths are known, SJF gives the smallest mean completion time (the classic
 # scheduling result). Forty requests arrive at once, answers of 5 to 200 tokens, 4 slots:
 
+# %% [markdown]
+# **Predict, then run.** Forty requests at once, 4 slots, the same total work under both policies. Does SJF
+# change the time the *last* request finishes? The mean completion time?
+
 # %%
 batch40 = workloads.synthetic_trace(40, rate=None, prompt_len=16, output_len=Uniform(5, 200), seed=1)
 sjf_runs = {}
@@ -184,6 +212,15 @@ for name, pol in (("FCFS", "fcfs"), ("SJF, true lengths", SJF(predictor="oracle"
           f"longest {s['e2e_max']:.2f} s")
 figures.latency_cdf_figure(sjf_runs, metrics=("e2e_latency",), unit="s",
                            title="40 requests at once, 4 slots: when each one is done")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The last finish barely moves (the slots do the same total work either way); the mean falls by about a
+# quarter, because the many short requests no longer wait behind the long ones. Compare the printed
+# `longest` and `mean completion` columns.
+#
+# </details>
 
 # %% [markdown]
 # Same total work, and the last request finishes at about the same time (<span title="from the run">10.25 s</span>
@@ -473,6 +510,11 @@ fig
 # tokens is compute bound, a decode step memory bound). minillm's `interference` setting picks the
 # approach; chunked prefill runs under a budget of 512 tokens per step.
 
+# %% [markdown]
+# **Predict, then run.** Ten requests are decoding when P's 2,000-token prompt arrives. Of the three approaches
+# in the table, which gives P its first token soonest, which the decoders the smallest worst stall between two
+# tokens, and which makes P wait longest?
+
 # %%
 interf_trace = [TraceRequest(f"d{i}", 0.0, 200, 400) for i in range(10)] + [TraceRequest("P", 1.0, 2000, 20)]
 modes = {"prefill-priority": dict(interference="prefill-priority", enable_chunked_prefill=False, max_num_batched_tokens=4096),
@@ -497,6 +539,14 @@ for name, m in interf.items():
 fig.update_layout(title="request d0: the gap before each of its tokens (P arrives at 1.0 s)", xaxis_title="time (s)",
                   yaxis=dict(title="ms since its previous token", type="log"), height=360, plot_bgcolor="white")
 fig
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Prefill priority gives P its first token soonest; chunked prefill gives the decoders the smallest worst
+# stall (the cell asserts both); decode priority makes P wait until the ten decoders have finished.
+#
+# </details>
 
 # %% [markdown]
 # Prefill priority gives P its first token soonest and stalls all ten decoders for the whole prefill step
@@ -767,12 +817,12 @@ local_whatif
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `remaining`: the prediction minus `num_output_tokens`, clamped at 0. `key`: `remaining` minus `aging` times the seconds waited (`now - arrival_time`, clamped at 0).
+# The docstrings of `remaining` and `key` define both; check them on section 2's stream first: with aging 0, L must wait for the whole stream (the printout of the aging cell), with aging it must run sooner.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `order_waiting`: `sorted` (a new list) with a tuple key, `(self.key(r, now), r.arrival_time)`.
+# `order_waiting` returns a new list, smallest key first; the docstring says how a tie is broken. The graders compare every request's schedule with the engine's `SJF` on the same trace.
 #
 # </details>
 
@@ -789,12 +839,12 @@ with impl.attempt("ex03.SJFWithAging"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `order_waiting`, `pick_victim`: one `sorted` / `max` each, on tuples: `(level, arrival_time)` for the order; `(level, admit_seq)` for the victim, largest wins. `preempt_for`: keep the running requests whose level is strictly deeper than the waiting one's and ask `pick_victim`.
+# Section 4's rules are the contract: a waiting request is ordered by its level, and the victim is the running request at the deepest level (the docstring breaks ties). `preempt_for` may push out only a request deeper than the one waiting.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `on_step`: `st = self.state(req)`; `st[1] += self.new_output_tokens(req)`; then *while* the request is not at the last level and `st[1] >= quanta[st[0]]`: `st[1] -= quanta[st[0]]`, `st[0] += 1` (a `while`, not an `if`: one step may cross several quanta). Boost: if `last_boost` is None, set it to `now`; else, when `now - last_boost >= boost_interval`, bump `epoch` and `num_boosts` and set `last_boost = now`.
+# `on_step`: one step can add more output tokens than are left of a quantum (speculative decoding adds several at once): the invariant is that after `on_step` no request below the last level holds a full quantum's worth of used tokens. The boost cell in section 4 shows when a boost must happen.
 #
 # </details>
 
@@ -811,12 +861,12 @@ with impl.attempt("ex03.MLFQPolicy"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `order_waiting`: sort by arrival, then group by tenant into a dict of lists (its insertion order ranks the tenants by their oldest request). A heap of `(counter, rank, tenant)`, on copies of the counters, picks the next tenant.
+# Section 5's service curves are the behaviour to reproduce: while every tenant has requests waiting, their counters stay close. Place one request at a time, always from the tenant whose counter (as it would be after the requests already placed) is smallest.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Pop the smallest, append the head of that tenant's queue; if the tenant has more waiting, push it back with `counter + input_weight * (num_tokens - num_computed_tokens)` of the request just placed. `on_step`: `output_weight * new_output_tokens(req)`, plus `input_weight * s.num_new_tokens` when `s.phase == "prefill"`.
+# `on_step` charges each tenant for what its requests just ran, prompt tokens and output tokens at their weights (the docstring gives them). The graders compare your order with the engine's `Fair` step by step.
 #
 # </details>
 
@@ -836,12 +886,12 @@ with impl.attempt("ex03.FairPolicy"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `chunk_sizes`: the decoding requests take one token each of the budget first; the prompt gets the rest, `token_budget - num_decoding`, every step until the last, smaller chunk (`divmod`).
+# Section 6's chunked run: in each step the decoders run first, one token each, and the prompt gets what is left of the budget. The chunks must add up to the prompt.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `worst_decode_stall`: walk the chunks with their index i and a running total of the prompt's positions; each step is `step_time([1] * d + [chunk], [c + i + 1 for each decoder's c] + [total so far])`; keep the largest.
+# Each step of the prefill is one batch for `step_time`: the decoders' one new token each beside one chunk. Mind the context lengths (`step_time` wants the KV held *after* the step): both the decoders' and the prompt's grow from step to step.
 #
 # </details>
 
@@ -866,12 +916,12 @@ with impl.attempt("ex03.chunk_sizes / worst_decode_stall"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Draw the timeline: a pass at the start of steps 0, N, 2N, ... One pass per N forward steps gives the overhead. A request whose last token comes at the end of a pass step waits through N − 1 more steps before the next pass.
+# Draw the timeline of section 7: a pass at the start of steps 0, N, 2N, ... and mark when a finished request is released and when a newcomer is admitted. The docstring's example (N = 5, 15 ms steps, a 0.5 ms pass) is the case to check.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# A newcomer that arrives just after a pass started waits for the rest of that step (its pass and its forward), then N − 1 more steps: N forwards and one pass in all.
+# The cell below runs the engine with newcomers arriving just after a pass started (the worst moment): its printed wait is the number your third value must match.
 #
 # </details>
 
@@ -898,12 +948,12 @@ with impl.attempt("ex03.schedule_every_tradeoff"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# TTFT is the first token's time minus the arrival; TPOT is (last − first) / (tokens − 1), and a one-token request has none, so it passes that SLO. A request with no tokens fails.
+# The docstring defines both SLOs per request; its example has three requests (one turned away) to check by hand first.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# The run lasts from the earliest arrival to the latest token of any request. The attainment divides by every request, turned-away ones included: that is what makes shedding honest.
+# The cell below compares yours with `minillm.analysis.metrics` with and without the queue cap; if only the capped run differs, look at how the turned-away requests count.
 #
 # </details>
 
@@ -914,6 +964,37 @@ with impl.attempt("ex03.goodput"):
         g = ex.goodput([(r.metrics.arrival_time, list(r.metrics.token_times)) for r in eng.requests.values()], **SLO)
         print(f"20 req/s, queue cap {str(cap):>4}: your goodput {g['goodput']:5.2f} req/s, {g['attainment']:.0%} "
               f"meet the SLOs | minillm.analysis.metrics: {s['goodput_requests_per_s']:5.2f} req/s, {s['slo_attainment']:.0%}")
+
+# %% [markdown]
+# **Exercise 7 (judgement), `largest_queue_cap`**: section 8 capped the queue at 16 by a rule of thumb. At 20
+# requests per second, what is the *largest* cap at which the requests the engine accepts still get their
+# first token within 2 s at the p99? Guess from section 8's capped printout, then write the function: it
+# bisects over caps, and the cell below hands it one simulation of section 8's traffic per cap it asks for.
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Section 8's printout under the cap: the TTFT p99 at 20 requests per second with a cap of 16. Is 16 at the
+# limit already, or is there room? And without a cap?
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Keep an invariant while you bisect: one cap known to meet the target (0 meets it trivially: nobody waits) and
+# one known to miss it (treat `max_cap + 1` as missing, without running it). The graders count the runs.
+#
+# </details>
+
+# %%
+with impl.attempt("ex03.largest_queue_cap"):
+    cap_runs = {}
+    def run_with_cap(cap):
+        cap_runs[cap] = simulate(chat_trace(20), model="llama-2-70b", records=False, max_num_seqs=64,
+                                 max_queue_len=cap, **SLO)[1]
+        return cap_runs[cap]
+    best = ex.largest_queue_cap(run_with_cap, SLO["slo_ttft"], 64)
+    print(f"20 req/s: the largest queue cap for a {SLO['slo_ttft']:g} s TTFT p99 is {best}; {len(cap_runs)} simulations: "
+          + ", ".join(f"cap {c}: {r['ttft_p99']:.2f} s" for c, r in sorted(cap_runs.items())))
 
 # %% [markdown]
 # ### Grading
@@ -930,3 +1011,36 @@ with impl.attempt("ex03.goodput"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+
+# %% [markdown]
+# ## Summary
+#
+# 1. A policy orders the waiting queue and, if it preempts, names who gives way; the scheduler asks it every step.
+# 2. FCFS is fair but blocks short requests behind long ones; shortest-first cuts the mean completion, needs predicted lengths, and starves long requests without aging.
+# 3. Priority classes, MLFQ (tokens as the time slice) and fair queuing buy guarantees for a class, for short requests or for each tenant.
+# 4. A long prefill stalls every decoder in its step; chunked prefill bounds that stall at a small cost to the prompt's own TTFT.
+# 5. Past capacity throughput stays flat while goodput falls; a queue cap sheds load and keeps the accepted requests within their SLO.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. SJF left the last of the forty requests finishing at about the same time as FCFS. Why can no order change that?
+# 2. In section 2's stream, what happens to L under SJF without aging, and who pays for the aging that fixes it?
+# 3. Why did ordering the queue by priority class not help the high-priority requests of section 3?
+# 4. Chunked prefill gives P its first token a little *later* than prefill priority. Why is it still the default?
+# 5. Why does the SLO attainment count rejected requests as failures?
+#
+# <details><summary>Answers</summary>
+#
+# 1. The slots do the same total work whatever the order, and the last finish is set by that work (and by the
+#    longest request); the order only decides who waits for whom.
+# 2. L starves: a short request is always waiting, so L runs only when the stream ends. Aging lowers a waiting
+#    request's key with its wait, so L eventually goes first; the short requests behind it wait longer.
+# 3. The policy did not preempt: the slots were held by running low-priority requests and freed only when they
+#    finished, so there was nothing in the queue to reorder. A preemptive priority policy fixes it.
+# 4. It bounds the stall every decoding request sees, which would otherwise hit all of them at each long
+#    prompt; P's own delay is small.
+# 5. Otherwise shedding every request but the easy ones would look like perfect attainment: a rejected request
+#    is a user who was not served.
+#
+# </details>

@@ -36,6 +36,15 @@
 # minillm's prefix cache is *automatic* (vLLM's APC): nobody marks a prefix as shareable; every full
 # block is hashed, and kept after its request finishes until its memory is needed.
 
+# %% [markdown]
+# **After this notebook you can:**
+#
+# - compute a prompt's chained block hashes and how many of its tokens a cache can reuse;
+# - follow reference counts and LRU eviction on the real engine, and say which cached block is evicted first;
+# - measure what a shared system prompt saves in prefill, memory and TTFT;
+# - compute how much of a cached prompt an edit at a given position invalidates;
+# - explain how parallel sampling shares a prompt's blocks and copies one on write.
+
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
@@ -95,6 +104,9 @@ print("\nthe same four tokens after another prefix get another key:",
 # starts at the 11th block. The engine, blocks of 16: a first request with a 165-token shared prefix and its own
 # question, then a second request with the same prefix and another question.
 
+# %% [markdown]
+# **Predict, then run.** Two requests share their first 165 tokens and differ after that; blocks of 16. From which token does the second request's prefill start?
+
 # %%
 shared = list(range(1000, 1165))                           # 165 tokens: 10 full blocks of 16, and 5 more
 llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", enable_prefix_caching=True,
@@ -106,6 +118,13 @@ rec = llm.engine.step()
 e = rec.entry(second)
 print(f"second request: {len(shared) + 25} prompt tokens; KV reused for {e.num_computed_before} "
       f"({e.num_computed_before // 16} blocks); prefilled {e.num_new_tokens}")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# From token 160: the first 10 blocks (160 tokens) are full and shared, so their keys match. The 11th block holds 5 shared tokens and 11 different ones, so its key differs, and the match ends there.
+#
+# </details>
 
 # %% [markdown]
 # The 11th block holds tokens 160 to 175: 5 shared ones and 11 that differ, so its key differs, and the
@@ -194,6 +213,9 @@ print("eviction order, front of the free list first:", list(apc_run.engine.kv.po
 # more as it decodes; fresh blocks come from the front of the free list, evicting the cached prefixes
 # there. Run until D is done, then one more step for E:
 
+# %% [markdown]
+# **Predict, then run.** D's growth takes the last free blocks. The system prompt's two cached blocks (0, its first, and 1) are at the back of the free list. Which one is evicted first, and how much of the system prompt does E reuse?
+
 # %%
 while "D" not in rec.finished:
     rec = apc_run.engine.step()
@@ -203,6 +225,13 @@ rec = apc_run.engine.step()
 print(rec.summary())
 e = rec.entry("E")
 print(f"E: {e.num_computed_before} of its {len(SYSTEM) + 2} prompt tokens reused, {e.num_new_tokens} prefilled")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Block 1 (the child) goes first: it was freed before its parent. E finds block 0 still cached and recomputes from the second block on. Evicting a child before its parent keeps the surviving prefix usable.
+#
+# </details>
 
 # %% [markdown]
 # D's growth took the last free blocks, down to one of the system prompt's: the *second* (block 1), the
@@ -320,6 +349,9 @@ fig
 # tokens (tool list and project notes first, then the conversation) is cached; then one token is edited
 # at a given position and the context is sent again:
 
+# %% [markdown]
+# **Predict, then run.** A 2,048-token context is cached. One token is edited: in the first block, or near the end. How much is recomputed in each case?
+
 # %%
 agent = list(range(5000, 7048))                                       # 2048 tokens: 128 blocks of 16
 llm = LLM(model="llama-2-7b", executor="simulated", clock="modeled", cost_model="H100-SXM", enable_prefix_caching=True,
@@ -339,6 +371,13 @@ fig = go.Figure(go.Scatter(x=positions, y=recomputed, mode="lines+markers"))
 fig.update_layout(title="one edited token: everything from its block on is recomputed", height=320, plot_bgcolor="white",
                   xaxis_title="position of the edit (token)", yaxis_title="tokens prefilled again")
 fig
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# An edit in the first block recomputes the whole context: every later key is chained on the edited one. An edit near the end recomputes only from its block on, almost nothing.
+#
+# </details>
 
 # %% [markdown]
 # An edit in the first block (the tool list, the system prompt) costs the whole context; an edit near
@@ -482,12 +521,12 @@ assert shared_s["output_throughput"] > separate_s["output_throughput"] and share
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `hash_block` is one call to Python's `hash` on a pair; a list cannot be hashed, a tuple can.
+# Section 1's first cell computes a chain of keys with the engine's `hash_block`; yours must give the same keys. Which Python types can be hashed?
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `block_hashes`: `parent = None`; for each *full* block (`len(token_ids) // block_size` of them), `parent = hash_block(parent, that block's tokens)` and keep it.
+# Section 1: only full blocks get a key, and each key is chained on the one before. The cell below compares your keys with the engine's on section 1's prompt.
 #
 # </details>
 
@@ -506,12 +545,12 @@ with impl.attempt("ex04.hash_block / block_hashes"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `longest_prefix_match`: the loop of `block_hashes` over `(len(token_ids) - 1) // block_size` blocks, looking each key up in `cached`; `break` at the first key that is missing or whose block holds other `token_ids` or another `parent_hash`.
+# Section 1's 165-token example: the second prefill starts at token 160. The match ends at the first key that misses (or names a block holding other tokens), and it never covers the prompt's last token (Exercise 5's hint says why).
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# The pool: `touch` removes a block with `ref_count == 0` from the free queue before counting it; `get_new_blocks` refuses first when too few are free, then per block `popitem(last=False)`, and `evict` if the block has a hash; `evict` deletes the index entry only if it is this very block (`self.cached.get(h) is block`); `free_blocks` walks `reversed(blocks)` and puts a block that reaches 0 into the free queue where its docstring says.
+# Section 2's stepped run is the behaviour to reproduce: which blocks go back to the free list, in what order, and which cached block is evicted first. The docstrings of `touch`, `get_new_blocks`, `evict` and `free_blocks` are the contract; the cell below replays section 2 on your pool.
 #
 # </details>
 
@@ -536,7 +575,7 @@ with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `fork`: raise each block's count by one, and return `list(table)` (a new list). `block_to_write`: `num_computed_tokens // block_size`, or None if that is not below `num_blocks_held`. `copy_on_write`: nothing to do unless that block exists and its count is above 1; then `new_block()`, put the fresh id in its place in `table`, take one off the shared block's count, and return `(shared, fresh)`.
+# Section 7's two steps, read from their step records: the fork (which blocks, shared by how many sequences) and the copy (which block, when). The invariant: a block more than one sequence holds is never written, and a block only one holds is never copied.
 #
 # </details>
 
@@ -559,12 +598,12 @@ with impl.attempt("ex09.fork / block_to_write / copy_on_write"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Only the earliest edit matters: its block's key changes, and every later key is chained on it. The blocks strictly before that block are reused: `min(edited_positions) // block_size` of them.
+# Section 5's figure: an edit in the first block costs the whole context, one near the end almost nothing. Which of the `edited_positions` decides the answer?
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Even with no edit, the last prompt token is computed again (its logits choose the first output token): never more than `(num_tokens - 1) // block_size` blocks. Check the positions first, and name the bad one in the `ValueError`.
+# Check the case of no edit against section 1: even then the prompt's last token is computed again (its logits choose the first output token). The docstring says which positions are invalid, and the error must name the bad one.
 #
 # </details>
 
@@ -590,3 +629,29 @@ with impl.attempt("ex04.tokens_reused_after_edit"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+
+# %% [markdown]
+# ## Summary
+#
+# 1. Each full block's key hashes its tokens together with the previous block's key, so a key names the whole prefix up to it.
+# 2. A new request looks its keys up in order; the first miss ends the match, and the prefill starts there.
+# 3. Shared blocks carry reference counts; freed blocks stay cached until their memory is needed, evicted least recently used first, children before parents.
+# 4. A shared system prompt saves prefill, memory and TTFT; an edit invalidates everything after it, so keep prefixes stable.
+# 5. Parallel sampling forks one prompt's blocks to n sequences and copies a block only when a sequence writes into a shared one.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. Why does a block's key include its parent's key, not just its own tokens?
+# 2. Why is the last token of a fully cached prompt computed again?
+# 3. Without prefix caching, 8 GiB held about a dozen requests with a 1024-token system prompt. Why so many more with it?
+# 4. When does copy-on-write copy a block, and why only then?
+#
+# <details><summary>Answers</summary>
+#
+# 1. The same tokens at a different position after a different prefix have different KV; chaining makes a key match only when the whole prefix matches.
+# 2. Its logits choose the first output token, and a cached block stores KV, not logits.
+# 3. The prompt's KV is stored once and shared by all; each request holds only its own suffix and answer.
+# 4. When a sequence must write into a block other sequences still hold (the partly filled last block of the prompt); full shared blocks are only read, so they never need a copy.
+#
+# </details>

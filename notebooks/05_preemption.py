@@ -37,6 +37,17 @@
 # 5. priority preemption: pushing a lower class out of memory;
 # 6. exercises: the recompute-or-swap decision, the choice of victim, and the headroom a batch needs.
 
+# %% [markdown]
+# **After this notebook you can:**
+#
+# - say which request the engine gives up when a block runs out, and what recompute and swap each do with its KV;
+# - compute a victim's recovery time both ways, M_KV / B_PCIe against (n_input + n_generated) / S_prefill, and
+#   decide which is cheaper on a given link;
+# - explain why recompute often costs no more than swap inside a running engine, although it redoes work;
+# - size the headroom a batch needs to decode k steps without a preemption, and recognise thrashing by its
+#   preemption rate;
+# - bound how long an urgent request waits for the step in flight, and let a priority class push a lower one out.
+
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
@@ -104,6 +115,10 @@ pressure
 # position needs a new block, and none is free. The cells below step their own copies of the two
 # engines (`pressure_runs`), so the widget above stays where you left it, ready to step.
 
+# %% [markdown]
+# **Predict, then run.** After five steps C needs a new block and none of the 8 is free. Which request does
+# each engine give up, and where does its KV go: on the left (recompute), on the right (swap)?
+
 # %%
 pressure_runs = [pressure_engine("recompute"), pressure_engine("swap")]   # the widget above stays yours
 for _ in range(5):
@@ -111,6 +126,15 @@ for _ in range(5):
 for name, rec in zip(pressure.names, recs):
     print(f"{name}: {rec.summary()}\n")
 figures.compare_kv_figure(dict(zip(pressure.names, recs)), colors=pressure.colors, width=560)
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Both give up C, the most recently admitted request (here the very one that needed the block). Recompute
+# drops C's KV, so its blocks return to the free pool and C goes back to the front of the queue; swap copies
+# C's blocks into the host pool, and C waits in the swapped list. The next cell says why the default picks C.
+#
+# </details>
 
 # %% [markdown]
 # The scheduler serves running requests first, in admission order; when one cannot get its block it asks
@@ -209,6 +233,11 @@ fig
 # `preemption_mode="auto"` applies the rule to each victim (`CostModel.preemption_mode`), with the cost
 # model's PCIe bandwidth and prefill speed.
 
+# %% [markdown]
+# **Predict, then run.** Section 2's figure says that on its own PCIe 5.0 link swapping Llama-2-7B's KV beats
+# recomputing it at every length. On the burst below, will `"swap"` finish with clearly more tokens per second
+# than `"recompute"`, about the same, or fewer?
+
 # %%
 burst = workloads.synthetic_trace(150, rate=40, prompt_len=Uniform(500, 1500), output_len=Uniform(200, 600), seed=0)
 shared_link = RooflineCostModel(replace(HARDWARE["H100-SXM"], name="H100, shared 16 GB/s link", pcie_bandwidth=16e9),
@@ -225,6 +254,14 @@ for name, cfg in modes.items():
     print(f"{name:<26} {st['preemptions_recompute']:>3} recomputed, {st['preemptions_swap']:>3} swapped "
           f"({st['recomputed_tokens']:>6,} tokens prefilled again, {s['swap_time_total']:.2f} s copying) | "
           f"{s['output_throughput']:5.0f} tokens/s, TTFT p50 {s['ttft_p50']:5.1f} s, end-to-end p99 {s['e2e_p99']:5.1f} s")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# About the same, although recompute prefills tens of thousands of tokens again: compare the two
+# `tokens/s` columns. The rule prices one victim at a time; the next cell says what it leaves out.
+#
+# </details>
 
 # %% [markdown]
 # The rule picks swap where the link is fast and recompute where it is shared. But look at the
@@ -245,6 +282,10 @@ for name, cfg in modes.items():
 # repeats, redoing prefills nobody asked for. The fixes are admission control, headroom and
 # hysteresis: a system at exactly 100% of its capacity has no room to absorb variance. minillm's `watermark` is
 # headroom: admission keeps that fraction of the blocks free, for running requests to grow into.
+
+# %% [markdown]
+# **Predict, then run.** Admission will keep 0% to 20% of the blocks free. Which way does throughput move at 5%
+# headroom, and which way at 20%? And the tokens prefilled again?
 
 # %%
 watermarks = [0.0, 0.02, 0.05, 0.1, 0.2]
@@ -269,6 +310,15 @@ fig.update_yaxes(title_text="tokens / s", secondary_y=True, rangemode="tozero")
 fig.update_layout(title="headroom: a little removes most of the thrashing; a lot leaves memory idle",
                   xaxis_title="watermark (fraction of blocks admission keeps free)", height=380, plot_bgcolor="white")
 fig
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# At 5% throughput hardly moves (within 2%, the cell asserts it) while most of the redone prefills
+# disappear; at 20% the batch shrinks and throughput falls below no headroom at all. Headroom trades
+# memory for stability; past a few percent it only costs.
+#
+# </details>
 
 # %% [markdown]
 # Without headroom the engine prefills a quarter as many tokens again as the trace holds. A few percent of
@@ -375,7 +425,7 @@ assert min(pauses.values()) > 1e-3 and max(pauses.values()) > 0.1     # millisec
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Both times are one division: bytes over bytes/s, tokens over tokens/s. The rule compares them with a strict `<`, so a tie recomputes.
+# Section 2's first cell prints the worked numbers (31 ms to copy 1 GB over PCIe 4.0, 500 ms to prefill 2000 tokens at 4000 tokens/s): your two times must reproduce them, in seconds. The docstring of `swap_or_recompute` says which way a tie goes.
 #
 # </details>
 
@@ -395,7 +445,7 @@ with impl.attempt("ex05.swap_or_recompute"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# One `min` over the candidates with a tuple key: `(num_computed_tokens, -admit_seq)`.
+# Section 1's victim was C, the most recently admitted. Yours is the candidate holding the fewest positions of KV (`Request.num_computed_tokens`); the docstring says which one gives way when two hold the same, and the grader checks every pick against the candidates the scheduler offered.
 #
 # </details>
 
@@ -412,7 +462,7 @@ with impl.attempt("ex05.LeastProgressVictim"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `order_waiting`: `sorted` by `(priority, arrival_time)`. `pick_victim`: `max` by `(priority, admit_seq)`. `preempt_for`: keep the running requests with `priority > request.priority`; `pick_victim` among them, `None` if there are none.
+# Section 5's Gantt chart is the behaviour to reproduce: the high class starts at once and the low request admitted last gives way. The graders compare your schedule with the engine's `Priority(preempt=True)` request by request; `minillm/core/policies.py` has the hooks' contracts.
 #
 # </details>
 
@@ -432,7 +482,7 @@ with impl.attempt("ex05.PriorityPreemption"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# A request holding c positions holds ceil(c / block_size) blocks; k steps later it holds ceil((c + k) / block_size). Its need is the difference; the batch's is the sum.
+# Draw it (section 1's KV maps draw blocks of 4): a request of 16 positions in blocks of 16 holds how many blocks, one decode step later how many, and 16 steps later? The docstring's example `[5, 16, 17]` is the case to check by hand first.
 #
 # </details>
 
@@ -451,6 +501,34 @@ with impl.attempt("ex05.headroom_blocks"):
         print(f"your headroom: {need} blocks | {free} free after the prefills: {preempted} preemption(s) in {k} decode steps")
 
 # %% [markdown]
+# **Exercise 5 (judgement), `swap_recompute_crossover`**: in section 2's figure the dashed boundary (a link
+# four GPUs share, 16 GB/s each) crosses Llama-2-7B's line. How long must a victim be, in positions (whole
+# blocks of 16), before the rule recomputes it on that link? Read a first guess off the figure, then write the
+# function that finds the exact answer on the modeled H100 with *your* `swap_or_recompute`. The cell below
+# asks it for both links of the figure.
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# In section 2's figure, which side of the dashed boundary is the red line at the left edge (short victims),
+# and which side at 2,000 tokens? The answer is where it changes side, rounded to the blocks a victim holds.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# The invariant the graders hold: at your answer the rule says recompute, and one block shorter it says swap.
+# Check both with `ex.swap_or_recompute` and `H100.step_time` before you trust your number.
+#
+# </details>
+
+# %%
+with impl.attempt("ex05.swap_recompute_crossover"):
+    for name, bw in (("its own PCIe 5.0 link (64 GB/s)", 64e9), ("a shared 16 GB/s link", 16e9)):
+        n = ex.swap_recompute_crossover(H100, bw)
+        print(f"Llama-2-7B on {name}: " + ("swap wins at every length up to 16,384 positions" if n is None else
+              f"recompute from {n} positions ({n * H100.kv_bytes_per_token / 1e9:.3f} GB of KV) on"))
+
+# %% [markdown]
 # ### Grading
 #
 # Your code goes in `exercises/ex05_preemption.py` (its stubs raise `NotImplementedError` until you fill them in;
@@ -465,3 +543,37 @@ with impl.attempt("ex05.headroom_blocks"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+
+# %% [markdown]
+# ## Summary
+#
+# 1. When a running request needs a block and none is free, the scheduler asks the policy for a victim; by default the most recently admitted.
+# 2. Swap keeps the work and pays bandwidth, M_KV / B_PCIe; recompute frees the memory at once and pays a prefill, (n_input + n_generated) / S_prefill.
+# 3. The rule picks per victim, but inside a running engine a recompute shares its step with decodes, so it often costs no more than a swap.
+# 4. A cache at 100% thrashes; a few percent of headroom removes most of it, and much more leaves memory idle.
+# 5. Preemption happens only between steps: a step in flight bounds an urgent request's wait, and priority classes use preemption to get memory.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. The host link gets twice as fast. Which way does the boundary of section 2's figure move, and which
+#    victims change from recompute to swap?
+# 2. Why does a recomputed victim come back with a prefill of its prompt *and* of the tokens it had generated?
+# 3. Llama-3-8B keeps a quarter of Llama-2-7B's KV per position (grouped-query attention). Does that push the
+#    rule toward swap or toward recompute?
+# 4. Reserving the whole length at admission gives zero preemptions. Why is it still not the better engine?
+# 5. An urgent request arrives while a long prefill runs. What bounds its wait, and what in notebook 03 shortens it?
+#
+# <details><summary>Answers</summary>
+#
+# 1. The boundary is M_KV = B_PCIe x (recompute time): doubling the bandwidth doubles the KV a swap can move in
+#    the same time, so the boundary rises and victims just above it (more KV per token recomputed) now swap.
+# 2. Recompute discarded all of its KV; the tokens it generated are part of its context now, and every
+#    position of the context needs KV before the next token can be sampled.
+# 3. Toward swap: for the same tokens to recompute there are four times fewer bytes to copy.
+# 4. It holds memory for tokens that do not exist yet (and that a real engine cannot even predict), so the
+#    batch is smaller and throughput lower than paging with a little headroom.
+# 5. The length of the step in flight (tens to hundreds of milliseconds for a prefill); chunked prefill cuts the
+#    prefill into budget-sized steps.
+#
+# </details>

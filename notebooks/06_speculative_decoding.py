@@ -37,6 +37,18 @@
 # target forward scores all of them; the scheduler keeps the accepted guesses plus one token of the
 # target's own, and frees the KV slots of the rejected guesses (`minillm/spec/speculative.py`).
 
+# %% [markdown]
+# **After this notebook you can:**
+#
+# - run speculative decoding on the shipped model and read one verification step: guesses, accepted ones, the
+#   target's own token;
+# - state the greedy and the rejection-sampling acceptance rules, and say why neither changes the output's
+#   distribution;
+# - compute the expected tokens per step and the speed-up from the acceptance rate α, the draft length k and the
+#   draft's cost c;
+# - tell when speculation makes decoding slower: low acceptance, a costly draft, a batch past the roofline's ridge;
+# - choose between a draft model and prompt lookup by measuring on your own traffic.
+
 # %%
 from minillm.kernel_check import check_paged_attention, pick_device
 DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's interpreter runs the same kernels
@@ -85,6 +97,10 @@ spec
 # Step 0 is the prompt's prefill (no guesses yet: speculation starts once the request decodes). From
 # step 1 on, each step is one verification. Five steps, in code:
 
+# %% [markdown]
+# **Predict, then run.** With k = 4 guesses per step, what is the most tokens one verification step can add to
+# R's output, and the fewest?
+
 # %%
 tok = spec.engine.tokenizer
 req = spec.engine.requests["R"]
@@ -96,6 +112,15 @@ for _ in range(5):
     what = (f"{e.num_spec_tokens} guessed, {e.num_spec_accepted} accepted, + 1 from the target"
             if e.num_spec_tokens else "the prompt's prefill")
     print(f"step {rec.step}: {e.num_new_tokens:>2} tokens through the target ({what}) -> {len(new)} new: {tok.decode(new)!r}")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# At most k + 1 = 5 (all four guesses kept, plus the target's bonus token), at least 1 (the first guess
+# rejected, replaced by the target's own token). A step never adds zero: the target's forward always yields
+# one token.
+#
+# </details>
 
 # %% [markdown]
 # A step emits between 1 and k + 1 = 5 tokens: the accepted guesses, then the target's own token at the
@@ -114,12 +139,25 @@ print(check_paged_attention(spec.engine))   # the Triton kernel against its torc
 # **Greedy**: keep a guess while it equals the target's argmax at that position. The output is then
 # exactly what the target alone would produce, token for token:
 
+# %% [markdown]
+# **Predict, then run.** Greedy decoding, once without speculation and once with the shipped draft guessing 4
+# tokens a step. Can the two texts differ, given that the draft is a different, smaller model?
+
 # %%
 plain = LLM(attention_backend="auto")
 greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 a = plain.generate([PROMPT], greedy)[0].text
 b = LLM(attention_backend="auto", speculative_model="default-draft", num_speculative_tokens=4).generate([PROMPT], greedy)[0].text
 print(f"same text with and without speculation: {a == b}\n{a!r}")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# No: the cell prints `True`. A guess is kept only where it equals the target's own argmax, and the first
+# rejected one is replaced by the target's token, so every emitted token is one the target alone would have
+# chosen. The draft changes how many target forwards it takes, not what comes out.
+#
+# </details>
 
 # %% [markdown]
 # **Sampling** needs more care: the guesses were *drawn* from the draft's distribution q, and the output
@@ -186,6 +224,11 @@ fig
 # (a small model's weights are largely embeddings, so its draft cannot be much smaller). Greedy, k = 1 to
 # 6:
 
+# %% [markdown]
+# **Predict, then run.** The shipped draft costs c ≈ 0.36 of a target forward and agrees with the target on
+# about half of its greedy tokens (α ≈ 0.5). From the figure above (the dashed curve is k = 4 at that cost),
+# will k = 1 be faster or slower than plain decoding? And k = 4?
+
 # %%
 engines = {}
 
@@ -210,6 +253,15 @@ for k in (1, 2, 4, 6):
     rows.append((k, alpha, base / t, expected_speedup(alpha, k, ratio)))
     print(f"k = {k}: {st['tokens_per_target_step']:.2f} tokens per target step (alpha ~ {alpha:.2f}); measured speed-up "
           f"{base / t:.2f}x, the formula with c = {ratio:.2f}: {rows[-1][3]:.2f}x")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# k = 1 gains a little (about 1.1x); k = 4 loses time (about 0.8x): at α ≈ 0.5 the dashed curve is below 1.
+# Each extra guess costs a third of a target forward and is kept only about half the time, and only while
+# every guess before it was kept.
+#
+# </details>
 
 # %% [markdown]
 # The engine's measurements follow the formula. A draft whose guesses are kept with the α printed above,
@@ -319,12 +371,12 @@ fig
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `accept_greedy`: count `a`, the length of the common prefix of `draft` and `target`; the answer is `draft[:a]` plus `target[a]`.
+# `accept_greedy`: section 1's printout shows steps of 4 guesses emitting 1 to 5 tokens; the invariant the graders hold is section 2's first cell: greedy speculation emits exactly what plain decoding does, token for token. Check the docstring's example by hand first.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `accept_sampled`: follow the docstring's order of random draws exactly (one `torch.rand` per guess while accepting; one `torch.multinomial` at the first rejection or for the bonus). With `q` None the residual is `p[j].clone()` with entry `x` set to 0.
+# `accept_sampled`: the graders replay your random draws, so follow the docstring's order of draws exactly. Section 2's bar chart is the invariant: the mass kept plus the mass rejected and resampled adds up to p. With `q` None the draft proposed a token with certainty: what is q then?
 #
 # </details>
 
@@ -351,12 +403,12 @@ with impl.attempt("ex06.accept_sampled"):
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# A step emits i + 1 tokens when the first i guesses are kept: the mean is 1 + α + α² + ... + α^k, a geometric series, (1 − α^(k+1)) / (1 − α). At α = 1 that formula divides by zero: every guess is kept, so the step emits k + 1.
+# Section 3's first paragraph gives the series. Check your function at both ends before the middle: at α = 0 a step emits one token, at α = 1 every guess is kept (mind the division there). The cell below prints the value expected at α = 0.8, k = 4.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# A verification step costs k draft forwards (c each) and one target forward: k c + 1 target forwards, for `tokens_per_step(alpha, k)` tokens. Plain decoding emits one token per target forward.
+# Count what one verification step costs in target forwards (section 3's second paragraph), and what plain decoding emits per target forward. The docstring's example (k = 4, c = 0.05) is the case to check by hand.
 #
 # </details>
 
@@ -374,6 +426,34 @@ with impl.attempt("ex06.speculative_speedup"):
               f"the engine's {expected_speedup(alpha, k, c):.2f}x, measured {plain_t / t:.2f}x")
 
 # %% [markdown]
+# **Exercise 4 (judgement), `first_losing_k`**: section 3 measured the shipped pair at k = 1, 2, 4 and 6. At
+# which draft length does it stop paying, that is, first give a speed-up of at most 1? Guess from section 3's
+# printout, then write the function. The cell below hands it the engine's own measurement at each k it asks
+# for (a run on the modeled clock; the runs section 3 made are reused), so the answer comes from this run.
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Section 3's printout: which of the k it tried gained and which lost? The answer lies between the last k that
+# gained and the first that lost; the docstring says what a speed-up of exactly 1 counts as.
+#
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Each call of `speedup_at` is a run of the engine, and the graders count them: ask in the order you would run
+# them by hand, and stop as soon as you know the answer.
+#
+# </details>
+
+# %%
+with impl.attempt("ex06.first_losing_k"):
+    def measured_speedup(k):
+        t, _, _ = timed([PROMPT], greedy, speculative_model="default-draft", num_speculative_tokens=k)
+        return timed([PROMPT], greedy)[0] / t
+    k_stop = ex.first_losing_k(measured_speedup, max_k=8)
+    print(f"the shipped draft/target pair stops paying at k = {k_stop} (measured on the modeled clock)")
+
+# %% [markdown]
 # ### Grading
 #
 # Your code goes in `exercises/ex06_speculative.py` (its stubs raise `NotImplementedError` until you fill them in;
@@ -388,3 +468,37 @@ with impl.attempt("ex06.speculative_speedup"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+
+# %% [markdown]
+# ## Summary
+#
+# 1. A draft proposes k tokens, the target verifies them all in one forward, and the step keeps the accepted guesses plus one token of the target's own.
+# 2. Greedy keeps a guess while it equals the target's argmax; sampling keeps it with probability min(1, p/q) and resamples from the residual, so the output still follows p.
+# 3. One step emits (1 − α^(k+1)) / (1 − α) tokens on average and costs k c + 1 target forwards.
+# 4. Speculation converts spare compute into latency: it loses with low acceptance, a costly draft, or a batch large enough to be compute bound.
+# 5. The shipped draft (c ≈ 0.36) pays only at small k; prompt lookup costs nothing and wins where text repeats.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. Why can verifying k + 1 positions cost about as much as one plain decode step, and when does that stop
+#    being true?
+# 2. At α = 0 (every guess rejected), how many tokens does a step emit, and what does it cost?
+# 3. A draft whose distribution q equals the target's p exactly: what is the acceptance probability, and the
+#    speed-up at k = 4 if the draft cost nothing?
+# 4. Why does rejection sampling need the draft's probabilities q, while the greedy rule needs only its tokens?
+# 5. Why did prompt lookup do best greedy and find almost nothing at T = 0.8?
+#
+# <details><summary>Answers</summary>
+#
+# 1. Decode is memory bound: the step reads every weight once whatever the number of positions, so a few more
+#    positions add arithmetic the GPU had idle. Past the roofline's ridge (a large batch, section 4) the extra
+#    positions cost their arithmetic, up to k + 1 times a plain step.
+# 2. One token, the target's own, for k c + 1 target forwards: slower than plain decoding by that factor.
+# 3. Σ min(p, q) = 1: every guess is kept, so a step emits k + 1 = 5 tokens for one target forward, 5x.
+# 4. Greedy compares a guess with the target's argmax; sampling accepts x with probability min(1, p(x) / q(x))
+#    and draws a rejection's replacement from max(0, p − q), both of which need q.
+# 5. Greedy, the small model falls into loops, so the recent context predicts what comes next; sampled text
+#    rarely repeats, so there is nothing earlier in the context to copy.
+#
+# </details>

@@ -32,6 +32,14 @@
 # `clock="modeled"` (the engine's own scheduler and paged KV, a roofline clock), and
 # `minillm/sim/cluster.py` only decides which instance gets a request, and when.
 
+# %% [markdown]
+# **After this notebook you can:**
+#
+# - say what each rank holds under tensor parallelism and what the two all-reduces per layer exchange;
+# - predict from the link's bandwidth and latency when adding GPUs stops paying, for decode and for prefill;
+# - compare disaggregated prefill/decode with chunked colocation under TTFT and TPOT SLOs;
+# - compare routers by prefix-cache hit rate and TTFT, and route a prefix with consistent hashing.
+
 # %%
 import plotly.graph_objects as go
 from plotly.colors import qualitative
@@ -65,6 +73,9 @@ ex = impl.load("ex07_router")   # your exercises/ex07_router.py (MINILLM_IMPL=so
 # scheduler's decision and one forward on every rank (`minillm/worker/tp_executor.py`,
 # `minillm/model/parallel.py`). Below: the random model on 2 CPU ranks (gloo), float32, greedy.
 
+# %% [markdown]
+# **Predict, then run.** Two ranks each compute half the heads and half the MLP, and add their partial sums with an all-reduce. Greedy, float32: will the tokens equal those of one process?
+
 # %%
 PROMPTS = [[11, 12, 13, 14, 15, 16], [40, 41, 42]]
 greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -82,6 +93,13 @@ print("greedy tokens, 2 ranks vs 1 process, identical:", same)
 assert all(same)
 
 # %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Yes, identical (the cell asserts it): the all-reduce restores exactly the sums one device computes.
+#
+# </details>
+
+# %% [markdown]
 # Each rank holds half the heads: `q_proj`'s output rows and `o_proj`'s input columns are halved, and
 # each rank's KV cache stores only its own KV heads. The tokens are identical to the single-process run:
 # the all-reduce restores exactly the sums a single device would compute (in float32 on CPU).
@@ -93,6 +111,9 @@ assert all(same)
 # fixed latency (`costmodel.LinkSpec.allreduce_time`). Compute and weight reads shrink as 1/N; the
 # all-reduce does not shrink at all. `link=None` is the ideal TP of notebook 01 (no communication).
 # Links (one direction per GPU, from the vendors' figures):
+
+# %% [markdown]
+# **Predict, then run.** Llama-2-13B on 8 H100s. Over which link does decode keep most of its ideal speed-up, and which step, decode or a 4096-token prefill, suffers more on the slow links?
 
 # %%
 for name, lk in LINKS.items():
@@ -115,6 +136,13 @@ fig.update_xaxes(title_text="GPUs (tensor parallel)", type="log", tickvals=list(
 fig.update_yaxes(title_text="speed-up over 1 GPU (times)")
 fig.update_layout(title="Llama-2-13B on H100s: modeled step time speed-up by link", height=380)
 fig.show()
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# NVLink keeps most of decode's gain. On PCIe and InfiniBand the prefill suffers more: its activations are thousands of tokens wide, and the all-reduce, which does not shrink with more GPUs, dominates.
+#
+# </details>
 
 # %% [markdown]
 # Read the printed speed-ups at 8 GPUs. Over NVLink the all-reduce costs little against the shrinking
@@ -242,6 +270,9 @@ for key, label in (("good_loose", "TPOT <= 100 ms"), ("good_tight", "TPOT <= 25 
 # turn k-1's). `python -m minillm.bench router --size full` runs the same comparison on 100,000
 # requests per trace.
 
+# %% [markdown]
+# **Predict, then run.** Round robin, least outstanding tokens, prefix-aware: which has the highest prefix-cache hit rate, and on which trace is the gap largest?
+
 # %%
 from minillm.bench.router import traces
 
@@ -264,6 +295,13 @@ for tname, trace in TRACES.items():
         print(f"{tname:13s} {label:21s} hit rate {s['prefix_cache_hit_rate']:.3f}  TTFT p50 {s['ttft_p50'] * 1e3:6.1f} ms"
               f"  p99 {s['ttft_p99'] * 1e3:6.1f} ms  goodput {s['goodput_requests_per_s']:6.2f} req/s"
               f"  requests per replica {s['requests_per_instance']}  ({s['wall_time']:.1f} s wall)")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Prefix-aware, on both traces; the gap is largest on the conversations, where each turn's whole history is a prefix only one replica holds.
+#
+# </details>
 
 # %%
 ROUTER_PANELS = (("prefix_cache_hit_rate", 1, "hit rate (fraction, 0 to 1)"), ("ttft_p50", 1e3, "TTFT p50 (ms)"),
@@ -305,15 +343,12 @@ fig.show()
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# `route_on_ring`: `bisect.bisect_left` on the ring's points finds the first point at or after the key;
-# walk `ring[(start + j) % len(ring)]` for `j` in `range(len(ring))`, skipping replicas already seen.
+# `route_on_ring`: section 3's prefix-aware router: a key goes to the first point on the ring at or after it, wrapping around, and a replica over the load bound is passed over for the next one. The docstring's example is the case to check by hand.
 #
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# `max_prompt_for_transfer`: solve `latency + n * M_KV / bandwidth <= budget` for the largest integer
-# n, then check n and n + 1 against `kv_transfer_time` itself: floating point can put the quotient a
-# hair under an integer.
+# `max_prompt_for_transfer`: a prompt's KV crosses the link in a fixed latency plus its bytes over the bandwidth (notebook 05, section 2 prices a swap the same way). The invariant: your n fits the budget and n + 1 does not, checked with `kv_transfer_time` itself.
 #
 # </details>
 
@@ -356,3 +391,30 @@ with impl.attempt("ex07.kv_transfer_time / max_prompt_for_transfer"):
 # * Agrawal et al., "Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve", OSDI 2024
 #   (chunked prefill, stall-free batching).
 # * Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", SODA 2018.
+
+# %% [markdown]
+# ## Summary
+#
+# 1. Tensor parallelism splits every layer's heads and MLP across N GPUs, with two all-reduces of the activations per layer.
+# 2. Compute and weight reads shrink as 1/N, the all-reduce does not: a slow link ends the gain first for wide (prefill) steps.
+# 3. Disaggregation gives prefill and decode their own GPUs and moves the KV between them; chunked colocation bounds interference inside one engine.
+# 4. Disaggregation isolates TPOT and wins under a tight TPOT SLO against unchunked colocation; chunked colocation
+#    recovers most of that isolation and, here, the best goodput in most cases: a fixed split runs out of one phase.
+# 5. A router that sends a prefix to the replica that cached it raises the hit rate; a load bound keeps one popular prefix from burying a replica.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. Why does tensor parallelism need no communication inside attention?
+# 2. Why does the all-reduce's cost not shrink as GPUs are added?
+# 3. What must move between a prefill instance and a decode instance, and what bounds the prompt length worth moving?
+# 4. Why is plain consistent hashing not enough for routing by prefix?
+#
+# <details><summary>Answers</summary>
+#
+# 1. Heads are independent: each rank computes its own heads' attention on its own KV heads; only `o_proj`'s partial sums need adding.
+# 2. Each GPU must still send and receive about 2 (N - 1) / N of the activations, plus a fixed latency per all-reduce: more GPUs, not less data.
+# 3. The prompt's KV cache; its transfer time (KV bytes over the link's bandwidth, plus latency) must fit the TTFT budget left after the prefill.
+# 4. A popular prefix would send all its traffic to one replica; a load bound passes an overloaded replica over for the next one on the ring.
+#
+# </details>

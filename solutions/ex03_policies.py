@@ -34,19 +34,21 @@ against what the engine does on the same requests:
   waits between two tokens while a long prompt is prefilled (section 6);
 * ``schedule_every_tradeoff``: what scheduling every N steps saves and what it costs (section 7).
 * ``goodput``: requests served within their latency SLOs per second, rejected ones failing (section 8).
+* ``largest_queue_cap`` (a judgement question): the longest queue that still gets its first tokens
+  out within the TTFT target, found by running the simulator (section 8).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from minillm.core.policies import LengthPredictor, Policy, make_predictor
 from minillm.core.request import Request
 
 __all__ = ["SJFWithAging", "MLFQPolicy", "FairPolicy", "chunk_sizes", "worst_decode_stall", "schedule_every_tradeoff",
-           "goodput"]
+           "goodput", "largest_queue_cap"]
 
 
 # =====================================================================================
@@ -475,4 +477,36 @@ def goodput(requests: Sequence[tuple[float, Sequence[float]]], slo_ttft: float, 
     start = min(arrival for arrival, _ in requests)
     end = max(times[-1] for _, times in requests if times)
     return dict(goodput=good / (end - start), attainment=good / len(requests))
+    ### END SOLUTION
+
+
+# =====================================================================================
+# Exercise 7 (judgement): the largest queue cap for a TTFT target
+# =====================================================================================
+
+def largest_queue_cap(run: Callable[[int], Mapping[str, Any]], slo_ttft: float, max_cap: int) -> int:
+    """The largest queue cap (``max_queue_len``, 1 to ``max_cap``) at which the requests the
+    engine accepts still get their first token within ``slo_ttft`` seconds at the 99th
+    percentile: section 8's cap, found by running the simulator rather than by a rule of thumb.
+
+    ``run(cap)`` serves the workload with that cap and returns ``metrics.summarize``'s dict; its
+    ``"ttft_p99"`` counts the accepted requests only (rejected ones get no first token). A
+    longer queue never shortens the wait, so the caps that meet the target are 1 up to some
+    largest one: find it by bisection, running at most ceil(log2(max_cap + 1)) caps (each run is
+    a whole simulation). A TTFT p99 equal to ``slo_ttft`` meets it. Return 0 when even a cap of 1
+    misses.
+
+    >>> p99 = {1: 0.4, 2: 0.9, 3: 1.6, 4: 2.3, 5: 3.1}     # TTFT p99 (s) of the accepted requests, by cap
+    >>> largest_queue_cap(lambda cap: {"ttft_p99": p99[cap]}, slo_ttft=2.0, max_cap=5)
+    3
+    """
+    ### BEGIN SOLUTION
+    lo, hi = 0, max_cap + 1             # invariant: cap lo meets the target (0: vacuously), cap hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run(mid)["ttft_p99"] <= slo_ttft:
+            lo = mid
+        else:
+            hi = mid
+    return lo
     ### END SOLUTION

@@ -12,6 +12,8 @@ S_prefill (notebook 05, section 2).
   priority inversion).
 * ``headroom_blocks``: the free blocks a running batch grows into over the next steps, the
   headroom that keeps admission from forcing a preemption (thrashing, section 4).
+* ``swap_recompute_crossover`` (a judgement question): on a given host link, the shortest victim
+  your rule sends to recompute, read off the engine's cost model (section 2's figure).
 
 The policies plug in like any other (``LLM(policy=ex.LeastProgressVictim())``). Each docstring
 states the contract; notebook 05's exercise cells have optional hints. The rule is graded with
@@ -24,12 +26,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from minillm.sim.costmodel import RooflineCostModel
+from minillm.sim.costmodel import CostModel, RooflineCostModel
 from minillm.core.policies import Policy
 from minillm.core.request import Request
 
 __all__ = ["swap_time", "recompute_time", "swap_or_recompute", "YourCostModel", "LeastProgressVictim",
-           "PriorityPreemption", "headroom_blocks"]
+           "PriorityPreemption", "headroom_blocks", "swap_recompute_crossover"]
 
 
 # =====================================================================================
@@ -178,4 +180,33 @@ def headroom_blocks(context_lens: Sequence[int], block_size: int, num_steps: int
         after = -(-(c + num_steps) // block_size)           # the blocks it holds num_steps later
         need += after - held
     return need
+    ### END SOLUTION
+
+
+# =====================================================================================
+# Exercise 5 (judgement): where the rule flips on a given link
+# =====================================================================================
+
+def swap_recompute_crossover(cost_model: CostModel, pcie_bandwidth: float, block_size: int = 16,
+                             max_tokens: int = 16384) -> Optional[int]:
+    """The shortest victim, in positions of KV, that your ``swap_or_recompute`` sends to
+    recompute on a host link of ``pcie_bandwidth`` bytes/s: where a model's line crosses the
+    boundary in section 2's figure.
+
+    A victim holds whole blocks: try n = block_size, 2 block_size, ... up to ``max_tokens``.
+    For each n the victim's KV is n x ``cost_model.kv_bytes_per_token`` bytes, and the prefill
+    speed is that of one prompt of n tokens on ``cost_model``, n / ``step_time([n], [n])``
+    (the figure's speed at that length). Return the first such n (in positions, not blocks),
+    or None when swap wins at every length tried.
+
+    >>> from minillm.sim.costmodel import ConstantStepTime     # 10 ms per prefill, 1 MB per position
+    >>> swap_recompute_crossover(ConstantStepTime(0.010, kv_bytes_per_token=10**6), 1e9, block_size=4)
+    12
+    """
+    ### BEGIN SOLUTION
+    for n in range(block_size, max_tokens + 1, block_size):
+        prefill = n / cost_model.step_time([n], [n])
+        if swap_or_recompute(n * cost_model.kv_bytes_per_token, n, pcie_bandwidth, prefill) == "recompute":
+            return n
+    return None
     ### END SOLUTION

@@ -15,6 +15,8 @@ of the target's own: the correction at the first rejection, or a *bonus* token a
   distributed exactly as the target alone would sample it, whatever the draft proposes.
 * ``tokens_per_step`` and ``speculative_speedup``: what the rule buys on average, Leviathan et
   al.'s formula for the expected tokens per verification and the speed-up over plain decoding.
+* ``first_losing_k`` (a judgement question): the draft length at which a draft/target pair
+  stops paying, from speed-ups measured on the engine.
 
 ``speculative_engine(...)`` (given, at the bottom) builds an ``LLM`` whose verification step runs
 *your* rule. Each docstring states the contract (``accept_sampled``'s order of random draws is
@@ -26,12 +28,12 @@ work with
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["accept_greedy", "accept_sampled", "tokens_per_step", "speculative_speedup", "verify",
-           "speculative_engine"]
+__all__ = ["accept_greedy", "accept_sampled", "tokens_per_step", "speculative_speedup", "first_losing_k",
+           "verify", "speculative_engine"]
 
 
 # =====================================================================================
@@ -151,6 +153,31 @@ def speculative_speedup(alpha: float, k: int, draft_cost_ratio: float) -> float:
     """
     ### BEGIN SOLUTION
     return tokens_per_step(alpha, k) / (k * draft_cost_ratio + 1.0)
+    ### END SOLUTION
+
+
+# =====================================================================================
+# Exercise 4 (judgement): the draft length at which speculation stops paying
+# =====================================================================================
+
+def first_losing_k(speedup_at: Callable[[int], float], max_k: int = 8) -> Optional[int]:
+    """The smallest draft length k (1 to ``max_k``) at which speculation stops paying: its
+    speed-up over plain decoding, ``speedup_at(k)``, is at most 1 (a speed-up of exactly 1 gains
+    nothing). None when every k up to ``max_k`` pays.
+
+    ``speedup_at(k)`` measures a run of the engine with ``num_speculative_tokens=k`` (or evaluates
+    a formula); each call may cost seconds, so ask for k = 1, 2, ... in turn, once each, and stop at
+    the answer.
+
+    >>> measured = {1: 1.11, 2: 1.10, 3: 0.93, 4: 0.81}      # speed-up by k, on the modeled clock
+    >>> first_losing_k(measured.__getitem__, max_k=4)
+    3
+    """
+    ### BEGIN SOLUTION
+    for k in range(1, max_k + 1):
+        if speedup_at(k) <= 1.0:
+            return k
+    return None
     ### END SOLUTION
 
 

@@ -468,3 +468,60 @@ def test_goodput_matches_the_engines_metrics(rate, queue_cap):
         assert got[key] == pytest.approx(s[theirs], rel=1e-9), (
             f"{rate} req/s, queue cap {queue_cap} ({s['num_rejected']} turned away): minillm.analysis.metrics gives "
             f"{theirs} = {s[theirs]:.4f}, your {key} = {got[key]:.4f}")
+
+
+# --- Exercise 7 (judgement): the largest queue cap for a 2 s TTFT -------------------------------------------
+
+class _Runs:
+    """A stand-in for the simulator: the TTFT p99 each cap gives (a table), and the caps asked for."""
+
+    def __init__(self, p99):
+        self.p99, self.asked = p99, []
+
+    def __call__(self, cap):
+        assert isinstance(cap, int) and cap in self.p99, f"asked for a run with queue cap {cap!r}: caps are 1 to " \
+            "max_cap"
+        self.asked.append(cap)
+        return {"ttft_p99": self.p99[cap], "ttft_p50": self.p99[cap] / 3, "ttft_p90": self.p99[cap] / 2,
+                "ttft_mean": self.p99[cap] / 3}
+
+
+def _runs_allowed(max_cap):
+    return max_cap.bit_length()                  # ceil(log2(max_cap + 1))
+
+
+@pytest.mark.parametrize("p99, slo, want", [
+    ([0.4, 0.9, 1.6, 2.3, 3.1], 2.0, 3),                         # the docstring's table
+    ([0.5 + 0.1 * c for c in range(40)], 2.0, 16),               # 16 -> 2.0 s exactly: a tie meets the target
+    ([2.5 + c for c in range(20)], 2.0, 0),                      # even one waiting request is one too many
+    ([0.1 * c for c in range(1, 33)], 5.0, 32),                  # every cap meets it: the largest tried
+    ([0.3, 0.6, 1.9, 2.1, 2.2, 2.4, 2.6, 2.9, 3.5], 2.0, 3),
+    ([1.0] * 7 + [2.0001] * 50, 2.0, 7),
+])
+def test_largest_queue_cap_by_hand(p99, slo, want):
+    runs = _Runs({c: t for c, t in enumerate(p99, start=1)})
+    got = ex().largest_queue_cap(runs, slo, len(p99))
+    assert got == want, (f"TTFT p99 by cap {dict(runs.p99)}, target {slo} s: the largest cap that meets it is {want}, "
+                         f"got {got}")
+    allowed = _runs_allowed(len(p99))
+    assert len(runs.asked) <= allowed, (f"caps 1 to {len(p99)}: bisection needs at most {allowed} runs (each is a "
+                                        f"whole simulation); yours asked for {len(runs.asked)}: {runs.asked}")
+
+
+def test_largest_queue_cap_in_the_simulator():
+    """Overloaded chat traffic on a modeled Llama-2-70B: at your cap the accepted requests meet the 2 s TTFT
+    target at the p99, and one more waiting request breaks it."""
+    from minillm.sim.simulated import simulate
+    from minillm.analysis.workloads import LogNormal
+    trace = synthetic_trace(150, rate=40, prompt_len=LogNormal(512, 1.0, 4, 4096),
+                            output_len=LogNormal(128, 0.9, 4, 1024), seed=0)
+
+    def run(cap):
+        return simulate(trace, model="llama-2-70b", records=False, max_num_seqs=32, max_queue_len=cap,
+                        slo_ttft=2.0, slo_tpot=0.100)[1]
+
+    got = ex().largest_queue_cap(run, 2.0, 32)
+    assert isinstance(got, int) and 1 <= got < 32, f"on this trace the answer lies between 1 and 31, got {got!r}"
+    at, above = run(got)["ttft_p99"], run(got + 1)["ttft_p99"]
+    assert at <= 2.0 < above, (f"your cap {got}: TTFT p99 {at:.3f} s there and {above:.3f} s at {got + 1}; the largest "
+                               f"cap meets 2 s and the next one does not")

@@ -300,3 +300,45 @@ def test_headroom_blocks_is_exactly_enough_in_the_engine(prompts, block_size, nu
     enough = _decode_steps_preempting(prompts, block_size, num_steps, held + got)
     assert enough == 0, (f"prompts {prompts}, blocks of {block_size}, {num_steps} steps: with your headroom of {got} "
                          f"free blocks the engine still preempted {enough} times")
+
+
+# --- Exercise 5 (judgement): the swap/recompute crossover on a given link ----------------------------------
+
+def _crossover_by_the_engines_rule(cm, bandwidth, block_size, max_tokens=16384):
+    """The grader's own scan: the engine's rule at every whole number of blocks."""
+    for n in range(block_size, max_tokens + 1, block_size):
+        if swap_or_recompute(n * cm.kv_bytes_per_token, n, bandwidth, n / cm.step_time([n], [n])) == "recompute":
+            return n
+    return None
+
+
+def test_crossover_by_hand():
+    """10 ms to prefill whatever the length, 1 MB of KV per position, a 1 GB/s link: copying n positions takes
+    n ms, so swap wins below 10 positions and recompute from 10 on (a tie recomputes)."""
+    flat = ConstantStepTime(0.010, kv_bytes_per_token=10**6)
+    for block_size, want in ((4, 12), (5, 10), (3, 12), (1, 10), (16, 16)):
+        got = ex().swap_recompute_crossover(flat, 1e9, block_size=block_size)
+        assert got == want, (f"1 MB per position over 1 GB/s (n ms to copy) against 10 ms to prefill, blocks of "
+                             f"{block_size}: the first whole-block victim that recomputes holds {want} positions, "
+                             f"got {got}")
+    got = ex().swap_recompute_crossover(flat, 1e12, block_size=16, max_tokens=4096)
+    assert got is None, (f"over 1 TB/s 4096 positions copy in 4 ms, faster than the 10 ms prefill: expected None, "
+                         f"got {got}")
+
+
+@pytest.mark.parametrize("model", ["llama-2-7b", "llama-3-8b"])
+def test_crossover_on_the_modeled_h100(model):
+    cm = RooflineCostModel("H100-SXM", model)
+    for bandwidth, block_size in ((16e9, 16), (8e9, 16), (16e9, 32), (4e9, 8), (64e9, 16)):
+        want = _crossover_by_the_engines_rule(cm, bandwidth, block_size)
+        got = ex().swap_recompute_crossover(cm, bandwidth, block_size=block_size)
+        assert got == want, (f"{model} on the modeled H100, a {bandwidth / 1e9:g} GB/s link, blocks of {block_size}: "
+                             f"the engine's rule recomputes from {want} positions on, your answer is {got}")
+
+
+def test_crossover_uses_your_rule():
+    cm = RooflineCostModel("H100-SXM", "llama-2-7b")
+    want = _crossover_by_the_engines_rule(cm, 16e9, 16)
+    with _engine_rule_switched_off():
+        got = ex().swap_recompute_crossover(cm, 16e9)
+    assert got == want, f"Llama-2-7B, 16 GB/s, blocks of 16: expected {want}, got {got}"

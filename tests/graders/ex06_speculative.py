@@ -220,3 +220,46 @@ def test_speculative_speedup_by_hand():
     got = [ex().speculative_speedup(a, 4, 0.36) for a in (0.3, 0.5, 0.8)]
     assert got[0] < 1 < got[2], (f"the shipped pair's draft costs c = 0.36: at alpha 0.3 speculation must be slower "
                                  f"(< 1x), at 0.8 faster; got {[round(x, 3) for x in got]}")
+
+
+# --- Exercise 4 (judgement): the draft length at which the pair stops paying --------------------------------
+
+class _Measured:
+    """A stand-in for runs of the engine: the speed-up at each k (a table or a formula), and the k asked for."""
+
+    def __init__(self, speedup, max_k):
+        self.speedup, self.max_k, self.asked = speedup, max_k, []
+
+    def __call__(self, k):
+        assert isinstance(k, int) and 1 <= k <= self.max_k, f"asked for a run with k = {k!r}: k is 1 to max_k"
+        self.asked.append(k)
+        return self.speedup(k)
+
+
+def _check_first_losing_k(speedup, max_k, want, what):
+    runs = _Measured(speedup, max_k)
+    got = ex().first_losing_k(runs, max_k)
+    shown = [round(speedup(k), 4) for k in range(1, max_k + 1)]
+    assert got == want, f"{what}: speed-ups {shown} for k = 1..{max_k}: expected {want}, got {got}"
+    last = max_k if want is None else want
+    assert runs.asked == list(range(1, last + 1)), (f"{what}: each k is a run of the engine: ask for 1 to {last} once "
+                                                    f"each, in order, then stop; you asked for {runs.asked}")
+
+
+@pytest.mark.parametrize("table, want", [
+    ([1.11, 1.10, 0.93, 0.81], 3),                # the docstring's table
+    ([1.4, 1.6, 1.5, 1.2, 1.0, 0.9], 5),          # a speed-up of exactly 1 gains nothing
+    ([0.8, 0.7, 0.6], 1),                         # a draft that never pays
+    ([1.3, 1.2, 1.1, 1.05], None),                # every k tried pays
+    ([1.2, 0.99, 1.3, 0.5], 2),                   # the first k that loses, not the last
+])
+def test_first_losing_k_by_hand(table, want):
+    _check_first_losing_k(lambda k: table[k - 1], len(table), want, "by hand")
+
+
+@pytest.mark.parametrize("alpha, c", [(0.5, 0.365), (0.8, 0.05), (0.6, 0.2), (0.3, 0.365), (0.9, 0.1)])
+def test_first_losing_k_on_the_formula(alpha, c):
+    """Leviathan et al.'s speed-up (the engine's expected_speedup) at the acceptance rate and draft cost of a
+    pair: the shipped one (alpha about 0.5, c about 0.365) first."""
+    want = next((k for k in range(1, 17) if speculative.expected_speedup(alpha, k, c) <= 1.0), None)
+    _check_first_losing_k(lambda k: speculative.expected_speedup(alpha, k, c), 16, want, f"alpha = {alpha}, c = {c}")

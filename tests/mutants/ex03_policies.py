@@ -126,4 +126,18 @@ MUTANTS = [
     ("goodput: every served request counts (throughput, not goodput)",
      "        if not times or times[0] - arrival > slo_ttft:\n            continue\n",
      "        if not times:\n            continue\n"),
+    # largest_queue_cap (judgement)
+    ("queue cap: the first cap that misses (the wrong side)", "    return lo\n    ### END SOLUTION",
+     "    return hi\n    ### END SOLUTION"),
+    ("queue cap: the median TTFT", 'if run(mid)["ttft_p99"] <= slo_ttft:', 'if run(mid)["ttft_p50"] <= slo_ttft:'),
+    ("queue cap: the p90 TTFT", 'if run(mid)["ttft_p99"] <= slo_ttft:', 'if run(mid)["ttft_p90"] <= slo_ttft:'),
+    ("queue cap: the mean TTFT", 'if run(mid)["ttft_p99"] <= slo_ttft:', 'if run(mid)["ttft_mean"] <= slo_ttft:'),
+    ("queue cap: a TTFT equal to the target misses it", 'if run(mid)["ttft_p99"] <= slo_ttft:',
+     'if run(mid)["ttft_p99"] < slo_ttft:'),
+    ("queue cap: max_cap never tried", "    lo, hi = 0, max_cap + 1 ", "    lo, hi = 0, max_cap "),
+    ("queue cap: a cap of 1 assumed to meet the target", "    lo, hi = 0, max_cap + 1 ", "    lo, hi = 1, max_cap + 1 "),
+    ("queue cap: every cap run, one after another",
+     "    lo, hi = 0, max_cap + 1 ",
+     "    return max((c for c in range(1, max_cap + 1) if run(c)[\"ttft_p99\"] <= slo_ttft), default=0)\n"
+     "    lo, hi = 0, max_cap + 1 "),
 ]

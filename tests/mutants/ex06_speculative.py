@@ -64,4 +64,18 @@ MUTANTS = [
     ("speed-up: delegated to the engine's expected_speedup",
      "    return tokens_per_step(alpha, k) / (k * draft_cost_ratio + 1.0)\n",
      "    from minillm.spec import speculative\n    return speculative.expected_speedup(alpha, k, draft_cost_ratio)\n"),
+    # first_losing_k (judgement)
+    ("losing k: one too large", "            return k\n    return None\n", "            return k + 1\n    return None\n"),
+    ("losing k: the last k that pays", "            return k\n    return None\n",
+     "            return k - 1\n    return None\n"),
+    ("losing k: a speed-up of exactly 1 counted as paying", "        if speedup_at(k) <= 1.0:",
+     "        if speedup_at(k) < 1.0:"),
+    ("losing k: where the gain peaks, not where it ends", "        if speedup_at(k) <= 1.0:",
+     "        if k > 1 and speedup_at(k) <= speedup_at(k - 1):"),
+    ("losing k: max_k when every k pays", "            return k\n    return None\n",
+     "            return k\n    return max_k\n"),
+    ("losing k: k = 0 tried first", "    for k in range(1, max_k + 1):\n        if speedup_at",
+     "    for k in range(0, max_k + 1):\n        if speedup_at"),
+    ("losing k: the best k", "    for k in range(1, max_k + 1):\n        if speedup_at",
+     "    return max(range(1, max_k + 1), key=speedup_at)\n    for k in range(1, max_k + 1):\n        if speedup_at"),
 ]
