@@ -169,37 +169,24 @@ class Scheduler:
 
         upd = StepUpdate(batch=[], finished=finished)
         first_tokens = self.journal.save_progress(out.scheduled)
-        # Guesses to settle, logprobs to keep, batch entries to record, groups to fork: one test per
-        # request when the step has none of these (the simulator's usual step).
-        extras = bool(self.config.speculative_model is not None or result.spec_accepted or result.logprobs
-                      or result.prompt_logprobs or self.record_batch or self.has_groups)
-        watch = self.stops.watch                  # (a local: read once per request)
         for s, new in zip(out.scheduled, result.sampled):   # each grant with its new tokens (empty: none)
             req = s.request
             req.num_computed_tokens += s.num_new_tokens
-            if extras:
-                self._settle_guesses(s, result, upd)
+            self._settle_guesses(s, result, upd)
             reason = None
-            if new:
-                output_ids, m = req.output_token_ids, req.metrics
-                if m.first_token_time is None:
-                    m.first_token_time = t
-                    first_tokens.append(req)
-                limit, watched = req.stop_watch or watch(req)
-                times = m.token_times
-                for tok in new:
-                    output_ids.append(tok)
-                    times.append(t)
-                    # stops.check(req, tok), skipped when it cannot fire (see StopChecker.watch): most tokens
-                    if len(output_ids) >= limit or (watched and tok in watched):
-                        reason = self.stops.check(req, tok)
-                        if reason:
-                            break
-                if reason and len(output_ids) > s.num_output_before + 1:
-                    # Tokens accepted past a stop are dropped: keep KV consistent with the output.
-                    req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
-            if extras:
-                self._after_tokens(s, result, t, upd)
+            if new and req.metrics.first_token_time is None:
+                req.metrics.first_token_time = t
+                first_tokens.append(req)
+            for tok in new:
+                req.output_token_ids.append(tok)
+                req.metrics.token_times.append(t)
+                reason = self.stops.check(req, tok)
+                if reason:
+                    break
+            if reason and req.num_output_tokens > s.num_output_before + 1:
+                # Tokens accepted past a stop are dropped: keep KV consistent with the output.
+                req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
+            self._after_tokens(s, result, t, upd)
             failed = result.failed.get(req.request_id) if result.failed else None  # its sampling failed: it alone
             if (reason or failed) and self.finish(req, "abort" if failed else reason, t, failed):
                 finished.append(req)
@@ -302,59 +289,33 @@ class Scheduler:
         """1. Running requests: one new token each (or the next chunk of their prompt), preempting
         (the policy's victim) when a block is needed and none is free. Returns the budget left."""
         # Speculative tokens never crowd out another running request's next token.
-        # (Only a speculator proposes guesses: without one, no pass over the running set.)
-        guesses = self.config.speculative_model is not None and any(r.spec_token_ids for r in self.running)
+        guesses = any(r.spec_token_ids for r in self.running)
         decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) if guesses else 0
         spare = self._spare_blocks() if decodes_left else 0      # blocks the drafts may take
-        kv = self.kv
-        caching = getattr(kv, "enable_prefix_caching", True)   # else cache_full_blocks registers nothing
-        # Decode fast path: a token into a block part way through needs no allocate (kv.in_place_block_size)
-        rule = None if guesses or self.has_groups else getattr(kv, "in_place_block_size", None)
-        bs = (rule() if rule is not None else None) or 0
-        RUNNING = RequestStatus.RUNNING        # (locals: an enum member or a method read per request is slow)
-        append, Grant = out.scheduled.append, ScheduledRequest
         for req in list(self.running):
-            if req.status is not RUNNING or budget <= 0:   # preempted above: O(1) test
+            if req.status is not RequestStatus.RUNNING or budget <= 0:   # preempted above
                 continue
-            before = req.num_computed_tokens
-            num_output = len(req.output_token_ids)
-            num_tokens = req.prompt_len + num_output
-            if num_tokens - before == 1 and bs and (before % bs or kv.allocate(req, 1)):
-                # grant(req, 1): a block boundary asks allocate for a new block, else nothing to allocate
-                if caching:
-                    kv.cache_full_blocks(req, num_tokens, shareable=False)
-                append(Grant(req, 1, before, num_output, "decode" if num_output else "prefill", True))
-                budget -= 1
-                continue
-            n = num_tokens - before                       # known tokens without KV yet
+            n = req.num_tokens - req.num_computed_tokens      # known tokens without KV yet
             if n == 1 and decodes_left:
-                decodes_left -= 1                         # this one's own next token
+                decodes_left -= 1                             # this one's own next token
             # Speculative tokens count against the budget: keep as many as fit after the known
             # ones (and the later decodes'), and as many as the spare blocks hold (a draft never
             # preempts anyone): the scheduler allocates their lookahead slots here.
-            spec = req.spec_token_ids
+            spec = req.spec_token_ids[:max(0, budget - n - decodes_left)]
             if spec:
-                spec = spec[:max(0, budget - n - decodes_left)]
-                if spec:
-                    spec, spare = self._allocate_lookahead(req, n, spec, spare)
-                n += len(spec)
-            if n > budget:
-                n = budget
-            while not kv.allocate(req, n):
+                spec, spare = self._allocate_lookahead(req, n, spec, spare)
+            n = min(n + len(spec), budget)
+            while not self.kv.allocate(req, n):
                 # The victim is chosen among all running requests; one already granted tokens
                 # this pass gives them back.
                 victim = self.policy.pick_victim(list(self.running), now)
                 budget += preempt_group(self, victim, out, f"{req.request_id} needed a KV block and none was free")
-                if req.status is not RUNNING:     # the victim, or in its group
+                if req.status is not RequestStatus.RUNNING:     # the victim, or in its group
                     break
-            if req.status is not RUNNING:
+            if req.status is not RequestStatus.RUNNING:
                 continue
-            if caching:
-                kv.cache_full_blocks(req, min(before + n, num_tokens), shareable=False)
-            # grant(req, n, spec), written out: this line runs for every running request every step
-            append(Grant(
-                req, n, before, num_output, "decode" if num_output and before >= num_tokens - 1 else "prefill",
-                before + n >= num_tokens + len(spec), list(spec) if spec else ()))
+            self.kv.cache_full_blocks(req, min(req.num_computed_tokens + n, req.num_tokens), shareable=False)
+            out.scheduled.append(grant(req, n, spec))
             budget -= n
         return budget
 
@@ -385,7 +346,7 @@ class Scheduler:
         """3. Why no waiting request is admitted this pass, or None (admission goes ahead)."""
         if static_blocked:
             return "static batching: waits until the whole current batch has finished"
-        if self.config.interference == "decode-priority" and any(not r.is_prefill for r in self.running):
+        if self.config.interference == "decode-priority" and any(r.is_decoding for r in self.running):
             return "decode-priority: no new prefill while requests are decoding"
         if self.swapped:
             return "swapped-out requests come back first"

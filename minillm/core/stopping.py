@@ -26,7 +26,7 @@ class StopChecker:
         ``min_tokens`` tokens only the length limits end it; a stop token or string that ends
         it is kept in ``req.stop_reason`` (EOS leaves it None, as in vLLM)."""
         sp = req.sampling_params
-        n_out = len(req.output_token_ids)     # (plain len: this runs once per token, keep it cheap)
+        n_out = req.num_output_tokens
         early = n_out < sp.min_tokens
         if tok == req.eos_token_id and not sp.ignore_eos and not early:
             return "stop"
@@ -40,23 +40,6 @@ class StopChecker:
         if self.simulated and req.expected_output_len is not None and n_out >= req.expected_output_len:
             return "stop"       # the simulator's stand-in for the model emitting EOS at the trace length
         return None
-
-    def watch(self, req: Request) -> tuple:
-        """When can ``check`` fire for ``req``? ``(limit, watched)``: only once the output
-        has ``limit`` tokens (the smallest length limit: ``max_tokens``, ``max_model_len``, the
-        simulator's trace length) or on a token in ``watched`` (EOS unless ignored, the stop
-        token ids); ``limit`` is 0 when stop strings are matched, which look at every token.
-        Computed once per request from fields that never change, so that applying a step's
-        results can skip ``check`` for the tokens that cannot end the request."""
-        sp = req.sampling_params
-        limit = min(sp.max_tokens, self.max_model_len - len(req.prompt_token_ids))
-        if self.simulated and req.expected_output_len is not None:
-            limit = min(limit, req.expected_output_len)
-        watched = set(sp.stop_token_ids)
-        if req.eos_token_id is not None and not sp.ignore_eos:
-            watched.add(req.eos_token_id)
-        req.stop_watch = (0 if sp.stop and self.tokenizer is not None else limit, frozenset(watched))
-        return req.stop_watch
 
     def _stop_string(self, req: Request, early: bool) -> bool:
         """Extend the output's text by its newest token; True if a stop string now appears in it
