@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
 from .checks import as_bool, as_int, as_real, as_seed
+from .core.preemption import PREEMPTION_MODES
 
 
 def _fail(name: str, value: Any, why: str) -> None:
@@ -57,7 +58,7 @@ class EngineConfig:
     interference: str = "chunked"         # "chunked" | "prefill-priority" | "decode-priority"
 
     # --- preemption ----------------------------------------------------------------
-    preemption_mode: str = "recompute"    # "recompute" | "swap" | "auto" (the preemption cost rule)
+    preemption_mode: str = "recompute"    # a name in core/preemption.PREEMPTION_MODES, or "auto" (the cost rule)
     num_swap_blocks: int = 0              # host-memory pool for swapped-out blocks
 
     # --- policy, admission control --------------------------------------------------
@@ -120,7 +121,7 @@ class EngineConfig:
             "kv_allocation": ("paged", "reserved"),
             "batching": ("continuous", "static"),
             "interference": ("chunked", "prefill-priority", "decode-priority"),
-            "preemption_mode": ("recompute", "swap", "auto"),
+            "preemption_mode": (*PREEMPTION_MODES, "auto"),
             "executor": ("model", "simulated"),
             "device": ("cpu", "cuda", "auto"),
             "dtype": ("float32", "float16", "bfloat16", "auto"),

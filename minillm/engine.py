@@ -72,7 +72,7 @@ class LLMEngine:
         self._simulated = config.executor == "simulated"
         self.requests: dict[str, Request] = RequestTable()   # every request ever added
         self.parents: dict[str, ParentRequest] = {}  # parallel sampling (n > 1): request id -> its group
-        self._active: dict[str, Request] = {}       # not yet finished (what the KV snapshot looks up)
+        self.active: dict[str, Request] = {}       # not yet finished (what the KV snapshot looks up)
         self._ids = itertools.count()
         self.step_count = 0
         self.swapped_bytes = 0                      # KV bytes copied to/from host memory
@@ -106,10 +106,10 @@ class LLMEngine:
         """Queue one request; returns its id. A bad value raises ValueError/TypeError naming the
         field and the value before anything changes; the engine keeps its own copy of
         ``sampling_params``, so changing the caller's object later changes nothing."""
-        return self._register(self._check_request(prompt, sampling_params, request_id, arrival_time,
+        return self.register_request(self.validate_request(prompt, sampling_params, request_id, arrival_time,
                                                   priority, tenant, expected_output_len))
 
-    def _check_request(self, prompt, sampling_params, request_id, arrival_time, priority, tenant,
+    def validate_request(self, prompt, sampling_params, request_id, arrival_time, priority, tenant,
                        expected_output_len) -> dict:
         """Every check of ``add_request`` (``minillm/checks.py``), changing nothing: the request's
         fields, normalised (token ids and numbers as plain ints and floats, a copy of the params)."""
@@ -123,8 +123,8 @@ class LLMEngine:
         return check_request(self, prompt, sp, who, request_id, arrival_time, priority, tenant,
                              expected_output_len)
 
-    def _register(self, checked: dict) -> str:
-        """Queue a request ``_check_request`` accepted: nothing here can fail on its input."""
+    def register_request(self, checked: dict) -> str:
+        """Queue a request ``validate_request`` accepted: nothing here can fail on its input."""
         request_id = checked["request_id"]
         if request_id is None:
             n = checked["sampling_params"].n
@@ -137,12 +137,11 @@ class LLMEngine:
         req = first_sequence(request_id, checked["sampling_params"], prompt_token_ids=checked["prompt_token_ids"],
                              arrival_time=arrival_time, priority=checked["priority"], tenant=checked["tenant"],
                              eos_token_id=self.eos_token_id, expected_output_len=checked["expected_output_len"],
-                             prompt=checked["prompt"])
-        req.metrics.clock = self.clock.name
+                             prompt=checked["prompt"], clock=self.clock.name)
         if req.parent is not None:          # parallel sampling: the group enters as its first sequence
             self.parents[request_id] = req.parent
         self.requests[req.request_id] = req
-        self._active[req.request_id] = req
+        self.active[req.request_id] = req
         self.scheduler.add(req)
         return request_id
 
@@ -194,7 +193,7 @@ class LLMEngine:
         forget = getattr(self.executor, "forget", None) or getattr(getattr(self.executor, "sampler", None),
                                                                     "forget", None)
         for req in finished:
-            self._active.pop(req.request_id, None)
+            self.active.pop(req.request_id, None)
             if forget:
                 forget(req.request_id)
             if self.speculator is not None:
@@ -229,15 +228,15 @@ class LLMEngine:
             with phases.timing("execute"):               # 2. the forward (or the simulator)
                 result = self.executor.execute(out)
                 self.kv.forward_done()
+            phases.times.update(result.phase_times)      # the executor's own phases (prepare, forward, sample)
             self._advance_clock(out, result, start, times)
             with phases.timing("update"):                # 3. the results applied where the requests live
                 update = self._apply(out, result, times["end"])
             with phases.timing("record"):                # 4. what the step did, for the views
-                record = self._record(out, update, times, result.swap_bytes)
+                record = self._record(out, update, times, result.swap_bytes, phases.times)
         except BaseException:
             self._rollback(checkpoint)
             raise
-        record.phase_times = {**phases.times, **result.phase_times}
         self._commit(update, record)                     # 5. the step stands: forget its undo log
         return record
 
@@ -260,14 +259,14 @@ class LLMEngine:
         self._forked = update.forked
         for seq in update.forked:
             self.requests[seq.request_id] = seq
-            self._active[seq.request_id] = seq
+            self.active[seq.request_id] = seq
         return update
 
     def _rollback(self, checkpoint: tuple) -> None:
         """The step raised: everything it changed goes back (sequences it forked never existed)."""
         for seq in self._forked:
             self.requests.pop(seq.request_id, None)
-            self._active.pop(seq.request_id, None)
+            self.active.pop(seq.request_id, None)
         self._forked = []
         sched, execu, t = checkpoint
         self.scheduler.rollback(sched)
@@ -283,10 +282,10 @@ class LLMEngine:
         self.swapped_bytes += record.swap_bytes
         self._keep(record)
 
-    def _record(self, out, update, times: dict, swap_bytes: int) -> StepRecord:
+    def _record(self, out, update, times: dict, swap_bytes: int, phase_times: dict) -> StepRecord:
         mode = self.record_mode                      # "totals": the counts only (simulate(records="summary"))
-        kv = None if mode == "none" else self.kv.totals(self._active) if mode == "totals" \
-            else self.kv.snapshot(self._active, detail=mode == "full")
+        kv = None if mode == "none" else self.kv.totals(self.active) if mode == "totals" \
+            else self.kv.snapshot(self.active, detail=mode == "full")
         some = mode != "none"                        # "none": no prefill/decode split, no running/swapped ids
         num_batched, num_decode = out.num_batched_tokens, out.num_decode_tokens if some else 0
         return StepRecord(
@@ -301,7 +300,8 @@ class LLMEngine:
             finish_reasons={r.request_id: r.finish_reason for r in update.finished},
             reformed=out.reformed, clock=self.clock.name, schedule_time=times["schedule"], swap_time=times["swap"],
             spec_proposed=update.spec_proposed, spec_accepted=update.spec_accepted,
-            draft_time=times["draft"], swap_bytes=swap_bytes, forks=update.forks, copies=out.copies)
+            draft_time=times["draft"], swap_bytes=swap_bytes, forks=update.forks, copies=out.copies,
+            phase_times=phase_times)
 
     def _keep(self, record: StepRecord) -> None:
         """The bounded history ``engine.step_records`` (``EngineConfig.record_history``)."""

@@ -69,12 +69,12 @@ class LLM:
         checked = []
         for i, (p, sp) in enumerate(zip(prompts, params)):
             try:
-                checked.append(engine._check_request(p, sp, None, None, 0, None, None))
+                checked.append(engine.validate_request(p, sp, None, None, 0, None, None))
             except (TypeError, ValueError) as e:
                 if type(e) not in (TypeError, ValueError):
                     raise
                 raise type(e)(f"prompts[{i}]: {e}") from e
-        ids = [engine._register(c) for c in checked]
+        ids = [engine.register_request(c) for c in checked]
         pending = set(ids)
         bar = None
         if use_tqdm:

@@ -8,6 +8,7 @@ gaps between regions are external fragmentation. Same interface as ``PagedKVCach
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 from .kv_snapshot import reserved_snapshot
@@ -156,6 +157,4 @@ class ReservedKVCacheManager:
 
     def totals(self, requests: dict[str, Request]) -> KVSnapshot:
         """``record="totals"``: the snapshot without its per-request entries or block map."""
-        snap = self.snapshot(requests, detail=False)
-        snap.per_request = {}
-        return snap
+        return dataclasses.replace(self.snapshot(requests, detail=False), per_request={})

@@ -72,3 +72,8 @@ class StepUpdate:
     spec_proposed: int = 0
     spec_accepted: int = 0
 
+    def count_guesses(self, proposed: int, accepted: int) -> None:
+        """Speculative decoding: ``proposed`` guesses verified for one request, ``accepted`` of them kept."""
+        self.spec_proposed += proposed
+        self.spec_accepted += accepted
+

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..detokenizer import IncrementalDetokenizer, find_stop
+from ..detokenizer import find_stop
 from .request import Request
 
 
@@ -31,7 +31,7 @@ class StopChecker:
         if tok == req.eos_token_id and not sp.ignore_eos and not early:
             return "stop"
         if sp.stop_token_ids and tok in sp.stop_token_ids and not early:
-            req.stop_reason = tok
+            req.stopped_by(tok)
             return "stop"
         if sp.stop and self.tokenizer is not None and self._stop_string(req, early):
             return "stop"
@@ -44,14 +44,11 @@ class StopChecker:
     def _stop_string(self, req: Request, early: bool) -> bool:
         """Extend the output's text by its newest token; True if a stop string now appears in it
         (the text is then cut before it, or after it with ``include_stop_str_in_output``)."""
-        if req.detokenizer is None:
-            req.detokenizer = IncrementalDetokenizer(self.tokenizer)
-        d = req.detokenizer
+        d = req.text_decoder(self.tokenizer)
         new = d.update(req.output_token_ids)
         hit = find_stop(d.text, len(new), req.sampling_params.stop) if new and not early else None
         if hit is None:
             return False
         i, stop = hit
-        req.stop_reason = stop
-        req.stop_text = d.text[:i + len(stop)] if req.sampling_params.include_stop_str_in_output else d.text[:i]
+        req.stopped_by(stop, d.text[:i + len(stop)] if req.sampling_params.include_stop_str_in_output else d.text[:i])
         return True
