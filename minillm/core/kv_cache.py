@@ -183,11 +183,11 @@ class PagedKVCacheManager:
 
     def allocate(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> bool:
         """Give the request blocks for ``num_new_tokens`` more positions (after its cached prefix)."""
+        if not cached and self.num_blocks_needed(req, num_new_tokens) == 0:
+            return True                  # the positions fit in blocks it holds, its own: nothing changes
         ok, need, _ = self.can_allocate(req, num_new_tokens, cached)
         if not ok:
             return False
-        if need == 0 and not cached:
-            return True                  # the positions fit in blocks it holds, its own: nothing changes
         copy = not cached and self._writes_shared_block(req, self.req_blocks.get(req.request_id))
         self._save_table(req.request_id)
         blocks = self.req_blocks.setdefault(req.request_id, [])

@@ -384,7 +384,7 @@ class Scheduler:
         """1. Running requests: one new token each (or the next chunk of their prompt), preempting
         (the policy's victim) when a block is needed and none is free. Returns the budget left."""
         # Speculative tokens never crowd out another running request's next token.
-        guesses = any(r.spec_token_ids for r in self.running)
+        guesses = self.config.speculative_model is not None and any(r.spec_token_ids for r in self.running)
         decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) if guesses else 0
         spare = self._spare_blocks() if decodes_left else 0      # blocks the drafts may take
         for req in list(self.running):
