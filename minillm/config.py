@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
 from .checks import as_bool, as_int, as_real, as_seed
+from .core.preemption import PREEMPTION_MODES
 from .executor import EXECUTORS
 from minillm_kernels.kv_formats import KV_FORMATS
 
@@ -96,7 +97,7 @@ class EngineConfig:
     interference: str = "chunked"         # "chunked" | "prefill-priority" | "decode-priority"
 
     # --- preemption ----------------------------------------------------------------
-    preemption_mode: str = "recompute"    # "recompute" | "swap" | "auto" (the preemption cost rule)
+    preemption_mode: str = "recompute"    # a name in core/preemption.PREEMPTION_MODES, or "auto" (the cost rule)
     num_swap_blocks: int = 0              # host-memory pool for swapped-out blocks
     swap_space: Optional[float] = None    # vLLM's: that pool given in GiB instead (the engine turns it
                                           # into num_swap_blocks); swap is used by preemption_mode
@@ -173,7 +174,7 @@ class EngineConfig:
             "kv_allocation": ("paged", "reserved"),
             "batching": ("continuous", "static"),
             "interference": ("chunked", "prefill-priority", "decode-priority"),
-            "preemption_mode": ("recompute", "swap", "auto"),
+            "preemption_mode": (*PREEMPTION_MODES, "auto"),
             "executor": tuple(EXECUTORS),
             "device": ("cpu", "cuda", "auto"),
             "dtype": ("float32", "float16", "bfloat16", "auto"),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 from operator import attrgetter
 from typing import Optional, Union
 
@@ -79,7 +78,7 @@ class LLMEngine:
 
         self.requests: dict[str, Request] = RequestTable()   # every request ever added
         self.parents: dict[str, ParentRequest] = {}  # parallel sampling (n > 1): request id -> its group
-        self._active: dict[str, Request] = {}       # not yet finished (what the KV snapshot looks up)
+        self.active: dict[str, Request] = {}       # not yet finished (what the KV snapshot looks up)
         self._ids = itertools.count()
         self.step_count = 0
         self.swapped_bytes = 0                      # KV bytes copied to/from host memory
@@ -114,10 +113,10 @@ class LLMEngine:
         """Queue one request; returns its id. A bad value raises ValueError/TypeError naming the
         field and the value before anything changes; the engine keeps its own copy of
         ``sampling_params``, so changing the caller's object later changes nothing."""
-        return self._register(self._check_request(prompt, sampling_params, request_id, arrival_time,
+        return self.register_request(self.validate_request(prompt, sampling_params, request_id, arrival_time,
                                                   priority, tenant, expected_output_len))
 
-    def _check_request(self, prompt, sampling_params, request_id, arrival_time, priority, tenant,
+    def validate_request(self, prompt, sampling_params, request_id, arrival_time, priority, tenant,
                        expected_output_len) -> dict:
         """Every check of ``add_request`` (``minillm/checks.py``), changing nothing: the request's
         fields, normalised (token ids and numbers as plain ints and floats, a copy of the params)."""
@@ -131,8 +130,8 @@ class LLMEngine:
         return check_request(self, prompt, sp, who, request_id, arrival_time, priority, tenant,
                              expected_output_len)
 
-    def _register(self, checked: dict) -> str:
-        """Queue a request ``_check_request`` accepted: nothing here can fail on its input."""
+    def register_request(self, checked: dict) -> str:
+        """Queue a request ``validate_request`` accepted: nothing here can fail on its input."""
         request_id = checked["request_id"]
         if request_id is None:
             n = checked["sampling_params"].n
@@ -145,12 +144,11 @@ class LLMEngine:
         req = first_sequence(request_id, checked["sampling_params"], prompt_token_ids=checked["prompt_token_ids"],
                              arrival_time=arrival_time, priority=checked["priority"], tenant=checked["tenant"],
                              eos_token_id=self.eos_token_id, expected_output_len=checked["expected_output_len"],
-                             prompt=checked["prompt"])
-        req.metrics.clock = self.clock.name
+                             prompt=checked["prompt"], clock=self.clock.name)
         if req.parent is not None:          # parallel sampling: the group enters as its first sequence
             self.parents[request_id] = req.parent
         self.requests[req.request_id] = req
-        self._active[req.request_id] = req
+        self.active[req.request_id] = req
         self.scheduler.add(req)
         return request_id
 
@@ -200,7 +198,7 @@ class LLMEngine:
     def _forget(self, finished: list[Request]) -> None:
         """Finished requests leave the engine: the executor and the proposer drop their state."""
         for req in finished:
-            self._active.pop(req.request_id, None)
+            self.active.pop(req.request_id, None)
             self.executor.forget(req.request_id)
             if self.speculator is not None:
                 self.speculator.forget(req.request_id)
@@ -216,81 +214,88 @@ class LLMEngine:
             self.clock.wait_until(t)
 
     def step(self) -> StepRecord:
-        """One scheduler iteration: schedule -> execute -> update -> StepRecord.
+        """One scheduler iteration: schedule -> execute -> apply the results -> StepRecord -> commit.
 
-        All or nothing: if anything raises inside (a policy hook, the forward, Ctrl-C), the
-        queues, requests, KV tables, random streams and clock are put back as they were, the
-        exception propagates, and the next ``step()`` carries on from there."""
+        All or nothing: if anything raises inside (a policy hook, the forward, Ctrl-C), the queues, requests,
+        KV tables, random streams and clock are put back, the exception propagates, and the next step carries on."""
         checkpoint = (self.scheduler.checkpoint(), self.executor.checkpoint(), self.clock.now())
-        self._forked = []
+        phases = PhaseTimes(self.config.phase_clock)     # host time per phase, when asked for
         try:
-            record, update = self._step()
+            self._idle_wait()
+            start = self.clock.now()
+            if self.speculator:       # speculative decoding: each decoding request's draft (or its slots)
+                self.speculator.propose(self.scheduler.running)
+            with phases.timing("schedule"):              # 1. who runs, and how many tokens each
+                t = self.clock.now()
+                out = self.scheduler.schedule(t)
+            times = dict(schedule=self.clock.now() - t, draft=self.speculator.draft(out) if self.speculator else 0.0)
+            with phases.timing("execute"):               # 2. the forward (or the simulator)
+                result = self.executor.execute(out)
+            phases.times.update(result.phase_times)      # the executor's own phases (prepare, forward, sample)
+            self._advance_clock(out, result, start, times)
+            with phases.timing("update"):                # 3. the results applied where the requests live
+                update = self._apply(out, result, times["end"])
+            with phases.timing("record"):                # 4. what the step did, for the views
+                record = self._record(out, update, times, result.swap_bytes, phases.times)
         except BaseException:
-            for seq in self._forked:                 # sequences forked by the failed step
-                self.requests.pop(seq.request_id, None)
-                self._active.pop(seq.request_id, None)
-            sched, execu, t = checkpoint
-            self.scheduler.rollback(sched)
-            self.executor.rollback(execu)
-            self.clock.reset(t)
+            self._rollback(checkpoint)
             raise
+        self._commit(update, record)                     # 5. the step stands: forget its undo log
+        return record
+
+    def _advance_clock(self, out, result, start: float, times: dict) -> None:
+        """The step's duration: what the cost model prices it at (modeled time: the clock advances by it),
+        or the wall time it took. ``times`` gains ``duration``, ``schedule`` and ``swap`` (seconds) and
+        ``end``, the clock when the step ends (the time of its tokens and of its record)."""
+        if self.clock.name == "modeled":
+            duration, times["schedule"], times["swap"] = modeled_step_time(
+                self.cost_model, out, len(self.scheduler.running), len(self.scheduler.waiting), result.swap_bytes)
+            times["duration"] = duration + times["draft"]        # the draft's forwards, then the target's
+            self.clock.advance(times["duration"])
+        else:
+            times["duration"], times["swap"] = self.clock.now() - start, 0.0
+        times["end"] = self.clock.now()
+
+    def _apply(self, out, result, t: float):
+        """The scheduler applies the results; sequences a parallel-sampling group forked join the engine."""
+        if self.kv.supports_prefix_caching:
+            self.kv.forward_done()              # the blocks this step registered now hold their prefixes
+        update = self.scheduler.update_from_output(out, result, t)
+        self._forked = update.forked
+        for seq in update.forked:
+            self.requests[seq.request_id] = seq
+            self.active[seq.request_id] = seq
+        return update
+
+    def _rollback(self, checkpoint: tuple) -> None:
+        """The step raised: everything it changed goes back (sequences it forked never existed)."""
+        for seq in self._forked:
+            self.requests.pop(seq.request_id, None)
+            self.active.pop(seq.request_id, None)
+        self._forked = []
+        sched, execu, t = checkpoint
+        self.scheduler.rollback(sched)
+        self.executor.rollback(execu)
+        self.clock.reset(t)
+
+    def _commit(self, update, record: StepRecord) -> None:
+        self._forked = []
         self.scheduler.commit()
         self._forget(update.finished)
         self._aborted = []
         self.step_count += 1
         self.swapped_bytes += record.swap_bytes
         self._keep(record)
-        return record
 
-    def _step(self):
-        self._idle_wait()
-        now = self.clock.now()
-        t0 = time.perf_counter()
-        if self.speculator:           # speculative decoding: each decoding request's draft (or its slots)
-            self.speculator.propose(self.scheduler.running)
-        phases = PhaseTimes(self.config.phase_clock)     # host time per phase, when asked for
-        t1 = time.perf_counter()
-        p = phases.mark()
-        out = self.scheduler.schedule(now)
-        phases.add("schedule", p)
-        t_sched = time.perf_counter() - t1
-        draft_time = self.speculator.draft(out) if self.speculator else 0.0   # a draft model fills its slots
-        p = phases.mark()
-        result = self.executor.execute(out)
-        if self.kv.supports_prefix_caching:
-            self.kv.forward_done()             # the blocks this step registered now hold their prefixes
-        phases.add("execute", p)
-        phases.times.update(result.phase_times)
-        wall = time.perf_counter() - t0
-        if self.clock.name == "modeled":
-            duration, sched_time, swap_time = modeled_step_time(
-                self.cost_model, out, len(self.scheduler.running), len(self.scheduler.waiting), result.swap_bytes)
-            duration += draft_time                  # the draft's forwards, then the target's
-            self.clock.advance(duration)
-        else:
-            duration, sched_time, swap_time = wall, t_sched, 0.0
-        t = self.clock.now()
-        p = phases.mark()
-        update = self.scheduler.update_from_output(out, result, t)
-        phases.add("update", p)
-        self._forked = update.forked
-        for seq in update.forked:                    # parallel sampling: the group's other sequences
-            self.requests[seq.request_id] = seq
-            self._active[seq.request_id] = seq
-        p = phases.mark()
-        record = self._record(out, update, t, duration, sched_time, swap_time, draft_time, result.swap_bytes)
-        phases.add("record", p)
-        record.phase_times = phases.times
-        return record, update
-
-    def _record(self, out, update, t, duration, sched_time, swap_time, draft_time, swap_bytes) -> StepRecord:
+    def _record(self, out, update, times: dict, swap_bytes: int, phase_times: dict) -> StepRecord:
         mode = self.record_mode                      # "totals": the counts only (simulate(records="summary"))
-        kv = None if mode == "none" else self.kv.totals(self._active) if mode == "totals" \
-            else self.kv.snapshot(self._active, detail=mode == "full")
+        kv = None if mode == "none" else self.kv.totals(self.active) if mode == "totals" \
+            else self.kv.snapshot(self.active, detail=mode == "full")
         some = mode != "none"                        # "none": no prefill/decode split, no running/swapped ids
         num_batched, num_decode = out.num_batched_tokens, out.num_decode_tokens if some else 0
         return StepRecord(
-            step=self.step_count, time=t, duration=duration, batch=update.batch, batch_size=len(out.scheduled),
+            step=self.step_count, time=times["end"], duration=times["duration"], batch=update.batch,
+            batch_size=len(out.scheduled),
             num_prefill_tokens=num_batched - num_decode if some else 0, num_decode_tokens=num_decode,
             num_batched_tokens=num_batched, token_budget=out.token_budget, admitted=out.admitted,
             finished=[r.request_id for r in update.finished], preempted=out.preempted, waiting=out.waiting, kv=kv,
@@ -298,9 +303,10 @@ class LLMEngine:
             swapped=[r.request_id for r in self.scheduler.swapped] if some else [], swapped_in=out.swapped_in,
             rejected=out.rejected, aborted=list(self._aborted),
             finish_reasons={r.request_id: r.finish_reason for r in update.finished},
-            reformed=out.reformed, clock=self.clock.name, schedule_time=sched_time, swap_time=swap_time,
+            reformed=out.reformed, clock=self.clock.name, schedule_time=times["schedule"], swap_time=times["swap"],
             spec_proposed=update.spec_proposed, spec_accepted=update.spec_accepted,
-            draft_time=draft_time, swap_bytes=swap_bytes, forks=update.forks, copies=out.copies)
+            draft_time=times["draft"], swap_bytes=swap_bytes, forks=update.forks, copies=out.copies,
+            phase_times=phase_times)
 
     def _keep(self, record: StepRecord) -> None:
         """The bounded history ``engine.step_records`` (``EngineConfig.record_history``)."""

@@ -100,12 +100,12 @@ class LLM:
         for i, (p, sp, prio) in enumerate(zip(prompts, params, priorities)):
             p = parse_prompt(p, f"prompts[{i}]")
             try:
-                checked.append(engine._check_request(p, sp, None, None, prio, None, None))
+                checked.append(engine.validate_request(p, sp, None, None, prio, None, None))
             except (TypeError, ValueError) as e:
                 if type(e) not in (TypeError, ValueError):
                     raise
                 raise type(e)(f"prompts[{i}]: {e}") from e
-        ids = [engine._register(c) for c in checked]
+        ids = [engine.register_request(c) for c in checked]
         pending = set(ids)
         bar = None
         if use_tqdm:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .core.request import Request, RequestMetrics
-from .detokenizer import IncrementalDetokenizer
 
 
 class UnknownRequestError(KeyError):
@@ -104,10 +103,9 @@ def output_text(r: Request, tokenizer) -> str:
         return ""
     if r.is_finished:
         return final_text(r, tokenizer)
-    if r.detokenizer is None:
-        r.detokenizer = IncrementalDetokenizer(tokenizer, r.sampling_params.skip_special_tokens)
-    r.detokenizer.update(r.output_token_ids)
-    return r.detokenizer.text
+    d = r.text_decoder(tokenizer)
+    d.update(r.output_token_ids)
+    return d.text
 
 
 def with_token_text(positions, tokenizer):

@@ -288,7 +288,7 @@ def test_a_forked_block_counts_once_in_the_summary_and_totals_records(record):
     e.add_request([3] * 14, SamplingParams(n=4, max_tokens=6, ignore_eos=True), request_id="g")
 
     def same_as_full(rec):
-        assert rec.kv.used == e.kv.snapshot(e._active, detail=True).used
+        assert rec.kv.used == e.kv.snapshot(e.active, detail=True).used
     recs = run(e, same_as_full)
     assert recs[0].forks
 

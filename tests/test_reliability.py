@@ -550,3 +550,31 @@ def test_a_draw_that_raises_ends_only_its_request(monkeypatch):
     assert eng.get_output("bad0").finish_detail == "sampling failed: the draw failed: injected: this row's draw fails"
     for i in range(len(goods)):
         assert eng.get_output(f"good{i}").token_ids == clean.get_output(f"good{i}").token_ids
+
+
+def test_the_undo_log_puts_back_every_field_of_a_request():
+    """``StepJournal.save`` keeps every field a request has (``Request.__slots__``) and every field of its
+    metrics, so a field added later is rolled back with the rest without being listed anywhere: here every
+    field is changed after the save, and ``restore`` brings each one back, the output cut to its length."""
+    from minillm.core.request import Request, RequestMetrics
+    from minillm.core.step_journal import StepJournal
+
+    req = Request("r", [1, 2, 3], SamplingParams(max_tokens=8, logprobs=1), arrival_time=0.5)
+    req.append_token(7, 1.0)
+    req.output_logprobs.append({7: -0.1})
+    before = {f: getattr(req, f) for f in Request.__slots__}
+    before_metrics = {f: getattr(req.metrics, f) for f in RequestMetrics.__slots__}
+    journal = StepJournal()
+    journal.save(req)
+    req.append_token(9, 2.0)
+    req.output_logprobs.append({9: -0.2})
+    for f in Request.__slots__:
+        if f not in ("output_token_ids", "output_logprobs", "metrics"):
+            object.__setattr__(req, f, ("changed", f))
+    for f in RequestMetrics.__slots__:
+        if f != "token_times":
+            object.__setattr__(req.metrics, f, ("changed", f))
+    journal.restore()
+    assert {f: getattr(req, f) for f in Request.__slots__} == before
+    assert {f: getattr(req.metrics, f) for f in RequestMetrics.__slots__} == before_metrics
+    assert req.output_token_ids == [7] and req.metrics.token_times == [1.0] and req.output_logprobs == [{7: -0.1}]

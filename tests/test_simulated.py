@@ -263,10 +263,10 @@ def test_kv_totals_with_forked_sequences():
     assert [[getattr(r.kv, k) for k in counts] for r in totals] == [[getattr(r.kv, k) for k in counts] for r in full]
 
 
-def test_decode_fast_path_still_asks_an_overridden_allocate_for_every_request():
-    """The scheduler grants a decode that fits the block it is part way through without calling
-    ``allocate`` (``PagedKVCacheManager.in_place_block_size``). A subclass that overrides ``allocate``
-    gets None from that rule, so its own ``allocate`` is asked for every running request every step."""
+def test_every_decode_asks_allocate_for_its_one_token():
+    """One decode path: every running request's next token goes through ``kv.allocate(req, 1)``, also
+    when it fits the block the request is part way through (a KV manager that overrides ``allocate``
+    is asked for every running request every step)."""
     from minillm.core.kv_cache import PagedKVCacheManager
     from minillm.sampling_params import SamplingParams
 
@@ -277,8 +277,6 @@ def test_decode_fast_path_still_asks_an_overridden_allocate_for_every_request():
             calls.append((req.request_id, num_new_tokens))
             return super().allocate(req, num_new_tokens, cached)
 
-    assert PagedKVCacheManager(64, 16).in_place_block_size() == 16
-    assert CountingKV(64, 16).in_place_block_size() is None
     engine = LLM("random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.01),
                  num_kv_blocks=64, kv_manager=lambda cfg, n: CountingKV(n, cfg.block_size)).engine
     for _ in range(3):

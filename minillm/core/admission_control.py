@@ -1,13 +1,12 @@
 """Admission control: reject cleanly rather than let the waiting queue grow without bound.
 
 Load shedding by age (``EngineConfig.max_queue_delay``) before a pass and by length (``max_queue_len``) after it;
-a rejected request finishes with ``finish_reason="rejected"`` and a sentence saying why.
+a rejected request (``Scheduler.reject``) finishes with ``finish_reason="rejected"`` and a sentence saying why.
 """
 
 from __future__ import annotations
 
-from .request import Request, RequestStatus
-from ..step_record import WaitingEntry
+from .request import RequestStatus
 
 
 def shed_load(sched, now: float, out) -> None:
@@ -16,8 +15,8 @@ def shed_load(sched, now: float, out) -> None:
     if cfg.max_queue_delay is not None:
         for req in [r for r in sched.waiting if r.status == RequestStatus.WAITING
                     and r.arrival_time <= now and now - r.arrival_time > cfg.max_queue_delay]:
-            reject(sched, req, out, f"waited {now - req.arrival_time:.3f}s > max_queue_delay="
-                   f"{cfg.max_queue_delay}")
+            sched.reject(req, out, f"waited {now - req.arrival_time:.3f}s > max_queue_delay="
+                         f"{cfg.max_queue_delay}")
 
 
 def cap_queue(sched, now: float, out) -> None:
@@ -30,17 +29,6 @@ def cap_queue(sched, now: float, out) -> None:
     if len(queued) <= cfg.max_queue_len:
         return
     for req in queued[cfg.max_queue_len:]:
-        reject(sched, req, out, f"queue full: {len(queued)} waiting > max_queue_len={cfg.max_queue_len}")
+        sched.reject(req, out, f"queue full: {len(queued)} waiting > max_queue_len={cfg.max_queue_len}")
     gone = {w.request_id for w in out.rejected}
-    out.waiting = [w for w in out.waiting if w.request_id not in gone]
-
-
-def reject(sched, req: Request, out, reason: str) -> None:
-    """``req`` leaves the waiting queue unserved; ``update_from_output`` finishes it as "rejected"."""
-    sched.journal.save(req)
-    sched._writable_waiting().remove(req)
-    req.finish_reason = "rejected"
-    req.finish_detail = reason
-    sched.counters["rejected"] += 1
-    out.rejected.append(WaitingEntry(req.request_id, reason))
-    out.rejected_requests.append(req)
+    out.waiting[:] = [w for w in out.waiting if w.request_id not in gone]

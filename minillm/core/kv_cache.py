@@ -50,9 +50,6 @@ class PagedKVCacheManager:
         self.prefill_tokens_saved = 0
         self.copies: list[tuple[str, int, int]] = []    # copy-on-write this pass: (request, src, dst)
         self._journal: Optional[KVStepJournal] = None   # the step in progress (see begin_step)
-        # allocate's second fast path applies the sizing rules below as written: not when a subclass changes one
-        self._own_sizing = all(getattr(type(self), f) is getattr(PagedKVCacheManager, f) for f in
-                               ("blocks_for", "num_blocks_needed", "can_allocate", "_free_for", "_headroom"))
 
     # --- sizes ---------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -190,24 +187,12 @@ class PagedKVCacheManager:
 
     def allocate(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> bool:
         """Give the request blocks for ``num_new_tokens`` more positions (after its cached prefix)."""
-        held = self.req_blocks.get(req.request_id)
-        if held and not cached:
-            computed, room = req.num_computed_tokens, len(held) * self.block_size
-            if computed + num_new_tokens <= room and computed < room \
-                    and held[computed // self.block_size].ref_count <= 1:
-                return True              # fast path: its last block has room and is its own (most decodes)
-            if computed == room and 0 < num_new_tokens <= self.block_size and self.pool.num_free and self._own_sizing:
-                # a decode into a new block: one block, nothing shared, no headroom (it holds blocks)
-                j, (block,) = self._journal, self.pool.get_new_blocks(1)
-                if j is not None:                 # (_save_table and _new_blocks, written out: every 16th decode)
-                    j.save_table(self, req.request_id)
-                    j.fresh.add(block.block_id)
-                held.append(block)
-                return True
-        copy = not cached and self._writes_shared_block(req, held)
+        if not cached and self.num_blocks_needed(req, num_new_tokens) == 0:
+            return True                  # the positions fit in blocks it holds, its own: nothing changes
         ok, need, _ = self.can_allocate(req, num_new_tokens, cached)
         if not ok:
             return False
+        copy = not cached and self._writes_shared_block(req, self.req_blocks.get(req.request_id))
         self._save_table(req.request_id)
         blocks = self.req_blocks.setdefault(req.request_id, [])
         if copy:
@@ -219,16 +204,6 @@ class PagedKVCacheManager:
             self.req_hashes[req.request_id] = [b.block_hash for b in cached]
         blocks += self._new_blocks(need)   # (one pool call for a whole prefill's blocks)
         return True
-
-    def in_place_block_size(self) -> Optional[int]:
-        """The decode fast path's rule, for a scheduler to apply to a whole batch without a call per
-        request: a request whose computed positions end part way through a block
-        (``num_computed_tokens % block_size != 0``) holds that block (its table covers every computed
-        position), so one more position fits, and ``allocate(req, 1)`` changes nothing unless the
-        block is shared. Only a fork shares a partly filled block (a prefix-cache hit shares full
-        ones), so the caller applies the rule only while no sequence was forked. Returns the block
-        size, or None when a subclass overrides ``allocate`` (its own rule decides, request by request)."""
-        return self.block_size if type(self).allocate is PagedKVCacheManager.allocate else None
 
     def _new_block(self) -> Block:
         return self._new_blocks(1)[0]

@@ -36,7 +36,6 @@ from typing import Optional
 
 from ..checks import MAX_SEED
 from ..sampling_params import SamplingParams
-from ..step_record import ForkEvent
 from .request import Request, RequestStatus
 
 # A large odd constant (2**64 / golden ratio): consecutive completions start random streams far apart.
@@ -89,6 +88,15 @@ class ParentRequest:
         self.members: list = []          # the sequences (Request), by completion index
         self.forked = False              # have the n - 1 other sequences been created?
 
+    def fork(self) -> None:
+        """The prompt is computed: the other n - 1 sequences are created (``Scheduler.fork``)."""
+        self.forked = True
+
+    def unfork(self) -> None:
+        """The step that forked the group was rolled back: only the first sequence exists."""
+        self.forked = False
+        del self.members[1:]
+
     @property
     def finished(self) -> bool:
         return all(m.is_finished for m in self.members)
@@ -104,51 +112,9 @@ def first_sequence(request_id: str, params: SamplingParams, **fields) -> Request
     if params.n == 1:
         return Request(request_id, sampling_params=params, **fields)
     parent = ParentRequest(request_id, params)
-    req = Request(completion_id(request_id, 0), sampling_params=parent.params[0], **fields)
-    req.parent = parent
+    req = Request(completion_id(request_id, 0), sampling_params=parent.params[0], parent=parent, **fields)
     parent.members.append(req)
     return req
-
-
-def fork(sched, first: Request, result, t: float, upd) -> None:
-    """Parallel sampling: the prompt is computed and its logits were sampled once per
-    completion. Create the other n - 1 sequences, each sharing every block of ``first``, with its
-    own first token, in ``sched`` (the scheduler applying the step's results) and ``upd`` (its
-    ``StepUpdate``)."""
-    parent = first.parent
-    parent.forked = True
-    sched._forked.append(parent)
-    shared: list[int] = []
-    for i in range(1, parent.n):
-        cid = completion_id(parent.request_id, i)
-        seq = Request(cid, first.prompt_token_ids, parent.params[i], first.arrival_time, first.priority,
-                      first.tenant, first.eos_token_id, first.expected_output_len, prompt=first.prompt)
-        seq.parent, seq.index = parent, i
-        seq.status = RequestStatus.RUNNING
-        seq.num_computed_tokens = first.num_computed_tokens
-        seq.num_cached_tokens = first.num_cached_tokens
-        seq.admit_seq = first.admit_seq
-        m, fm = seq.metrics, first.metrics
-        m.first_scheduled_time, m.num_cached_tokens = fm.first_scheduled_time, fm.num_cached_tokens
-        m.clock = fm.clock
-        if first.prompt_logprobs is not None:
-            seq.prompt_logprobs = first.prompt_logprobs
-        shared = sched.kv.fork(first, seq)
-        parent.members.append(seq)
-        sched.running.append(seq)
-        upd.forked.append(seq)
-        # The runner sampled each completion's first token; the simulator, which samples
-        # nothing, gives them all the first sequence's placeholder.
-        tok = result.fork_sampled.get(cid, first.output_token_ids[-1:])[0]
-        seq.output_token_ids.append(tok)
-        m.token_times.append(t)
-        m.first_token_time = t
-        if seq.output_logprobs is not None:
-            seq.output_logprobs += result.logprobs.get(cid, ())
-        reason = sched.stops.check(seq, tok)
-        if reason and sched.finish(seq, reason, t):
-            upd.finished.append(seq)
-    upd.forks.append(ForkEvent(parent.request_id, [m.request_id for m in parent.members], shared))
 
 
 def group_need(req: Request) -> tuple[int, int]:

@@ -3,17 +3,55 @@
 A victim either drops its KV and recomputes it later (back to the front of the waiting queue) or has it copied
 to host memory and back (swap); "auto" picks by the preemption cost rule. A parallel-sampling group goes together.
 ``schedule_swapped`` is the way back: swapped-out requests return (step 2 of the pass) before anyone new.
+
+The modes are a registry (``PREEMPTION_MODES``): a mode says whether it can take a victim now
+(``possible``) and gives back the victim's KV (``evict``), returning where the victim waits (its new
+status) and whether its KV is kept. ``Scheduler.preempt`` is the transition that calls it. A new mode
+is a class here, its name in ``EngineConfig.preemption_mode``'s choices (``config.py``, read from this
+registry), and whatever its KV manager needs to hold the KV elsewhere.
 """
 
 from __future__ import annotations
 
 from .request import Request, RequestStatus
-from .scheduler_output import grant
-from ..step_record import PreemptionEvent, WaitingEntry
+from ..step_record import WaitingEntry
+
+
+class Recompute:
+    """Drop the KV: the victim waits again at the front of the queue and computes it again later."""
+    name = "recompute"
+
+    def possible(self, sched, victim: Request) -> bool:
+        return True
+
+    def evict(self, sched, victim: Request, out) -> tuple[RequestStatus, bool]:
+        sched.kv.free(victim)
+        sched.counters["recomputed_tokens"] += victim.num_computed_tokens
+        sched.writable_waiting().insert(0, victim)      # back to the front of the queue
+        return RequestStatus.PREEMPTED, False
+
+
+class Swap:
+    """Copy the KV to host memory (``out.swap_out``): the victim waits in ``sched.swapped``."""
+    name = "swap"
+
+    def possible(self, sched, victim: Request) -> bool:
+        return sched.kv.supports_swapping and sched.kv.can_swap_out(victim)
+
+    def evict(self, sched, victim: Request, out) -> tuple[RequestStatus, bool]:
+        mapping = sched.kv.swap_out(victim)
+        out.swap_out.extend(mapping)
+        sched.counters["swapped_out_blocks"] += len(mapping)
+        sched.swapped.append(victim)
+        return RequestStatus.SWAPPED, True
+
+
+PREEMPTION_MODES = {mode.name: mode for mode in (Recompute(), Swap())}
 
 
 def choose_mode(sched, victim: Request) -> str:
-    """"recompute" or "swap" for ``victim`` (``EngineConfig.preemption_mode``; "auto" asks the cost model)."""
+    """The preemption mode for ``victim`` (``EngineConfig.preemption_mode``; "auto" asks the cost model);
+    "recompute" when the mode cannot take it now (the swap pool is full)."""
     mode = sched.config.preemption_mode
     if mode == "auto":
         # The preemption cost rule: swap when M_KV / B_PCIe < (n_input + n_generated) / S_prefill.
@@ -21,35 +59,9 @@ def choose_mode(sched, victim: Request) -> str:
         if cm is None or not getattr(cm, "kv_bytes_per_token", 0):
             return "recompute"
         mode = cm.preemption_mode(victim.num_computed_tokens)
-    if mode == "swap" and not (sched.kv.supports_swapping and sched.kv.can_swap_out(victim)):
-        return "recompute"            # swap pool full: fall back
+    if not PREEMPTION_MODES[mode].possible(sched, victim):
+        return "recompute"            # e.g. swap pool full: fall back
     return mode
-
-
-def preempt(sched, victim: Request, out, reason: str) -> None:
-    """Take ``victim`` off the running set: its KV to host memory (swap) or dropped (recompute: it waits
-    again at the front of the queue). The event and its reason go into ``out``."""
-    mode = choose_mode(sched, victim)
-    sched.journal.save(victim)
-    sched.running.remove(victim)
-    if mode == "swap":
-        mapping = sched.kv.swap_out(victim)
-        out.swap_out.extend(mapping)
-        sched.counters["swapped_out_blocks"] += len(mapping)
-        victim.status = RequestStatus.SWAPPED
-        sched.swapped.append(victim)
-    else:
-        sched.kv.free(victim)
-        sched.counters["recomputed_tokens"] += victim.num_computed_tokens
-        victim.metrics.num_recomputed_tokens += victim.num_computed_tokens
-        victim.num_computed_tokens = 0
-        victim.num_cached_tokens = 0
-        victim.status = RequestStatus.PREEMPTED
-        sched._writable_waiting().insert(0, victim)      # back to the front of the queue
-    sched.counters[f"preemptions_{mode}"] += 1
-    victim.num_preemptions += 1
-    victim.metrics.num_preemptions += 1
-    out.preempted.append(PreemptionEvent(victim.request_id, mode, reason))
 
 
 def preempt_group(sched, victim: Request, out, reason: str) -> int:
@@ -63,8 +75,8 @@ def preempt_group(sched, victim: Request, out, reason: str) -> int:
     budget = 0
     for m in group:
         budget += unschedule(m, out)
-        preempt(sched, m, out, reason if m is victim else
-                f"{reason}; preempted with {victim.request_id}, its parallel-sampling group")
+        sched.preempt(m, out, reason if m is victim else
+                      f"{reason}; preempted with {victim.request_id}, its parallel-sampling group")
     return budget
 
 
@@ -92,7 +104,7 @@ def schedule_swapped(sched, out, budget: int) -> int:
     """2. Swapped-out requests come back (KV copied in) before anybody new is admitted, oldest
     first while blocks and seats allow. Returns the budget left."""
     cfg = sched.config
-    while sched.swapped and sched._num_seqs() + sched.swapped[0].num_seqs <= cfg.max_num_seqs and budget > 0:
+    while sched.swapped and sched.num_seqs() + sched.swapped[0].num_seqs <= cfg.max_num_seqs and budget > 0:
         req = sched.swapped[0]
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         ok, need, free = sched.kv.can_swap_in(req, n)
@@ -100,18 +112,7 @@ def schedule_swapped(sched, out, budget: int) -> int:
             out.waiting.append(WaitingEntry(req.request_id, f"swapped out: needs {need} blocks "
                                             f"to come back, {free} free"))
             break
-        sched.swapped.pop(0)
-        sched.journal.save(req)
-        copies = sched.kv.swap_in(req)
-        out.swap_in.extend(copies)
-        sched.counters["swapped_in_blocks"] += len(copies)
-        sched.kv.allocate(req, n)
-        if sched.prefix_caching:
-            sched.kv.cache_full_blocks(req, min(req.num_computed_tokens + n, req.num_tokens), shareable=False)
-        req.status = RequestStatus.RUNNING
-        sched.running.append(req)
-        out.swapped_in.append(req.request_id)
-        out.scheduled.append(grant(req, n))
+        sched.swap_in(req, n, out)
         budget -= n
     for req in sched.swapped[1:]:
         out.waiting.append(WaitingEntry(req.request_id, "swapped out: queued behind "

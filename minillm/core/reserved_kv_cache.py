@@ -10,6 +10,7 @@ blocks, so no prefix caching, forking or swapping.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 from .kv_snapshot import reserved_snapshot
@@ -146,6 +147,4 @@ class ReservedKVCacheManager:
 
     def totals(self, requests: dict[str, Request]) -> KVSnapshot:
         """``record="totals"``: the snapshot without its per-request entries or block map."""
-        snap = self.snapshot(requests, detail=False)
-        snap.per_request = {}
-        return snap
+        return dataclasses.replace(self.snapshot(requests, detail=False), per_request={})

@@ -26,9 +26,13 @@ back or release (static batching, every-N), and tell the policy what ran.
 
 A step is all or nothing: ``checkpoint()`` before it, ``rollback()`` if anything in
 it raises (the queues, the requests and the KV tables go back to how they were).
-What the pass uses has its own module: the grants (``scheduler_output``), the stop check
-(``stopping``), preemption and swap-in (``preemption``), load shedding (``admission_control``),
-the fork of ``n`` samples (``parallel_sampling``), the undo log (``step_journal``).
+A request's life has one owner: the scheduler's transitions (``admit``, ``preempt``, ``swap_in``,
+``reject``, ``finish`` / ``finish_request``, ``fork``, and applying results in ``update_from_output``)
+are the only code that saves a request in the step's undo log, each before it changes the request
+through the request's own transition method (``Request.admit``, ``preempt``, ...). What the pass
+decides with has its own module: the grants (``scheduler_output``), the stop check (``stopping``),
+who is preempted and how (``preemption``: the modes' registry), load shedding (``admission_control``),
+the groups of ``n`` samples (``parallel_sampling``), the undo log (``step_journal``).
 """
 
 from __future__ import annotations
@@ -38,13 +42,13 @@ from typing import Optional
 
 from .policies import Policy
 from .request import Request, RequestStatus
-from .step_journal import StepJournal, checkpoint_step, commit_step, rollback_step
+from .step_journal import StepJournal
 from .stopping import StopChecker
 from .admission_control import cap_queue, shed_load
-from .parallel_sampling import fork, group_need
-from .preemption import just_placed, preempt_group, schedule_swapped
+from .parallel_sampling import completion_id, group_need
+from .preemption import PREEMPTION_MODES, choose_mode, just_placed, preempt_group, schedule_swapped
 from .scheduler_output import ScheduledRequest, SchedulerOutput, StepUpdate, grant  # noqa: F401  (re-exported)
-from ..step_record import BatchEntry, BlockCopy, WaitingEntry
+from ..step_record import BatchEntry, BlockCopy, ForkEvent, PreemptionEvent, WaitingEntry
 
 
 class Scheduler:
@@ -66,7 +70,7 @@ class Scheduler:
         self.held: list[Request] = []        # done generating, waiting to be returned (static / every-N)
         self.num_passes = 0
         self._admit_counter = 0
-        self.counters = dict(preemptions_recompute=0, preemptions_swap=0, swapped_out_blocks=0,
+        self.counters = dict(**{f"preemptions_{mode}": 0 for mode in PREEMPTION_MODES}, swapped_out_blocks=0,
                              swapped_in_blocks=0, recomputed_tokens=0, rejected=0)
         self.stops = StopChecker(config, tokenizer)   # when a request ends (stop strings need the tokenizer)
         self.journal = StepJournal()        # what the step in progress changed (see checkpoint)
@@ -111,42 +115,146 @@ class Scheduler:
             heapq.heapify(self.incoming)
         self.kv.free(req)
 
+    # --- transitions: the only code that saves a request in the step's undo log ----------------
+    # Each saves the request (every field: ``Request.snapshot``) before it changes it, moves it
+    # between the queues, and changes its state through the request's own transition method.
+    def admit(self, req: Request, n: int, cached: list, now: float, out: SchedulerOutput) -> None:
+        """WAITING -> RUNNING: ``req`` gets its blocks (the ``cached`` prefix blocks shared), leaves the
+        queue, runs, and is granted ``n`` tokens of its prompt after the cached prefix."""
+        computed = len(cached) * self.kv.block_size
+        self.journal.save(req)
+        self.kv.allocate(req, n, cached)
+        if self.prefix_caching:
+            self.kv.record_lookup(req, cached)
+        self.writable_waiting().remove(req)
+        self._admit_counter += 1
+        req.admit(computed, self._admit_counter, now)
+        if self.prefix_caching:
+            self.kv.cache_full_blocks(req, min(computed + n, req.num_tokens))
+        self.running.append(req)
+        out.admitted.append(req.request_id)
+        out.scheduled.append(grant(req, n))
+
+    def preempt(self, victim: Request, out: SchedulerOutput, reason: str) -> None:
+        """RUNNING -> back in the queue or swapped out, as the preemption mode (``preemption.py``)
+        says: the mode gives back its KV and says where it waits."""
+        mode = choose_mode(self, victim)
+        self.journal.save(victim)
+        self.running.remove(victim)
+        status, keeps_kv = PREEMPTION_MODES[mode].evict(self, victim, out)
+        victim.preempt(status, keeps_kv)
+        self.counters[f"preemptions_{mode}"] += 1
+        out.preempted.append(PreemptionEvent(victim.request_id, mode, reason))
+
+    def swap_in(self, req: Request, n: int, out: SchedulerOutput) -> None:
+        """SWAPPED -> RUNNING: its KV is copied back, and it is granted ``n`` tokens."""
+        self.swapped.remove(req)
+        self.journal.save(req)
+        copies = self.kv.swap_in(req)
+        out.swap_in.extend(copies)
+        self.counters["swapped_in_blocks"] += len(copies)
+        self.kv.allocate(req, n)
+        if self.prefix_caching:
+            self.kv.cache_full_blocks(req, min(req.num_computed_tokens + n, req.num_tokens), shareable=False)
+        req.resume()
+        self.running.append(req)
+        out.swapped_in.append(req.request_id)
+        out.scheduled.append(grant(req, n))
+
+    def reject(self, req: Request, out: SchedulerOutput, reason: str) -> None:
+        """WAITING -> turned away (load shedding): ``update_from_output`` finishes it as "rejected"."""
+        self.journal.save(req)
+        self.writable_waiting().remove(req)
+        req.reject(reason)
+        self.counters["rejected"] += 1
+        out.rejected.append(WaitingEntry(req.request_id, reason))
+        out.rejected_requests.append(req)
+
     def finish(self, req: Request, reason: str, t: float, detail: Optional[str] = None) -> bool:
-        """The request is done generating: its KV is freed. Returns True if it leaves now,
+        """RUNNING -> done generating: its KV is freed. Returns True if it leaves now,
         False if it is held back until the batch (static) or the next pass (every-N) comes."""
         self.journal.save(req)
         self.running.remove(req)
         self.kv.free(req)
-        req.finish_detail = detail or req.finish_detail
         if self.config.batching == "static" or self.config.schedule_every > 1:
-            req.pending_finish_reason = reason
+            req.hold(reason, detail)
             self.held.append(req)
             return False
-        self.finish_request(req, reason, t)
+        req.finish(reason, t, detail or None)
         return True
 
     def finish_request(self, req: Request, reason: str, t: float, detail: Optional[str] = None) -> None:
-        """The request leaves the engine: status, reason and its last metrics."""
+        """-> FINISHED: the request leaves the engine (returned from the held set, rejected, aborted)."""
         self.journal.save(req)
-        req.status = RequestStatus.FINISHED
-        req.finish_reason = reason
-        if detail is not None:
-            req.finish_detail = detail
-        req.metrics.finish_reason = reason
-        req.metrics.finish_time = t
-        req.metrics.num_output_tokens = req.num_output_tokens
+        req.finish(reason, t, detail)
+
+    def fork(self, first: Request, result, t: float, upd: StepUpdate) -> None:
+        """Parallel sampling (``parallel_sampling.py``): the prompt is computed and its logits were
+        sampled once per completion. The other n - 1 sequences start RUNNING, each sharing every block
+        of ``first``, with its own first token. A rollback removes them again."""
+        parent = first.parent
+        parent.fork()
+        self._forked.append(parent)
+        shared: list[int] = []
+        for i in range(1, parent.n):
+            seq = first.fork(completion_id(parent.request_id, i), parent.params[i], i)
+            shared = self.kv.fork(first, seq)
+            parent.members.append(seq)
+            self.running.append(seq)
+            upd.forked.append(seq)
+            # The runner sampled each completion's first token; the simulator, which samples
+            # nothing, gives them all the first sequence's placeholder.
+            tok = result.fork_sampled.get(seq.request_id, first.output_token_ids[-1:])[0]
+            seq.append_token(tok, t)
+            if seq.output_logprobs is not None:
+                seq.output_logprobs.extend(result.logprobs.get(seq.request_id, ()))
+            reason = self.stops.check(seq, tok)
+            if reason and self.finish(seq, reason, t):
+                upd.finished.append(seq)
+        upd.forks.append(ForkEvent(parent.request_id, [m.request_id for m in parent.members], shared))
 
     # --- one step, all or nothing (the undo log: minillm/core/step_journal.py) ----------
     def checkpoint(self) -> tuple:
-        return checkpoint_step(self)
+        """Before a step: what ``rollback`` needs to undo it (the queues are copied; requests and
+        KV tables are saved as the step first touches them)."""
+        self.journal = StepJournal()
+        self._arrivals = []
+        self._forked = []
+        self.kv.begin_step()
+        # The waiting queue is not copied (it may be long): the step copies it before its first
+        # change other than arrivals appended at the end (``writable_waiting``).
+        self._shared_waiting = self.waiting
+        return ((self.waiting, len(self.waiting)), list(self.running), list(self.swapped), list(self.held),
+                dict(self.counters), self.num_passes, self._admit_counter, self.now)
 
     def commit(self) -> None:
-        commit_step(self)
+        """The step is done (its copies and forward ran): forget the undo log."""
+        self.kv.end_step()
+        self.journal = StepJournal()
+        self._arrivals = []
+        self._forked = []
+        self._shared_waiting = None
 
     def rollback(self, checkpoint: tuple) -> None:
-        rollback_step(self, checkpoint)
+        """The step raised: put the queues, the requests and the KV tables back. A request whose
+        KV blocks another request wrote into during the step recomputes from that position."""
+        ((self.waiting, num_waiting), self.running, self.swapped, self.held, self.counters, self.num_passes,
+         self._admit_counter, self.now) = checkpoint
+        del self.waiting[num_waiting:]       # arrivals appended to the checkpoint's own list
+        self._shared_waiting = None
+        self.journal.restore()
+        for parent in self._forked:          # the forked sequences never existed
+            parent.unfork()
+        self._forked = []
+        for item in self._arrivals:
+            heapq.heappush(self.incoming, item)
+        self._arrivals = []
+        for rid, pos in self.kv.rollback().items():
+            req = next((r for r in self.running if r.request_id == rid), None)
+            if req is not None:
+                req.lose_kv_from(pos)
 
-    def _writable_waiting(self) -> list[Request]:
+    def writable_waiting(self) -> list[Request]:
         """The waiting queue, to change in place: copied first if a checkpoint or the pass's
         admission loop still reads this list (copy on write)."""
         if self.waiting is self._shared_waiting:
@@ -169,38 +277,20 @@ class Scheduler:
             finished.append(req)
 
         upd = StepUpdate(batch=[], finished=finished)
-        first_tokens = self.journal.save_progress(out.scheduled)
-        # Guesses to settle, logprobs to keep, batch entries to record, groups to fork: one test per
-        # request when the step has none of these (the simulator's usual step).
-        extras = bool(self.config.speculative_model is not None or result.spec_accepted or result.logprobs
-                      or result.prompt_logprobs or self.record_batch or self.has_groups)
-        watch = self.stops.watch                  # (a local: read once per request)
+        self.journal.save_progress(out.scheduled)
         for s, new in zip(out.scheduled, result.sampled):   # each grant with its new tokens (empty: none)
             req = s.request
-            req.num_computed_tokens += s.num_new_tokens
-            if extras:
-                self._settle_guesses(s, result, upd)
+            req.advance(s.num_new_tokens)
+            self._settle_guesses(s, result, upd)
             reason = None
-            if new:
-                output_ids, m = req.output_token_ids, req.metrics
-                if m.first_token_time is None:
-                    m.first_token_time = t
-                    first_tokens.append(req)
-                limit, watched = req.stop_watch or watch(req)
-                times = m.token_times
-                for tok in new:
-                    output_ids.append(tok)
-                    times.append(t)
-                    # stops.check(req, tok), skipped when it cannot fire (see StopChecker.watch): most tokens
-                    if len(output_ids) >= limit or (watched and tok in watched):
-                        reason = self.stops.check(req, tok)
-                        if reason:
-                            break
-                if reason and len(output_ids) > s.num_output_before + 1:
-                    # Tokens accepted past a stop are dropped: keep KV consistent with the output.
-                    req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens - 1)
-            if extras:
-                self._after_tokens(s, result, t, upd)
+            for tok in new:
+                req.append_token(tok, t)
+                reason = self.stops.check(req, tok)
+                if reason:
+                    break
+            if reason and req.num_output_tokens > s.num_output_before + 1:
+                req.drop_past_stop()
+            self._after_tokens(s, result, t, upd)
             failed = result.failed.get(req.request_id) if result.failed else None  # its sampling failed: it alone
             if (reason or failed) and self.finish(req, "abort" if failed else reason, t, failed):
                 finished.append(req)
@@ -222,18 +312,12 @@ class Scheduler:
         req = s.request
         if not (s.spec_token_ids or req.spec_token_ids):
             return
+        accepted = result.spec_accepted.get(req.request_id, 0) if s.spec_token_ids else 0
         if s.spec_token_ids:
-            accepted = result.spec_accepted.get(req.request_id, 0)
-            req.num_computed_tokens -= len(s.spec_token_ids) - accepted
-            self.kv.truncate(req, req.num_computed_tokens)
-            upd.spec_proposed += len(s.spec_token_ids)
-            upd.spec_accepted += accepted
             self.journal.save(req)
-            req.metrics.num_spec_proposed += len(s.spec_token_ids)
-            req.metrics.num_spec_accepted += accepted
-        else:
-            self.kv.truncate(req, req.num_computed_tokens)
-        req.spec_token_ids = []
+            upd.count_guesses(len(s.spec_token_ids), accepted)
+        req.settle_guesses(len(s.spec_token_ids), accepted)
+        self.kv.truncate(req, req.num_computed_tokens)
 
     def _after_tokens(self, s: ScheduledRequest, result, t: float, upd: StepUpdate) -> None:
         """After a request's new tokens are appended: keep their logprobs, record the batch entry,
@@ -247,13 +331,13 @@ class Scheduler:
             upd.batch.append(BatchEntry(req.request_id, s.phase, s.num_new_tokens, s.num_computed_before,
                                         req.num_computed_tokens, len(s.spec_token_ids), accepted, appended))
         if appended and req.parent is not None and not req.parent.forked:
-            fork(self, req, result, t, upd)
+            self.fork(req, result, t, upd)
 
     @staticmethod
     def _keep_logprobs(req: Request, appended: int, logprobs: dict, prompt_logprobs: dict) -> None:
         """The step's logprobs of the tokens kept (``SamplingParams.logprobs`` / ``prompt_logprobs``)."""
         if logprobs and req.output_logprobs is not None:
-            req.output_logprobs += logprobs.get(req.request_id, ())[:appended]
+            req.output_logprobs.extend(logprobs.get(req.request_id, ())[:appended])
         if prompt_logprobs and req.request_id in prompt_logprobs:
             for pos, lp in prompt_logprobs[req.request_id]:
                 if req.prompt_logprobs[pos] is None:      # recomputed after a preemption: kept
@@ -264,7 +348,7 @@ class Scheduler:
         out = self._schedule_pass(now)
         cap_queue(self, now, out)        # after admission: a free slot never turns a request away
         if self.kv.supports_forking:     # copy-on-write, before the forward
-            out.copies = [BlockCopy(*c) for c in self.kv.take_copies()]
+            out.copies.extend(BlockCopy(*c) for c in self.kv.take_copies())
         return out
 
     def _schedule_pass(self, now: float) -> SchedulerOutput:
@@ -278,7 +362,8 @@ class Scheduler:
         # Requests finished earlier leave now (every N steps; a static batch leaves as a whole
         # in update_from_output).
         if self.held and cfg.batching != "static" and reform:
-            out.released, self.held = self.held, []
+            out.released.extend(self.held)
+            self.held = []
 
         shed_load(self, now, out)
 
@@ -304,59 +389,34 @@ class Scheduler:
         """1. Running requests: one new token each (or the next chunk of their prompt), preempting
         (the policy's victim) when a block is needed and none is free. Returns the budget left."""
         # Speculative tokens never crowd out another running request's next token.
-        # (Only a speculator proposes guesses: without one, no pass over the running set.)
         guesses = self.config.speculative_model is not None and any(r.spec_token_ids for r in self.running)
         decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) if guesses else 0
         spare = self._spare_blocks() if decodes_left else 0      # blocks the drafts may take
-        kv = self.kv
-        caching = self.prefix_caching
-        # Decode fast path: a token into a block part way through needs no allocate (kv.in_place_block_size)
-        rule = None if guesses or self.has_groups or not kv.allocates_on_demand else kv.in_place_block_size
-        bs = (rule() if rule is not None else None) or 0
-        RUNNING = RequestStatus.RUNNING        # (locals: an enum member or a method read per request is slow)
-        append, Grant = out.scheduled.append, ScheduledRequest
         for req in list(self.running):
-            if req.status is not RUNNING or budget <= 0:   # preempted above: O(1) test
+            if req.status is not RequestStatus.RUNNING or budget <= 0:   # preempted above
                 continue
-            before = req.num_computed_tokens
-            num_output = len(req.output_token_ids)
-            num_tokens = req.prompt_len + num_output
-            if num_tokens - before == 1 and bs and (before % bs or kv.allocate(req, 1)):
-                # grant(req, 1): a block boundary asks allocate for a new block, else nothing to allocate
-                if caching:
-                    kv.cache_full_blocks(req, num_tokens, shareable=False)
-                append(Grant(req, 1, before, num_output, "decode" if num_output else "prefill", True))
-                budget -= 1
-                continue
-            n = num_tokens - before                       # known tokens without KV yet
+            n = req.num_tokens - req.num_computed_tokens      # known tokens without KV yet
             if n == 1 and decodes_left:
-                decodes_left -= 1                         # this one's own next token
+                decodes_left -= 1                             # this one's own next token
             # Speculative tokens count against the budget: keep as many as fit after the known
             # ones (and the later decodes'), and as many as the spare blocks hold (a draft never
             # preempts anyone): the scheduler allocates their lookahead slots here.
-            spec = req.spec_token_ids
+            spec = req.spec_token_ids[:max(0, budget - n - decodes_left)]
             if spec:
-                spec = spec[:max(0, budget - n - decodes_left)]
-                if spec:
-                    spec, spare = self._allocate_lookahead(req, n, spec, spare)
-                n += len(spec)
-            if n > budget:
-                n = budget
-            while not kv.allocate(req, n):
+                spec, spare = self._allocate_lookahead(req, n, spec, spare)
+            n = min(n + len(spec), budget)
+            while not self.kv.allocate(req, n):
                 # The victim is chosen among all running requests; one already granted tokens
                 # this pass gives them back.
                 victim = self.policy.pick_victim(list(self.running), now)
                 budget += preempt_group(self, victim, out, f"{req.request_id} needed a KV block and none was free")
-                if req.status is not RUNNING:     # the victim, or in its group
+                if req.status is not RequestStatus.RUNNING:     # the victim, or in its group
                     break
-            if req.status is not RUNNING:
+            if req.status is not RequestStatus.RUNNING:
                 continue
-            if caching:
-                kv.cache_full_blocks(req, min(before + n, num_tokens), shareable=False)
-            # grant(req, n, spec), written out: this line runs for every running request every step
-            append(Grant(
-                req, n, before, num_output, "decode" if num_output and before >= num_tokens - 1 else "prefill",
-                before + n >= num_tokens + len(spec), list(spec) if spec else ()))
+            if self.prefix_caching:
+                self.kv.cache_full_blocks(req, min(req.num_computed_tokens + n, req.num_tokens), shareable=False)
+            out.scheduled.append(grant(req, n, spec))
             budget -= n
         return budget
 
@@ -387,7 +447,7 @@ class Scheduler:
         """3. Why no waiting request is admitted this pass, or None (admission goes ahead)."""
         if static_blocked:
             return "static batching: waits until the whole current batch has finished"
-        if self.config.interference == "decode-priority" and any(not r.is_prefill for r in self.running):
+        if self.config.interference == "decode-priority" and any(r.is_decoding for r in self.running):
             return "decode-priority: no new prefill while requests are decoding"
         if self.swapped:
             return "swapped-out requests come back first"
@@ -427,12 +487,12 @@ class Scheduler:
                 out.waiting.append(WaitingEntry(req.request_id, f"queued behind {blocker}"))
                 continue
             seats, extra_blocks = group_need(req)
-            while self._num_seqs() + seats > cfg.max_num_seqs:
+            while self.num_seqs() + seats > cfg.max_num_seqs:
                 victim = self.policy.preempt_for(req, self.running, now)
                 if victim is None or just_placed(victim, out):
                     break
                 budget += preempt_group(self, victim, out, f"{req.request_id} has higher priority")
-            if self._num_seqs() + seats > cfg.max_num_seqs:
+            if self.num_seqs() + seats > cfg.max_num_seqs:
                 out.waiting.append(WaitingEntry(
                     req.request_id, f"max_num_seqs={cfg.max_num_seqs} requests already running"
                     + (f" (it needs {seats} for its parallel samples)" if seats > 1 else "")))
@@ -466,34 +526,11 @@ class Scheduler:
                 out.waiting.append(WaitingEntry(req.request_id, reason))
                 blocker = req.request_id
                 continue
-            self._admit(req, n, cached, now, out)
+            self.admit(req, n, cached, now, out)
             budget -= n
         return budget
 
-    def _admit(self, req: Request, n: int, cached: list, now: float, out: SchedulerOutput) -> None:
-        """Admission passed: ``req`` gets its blocks (the ``cached`` prefix blocks shared), leaves the
-        queue, runs, and is granted ``n`` tokens of its prompt after the cached prefix."""
-        computed = len(cached) * self.kv.block_size
-        self.journal.save(req)
-        self.kv.allocate(req, n, cached)
-        if self.prefix_caching:
-            self.kv.record_lookup(req, cached)
-        self._writable_waiting().remove(req)
-        req.num_computed_tokens = computed
-        if self.prefix_caching:
-            self.kv.cache_full_blocks(req, min(computed + n, req.num_tokens))
-        req.num_cached_tokens = computed
-        req.metrics.num_cached_tokens = max(req.metrics.num_cached_tokens, computed)
-        req.status = RequestStatus.RUNNING
-        self._admit_counter += 1
-        req.admit_seq = self._admit_counter
-        if req.metrics.first_scheduled_time is None:
-            req.metrics.first_scheduled_time = now
-        self.running.append(req)
-        out.admitted.append(req.request_id)
-        out.scheduled.append(grant(req, n))
-
-    def _num_seqs(self) -> int:
+    def num_seqs(self) -> int:
         """Sequences the running set counts against ``max_num_seqs``: one each, except a
         parallel-sampling group that has not forked yet, which counts all n."""
         if not self.has_groups:

@@ -14,7 +14,7 @@ from .request import Request
 from ..step_record import BatchEntry, BlockCopy, ForkEvent, PreemptionEvent, WaitingEntry
 
 
-@dataclass(slots=True)          # one per request per step: slots make it cheap to create
+@dataclass(slots=True)
 class ScheduledRequest:
     request: Request
     num_new_tokens: int          # tokens processed this step (counted against the budget)
@@ -30,11 +30,9 @@ def grant(req: Request, num_new_tokens: int, spec_token_ids: list[int] = ()) -> 
     (with ``spec_token_ids`` guesses to verify at the end). A *decode* is the grant of the newest
     token of a request that has output; anything else is a *prefill* (the label only)."""
     before = req.num_computed_tokens
-    num_output = len(req.output_token_ids)
-    num_tokens = len(req.prompt_token_ids) + num_output
-    decode = num_output > 0 and before >= num_tokens - 1
-    return ScheduledRequest(req, num_new_tokens, before, num_output, "decode" if decode else "prefill",
-                            before + num_new_tokens >= num_tokens + len(spec_token_ids),
+    return ScheduledRequest(req, num_new_tokens, before, req.num_output_tokens,
+                            "decode" if req.is_decoding else "prefill",
+                            before + num_new_tokens >= req.num_tokens + len(spec_token_ids),
                             list(spec_token_ids) if spec_token_ids else ())
 
 
@@ -73,4 +71,9 @@ class StepUpdate:
     forks: list[ForkEvent] = field(default_factory=list)
     spec_proposed: int = 0
     spec_accepted: int = 0
+
+    def count_guesses(self, proposed: int, accepted: int) -> None:
+        """Speculative decoding: ``proposed`` guesses verified for one request, ``accepted`` of them kept."""
+        self.spec_proposed += proposed
+        self.spec_accepted += accepted
 

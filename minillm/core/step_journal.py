@@ -1,15 +1,13 @@
 """The undo logs of one step: what a failed step changed in its requests and in the KV manager's
 block tables, and how to put both back.
 
-A step is all or nothing. The scheduler saves a request here the first time the step changes it
-(admission, preemption, swap-in, rejection, finishing) and keeps the step's grants, which say for
-each request the step ran where it stood before the results were applied (positions, output
-length). If anything raises before the step
+A step is all or nothing. The scheduler's transitions (admit, preempt, swap in, reject, finish,
+fork, apply the results) save a request here the first time the step changes it, every field of it
+(``Request.snapshot``), and keep the step's grants, which say for each request the step ran where it
+stood before the results were applied (positions, output length). If anything raises before the step
 ends, ``restore()`` replays the log backwards and every request is as it was before the step.
 (A policy's own bookkeeping, such as ``request.policy_state``, is the policy's business.)
-
-``checkpoint_step`` / ``commit_step`` / ``rollback_step`` are the scheduler's side of it
-(``Scheduler.checkpoint`` / ``commit`` / ``rollback``): its queues, counters and KV tables.
+``Scheduler.checkpoint`` / ``commit`` / ``rollback`` do the same for its queues and counters.
 
 ``KVStepJournal`` is the same for the paged KV manager: between its ``begin_step()`` and ``end_step()``
 it keeps each block table the step changes (the first time), the blocks it hands out and the
@@ -18,16 +16,6 @@ prefixes it registers; ``undo()`` puts every table, reference count and free lis
 
 from __future__ import annotations
 
-import heapq
-from operator import attrgetter
-
-_REQUEST_FIELDS = ("status", "num_computed_tokens", "num_cached_tokens", "finish_reason", "finish_detail",
-                   "pending_finish_reason", "admit_seq", "num_preemptions", "stop_reason", "stop_text")
-_METRICS_FIELDS = ("first_scheduled_time", "first_token_time", "finish_time", "num_output_tokens",
-                   "num_cached_tokens", "num_preemptions", "num_recomputed_tokens", "num_spec_proposed",
-                   "num_spec_accepted", "finish_reason")
-_request_fields, _metrics_fields = attrgetter(*_REQUEST_FIELDS), attrgetter(*_METRICS_FIELDS)   # each a tuple
-
 
 class StepJournal:
     def __init__(self):
@@ -35,108 +23,29 @@ class StepJournal:
         self._log: list[tuple] = []
 
     def save(self, req) -> None:
-        """Every mutable field of ``req``, the first time this step touches it."""
+        """Every field of ``req`` (``Request.snapshot``), the first time this step touches it."""
         if req.request_id in self._saved:
             return
         self._saved.add(req.request_id)
-        m = req.metrics
-        self._log.append((True, req, len(req.output_token_ids), len(m.token_times), _request_fields(req),
-                          _metrics_fields(m)))
+        self._log.append((True, req, req.snapshot()))
 
-    def save_progress(self, scheduled) -> list:
+    def save_progress(self, scheduled) -> None:
         """Before applying a step's results to the requests it ran (``scheduled``, its
         ``ScheduledRequest``s). Nothing is copied per request: applying results only adds computed
         positions and appends output tokens with their times, so undoing it puts each request
-        back to its grant's ``num_computed_before`` and ``num_output_before``. The one other field
-        it sets, a request's first token time, is noted in the list returned (the caller appends
-        each request whose first token comes in this step). A full save made later in the step is
-        replayed first, since the log is replayed backwards."""
-        first_tokens: list = []
-        self._log.append((False, scheduled, first_tokens))
-        return first_tokens
+        back to its grant's ``num_computed_before`` and ``num_output_before`` (``Request.rewind``).
+        A full save made later in the step is replayed first, since the log is replayed backwards."""
+        self._log.append((False, scheduled, None))
 
     def restore(self) -> None:
-        for entry in reversed(self._log):
-            if entry[0]:
-                _, req, n_out, n_times, a, b = entry
-                for f, v in zip(_REQUEST_FIELDS, a):
-                    setattr(req, f, v)
-                for f, v in zip(_METRICS_FIELDS, b):
-                    setattr(req.metrics, f, v)
-                cut_output(req, n_out)
-                del req.metrics.token_times[n_times:]
+        for full, what, snapshot in reversed(self._log):
+            if full:
+                what.restore(snapshot)
             else:
-                _, scheduled, first_tokens = entry
-                for req in first_tokens:
-                    req.metrics.first_token_time = None
-                for s in reversed(scheduled):
-                    req = s.request
-                    req.num_computed_tokens = s.num_computed_before
-                    appended = len(req.output_token_ids) - s.num_output_before
-                    if appended > 0:        # each output token was appended with its time
-                        cut_output(req, s.num_output_before)
-                        del req.metrics.token_times[-appended:]
-                        req.stop_reason = req.stop_text = None     # only a stop in those tokens sets them
+                for s in reversed(what):
+                    s.request.rewind(s.num_computed_before, s.num_output_before)
         self._log.clear()
         self._saved.clear()
-
-
-def cut_output(req, num_tokens: int) -> None:
-    """Cut ``req``'s output back to its first ``num_tokens`` tokens: their logprobs, and the text its
-    incremental detokenizer has decoded (so a stop string is matched on the text of those tokens only)."""
-    del req.output_token_ids[num_tokens:]
-    if req.output_logprobs is not None:
-        del req.output_logprobs[num_tokens:]
-    d = req.detokenizer
-    if d is not None and d.num_tokens > num_tokens:
-        d.rewind(req.output_token_ids)
-
-
-# --- the scheduler's step: checkpoint before, commit after, rollback if it raised --------------------
-
-def checkpoint_step(sched) -> tuple:
-    """Before a step: what ``rollback_step`` needs to undo it (the queues are copied; requests and
-    KV tables are saved as the step first touches them)."""
-    sched.journal = StepJournal()
-    sched._arrivals = []
-    sched._forked = []
-    sched.kv.begin_step()
-    # The waiting queue is not copied (it may be long): the step copies it before its first
-    # change other than arrivals appended at the end (``Scheduler._writable_waiting``).
-    sched._shared_waiting = sched.waiting
-    return ((sched.waiting, len(sched.waiting)), list(sched.running), list(sched.swapped), list(sched.held),
-            dict(sched.counters), sched.num_passes, sched._admit_counter, sched.now)
-
-
-def commit_step(sched) -> None:
-    """The step is done (its copies and forward ran): forget the undo log."""
-    sched.kv.end_step()
-    sched.journal = StepJournal()
-    sched._arrivals = []
-    sched._forked = []
-    sched._shared_waiting = None
-
-
-def rollback_step(sched, checkpoint: tuple) -> None:
-    """The step raised: put the queues, the requests and the KV tables back. A request whose
-    KV blocks another request wrote into during the step recomputes from that position."""
-    ((sched.waiting, num_waiting), sched.running, sched.swapped, sched.held, sched.counters, sched.num_passes,
-     sched._admit_counter, sched.now) = checkpoint
-    del sched.waiting[num_waiting:]       # arrivals appended to the checkpoint's own list
-    sched._shared_waiting = None
-    sched.journal.restore()
-    for parent in sched._forked:          # the forked sequences never existed
-        parent.forked = False
-        del parent.members[1:]
-    sched._forked = []
-    for item in sched._arrivals:
-        heapq.heappush(sched.incoming, item)
-    sched._arrivals = []
-    for rid, pos in sched.kv.rollback().items():
-        req = next((r for r in sched.running if r.request_id == rid), None)
-        if req is not None and req.num_computed_tokens > pos:
-            req.num_computed_tokens = pos
-            req.num_cached_tokens = min(req.num_cached_tokens, pos)
 
 
 class KVStepJournal:
@@ -190,8 +99,10 @@ class KVStepJournal:
         for b in sorted(affected.values(), key=lambda b: -depth.get(b.block_id, -1)):
             pool.set_ref_count(b, refs[b.block_id])
         used = {h for hs in kv.swapped.values() for h in hs}
-        kv.swap_free = [h for h in range(kv.num_swap_blocks - 1, -1, -1) if h not in used]
-        pool.stats, kv.prefill_tokens_saved = dict(self.stats[0]), self.stats[1]
+        kv.swap_free[:] = [h for h in range(kv.num_swap_blocks - 1, -1, -1) if h not in used]
+        pool.stats.clear()
+        pool.stats.update(self.stats[0])
+        kv.prefill_tokens_saved = self.stats[1]
         return self._damaged(kv)
 
     def _damaged(self, kv) -> dict[str, int]:

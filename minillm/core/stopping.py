@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..detokenizer import IncrementalDetokenizer, find_stop
+from ..detokenizer import find_stop
 from .request import Request
 
 
@@ -26,12 +26,12 @@ class StopChecker:
         ``min_tokens`` tokens only the length limits end it; a stop token or string that ends
         it is kept in ``req.stop_reason`` (EOS leaves it None, as in vLLM)."""
         sp = req.sampling_params
-        n_out = len(req.output_token_ids)     # (plain len: this runs once per token, keep it cheap)
+        n_out = req.num_output_tokens
         early = n_out < sp.min_tokens
         if tok == req.eos_token_id and not sp.ignore_eos and not early:
             return "stop"
         if sp.stop_token_ids and tok in sp.stop_token_ids and not early:
-            req.stop_reason = tok
+            req.stopped_by(tok)
             return "stop"
         if sp.stop and self.tokenizer is not None and self._stop_string(req, early):
             return "stop"
@@ -41,36 +41,16 @@ class StopChecker:
             return "stop"       # the simulator's stand-in for the model emitting EOS at the trace length
         return None
 
-    def watch(self, req: Request) -> tuple:
-        """When can ``check`` fire for ``req``? ``(limit, watched)``: only once the output
-        has ``limit`` tokens (the smallest length limit: ``max_tokens``, ``max_model_len``, the
-        simulator's trace length) or on a token in ``watched`` (EOS unless ignored, the stop
-        token ids); ``limit`` is 0 when stop strings are matched, which look at every token.
-        Computed once per request from fields that never change, so that applying a step's
-        results can skip ``check`` for the tokens that cannot end the request."""
-        sp = req.sampling_params
-        limit = min(sp.max_tokens, self.max_model_len - len(req.prompt_token_ids))
-        if self.simulated and req.expected_output_len is not None:
-            limit = min(limit, req.expected_output_len)
-        watched = set(sp.stop_token_ids)
-        if req.eos_token_id is not None and not sp.ignore_eos:
-            watched.add(req.eos_token_id)
-        req.stop_watch = (0 if sp.stop and self.tokenizer is not None else limit, frozenset(watched))
-        return req.stop_watch
-
     def _stop_string(self, req: Request, early: bool) -> bool:
         """Extend the output's text by its newest token; True if a stop string now appears in it
         (the text is then cut before it, or after it with ``include_stop_str_in_output``)."""
-        if req.detokenizer is None:
-            req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.sampling_params.skip_special_tokens)
-        d = req.detokenizer
+        d = req.text_decoder(self.tokenizer)
         new = d.update(req.output_token_ids)
         hit = find_stop(d.text, len(new), req.sampling_params.stop) if new and not early else None
         if hit is None:
             return False
         i, stop = hit
-        req.stop_reason = stop
-        req.stop_text = d.text[:i + len(stop)] if req.sampling_params.include_stop_str_in_output else d.text[:i]
+        req.stopped_by(stop, d.text[:i + len(stop)] if req.sampling_params.include_stop_str_in_output else d.text[:i])
         return True
 
     def num_tokens_before_stop(self, req: Request, tok: int) -> int:

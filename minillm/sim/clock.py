@@ -7,6 +7,7 @@ deterministic. With ``clock="wall"`` the step takes as long as it really took.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 
@@ -59,9 +60,8 @@ class PhaseTimes:
     off ``EngineConfig.phase_clock`` (``time.perf_counter``, or ``time.process_time`` so that a busy
     machine cannot inflate a phase). Without a clock nothing is timed and ``times`` stays empty::
 
-        t = phases.mark()
-        out = scheduler.schedule(now)
-        phases.add("schedule", t)
+        with phases.timing("schedule"):
+            out = scheduler.schedule(now)
     """
 
     __slots__ = ("clock", "times")
@@ -76,3 +76,10 @@ class PhaseTimes:
     def add(self, phase: str, since: float) -> None:
         if self.clock is not None:
             self.times[phase] = self.times.get(phase, 0.0) + self.clock() - since
+
+    @contextlib.contextmanager
+    def timing(self, phase: str):
+        """Time the ``with`` block as ``phase`` (added to its earlier time in this step)."""
+        since = self.mark()
+        yield
+        self.add(phase, since)

@@ -293,8 +293,8 @@ def _summary(metrics: dict, instances: Sequence[Instance], slo_ttft, slo_tpot) -
     s = summarize(metrics, None, slo_ttft=slo_ttft, slo_tpot=slo_tpot, prefix_cache_stats=stats)
     s["requests_per_instance"] = [inst.num_routed for inst in instances]
     s["steps"] = sum(inst.engine.step_count for inst in instances)
-    s["preemptions"] = sum(inst.engine.stats()["preemptions_recompute"] + inst.engine.stats()["preemptions_swap"]
-                           for inst in instances)
+    s["preemptions"] = sum(n for inst in instances for k, n in inst.engine.stats().items()
+                           if k.startswith("preemptions_"))
     return s
 
 

@@ -52,7 +52,7 @@ class LockstepStepper:
         for s, name in zip(self.steppers, self.names):
             s.title = name
             s.title_html.value = f"<div style='font-size:14px;font-weight:600'>{name}</div>"
-            s.widget.children = s._layout_children()
+            s.widget.children = s.layout_children()
         self.title = title
         btn = dict(layout=W.Layout(width="auto"))
         self.step_button = W.Button(description="Step", icon="step-forward", button_style="primary",
@@ -152,7 +152,7 @@ class LockstepStepper:
                 i = len(s.records) - 1 if index is None else min(index, len(s.records) - 1)
                 recs[name] = s.records[i]
             else:
-                recs[name] = s._empty_kv
+                recs[name] = s.empty_kv
         return F.compare_kv_figure(recs, colors=self.colors, **kw)
 
     def display(self) -> None:

@@ -38,8 +38,8 @@ class EngineMonitor(Stepper):
         self._read = read if read is not None else (lambda fn: fn(target))
         super().__init__(lambda: target, controls=False, title=title, **kw)
 
-    def _layout_children(self) -> list:
-        children = super()._layout_children()
+    def layout_children(self) -> list:
+        children = super().layout_children()
         at = 1 if self.title else 0
         return children[:at] + [self.history] + children[at:]      # no controls, but look back
 

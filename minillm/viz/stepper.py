@@ -110,7 +110,7 @@ def _add_requests(engine, requests: Sequence[Any]) -> None:
 # A figure slot: a LiveFigure redrawn in place, or a static figure redrawn into an Output
 # =====================================================================================
 
-class _FigureSlot:
+class FigureSlot:
     """A figure on screen: a ``LiveFigure`` redrawn in place (``Plotly.react``), or, without
     anywidget, a static figure redrawn into an Output."""
 
@@ -224,7 +224,7 @@ class Stepper:
         self.widget = W.VBox(layout=W.Layout(width="100%"))
         self.widget.add_class("minillm-stepper")
 
-    def _layout_children(self) -> list:
+    def layout_children(self) -> list:
         figs = W.VBox([self._batch_slot.view, self._kv_slot.view])
         head = [self.title_html] if self.title else []
         if self._show_controls:
@@ -248,17 +248,17 @@ class Stepper:
         # The per-block map is drawn when the engine records it (EngineConfig.record="full",
         # the default up to 256 blocks).
         detail = engine.record_mode == "full"
-        self._empty_kv = F.empty_kv_snapshot(engine.num_kv_blocks, cfg.block_size, detail=detail)
+        self.empty_kv = F.empty_kv_snapshot(engine.num_kv_blocks, cfg.block_size, detail=detail)
         first = self.records[-1] if self.records else None
-        kv_fig = F.kv_map_figure(first if first is not None else self._empty_kv, colors=self.colors,
+        kv_fig = F.kv_map_figure(first if first is not None else self.empty_kv, colors=self.colors,
                                  max_cells=self.max_cells, per_position_max=self.per_position_max,
                                  mode=self._mode, width=self._fig_width)
         if self._kv_slot is None:
-            self._batch_slot = _FigureSlot(F.batch_figure(
+            self._batch_slot = FigureSlot(F.batch_figure(
                 first, colors=self.colors, width=self._fig_width, token_budget=cfg.max_num_batched_tokens,
                 speculative=getattr(cfg, "speculative_model", None) is not None))
-            self._kv_slot = _FigureSlot(kv_fig)
-            self.widget.children = self._layout_children()
+            self._kv_slot = FigureSlot(kv_fig)
+            self.widget.children = self.layout_children()
         self._sync_history(len(self.records) - 1)
         self._render(len(self.records) - 1)
 
@@ -426,11 +426,11 @@ class Stepper:
         self.metrics_html.value = metrics_html(
             rec, progress, self._infos, max_num_seqs=cfg.max_num_seqs, token_budget=cfg.max_num_batched_tokens,
             num_taken=len(self.records), viewing_history=0 <= index < len(self.records) - 1,
-            kv_total=self._empty_kv.total, note=self._note)
+            kv_total=self.empty_kv.total, note=self._note)
         self.queue_html.value = queue_html(rec, progress, self._infos, self.colors, max_num_seqs=cfg.max_num_seqs)
         self.reasons_html.value = reasons_html(rec, self._infos, progress=progress)
         F.update_batch_figure(self.batch_fig, rec, colors=self.colors, token_budget=cfg.max_num_batched_tokens)
-        F.update_kv_map(self.kv_fig, rec if rec is not None else self._empty_kv, colors=self.colors,
+        F.update_kv_map(self.kv_fig, rec if rec is not None else self.empty_kv, colors=self.colors,
                         max_cells=self.max_cells, per_position_max=self.per_position_max, mode=self._mode)
         self._batch_slot.refresh()
         self._kv_slot.refresh()

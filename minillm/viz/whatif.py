@@ -33,14 +33,15 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from . import figures
+from ..core.preemption import PREEMPTION_MODES
 from ..sim.simulated import gc_paused, simulate
 from ..analysis.workloads import LogNormal, synthetic_trace
-from .stepper import _FigureSlot
+from .stepper import FigureSlot
 
 __all__ = ["WhatIf", "WhatIfSettings", "whatif_trace", "CONTROLS", "POLICY_CHOICES", "PREEMPTION_CHOICES"]
 
 POLICY_CHOICES = ("fcfs", "sjf", "priority", "mlfq", "fair")
-PREEMPTION_CHOICES = ("recompute", "swap", "auto")
+PREEMPTION_CHOICES = (*PREEMPTION_MODES, "auto")
 # The values a slider offers unless a notebook gives its own (``WhatIf(choices=...)``); a
 # starting value not among them is added.
 DEFAULT_CHOICES = {
@@ -156,8 +157,8 @@ class WhatIf:
                                         style={"description_width": "initial"})
         self.status = W.HTML()
         self.goodput_html = W.HTML()
-        self.cdf_fig = _FigureSlot(self._empty_cdf())
-        self.kv_fig = _FigureSlot(self._empty_kv())
+        self.cdf_fig = FigureSlot(self._empty_cdf())
+        self.kv_fig = FigureSlot(self._empty_kv())
         for c in self.controls:
             c.observe(self._on_change, names="value")
         rows = [W.HBox(self.controls[i:i + 3]) for i in range(0, len(self.controls), 3)]
