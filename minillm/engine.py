@@ -70,7 +70,6 @@ class LLMEngine:
             self.speculator = make_speculator(self)
             self.executor.set_proposer(self.speculator.proposer)
 
-        self._simulated = config.executor == "simulated"
         self.requests: dict[str, Request] = RequestTable()   # every request ever added
         self.parents: dict[str, ParentRequest] = {}  # parallel sampling (n > 1): request id -> its group
         self._active: dict[str, Request] = {}       # not yet finished (what the KV snapshot looks up)

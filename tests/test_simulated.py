@@ -12,7 +12,8 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.sim.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
 from minillm.analysis.metrics import summarize
-from minillm.sim.simulated import PLACEHOLDER_TOKEN, StepSummary, gpus_needed, simulate, tensor_parallel
+from minillm.sim.sim_executor import PLACEHOLDER_TOKEN
+from minillm.sim.simulated import StepSummary, gpus_needed, simulate, tensor_parallel
 from minillm.analysis.workloads import (
     LogNormal, TraceRequest, Uniform, shared_prefix_trace, submit_trace, synthetic_trace,
 )

@@ -45,7 +45,7 @@ def _raise_within(seconds: float, fn):
     def target():
         try:
             fn()
-        except BaseException as e:   # noqa: BLE001
+        except BaseException as e:   # reported to the test's thread
             box["error"] = e
     t = threading.Thread(target=target, daemon=True)
     t.start()

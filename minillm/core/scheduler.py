@@ -43,7 +43,7 @@ from .stopping import StopChecker
 from .admission_control import cap_queue, shed_load
 from .parallel_sampling import fork, group_need
 from .preemption import just_placed, preempt_group, schedule_swapped
-from .scheduler_output import ScheduledRequest, SchedulerOutput, StepUpdate, grant  # noqa: F401  (re-exported)
+from .scheduler_output import ScheduledRequest, SchedulerOutput, StepUpdate, grant
 from ..step_record import BatchEntry, BlockCopy, WaitingEntry
 
 

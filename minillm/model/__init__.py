@@ -1,4 +1,2 @@
-"""The model: a Llama-family decoder that reads and writes the paged KV cache."""
-
-from .llama import LlamaModel, AttentionMetadata  # noqa: F401
-from .loader import load_model, random_model_config  # noqa: F401
+"""The model: a Llama-family decoder that reads and writes the paged KV cache (`llama.py`), its
+checkpoints (`loader.py`) and its tensor-parallel layers (`parallel.py`)."""

@@ -24,12 +24,13 @@ from typing import Any, AsyncIterator, Optional, Union
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_llm import AsyncLLM, EngineDeadError, StreamOutput
 from ..sampling_params import SamplingParams
 from . import chat
-from .metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
+from .metrics import PrometheusStatLogger
 from .protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
                        ChatTokenLogprob, CompletionLogprobs, TopLogprob,
                        ChatResponseMessage, ChatStreamChoice, CompletionChoice, CompletionRequest,

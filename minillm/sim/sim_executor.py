@@ -8,7 +8,7 @@ builds whole simulations on it (``simulate()``).
 from __future__ import annotations
 
 from ..worker.model_runner import ExecutionResult
-from ..core.scheduler import SchedulerOutput
+from ..core.scheduler_output import SchedulerOutput
 
 PLACEHOLDER_TOKEN = 0
 _ONE_TOKEN = (PLACEHOLDER_TOKEN,)

@@ -55,7 +55,6 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .acceptance import check_verified, verify  # noqa: F401  (the acceptance rule, re-exported)
 from ..core.request import Request
 
 # =====================================================================================

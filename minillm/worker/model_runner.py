@@ -19,7 +19,7 @@ from ..sim.clock import PhaseTimes
 from .flat_batch import flat_batch, token_slice
 from .kv_tensors import allocate_kv_cache
 from .sampler import Sampler, sample_plain, token_logprobs
-from ..core.scheduler import SchedulerOutput
+from ..core.scheduler_output import SchedulerOutput
 
 
 @dataclass

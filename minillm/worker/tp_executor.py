@@ -49,7 +49,7 @@ from ..spec import acceptance
 from ..sim.clock import PhaseTimes
 from .model_runner import ModelRunner, resolve_backend
 from .sampler import Sampler
-from ..core.scheduler import SchedulerOutput
+from ..core.scheduler_output import SchedulerOutput
 
 START_TIMEOUT = 300.0     # seconds for every rank to load its shard and report ready
 STEP_TIMEOUT = 300.0      # seconds for every rank to answer one step (the first may compile kernels)
@@ -158,7 +158,7 @@ def _rank_main(rank: int, spec: SimpleNamespace, conn) -> None:
             conn.send(("ok", reply))
     except EOFError:
         os._exit(1)                                  # the driver is gone
-    except BaseException as e:                       # noqa: BLE001 (reported, then exit)
+    except BaseException as e:                       # reported, then exit
         try:
             conn.send(("error", time.time(), f"{type(e).__name__}: {e}", traceback.format_exc()))
         finally:
