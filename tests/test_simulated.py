@@ -242,7 +242,7 @@ def test_decode_fast_path_still_asks_an_overridden_allocate_for_every_request():
 
 
 def test_side_by_side_script_steps_two_copies_to_the_same_decisions():
-    """``scripts/sim_ab.py A B`` (the README's side-by-side timing) builds both checkouts' engines
+    """``scripts/sim_ab.py A B`` (the side-by-side timing of docs/performance.md) builds both checkouts' engines
     under their own package names in one process and steps them alternately; a checkout against
     itself takes the same steps to the same modeled time, and the script says so."""
     import subprocess
