@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, Union
 
 from ..sampling_params import SamplingParams
 
@@ -105,9 +105,9 @@ class Request:
         self.num_cached_tokens = 0        # of those, how many came from the prefix cache
         self.finish_reason: Optional[str] = None
         self.finish_detail: Optional[str] = None
-        self.stop_reason = None           # the stop string or stop token id that ended it (None: EOS)
+        self.stop_reason: Union[str, int, None] = None   # the stop string or stop token id that ended it (None: EOS)
         self.stop_text: Optional[str] = None   # the output text, cut where a stop string matched
-        self.detokenizer = None           # incremental text of the output (stop strings, streamed text)
+        self.detokenizer: Any = None      # incremental text of the output (stop strings, streamed text)
         # Log-probabilities (SamplingParams.logprobs / prompt_logprobs): one dict per output token,
         # and one per prompt token (None for the first, which nothing predicts).
         self.output_logprobs: Optional[list] = [] if sampling_params.logprobs is not None else None
@@ -115,7 +115,7 @@ class Request:
                                                 if sampling_params.prompt_logprobs is not None else None)
         # Parallel sampling (SamplingParams.n > 1): the group this sequence belongs to, and which
         # completion it is. The first sequence runs the prompt alone and forks the others.
-        self.parent = None                # minillm.core.parallel_sampling.ParentRequest, or None
+        self.parent: Any = None           # minillm.core.parallel_sampling.ParentRequest, or None
         self.index = 0
         self.pending_finish_reason: Optional[str] = None   # done, but returned later (static / every-N)
         self.metrics = RequestMetrics(arrival_time=arrival_time, num_prompt_tokens=len(prompt_token_ids),
@@ -124,7 +124,7 @@ class Request:
         self.num_preemptions = 0
         self.spec_token_ids: list[int] = []   # this step's draft (speculative decoding; a draft model's: slots)
         self.policy_state: dict = {}      # scratch space a scheduling policy may use
-        self.stop_watch = None            # (length limit, watched tokens): StopChecker.watch's cache
+        self.stop_watch: Optional[tuple] = None   # (length limit, watched tokens): StopChecker.watch's cache
 
     # --- sizes -----------------------------------------------------------------
     @property
