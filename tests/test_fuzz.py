@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from fuzz_engine import FuzzStats, async_fuzz_run, fuzz_run
 
+pytestmark = pytest.mark.slow   # randomized campaigns of thousands of engine steps
+
 
 @settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
