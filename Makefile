@@ -2,6 +2,7 @@
 #   make lab    -> installs everything (first time) and launches JupyterLab on notebooks/
 #   make test   -> installs everything (first time) and runs the tests
 # Both install the tested versions pinned in constraints.txt; make test-latest tries the newest ones.
+# For contributors: make test-fast (the tests not marked slow) and make lint (ruff, mypy on minillm/core).
 # Both create or reuse the virtual environment in .venv.
 
 VENV   ?= .venv
@@ -34,7 +35,7 @@ ANNOUNCEMENTS := @jupyterlab/apputils-extension:announcements
 # student opens the notebook; the rest are jupyter_server's own defaults.
 HIDE_GLOBS := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "[0-9][0-9]_*.py"]
 
-.PHONY: install test-latest lab test grade exercises notebooks git-filter bench gpu-check fuzz serve clean
+.PHONY: install test-latest lab test test-fast lint grade exercises notebooks git-filter bench gpu-check fuzz serve clean
 
 install: $(STAMP)
 
@@ -117,6 +118,15 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	MINILLM_IMPL=solutions $(PY) -m pytest $(PYTEST_ARGS)
+
+# The fast tier: every test not marked slow (@pytest.mark.slow), the one to run while you work.
+test-fast: $(STAMP)
+	MINILLM_IMPL=solutions $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# ruff's checks over the repository, then mypy on the engine's core (its settings: [tool.mypy] in pyproject.toml).
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 # Grade one exercise against your code in exercises/: make grade EX=01
 # One line per grader, the lines of your code where it failed, and last "k of n parts pass".

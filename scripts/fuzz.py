@@ -18,7 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from fuzz_engine import FuzzStats, async_fuzz_run, fuzz_run  # noqa: E402
+from fuzz_engine import FuzzStats, async_fuzz_run, fuzz_run
 
 
 def main(argv=None) -> int:

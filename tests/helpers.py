@@ -45,6 +45,23 @@ def random_prompts(n: int, vocab: int, seed: int = 0, lo: int = 1, hi: int = 20)
     return [torch.randint(3, vocab, (L,), generator=g).tolist() for L in lens]
 
 
+def run_to_end(engine, max_steps: int = 5000, on_step=None) -> list:
+    """Step ``engine`` until every request has finished, checking the invariants after every step
+    (``check_invariants``) and that every block is free at the end (``check_all_free``). ``on_step(rec)``,
+    if given, sees each step's record after the check. Returns the records, in order."""
+    from minillm.core.invariants import check_all_free, check_invariants
+    records = []
+    while engine.has_unfinished_requests():
+        assert len(records) < max_steps, f"the run does not end within {max_steps} steps"
+        rec = engine.step()
+        check_invariants(engine, rec)
+        records.append(rec)
+        if on_step is not None:
+            on_step(rec)
+    check_all_free(engine)
+    return records
+
+
 def drive_through_faults(eng, fault: type = Exception, max_steps: int = 3000) -> int:
     """Step ``eng`` to the end; each ``fault`` a step raises is caught, the invariants must hold after it,
     and the next step carries on. Every block is free at the end. Returns the number of faults."""

@@ -197,17 +197,17 @@ def test_every_module_says_what_it_is_for(name, path):
     assert doc and len(doc.split()) >= 5, f"{name} ({path.relative_to(ROOT)}) has no opening docstring"
 
 
-def readme_module_table() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def module_table() -> str:
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     start = text.index("| module | what it teaches |")
     return text[start:text.index("\n\n", start)]
 
 
-def test_the_readme_module_table_names_every_module():
+def test_the_module_map_names_every_module():
     """Each module of ``minillm/`` and of its sub-packages (the command-line ones, ``serve/`` and ``bench/``,
-    and the model's, by their folder) and ``kernels/`` has a row in the README's module table, so a reader
-    finds where each concept lives."""
-    table = readme_module_table()
+    and the model's, by their folder) and ``kernels/`` has a row in the module map of ``docs/architecture.md``,
+    so a reader finds where each concept lives."""
+    table = module_table()
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     named = " ".join(line.split("|")[1] for line in rows)
     missing = []
@@ -226,7 +226,7 @@ def test_the_readme_module_table_names_every_module():
             missing.append(str(path.relative_to(ROOT)))
     if "`kernels/`" not in named:
         missing.append("kernels/")
-    assert not missing, f"modules without a row in the README's module table: {missing}"
+    assert not missing, f"modules without a row in docs/architecture.md's module map: {missing}"
 
 
 # --- the reading path of one step ----------------------------------------------------------------------

@@ -13,7 +13,7 @@ from minillm.core.parallel_sampling import completion_id
 CONFIG = dict(block_size=4, num_kv_blocks=256, max_model_len=128, max_num_seqs=16)
 LONG = dict(max_tokens=100, ignore_eos=True, temperature=0.0)
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]   # slow: the engine on a worker thread
 
 
 def serve(main):

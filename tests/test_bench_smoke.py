@@ -12,6 +12,8 @@ from minillm.bench import BENCHMARKS
 from minillm.bench.__main__ import main
 from minillm.bench.common import RESULT_KEYS
 
+pytestmark = pytest.mark.slow   # runs every benchmark
+
 # What each benchmark's "results" must hold, beyond the common keys.
 EXPECTED = {
     "throughput": ("minillm", "hf_static", "hf_continuous", "ratio_vs_hf_static", "ratio_vs_hf_continuous"),

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # drives JupyterLab in headless Chromium
+
 HERE = Path(__file__).parent
 NOTEBOOK = HERE / "browser_nb" / "stepper_smoke.ipynb"
 COURSE_NOTEBOOKS = ("04_prefix_caching.ipynb", "05_preemption.ipynb")

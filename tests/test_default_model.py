@@ -21,7 +21,7 @@ import torch.nn.functional as F
 os.environ["HF_HUB_OFFLINE"] = "1"       # nothing may be downloaded: the models ship in the repo
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-from minillm import LLM, SamplingParams  # noqa: E402  (before transformers: it sets up triton)
+from minillm import LLM, SamplingParams
 
 CKPT = Path(__file__).resolve().parents[1] / "minillm" / "checkpoints"
 MAIN = CKPT / "shakespeare"

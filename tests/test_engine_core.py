@@ -7,23 +7,14 @@ from hypothesis import strategies as st
 from minillm import LLM, EngineConfig, SamplingParams
 from minillm.core.invariants import check_all_free, check_invariants
 
+from helpers import run_to_end
+
 GREEDY = dict(temperature=0, ignore_eos=True)
 
 
 def tiny(**kw):
     kw.setdefault("max_model_len", 128)
     return LLM("random", **kw)
-
-
-def run_all(engine, check=True):
-    recs = []
-    while engine.has_unfinished_requests():
-        rec = engine.step()
-        if check:
-            check_invariants(engine, rec)
-        recs.append(rec)
-    check_all_free(engine)
-    return recs
 
 
 def finish_step(recs, rid):
@@ -48,7 +39,7 @@ def test_continuous_vs_static_step_counts():
             e.add_request([7] * 3, SamplingParams(max_tokens=4, **GREEDY), request_id=f"s{i}")
         for i in range(3, 5):
             e.add_request([9] * 3, SamplingParams(max_tokens=4, **GREEDY), request_id=f"s{i}")
-        recs = run_all(e)
+        recs = run_to_end(e)
         results[mode] = {rid: finish_step(recs, rid) for rid in ["long"] + [f"s{i}" for i in range(5)]}
     c, s = results["continuous"], results["static"]
     assert c == {"long": 39, "s0": 3, "s1": 3, "s2": 3, "s3": 7, "s4": 7}
@@ -77,7 +68,25 @@ def test_generate_api_and_step_record_contract():
     assert rec.num_batched_tokens == 8 and rec.token_budget == 8 and rec.admitted == ["0", "1"]
     assert rec.kv.used == 8 and rec.kv.blocks_used == 1 + 2
     assert rec.kv.total == rec.kv.blocks_total * 4 and rec.kv.free == rec.kv.blocks_free * 4
-    assert rec.step == 0 and rec.duration >= 0 and rec.time >= rec.duration * 0
+    # The wall clock starts when the engine is built: a step ends at least its duration after the step
+    # before it ended (the first: after the engine was built).
+    recs = llm.engine.step_records
+    assert rec.step == 0 and 0 < rec.duration <= rec.time
+    assert all(b.time - a.time >= b.duration > 0 for a, b in zip(recs, recs[1:]))
+
+
+def test_a_modeled_clock_ends_each_step_its_duration_after_the_last():
+    """On the modeled clock (from 0, requests already there: no idle wait) each record's time is the sum
+    of the durations so far, and every duration is the cost model's price of a non-empty step."""
+    e = tiny(block_size=4, max_num_batched_tokens=8, clock="modeled").engine
+    for prompt in ([3, 4, 5], [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]):
+        e.add_request(prompt, SamplingParams(max_tokens=4, **GREEDY), arrival_time=0.0)
+    recs = run_to_end(e)
+    assert all(r.duration > 0 for r in recs)
+    total = 0.0
+    for r in recs:
+        total += r.duration
+        assert r.time == pytest.approx(total, rel=1e-12, abs=0)
 
 
 def test_waiting_reason_names_blocks():
@@ -88,7 +97,7 @@ def test_waiting_reason_names_blocks():
     rec = e.step()
     assert rec.admitted == ["a"]
     assert rec.waiting[0].request_id == "b" and rec.waiting[0].reason == "needs 2 blocks, 1 free"
-    run_all(e)
+    run_to_end(e)
 
 
 def test_sampling_seeded_reproducible_and_top_k_1_is_greedy():
@@ -123,7 +132,7 @@ def test_abort():
     b = e.add_request([5, 6], SamplingParams(max_tokens=3, **GREEDY))
     e.step()
     e.abort_request(a)
-    run_all(e)
+    run_to_end(e)
     assert e.get_output(a).finish_reason == "abort" and e.get_output(b).finish_reason == "length"
     with pytest.raises(KeyError, match="nope"):
         e.abort_request("nope")
@@ -143,7 +152,7 @@ def test_bad_request_rejected_and_others_finish(prompt, params, match):
     good = e.add_request([3, 4, 5], SamplingParams(max_tokens=3, **GREEDY))
     with pytest.raises(ValueError, match=match):
         e.add_request(prompt, SamplingParams(**params, temperature=0))
-    run_all(e)
+    run_to_end(e)
     assert len(e.get_output(good).token_ids) == 3
 
 

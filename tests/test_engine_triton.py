@@ -8,6 +8,8 @@ from minillm.core.invariants import check_all_free, check_invariants
 
 from helpers import random_prompts
 
+pytestmark = pytest.mark.slow   # the engine through Triton's interpreter
+
 
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_triton_backend_matches_torch(prefix_caching):

@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 from _pytest.assertion.rewrite import rewrite_asserts   # pytest's own assert rewriting, for the graders
 
+pytestmark = pytest.mark.slow   # every exercise's graders inside the engine (make grade EX=NN runs one exercise's)
+
 GRADERS = Path(__file__).resolve().parent / "graders"
 GRADER_RE = re.compile(r"^(ex\d\d)_\w+\.py$")
 

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from fuzz_engine import FuzzStats, async_fuzz_run, fuzz_run
 
+pytestmark = pytest.mark.slow   # randomized campaigns of thousands of engine steps
+
 
 @settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
@@ -75,7 +77,7 @@ def test_random_runs_on_two_tensor_parallel_ranks(seed):
 
 def test_written_like_alone_by_hand():
     """The quantized oracle compares a sequence only when its positions were written in the pieces the
-    run alone writes them in (README, KV-cache quantization): the prompt whole or cut at block
+    run alone writes them in (docs/architecture.md, KV-cache quantization): the prompt whole or cut at block
     boundaries, then one position per step; a verify step's guesses (several positions past the
     prompt at once) are not, nor a rewrite, nor a prefix-cache hit (seed 512 of a long campaign had
     fp8 with n-gram speculation compared)."""

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # runs make grade in subprocesses
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(sys.executable).parent.parent
 STAMP = VENV / ".minillm-installed"

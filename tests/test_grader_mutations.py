@@ -29,6 +29,8 @@ import torch
 import test_exercises as collector
 from minillm import impl
 
+pytestmark = pytest.mark.slow   # every grader against the reference and against each wrong answer
+
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 MUTANTS = Path(__file__).resolve().parent / "mutants"

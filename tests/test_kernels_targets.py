@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # compiles every kernel launch for five GPU targets
+
 REPO = Path(__file__).resolve().parents[1]
 
 # The model shapes checked: (query heads, KV heads, head dim).

@@ -585,7 +585,7 @@ def _greedy_tokens(prompts, kind, **config):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_quantized_request_written_in_the_same_pieces_gets_its_tokens_alone(kind):
-    """The README's statement: on an int8 / fp8 cache a request gets the tokens it gets alone when
+    """docs/architecture.md (KV-cache quantization): on an int8 / fp8 cache a request gets the tokens it gets alone when
     its blocks are written in the same pieces: here batched with others, its prompt written whole
     (no chunked prefill) and swapped out and back in (bytes and scales travel); and alone with its
     prompt cut into chunks at block boundaries only (a budget of one block, then of two)."""
@@ -601,10 +601,10 @@ def test_a_quantized_request_written_in_the_same_pieces_gets_its_tokens_alone(ki
 
 
 def test_a_prompt_cut_inside_a_block_can_change_a_quantized_requests_tokens():
-    """The README's caveat: with a budget of 3 tokens (block size 4) a prompt's chunks end inside
-    blocks; a block written in two pieces is re-quantized when its scale grows, so its bytes, and
-    here prompt 3's greedy tokens, differ from the prompt written whole. A float cache does not
-    care how the prompt was cut."""
+    """The caveat in docs/architecture.md (KV-cache quantization): with a budget of 3 tokens (block size 4)
+    a prompt's chunks end inside blocks; a block written in two pieces is re-quantized when its scale grows,
+    so its bytes, and here prompt 3's greedy tokens, differ from the prompt written whole. A float cache
+    does not care how the prompt was cut."""
     prompts = _int8_prompts()
     whole, _ = _greedy_tokens(prompts, "int8", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=96)
     cut, _ = _greedy_tokens(prompts, "int8", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=3)

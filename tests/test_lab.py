@@ -35,6 +35,7 @@ STAMP = VENV / ".minillm-installed"
 START_TIMEOUT = 120
 
 pytestmark = [
+    pytest.mark.slow,                    # launches JupyterLab through make
     pytest.mark.skipif(not (shutil.which("make") and shutil.which("git")), reason="needs make and git"),
     pytest.mark.skipif(not STAMP.exists(), reason=f"needs an installed environment ({STAMP}: run make install)"),
 ]

@@ -1,8 +1,11 @@
-"""The code, the tests and the notebooks' sources pass ruff, with the settings in pyproject.toml."""
+"""The code, the tests and the notebooks' sources pass ruff, and minillm/core passes mypy, with the settings in
+pyproject.toml (``make lint`` runs both)."""
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -11,3 +14,11 @@ def test_ruff_is_clean():
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"ruff check . (`ruff check --fix .` fixes some):\n{proc.stdout}{proc.stderr}"
+
+
+@pytest.mark.slow
+def test_mypy_is_clean_on_the_core():
+    """``make lint``'s type check: mypy on minillm/core with the settings in pyproject.toml ([tool.mypy])."""
+    pytest.importorskip("mypy", reason="mypy is in the dev extra: make install brings it")
+    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"mypy (make lint):\n{proc.stdout}{proc.stderr}"

@@ -9,17 +9,9 @@ from minillm import LLM, SamplingParams
 from minillm.core.invariants import check_all_free, check_invariants
 from minillm.analysis.workloads import multi_turn_trace, shared_prefix_trace, submit_trace
 
+from helpers import run_to_end
+
 GREEDY = dict(temperature=0, ignore_eos=True)
-
-
-def run_all(engine):
-    recs = []
-    while engine.has_unfinished_requests():
-        rec = engine.step()
-        check_invariants(engine, rec)
-        recs.append(rec)
-    check_all_free(engine)
-    return recs
 
 
 # --- Figure 4 -----------------------------------------------------------------------------------
@@ -49,7 +41,7 @@ def test_figure4_reserved_c_waits():
     assert rec.kv.per_request["B"].used == 7 and rec.kv.per_request["B"].reserved_unused == 13
     cells = rec.kv.blocks
     assert sum(b.num_filled for b in cells) == 7 and sum(b.reserved for b in cells) == 13
-    run_all(e)
+    run_to_end(e)
 
 
 @pytest.mark.parametrize("block_size", [1, 2])
@@ -63,7 +55,7 @@ def test_figure4_paged_b_and_c_together(block_size):
     assert rec.kv.partial_waste == (1 if block_size == 2 else 0)
     owners = {o for b in rec.kv.blocks for o in b.owners}
     assert owners == {"B", "C"}
-    run_all(e)
+    run_to_end(e)
 
 
 def test_reserved_regions_first_fit_and_fragmentation():
@@ -78,7 +70,7 @@ def test_reserved_regions_first_fit_and_fragmentation():
         rec = e.step()
     # b's region is now a 4-position hole between a and c: free but fragmented.
     assert rec.kv.free == 30 - 20 and rec.kv.fragmentation == 4
-    run_all(e)
+    run_to_end(e)
 
 
 # --- prefix caching -----------------------------------------------------------------------------
@@ -88,7 +80,7 @@ def test_prefix_caching_shared_system_prompt_saves_90_percent():
     llm = LLM("random", enable_prefix_caching=True, block_size=8, max_model_len=128, max_num_seqs=1)
     e = llm.engine
     submit_trace(e, trace)
-    run_all(e)
+    run_to_end(e)
     later = [e.requests[t.request_id] for t in trace[1:]]
     saved = sum(r.metrics.num_cached_tokens for r in later)
     assert saved >= 0.9 * 64 * len(later)
@@ -102,11 +94,11 @@ def test_prefix_cache_always_computes_last_token():
     e = llm.engine
     p = list(range(3, 11))            # 8 tokens: exactly two full blocks
     e.add_request(p, SamplingParams(max_tokens=2, **GREEDY), request_id="x")
-    run_all(e)
+    run_to_end(e)
     e.add_request(p, SamplingParams(max_tokens=2, **GREEDY), request_id="y")
     rec = e.step()
     assert rec.batch[0].num_computed_before == 4 and rec.batch[0].num_new_tokens == 4
-    run_all(e)
+    run_to_end(e)
 
 
 def test_multi_turn_computes_only_new_tokens():
@@ -115,7 +107,7 @@ def test_multi_turn_computes_only_new_tokens():
     sp = SamplingParams(max_tokens=8, **GREEDY)
     turn1 = list(range(3, 23))
     e.add_request(turn1, sp, request_id="t1")
-    run_all(e)
+    run_to_end(e)
     answer = e.get_output("t1").token_ids
     turn2 = turn1 + answer + [40, 41, 42, 43, 44]          # prompt + answer + new message
     e.add_request(turn2, sp, request_id="t2")
@@ -124,7 +116,7 @@ def test_multi_turn_computes_only_new_tokens():
     # 6 full blocks of 4 = 24 positions are reused; only what follows is prefilled.
     assert rec.batch[0].num_computed_before == 24
     assert rec.batch[0].num_new_tokens == len(turn2) - 24
-    run_all(e)
+    run_to_end(e)
 
 
 def test_multi_turn_trace_hits_cache():
@@ -134,7 +126,7 @@ def test_multi_turn_trace_hits_cache():
     e = LLM("random", enable_prefix_caching=True, block_size=4, max_model_len=256,
             clock="modeled", cost_model=0.01).engine
     submit_trace(e, trace)
-    run_all(e)
+    run_to_end(e)
     for t in trace:
         if t.turn and t.turn > 0:
             assert e.requests[t.request_id].metrics.num_cached_tokens >= 16
@@ -143,7 +135,7 @@ def test_multi_turn_trace_hits_cache():
 def test_prefix_eviction_lru_and_children_first():
     e = LLM("random", enable_prefix_caching=True, block_size=2, num_kv_blocks=6, max_model_len=12).engine
     e.add_request([3, 4, 5, 6, 7], SamplingParams(max_tokens=1, **GREEDY), request_id="a")
-    run_all(e)
+    run_to_end(e)
     pool = e.kv.pool
     order = list(pool.free_queue)
     a_blocks = [b for b in pool.blocks if b.block_hash is not None]
@@ -162,7 +154,7 @@ def outputs(**kw):
     llm = LLM("random", block_size=2, max_model_len=64, **kw)
     e = llm.engine
     ids = [e.add_request(p, SamplingParams(max_tokens=12, **GREEDY)) for p in PROMPTS]
-    recs = run_all(e)
+    recs = run_to_end(e)
     return [e.get_output(i).token_ids for i in ids], recs, e
 
 
@@ -200,7 +192,7 @@ def test_watermark_keeps_headroom():
     rec = e.step()
     assert rec.kv.blocks_free >= 5
     assert any("headroom" in w.reason for w in rec.waiting)
-    run_all(e)
+    run_to_end(e)
 
 
 def test_the_kv_manager_holds_the_watermark():
@@ -230,7 +222,6 @@ def test_the_kv_manager_holds_the_watermark():
     kv.swap_out(back)                                     # 5 blocks in host memory, 10 free
     assert kv.can_swap_in(back, 4) == (True, 6, 10)       # 24 positions: 6 blocks <= 10 - 2
     assert kv.can_swap_in(back, 16) == (False, 9, 10)     # 36 positions: 9 blocks > 10 - 2
-
 
 
 def test_a_full_table_grows_by_one_block_and_a_subclass_rule_still_decides():

@@ -12,6 +12,8 @@ from minillm.core.invariants import check_all_free, check_invariants
 
 from helpers import hf_greedy, random_prompts, tiny_hf_checkpoint
 
+pytestmark = pytest.mark.slow   # transformers' generate beside the engine on several checkpoints
+
 N_NEW = 8
 CONFIGS = {
     "block16": dict(block_size=16),

@@ -23,6 +23,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.slow   # runs every notebook top to bottom
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 NOTEBOOK_TIMEOUT = int(os.environ.get("MINILLM_NOTEBOOK_TIMEOUT", "120"))

@@ -17,24 +17,11 @@ from minillm.core.invariants import check_all_free, check_invariants
 from minillm.core.parallel_sampling import completion_id, completion_seed
 from minillm.core.policies import FCFS
 
-from helpers import drive_through_faults
+from helpers import drive_through_faults, run_to_end
 
 torch.set_num_threads(1)
 
 SMALL_GROUPS = dict(block_size=4, num_kv_blocks=64, max_model_len=64, max_num_seqs=8)
-
-
-def run(engine, every=None):
-    recs = []
-    while engine.has_unfinished_requests():
-        rec = engine.step()
-        check_invariants(engine, rec)
-        if every is not None:
-            every(rec)
-        recs.append(rec)
-        assert len(recs) < 5000, "no progress"
-    check_all_free(engine)
-    return recs
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +86,7 @@ def test_blocks_at_first_decode_prompt_once_plus_one_per_sample(prompt_len):
         assert not decode.copies and held == prompt_blocks + n
     # Without sharing, the same 8 samples would hold 8 copies of the prompt.
     assert n * prompt_blocks > 2 * held
-    run(e)
+    run_to_end(e)
 
 
 def test_copy_on_write_copies_the_kv_through_the_triton_kernel():
@@ -111,12 +98,12 @@ def test_copy_on_write_copies_the_kv_through_the_triton_kernel():
     prompt = [5, 9, 2, 7, 3, 8]                        # 6 tokens: the second block is half full
     sp = dict(temperature=1.0, max_tokens=5, ignore_eos=True)
     e.add_request(prompt, SamplingParams(**sp, n=3, seed=5), request_id="g")
-    recs = run(e)
+    recs = run_to_end(e)
     assert sum(len(r.copies) for r in recs) == 2
     got = e.get_output("g").outputs
     for i in range(3):
         e.add_request(prompt, SamplingParams(**sp, seed=completion_seed(5, i)), request_id=f"s{i}")
-    run(e)
+    run_to_end(e)
     assert [c.token_ids for c in got] == [e.get_output(f"s{i}").token_ids for i in range(3)]
 
 
@@ -129,7 +116,7 @@ def test_group_counts_n_against_max_num_seqs_and_is_admitted_whole():
     assert first.admitted == ["a"]
     w = {x.request_id: x.reason for x in first.waiting}
     assert "needs 4" in w[completion_id("g", 0)]
-    recs = run(e)
+    recs = run_to_end(e)
     admitted = next(r for r in recs if completion_id("g", 0) in r.admitted)
     assert all(len(r.running) <= 4 for r in recs)
     assert "a" in [x for r in recs[:recs.index(admitted)] for x in r.finished] or "a" in first.finished
@@ -149,7 +136,7 @@ def test_abort_one_sample_then_the_rest():
     assert completion_id("g", 1) in rec.aborted
     check_invariants(e, rec)
     e.abort_request("g")                               # the request: all its samples
-    run(e)
+    run_to_end(e)
     out = e.get_output("g")
     assert [c.finish_reason for c in out.outputs] == ["abort"] * 3 and out.finished
 
@@ -178,7 +165,7 @@ def test_a_sample_leaving_alone_frees_its_child_before_the_cached_copy_of_its_pr
     check_invariants(e, e.step())
     order = list(pool.free_queue)
     assert order.index(child.block_id) < order.index(copy.block_id)
-    run(e)
+    run_to_end(e)
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
@@ -197,7 +184,7 @@ def test_group_is_preempted_together_and_invariants_hold(mode):
             seen.append(hit)
             running = set(rec.running) & group
             assert not running, f"part of the group kept running: {running}"
-    run(e, together)
+    run_to_end(e, on_step=together)
     assert seen, "the small cache was meant to force a preemption of the group"
     out = e.get_output("g")
     assert all(len(c.token_ids) == 20 for c in out.outputs)
@@ -241,7 +228,7 @@ def test_fork_and_copies_in_the_record():
     r1 = e.step()
     assert len(r1.copies) == 1 and r1.copies[0].src_block == shared[-1]
     assert "copy-on-write" in r1.summary()
-    run(e)
+    run_to_end(e)
 
 
 class _FlakyFCFS(FCFS):
@@ -289,7 +276,7 @@ def test_a_forked_block_counts_once_in_the_summary_and_totals_records(record):
 
     def same_as_full(rec):
         assert rec.kv.used == e.kv.snapshot(e.active, detail=True).used
-    recs = run(e, same_as_full)
+    recs = run_to_end(e, on_step=same_as_full)
     assert recs[0].forks
 
 
@@ -309,7 +296,7 @@ def test_a_group_swapped_out_in_the_pass_of_its_first_copy_on_write_keeps_its_kv
     e = llm.engine
     e.add_request(prompt, SamplingParams(**sp, n=3, seed=5), request_id="g", priority=1)
     e.add_request([4, 4, 4, 4], SamplingParams(max_tokens=8, ignore_eos=True), request_id="b", priority=0)
-    recs = run(e)
+    recs = run_to_end(e)
     assert recs[0].forks and completion_id("g", 0) in {p.request_id for p in recs[1].preempted}
     assert [c.token_ids for c in e.get_output("g").outputs] == [o.token_ids for o in alone]
 
@@ -339,7 +326,7 @@ def test_a_sample_swapped_in_is_not_swapped_out_again_in_the_same_pass():
         assert req.request_id not in swapped_in, f"{req.request_id} swapped in and out in one pass"
         return swap_out(req)
     kv.swap_in, kv.swap_out = logged_swap_in, checked_swap_out
-    recs = run(e, lambda rec: swapped_in.clear())
+    recs = run_to_end(e, on_step=lambda rec: swapped_in.clear())
     assert sum(len(r.swapped_in) for r in recs) >= 2
 
 
@@ -360,7 +347,7 @@ def test_an_id_that_collides_with_a_group_or_its_samples_is_refused(first, then)
     with pytest.raises(ValueError, match=f"request_id={then[0]!r}"):
         e.add_request([4, 5, 6], SamplingParams(n=then[1], max_tokens=3, ignore_eos=True), request_id=then[0])
     assert (set(e.requests), set(e.parents), len(e.scheduler.waiting)) == before
-    run(e)
+    run_to_end(e)
     out = e.get_output(rid)
     assert len(out.outputs) == n and all(len(c.token_ids) == 3 for c in out.outputs)
 
@@ -376,6 +363,6 @@ def test_automatic_ids_never_collide_with_samples_ids():
     e.add_request([1, 2], SamplingParams(max_tokens=2), request_id="2")
     later = e.add_request([1, 2, 3], SamplingParams(n=2, max_tokens=3, ignore_eos=True))
     assert later not in ("1", "2")            # "1" would fork "1#1"; "2" is taken
-    run(e)
+    run_to_end(e)
     assert all(e.is_finished(r) for r in (auto, later, "1#1", "2"))
     assert [len(c.token_ids) for c in e.get_output(later).outputs] == [3, 3]

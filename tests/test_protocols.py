@@ -22,7 +22,7 @@ from minillm.executor import EXECUTORS, ExecutionResult, Executor
 from minillm.spec.speculative import NgramProposer, Proposer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_architecture import ROOT, import_graph, package_modules  # noqa: E402
+from test_architecture import ROOT, import_graph, package_modules
 
 SIM = dict(model="random", executor="simulated", num_kv_blocks=32, block_size=4, max_model_len=64)
 

@@ -17,7 +17,7 @@ from minillm import LLM, SamplingParams
 from minillm.core.invariants import InvariantError, check_all_free, check_invariants, check_places
 from minillm.core.policies import Priority
 
-from helpers import drive_through_faults
+from helpers import drive_through_faults, run_to_end
 
 SMALL = dict(model="random", block_size=2, max_num_batched_tokens=64, max_model_len=128)
 
@@ -29,19 +29,6 @@ def alone(prompt, max_tokens, **config):
     llm = LLM(**cfg)
     return llm.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
                         use_tqdm=False)[0].token_ids
-
-
-def run_checked(engine, max_steps=2000, on_step=None):
-    records = []
-    while engine.has_unfinished_requests():
-        assert len(records) < max_steps, "the run does not end"
-        rec = engine.step()
-        check_invariants(engine, rec)
-        records.append(rec)
-        if on_step:
-            on_step(engine, rec)
-    check_all_free(engine)
-    return records
 
 
 def prompts(n, length=10, seed=0):
@@ -301,7 +288,7 @@ def test_an_abort_is_reported_in_the_next_record():
     assert "aborted " + a in rec.summary()
     assert eng.step().aborted == []
     assert eng.requests[a].finish_reason == "abort"
-    run_checked(eng)
+    run_to_end(eng)
     assert eng.requests[b].finish_reason == "length"
 
 
@@ -336,7 +323,7 @@ def test_two_requests_with_one_prefix_admitted_in_one_pass_compute_it_once():
     assert sorted(first.admitted) == sorted(ids)
     assert first.num_batched_tokens == 35 + 2, "the second request recomputed the shared prefix"
     assert eng.requests[ids[1]].num_cached_tokens == 32
-    run_checked(eng)
+    run_to_end(eng)
     for rid, p in zip(ids, ps):
         assert eng.requests[rid].output_token_ids == alone(p, 6, seed=0)
     assert eng.stats()["prefix_cache"]["prefill_tokens_saved"] == 32
@@ -352,7 +339,7 @@ def test_a_prefix_registered_by_a_request_preempted_in_the_same_pass_is_not_offe
     ps = prompts(4, length=5, seed=7)
     ids = [eng.add_request(p, sp, priority=i % 2, arrival_time=0.0) for i, p in enumerate(ps)]
     ids.append(eng.add_request(ps[0][:4] + [3], sp, priority=0, arrival_time=0.0))
-    run_checked(eng)
+    run_to_end(eng)
     for rid, p in zip(ids, ps + [ps[0][:4] + [3]]):
         assert eng.requests[rid].output_token_ids == alone(p, 12)
 
@@ -364,7 +351,7 @@ def test_step_records_are_bounded_and_configured_through_engine_config():
     eng = llm.engine
     for p in prompts(3, seed=5):
         eng.add_request(p, SamplingParams(max_tokens=40, ignore_eos=True))
-    records = run_checked(eng)
+    records = run_to_end(eng)
     assert len(records) > 20 and len(eng.step_records) <= 20
     assert eng.step_records[-1] is records[-1]
     assert records[-1].kv.blocks, "32 blocks: the per-block map by default"
@@ -413,7 +400,7 @@ def test_an_executor_that_returns_too_few_token_lists_is_refused_and_changes_not
         eng.step()
     assert _request_state(eng) == before
     eng.executor.execute = real_execute
-    run_checked(eng)
+    run_to_end(eng)
     assert [eng.requests[rid].output_token_ids for rid in ids] == [alone(p, 4) for p in ps]
 
 
@@ -463,7 +450,7 @@ def test_aborting_a_request_done_but_held_back_keeps_its_finish_reason(config):
     eng.abort_request("short")
     rec = eng.step()
     assert "short" not in rec.aborted
-    run_checked(eng)
+    run_to_end(eng)
     assert eng.get_output("short").finish_reason == "length" and len(eng.get_output("short").token_ids) == 1
     assert eng.get_output("long").finish_reason == "length"
 
@@ -491,12 +478,12 @@ def _serve(goods, bads=(), poison_late=None, failing_draw=None):
         eng.add_request(poison_late[0], poison_late[1], request_id="late")
     steps = 0
 
-    def on_step(engine, rec):
+    def on_step(rec):
         nonlocal steps
         steps += 1
         if steps == 2 and poison_late is not None:
-            _poison(engine, "late")
-    run_checked(eng, on_step=on_step)
+            _poison(eng, "late")
+    run_to_end(eng, on_step=on_step)
     return eng
 
 
@@ -545,7 +532,7 @@ def test_a_draw_that_raises_ends_only_its_request(monkeypatch):
             raise RuntimeError("injected: this row's draw fails")
         return real(probs, num, generator=generator, **kw)
     monkeypatch.setattr(torch, "multinomial", multinomial)
-    run_checked(eng)
+    run_to_end(eng)
     assert eng.get_output("bad0").finish_reason == "abort" and eng.get_output("bad0").token_ids == []
     assert eng.get_output("bad0").finish_detail == "sampling failed: the draw failed: injected: this row's draw fails"
     for i in range(len(goods)):

@@ -321,8 +321,8 @@ class FixableRule:
         self.fixed = False
 
     def __call__(self, *args):
-        from minillm.spec import speculative
-        return (speculative.verify if self.fixed else self.hook)(*args)
+        from minillm.spec import acceptance
+        return (acceptance.verify if self.fixed else self.hook)(*args)
 
     def __repr__(self):
         return self.hook.__qualname__
@@ -343,11 +343,11 @@ def test_a_bad_acceptance_rule_is_named_and_the_run_recovers(hook):
 
 
 def test_a_hook_may_return_a_tensor_or_numpy_ints():
-    from minillm.spec import speculative
+    from minillm.spec import acceptance
     e, a, b = spec_run()
     finish(e)
     expected = e.get_output(a).token_ids
-    e, a, b = spec_run(lambda *args: torch.tensor(speculative.verify(*args)))
+    e, a, b = spec_run(lambda *args: torch.tensor(acceptance.verify(*args)))
     finish(e)
     assert e.get_output(a).token_ids == expected
 

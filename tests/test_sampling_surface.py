@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.core.invariants import check_all_free, check_invariants
 from minillm.worker.sampler import apply_penalties, mask_stop_tokens
 
-from helpers import random_prompts, tiny_hf_checkpoint
+from helpers import random_prompts, run_to_end, tiny_hf_checkpoint
 
 torch.set_num_threads(1)
 
@@ -21,12 +20,6 @@ def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama")
     model = tiny_hf_checkpoint(path, "llama")
     return str(path), model
-
-
-def run(engine):
-    while engine.has_unfinished_requests():
-        check_invariants(engine, engine.step())
-    check_all_free(engine)
 
 
 def hf_logprobs(model, ids):
@@ -249,5 +242,5 @@ def test_speculative_decoding_refuses_the_sampling_surface_by_field_and_value(kw
         e.add_request([1, 2, 3], SamplingParams(max_tokens=4, **kw), request_id="r")
     assert not e.has_unfinished_requests() and "r" not in e.requests
     e.add_request([1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), request_id="r")   # id free
-    run(e)
+    run_to_end(e)
     assert len(e.get_output("r").token_ids) == 4

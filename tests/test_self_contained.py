@@ -1,6 +1,6 @@
 """The series stands on its own: no text refers to a source the reader cannot open.
 
-Every claim in the notebooks, the engine, the kernels, the exercises and the README comes from the
+Every claim in the notebooks, the engine, the kernels, the exercises, the README and docs/ comes from the
 run, is worked out in the text, or cites published work (Orca, vLLM, Sarathi-Serve, ...). This test
 fails on phrases that point at unpublished notes instead ("the seeds", "seed text", "seed concept");
 random-number seeds are fine ("seed=3", "seeds the queries", "the seeds 0 to 7").
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECKED = [*sorted((ROOT / "notebooks").glob("*.py")), *sorted((ROOT / "notebooks").glob("*.ipynb")),
            *sorted((ROOT / "minillm").rglob("*.py")), *sorted((ROOT / "kernels").rglob("*.py")),
            *sorted((ROOT / "exercises").glob("*.py")), *sorted((ROOT / "solutions").glob("*.py")),
-           ROOT / "README.md"]
+           ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SOURCE_REFERENCE = re.compile(r"\bthe seeds\b(?!\s+\d)|\bseeds'|\bseed text\b|\bseed concepts?\b"
                               r"|\bseeds_(?:example|exercise)",
                               re.IGNORECASE)

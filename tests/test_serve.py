@@ -20,7 +20,7 @@ from minillm.serve.chat import PLAIN_STOP, plain_template
 CONFIG = dict(block_size=16, num_kv_blocks=96, max_model_len=256, max_num_seqs=64)
 PROMPTS = ["ROMEO:", "First Citizen:\nBefore we proceed", "To be, or not"]
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]   # slow: starts the HTTP server
 
 
 @pytest.fixture(scope="module")

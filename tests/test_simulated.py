@@ -13,7 +13,8 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.sim.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
 from minillm.analysis.metrics import summarize
-from minillm.sim.simulated import PLACEHOLDER_TOKEN, StepSummary, gpus_needed, simulate, tensor_parallel
+from minillm.sim.sim_executor import PLACEHOLDER_TOKEN
+from minillm.sim.simulated import StepSummary, gpus_needed, simulate, tensor_parallel
 from minillm.analysis.workloads import (
     LogNormal, TraceRequest, Uniform, shared_prefix_trace, submit_trace, synthetic_trace,
 )
@@ -289,7 +290,7 @@ def test_every_decode_asks_allocate_for_its_one_token():
 
 
 def test_side_by_side_script_steps_two_copies_to_the_same_decisions():
-    """``scripts/sim_ab.py A B`` (the README's side-by-side timing) builds both checkouts' engines
+    """``scripts/sim_ab.py A B`` (the side-by-side timing of docs/performance.md) builds both checkouts' engines
     under their own package names in one process and steps them alternately; a checkout against
     itself takes the same steps to the same modeled time, and the script says so."""
     import subprocess

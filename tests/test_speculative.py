@@ -24,6 +24,8 @@ from minillm.spec.speculative import (
     NgramProposer, Proposer, expected_speedup, expected_tokens_per_step, modeled_speedup, spec_limit, spec_stats,
 )
 
+from helpers import run_to_end
+
 GREEDY = dict(temperature=0, ignore_eos=True)
 
 
@@ -55,17 +57,6 @@ def draft_dir(tmp_path_factory):
     return write_draft(tmp_path_factory.mktemp("draft"), layers=1)
 
 
-def run_checked(engine):
-    """Step to the end, checking the invariants (no block leaked by a rollback) after every step."""
-    recs = []
-    while engine.has_unfinished_requests():
-        rec = engine.step()
-        check_invariants(engine, rec)
-        recs.append(rec)
-    check_all_free(engine)
-    return recs
-
-
 # --- greedy: identical token for token ------------------------------------------------------------
 
 SHARED = [11, 12, 13, 14, 15, 16, 17, 18]          # a common prefix: prefix-cache hits
@@ -77,7 +68,7 @@ def greedy_run(**kw):
     llm = LLM("random", block_size=4, max_model_len=64, **kw)
     e = llm.engine
     ids = [e.add_request(p, SamplingParams(max_tokens=m, **GREEDY)) for p, m in zip(PROMPTS, MAX_TOKENS)]
-    recs = run_checked(e)
+    recs = run_to_end(e)
     return [e.get_output(i).token_ids for i in ids], recs, e
 
 
@@ -244,7 +235,7 @@ def test_never_proposes_past_max_tokens_or_max_model_len():
     e.speculator.proposer = WrongGuesses()
     e.add_request([3, 4, 5], SamplingParams(max_tokens=6, **GREEDY), request_id="short")
     e.add_request(list(range(3, 17)), SamplingParams(max_tokens=30, **GREEDY), request_id="long")  # 14 of 20
-    recs = run_checked(e)
+    recs = run_to_end(e)
     outs = {rid: e.get_output(rid) for rid in ("short", "long")}
     assert len(outs["short"].token_ids) == 6 and len(outs["long"].token_ids) == 20 - 14
     produced = {"short": 0, "long": 0}
@@ -277,7 +268,7 @@ def test_budget_truncates_guesses_and_mixes_plain_decode():
     for rid in ("r1", "r2"):                # blocks reserved for dropped guesses went back
         req = e.requests[rid]
         assert e.kv.num_held_blocks(rid) == math.ceil(req.num_computed_tokens / 4)
-    run_checked(e)
+    run_to_end(e)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -299,7 +290,7 @@ def test_random_workloads_keep_invariants(block_size, num_kv_blocks, k, budget, 
         e_sp = SamplingParams(max_tokens=int(torch.randint(1, 30, (1,), generator=g)), temperature=temperature,
                               ignore_eos=True, seed=i)
         llm.engine.add_request(prompt, e_sp)
-    run_checked(llm.engine)
+    run_to_end(llm.engine)
 
 
 # --- the n-gram proposer ----------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig
 from minillm.worker.tp_executor import TensorParallelError, Worker
 
+pytestmark = pytest.mark.slow   # starts rank processes
+
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 # Small blocks and a small token budget: prompts arrive in chunks, decodes batch with prefills.
 SMALL = dict(block_size=4, num_kv_blocks=96, max_num_batched_tokens=24, max_model_len=128)
@@ -45,7 +47,7 @@ def _raise_within(seconds: float, fn):
     def target():
         try:
             fn()
-        except BaseException as e:   # noqa: BLE001
+        except BaseException as e:   # reported to the test's thread
             box["error"] = e
     t = threading.Thread(target=target, daemon=True)
     t.start()

@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("ipywidgets")
 pytest.importorskip("plotly")
 
-from minillm.sim.costmodel import RooflineCostModel  # noqa: E402
-from minillm.sim.simulated import simulate  # noqa: E402
-from minillm.viz.whatif import WhatIf, WhatIfSettings, whatif_trace  # noqa: E402
-from minillm.analysis.workloads import Uniform, shared_prefix_trace, synthetic_trace  # noqa: E402
+from minillm.sim.costmodel import RooflineCostModel
+from minillm.sim.simulated import simulate
+from minillm.viz.whatif import WhatIf, WhatIfSettings, whatif_trace
+from minillm.analysis.workloads import Uniform, shared_prefix_trace, synthetic_trace
 
 N = 160                 # a short trace: the test checks what is drawn, not how fast
 

@@ -19,12 +19,12 @@ import pytest
 pytest.importorskip("ipywidgets")
 pytest.importorskip("plotly")
 
-import plotly.graph_objects as go  # noqa: E402
+import plotly.graph_objects as go
 
-from minillm import LLM, SamplingParams  # noqa: E402
-from minillm.viz import figures as F  # noqa: E402
+from minillm import LLM, SamplingParams
+from minillm.viz import figures as F
 from minillm.viz import LiveFigure, LockstepStepper, Stepper, reservation_vs_paging_lockstep, unused_reservation_engine
-from minillm.viz import live  # noqa: E402
+from minillm.viz import live
 
 needs_anywidget = pytest.mark.skipif(not live.anywidget_available(),
                                      reason="the live figures' page side is an anywidget")

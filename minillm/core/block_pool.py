@@ -156,8 +156,3 @@ class BlockPool:
             self._drop_hash(block)
             if block.ref_count == 0 and self.enable_caching:
                 self.free_queue.move_to_end(block.block_id, last=False)
-
-    def reset_prefix_cache(self) -> None:     # evict every cached prefix nobody holds
-        for block in list(self.cached.values()):
-            if block.ref_count == 0:
-                self._evict(block)

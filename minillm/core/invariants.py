@@ -27,8 +27,8 @@ def check_paged(kv: PagedKVCacheManager, requests: dict) -> None:
     for rid, blocks in kv.req_blocks.items():
         ids = [b.block_id for b in blocks]
         _check(len(ids) == len(set(ids)), f"request {rid} holds a block twice: {ids}")
-        for b in ids:
-            owners.setdefault(b, []).append(rid)
+        for bid in ids:
+            owners.setdefault(bid, []).append(rid)
     for b in pool.blocks:
         n = len(owners.get(b.block_id, []))
         _check(b.ref_count == n, f"block {b.block_id}: ref_count {b.ref_count} but {n} owners")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from operator import attrgetter
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from .block_pool import Block, BlockPool
 from .kv_snapshot import paged_snapshot, paged_totals, paged_wait_reason, prefix_cache_stats
@@ -116,7 +116,7 @@ class PagedKVCacheManager:
                     j.unshared.add(block.block_id)
 
     # --- allocation ------------------------------------------------------------------------
-    def num_blocks_needed(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> int:
+    def num_blocks_needed(self, req: Request, num_new_tokens: int, cached: Sequence[Block] = ()) -> int:
         """New blocks for ``num_new_tokens`` more positions: the ones past the table's end, plus
         one when the next position falls in a block shared with another sequence (copy-on-write)."""
         held = self.num_held_blocks(req.request_id) + len(cached)
@@ -166,7 +166,7 @@ class PagedKVCacheManager:
         self.copies = [c for c in self.copies if c[0] != rid] if mine else self.copies
         return mine
 
-    def _free_for(self, cached: list[Block]) -> int:
+    def _free_for(self, cached: Sequence[Block]) -> int:
         # Cached hits sitting in the free list stop being free once taken.
         if not cached:
             return self.pool.num_free
@@ -177,7 +177,7 @@ class PagedKVCacheManager:
         watermark's headroom plus ``reserve_blocks`` (a parallel-sampling group's other samples)."""
         return reserve_blocks + (self.watermark_blocks if req.request_id not in self.req_blocks else 0)
 
-    def can_allocate(self, req: Request, num_new_tokens: int, cached: list[Block] = (),
+    def can_allocate(self, req: Request, num_new_tokens: int, cached: Sequence[Block] = (),
                      reserve_blocks: int = 0) -> tuple[bool, int, int]:
         """(fits, blocks needed, blocks free) for ``num_new_tokens`` more positions after the
         ``cached`` prefix; a new request must also leave the headroom (``_headroom``) free."""
@@ -185,7 +185,7 @@ class PagedKVCacheManager:
         free = self._free_for(cached)
         return need <= free - self._headroom(req, reserve_blocks), need, free
 
-    def allocate(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> bool:
+    def allocate(self, req: Request, num_new_tokens: int, cached: Sequence[Block] = ()) -> bool:
         """Give the request blocks for ``num_new_tokens`` more positions (after its cached prefix)."""
         if not cached and self.num_blocks_needed(req, num_new_tokens) == 0:
             return True                  # the positions fit in blocks it holds, its own: nothing changes
@@ -331,7 +331,7 @@ class PagedKVCacheManager:
         return self.num_swap_blocks - len(self.swap_free)
 
     # --- explaining ----------------------------------------------------------------------------
-    def explain_wait(self, req: Request, num_new_tokens: int, cached: list[Block] = (),
+    def explain_wait(self, req: Request, num_new_tokens: int, cached: Sequence[Block] = (),
                      reserve_blocks: int = 0, requests: Optional[dict] = None) -> str:
         return paged_wait_reason(self, req, num_new_tokens, cached, reserve_blocks)
 

@@ -12,7 +12,7 @@ before the first step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence, runtime_checkable
 
 from ..checks import check_protocol
 
@@ -43,12 +43,12 @@ class KVCacheManager(Protocol):
     supports_forking: bool          # keeps Forking below
     allocates_on_demand: bool       # keeps OnDemandBlocks below
 
-    def can_allocate(self, req: Request, num_new_tokens: int, cached: list = (),
+    def can_allocate(self, req: Request, num_new_tokens: int, cached: Sequence = (),
                      reserve_blocks: int = 0) -> tuple[bool, int, int]:
         """(fits, needed, free) for ``num_new_tokens`` more positions after the ``cached`` prefix; a new
         request must also leave the watermark's headroom and ``reserve_blocks`` free."""
 
-    def allocate(self, req: Request, num_new_tokens: int, cached: list = ()) -> bool:
+    def allocate(self, req: Request, num_new_tokens: int, cached: Sequence = ()) -> bool:
         """Give the request room for ``num_new_tokens`` more positions; False (nothing changed) if it does not fit."""
 
     def free(self, req: Request) -> None:
@@ -69,7 +69,7 @@ class KVCacheManager(Protocol):
     def rollback(self) -> dict[str, int]:
         """Undo the step; per request whose KV may have been written over, the first untrusted position."""
 
-    def explain_wait(self, req: Request, num_new_tokens: int, cached: list = (), reserve_blocks: int = 0,
+    def explain_wait(self, req: Request, num_new_tokens: int, cached: Sequence = (), reserve_blocks: int = 0,
                      requests: Optional[dict] = None) -> str:
         """Why ``can_allocate`` said no, in a sentence a person can read."""
 
@@ -140,7 +140,7 @@ class OnDemandBlocks(Protocol):
 
     num_free_blocks: int
 
-    def num_blocks_needed(self, req: Request, num_new_tokens: int, cached: list = ()) -> int:
+    def num_blocks_needed(self, req: Request, num_new_tokens: int, cached: Sequence = ()) -> int:
         """New blocks for ``num_new_tokens`` more positions."""
 
 

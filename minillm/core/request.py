@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, Union
 
 from ..detokenizer import IncrementalDetokenizer
 from ..sampling_params import SamplingParams
@@ -108,9 +108,9 @@ class Request:
         self.num_cached_tokens = 0        # of those, how many came from the prefix cache
         self.finish_reason: Optional[str] = None
         self.finish_detail: Optional[str] = None
-        self.stop_reason = None           # the stop string or stop token id that ended it (None: EOS)
+        self.stop_reason: Union[str, int, None] = None   # the stop string or stop token id that ended it (None: EOS)
         self.stop_text: Optional[str] = None   # the output text, cut where a stop string matched
-        self.detokenizer = None           # incremental text of the output (stop strings, streamed text)
+        self.detokenizer: Any = None      # incremental text of the output (stop strings, streamed text)
         # Log-probabilities (SamplingParams.logprobs / prompt_logprobs): one dict per output token,
         # and one per prompt token (None for the first, which nothing predicts).
         self.output_logprobs: Optional[list] = [] if sampling_params.logprobs is not None else None

@@ -107,7 +107,7 @@ class ReservedKVCacheManager:
             return {}
         new = [r for rid, r in self.regions.items() if saved.get(rid) != r]
         self.regions, self._saved_regions = saved, None
-        damaged = {}
+        damaged: dict[str, int] = {}
         for rid, (start, length) in saved.items():
             for s, n in new:
                 if s < start + length and start < s + n:     # handed to another request meanwhile

@@ -47,7 +47,7 @@ from .stopping import StopChecker
 from .admission_control import cap_queue, shed_load
 from .parallel_sampling import completion_id, group_need
 from .preemption import PREEMPTION_MODES, choose_mode, just_placed, preempt_group, schedule_swapped
-from .scheduler_output import ScheduledRequest, SchedulerOutput, StepUpdate, grant  # noqa: F401  (re-exported)
+from .scheduler_output import ScheduledRequest, SchedulerOutput, StepUpdate, grant
 from ..step_record import BatchEntry, BlockCopy, ForkEvent, PreemptionEvent, WaitingEntry
 
 

@@ -25,7 +25,7 @@ class ScheduledRequest:
     spec_token_ids: Sequence[int] = ()   # draft tokens to verify (a list when there are some)
 
 
-def grant(req: Request, num_new_tokens: int, spec_token_ids: list[int] = ()) -> ScheduledRequest:
+def grant(req: Request, num_new_tokens: int, spec_token_ids: Sequence[int] = ()) -> ScheduledRequest:
     """This step's grant to ``req``: ``num_new_tokens`` positions from ``num_computed_tokens`` on
     (with ``spec_token_ids`` guesses to verify at the end). A *decode* is the grant of the newest
     token of a request that has output; anything else is a *prefill* (the label only)."""

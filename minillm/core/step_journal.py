@@ -76,7 +76,7 @@ class KVStepJournal:
         # rolled-back request will not look for them (it registers its own blocks again).
         for bid in self.hashed:
             pool.forget_hash(pool.blocks[bid])
-        affected: dict[int, object] = {}
+        affected: dict = {}
         depth: dict[int, int] = {}                     # a block's position in a table the step made
         for rid, (blocks, hashes, host) in self.tables.items():
             for i, b in enumerate(kv.req_blocks.get(rid, ())):

@@ -28,13 +28,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..async_llm import AsyncLLM, EngineDeadError, StreamOutput
 from ..sampling_params import SamplingParams
 from . import chat
-from .metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
+from .metrics import PrometheusStatLogger
 from .protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
                        ChatMessage, ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob, CompletionChoice,
                        CompletionLogprobs, CompletionRequest, CompletionResponse, DeltaMessage, DetokenizeRequest,

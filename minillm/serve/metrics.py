@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the server)
 
 disable_created_metrics()   # no "*_created" timestamp series beside each counter (as vLLM does)
 

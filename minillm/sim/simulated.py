@@ -32,9 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
-from .sim_executor import PLACEHOLDER_TOKEN, SimulatedExecutor  # noqa: F401  (re-exported)
-
-__all__ = ["SimulatedExecutor", "PLACEHOLDER_TOKEN", "simulate", "tensor_parallel", "tp_step_times", "gpus_needed",
+__all__ = ["simulate", "tensor_parallel", "tp_step_times", "gpus_needed",
            "StepSummary", "gc_paused"]
 
 # =====================================================================================

@@ -55,7 +55,6 @@ from typing import Optional, Protocol, Sequence, Union, runtime_checkable
 import numpy as np
 import torch
 
-from .acceptance import check_verified, verify  # noqa: F401  (the acceptance rule, re-exported)
 from ..checks import check_protocol
 from ..core.request import Request
 

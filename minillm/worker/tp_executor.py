@@ -152,7 +152,7 @@ def _rank_main(rank: int, spec: SimpleNamespace, conn) -> None:
             conn.send(("ok", reply))
     except EOFError:
         os._exit(1)                                  # the driver is gone
-    except BaseException as e:                       # noqa: BLE001 (reported, then exit)
+    except BaseException as e:                       # reported, then exit
         try:
             conn.send(("error", time.time(), f"{type(e).__name__}: {e}", traceback.format_exc()))
         finally:

@@ -22,7 +22,7 @@ from minillm import LLM, SamplingParams, impl
 from minillm.spec import speculative
 from minillm.core.invariants import check_all_free
 from minillm.model.loader import load_model
-from minillm.spec.speculative import verify as engine_verify
+from minillm.spec.acceptance import verify as engine_verify
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
