@@ -69,7 +69,8 @@ class EngineConfig:
     executor: str = "model"               # "model" (real forward) | "simulated" (placeholder tokens)
     device: str = "cpu"                   # "cpu" | "cuda" | "auto"
     dtype: str = "float32"                # "float32" | "float16" | "bfloat16" | "auto"
-    attention_backend: str = "torch"      # "torch" | "triton" | "auto" (triton on CUDA, torch on CPU)
+    attention_backend: str = "torch"      # "torch" | "triton" | "auto" (triton on CUDA, torch on CPU) |
+                                          # "cpu" (a C kernel reading the paged KV in place; float32)
     seed: int = 0                         # seeds the random model and default sampling
     tensor_parallel_size: int = 1         # ranks (processes) that split every layer's heads and MLP
                                           # (Megatron style, minillm/worker/tp_executor.py); 1 = one device
@@ -125,7 +126,7 @@ class EngineConfig:
             "device": ("cpu", "cuda", "auto"),
             "dtype": ("float32", "float16", "bfloat16", "auto"),
             "kv_cache_dtype": ("auto", "int8", "fp8"),
-            "attention_backend": ("torch", "triton", "auto"),
+            "attention_backend": ("torch", "triton", "auto", "cpu"),
             "clock": ("wall", "modeled"),
         }
         for name, allowed in choices.items():

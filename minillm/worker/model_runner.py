@@ -42,9 +42,16 @@ class ExecutionResult:
     phase_times: dict[str, float] = field(default_factory=dict)
 
 
-def resolve_backend(name: str, device: torch.device) -> str:
+def resolve_backend(name: str, device: torch.device, dtype: torch.dtype = torch.float32,
+                    kv_cache_dtype: str = "auto") -> str:
+    """EngineConfig.attention_backend for this device: "auto" is Triton on CUDA, the torch
+    reference on the CPU. "cpu" (the C kernel that reads the paged cache in place,
+    ``kernels/cpu_attention.py``) computes in float32 on a float32 cache: on any other model or
+    cache the torch reference serves instead."""
     if name == "auto":
         return "triton" if device.type == "cuda" else "torch"
+    if name == "cpu" and (device.type != "cpu" or dtype != torch.float32 or kv_cache_dtype != "auto"):
+        return "torch"
     return name
 
 
@@ -56,7 +63,8 @@ class ModelRunner:
         self.kv = kv_manager
         self.device = device
         self.dtype = dtype
-        self.backend = resolve_backend(config.attention_backend, device)
+        self.backend = resolve_backend(config.attention_backend, device, dtype,
+                                       getattr(config, "kv_cache_dtype", "auto"))
         if self.backend == "triton":
             from minillm_kernels import ops
             ops.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter

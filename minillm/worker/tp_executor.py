@@ -236,7 +236,7 @@ class TPExecutor(ModelRunner):
         check_heads(hf_config, self.world)
         self.config, self.kv, self.dtype = config, kv_manager, dtype
         self.device = torch.device("cpu")            # batches are prepared on the host and sent
-        self.backend = resolve_backend(config.attention_backend, device)
+        self.backend = resolve_backend(config.attention_backend, device, dtype, config.kv_cache_dtype)
         shard = rank_config(hf_config, 0, self.world)
         # prepare() needs only the model's shape (heads per KV head); the weights are in the ranks.
         self.model = SimpleNamespace(num_heads=shard.num_attention_heads, num_kv_heads=shard.num_key_value_heads,
