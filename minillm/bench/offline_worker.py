@@ -32,6 +32,7 @@ def run_minillm(job: dict):
 def run_vllm(job: dict):
     # vLLM's CPU backend takes its threads from this binding (cores 0 .. threads-1).
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{job['threads'] - 1}")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")   # GiB of KV cache
     # The engine core in this process (not a child), so the CPU time measured is all of vLLM's.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -182,7 +182,8 @@ def run(args) -> dict:
                       f"{same}/{len(prompts)}", same == len(prompts))]
     command = f"python -m minillm.bench {NAME} --size {args.size} --threads {threads} --checkpoint {args.checkpoint}"
     command += f" --rounds {rounds}" + (f" --vllm-python {args.vllm_python}" if args.vllm_python else "")
-    return {"command": command, "config": dict(checkpoint=args.checkpoint, prompts=len(prompts), max_tokens=P["max_tokens"],
+    return {"command": command,
+            "config": dict(checkpoint=args.checkpoint, prompts=len(prompts), max_tokens=P["max_tokens"],
                            threads=threads, rounds=rounds, sides=sides, vllm_python=args.vllm_python),
             "results": {"tok_per_s": tps, "median_tok_per_s": med, "copy_bandwidth_Bps": bw,
                         "decode_bytes_per_step": step_bytes},
