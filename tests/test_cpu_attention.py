@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
+from minillm.model import cpu_linear
 from minillm.worker.model_runner import resolve_backend
 from minillm_kernels import attention, cpu_attention, ops
 
@@ -123,3 +124,32 @@ def test_engine_with_prefix_cache_hits_matches_transformers(tmp_path):
         assert llm.engine.executor.backend == backend
     assert outs["cpu"] == ref
     assert outs["torch"] == ref
+
+
+# --- the CPU fast path's packed linear layers (minillm/model/cpu_linear.py) ---------------------
+
+needs_onednn = pytest.mark.skipif(not cpu_linear.can_pack(), reason="torch without oneDNN prepacking")
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 32, 100])
+def test_packed_linear_equals_linear(rows, bias):
+    torch.manual_seed(rows)
+    lin = torch.nn.Linear(96, 200, bias=bias)
+    packed = cpu_linear.PackedLinear(lin, batch_hint=32)
+    x = torch.randn(rows, 96)
+    torch.testing.assert_close(packed(x), lin(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed(x.view(1, rows, 96)), lin(x).view(1, rows, 200), atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+def test_engine_packs_every_linear_and_keeps_the_parameters(tmp_path):
+    tiny_hf_checkpoint(tmp_path, "qwen2")          # q/k/v with biases
+    llm = LLM(str(tmp_path), max_model_len=64, dtype="float32", attention_backend="cpu")
+    plain = LLM(str(tmp_path), max_model_len=64, dtype="float32", attention_backend="torch")
+    model = llm.engine.executor.model
+    kinds = {type(m) for m in model.modules()}
+    assert cpu_linear.PackedLinear in kinds and torch.nn.Linear not in kinds
+    ours, theirs = model.state_dict(), plain.engine.executor.model.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

@@ -65,6 +65,12 @@ class ModelRunner:
         self.dtype = dtype
         self.backend = resolve_backend(config.attention_backend, device, dtype,
                                        getattr(config, "kv_cache_dtype", "auto"))
+        if self.backend == "cpu":
+            # The CPU fast path: attention reads the paged KV in place (kernels/cpu_attention.py),
+            # and the matrix multiplies run on weights packed once for oneDNN (model/cpu_linear.py).
+            from ..model import cpu_linear
+            if cpu_linear.can_pack():
+                cpu_linear.pack_linears(model, batch_hint=min(config.max_num_seqs, 64))
         if self.backend == "triton":
             from minillm_kernels import ops
             ops.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter
