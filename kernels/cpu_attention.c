@@ -22,14 +22,16 @@ typedef struct {
     int req, q0, q1, kv_head;
 } Item;
 
-static float dot(const float *a, const float *b, int n) {
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int n) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int d = 0; d < n; d++) s += a[d] * b[d];
     return s;
 }
 
-static void attend_item(const Item *it, const float *q, int64_t sq_t, int64_t sq_h, const float *kc,
+/* Inlined into one copy per common head dim (a constant D lets the compiler keep a row's
+ * accumulator in vector registers and unroll the dot products) and one for any other D. */
+static inline __attribute__((always_inline)) void attend_item(const Item *it, const float *q, int64_t sq_t, int64_t sq_h, const float *kc,
                         const float *vc, int64_t sk_b, int64_t sk_s, int64_t sk_h, int64_t sv_b,
                         int64_t sv_s, int64_t sv_h, float *out, int64_t so_t, int64_t so_h,
                         const int32_t *block_tables, int64_t s_bt, const int32_t *cu_q, const int32_t *ctx,
@@ -71,15 +73,27 @@ static void attend_item(const Item *it, const float *q, int64_t sq_t, int64_t sq
             }
             const float alpha = expf(m_i[m] - mx);     /* rescales what was summed under the old max */
             float l = l_i[m] * alpha;
-            float *a = acc + (size_t)m * D;
-#pragma omp simd
-            for (int d = 0; d < D; d++) a[d] *= alpha;
             for (int j = 0; j < seen; j++) {
-                const float p = expf(s[j] - mx);
-                const float *v = V + j * sv_s;
-                l += p;
+                s[j] = expf(s[j] - mx);                /* the block's probabilities, unnormalised */
+                l += s[j];
+            }
+            float *a = acc + (size_t)m * D;
+            /* a = a * alpha + sum_j p_j v_j, one accumulator per d kept in a register over the keys */
+            for (int d0 = 0; d0 < D; d0 += 16) {       /* 16 floats: one AVX-512 register */
+                const int w = D - d0 < 16 ? D - d0 : 16;
+                float t[16];
+                for (int k = 0; k < w; k++) t[k] = a[d0 + k] * alpha;
+                if (w == 16) {
+                    for (int j = 0; j < seen; j++) {
+                        const float p = s[j], *v = V + j * sv_s + d0;
 #pragma omp simd
-                for (int d = 0; d < D; d++) a[d] += p * v[d];
+                        for (int k = 0; k < 16; k++) t[k] += p * v[k];
+                    }
+                } else {
+                    for (int j = 0; j < seen; j++)
+                        for (int k = 0; k < w; k++) t[k] += s[j] * V[j * sv_s + d0 + k];
+                }
+                for (int k = 0; k < w; k++) a[d0 + k] = t[k];
             }
             m_i[m] = mx;
             l_i[m] = l;
@@ -122,11 +136,18 @@ int paged_attention_f32(const float *q, int64_t sq_t, int64_t sq_h, const float 
 #pragma omp atomic write
             failed = 1;
         }
+#define ATTEND(HEAD_DIM)                                                                                     \
+    attend_item(&items[i], q, sq_t, sq_h, kc, vc, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, out, so_t, so_h,       \
+                block_tables, s_bt, cu_q, ctx, group, HEAD_DIM, page, scale, scratch)
 #pragma omp for schedule(dynamic, 1)
-        for (int i = 0; i < n_items; i++)
-            if (scratch)
-                attend_item(&items[i], q, sq_t, sq_h, kc, vc, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, out, so_t,
-                            so_h, block_tables, s_bt, cu_q, ctx, group, D, page, scale, scratch);
+        for (int i = 0; i < n_items; i++) {
+            if (!scratch) continue;
+            switch (D) {
+            case 64: ATTEND(64); break;
+            case 128: ATTEND(128); break;
+            default: ATTEND(D);
+            }
+        }
         free(scratch);
     }
     free(items);
