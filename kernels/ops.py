@@ -14,7 +14,10 @@ after :func:`use_interpreter_if_no_cuda` has had the chance to set ``TRITON_INTE
 on a machine without CUDA (see ``kernels/_triton_setup.py`` for why that must come first).
 
 Backends: ``"triton"`` (GPU, or Triton's interpreter on CPU: slow, for tests),
-``"torch"`` (the reference), ``"auto"`` (Triton on CUDA tensors, torch otherwise).
+``"torch"`` (the reference), ``"auto"`` (Triton on CUDA tensors, torch otherwise), and for
+attention ``"cpu"``: the C kernel of ``kernels/cpu_attention.py``, which reads the paged cache
+in place instead of gathering it (float32; any other call goes to the torch reference; the
+stores and copies it goes with are the torch reference's).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ __all__ = [
     "triton_available", "use_interpreter_if_no_cuda", "interpreter_active",
 ]
 
-_BACKENDS = ("triton", "torch", "auto")
+_BACKENDS = ("triton", "torch", "auto", "cpu")
 
 
 def _use_triton(backend: str, tensor) -> bool:
@@ -52,12 +55,18 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_len
     context_lens int32 ``[batch]`` (KV length, the new tokens included). Query j of
     request i sits at position ``context_lens[i] - q_len_i + j`` and sees keys up to it.
     Returns ``[total_q, H, D]`` in ``q.dtype``. See ``kernels/attention.py``.
-    ``plan``: the torch backend's per-step :func:`plan_attention_ref` (ignored by Triton).
+    ``plan``: the torch backend's per-step :func:`plan_attention_ref` (ignored by Triton and "cpu").
     ``k_scale, v_scale`` ``[num_blocks, H_kv]``: the scales of an int8/fp8 cache, which is
     dequantized on load (``kernels/kv_quant.py``).
     """
     from . import attention
 
+    if backend == "cpu":
+        from . import cpu_attention
+        if cpu_attention.supports(q, k_cache, k_scale):
+            return cpu_attention.paged_attention_cpu(q, k_cache, v_cache, block_tables, cu_seqlens_q,
+                                                     context_lens, scale).to(q.dtype)
+        backend = "torch"
     if _use_triton(backend, q):
         return attention.paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                                                 scale, max_q_len=max_q_len, num_splits=num_splits,

@@ -7,6 +7,7 @@ alone in Hugging Face: batching and scheduling change *when* work happens, never
 
 import pytest
 
+from minillm_kernels import cpu_attention
 from minillm import LLM, SamplingParams
 from minillm.core.invariants import check_all_free, check_invariants
 
@@ -32,10 +33,16 @@ def checkpoint(request, tmp_path_factory):
     return str(path), prompts, ref
 
 
+# "cpu": the C kernel that reads the paged cache in place (kernels/cpu_attention.py), needs a C compiler.
+BACKENDS = ["torch", pytest.param("cpu", marks=pytest.mark.skipif(cpu_attention.compiler() is None,
+                                                                  reason="no C compiler"))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_greedy_matches_transformers(checkpoint, name):
+def test_greedy_matches_transformers(checkpoint, name, backend):
     path, prompts, ref = checkpoint
-    llm = LLM(path, max_model_len=64, dtype="float32", **CONFIGS[name])
+    llm = LLM(path, max_model_len=64, dtype="float32", attention_backend=backend, **CONFIGS[name])
     engine = llm.engine
     ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True))
            for p in prompts]

@@ -20,6 +20,9 @@ the machine and the command that reproduces it, and writes ``DIR/NAME-SIZE.json`
   metrics, figures), and the engine's per-step KV record with and without per-request entries.
 * ``calibrate``: the simulator's step cost fitted to this machine's real engine (a profile for
   ``CostModel.from_profile``), then checked: the same traces on both, modeled vs measured per request.
+* ``vs-vllm``: minillm (both attention backends) and vLLM (``--vllm-python``, ``make vllm-env``)
+  side by side, each in its own process on the same checkpoint and prompts: offline tokens/s,
+  greedy exactness, and the decode step's bytes over its time against the copy bandwidth.
 * ``all``: each of them at the chosen size.
 
 Beside them, ``decode_timing`` (not a command): decode step time against batch size,
@@ -43,6 +46,7 @@ BENCHMARKS = {
     "router": "router",
     "whatif": "whatif",
     "calibrate": "calibrate",
+    "vs-vllm": "vs_vllm",
 }
 if importlib.util.find_spec(f"{__name__}.spec") is not None:   # added by the speculative-decoding work
     BENCHMARKS["spec"] = "spec"

@@ -31,7 +31,7 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor      # int32 [B + 1]: request i's new tokens are rows cu[i]:cu[i+1]
     context_lens: torch.Tensor      # int32 [B]: KV positions of request i after this step
     max_q_len: int
-    backend: str = "torch"          # "torch" reference or "triton" kernel
+    backend: str = "torch"          # "torch" reference, "triton" kernel or "cpu" kernel (in place on the CPU)
     plan: Optional[list] = None     # torch backend: the step's attention plan, shared by all layers
     kv_quantizer: Optional[object] = None   # int8/fp8 cache, torch backend: the store's arithmetic
                                             # (EngineConfig.kv_quantizer; None = minillm_kernels.kv_quant)

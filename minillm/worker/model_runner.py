@@ -24,9 +24,16 @@ from ..core.scheduler_output import SchedulerOutput
 from ..executor import ExecutionResult
 
 
-def resolve_backend(name: str, device: torch.device) -> str:
+def resolve_backend(name: str, device: torch.device, dtype: torch.dtype = torch.float32,
+                    kv_cache_dtype: str = "auto") -> str:
+    """EngineConfig.attention_backend for this device: "auto" is Triton on CUDA, the torch
+    reference on the CPU. "cpu" (the C kernel that reads the paged cache in place,
+    ``kernels/cpu_attention.py``) computes in float32 on a float32 cache: on any other model or
+    cache the torch reference serves instead."""
     if name == "auto":
         return "triton" if device.type == "cuda" else "torch"
+    if name == "cpu" and (device.type != "cpu" or dtype != torch.float32 or kv_cache_dtype != "auto"):
+        return "torch"
     return name
 
 
@@ -40,7 +47,13 @@ class LocalModel:
         self.device = device
         self.block_size, self.attn_block_size = config.block_size, attn_block_size
         self.num_heads, self.num_kv_heads = model.num_heads, model.num_kv_heads
-        self.backend = resolve_backend(config.attention_backend, device)
+        self.backend = resolve_backend(config.attention_backend, device, dtype, config.kv_cache_dtype)
+        if self.backend == "cpu":
+            # The CPU fast path: attention reads the paged KV in place (kernels/cpu_attention.py),
+            # and the matrix multiplies run on weights packed once for oneDNN (model/cpu_linear.py).
+            from ..model import cpu_linear
+            if cpu_linear.can_pack():
+                cpu_linear.pack_linears(model, batch_hint=min(config.max_num_seqs, 64))
         if self.backend == "triton":
             from minillm_kernels import ops
             ops.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter

@@ -229,7 +229,7 @@ class RankGroup:
         self.world = config.tensor_parallel_size
         check_heads(hf_config, self.world)
         self.config = config
-        self.backend = resolve_backend(config.attention_backend, device)
+        self.backend = resolve_backend(config.attention_backend, device, dtype, config.kv_cache_dtype)
         shard = rank_config(hf_config, 0, self.world)
         # What the driver's batch preparation reads of the model: heads per KV head, on each rank.
         self.num_heads, self.num_kv_heads = shard.num_attention_heads, shard.num_key_value_heads
@@ -258,7 +258,8 @@ class RankGroup:
             model=model, hf_config=hf_config, dtype=dtype, seed=c.seed, random_overrides=dict(c.random_model),
             num_blocks=num_blocks, attn_block_size=self.attn_block_size,
             runner_config=SimpleNamespace(attention_backend=c.attention_backend, kv_cache_dtype=c.kv_cache_dtype,
-                                          block_size=c.block_size, num_swap_blocks=c.num_swap_blocks))
+                                          block_size=c.block_size, num_swap_blocks=c.num_swap_blocks,
+                                          max_num_seqs=c.max_num_seqs))
         ctx = _process_context()
         procs, conns = [], []
         for rank in range(self.world):

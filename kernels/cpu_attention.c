@@ -1,0 +1,155 @@
+/* Paged attention on the CPU, reading every key and value where it lies in the paged cache.
+ *
+ * The same contract as kernels/attention.py (its torch reference and its Triton kernel): a ragged
+ * batch of new query tokens, request i owning q[cu_q[i] : cu_q[i+1]], attends causally over
+ * the ctx[i] positions of KV its block table lists. Nothing is gathered: for each block of
+ * the table, the kernel reads the block's rows in the cache itself, scores them against the
+ * queries and folds them into a running softmax (FlashAttention's online softmax, one block
+ * at a time), so the bytes it moves are the KV it reads, once.
+ *
+ * One work item is one request x one KV head x up to TILE_Q of the request's query tokens;
+ * its rows are those tokens times the GROUP query heads that share the KV head (GQA), so
+ * every key loaded serves all of them. Items run in parallel (OpenMP, torch's thread count).
+ * float32 only; the Python side (kernels/cpu_attention.py) compiles and calls this file.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define TILE_Q 16
+
+typedef struct {
+    int req, q0, q1, kv_head;
+} Item;
+
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int d = 0; d < n; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* Inlined into one copy per common head dim (a constant D lets the compiler keep a row's
+ * accumulator in vector registers and unroll the dot products) and one for any other D. */
+static inline __attribute__((always_inline)) void attend_item(const Item *it, const float *q, int64_t sq_t, int64_t sq_h, const float *kc,
+                        const float *vc, int64_t sk_b, int64_t sk_s, int64_t sk_h, int64_t sv_b,
+                        int64_t sv_s, int64_t sv_h, float *out, int64_t so_t, int64_t so_h,
+                        const int32_t *block_tables, int64_t s_bt, const int32_t *cu_q, const int32_t *ctx,
+                        int group, int D, int page, float scale, float *scratch) {
+    const int req = it->req, h = it->kv_head;
+    const int q_start = cu_q[req], q_len = cu_q[req + 1] - q_start;
+    const int first_pos = ctx[req] - q_len;           /* position of the request's first new token */
+    const int M = (it->q1 - it->q0) * group;          /* rows: query token x query head of the group */
+    const int kv_end = first_pos + it->q1;             /* keys the tile's last query may see */
+    float *Q = scratch, *acc = Q + (size_t)M * D, *m_i = acc + (size_t)M * D, *l_i = m_i + M;
+    float *s = l_i + M;                                /* one block's scores of one row */
+    int *q_pos = (int *)(s + page);
+    for (int m = 0; m < M; m++) {
+        int t = it->q0 + m / group, head = h * group + m % group;
+        const float *src = q + (int64_t)(q_start + t) * sq_t + (int64_t)head * sq_h;
+        for (int d = 0; d < D; d++) {
+            Q[(size_t)m * D + d] = src[d] * scale;
+            acc[(size_t)m * D + d] = 0.0f;
+        }
+        m_i[m] = -INFINITY;
+        l_i[m] = 0.0f;
+        q_pos[m] = first_pos + t;
+    }
+    const int32_t *table = block_tables + (int64_t)req * s_bt;
+    for (int n0 = 0; n0 < kv_end; n0 += page) {
+        const int64_t block = table[n0 / page];
+        const int nn = kv_end - n0 < page ? kv_end - n0 : page;
+        const float *K = kc + block * sk_b + (int64_t)h * sk_h;
+        const float *V = vc + block * sv_b + (int64_t)h * sv_h;
+        for (int m = 0; m < M; m++) {
+            int seen = q_pos[m] - n0 + 1;              /* keys of this block row m may see */
+            if (seen <= 0) continue;
+            if (seen > nn) seen = nn;
+            const float *qm = Q + (size_t)m * D;
+            float mx = m_i[m];
+            for (int j = 0; j < seen; j++) {
+                s[j] = dot(qm, K + j * sk_s, D);
+                if (s[j] > mx) mx = s[j];
+            }
+            const float alpha = expf(m_i[m] - mx);     /* rescales what was summed under the old max */
+            float l = l_i[m] * alpha;
+            for (int j = 0; j < seen; j++) {
+                s[j] = expf(s[j] - mx);                /* the block's probabilities, unnormalised */
+                l += s[j];
+            }
+            float *a = acc + (size_t)m * D;
+            /* a = a * alpha + sum_j p_j v_j, one accumulator per d kept in a register over the keys */
+            for (int d0 = 0; d0 < D; d0 += 16) {       /* 16 floats: one AVX-512 register */
+                const int w = D - d0 < 16 ? D - d0 : 16;
+                float t[16];
+                for (int k = 0; k < w; k++) t[k] = a[d0 + k] * alpha;
+                if (w == 16) {
+                    for (int j = 0; j < seen; j++) {
+                        const float p = s[j], *v = V + j * sv_s + d0;
+#pragma omp simd
+                        for (int k = 0; k < 16; k++) t[k] += p * v[k];
+                    }
+                } else {
+                    for (int j = 0; j < seen; j++)
+                        for (int k = 0; k < w; k++) t[k] += s[j] * V[j * sv_s + d0 + k];
+                }
+                for (int k = 0; k < w; k++) a[d0 + k] = t[k];
+            }
+            m_i[m] = mx;
+            l_i[m] = l;
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        int t = it->q0 + m / group, head = h * group + m % group;
+        float *dst = out + (int64_t)(q_start + t) * so_t + (int64_t)head * so_h;
+        const float inv = 1.0f / l_i[m];
+        for (int d = 0; d < D; d++) dst[d] = acc[(size_t)m * D + d] * inv;
+    }
+}
+
+/* Returns 0, or -1 if scratch memory could not be had. */
+int paged_attention_f32(const float *q, int64_t sq_t, int64_t sq_h, const float *kc, const float *vc,
+                        int64_t sk_b, int64_t sk_s, int64_t sk_h, int64_t sv_b, int64_t sv_s, int64_t sv_h,
+                        float *out, int64_t so_t, int64_t so_h, const int32_t *block_tables, int64_t s_bt,
+                        const int32_t *cu_q, const int32_t *ctx, int batch, int num_kv_heads, int group, int D,
+                        int page, float scale, int num_threads) {
+    int n_items = 0;
+    for (int r = 0; r < batch; r++) n_items += (cu_q[r + 1] - cu_q[r] + TILE_Q - 1) / TILE_Q * num_kv_heads;
+    Item *items = malloc(sizeof(Item) * (n_items ? n_items : 1));
+    if (!items) return -1;
+    int k = 0;
+    for (int r = 0; r < batch; r++) {
+        int q_len = cu_q[r + 1] - cu_q[r];
+        for (int q0 = 0; q0 < q_len; q0 += TILE_Q)
+            for (int h = 0; h < num_kv_heads; h++) {
+                Item it = {r, q0, q0 + TILE_Q < q_len ? q0 + TILE_Q : q_len, h};
+                items[k++] = it;
+            }
+    }
+    const int max_m = TILE_Q * group;
+    const size_t scratch_floats = (size_t)max_m * D * 2 + 2 * max_m + page + max_m;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *scratch = malloc(sizeof(float) * scratch_floats);
+        if (!scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#define ATTEND(HEAD_DIM)                                                                                     \
+    attend_item(&items[i], q, sq_t, sq_h, kc, vc, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, out, so_t, so_h,       \
+                block_tables, s_bt, cu_q, ctx, group, HEAD_DIM, page, scale, scratch)
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < n_items; i++) {
+            if (!scratch) continue;
+            switch (D) {
+            case 64: ATTEND(64); break;
+            case 128: ATTEND(128); break;
+            default: ATTEND(D);
+            }
+        }
+        free(scratch);
+    }
+    free(items);
+    return failed ? -1 : 0;
+}

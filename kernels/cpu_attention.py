@@ -1,0 +1,124 @@
+"""Paged attention on the CPU without copies: a small C kernel beside the torch reference.
+
+A reader can skip this module: it computes what :func:`minillm_kernels.attention.paged_attention_ref`
+computes (the reference the notebooks explain, and the one the tests hold it against), only faster.
+
+Why it exists. The torch reference gathers each request's blocks out of the paged cache into
+padded dense tensors (``index_select``), then runs one ``scaled_dot_product_attention``: at
+every layer of every step it copies the whole KV it is about to read, so decode moves the KV
+bytes three times (read for the copy, write the copy, read the copy). PagedAttention's point is
+that attention reads the blocks where they lie, through the block table; vLLM's CPU backend does
+that in C++, and so does ``cpu_attention.c`` here: an online softmax (FlashAttention's) folded
+over one block of the table at a time, every query head of a GQA group served by each key it
+loads, requests and KV heads spread over torch's CPU threads (OpenMP).
+
+How it runs. The C file is compiled on first use with the machine's C compiler (``$CC``, else
+``cc``; ``-O3 -march=native -fopenmp``) into a cache folder (``$MINILLM_KERNEL_CACHE``, else
+``~/.cache/minillm``), named by a hash of the source, the flags and the CPU, and called through
+``ctypes`` (which releases the GIL). Float32 queries and caches only; :func:`supports` says
+whether a call qualifies, and ``ops.paged_attention(backend="cpu")`` sends any other call (a
+float16/bfloat16 model, an int8/fp8 cache, CUDA tensors) to the torch reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_attention.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")   # gnu11: a*b+c may fuse
+
+
+def _cpu_tag() -> str:
+    """What -march=native compiled for: the CPU's flags (a cache shared between machines stays right)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return platform.machine() + flags
+
+
+def compiler() -> str | None:
+    """The C compiler this module would use, or None when there is none."""
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+@lru_cache(maxsize=None)
+def _library() -> ctypes.CDLL:
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError(f"attention_backend='cpu' compiles {SOURCE.name} on first use and needs a C compiler: "
+                           f"none found as CC={os.environ.get('CC', 'cc')!r} (install gcc, or use "
+                           "attention_backend='torch')")
+    code = SOURCE.read_bytes()
+    tag = hashlib.sha256(code + " ".join(FLAGS).encode() + _cpu_tag().encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("MINILLM_KERNEL_CACHE") or Path.home() / ".cache" / "minillm")
+    lib = cache / f"cpu_attention-{tag}.so"
+    if not lib.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)   # then renamed: another process may race us
+        os.close(fd)
+        try:
+            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"compiling {SOURCE} with {cc} failed:\n{done.stderr}")
+            os.replace(tmp, lib)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    dll = ctypes.CDLL(str(lib))
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    dll.paged_attention_f32.restype = i32
+    dll.paged_attention_f32.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, i64, i64,
+                                        ptr, i64, ptr, ptr, i32, i32, i32, i32, i32, ctypes.c_float, i32]
+    return dll
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor, k_scale=None) -> bool:
+    """Whether :func:`paged_attention_cpu` takes this call: float32 on the CPU, a float cache."""
+    return (k_scale is None and q.device.type == "cpu" and q.dtype == torch.float32
+            and k_cache.dtype == torch.float32)
+
+
+def paged_attention_cpu(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    """:func:`minillm_kernels.attention.paged_attention_ref`'s contract, computed in place in the
+    paged cache: q ``[total_q, H, D]``, k/v_cache ``[num_blocks, block_size, H_kv, D]``,
+    block_tables int32 ``[batch, max_blocks]``, cu_seqlens_q int32 ``[batch + 1]``, context_lens
+    int32 ``[batch]``. Returns ``[total_q, H, D]`` float32."""
+    if not supports(q, k_cache):
+        raise ValueError(f"paged_attention_cpu: float32 CPU tensors only, got q {q.dtype} on {q.device}, "
+                         f"cache {k_cache.dtype}")
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    if q.shape[1] % num_kv_heads or q.shape[2] != head_dim:
+        raise ValueError(f"paged_attention_cpu: q {tuple(q.shape)} does not fit a cache of {num_kv_heads} "
+                         f"KV heads of dim {head_dim}")
+    # Only the last dimension must be contiguous (the kernel takes every other stride).
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("paged_attention_cpu: the caches' last dimension must be contiguous")
+    bt = block_tables.to(torch.int32).contiguous()
+    cu = cu_seqlens_q.to(torch.int32).contiguous()
+    ctx = context_lens.to(torch.int32).contiguous()
+    out = torch.empty(q.shape, dtype=torch.float32)
+    if q.shape[0] == 0:
+        return out
+    rc = _library().paged_attention_f32(
+        q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        v_cache.stride(2), out.data_ptr(), out.stride(0), out.stride(1), bt.data_ptr(), bt.stride(0),
+        cu.data_ptr(), ctx.data_ptr(), ctx.shape[0], num_kv_heads, q.shape[1] // num_kv_heads, head_dim,
+        k_cache.shape[1], float(scale), torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("paged_attention_cpu: the kernel could not allocate its scratch memory")
+    return out

@@ -1,0 +1,155 @@
+"""The CPU attention kernel (kernels/cpu_attention.py: the paged KV read in place) against the torch
+reference it must equal, and the engine with it against transformers.
+
+The batches come from test_kernels.make_batch: unused cache slots hold NaN and unused block-table
+entries are huge, so a kernel that read past a request's context, or a padding entry of its
+table, would show it in the output.
+"""
+
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams
+from minillm.model import cpu_linear
+from minillm.worker.model_runner import resolve_backend
+from minillm_kernels import attention, cpu_attention, ops
+
+from helpers import hf_greedy, random_prompts, tiny_hf_checkpoint
+from test_kernels import SCENARIOS, make_batch, naive_attention
+
+pytestmark = pytest.mark.skipif(cpu_attention.compiler() is None, reason="no C compiler for the CPU kernel")
+
+
+def cpu_args(*a, **kw):
+    args, seqs = make_batch(*a, **kw)
+    return [x.cpu() if torch.is_tensor(x) else x for x in args], seqs
+
+
+def check(args, seqs=None):
+    out = cpu_attention.paged_attention_cpu(*args)
+    ref = attention.paged_attention_ref(*args)
+    assert out.shape == ref.shape and out.dtype == torch.float32 and torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+    if seqs is not None:   # and both against dense float64 attention from the contiguous sequences
+        torch.testing.assert_close(out.double(), naive_attention(args, seqs), atol=1e-5, rtol=1e-5)
+    return out
+
+
+# Prefill, decode, mixed, chunked on earlier context (a prefix-cache hit has the same shape:
+# q_len new tokens over ctx_len > q_len), several speculative tokens per request.
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("block_size", [1, 3, 16, 64])
+def test_equals_reference(scenario, block_size):
+    check(*cpu_args(*SCENARIOS[scenario], num_heads=8, num_kv_heads=2, block_size=block_size, seed=3))
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (8, 1), (6, 2), (16, 4)])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 128])
+def test_gqa_and_head_dims(num_heads, num_kv_heads, head_dim):
+    check(*cpu_args(*SCENARIOS["mixed"], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                    seed=4))
+
+
+def test_long_prefill_spans_several_query_tiles():
+    # 70 new tokens: the kernel's tiles of 16 queries, each with its own causal end.
+    check(*cpu_args([70, 1, 33], [70, 300, 90], num_heads=8, num_kv_heads=4, seed=5))
+
+
+@pytest.mark.parametrize("permute", [False, True])
+def test_block_table_order(permute):
+    check(*cpu_args(*SCENARIOS["chunked"], permute=permute, seed=6))
+
+
+def test_noncontiguous_q_and_empty_batch():
+    args, seqs = cpu_args(*SCENARIOS["mixed"], seed=7)
+    q = args[0]
+    wide = torch.zeros(q.shape[0], q.shape[1], 2 * q.shape[2])
+    wide[..., ::2] = q
+    heads_outer = q.transpose(0, 1).contiguous().transpose(0, 1)   # other strides, the last one 1
+    ref = attention.paged_attention_ref(*args)
+    for view in (heads_outer, wide[..., ::2]):                      # ... and one with a last stride of 2
+        assert not view.is_contiguous()
+        torch.testing.assert_close(cpu_attention.paged_attention_cpu(view, *args[1:]), ref, atol=2e-5, rtol=2e-5)
+    q, kc, vc, bt, cu, ctx, scale = args
+    empty = torch.zeros(1, dtype=torch.int32)
+    out = cpu_attention.paged_attention_cpu(q[:0], kc, vc, bt[:0], empty, empty[:0], scale)
+    assert out.shape == (0, *q.shape[1:])
+
+
+def test_dispatch_sends_other_dtypes_to_the_reference():
+    args, _ = cpu_args(*SCENARIOS["mixed"], dtype=torch.bfloat16, seed=8)
+    assert not cpu_attention.supports(args[0], args[1])
+    assert torch.equal(ops.paged_attention(*args, backend="cpu"), ops.paged_attention(*args, backend="torch"))
+    args, _ = cpu_args(*SCENARIOS["decode"], seed=8)
+    torch.testing.assert_close(ops.paged_attention(*args, backend="cpu"), ops.paged_attention_ref(*args),
+                               atol=2e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match="float32"):
+        cpu_attention.paged_attention_cpu(args[0].double(), *args[1:])
+
+
+def test_resolve_backend():
+    cpu = torch.device("cpu")
+    assert resolve_backend("cpu", cpu) == "cpu"
+    assert resolve_backend("cpu", cpu, torch.bfloat16) == "torch"       # the kernel is float32 only
+    assert resolve_backend("cpu", cpu, torch.float32, "int8") == "torch"
+    assert resolve_backend("auto", cpu) == "torch"
+
+
+def test_missing_compiler_is_named(monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert cpu_attention.compiler() is None
+    cpu_attention._library.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="C compiler.*attention_backend='torch'"):
+            cpu_attention._library()
+    finally:
+        cpu_attention._library.cache_clear()
+
+
+def test_engine_with_prefix_cache_hits_matches_transformers(tmp_path):
+    """Prompts sharing a 20-token prefix with prefix caching: later requests start with
+    num_computed_tokens > 0 (a hit), so their first step attends over blocks another request
+    wrote; the greedy tokens equal transformers' and the torch backend's."""
+    model = tiny_hf_checkpoint(tmp_path, "llama")
+    shared = random_prompts(1, 128, seed=9, lo=20, hi=20)[0]
+    prompts = [shared + tail for tail in random_prompts(6, 128, seed=10)]
+    ref = [hf_greedy(model, p, 6) for p in prompts]
+    outs = {}
+    for backend in ("cpu", "torch"):
+        llm = LLM(str(tmp_path), max_model_len=64, dtype="float32", attention_backend=backend, block_size=4,
+                  enable_prefix_caching=True, max_num_seqs=3)
+        got = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+        outs[backend] = [o.outputs[0].token_ids for o in got]
+        assert sum(o.num_cached_tokens for o in got) > 0, "the shared prefix was meant to hit"
+        assert llm.engine.executor.backend == backend
+    assert outs["cpu"] == ref
+    assert outs["torch"] == ref
+
+
+# --- the CPU fast path's packed linear layers (minillm/model/cpu_linear.py) ---------------------
+
+needs_onednn = pytest.mark.skipif(not cpu_linear.can_pack(), reason="torch without oneDNN prepacking")
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 32, 100])
+def test_packed_linear_equals_linear(rows, bias):
+    torch.manual_seed(rows)
+    lin = torch.nn.Linear(96, 200, bias=bias)
+    packed = cpu_linear.PackedLinear(lin, batch_hint=32)
+    x = torch.randn(rows, 96)
+    torch.testing.assert_close(packed(x), lin(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed(x.view(1, rows, 96)), lin(x).view(1, rows, 200), atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+def test_engine_packs_every_linear_and_keeps_the_parameters(tmp_path):
+    tiny_hf_checkpoint(tmp_path, "qwen2")          # q/k/v with biases
+    llm = LLM(str(tmp_path), max_model_len=64, dtype="float32", attention_backend="cpu")
+    plain = LLM(str(tmp_path), max_model_len=64, dtype="float32", attention_backend="torch")
+    model = llm.engine.executor.model
+    kinds = {type(m) for m in model.modules()}
+    assert cpu_linear.PackedLinear in kinds and torch.nn.Linear not in kinds
+    ours, theirs = model.state_dict(), plain.engine.executor.model.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
