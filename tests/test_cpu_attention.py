@@ -148,8 +148,8 @@ def test_engine_packs_every_linear_and_keeps_the_parameters(tmp_path):
     tiny_hf_checkpoint(tmp_path, "qwen2")          # q/k/v with biases
     llm = LLM(str(tmp_path), max_model_len=64, dtype="float32", attention_backend="cpu")
     plain = LLM(str(tmp_path), max_model_len=64, dtype="float32", attention_backend="torch")
-    model = llm.engine.executor.model
+    model = llm.engine.model
     kinds = {type(m) for m in model.modules()}
     assert cpu_linear.PackedLinear in kinds and torch.nn.Linear not in kinds
-    ours, theirs = model.state_dict(), plain.engine.executor.model.state_dict()
+    ours, theirs = model.state_dict(), plain.engine.model.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
