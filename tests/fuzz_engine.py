@@ -68,6 +68,7 @@ class FuzzStats:
     quantized_skipped: int = 0      # their sequences written in other pieces than alone: not compared
     tp_runs: int = 0                # runs on 2 tensor-parallel ranks
     draft_runs: int = 0             # speculative runs with a draft model (the others: n-gram lookup)
+    cpu_attention_runs: int = 0     # runs on the CPU attention kernel (the references: the torch reference)
     async_runs: int = 0             # AsyncLLM runs
     async_streams: int = 0          # their streams (a group's samples: one each)
     async_cancels: int = 0          # streams cancelled (task.cancel) or aborted (whole request or one sample)
@@ -153,6 +154,16 @@ def draw_kv_cache_dtype(rng: random.Random, cfg: dict, rate: float) -> None:
     the dtype); a quantized cache needs paged KV."""
     if cfg["kv_allocation"] == "paged" and rng.random() < rate:
         cfg["kv_cache_dtype"] = rng.choice(["int8", "fp8"] if fp8_available() is None else ["int8"])
+
+
+def draw_attention_backend(rng: random.Random, cfg: dict, rate: float) -> bool:
+    """About ``rate`` of the runs compute attention with the CPU kernel that reads the paged KV in place
+    (``attention_backend="cpu"``, ``kernels/cpu_attention.py``) where the references use the torch
+    reference: the two must give the same tokens. (A quantized cache runs the reference either way.)"""
+    if rng.random() < rate:
+        cfg["attention_backend"] = "cpu"
+        return True
+    return False
 
 
 def draw_draft_model(rng: random.Random, cfg: dict, rate: float) -> bool:
@@ -337,13 +348,14 @@ def install_faults(eng, rng: random.Random, fault_rate: float, sampler_rng: rand
 def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_rate: float = 0.03,
              max_steps: int = 3000, config=random_config, group_rate: float = 0.3,
              feature_rate: float = 0.15, quantized_rate: float = 0.25, sampler_fault_rate: float = 0.02,
-             draft_rate: float = 0.05, tensor_parallel: bool = False) -> FuzzStats:
+             draft_rate: float = 0.05, cpu_attention_rate: float = 0.2,
+             tensor_parallel: bool = False) -> FuzzStats:
     """One run: ``config(rng)`` draws the engine configuration (``random_config`` by default);
     about ``group_rate`` of the requests are parallel-sampling groups, ``feature_rate`` of them get
     each sampling feature (``draw_sampling``, ``draw_stops``), ``quantized_rate`` of the paged runs
     an int8 / fp8 KV cache, ``draft_rate`` of the speculative ones a draft model (``draw_draft_model``),
-    and each sampling call fails one row with probability
-    ``sampler_fault_rate``; each is drawn from a random stream of its own, so the configuration,
+    ``cpu_attention_rate`` the CPU attention kernel (``draw_attention_backend``), and each sampling
+    call fails one row with probability ``sampler_fault_rate``; each is drawn from a random stream of its own, so the configuration,
     workload and faults of a seed do not depend on them. ``tensor_parallel``: on 2 gloo ranks."""
     rng = random.Random(seed)
     cfg = config(rng)
@@ -353,6 +365,7 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
     drafted = draw_draft_model(random.Random(f"draft {seed}"), cfg, draft_rate)
     draw_sampling(random.Random(f"sampling {seed}"), reqs, cfg, feature_rate)
     want = references(reqs, cfg)
+    cpu_attention = draw_attention_backend(random.Random(f"backend {seed}"), cfg, cpu_attention_rate)
     if draw_stops(random.Random(f"stops {seed}"), reqs, want, feature_rate):
         want = references(reqs, cfg)
     if tensor_parallel:
@@ -361,7 +374,8 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
     cfg["policy"] = FaultyPolicy(make_policy(policy), rng, fault_rate)
     quantized = cfg.get("kv_cache_dtype", "auto") != "auto"
     stats = FuzzStats(runs=1, requests=len(reqs), groups=sum(r.get("n", 1) > 1 for r in reqs),
-                      quantized=int(quantized), tp_runs=int(tensor_parallel), draft_runs=int(drafted))
+                      quantized=int(quantized), tp_runs=int(tensor_parallel), draft_runs=int(drafted),
+                      cpu_attention_runs=int(cpu_attention))
     for r in reqs:
         p = r.get("params", {})
         stats.sampled += "temperature" in p

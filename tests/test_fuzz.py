@@ -54,7 +54,7 @@ def test_the_features_are_exercised_and_compared():
         total.add(fuzz_run(seed))
     assert total.problems == [], "\n".join(total.problems[:3])
     for name in ("groups", "sampled", "logprobs", "penalties", "stopped", "quantized", "quantized_compared",
-                 "sampler_faults", "sampling_failed", "aborts", "faults"):
+                 "sampler_faults", "sampling_failed", "aborts", "faults", "cpu_attention_runs"):
         assert getattr(total, name) > 0, f"no {name}: {total.line()}"
 
 
