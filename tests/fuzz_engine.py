@@ -356,7 +356,8 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
     an int8 / fp8 KV cache, ``draft_rate`` of the speculative ones a draft model (``draw_draft_model``),
     ``cpu_attention_rate`` the CPU attention kernel (``draw_attention_backend``), and each sampling
     call fails one row with probability ``sampler_fault_rate``; each is drawn from a random stream
-    of its own, so the configuration, workload and faults of a seed do not depend on them. ``tensor_parallel``: on 2 gloo ranks."""
+    of its own, so the configuration, workload and faults of a seed do not depend on them.
+    ``tensor_parallel``: on 2 gloo ranks."""
     rng = random.Random(seed)
     cfg = config(rng)
     reqs = random_workload(rng, num_requests, cfg)
