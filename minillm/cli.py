@@ -124,7 +124,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             parser.print_help()
             raise SystemExit(2)
         command, rest = args.command, args.args
-    {"serve": serve, "chat": chat, "bench": bench}[command](rest)
+    if command == "chat":
+        import openai
+        try:
+            chat(rest)
+        except openai.OpenAIError as e:          # no server there, a refused request: one line, not a traceback
+            raise SystemExit(f"minillm chat: {type(e).__name__}: {e}") from None
+        return
+    {"serve": serve, "bench": bench}[command](rest)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import asyncio
 import json
 import logging
 import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -442,3 +444,34 @@ def test_langchain_batch_chat_tools_none_and_structured_output_refused_clearly(s
     for method, match in (("json_mode", "structured output"), ("function_calling", "does not call tools")):
         with pytest.raises(openai.BadRequestError, match=match):
             chat.with_structured_output(Answer, method=method).invoke("Speak.")
+
+
+# --- vLLM's sampling fields, a server's life, the chat command --------------------------------------
+
+def test_min_p_and_skip_special_tokens_reach_the_sampler(server, reference):
+    """vLLM's ``min_p`` is honoured, not ignored: at 1 only the most likely token is left, so a sampled
+    reply is the greedy one; outside [0, 1] it is a 400 naming the field."""
+    prompt = [5, 6, 7]
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 1.0, "seed": 11}
+    greedy = _greedy(reference, prompt, max_tokens=6).token_ids
+    got = _post(server, "/v1/completions", {**body, "min_p": 1.0, "return_token_ids": True}).json()
+    assert got["choices"][0]["token_ids"] == greedy
+    _error(_post(server, "/v1/completions", {**body, "min_p": 5}), 400, match="min_p")
+    assert _post(server, "/v1/completions", {**body, "skip_special_tokens": False}).status_code == 200
+
+
+def test_a_stopped_background_server_refuses_to_start_again():
+    s = BackgroundServer("random", block_size=16, num_kv_blocks=16, max_model_len=64).start()
+    with pytest.raises(RuntimeError, match="already serving"):
+        s.start()
+    s.stop()
+    with pytest.raises(RuntimeError, match="build a new BackgroundServer"):
+        s.start()
+    s.stop()                                             # a second stop does nothing
+
+
+def test_minillm_chat_says_in_one_line_that_no_server_answers():
+    proc = subprocess.run([sys.executable, "-m", "minillm", "chat", "--url", "http://127.0.0.1:9/v1", "-q", "hi"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == ["minillm chat: APIConnectionError: Connection error."], proc.stderr

@@ -228,6 +228,7 @@ class OpenAIServing:
                                   presence_penalty=given(req.presence_penalty, 0.0),
                                   frequency_penalty=given(req.frequency_penalty, 0.0),
                                   repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens,
+                                  min_p=given(req.min_p, 0.0), skip_special_tokens=req.skip_special_tokens,
                                   logprobs=logprobs,
                                   logit_bias={int(t): b for t, b in req.logit_bias.items()} if req.logit_bias else None)
         except (ValueError, TypeError) as e:

@@ -33,6 +33,7 @@ class BackgroundServer:
         self.max_request_bytes = max_request_bytes      # None: the server's default
         self._server = None
         self._thread: Optional[threading.Thread] = None
+        self._stopped = False                        # stop() shuts the engine down with the server
         self.loop: Optional[asyncio.AbstractEventLoop] = None
 
     @property
@@ -45,6 +46,11 @@ class BackgroundServer:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self, timeout: float = 60.0) -> "BackgroundServer":
+        if self._stopped:
+            raise RuntimeError("BackgroundServer.start: this server was stopped, and its engine shut down with "
+                               "it; build a new BackgroundServer to serve again")
+        if self.running:
+            raise RuntimeError(f"BackgroundServer.start: already serving on {self.url}")
         import uvicorn
         from .api_server import DEFAULT_MAX_REQUEST_BYTES, build_app
         app = build_app(self.llm, self.model_name, self.model_path, api_key=self.api_key,
@@ -81,6 +87,8 @@ class BackgroundServer:
         return self.call(self.llm.engine_call(fn), timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
+        if self._thread is not None:
+            self._stopped = True
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:

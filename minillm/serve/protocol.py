@@ -93,6 +93,8 @@ class SamplingFields(OpenAIModel):
     frequency_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])  # vLLM's
     min_tokens: MinTokens = 0    # vLLM's extension: no stop before this many tokens
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)   # vLLM's extension: None = 0 (no filter)
+    skip_special_tokens: bool = True     # vLLM's extension: leave special tokens out of the text
     logit_bias: Optional[dict[Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,11})$")],   # a token id, as text
                               Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]]] = Field(
         None, json_schema_extra=documented(_nullable({
