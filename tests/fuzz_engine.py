@@ -216,8 +216,9 @@ def draw_sampling(rng: random.Random, reqs: list[dict], cfg: dict, rate: float) 
         params = r.setdefault("params", {})
         if not spec and r.get("n", 1) == 1 and rng.random() < rate:
             r["seed"] = rng.randrange(2**31)
+            # top_k -1 (vLLM's "all") and one far past the vocabulary (it once overflowed the sampler)
             params.update(temperature=rng.choice([0.5, 0.8, 1.2]), top_p=rng.choice([1.0, 0.9, 0.5]),
-                          top_k=rng.choice([0, 0, 5, 50]))
+                          top_k=rng.choice([0, 0, 5, 50, -1, 2**97]), min_p=rng.choice([0.0, 0.0, 0.1]))
         if not spec and rng.random() < rate:
             params["logprobs"] = rng.choice([0, 1, 3])
         if not spec and rng.random() < rate:
