@@ -208,3 +208,23 @@ def test_the_scheduler_says_when_it_is_idle():
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.scheduler.is_idle()
+
+
+@pytest.mark.slow          # two runs of the real engine
+def test_the_real_side_is_the_median_of_its_rounds():
+    """Two rounds of a short trace on the real engine: a request's measured latency is the median of
+    its two rounds (their mean), the step counts of both are kept, and ``noise`` is how far they differ."""
+    from minillm.sim.calibration import compare_on_trace, validation_trace
+
+    trace = validation_trace(6, rate=40.0, seed=3, prompt_median=16, output_median=4)
+    report = compare_on_trace(LinearStepCost(TRUE), trace, rounds=2)
+    assert report["rounds"] == 2 and report["num_requests"] == 6
+    assert len(report["steps"]["measured_each_round"]) == 2
+    for metric in ("ttft", "tpot", "e2e"):
+        m = report[metric]
+        assert m["noise"] >= 0 and m["median_rel_err"] <= m["p90_rel_err"]
+    for load in ("utilisation", "mean_waiting"):
+        assert set(report[load]) == {"measured", "modeled"}
+    assert 0 < report["utilisation"]["measured"] <= 1 and 0 < report["utilisation"]["modeled"] <= 1
+    with pytest.raises(ValueError, match="rounds=0"):
+        compare_on_trace(LinearStepCost(TRUE), trace, rounds=0)

@@ -323,13 +323,14 @@ def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optiona
     median over the rounds (a single run's noise, a collection or another program taking the core,
     is the machine's, not the model's); per metric (``ttft``, ``tpot``, ``e2e``) the median and
     90th-percentile relative error of modeled against measured, both medians, and ``noise``: the
-    median relative distance of one round's latency from the rounds' median (what the measurement
-    itself scatters; 0 for one round). Also every request's pair (``per_request``), the step counts
-    (measured: the rounds' median), preemptions, and the load: ``utilisation``, the fraction of the
-    trace's span (first arrival to last finish) the engine was busy, and ``mean_waiting``, the requests
-    left waiting at a step (at most ``record_max_waiting`` counted), measured (the rounds' median) and
-    modeled. A batching engine is busy nearly all the time well below its capacity (every step serves
-    whoever is running); a queue that keeps growing is what saturation looks like."""
+    median over requests and pairs of rounds of |one round - another| / the rounds' median (how far
+    two runs of the same trace on the same engine differ; 0 for one round). Also every request's pair
+    (``per_request``), the step counts (measured: the rounds' median), preemptions, and the load:
+    ``utilisation``, the fraction of the trace's span (first arrival to last finish) the engine was
+    busy, and ``mean_waiting``, the requests left waiting at a step (at most ``record_max_waiting``
+    counted), measured (the rounds' median) and modeled. A batching engine is busy nearly all the
+    time well below its capacity (every step serves whoever is running); a queue that keeps growing
+    is what saturation looks like."""
     from ..model.loader import resolve_model_path
     from .simulated import simulate
     if rounds < 1:
@@ -353,7 +354,8 @@ def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optiona
         err = _relative_errors(measured, modeled, metric)
         values = [(measured[r][metric], modeled[r][metric]) for r in ids
                   if measured[r][metric] is not None and modeled[r][metric] is not None]
-        noise = [_relative_errors(measured, run["latencies"], metric) for run in runs] if rounds > 1 else []
+        noise = [_round_differences(a["latencies"], b["latencies"], measured, metric)
+                 for i, a in enumerate(runs) for b in runs[i + 1:]]
         report[metric] = {"median_rel_err": float(np.median(err)), "p90_rel_err": float(np.percentile(err, 90)),
                           "median_measured_s": float(np.median([a for a, _ in values])),
                           "median_modeled_s": float(np.median([b for _, b in values])), "num_requests": len(err),
@@ -378,6 +380,11 @@ METRICS = ("ttft", "tpot", "e2e")
 def _median(values: list) -> Optional[float]:
     known = [v for v in values if v is not None]
     return float(np.median(known)) if known else None
+
+
+def _round_differences(one: dict, other: dict, median: dict, metric: str) -> np.ndarray:
+    triples = [(one[r][metric], other[r][metric], median[r][metric]) for r in median]
+    return np.array([abs(a - b) / m for a, b, m in triples if a is not None and b is not None and m])
 
 
 def _real_run(trace: Sequence, model: Optional[str], config: dict) -> dict:
@@ -460,7 +467,7 @@ def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_
                 f"preemptions measured, {r['preemptions_modeled']} modeled; busy "
                 f"{r['utilisation']['measured']:.0%} measured, {r['utilisation']['modeled']:.0%} modeled, "
                 f"{r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f} requests waiting; "
-                f"one round's e2e scatters {r['e2e']['noise']:.1%} (median) around the rounds' median")
+                f"two rounds' e2e differ by {r['e2e']['noise']:.1%} (median)")
     if out is not None:
         path = Path(out)
         path.mkdir(parents=True, exist_ok=True)
