@@ -339,6 +339,7 @@ def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optiona
     config.setdefault("max_num_batched_tokens", 2048)
     config.setdefault("max_model_len", 1024)
     config.setdefault("preemption_mode", "recompute")
+    config.setdefault("record_max_waiting", 64)   # the same cap on both sides (``mean_waiting``)
 
     runs = [_real_run(trace, model, config) for _ in range(rounds)]
     ids = [r.request_id for r in trace]
