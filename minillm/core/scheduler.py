@@ -102,6 +102,11 @@ class Scheduler:
         """Arrival time of the next request that has not arrived yet (None if none)."""
         return self.incoming[0][0] if self.incoming else None
 
+    def is_idle(self) -> bool:
+        """Nothing that has arrived is left to run: no request waiting, running, swapped or held (one
+        from the future may still wait in ``incoming``). The engine then waits for ``next_arrival``."""
+        return not (self.waiting or self.running or self.swapped or self.held)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped or self.held or self.incoming)
 
