@@ -55,7 +55,6 @@ DEVICE = pick_device()   # "cuda" with a GPU; without one "cpu", where Triton's 
 from types import SimpleNamespace
 
 import numpy as np
-import plotly.graph_objects as go
 
 from minillm import LLM, SamplingParams, impl
 from minillm.analysis import workloads
@@ -430,10 +429,7 @@ while llm.engine.has_unfinished_requests():
         req = llm.engine.requests[rid]
         levels[rid].append(mlfq.level(req) if rid in rec.running or any(w.request_id == rid for w in rec.waiting)
                            else None)
-fig = go.Figure([go.Scatter(x=t, y=levels[rid], name=rid, mode="lines", line=dict(shape="hv")) for rid in watch])
-fig.update_layout(title=f"MLFQ level over time ({mlfq.num_boosts} boosts, every 2 s)", xaxis_title="time (s)",
-                  yaxis=dict(title="level (0 = top)", autorange="reversed", dtick=1), height=320, plot_bgcolor="white")
-fig
+show.levels_figure(t, levels, title=f"MLFQ level over time ({mlfq.num_boosts} boosts, every 2 s)")
 
 # %% [markdown]
 # Rules of thumb for the knobs: typically 3 to 5 levels; quanta set from the distribution of request

@@ -151,8 +151,7 @@ for n in (1, 5):
     held = max(mm.finish_time - mm.token_times[-1] for mm in m.values())
     _, m2, _ = served(late_trace, cost_model=cost, schedule_every=n, max_num_seqs=64)
     admit = max(m2[f"new{i}"].queue_wait for i in range(30))
-    print(f"schedule every {n} step(s): overhead {sched / forward:6.2%} of decode time; a finished request is held "
-          f"up to {held * 1e3:3.0f} ms ({held / (500 * 0.015):.2%} of 500 x 15 ms); a new one waits up to {admit * 1e3:3.0f} ms")
+    print(show.every_n_line(n, sched / forward, held, admit, answer_s=500 * 0.015))
     assert held <= (n - 1) * 0.0155 + 1e-9 and admit <= n * 0.0155 + 1e-9   # the hand calculation's bounds (with the pass)
 
 # %% [markdown]

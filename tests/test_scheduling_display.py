@@ -69,3 +69,15 @@ def test_load_and_shed_lines_carry_the_summary():
     assert "(65% meet the SLOs)" in line and "mean batch  12.5" in line
     assert "queue cap   16: rejected   7" in show.shed_line(20, 16, s)
     assert "queue cap None" in show.shed_line(20, None, s)
+
+
+def test_every_n_line_shows_the_worked_example():
+    line = show.every_n_line(5, 0.0005 / 0.075, 0.060, 0.0755, answer_s=7.5)
+    assert line == ("schedule every 5 step(s): overhead  0.67% of decode time; a finished request is held up to  60 ms "
+                    "(0.80% of a 7.5 s answer); a new one waits up to  76 ms")
+
+
+def test_levels_figure_draws_each_request_as_steps():
+    fig = show.levels_figure([0.01, 0.02, 0.03], {"a": [0, 1, None], "b": [0, 0, 2]}, title="levels")
+    assert [t.name for t in fig.data] == ["a", "b"] and all(t.line.shape == "hv" for t in fig.data)
+    assert fig.layout.title.text == "levels" and fig.layout.yaxis.autorange == "reversed"

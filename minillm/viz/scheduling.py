@@ -6,9 +6,10 @@ dict) and returns one line of text or one plotly figure; nothing here runs an en
 * ``step_lines``: what each step ran and why the first waiting requests waited, one line per step;
 * ``mean_of``: the mean of one metric over some requests (those without a value left out);
 * ``run_line``: one run in one line: a name, latency statistics from the summary, group means, preemptions;
+* ``every_n_line``: what scheduling every N steps saved and cost, measured on a run;
 * ``load_line`` and ``shed_line``: one arrival rate of a load sweep, without and with a queue cap;
-* ``aging_figure``, ``service_figure``, ``token_gaps_figure``, ``load_figure``: the figures of the
-  aging, fair-queuing, prefill-vs-decode and load sections.
+* ``aging_figure``, ``levels_figure``, ``service_figure``, ``token_gaps_figure``, ``load_figure``: the
+  figures of the aging, MLFQ, fair-queuing, prefill-vs-decode and load sections.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from plotly.subplots import make_subplots
 from ..step_record import StepRecord
 from .figures import PALETTE
 
-__all__ = ["step_lines", "mean_of", "fmt_time", "run_line", "load_line", "shed_line", "aging_figure",
-           "service_over_time", "service_figure", "token_gaps_figure", "load_figure"]
+__all__ = ["step_lines", "mean_of", "fmt_time", "run_line", "every_n_line", "load_line", "shed_line", "aging_figure",
+           "levels_figure", "service_over_time", "service_figure", "token_gaps_figure", "load_figure"]
 
 # The summary's statistics (metrics.summarize: "e2e_mean", "ttft_p99", ...) as a line names them.
 STAT_NAMES = {"mean": "mean", "p50": "median", "p90": "p90", "p99": "p99", "max": "worst"}
@@ -87,6 +88,14 @@ def run_line(name: str, summary: Optional[Mapping[str, Any]] = None, *, stats: S
     return line + (f"  {note}" if note else "")
 
 
+def every_n_line(n: int, overhead: float, held: float, admit: float, answer_s: float) -> str:
+    """Scheduling every ``n`` steps, measured: the passes' share of the decode time, the longest a finished
+    request was held (also as a share of an answer of ``answer_s`` seconds) and the longest a newcomer waited."""
+    return (f"schedule every {n} step(s): overhead {overhead:6.2%} of decode time; a finished request is held up to "
+            f"{held * 1e3:3.0f} ms ({held / answer_s:.2%} of a {answer_s:g} s answer); a new one waits up to "
+            f"{admit * 1e3:3.0f} ms")
+
+
 def load_line(rate: float, s: Mapping[str, Any]) -> str:
     """One arrival rate of a load sweep: the TTFT median and tail, throughput, goodput and the share meeting
     the SLOs, the mean batch, and how long the simulation took."""
@@ -148,6 +157,14 @@ def service_figure(engines: Mapping[str, Any], tenants: Sequence[str]) -> go.Fig
     fig.update_xaxes(title_text="time (s)")
     fig.update_yaxes(title_text="service received (weighted tokens)", col=1)
     return _layout(fig, "who gets served while one tenant floods")
+
+
+def levels_figure(times: Sequence[float], levels: Mapping[str, Sequence[Optional[int]]], title: str) -> go.Figure:
+    """Each watched request's MLFQ level after every step (``None`` once it has finished), as steps."""
+    fig = go.Figure([go.Scatter(x=times, y=lv, name=rid, mode="lines", line=dict(shape="hv", color=PALETTE[i]))
+                     for i, (rid, lv) in enumerate(levels.items())])
+    fig.update_layout(xaxis_title="time (s)", yaxis=dict(title="level (0 = top)", autorange="reversed", dtick=1))
+    return _layout(fig, title, 320)
 
 
 def token_gaps_figure(runs: Mapping[str, Mapping[str, Any]], request_id: str, title: str) -> go.Figure:
