@@ -75,7 +75,7 @@ def test_docstring_examples_hold_for_the_reference(src):
     assert result.failed == 0, f"solutions/{src.name}: {result.failed} of {examples} docstring examples fail (above)"
 
 
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[1-9]*_*.ipynb"))        # 01 .. 07, 03b
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
