@@ -192,7 +192,7 @@ figures.latency_cdf_figure(sjf_runs, metrics=("e2e_latency",), unit="s",
 #
 # The last finish barely moves (the slots do the same total work either way); the mean falls by about a
 # quarter, because the many short requests no longer wait behind the long ones. Compare the printed
-# `longest` and `mean completion` columns.
+# `worst` and `mean` columns.
 #
 # </details>
 
