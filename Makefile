@@ -31,9 +31,9 @@ PORT     ?= 8888
 LAB_ARGS ?=
 # The news pop-up (it covers the widgets) is this JupyterLab plugin, disabled in the environment.
 ANNOUNCEMENTS := @jupyterlab/apputils-extension:announcements
-# The file browser hides each notebook's jupytext source (notebooks/NN_*.py, the file authors edit), so a
+# The file browser hides each notebook's jupytext source (notebooks/NN_*.py and NNb_*.py, the files authors edit), so a
 # student opens the notebook; the rest are jupyter_server's own defaults.
-HIDE_GLOBS := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "[0-9][0-9]_*.py"]
+HIDE_GLOBS := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "[0-9][0-9]_*.py", "[0-9][0-9][a-z]_*.py"]
 
 .PHONY: install test-latest lab test test-fast lint grade exercises notebooks git-filter bench gpu-check vllm-env fuzz serve clean
 

@@ -316,6 +316,7 @@ print(f"server running: {server.running}")
 # | [01 · Batching math](01_batching_math.ipynb) | why decode is memory bound, the roofline, KV memory and the maximum batch, static vs continuous batching, the execution-token budget |
 # | [02 · Reservation vs paging](02_reservation_vs_paging.ipynb) | why max-length reservations make requests wait (Figure 4), paged KV blocks, waste, the block size |
 # | [03 · Scheduling policies](03_scheduling_policies.ipynb) | FCFS, shortest-first, priority classes, MLFQ, fair queuing; head-of-line blocking and starvation |
+# | [03b · The scheduler under load](03b_scheduling_under_load.ipynb) | prefill vs decode and chunked prefill, scheduling every N steps, goodput and load shedding, the simulator calibrated on your machine |
 # | [04 · Prefix caching](04_prefix_caching.ipynb) | block hashes, reference counts, shared system prompts and multi-turn conversations |
 # | [05 · Preemption](05_preemption.ipynb) | swap vs recompute and the cost rule that picks one; thrashing |
 # | [06 · Speculative decoding](06_speculative_decoding.ipynb) | a draft proposes, the target verifies in one pass; acceptance rate and when it stops paying |
@@ -341,7 +342,7 @@ print(f"server running: {server.running}")
 # and time per output token (the mean gap between later tokens: the decode pace a reader sees).
 #
 # **SLO.** A *service-level objective*: a latency target each request should meet, e.g. TTFT at most 2 s
-# and TPOT at most 100 ms. Requests served within their SLOs per second is *goodput* (notebook 03 also
+# and TPOT at most 100 ms. Requests served within their SLOs per second is *goodput* (notebook 03b also
 # gives DistServe's definition: the highest arrival rate at which, say, 90% of requests meet them).
 #
 # **Percentiles: p50, p99.** The p-th percentile of a set of latencies is the value that p% of them are
@@ -382,7 +383,8 @@ print(f"server running: {server.running}")
 # ## Exercises
 #
 # How the exercises work, for the whole series: each notebook `NN` has a module `exercises/exNN_*.py` of
-# functions and classes to fill in. Their stubs raise `NotImplementedError` naming the task; their
+# functions and classes to fill in (notebook 03b's is `ex03b_under_load.py`; a notebook's second module
+# takes a letter, `ex02b_kv_quant.py`). Their stubs raise `NotImplementedError` naming the task; their
 # docstrings say what to compute and where the idea comes from (the paper that introduced it, where there
 # is one). A notebook's last cells
 # call *your* implementation (`impl.load("ex01_batching")`), and `make grade EX=NN` runs the graders:

@@ -484,8 +484,8 @@ print(check_paged_attention(fig23.engine))   # the Triton kernel against its tor
 # The **batch size varies** from step to step, so nothing may be sized for one batch shape. The requests
 # of one step have **ragged lengths**: different numbers of new tokens (a prefill beside decodes) and
 # different contexts, so the kernel takes each request's positions and block table rather than a padded
-# rectangle. And the **decision must be cheap**, because it is paid before every step (notebook 03,
-# section 7, measures what it costs). The rest of this run, step by step:
+# rectangle. And the **decision must be cheap**, because it is paid before every step (notebook 03b,
+# section 2, measures what it costs). The rest of this run, step by step:
 
 # %%
 fig23.engine.run()

@@ -478,11 +478,11 @@ with impl.attempt("ex02.FirstFitAllocator"):
         print(rec.summary())
 
 # %% [markdown]
-# **Exercise 5, one quantized block** (in `exercises/ex08_kv_quant.py`, graded with `make grade EX=08`):
+# **Exercise 5, one quantized block** (in `exercises/ex02b_kv_quant.py`, graded with `make grade EX=02b`):
 # the arithmetic of section 4's int8/fp8 cache. `new_scale(old, amax, kind)`: a head's scale after a write
 # whose largest `|x|` is `amax`; `quantize(x, scale, kind)`: divide, clamp to `±QMAX`, round (int8) or
 # cast (fp8); `dequantize(q, scale)`: what a stored number stands for; `quantize_block(x, kind)`: one block
-# written at once. `ex8.ExerciseQuantizer()` hands your functions to the engine
+# written at once. `ex2b.ExerciseQuantizer()` hands your functions to the engine
 # (`LLM(kv_cache_dtype="int8", kv_quantizer=...)`): the cell below writes every KV block with them.
 
 # %% [markdown]
@@ -503,15 +503,15 @@ with impl.attempt("ex02.FirstFitAllocator"):
 # </details>
 
 # %%
-ex8 = impl.load("ex08_kv_quant")       # your exercises/ex08_kv_quant.py
-with impl.attempt("ex08.quantize_block"):
+ex2b = impl.load("ex02b_kv_quant")     # your exercises/ex02b_kv_quant.py
+with impl.attempt("ex02b.quantize_block"):
     block = torch.randn(16, 2, 16, generator=torch.Generator().manual_seed(0))
     block = block * torch.tensor([1.0, 30.0])[None, :, None]                  # two heads of different range
-    q8, s8 = ex8.quantize_block(block, "int8")
-    err = (ex8.dequantize(q8, s8[None, :, None]) - block).abs().amax(dim=(0, 2))
+    q8, s8 = ex2b.quantize_block(block, "int8")
+    err = (ex2b.dequantize(q8, s8[None, :, None]) - block).abs().amax(dim=(0, 2))
     print(f"scales {[round(v, 4) for v in s8.tolist()]}; largest error per head {[round(v, 4) for v in err.tolist()]} "
           f"(half a step: {[round(v / 2, 4) for v in s8.tolist()]})")
-    mine = LLM(model="random", kv_cache_dtype="int8", attention_backend="torch", kv_quantizer=ex8.ExerciseQuantizer())
+    mine = LLM(model="random", kv_cache_dtype="int8", attention_backend="torch", kv_quantizer=ex2b.ExerciseQuantizer())
     theirs = LLM(model="random", kv_cache_dtype="int8", attention_backend="torch")
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     same = [a.token_ids == b.token_ids for a, b in zip(mine.generate([[10, 11, 12, 13], [40, 41]], sp),
@@ -521,7 +521,7 @@ with impl.attempt("ex08.quantize_block"):
 # %% [markdown]
 # ### Grading
 #
-# Your code goes in `exercises/ex02_paging.py` and `exercises/ex08_kv_quant.py` (their stubs raise
+# Your code goes in `exercises/ex02_paging.py` and `exercises/ex02b_kv_quant.py` (their stubs raise
 # `NotImplementedError` until you fill them in; the docstrings say exactly what each must do). The cells
 # above run *your* version: `impl.load` reads the environment variable `MINILLM_IMPL` (unset: `exercises`,
 # yours; `solutions`: the reference answers).
@@ -529,7 +529,7 @@ with impl.attempt("ex08.quantize_block"):
 #
 # ```bash
 # make grade EX=02                                            # every ex02 grader, against exercises/
-# make grade EX=08                                            # exercise 5 (KV quantization)
+# make grade EX=02b                                           # exercise 5 (KV quantization)
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex02 tests/test_exercises.py -k first_fit   # one exercise
 # ```
 #

@@ -567,9 +567,9 @@ with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
               f"E reused {llm.engine.requests['E'].metrics.num_cached_tokens} tokens")
 
 # %% [markdown]
-# **Exercise 4, the fork and copy-on-write** (section 7), in `exercises/ex09_parallel_sampling.py`: `fork` (the new
+# **Exercise 4, the fork and copy-on-write** (section 7), in `exercises/ex04b_parallel_sampling.py`: `fork` (the new
 # sequence's block table and the reference counts after), `block_to_write` (which block the next position falls
-# in) and `copy_on_write` (copy or not, which block, the counts after). `ex9.cow_kv_manager` is a factory for
+# in) and `copy_on_write` (copy or not, which block, the counts after). `ex4b.cow_kv_manager` is a factory for
 # `EngineConfig.kv_manager`: section 7's four samples on your fork and copies, next to minillm's own.
 
 # %% [markdown]
@@ -580,9 +580,9 @@ with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
 # </details>
 
 # %%
-ex9 = impl.load("ex09_parallel_sampling")
-with impl.attempt("ex09.fork / block_to_write / copy_on_write"):
-    for name, factory in (("minillm's", None), ("yours", ex9.cow_kv_manager)):
+ex4b = impl.load("ex04b_parallel_sampling")
+with impl.attempt("ex04b.fork / block_to_write / copy_on_write"):
+    for name, factory in (("minillm's", None), ("yours", ex4b.cow_kv_manager)):
         llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=16, kv_manager=factory)
         llm.engine.add_request(FORK_PROMPT, SamplingParams(n=4, max_tokens=3, ignore_eos=True), request_id="P")
         recs = llm.engine.run()
@@ -616,14 +616,14 @@ with impl.attempt("ex04.tokens_reused_after_edit"):
 # %% [markdown]
 # ### Grading
 #
-# Your code goes in `exercises/ex04_prefix_cache.py` and `exercises/ex09_parallel_sampling.py` (their stubs raise `NotImplementedError` until you fill them in;
+# Your code goes in `exercises/ex04_prefix_cache.py` and `exercises/ex04b_parallel_sampling.py` (their stubs raise `NotImplementedError` until you fill them in;
 # the docstrings say exactly what each must do). The cells above run *your* version: `impl.load` reads
 # the environment variable `MINILLM_IMPL` (unset: `exercises`, yours; `solutions`: the reference answers).
 # From the repository root:
 #
 # ```bash
 # make grade EX=04                                            # every ex04 grader, against exercises/
-# make grade EX=09                                            # the fork and copy-on-write
+# make grade EX=04b                                           # the fork and copy-on-write
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex04 tests/test_exercises.py -k "pool or evict"   # one exercise
 # ```
 #

@@ -404,7 +404,7 @@ assert min(pauses.values()) > 1e-3 and max(pauses.values()) > 0.1     # millisec
 
 # %% [markdown]
 # Milliseconds for a decode step, tens to hundreds of milliseconds for a prefill, and more on a larger
-# model or a slower GPU: thousands of times a context switch. Chunked prefill (notebook 03, section 6)
+# model or a slower GPU: thousands of times a context switch. Chunked prefill (notebook 03b, section 1)
 # bounds the pause by cutting the prefill into pieces. And the preemption itself costs a recompute or a
 # swap, so an engine preempts only for a reason. Memory pressure (sections 1 to 4) and priority (this section) are the common ones. A third is low utilisation: when a
 # few long requests hold most of the cache while many short ones wait, the batch is small and the
@@ -562,7 +562,7 @@ with impl.attempt("ex05.swap_recompute_crossover"):
 # 3. Llama-3-8B keeps a quarter of Llama-2-7B's KV per position (grouped-query attention). Does that push the
 #    rule toward swap or toward recompute?
 # 4. Reserving the whole length at admission gives zero preemptions. Why is it still not the better engine?
-# 5. An urgent request arrives while a long prefill runs. What bounds its wait, and what in notebook 03 shortens it?
+# 5. An urgent request arrives while a long prefill runs. What bounds its wait, and what in notebook 03b shortens it?
 #
 # <details><summary>Answers</summary>
 #

@@ -168,7 +168,7 @@ fig.show()
 # * **unchunked**: colocated, a whole prompt per step, prefill first (vLLM before chunked prefill, the
 #   baseline DistServe compared against).
 #
-# Goodput here is notebook 03's SLO-meeting throughput (not DistServe's highest rate meeting an attainment
+# Goodput here is notebook 03b's SLO-meeting throughput (not DistServe's highest rate meeting an attainment
 # target): requests per second meeting TTFT <= 1 s and TPOT <= the SLO, under a loose (100 ms) and a tight
 # (25 ms) TPOT.
 

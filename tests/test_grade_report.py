@@ -96,11 +96,11 @@ def test_a_bare_assert_in_a_grader_shows_both_values(tmp_path):
     not to even), not as pytest's introspection."""
     d = tmp_path / "mine"
     d.mkdir()
-    src = (ROOT / "solutions" / "ex08_kv_quant.py").read_text()
-    assert "        return torch.round(y).to(torch.int8)\n" in src, "solutions/ex08 changed shape: update this test"
-    (d / "ex08_kv_quant.py").write_text(src.replace("        return torch.round(y).to(torch.int8)\n",
+    src = (ROOT / "solutions" / "ex02b_kv_quant.py").read_text()
+    assert "        return torch.round(y).to(torch.int8)\n" in src, "solutions/ex02b changed shape: update this test"
+    (d / "ex02b_kv_quant.py").write_text(src.replace("        return torch.round(y).to(torch.int8)\n",
                                                     "        return torch.floor(y + 0.5).to(torch.int8)\n"))
-    proc = _grade_with_pytest(d, "08")
+    proc = _grade_with_pytest(d, "02b")
     out = proc.stdout.rstrip("\n").split("\n")
     i = next(i for i, ln in enumerate(out) if LINE.match(ln) and "quantize_block_by_hand" in ln)
     assert LINE.match(out[i]).group(1) == "FAIL", proc.stdout[-3000:]
