@@ -391,7 +391,9 @@ print(f"server running: {server.running}")
 # make grade EX=01        # from the repository root: notebook 01's graders, against exercises/
 # ```
 #
-# The reference answers are in `solutions/`; `MINILLM_IMPL=solutions` makes the notebooks use them.
+# The reference answers are in `solutions/`; `MINILLM_IMPL=solutions` makes the notebooks use them. Try
+# before you look: once a grade fails an exercise you attempted, its cell offers the worked answer,
+# folded (the reference code and why it works), and `impl.grade("01")` grades from a cell.
 #
 # Warm-up, no grader (answer by predicting, then check with the widget above):
 #

@@ -623,6 +623,11 @@ with impl.attempt("ex01.plan_step"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+#
+# After a grade that fails an exercise you attempted (a stub left untouched is no attempt), that
+# exercise's cell above offers its worked answer, folded: the reference code and why it works. Open it
+# once you have tried. From a cell, `impl.grade("01")` prints the same report and offers the answers
+# of the exercises it failed; `impl.show_worked_answer("ex01", 1)` opens exercise 1's.
 
 # %% [markdown]
 # ## Summary

@@ -376,6 +376,11 @@ with impl.attempt("ex07.kv_transfer_time / max_prompt_for_transfer"):
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex07 tests/test_exercises.py -k route_on_ring   # one exercise
 # ```
 #
+# After a grade that fails an exercise you attempted (a stub left untouched is no attempt), that
+# exercise's cell above offers its worked answer, folded: the reference code and why it works. Open it
+# once you have tried. From a cell, `impl.grade("07")` prints the same report and offers the answers
+# of the exercises it failed; `impl.show_worked_answer("ex07", 1)` opens exercise 1's.
+#
 # ## References
 #
 # * Shoeybi et al., "Megatron-LM: Training Multi-Billion Parameter Language Models Using Model
