@@ -338,8 +338,14 @@ fig
 # fit: while a user thinks, other conversations need blocks, the free list evicts the oldest prefixes,
 # and later turns recompute part of their history. A prefix cache is only as good as its capacity,
 # which is why some providers keep cached prefixes on disk as well (DeepSeek's API has done so since
-# 2024). Agentic workloads are where it pays most: each turn appends a few hundred tokens to a context of
-# tens or hundreds of thousands, so a turn of 200 new tokens on 20,000 cached ones is a 99% hit.
+# 2024), and why a smaller KV per token matters twice: DeepSeek's V4 models compress the KV along the
+# sequence, and at a 1M-token context V4-Pro holds about 10% of the KV cache V3.2 holds, V4-Flash about
+# 7% (DeepSeek-AI, *DeepSeek-V4* technical report, April 2026): the same memory keeps ten to fourteen
+# times as many cached prefixes. Agentic workloads are where it pays most: each turn appends a few
+# hundred tokens to a context of tens or hundreds of thousands, so a turn of 200 new tokens on 20,000
+# cached ones is a 99% hit. Measured hit rates come close when the client keeps its prompt byte-stable:
+# the BitFun coding agent reports a 98.67% average KV-cache hit rate with DeepSeek V4 Pro over one
+# SWE-Bench-Pro run (GitHub discussion GCWing/BitFun#2273, 2026).
 #
 # ## 5. What invalidates the cache
 #
@@ -382,7 +388,10 @@ fig
 # %% [markdown]
 # An edit in the first block (the tool list, the system prompt) costs the whole context; an edit near
 # the end costs almost nothing. Hence the design rule: keep the prefix as stable as possible. Put what changes (timestamps, the latest message) at the end; keep tool
-# definitions and instructions fixed, and first.
+# definitions and instructions fixed, and first. A client that broke the rule shows the cost: when Qwen
+# Code began loading tool schemas on demand instead of keeping them in the fixed prefix, a user's
+# DeepSeek V4 Flash hit rate fell from about 98% to about 81% and the daily bill tripled (QwenLM/qwen-code
+# discussion #4065, 2026).
 #
 # ## 6. What it is worth
 #
@@ -629,6 +638,11 @@ with impl.attempt("ex04.tokens_reused_after_edit"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+#
+# After a grade that fails an exercise you attempted (a stub left untouched is no attempt), that
+# exercise's cell above offers its worked answer, folded: the reference code and why it works. Open it
+# once you have tried. From a cell, `impl.grade("04")` prints the same report and offers the answers
+# of the exercises it failed; `impl.show_worked_answer("ex04", 1)` opens exercise 1's.
 
 # %% [markdown]
 # ## Summary
