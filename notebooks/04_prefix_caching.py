@@ -53,7 +53,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from minillm import LLM, SamplingParams, impl
-from minillm.viz import figures
+from minillm.viz import figures, printouts
 from minillm.analysis import metrics, workloads
 from minillm.viz import Stepper
 
@@ -257,15 +257,10 @@ def sys_prompt_trace(rate):
                                          output_len=LogNormal(128, 0.9, 4, 1024), vocab_size=32000, rate=rate, seed=0)
 
 sys_trace = sys_prompt_trace(12)
-apc_runs = {}
-for name, caching in (("no prefix cache", False), ("prefix cache", True)):
-    eng, m, s = serve(sys_trace, enable_prefix_caching=caching)
-    apc_runs[name] = (eng, m, s)
-    computed = s["total_input_tokens"] - s["prefill_tokens_saved"]
-    print(f"{name:<16} hit rate {s['prefix_cache_hit_rate']:4.0%}; prompt tokens prefilled {computed:>7,} of "
-          f"{s['total_input_tokens']:,}; TTFT p50 {s['ttft_p50'] * 1e3:7.1f} ms, p99 {s['ttft_p99'] * 1e3:7.1f} ms; "
-          f"KV in use {s['kv_util_mean']:4.0%} on average; {s['num_preemptions']} preemptions; "
-          f"{s['output_throughput']:5.0f} tokens/s")
+apc_runs = {name: serve(sys_trace, enable_prefix_caching=caching)
+            for name, caching in (("no prefix cache", False), ("prefix cache", True))}     # (engine, metrics, summary)
+printouts.prefix_cache_summaries({name: (s["total_input_tokens"] - s["prefill_tokens_saved"], s)   # prompt tokens prefilled
+                                  for name, (_, _, s) in apc_runs.items()})
 
 # %%
 figures.kv_usage_figure({name: eng.step_records for name, (eng, _, _) in apc_runs.items()},
@@ -471,10 +466,8 @@ fork_run = fork_engine().engine
 rec_fork, rec_copy = fork_run.step(), fork_run.step()
 print(rec_fork.summary())
 print(rec_copy.summary())
+printouts.fork_sharing(rec_fork, rec_copy, prompt_blocks=3)
 f = rec_fork.forks[0]
-print(f"after the fork: {len(f.sequences)} sequences share blocks {f.shared_blocks}: {rec_fork.kv.blocks_used} "
-      f"blocks in use; after the first decode: {rec_copy.kv.blocks_used} (without sharing: "
-      f"{len(f.sequences)} x 3 = {len(f.sequences) * 3} for the prompt alone)")
 assert len(f.shared_blocks) == 3 and len(rec_copy.copies) == 3 and rec_copy.kv.blocks_used == 6
 fork_run.run()
 for c in fork_run.get_output("P").outputs:

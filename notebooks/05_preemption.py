@@ -56,7 +56,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from minillm import LLM, SamplingParams, impl
-from minillm.viz import figures
+from minillm.viz import figures, printouts
 from minillm.analysis import workloads
 from minillm.viz import LockstepStepper
 
@@ -246,14 +246,8 @@ modes = {"recompute": dict(preemption_mode="recompute"),
          "swap": dict(preemption_mode="swap", num_swap_blocks=4096),
          "auto, PCIe 5.0": dict(preemption_mode="auto", num_swap_blocks=4096),
          "auto, shared 16 GB/s link": dict(preemption_mode="auto", num_swap_blocks=4096, cost_model=shared_link)}
-preempt_runs = {}
-for name, cfg in modes.items():
-    eng, m, s = serve(burst, **cfg)
-    st = eng.stats()
-    preempt_runs[name] = (eng, m, s)
-    print(f"{name:<26} {st['preemptions_recompute']:>3} recomputed, {st['preemptions_swap']:>3} swapped "
-          f"({st['recomputed_tokens']:>6,} tokens prefilled again, {s['swap_time_total']:.2f} s copying) | "
-          f"{s['output_throughput']:5.0f} tokens/s, TTFT p50 {s['ttft_p50']:5.1f} s, end-to-end p99 {s['e2e_p99']:5.1f} s")
+preempt_runs = {name: serve(burst, **cfg) for name, cfg in modes.items()}     # (engine, metrics, summary)
+printouts.preemption_summaries({name: (eng.stats(), s) for name, (eng, _, s) in preempt_runs.items()})
 
 # %% [markdown]
 # <details><summary>Answer</summary>
@@ -293,9 +287,7 @@ wm_runs = {}
 for wm in watermarks:
     eng, m, s = (preempt_runs["recompute"] if wm == 0.0 else serve(burst, preemption_mode="recompute", watermark=wm))
     wm_runs[wm] = (eng.stats()["recomputed_tokens"], s)
-    print(f"watermark {wm:4.0%}: {s['num_preemptions']:3d} preemptions ({s['preemption_rate']:4.2f} per s), "
-          f"{wm_runs[wm][0]:>6,} tokens prefilled again | {s['output_throughput']:5.0f} tokens/s, mean batch "
-          f"{s['batch_size_mean']:4.1f}, KV in use {s['kv_util_mean']:4.0%}")
+printouts.watermark_summaries(wm_runs)     # per watermark: preemptions, tokens prefilled again, throughput
 tput = {wm: s["output_throughput"] for wm, (_, s) in wm_runs.items()}
 print(f"throughput against no headroom: 5% {tput[0.05] / tput[0.0] - 1:+.1%}, 20% {tput[0.2] / tput[0.0] - 1:+.1%}")
 assert abs(tput[0.05] / tput[0.0] - 1) < 0.02 and tput[0.2] < tput[0.0]    # what the text below says

@@ -58,7 +58,7 @@ import plotly.graph_objects as go
 import torch
 
 from minillm import LLM, SamplingParams, impl
-from minillm.viz import Stepper
+from minillm.viz import Stepper, printouts
 
 # %%
 from minillm.sim.costmodel import ModelSpec, RooflineCostModel
@@ -297,11 +297,8 @@ fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
 fig.update_layout(title="speculation on a modeled H100: the gain shrinks as the batch grows", height=380,
                   xaxis=dict(title="batch size (requests decoding together)", type="log"), yaxis_title="speed-up (x)",
                   plot_bgcolor="white")
-for b in (1, 64, 512):
-    r = modeled_speedup(target, draft, b, 256, 4, 0.8)
-    plain_bound, verify_bound = (target.breakdown([n] * b, [256] * b)["bound"] for n in (1, 5))
-    print(f"batch {b:>3}, k = 4: plain step {r['plain_step'] * 1e3:5.1f} ms ({plain_bound} bound), verification "
-          f"{r['verify_time'] * 1e3:5.1f} ms ({verify_bound} bound), drafts {r['draft_time'] * 1e3:4.1f} ms -> {r['speedup']:.2f}x")
+printouts.verification_costs((b, modeled_speedup(target, draft, b, 256, 4, 0.8),      # plain step: 1 position, verify: 5
+                              *(target.breakdown([n] * b, [256] * b)["bound"] for n in (1, 5))) for b in (1, 64, 512))
 assert target.breakdown([1] * 512, [256] * 512)["bound"] == "memory" and target.breakdown([5] * 64, [256] * 64)["bound"] == "compute"
 fig
 
@@ -333,8 +330,7 @@ for temp in (0.0, 0.8):
         for proposer in ("default-draft", "ngram"):
             t, st, _ = timed([text] * 8, params, speculative_model=proposer, num_speculative_tokens=4)
             compare.append((temp, name, proposer, st["acceptance_rate"] or 0.0, st["tokens_per_target_step"], base / t))
-            print(f"T={temp}  {name:<11} {proposer:<14} {st['acceptance_rate'] or 0:4.0%} of guesses accepted, "
-                  f"{st['tokens_per_target_step']:.2f} tokens per target step -> {base / t:.2f}x")
+printouts.acceptance_by_proposer(compare)
 fig = go.Figure()
 for proposer in ("default-draft", "ngram"):
     rows = [r for r in compare if r[2] == proposer]
