@@ -178,19 +178,11 @@ apc
 
 # %%
 apc_run = apc_engine()                      # the cells' own copy: the widget above stays yours to step
-
-def show_blocks(rec):
-    for b in rec.kv.blocks:
-        if b.ref_count:
-            print(f"  block {b.block_id:>2}: held by {', '.join(b.owners)} (ref_count {b.ref_count})")
-        elif b.cached:
-            print(f"  block {b.block_id:>2}: free, still caching a prefix")
-
 for _ in range(3):
     rec = apc_run.engine.step()
     print(rec.summary())
 print(f"after step {rec.step}:")
-show_blocks(rec)
+printouts.block_owners(rec)        # who holds each block, or that a free one still caches a prefix
 st = apc_run.engine.kv.stats()
 print(f"prefix cache: {st['hit_blocks']} block hits, {st['prefill_tokens_saved']} prefill tokens saved")
 figures.kv_map_figure(rec, colors=apc.colors, width=560)
@@ -204,7 +196,7 @@ figures.kv_map_figure(rec, colors=apc.colors, width=560)
 for _ in range(2):
     rec = apc_run.engine.step()
 print(rec.summary())
-show_blocks(rec)
+printouts.block_owners(rec)        # who holds each block, or that a free one still caches a prefix
 print("eviction order, front of the free list first:", list(apc_run.engine.kv.pool.free_queue))
 
 # %% [markdown]
@@ -496,10 +488,7 @@ def sampling_run(shared, prompts=48, n=8, prompt_len=512, out_len=128):
     return engine, records, metrics.summarize(m, records, max_num_seqs=64)
 
 sampling_runs = {"n=8, shared (copy-on-write)": sampling_run(True), "8 separate requests": sampling_run(False)}
-for name, (eng, recs, s) in sampling_runs.items():
-    print(f"{name:<28} done at {recs[-1].time:5.1f} s; {s['output_throughput']:6.0f} tokens/s; TTFT p50 "
-          f"{s['ttft_p50']:5.2f} s, p99 {s['ttft_p99']:5.2f} s; at most {max(len(r.running) for r in recs)} "
-          f"sequences running; {s['num_preemptions']} preemptions")
+printouts.sampling_summaries(sampling_runs)
 shared_s, separate_s = sampling_runs["n=8, shared (copy-on-write)"][2], sampling_runs["8 separate requests"][2]
 assert shared_s["output_throughput"] > separate_s["output_throughput"] and shared_s["num_preemptions"] < separate_s["num_preemptions"]
 

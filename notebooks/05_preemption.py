@@ -154,13 +154,10 @@ print(check_paged_attention(pressure_runs[1].engine))   # the Triton kernel agai
 # Run both to the end:
 
 # %%
-for name, llm in zip(pressure.names, pressure_runs):
+for llm in pressure_runs:
     llm.engine.run()
-    records = llm.engine.step_records                # every step of this run, from step 0
-    back = next(r for r in records[5:] if r.entry("C") is not None)
-    e = back.entry("C")
-    print(f"{name:<30} C returns at step {back.step} with a {e.phase} of {e.num_new_tokens} token(s) "
-          f"({e.num_computed_before} positions already in the cache); the run takes {len(records)} steps")
+printouts.return_after_preemption({name: llm.engine.step_records for name, llm in zip(pressure.names, pressure_runs)},
+                                  "C", after_step=5)     # C's first step back after its preemption
 
 # %% [markdown]
 # With recompute C's return is a prefill of its 5 prompt tokens *and* the 4 it had generated, so its

@@ -8,7 +8,8 @@ prints, and reads only what it is given (``StepRecord``s, ``RequestOutput``s, th
 By notebook: 00 ``outputs``, ``step_record``, ``client_vs_engine_ttft``; 01 ``decode_timings``,
 ``roofline_shares``, ``kv_per_position``, ``batching_summaries``; 02 ``kv_of_request``, ``step_batches``,
 ``kv_manager_summaries``, ``kv_dtype_capacity``, ``kv_quant_quality``; 04 ``prefix_cache_summaries``,
-``fork_sharing``; 05 ``preemption_summaries``, ``watermark_summaries``; 06 ``verification_costs``,
+``block_owners``, ``sampling_summaries``, ``fork_sharing``; 05 ``return_after_preemption``,
+``preemption_summaries``, ``watermark_summaries``; 06 ``verification_costs``,
 ``acceptance_by_proposer``; 07 ``tp_ranks``, ``goodput_table``, ``router_summaries``.
 """
 
@@ -20,9 +21,10 @@ from ..step_record import StepRecord
 
 __all__ = ["outputs", "step_record", "client_vs_engine_ttft", "decode_timings", "roofline_shares",
            "kv_per_position", "batching_summaries", "kv_of_request", "step_batches", "kv_manager_summaries",
-           "kv_dtype_capacity", "kv_quant_quality", "prefix_cache_summaries", "fork_sharing",
-           "preemption_summaries", "watermark_summaries", "verification_costs", "acceptance_by_proposer",
-           "tp_ranks", "goodput_table", "router_summaries"]
+           "kv_dtype_capacity", "kv_quant_quality", "prefix_cache_summaries", "block_owners",
+           "sampling_summaries", "fork_sharing", "return_after_preemption", "preemption_summaries",
+           "watermark_summaries", "verification_costs", "acceptance_by_proposer", "tp_ranks", "goodput_table",
+           "router_summaries"]
 
 
 # --- 00: the tour ---------------------------------------------------------------------------------------
@@ -160,6 +162,24 @@ def prefix_cache_summaries(summaries: Mapping[str, tuple[int, Mapping[str, Any]]
               f"{s['output_throughput']:5.0f} tokens/s")
 
 
+def block_owners(rec: StepRecord) -> None:
+    """The KV blocks after a step (``record="full"``): who holds each, or that a free one still caches a prefix."""
+    for b in rec.kv.blocks:
+        if b.ref_count:
+            print(f"  block {b.block_id:>2}: held by {', '.join(b.owners)} (ref_count {b.ref_count})")
+        elif b.cached:
+            print(f"  block {b.block_id:>2}: free, still caching a prefix")
+
+
+def sampling_summaries(runs: Mapping[str, tuple[Any, Sequence[StepRecord], Mapping[str, Any]]]) -> None:
+    """Per run (name -> (engine, records, ``metrics.summarize``)): when it ended, throughput, TTFT, the
+    most sequences running at once, preemptions."""
+    for name, (_, recs, s) in runs.items():
+        print(f"{name:<28} done at {recs[-1].time:5.1f} s; {s['output_throughput']:6.0f} tokens/s; TTFT p50 "
+              f"{s['ttft_p50']:5.2f} s, p99 {s['ttft_p99']:5.2f} s; at most {max(len(r.running) for r in recs)} "
+              f"sequences running; {s['num_preemptions']} preemptions")
+
+
 def fork_sharing(rec_fork: StepRecord, rec_next: StepRecord, prompt_blocks: int) -> None:
     """Parallel sampling: the blocks the fork shares, and the blocks in use after the next step against
     ``prompt_blocks`` per sequence without sharing."""
@@ -179,6 +199,16 @@ def preemption_summaries(runs: Mapping[str, tuple[Mapping[str, Any], Mapping[str
               f"({st['recomputed_tokens']:>6,} tokens prefilled again, {s['swap_time_total']:.2f} s copying) | "
               f"{s['output_throughput']:5.0f} tokens/s, TTFT p50 {s['ttft_p50']:5.1f} s, "
               f"end-to-end p99 {s['e2e_p99']:5.1f} s")
+
+
+def return_after_preemption(runs: Mapping[str, Sequence[StepRecord]], request_id: str, after_step: int) -> None:
+    """Per run (name -> its step records): the first step after ``after_step`` that runs ``request_id``
+    again, what it ran then, and how long the run took."""
+    for name, records in runs.items():
+        back = next(r for r in records[after_step:] if r.entry(request_id) is not None)
+        e = back.entry(request_id)
+        print(f"{name:<30} {request_id} returns at step {back.step} with a {e.phase} of {e.num_new_tokens} token(s) "
+              f"({e.num_computed_before} positions already in the cache); the run takes {len(records)} steps")
 
 
 def watermark_summaries(runs: Mapping[float, tuple[int, Mapping[str, Any]]]) -> None:
