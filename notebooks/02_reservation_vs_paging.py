@@ -231,10 +231,8 @@ figures.latency_cdf_figure({name: eng.request_metrics() for name, (eng, _, _) in
 BLOCK_SIZES = [1, 16, 64, 256]
 sweep = {bs: runs["paged (blocks of 16)"] if bs == 16 else serve("paged", bs) for bs in BLOCK_SIZES}
 final_len = np.mean([r.prompt_len + r.output_len for r in trace])      # positions of a request when it ends
-for bs, (_, recs, s) in sweep.items():
-    tail = waste_breakdown(recs)["last-block tail"]
-    print(f"block_size {bs:>3}: last-block tail {tail:6.1%} of the cache, {s['output_throughput']:6.0f} tokens/s, "
-          f"preemptions {s['num_preemptions']:>3}, ~{final_len / bs:5.1f} block-table entries per finished request")
+printouts.block_size_sweep((bs, waste_breakdown(recs)["last-block tail"], s, final_len / bs)
+                           for bs, (_, recs, s) in sweep.items())
 
 # %% [markdown]
 # **Move the slider.** The same 150 requests in a what-if widget, re-simulated whenever the block size or

@@ -309,12 +309,11 @@ for name, blocks in (("8 GiB of KV", 1024), ("32 GiB of KV", 4096)):
     eng, m, s = serve(chat, enable_prefix_caching=True, num_kv_blocks=blocks)
     prefilled = [mean(m[r.request_id].num_prompt_tokens - m[r.request_id].num_cached_tokens for r in chat if r.turn == k)
                  for k in turns]
-    chat_runs[name] = (s, prefilled)
-    print(f"prefix cache, {name:<13} hit rate {s['prefix_cache_hit_rate']:4.0%}, {eng.kv.stats()['evictions']:>6,} evictions; "
-          f"TTFT p50 {s['ttft_p50'] * 1e3:4.0f} ms; tokens prefilled per turn: " + ", ".join(f"{p:4.0f}" for p in prefilled))
+    chat_runs[name] = (s, eng.kv.stats()["evictions"], prefilled)
+printouts.multi_turn_summaries(chat_runs)     # hit rate, evictions, TTFT, tokens prefilled at each turn
 context = [mean(r.prompt_len for r in chat if r.turn == k) for k in turns]
 fig = go.Figure([go.Bar(name="whole context = prefilled without a cache", x=turns, y=context, marker_color="#ccc")] +
-                [go.Bar(name=f"prefilled, prefix cache with {name}", x=turns, y=p) for name, (_, p) in chat_runs.items()])
+                [go.Bar(name=f"prefilled, prefix cache with {name}", x=turns, y=p) for name, (_, _, p) in chat_runs.items()])
 fig.update_layout(barmode="group", title="tokens prefilled per turn: O(n_total) without the cache, O(n_new) with it",
                   xaxis_title="turn", yaxis_title="tokens (mean over conversations)", height=360, plot_bgcolor="white")
 fig

@@ -245,14 +245,14 @@ def timed(prompts, params, **spec_config):
     return elapsed / max(len(o.token_ids) for o in outs), spec_stats(llm.engine.step_records[first:]), llm
 
 base, _, _ = timed([PROMPT], greedy)
-rows = []
+rows, printed = [], []
 for k in (1, 2, 4, 6):
     t, st, llm = timed([PROMPT], greedy, speculative_model="default-draft", num_speculative_tokens=k)
     ratio = llm.engine.speculator.draft_cost_model.ratio
     alpha = alpha_from_tokens_per_step(st["tokens_per_target_step"], k)
     rows.append((k, alpha, base / t, expected_speedup(alpha, k, ratio)))
-    print(f"k = {k}: {st['tokens_per_target_step']:.2f} tokens per target step (alpha ~ {alpha:.2f}); measured speed-up "
-          f"{base / t:.2f}x, the formula with c = {ratio:.2f}: {rows[-1][3]:.2f}x")
+    printed.append((k, st, alpha, base / t, ratio, rows[-1][3]))
+printouts.speculation_by_k(printed)     # per k: tokens per target step, alpha, measured and formula speed-ups
 
 # %% [markdown]
 # <details><summary>Answer</summary>

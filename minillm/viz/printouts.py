@@ -7,10 +7,11 @@ prints, and reads only what it is given (``StepRecord``s, ``RequestOutput``s, th
 
 By notebook: 00 ``outputs``, ``step_record``, ``client_vs_engine_ttft``; 01 ``decode_timings``,
 ``roofline_shares``, ``kv_per_position``, ``batching_summaries``; 02 ``kv_of_request``, ``step_batches``,
-``kv_manager_summaries``, ``kv_dtype_capacity``, ``kv_quant_quality``; 04 ``prefix_cache_summaries``,
-``block_owners``, ``sampling_summaries``, ``fork_sharing``; 05 ``return_after_preemption``,
-``preemption_summaries``, ``watermark_summaries``; 06 ``verification_costs``,
-``acceptance_by_proposer``; 07 ``tp_ranks``, ``goodput_table``, ``router_summaries``.
+``kv_manager_summaries``, ``block_size_sweep``, ``kv_dtype_capacity``, ``kv_quant_quality``;
+04 ``prefix_cache_summaries``, ``multi_turn_summaries``, ``block_owners``, ``sampling_summaries``,
+``fork_sharing``; 05 ``return_after_preemption``, ``preemption_summaries``, ``watermark_summaries``;
+06 ``speculation_by_k``, ``verification_costs``, ``acceptance_by_proposer``; 07 ``tp_ranks``,
+``goodput_table``, ``router_summaries``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ __all__ = ["outputs", "step_record", "client_vs_engine_ttft", "decode_timings", 
            "kv_dtype_capacity", "kv_quant_quality", "prefix_cache_summaries", "block_owners",
            "sampling_summaries", "fork_sharing", "return_after_preemption", "preemption_summaries",
            "watermark_summaries", "verification_costs", "acceptance_by_proposer", "tp_ranks", "goodput_table",
-           "router_summaries"]
+           "router_summaries", "block_size_sweep", "multi_turn_summaries", "speculation_by_k"]
 
 
 # --- 00: the tour ---------------------------------------------------------------------------------------
@@ -129,6 +130,14 @@ def kv_manager_summaries(summaries: Mapping[str, Mapping[str, Any]]) -> None:
               f"TTFT p99 {s['ttft_p99']:5.2f} s, preemptions {s['num_preemptions']}")
 
 
+def block_size_sweep(rows: Iterable[tuple[int, float, Mapping[str, Any], float]]) -> None:
+    """Rows of (block size, last-block tail as a fraction of the cache, ``metrics.summarize``, block-table
+    entries per finished request)."""
+    for bs, tail, s, entries in rows:
+        print(f"block_size {bs:>3}: last-block tail {tail:6.1%} of the cache, {s['output_throughput']:6.0f} tokens/s, "
+              f"preemptions {s['num_preemptions']:>3}, ~{entries:5.1f} block-table entries per finished request")
+
+
 def kv_dtype_capacity(kinds: Iterable[str], capacity: Mapping[str, Mapping], modeled: Mapping[str, Mapping]) -> None:
     """``kv_quant.capacity`` for the shipped model's shape, then ``kv_quant.modeled`` for Llama-2-7B."""
     for name in kinds:
@@ -160,6 +169,14 @@ def prefix_cache_summaries(summaries: Mapping[str, tuple[int, Mapping[str, Any]]
               f"p99 {s['ttft_p99'] * 1e3:7.1f} ms; "
               f"KV in use {s['kv_util_mean']:4.0%} on average; {s['num_preemptions']} preemptions; "
               f"{s['output_throughput']:5.0f} tokens/s")
+
+
+def multi_turn_summaries(runs: Mapping[str, tuple[Mapping[str, Any], int, Sequence[float]]]) -> None:
+    """Per KV size (name -> (``metrics.summarize``, evictions, mean tokens prefilled at each turn))."""
+    for name, (s, evictions, prefilled) in runs.items():
+        print(f"prefix cache, {name:<13} hit rate {s['prefix_cache_hit_rate']:4.0%}, {evictions:>6,} evictions; "
+              f"TTFT p50 {s['ttft_p50'] * 1e3:4.0f} ms; tokens prefilled per turn: "
+              + ", ".join(f"{p:4.0f}" for p in prefilled))
 
 
 def block_owners(rec: StepRecord) -> None:
@@ -220,6 +237,13 @@ def watermark_summaries(runs: Mapping[float, tuple[int, Mapping[str, Any]]]) -> 
 
 
 # --- 06: speculative decoding ---------------------------------------------------------------------------
+
+def speculation_by_k(rows: Iterable[tuple[int, Mapping[str, Any], float, float, float, float]]) -> None:
+    """Rows of (k, speculation stats, fitted alpha, measured speed-up, draft cost c, the formula's speed-up)."""
+    for k, st, alpha, measured, c, formula in rows:
+        print(f"k = {k}: {st['tokens_per_target_step']:.2f} tokens per target step (alpha ~ {alpha:.2f}); measured "
+              f"speed-up {measured:.2f}x, the formula with c = {c:.2f}: {formula:.2f}x")
+
 
 def verification_costs(rows: Iterable[tuple[int, Mapping[str, Any], str, str]]) -> None:
     """Rows of (batch size, ``modeled_speedup`` at k = 4, the plain step's bound, the verification's bound):
