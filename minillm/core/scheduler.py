@@ -74,7 +74,8 @@ class Scheduler:
                              swapped_in_blocks=0, recomputed_tokens=0, rejected=0)
         self.stops = StopChecker(config, tokenizer)   # when a request ends (stop strings need the tokenizer)
         self.journal = StepJournal()        # what the step in progress changed (see checkpoint)
-        self.record_batch = config.record not in ("totals", "none")   # StepUpdate.batch: an entry per grant
+        # An entry per grant (StepUpdate.batch) and per running request given none (not_scheduled)
+        self.record_batch = config.record not in ("totals", "none")
         self._arrivals: list = []           # (time, seq, request) released from ``incoming`` this step
         self._forked: list = []             # parents whose groups forked this step (undone on rollback)
         self.has_groups = False             # was any request with n > 1 ever added? (seat counting)
@@ -301,6 +302,11 @@ class Scheduler:
                 finished.append(req)
         if self.config.batching == "static" and not self.running and self.held:
             finished += self._release_held(t)    # the whole static batch is done: return it now
+        if self.record_batch:                    # the sequences forked now had no grant in this step
+            out.not_scheduled.extend(
+                WaitingEntry(seq.request_id, f"forked from {seq.parent.request_id} at the end of this step: "
+                                             "it decodes from the next step")
+                for seq in upd.forked if seq.status is RequestStatus.RUNNING)
         self.policy.on_step(out.scheduled, t)
         return upd
 
@@ -376,8 +382,13 @@ class Scheduler:
         prefill_first = cfg.interference == "prefill-priority"
         if prefill_first and reform and not static_blocked and self._admissible_head(now):
             budget = self._admit_waiting(now, out, budget, allow_chunk=False)
-            if out.admitted:
-                return out                 # a prefill step: running decodes stall this step
+            if out.admitted:               # a prefill step: running decodes stall this step
+                if self.record_batch:
+                    out.not_scheduled.extend(
+                        WaitingEntry(r.request_id, "prefill-priority: this step runs a new prompt's prefill, "
+                                                   "decodes wait")
+                        for r in self.running if r.request_id not in out.admitted)
+                return out
 
         budget = self._schedule_running(now, out, budget)     # 1. running requests
         if not reform:
@@ -398,7 +409,13 @@ class Scheduler:
         decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) if guesses else 0
         spare = self._spare_blocks() if decodes_left else 0      # blocks the drafts may take
         for req in list(self.running):
-            if req.status is not RequestStatus.RUNNING or budget <= 0:   # preempted above
+            if req.status is not RequestStatus.RUNNING:   # preempted above
+                continue
+            if budget <= 0:
+                if self.record_batch:
+                    out.not_scheduled.append(WaitingEntry(
+                        req.request_id, f"the token budget of {self.config.max_num_batched_tokens} was spent "
+                                        "before its turn"))
                 continue
             n = req.num_tokens - req.num_computed_tokens      # known tokens without KV yet
             if n == 1 and decodes_left:
