@@ -208,7 +208,11 @@ class PagedKVCacheManager:
         if cached:
             self.pool.touch(cached)
             blocks.extend(cached)
-            self.req_hashes[req.request_id] = [b.block_hash for b in cached]
+            hashes: list[int] = []
+            for b in cached:                # prefix-cache hits: each carries its prefix's hash
+                assert b.block_hash is not None, f"cached prefix block {b.block_id} has no hash"
+                hashes.append(b.block_hash)
+            self.req_hashes[req.request_id] = hashes
         blocks += self._new_blocks(need)   # (one pool call for a whole prefill's blocks)
         return True
 
@@ -254,8 +258,8 @@ class PagedKVCacheManager:
         rid = req.request_id
         blocks = self.req_blocks.get(rid, [])
         keep = self.blocks_for(num_tokens)
-        hashes = self.req_hashes.get(rid)
-        cut_hashes = bool(hashes) and len(hashes) > num_tokens // self.block_size
+        hashes = self.req_hashes.get(rid, [])
+        cut_hashes = len(hashes) > num_tokens // self.block_size
         if len(blocks) <= keep and not cut_hashes:
             return
         self._save_table(rid)

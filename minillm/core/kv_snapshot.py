@@ -21,7 +21,7 @@ def may_share_blocks(kv) -> bool:
 def paged_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
     """The snapshot of a ``PagedKVCacheManager``; ``detail`` adds the per-block map (O(blocks))."""
     bs = kv.block_size
-    filled = [0] * kv.num_blocks if detail else None
+    filled = [0] * kv.num_blocks if detail else []     # (read with detail only)
     owners: dict[int, list[str]] = {}
     per_request = {}
     used = partial = 0

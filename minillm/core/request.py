@@ -159,9 +159,18 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def max_tokens(self) -> int:
+        """The most output tokens: ``SamplingParams.max_tokens``, which the engine resolves when the
+        request is added (vLLM's None, "until the context ends", becomes the positions left)."""
+        max_tokens = self.sampling_params.max_tokens
+        assert max_tokens is not None, \
+            f"Request {self.request_id!r}: sampling_params.max_tokens is None (LLMEngine.add_request resolves it)"
+        return max_tokens
+
+    @property
     def max_len(self) -> int:
         """The most positions this request may ever occupy (prompt + max_tokens)."""
-        return len(self.prompt_token_ids) + self.sampling_params.max_tokens
+        return len(self.prompt_token_ids) + self.max_tokens
 
     @property
     def num_seqs(self) -> int:

@@ -93,8 +93,10 @@ class ReservedKVCacheManager:
         if not ok:
             return False
         if req.request_id not in self.regions:
-            self.regions[req.request_id] = (self._first_fit(self.reservation_len(req)),
-                                            self.reservation_len(req))
+            length = self.reservation_len(req)
+            start = self._first_fit(length)
+            assert start is not None, f"{req.request_id}: can_allocate found a gap of {length}, first fit none"
+            self.regions[req.request_id] = (start, length)
         return True
 
     def free(self, req: Request) -> None:
