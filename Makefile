@@ -2,7 +2,7 @@
 #   make lab    -> installs everything (first time) and launches JupyterLab on notebooks/
 #   make test   -> installs everything (first time) and runs the tests
 # Both install the tested versions pinned in constraints.txt; make test-latest tries the newest ones.
-# For contributors: make test-fast (the tests not marked slow) and make lint (ruff, mypy on minillm/core).
+# For contributors: make test-fast (the tests not marked slow) and make lint (ruff, mypy on the engine).
 # Both create or reuse the virtual environment in .venv.
 
 VENV   ?= .venv
@@ -123,7 +123,8 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	MINILLM_IMPL=solutions $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# ruff's checks over the repository, then mypy on the engine's core (its settings: [tool.mypy] in pyproject.toml).
+# ruff's checks over the repository, then mypy on the engine (minillm/core, engine.py, executor.py; its
+# settings: [tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy

@@ -325,7 +325,7 @@ class LLMEngine:
     # --- conveniences -------------------------------------------------------------------------------
     def run(self, max_steps: Optional[int] = None, progress=None) -> list[StepRecord]:
         """Step until every request is done (or max_steps)."""
-        records = []
+        records: list[StepRecord] = []
         while self.has_unfinished_requests() and (max_steps is None or len(records) < max_steps):
             records.append(self.step())
             if progress is not None:

@@ -276,7 +276,7 @@ class Scheduler:
             raise RuntimeError(f"executor: {len(result.sampled)} token lists for {len(out.scheduled)} grants")
         finished: list[Request] = []
         for req in out.released:                 # held back until this pass (static / every-N)
-            self.finish_request(req, req.pending_finish_reason, self.now)
+            self._return_held(req, self.now)
             finished.append(req)
         for req, w in zip(out.rejected_requests, out.rejected):
             self.finish_request(req, "rejected", self.now, detail=w.reason)
@@ -298,7 +298,9 @@ class Scheduler:
                 req.drop_past_stop()
             self._after_tokens(s, result, t, upd)
             failed = result.failed.get(req.request_id) if result.failed else None  # its sampling failed: it alone
-            if (reason or failed) and self.finish(req, "abort" if failed else reason, t, failed):
+            if failed:
+                reason = "abort"
+            if reason and self.finish(req, reason, t, failed):
                 finished.append(req)
         if self.config.batching == "static" and not self.running and self.held:
             finished += self._release_held(t)    # the whole static batch is done: return it now
@@ -314,8 +316,14 @@ class Scheduler:
         """Finish every held request (finished earlier, kept back by static / every-N batching)."""
         released, self.held = self.held, []
         for req in released:
-            self.finish_request(req, req.pending_finish_reason, t)
+            self._return_held(req, t)
         return released
+
+    def _return_held(self, req: Request, t: float) -> None:
+        """A held request leaves with the reason it was held with."""
+        reason = req.pending_finish_reason
+        assert reason is not None, f"held request {req.request_id} has no pending finish reason"
+        self.finish_request(req, reason, t)
 
     def _settle_guesses(self, s: ScheduledRequest, result, upd: StepUpdate) -> None:
         """Speculative decoding: the KV slots of rejected guesses go back (``_allocate_lookahead``
@@ -350,9 +358,11 @@ class Scheduler:
         if logprobs and req.output_logprobs is not None:
             req.output_logprobs.extend(logprobs.get(req.request_id, ())[:appended])
         if prompt_logprobs and req.request_id in prompt_logprobs:
+            kept = req.prompt_logprobs
+            assert kept is not None, f"prompt logprobs for {req.request_id}, which asked for none"
             for pos, lp in prompt_logprobs[req.request_id]:
-                if req.prompt_logprobs[pos] is None:      # recomputed after a preemption: kept
-                    req.prompt_logprobs[pos] = lp
+                if kept[pos] is None:      # recomputed after a preemption: kept
+                    kept[pos] = lp
 
     # --- the pass ----------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
