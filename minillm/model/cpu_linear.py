@@ -42,9 +42,16 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module, batch_hint: int = 32) -> int:
-    """Replace every float32 CPU ``nn.Linear`` in ``model`` by a :class:`PackedLinear`; returns how many."""
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu"]
+    """Replace every float32 CPU ``nn.Linear`` in ``model`` by a :class:`PackedLinear`; returns how many.
+    A module with ``packs_its_weights = True`` (``cpu_fused.FusedDecoderLayer``) is left as it is."""
+    swaps, stack = [], [model]
+    while stack:                      # every module, except inside one that packs its own weights
+        parent = stack.pop()
+        for name, child in parent.named_children():
+            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+                swaps.append((parent, name, child))
+            elif not getattr(child, "packs_its_weights", False):
+                stack.append(child)
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child, batch_hint))
     return len(swaps)

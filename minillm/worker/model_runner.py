@@ -50,10 +50,13 @@ class LocalModel:
         self.backend = resolve_backend(config.attention_backend, device, dtype, config.kv_cache_dtype)
         if self.backend == "cpu":
             # The CPU fast path: attention reads the paged KV in place (kernels/cpu_attention.py),
-            # and the matrix multiplies run on weights packed once for oneDNN (model/cpu_linear.py).
-            from ..model import cpu_linear
+            # each decoder layer runs fused projections (model/cpu_fused.py) and the other matrix
+            # multiplies run on weights packed once for oneDNN (model/cpu_linear.py).
+            from ..model import cpu_fused, cpu_linear
             if cpu_linear.can_pack():
-                cpu_linear.pack_linears(model, batch_hint=min(config.max_num_seqs, 64))
+                hint = min(config.max_num_seqs, 64)
+                cpu_fused.fuse_layers(model, batch_hint=hint)
+                cpu_linear.pack_linears(model, batch_hint=hint)
         if self.backend == "triton":
             from minillm_kernels import ops
             ops.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter
