@@ -92,7 +92,21 @@ def test_resolve_backend():
     assert resolve_backend("cpu", cpu) == "cpu"
     assert resolve_backend("cpu", cpu, torch.bfloat16) == "torch"       # the kernel is float32 only
     assert resolve_backend("cpu", cpu, torch.float32, "int8") == "torch"
-    assert resolve_backend("auto", cpu) == "torch"
+    assert resolve_backend("auto", cpu) == "cpu"                        # the kernel compiles here
+    assert resolve_backend("auto", cpu, torch.bfloat16) == "torch"
+    assert resolve_backend("auto", cpu, torch.float32, "int8") == "torch"
+
+
+def test_auto_without_a_compiler_is_the_torch_reference(monkeypatch, capsys):
+    """No C compiler: "auto" on the CPU falls back to the torch reference and says why in one line."""
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    cpu_attention._library.cache_clear()
+    try:
+        assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    finally:
+        cpu_attention._library.cache_clear()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "torch reference" in err[0] and "C compiler" in err[0]
 
 
 def test_missing_compiler_is_named(monkeypatch):
