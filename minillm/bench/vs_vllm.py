@@ -1,6 +1,7 @@
 """vs-vllm: minillm and vLLM side by side on the same checkpoint, prompts, sampling and threads.
 
-Each side runs in its own process (``offline_worker.py``): minillm with its CPU attention
+Each side runs in its own process (``offline_worker.py``), bound to cores 0 .. threads-1 as vLLM
+binds its threads: minillm with its CPU attention
 (``attention_backend="cpu"``, the paged KV read in place), minillm with the torch reference
 (``"torch"``, which gathers the KV into padded tensors at every layer), and vLLM from its own
 virtual environment (``--vllm-python``; ``make vllm-env`` builds ``.venv-vllm``). A round runs

@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
+from . import offline_worker
 from .common import median
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,9 +67,11 @@ class Server:
         self.side, self.port = side, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"{side}-server.log"
+        # minillm's server bound to the cores vLLM binds its threads to (offline_worker.bind_cores)
+        bind = None if side == "vllm" else (lambda: offline_worker.bind_cores(threads))
         self.proc = subprocess.Popen(server_command(side, python, model, self.port, max_model_len),
                                      env=server_env(side, threads), stdout=self.log.open("w"),
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=bind)
 
     def wait(self, timeout: float = 600.0) -> "Server":
         end = time.monotonic() + timeout
