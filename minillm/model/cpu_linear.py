@@ -2,8 +2,10 @@
 
 A reader can skip this module: :class:`PackedLinear` computes what ``nn.Linear`` computes,
 ``x @ weight.T + bias``, only faster on the CPU. The engine swaps it in for every float32
-``nn.Linear`` of the model when ``attention_backend="cpu"`` (the CPU fast path; ``ModelRunner``
-calls :func:`pack_linears` once, after loading).
+``nn.Linear`` of the model outside the fused decoder layers (``cpu_fused.py``, which pack their
+stacked weights the same way: in a plain Llama that leaves the LM head) when
+``attention_backend="cpu"`` (the CPU fast path; ``ModelRunner`` calls :func:`pack_linears` once,
+after loading).
 
 Why: at a decode batch of a few dozen rows a float32 ``F.linear`` is compute-bound, and the BLAS
 behind it lays the weight out for its micro-kernel anew at every call. oneDNN can do that once
