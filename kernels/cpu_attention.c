@@ -29,6 +29,26 @@ static inline __attribute__((always_inline)) float dot(const float *a, const flo
     return s;
 }
 
+/* exp(x) for x <= 0 in plain arithmetic the compiler vectorizes (libm's expf is a call per value):
+ * x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes' degree-6 polynomial (within 2 ulp of expf),
+ * 2^n put straight into the exponent bits. Below -87 the result is flushed to 0 (2^-126 and under
+ * cannot change a softmax whose largest term is 1). */
+static inline __attribute__((always_inline)) float exp_nonpositive(float x) {
+    const int under = x < -87.0f;
+    x = under ? -87.0f : x;
+    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
+    return under ? 0.0f : p * scale.f;
+}
+
 /* Inlined into one copy per common head dim (a constant D lets the compiler keep a row's
  * accumulator in vector registers and unroll the dot products) and one for any other D. */
 static inline __attribute__((always_inline)) void attend_item(const Item *it, const float *q, int64_t sq_t, int64_t sq_h, const float *kc,
@@ -66,17 +86,18 @@ static inline __attribute__((always_inline)) void attend_item(const Item *it, co
             if (seen <= 0) continue;
             if (seen > nn) seen = nn;
             const float *qm = Q + (size_t)m * D;
+            for (int j = 0; j < seen; j++) s[j] = dot(qm, K + j * sk_s, D);
             float mx = m_i[m];
-            for (int j = 0; j < seen; j++) {
-                s[j] = dot(qm, K + j * sk_s, D);
-                if (s[j] > mx) mx = s[j];
-            }
+#pragma omp simd reduction(max : mx)
+            for (int j = 0; j < seen; j++) mx = s[j] > mx ? s[j] : mx;
             const float alpha = expf(m_i[m] - mx);     /* rescales what was summed under the old max */
-            float l = l_i[m] * alpha;
+            float block_sum = 0.0f;
+#pragma omp simd reduction(+ : block_sum)
             for (int j = 0; j < seen; j++) {
-                s[j] = expf(s[j] - mx);                /* the block's probabilities, unnormalised */
-                l += s[j];
+                s[j] = exp_nonpositive(s[j] - mx);     /* the block's probabilities, unnormalised */
+                block_sum += s[j];
             }
+            const float l = l_i[m] * alpha + block_sum;
             float *a = acc + (size_t)m * D;
             /* a = a * alpha + sum_j p_j v_j, one accumulator per d kept in a register over the keys */
             for (int d0 = 0; d0 < D; d0 += 16) {       /* 16 floats: one AVX-512 register */

@@ -116,8 +116,9 @@ class EngineConfig:
                                           # "half", "float" and torch dtypes are read as these. "auto" is
                                           # bfloat16 on a GPU, float32 on the CPU (vLLM's "auto" follows
                                           # the checkpoint: name the dtype to match a vLLM run exactly)
-    attention_backend: str = "torch"      # "torch" | "triton" | "auto" (triton on CUDA, torch on CPU) |
-                                          # "cpu" (a C kernel reading the paged KV in place; float32)
+    attention_backend: str = "torch"      # "torch" | "triton" | "auto" (triton on CUDA; on the CPU "cpu"
+                                          # when its kernel compiles, else torch) | "cpu" (a C kernel
+                                          # reading the paged KV in place, fused layers; float32)
     seed: int = 0                         # seeds the random model and default sampling
     tensor_parallel_size: int = 1         # ranks (processes) that split every layer's heads and MLP
                                           # (Megatron style, minillm/worker/tp_executor.py); 1 = one device

@@ -23,6 +23,7 @@ EXPECTED = {
     "sim-scale": ("requests", "steps", "wall_s", "steps_per_s", "step_cpu_s"),
     "spec": ("acceptance", "modeled", "at_scale"),
     "router": ("shared-prefix", "multi-turn"),
+    "vs-vllm": ("median_tok_per_s", "copy_bandwidth_Bps", "decode_bytes_per_step", "serving"),
 }
 
 
@@ -45,7 +46,13 @@ def test_benchmark_runs_tiny(name, tmp_path, capsys):
         res = data["results"]
         assert res["hf_static"]["output_tokens"] == res["minillm"]["output_tokens"]
         assert "tok_per_s" in res["hf_continuous"] or "error" in res["hf_continuous"]
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    if name == "vs-vllm":         # no vLLM at tiny: minillm's sides, offline and served, and the message
+        res = data["results"]
+        assert set(res["median_tok_per_s"]) == {"minillm", "minillm-torch"}
+        assert set(res["serving"]) == {"minillm"} and res["serving"]["minillm"]["req_per_s"] > 0
+        assert "vLLM skipped" in captured.err
+    printed = captured.out
     assert "machine:" in printed and "command:" in printed
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.model import cpu_linear
+from minillm.model import cpu_fused, cpu_linear
 from minillm.worker.model_runner import resolve_backend
 from minillm_kernels import attention, cpu_attention, ops
 
@@ -92,7 +92,21 @@ def test_resolve_backend():
     assert resolve_backend("cpu", cpu) == "cpu"
     assert resolve_backend("cpu", cpu, torch.bfloat16) == "torch"       # the kernel is float32 only
     assert resolve_backend("cpu", cpu, torch.float32, "int8") == "torch"
-    assert resolve_backend("auto", cpu) == "torch"
+    assert resolve_backend("auto", cpu) == "cpu"                        # the kernel compiles here
+    assert resolve_backend("auto", cpu, torch.bfloat16) == "torch"
+    assert resolve_backend("auto", cpu, torch.float32, "int8") == "torch"
+
+
+def test_auto_without_a_compiler_is_the_torch_reference(monkeypatch, capsys):
+    """No C compiler: "auto" on the CPU falls back to the torch reference and says why in one line."""
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    cpu_attention._library.cache_clear()
+    try:
+        assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    finally:
+        cpu_attention._library.cache_clear()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "torch reference" in err[0] and "C compiler" in err[0]
 
 
 def test_missing_compiler_is_named(monkeypatch):
@@ -144,12 +158,57 @@ def test_packed_linear_equals_linear(rows, bias):
 
 
 @needs_onednn
-def test_engine_packs_every_linear_and_keeps_the_parameters(tmp_path):
-    tiny_hf_checkpoint(tmp_path, "qwen2")          # q/k/v with biases
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_engine_fuses_every_layer_and_keeps_the_parameters(tmp_path, family):
+    """Every decoder layer fused, every other linear packed (the LM head), the state_dict unchanged,
+    and the logits of a fused layer stack equal the plain model's (qwen2: q/k/v biases; qwen3: q/k norms)."""
+    tiny_hf_checkpoint(tmp_path, family)
     llm = LLM(str(tmp_path), max_model_len=64, dtype="float32", attention_backend="cpu")
     plain = LLM(str(tmp_path), max_model_len=64, dtype="float32", attention_backend="torch")
     model = llm.engine.model
-    kinds = {type(m) for m in model.modules()}
-    assert cpu_linear.PackedLinear in kinds and torch.nn.Linear not in kinds
+    assert all(type(layer) is cpu_fused.FusedDecoderLayer for layer in model.model.layers)
+    assert type(model.lm_head) is cpu_linear.PackedLinear
+    # The fused layers' own nn.Linear modules stay as they are (their weights are packed stacked).
+    assert not any(type(m) is cpu_linear.PackedLinear for layer in model.model.layers for m in layer.modules())
     ours, theirs = model.state_dict(), plain.engine.model.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    prompts = random_prompts(5, 128, seed=11)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=3)
+    got, want = llm.generate(prompts, params), plain.generate(prompts, params)
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for lg, lw in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
+            assert lg.keys() == lw.keys()
+            for t in lg:
+                assert abs(lg[t].logprob - lw[t].logprob) < 1e-4
+
+
+@needs_onednn
+def test_fused_layer_equals_plain_layer():
+    """One FusedDecoderLayer against the DecoderLayer it was built from, on a mixed batch (a prefill
+    chunk and two decodes) over a paged cache: the same output and the same K/V written."""
+    from types import SimpleNamespace
+    from minillm.model.llama import AttentionMetadata, DecoderLayer
+    torch.manual_seed(12)
+    cfg = SimpleNamespace(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=16, rms_norm_eps=1e-5, attention_bias=True, model_type="llama")
+    plain = DecoderLayer(cfg, 0)
+    for p in plain.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    fused = cpu_fused.FusedDecoderLayer(plain, batch_hint=8)
+    T = 7
+    x = torch.randn(T, 64)
+    cos, sin = torch.randn(T, 1, 16), torch.randn(T, 1, 16)
+    meta = AttentionMetadata(slot_mapping=torch.tensor([8, 9, 10, 11, 12, 4, 17]),
+                             block_tables=torch.tensor([[2, 3], [1, 0], [4, 0]], dtype=torch.int32),
+                             cu_seqlens_q=torch.tensor([0, 5, 6, 7], dtype=torch.int32),
+                             context_lens=torch.tensor([5, 1, 2], dtype=torch.int32), max_q_len=5)
+    caches = [(torch.zeros(5, 4, 2, 16), torch.zeros(5, 4, 2, 16)) for _ in range(2)]
+    caches[0][0][4, 0] = caches[1][0][4, 0] = torch.randn(2, 16)   # request 2's earlier position
+    caches[0][1][4, 0] = caches[1][1][4, 0] = torch.randn(2, 16)
+    want = plain(x, cos, sin, caches[0], meta)
+    meta.backend = "cpu"
+    got = fused(x, cos, sin, caches[1], meta)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(caches[1][0], caches[0][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(caches[1][1], caches[0][1], atol=1e-5, rtol=1e-5)

@@ -22,7 +22,8 @@ the machine and the command that reproduces it, and writes ``DIR/NAME-SIZE.json`
   ``CostModel.from_profile``), then checked: the same traces on both, modeled vs measured per request.
 * ``vs-vllm``: minillm (both attention backends) and vLLM (``--vllm-python``, ``make vllm-env``)
   side by side, each in its own process on the same checkpoint and prompts: offline tokens/s,
-  greedy exactness, and the decode step's bytes over its time against the copy bandwidth.
+  greedy exactness, the decode step's bytes over its time against the copy bandwidth, and the
+  serving ratios (saturation throughput, TTFT, TPOT) of ``minillm serve`` and ``vllm serve``.
 * ``all``: each of them at the chosen size.
 
 Beside them, ``decode_timing`` (not a command): decode step time against batch size,

@@ -17,7 +17,20 @@ import sys
 import time
 
 
+def bind_cores(threads: int) -> None:
+    """Run on cores 0 .. threads-1, as vLLM's CPU backend binds its threads (VLLM_CPU_OMP_THREADS_BIND):
+    on a shared machine an unbound process loses a share of its core to migrations that a bound
+    one does not, so both engines are bound alike."""
+    if hasattr(os, "sched_setaffinity"):
+        cores = set(range(min(threads, os.cpu_count() or 1)))
+        try:
+            os.sched_setaffinity(0, cores)
+        except OSError:
+            pass                                       # a container that forbids it: run unbound
+
+
 def run_minillm(job: dict):
+    bind_cores(job["threads"])
     import torch
     torch.set_num_threads(job["threads"])
     from minillm import LLM, SamplingParams

@@ -1,6 +1,7 @@
 """vs-vllm: minillm and vLLM side by side on the same checkpoint, prompts, sampling and threads.
 
-Each side runs in its own process (``offline_worker.py``): minillm with its CPU attention
+Each side runs in its own process (``offline_worker.py``), bound to cores 0 .. threads-1 as vLLM
+binds its threads: minillm with its CPU attention
 (``attention_backend="cpu"``, the paged KV read in place), minillm with the torch reference
 (``"torch"``, which gathers the KV into padded tensors at every layer), and vLLM from its own
 virtual environment (``--vllm-python``; ``make vllm-env`` builds ``.venv-vllm``). A round runs
@@ -9,9 +10,14 @@ or quieter during the run weighs on every side alike; the table reports medians 
 
 Printed: offline throughput (output tokens per wall second) of each side, its ratio to vLLM,
 greedy exactness (how many prompts' token sequences are identical to vLLM's, and to the torch
-reference's), and the decode step's distance from the machine's memory bandwidth: the bytes one
+reference's), the decode step's distance from the machine's memory bandwidth: the bytes one
 decode step must read (every weight once, plus the KV of every running request) over the
-step time, against what a plain ``copy_`` of a large tensor reaches on this machine.
+step time, against what a plain ``copy_`` of a large tensor reaches on this machine; then the
+serving ratios (``vs_vllm_serving.py``): ``minillm serve`` and ``vllm serve`` under the project's
+load generator, saturation throughput, TTFT and TPOT (``--no-serving`` skips them).
+
+Without vLLM (no ``--vllm-python`` and no ``.venv-vllm``; always at ``--size tiny``) the vLLM side
+is skipped with a message and minillm's sides still run: the smoke path.
 
 The checkpoints (``--checkpoint``): ``llama-26m``, a seeded random-weight Llama of 25M
 parameters saved in Hugging Face format (the size where the per-step overhead no longer hides
@@ -52,16 +58,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default: the size's)")
     p.add_argument("--sides", default=None,
                    help="comma-separated subset of minillm,minillm-torch,vllm (default: all that can run)")
+    p.add_argument("--no-serving", action="store_true", help="offline throughput only (no servers)")
 
 
 def _sizes(size: str) -> dict:
-    return pick(size, tiny=dict(n=4, max_tokens=8, rounds=1), small=dict(n=32, max_tokens=32, rounds=2),
-                full=dict(n=32, max_tokens=128, rounds=3))
+    # rate: the latency replay's Poisson arrivals (requests/s), below both engines' saturation
+    return pick(size, tiny=dict(n=4, max_tokens=8, rounds=1, rate=4.0),
+                small=dict(n=32, max_tokens=32, rounds=2, rate=2.0),
+                full=dict(n=32, max_tokens=128, rounds=3, rate=2.0))
 
 
 def checkpoint_dir(name: str) -> str:
     """The checkpoint both engines load: the shipped model, or the seeded random 26M Llama written
-    once (transformers' own initialisation, safetensors) under the temp dir."""
+    once (transformers' own initialisation, safetensors) under the temp dir, with a word-level
+    tokenizer (token i is the word ``<i>``) so that both OpenAI servers stream text."""
     if name == "shipped":
         from ..model.loader import DEFAULT_MODEL_DIR
         return str(DEFAULT_MODEL_DIR)
@@ -71,7 +81,19 @@ def checkpoint_dir(name: str) -> str:
         from transformers import LlamaConfig, LlamaForCausalLM
         torch.manual_seed(0)
         LlamaForCausalLM(LlamaConfig(**LLAMA_26M)).save_pretrained(str(path), safe_serialization=True)
+    if not (path / "tokenizer.json").exists():
+        word_tokenizer(LLAMA_26M["vocab_size"]).save_pretrained(str(path))
     return str(path)
+
+
+def word_tokenizer(vocab: int):
+    """A fast tokenizer whose token i is the word ``<i>`` (``<0>`` is BOS, EOS and unknown)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(vocab)}, unk_token="<0>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")          # joins the words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<0>", eos_token="<0>", unk_token="<0>")
 
 
 def make_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
@@ -128,6 +150,9 @@ def run(args) -> dict:
     P = _sizes(args.size)
     if args.vllm_python is None and args.size != "tiny" and DEFAULT_VLLM_PYTHON.exists():
         args.vllm_python = str(DEFAULT_VLLM_PYTHON)
+    if not args.vllm_python:
+        print("vs-vllm: vLLM skipped: no --vllm-python given and no .venv-vllm (`make vllm-env` builds it); "
+              "minillm's sides only", file=sys.stderr, flush=True)
     rounds = args.rounds or P["rounds"]
     threads = int(args.threads or 2)
     model = checkpoint_dir(args.checkpoint)
@@ -176,10 +201,32 @@ def run(args) -> dict:
     tables.append(table(["side", "MiB read per step", "ms per step", "GB/s", "of copy bandwidth"], bw_rows,
                         title=f"decode step vs memory bandwidth (copy_: {bw / 1e9:.1f} GB/s read + write; "
                               "step time = run time / output tokens per request, prefill included)"))
+    serving = None
+    if not args.no_serving and "minillm" in sides:
+        from . import vs_vllm_serving
+        served = {s: python[s] for s in ("minillm", "vllm") if s in sides}
+        with tempfile.TemporaryDirectory() as tmp:
+            serving = vs_vllm_serving.medians(vs_vllm_serving.measure(
+                served, model, prompts, P["max_tokens"], P["rate"], rounds, threads, Path(tmp), args.seed))
+        ms = lambda v: f"{1e3 * v:.1f}"      # noqa: E731
+        serve_rows = [[s, f"{v['req_per_s']:.2f}", round(v["out_tok_per_s"]), ms(v["ttft_p50"]), ms(v["tpot_p50"])]
+                      for s, v in serving.items()]
+        if "vllm" in serving:
+            serve_rows.append(["minillm / vLLM"] + [f"{serving['minillm'][k] / serving['vllm'][k]:.2f}x"
+                                                    for k in ("req_per_s", "out_tok_per_s", "ttft_p50", "tpot_p50")])
+        tables.append(table(
+            ["side", "saturation req/s", "saturation output tok/s", "TTFT p50 (ms)", "TPOT p50 (ms)"], serve_rows,
+            title=f"serving: `minillm serve` and `vllm serve`, the load generator's {len(prompts)} requests "
+                  f"({P['max_tokens']} tokens each) all at once (saturation) and at {P['rate']} req/s "
+                  f"(TTFT, TPOT), {rounds} alternating rounds, medians"))
     goals = []
+    if serving and "vllm" in serving:
+        goals.append(goal("serving saturation throughput vs vLLM", ">= 1.0x",
+                          f"{serving['minillm']['req_per_s'] / serving['vllm']['req_per_s']:.2f}x",
+                          serving["minillm"]["req_per_s"] >= serving["vllm"]["req_per_s"]))
     if "vllm" in sides and "minillm" in sides:
         same = sum(a == b for a, b in zip(runs["minillm"][0]["tokens"], runs["vllm"][0]["tokens"]))
-        goals = [goal("offline throughput vs vLLM", ">= 1.0x", f"{med['minillm'] / med['vllm']:.2f}x",
+        goals += [goal("offline throughput vs vLLM", ">= 1.0x", f"{med['minillm'] / med['vllm']:.2f}x",
                       med["minillm"] >= med["vllm"]),
                  goal("throughput per CPU second vs vLLM", ">= 1.0x", f"{cpu_s['vllm'] / cpu_s['minillm']:.2f}x",
                       cpu_s["vllm"] >= cpu_s["minillm"]),
@@ -187,16 +234,22 @@ def run(args) -> dict:
                       f"{same}/{len(prompts)}", same == len(prompts))]
     command = f"python -m minillm.bench {NAME} --size {args.size} --threads {threads} --checkpoint {args.checkpoint}"
     command += f" --rounds {rounds}" + (f" --vllm-python {args.vllm_python}" if args.vllm_python else "")
+    command += " --no-serving" if args.no_serving else ""
     return {"command": command,
             "config": dict(checkpoint=args.checkpoint, prompts=len(prompts), max_tokens=P["max_tokens"],
                            threads=threads, rounds=rounds, sides=sides, vllm_python=args.vllm_python),
             "results": {"tok_per_s": tps, "median_tok_per_s": med, "median_cpu_seconds": cpu_s,
                         "copy_bandwidth_Bps": bw,
-                        "decode_bytes_per_step": step_bytes},
+                        "decode_bytes_per_step": step_bytes, "serving": serving},
             "goals": goals, "_tables": tables}
 
 
 def main(args) -> dict:
+    defaults = argparse.ArgumentParser(add_help=False)
+    add_arguments(defaults)
+    for k, v in vars(defaults.parse_args([])).items():   # `bench all` parses only the common options
+        if not hasattr(args, k):
+            setattr(args, k, v)
     t0 = time.perf_counter()
     r = run(args)
     return finish(NAME, args, r, r.pop("_tables"), t0)

@@ -2,8 +2,10 @@
 
 A reader can skip this module: :class:`PackedLinear` computes what ``nn.Linear`` computes,
 ``x @ weight.T + bias``, only faster on the CPU. The engine swaps it in for every float32
-``nn.Linear`` of the model when ``attention_backend="cpu"`` (the CPU fast path; ``ModelRunner``
-calls :func:`pack_linears` once, after loading).
+``nn.Linear`` of the model outside the fused decoder layers (``cpu_fused.py``, which pack their
+stacked weights the same way: in a plain Llama that leaves the LM head) when
+``attention_backend="cpu"`` (the CPU fast path; ``ModelRunner`` calls :func:`pack_linears` once,
+after loading).
 
 Why: at a decode batch of a few dozen rows a float32 ``F.linear`` is compute-bound, and the BLAS
 behind it lays the weight out for its micro-kernel anew at every call. oneDNN can do that once
@@ -42,9 +44,16 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module, batch_hint: int = 32) -> int:
-    """Replace every float32 CPU ``nn.Linear`` in ``model`` by a :class:`PackedLinear`; returns how many."""
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu"]
+    """Replace every float32 CPU ``nn.Linear`` in ``model`` by a :class:`PackedLinear`; returns how many.
+    A module with ``packs_its_weights = True`` (``cpu_fused.FusedDecoderLayer``) is left as it is."""
+    swaps, stack = [], [model]
+    while stack:                      # every module, except inside one that packs its own weights
+        parent = stack.pop()
+        for name, child in parent.named_children():
+            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+                swaps.append((parent, name, child))
+            elif not getattr(child, "packs_its_weights", False):
+                stack.append(child)
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child, batch_hint))
     return len(swaps)

@@ -11,6 +11,7 @@ collecting token ids and block tables; positions, slots and context lengths are 
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Optional
 
 import torch
@@ -26,15 +27,30 @@ from ..executor import ExecutionResult
 
 def resolve_backend(name: str, device: torch.device, dtype: torch.dtype = torch.float32,
                     kv_cache_dtype: str = "auto") -> str:
-    """EngineConfig.attention_backend for this device: "auto" is Triton on CUDA, the torch
-    reference on the CPU. "cpu" (the C kernel that reads the paged cache in place,
-    ``kernels/cpu_attention.py``) computes in float32 on a float32 cache: on any other model or
-    cache the torch reference serves instead."""
+    """EngineConfig.attention_backend for this device: "auto" is Triton on CUDA and on the CPU the
+    CPU fast path ("cpu") when its kernel compiles (else the torch reference, with a one-line note).
+    "cpu" (the C kernel that reads the paged cache in place, ``kernels/cpu_attention.py``)
+    computes in float32 on a float32 cache: on any other model or cache the torch reference
+    serves instead."""
     if name == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        if device.type == "cuda":
+            return "triton"
+        name = "cpu" if cpu_kernel_compiles() else "torch"
     if name == "cpu" and (device.type != "cpu" or dtype != torch.float32 or kv_cache_dtype != "auto"):
         return "torch"
     return name
+
+
+def cpu_kernel_compiles() -> bool:
+    """Whether the CPU attention kernel is built (compiled now if need be); if not, says why in one line."""
+    from minillm_kernels import cpu_attention
+    try:
+        cpu_attention._library()
+        return True
+    except (RuntimeError, OSError) as e:
+        print(f"minillm: attention_backend='auto' uses the torch reference: {str(e).splitlines()[0]}",
+              file=sys.stderr)
+        return False
 
 
 class LocalModel:
@@ -50,10 +66,13 @@ class LocalModel:
         self.backend = resolve_backend(config.attention_backend, device, dtype, config.kv_cache_dtype)
         if self.backend == "cpu":
             # The CPU fast path: attention reads the paged KV in place (kernels/cpu_attention.py),
-            # and the matrix multiplies run on weights packed once for oneDNN (model/cpu_linear.py).
-            from ..model import cpu_linear
+            # each decoder layer runs fused projections (model/cpu_fused.py) and the other matrix
+            # multiplies run on weights packed once for oneDNN (model/cpu_linear.py).
+            from ..model import cpu_fused, cpu_linear
             if cpu_linear.can_pack():
-                cpu_linear.pack_linears(model, batch_hint=min(config.max_num_seqs, 64))
+                hint = min(config.max_num_seqs, 64)
+                cpu_fused.fuse_layers(model, batch_hint=hint)
+                cpu_linear.pack_linears(model, batch_hint=hint)
         if self.backend == "triton":
             from minillm_kernels import ops
             ops.use_interpreter_if_no_cuda()   # on CPU: the same kernels through Triton's interpreter

@@ -1,0 +1,111 @@
+"""The decoder layer with its projections fused: the CPU fast path's layer. A reader can skip this module.
+
+:class:`FusedDecoderLayer` computes what ``llama.DecoderLayer`` computes, with fewer, larger calls:
+
+* q, k and v come out of **one** matrix multiply over the three weights stacked (``[q; k; v]``), and
+  the gate and up projections out of one over ``[gate; up]``, on weights packed once for oneDNN
+  (``cpu_linear.py`` says why packing pays);
+* the residual adds ride on the output projections (oneDNN's ``add`` post-op: ``x + o_proj(o)``
+  is one call, as is ``x + down_proj(...)``);
+* RMSNorm is torch's fused ``F.rms_norm``, and RoPE turns q and k in one pass when no per-head
+  norm sits between the projection and the rotation;
+* the new K/V go into the cache with one ``index_copy_`` each and attention is the C kernel that
+  reads the paged cache in place (``minillm_kernels.cpu_attention``), called directly.
+
+Per layer that is 5 matrix multiplies where the plain layer has 7 plus two adds, and about a
+third of the small tensor operations, which on a CPU cost microseconds each whatever their size.
+
+The layer keeps the plain layer's modules under the same names (``self_attn.q_proj`` ...), so
+the parameters and ``state_dict`` are unchanged; the stacked, packed copies are made once, at
+:func:`fuse_layers` (the engine never changes a weight afterwards). The engine swaps it in for
+each float32 ``DecoderLayer`` when ``attention_backend="cpu"`` (``ModelRunner``'s ``LocalModel``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .llama import DecoderLayer, rotate_half
+
+try:
+    _linear = torch.ops.mkldnn._linear_pointwise            # x @ W.T + b on a packed W (cpu_linear.py)
+except (AttributeError, RuntimeError):                     # a torch without oneDNN: can_pack() says no
+    _linear = None
+
+
+def _stacked(linears: list[nn.Linear], batch_hint: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One oneDNN-packed weight for the linears' weights stacked along the output, and their biases."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
+    return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint), bias
+
+
+def can_fuse(layer: nn.Module) -> bool:
+    """Whether ``layer`` is a plain float32 CPU ``DecoderLayer`` (not, e.g., a tensor-parallel shard)."""
+    if type(layer) is not DecoderLayer:
+        return False
+    a, m = layer.self_attn, layer.mlp
+    linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+    return all(type(lin) is nn.Linear and lin.weight.dtype == torch.float32 and lin.weight.device.type == "cpu"
+               for lin in linears)
+
+
+class FusedDecoderLayer(nn.Module):
+    """``DecoderLayer``'s forward with fused projections (float32, CPU, ``attention_backend="cpu"``)."""
+
+    packs_its_weights = True          # cpu_linear.pack_linears leaves its (unused) nn.Linear modules alone
+
+    def __init__(self, layer: DecoderLayer, batch_hint: int):
+        super().__init__()
+        # The plain layer's modules, shared: the same parameters under the same names.
+        self.self_attn, self.mlp = layer.self_attn, layer.mlp
+        self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
+        a, m = self.self_attn, self.mlp
+        self.q_width, self.kv_width = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        self.intermediate = m.gate_proj.out_features
+        # Plain attributes, not buffers: outside state_dict.
+        self.qkv = _stacked([a.q_proj, a.k_proj, a.v_proj], batch_hint)
+        self.o = _stacked([a.o_proj], batch_hint)
+        self.gate_up = _stacked([m.gate_proj, m.up_proj], batch_hint)
+        self.down = _stacked([m.down_proj], batch_hint)
+
+    def forward(self, x, cos, sin, kv_cache, meta):
+        from minillm_kernels import cpu_attention
+
+        a, ln1, ln2 = self.self_attn, self.input_layernorm, self.post_attention_layernorm
+        T, H, Hkv, D = x.shape[0], a.num_heads, a.num_kv_heads, a.head_dim
+        h = F.rms_norm(x, (x.shape[-1],), ln1.weight, ln1.eps)
+        qkv = _linear(h, *self.qkv, "none", [], "")                 # [T, (H + 2 Hkv) D]
+        v = qkv[:, self.q_width + self.kv_width:].view(T, Hkv, D)
+        if a.qk_norm:
+            q = a.q_norm(qkv[:, :self.q_width].view(T, H, D))
+            k = a.k_norm(qkv[:, self.q_width:self.q_width + self.kv_width].view(T, Hkv, D))
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+        else:                                                        # q and k turned together
+            qk = qkv[:, :self.q_width + self.kv_width].view(T, H + Hkv, D)
+            qk = qk * cos + rotate_half(qk) * sin
+            q, k = qk[:, :H], qk[:, H:]
+        k_cache, v_cache = kv_cache
+        k_cache.view(-1, Hkv, D).index_copy_(0, meta.slot_mapping, k)   # the engine's slots are all >= 0
+        v_cache.view(-1, Hkv, D).index_copy_(0, meta.slot_mapping, v)
+        o = cpu_attention.paged_attention_cpu(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
+                                              meta.context_lens, a.scale)
+        x = torch.ops.mkldnn._linear_pointwise.binary(o.view(T, H * D), x, *self.o, "add")   # x + o_proj(o)
+        h = F.rms_norm(x, (x.shape[-1],), ln2.weight, ln2.eps)
+        gate, up = _linear(h, *self.gate_up, "none", [], "").split(self.intermediate, dim=-1)
+        return torch.ops.mkldnn._linear_pointwise.binary(F.silu(gate) * up, x, *self.down, "add")
+
+
+def fuse_layers(model: nn.Module, batch_hint: int = 32) -> int:
+    """Replace every fusable ``DecoderLayer`` of ``model.model.layers`` by a :class:`FusedDecoderLayer`;
+    returns how many."""
+    layers = model.model.layers
+    n = 0
+    for i, layer in enumerate(layers):
+        if can_fuse(layer):
+            layers[i] = FusedDecoderLayer(layer, batch_hint)
+            n += 1
+    return n
