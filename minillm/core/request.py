@@ -236,6 +236,14 @@ class Request:
         self.output_token_ids.append(token)
         self.metrics.token_times.append(t)
 
+    def append_tokens(self, tokens: list[int], times: list[float]) -> None:
+        """Several output tokens, ``tokens[i]`` sampled at clock time ``times[i]`` (what ``append_token``
+        does for each; the simulator's fast path applies the decode steps it takes in one go)."""
+        if tokens and self.metrics.first_token_time is None:
+            self.metrics.first_token_time = times[0]
+        self.output_token_ids.extend(tokens)
+        self.metrics.token_times.extend(times)
+
     def settle_guesses(self, num_proposed: int, num_accepted: int) -> None:
         """Speculative decoding: of ``num_proposed`` guesses computed, ``num_accepted`` were kept."""
         self.num_computed_tokens -= num_proposed - num_accepted
