@@ -33,7 +33,7 @@ def _sizes(size: str) -> dict:
                 tiny=dict(n=200, running=[16, 32, 64], others=[100, 400], base=16, steps=5),
                 small=dict(n=2000, running=[32, 64, 128, 256], others=[1000, 4000], base=64, steps=20),
                 full=dict(n=10000, running=[32, 64, 128, 256, 512], others=[1000, 4000, 16000], base=64,
-                          steps=200))
+                          steps=100))
 
 
 def four_h100():
@@ -62,13 +62,11 @@ class GrowthPoint:
                 max_num_batched_tokens=max(2048, running * len(prompt)), record="none").engine
         one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
         with gc_paused():                                     # (the set-up makes no cycles worth a collection)
-            for _ in range(finished):
-                e.add_request(prompt, one)
+            add_copies(e, prompt, one, finished)
             while e.has_unfinished_requests():
                 e.step()
-            long = SamplingParams(temperature=0.0, max_tokens=length, ignore_eos=True)
-            for _ in range(running + waiting):
-                e.add_request(prompt, long)
+            add_copies(e, prompt, SamplingParams(temperature=0.0, max_tokens=length, ignore_eos=True),
+                       running + waiting)
             e.step()                                          # R prompts prefilled, W queued behind them
         assert len(e.scheduler.running) == running and len(e.scheduler.waiting) == waiting
         self.engine = e
@@ -84,13 +82,21 @@ class GrowthPoint:
         return median(times)
 
 
+def add_copies(engine, prompt: list[int], params, count: int) -> None:
+    """``count`` requests alike: checked once at the engine's door (``validate_request``), each then queued
+    with an id of its own (``register_request``), as ``add_request`` would queue them."""
+    checked = engine.validate_request(prompt, params, None, None, 0, None, None)
+    for _ in range(count):
+        engine.register_request(dict(checked))
+
+
 def step_cpu_seconds(running: int, waiting: int = 0, finished: int = 0, steps: int = 20) -> float:
     """Median CPU seconds of one ``engine.step()`` while ``running`` requests decode (none
     finishing), ``waiting`` wait behind ``max_num_seqs`` and ``finished`` have come and gone."""
     return GrowthPoint(running, waiting, finished, steps).measure(steps)
 
 
-def growth(P: dict, rounds: int = 3) -> dict:
+def growth(P: dict, rounds: int = 2) -> dict:
     """Per-step CPU time against running, waiting and finished requests, and the log-log slopes.
     Each point's engine is built once; every point is then measured once per round, the rounds
     one after another, and keeps its smallest median: a busy spell of a shared machine then slows

@@ -166,11 +166,14 @@ class FastForward:
         step = e.step_count
         budget = self.config.max_num_batched_tokens
         # The running requests' part of the pass, unless a request would miss its block or its tokens.
-        grants = [(r, r.num_tokens - r.num_computed_tokens) for r in self.prefilling]
-        new_blocks = [r for r in self.block_due.get(step, ()) if r in self.lazy and self.lazy[r].block_at == step]
-        need = len(new_blocks) + sum(kv.num_blocks_needed(r, n) for r, n in grants)
-        if s.swapped or s.held or s.has_groups or self.num_lazy + sum(n for _, n in grants) > budget \
-                or need > kv.num_free_blocks:
+        due = self._due(self.block_due, step, "block_at")      # (a step passed on tracks everything anew)
+        if self.prefilling:
+            chunks = [r.num_tokens - r.num_computed_tokens for r in self.prefilling]
+            need = len(due) + sum(map(kv.num_blocks_needed, self.prefilling, chunks))
+            demand = self.num_lazy + sum(chunks)
+        else:
+            need, demand = len(due), self.num_lazy
+        if s.swapped or s.held or s.has_groups or demand > budget or need > kv.num_free_blocks:
             return self._pass_on()
         self.steps_taken += 1
         if not (s.running or s.waiting):           # nothing can run now: the clock jumps to the next arrival
@@ -185,7 +188,6 @@ class FastForward:
         # 1. running requests, in the running order: a new block for each lazy one at a block boundary,
         #    the next chunk for each one still computing its prompt.
         out = SchedulerOutput(scheduled=[], token_budget=budget)
-        due = self._due(self.block_due, step, "block_at")
         lazy = self.lazy
         for req in sorted(due + self.prefilling, key=self.rank.__getitem__) if self.prefilling else due:
             entry = lazy.get(req)
@@ -199,7 +201,7 @@ class FastForward:
             if not kv.allocate(req, 1):
                 raise RuntimeError(f"fast-forward: no KV block for request {req.request_id!r} at step {step}")
             self._due_block(req, entry, step, computed)
-        left = budget - self.num_lazy - sum(g.num_new_tokens for g in out.scheduled)
+        left = budget - demand
         # 2. nothing is swapped out; 3. waiting requests, FCFS, until the first that cannot be admitted.
         running_grants = len(out.scheduled)
         self._admit(now, out, left)
