@@ -35,7 +35,7 @@ from .step_record import StepRecord
 class LLMEngine:
     def __init__(self, model: Optional[str], config: EngineConfig, tokenizer=None):
         self.config = config
-        self.device = resolve_device(config.device)
+        self.device = resolve_device(config.device) if config.runs_model else None   # (the simulator: no torch)
         dtype_name = resolve_dtype(config.dtype, self.device)
         self.model_path = resolve_model_path(model)
         self.tokenizer = tokenizer
@@ -47,7 +47,7 @@ class LLMEngine:
         self.vocab_size = self.hf_config.vocab_size
         eos = getattr(self.hf_config, "eos_token_id", None)
         self.eos_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
-        self.dtype = torch_dtype(dtype_name)
+        self.dtype = torch_dtype(dtype_name) if config.runs_model else None
 
         # --- time: the clock and (for modeled time) the cost model ---------------------
         self.cost_model = engine_cost_model(config, self.model_spec)

@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 
 from ..sim.simulated import gc_paused
-from .common import finish, fit_line, goal, loglog_exponent, median, pick, progress, set_threads, table
+from .common import finish, fit_line, goal, loglog_exponent, median, pick, progress, table
 
 NAME = "sim-scale"
 
@@ -33,7 +33,7 @@ def _sizes(size: str) -> dict:
                 tiny=dict(n=200, running=[16, 32, 64], others=[100, 400], base=16, steps=5),
                 small=dict(n=2000, running=[32, 64, 128, 256], others=[1000, 4000], base=64, steps=20),
                 full=dict(n=10000, running=[32, 64, 128, 256, 512], others=[1000, 4000, 16000], base=64,
-                          steps=100))
+                          steps=50))
 
 
 def four_h100():
@@ -96,7 +96,7 @@ def step_cpu_seconds(running: int, waiting: int = 0, finished: int = 0, steps: i
     return GrowthPoint(running, waiting, finished, steps).measure(steps)
 
 
-def growth(P: dict, rounds: int = 2) -> dict:
+def growth(P: dict, rounds: int = 3) -> dict:
     """Per-step CPU time against running, waiting and finished requests, and the log-log slopes.
     Each point's engine is built once; every point is then measured once per round, the rounds
     one after another, and keeps its smallest median: a busy spell of a shared machine then slows
@@ -127,8 +127,7 @@ def growth(P: dict, rounds: int = 2) -> dict:
 def run(args) -> dict:
     from ..sim.simulated import simulate
     from ..analysis.workloads import LogNormal, synthetic_trace
-    P = _sizes(args.size)
-    set_threads(args)
+    P = _sizes(args.size)               # (no torch runs here: --threads has nothing to set)
     cm = four_h100()
     rate = 20.0
     engine_cfg = dict(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=4096)
