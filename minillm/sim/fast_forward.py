@@ -161,7 +161,8 @@ class FastForward:
 
     # --- one step ---------------------------------------------------------------------------------
     def step(self) -> StepRecord:
-        """One step, the record ``engine.step()`` would return."""
+        """One step, the record ``engine.step()`` would return: schedule, execute (price it), apply, record,
+        commit; a step this module does not take is passed on to ``engine.step()``."""
         e, s, kv = self.engine, self.s, self.kv
         step = e.step_count
         budget = self.config.max_num_batched_tokens
@@ -176,6 +177,35 @@ class FastForward:
         if s.swapped or s.held or s.has_groups or demand > budget or need > kv.num_free_blocks:
             return self._pass_on()
         self.steps_taken += 1
+        now, out = self._schedule(step, due, budget - demand)      # 1. who runs, and how many tokens each
+        num_running_grants = len(out.scheduled) - len(out.admitted)
+        duration, sched = self._price(out)                         # 2. the step's price on the modeled clock
+        self.clock.advance(duration)
+        end = self.clock.now()
+        self.times.append(end)
+        num_grants = self.num_lazy + len(out.scheduled)
+        num_batched = self.num_lazy + sum(g.num_new_tokens for g in out.scheduled)
+        finished = self._apply(step, out, num_running_grants, end)  # 3. the results, where the requests live
+        record = StepRecord(                                       # 4. what the step did (record="none")
+            step=step, time=end, duration=duration, batch=[], batch_size=num_grants, num_prefill_tokens=0,
+            num_decode_tokens=0, num_batched_tokens=num_batched, token_budget=budget, admitted=out.admitted,
+            finished=[r.request_id for r in finished], preempted=[], waiting=out.waiting, kv=None,
+            finish_reasons={r.request_id: r.finish_reason for r in finished}, reformed=True,
+            clock=self.clock.name, schedule_time=sched, swap_time=0.0)
+        s.commit()                                                 # 5. the step stands; finished requests leave
+        for req in finished:
+            self.rank.pop(req, None)
+            e.active.pop(req.request_id, None)
+            e.executor.forget(req.request_id)
+        e.step_count += 1
+        return record
+
+    def _schedule(self, step: int, due: list[Request], budget: int) -> tuple[float, SchedulerOutput]:
+        """The pass (``Scheduler.schedule``): arrivals join the queue; the running requests in the running
+        order (a new block for each lazy one ``due`` one, the next chunk for each one computing its prompt;
+        the lazy ones' token is counted, not granted one by one); then FCFS admission with the ``budget``
+        left. Returns the clock at the pass and its output (the chunks', then the admitted requests' grants)."""
+        s, kv, lazy = self.s, self.kv, self.lazy
         if not (s.running or s.waiting):           # nothing can run now: the clock jumps to the next arrival
             t = s.next_arrival()
             if t is not None and t > self.clock.now():
@@ -185,10 +215,7 @@ class FastForward:
         s.now = max(s.now, now)
         while s.incoming and s.incoming[0][0] <= now:     # arrivals join the queue
             s.waiting.append(heapq.heappop(s.incoming)[2])
-        # 1. running requests, in the running order: a new block for each lazy one at a block boundary,
-        #    the next chunk for each one still computing its prompt.
-        out = SchedulerOutput(scheduled=[], token_budget=budget)
-        lazy = self.lazy
+        out = SchedulerOutput(scheduled=[], token_budget=self.config.max_num_batched_tokens)
         for req in sorted(due + self.prefilling, key=self.rank.__getitem__) if self.prefilling else due:
             entry = lazy.get(req)
             if entry is None:
@@ -201,39 +228,38 @@ class FastForward:
             if not kv.allocate(req, 1):
                 raise RuntimeError(f"fast-forward: no KV block for request {req.request_id!r} at step {step}")
             self._due_block(req, entry, step, computed)
-        left = budget - demand
-        # 2. nothing is swapped out; 3. waiting requests, FCFS, until the first that cannot be admitted.
-        running_grants = len(out.scheduled)
-        self._admit(now, out, left)
-        # Executor and clock: every grant that reaches its last known token samples a placeholder.
-        grants_all = out.scheduled
-        decode_context = self.lazy_context + self.num_lazy          # the lazy ones' KV after the step
-        num_grants = self.num_lazy + len(grants_all)
-        num_batched = self.num_lazy + sum(g.num_new_tokens for g in grants_all)
-        if all(g.num_new_tokens == 1 for g in grants_all):
-            step_time = self.cm.decode_step_time(num_grants, decode_context + sum(
-                g.num_computed_before + 1 for g in grants_all))
-        else:
-            tokens = num_batched
-            context = decode_context + sum(g.num_computed_before + g.num_new_tokens for g in grants_all)
-            qc = decode_context + sum(g.num_new_tokens * (g.num_computed_before + g.num_new_tokens)
-                                      for g in grants_all)
-            q2 = self.num_lazy + sum(g.num_new_tokens * g.num_new_tokens for g in grants_all)
+        self._admit(now, out, budget)              # (nothing is swapped out)
+        return now, out
+
+    def _price(self, out: SchedulerOutput) -> tuple[float, float]:
+        """(duration, schedule time) as ``modeled_step_time`` prices the step: the lazy requests' decodes
+        from their totals, the other grants one by one; the pass over the running and waiting requests."""
+        grants, lazy_context = out.scheduled, self.lazy_context + self.num_lazy   # the lazy ones' KV after it
+        if all(g.num_new_tokens == 1 for g in grants):
+            step_time = self.cm.decode_step_time(self.num_lazy + len(grants), lazy_context + sum(
+                g.num_computed_before + 1 for g in grants))
+        else:     # attention pairs: sum(q c) - (sum(q^2) - sum(q)) / 2, as RooflineCostModel.step_time counts them
+            tokens = self.num_lazy + sum(g.num_new_tokens for g in grants)
+            context = lazy_context + sum(g.num_computed_before + g.num_new_tokens for g in grants)
+            qc = lazy_context + sum(g.num_new_tokens * (g.num_computed_before + g.num_new_tokens) for g in grants)
+            q2 = self.num_lazy + sum(g.num_new_tokens * g.num_new_tokens for g in grants)
             step_time = self.cm.batch_time(tokens, context, qc - (q2 - tokens) / 2)
-        sched = self.cm.schedule_time(len(s.running), len(s.waiting))
-        duration = step_time + sched + 0.0 + 0.0          # no swap, no draft
-        self.clock.advance(duration)
-        end = self.clock.now()
-        self.times.append(end)
-        # Apply the results in the grants' order: the lazy requests whose token may stop them and the
-        # running prompt chunks (running order), then the admitted requests.
-        finished = []
+        sched = self.cm.schedule_time(len(self.s.running), len(self.s.waiting))
+        return step_time + sched + 0.0 + 0.0, sched         # no swap, no draft
+
+    def _apply(self, step: int, out: SchedulerOutput, num_running_grants: int, end: float) -> list[Request]:
+        """``Scheduler.update_from_output`` for this step, in the grants' order: the lazy requests whose
+        token may stop them and the running prompt chunks (the running order), then the admitted requests;
+        every other lazy request's token is counted. Returns the requests that finished, in that order."""
+        s, lazy = self.s, self.lazy
         checks = self._due(self.check_due, step, "check_at")
-        chunks = grants_all[:running_grants]
+        chunks = out.scheduled[:num_running_grants]
         order = sorted(checks + [g.request for g in chunks], key=self.rank.__getitem__) if chunks else checks
-        by_req = {g.request: g for g in grants_all}
+        admitted = [g.request for g in out.scheduled[num_running_grants:]]
+        by_req = {g.request: g for g in out.scheduled}
+        finished = []
         self.lazy_context += self.num_lazy
-        for req in order + [g.request for g in grants_all[running_grants:]]:
+        for req in order + admitted:
             entry = lazy.get(req)
             if entry is not None:
                 self._catch_up(req, entry, step)
@@ -259,24 +285,11 @@ class FastForward:
             s.finish(req, reason, end)
             finished.append(req)
         # Who computes a prompt next step, who decodes (lazy from the next step on).
-        prefilling, self.prefilling = self.prefilling + [g.request for g in grants_all[running_grants:]], []
+        prefilling, self.prefilling = self.prefilling + admitted, []
         for req in prefilling:
             if req.status is RequestStatus.RUNNING:
                 self._track(req, step + 1)
-        record = StepRecord(
-            step=step, time=end, duration=duration, batch=[], batch_size=num_grants, num_prefill_tokens=0,
-            num_decode_tokens=0, num_batched_tokens=num_batched, token_budget=budget, admitted=out.admitted,
-            finished=[r.request_id for r in finished], preempted=[], waiting=out.waiting, kv=None,
-            finish_reasons={r.request_id: r.finish_reason for r in finished}, reformed=True,
-            clock=self.clock.name, schedule_time=sched, swap_time=0.0)
-        # Commit: the step stands; finished requests leave the engine.
-        s.commit()
-        for req in finished:
-            self.rank.pop(req, None)
-            e.active.pop(req.request_id, None)
-            e.executor.forget(req.request_id)
-        e.step_count += 1
-        return record
+        return finished
 
     def _admit(self, now: float, out: SchedulerOutput, budget: int) -> None:
         """3. The FCFS admission pass: the queue's head while it fits (a seat, the budget, KV memory
