@@ -257,6 +257,20 @@ def test_the_fast_forward_check_catches_a_planted_bug():
             _lockstep(trace, stepper=planted, sync_every=10, max_model_len=4096)
 
 
+def test_append_tokens_is_append_token_for_each():
+    """``Request.append_tokens`` (the fast path's catch-up) leaves a request as ``append_token`` per token does:
+    the tokens, their times and the first token's time."""
+    from minillm.core.request import Request
+    one, many = (Request("a", [5, 6, 7], SamplingParams(max_tokens=9), arrival_time=1.0) for _ in range(2))
+    for tok, t in zip([3, 4, 5], [2.0, 2.5, 3.25]):
+        one.append_token(tok, t)
+    many.append_tokens([3, 4], [2.0, 2.5])
+    many.append_tokens([], [])
+    many.append_tokens([5], [3.25])
+    assert (many.output_token_ids, many.metrics) == (one.output_token_ids, one.metrics) == \
+        ([3, 4, 5], many.metrics) and many.metrics.first_token_time == 2.0
+
+
 def test_fast_forward_covers_only_its_configuration():
     """``FastForward.covers``: the long-simulation configuration; another policy, prefix caching, a constant
     cost model or recorded steps are stepped by ``engine.step()`` (``simulate`` checks before it uses it)."""

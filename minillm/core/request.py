@@ -7,9 +7,9 @@ A decode is the case of one new token, a prefill the case of many.
 
 A request's state changes only through its transition methods below (``admit``, ``preempt``,
 ``resume``, ``reject``, ``hold``, ``finish``, and applying a step's results: ``advance``,
-``append_token``, ``settle_guesses``, ``stopped_by``). The scheduler calls each one after saving
-the request in the step's undo log (``Scheduler``'s transitions), and the undo log saves every
-field in ``__slots__``: a new field is rolled back with the rest.
+``append_token`` (``append_tokens`` for several), ``settle_guesses``, ``stopped_by``). The scheduler
+calls each one after saving the request in the step's undo log (``Scheduler``'s transitions), and the
+undo log saves every field in ``__slots__``: a new field is rolled back with the rest.
 """
 
 from __future__ import annotations

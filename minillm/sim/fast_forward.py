@@ -59,7 +59,10 @@ class _Lazy:
 
 
 class FastForward:
-    """Steps ``engine`` (one it ``covers``) as ``engine.step()`` would; ``step()`` returns the same record."""
+    """Steps ``engine`` (one it ``covers``) as ``engine.step()`` would; ``step()`` returns the same record.
+
+    Between two steps the running requests' tokens lag behind: call ``sync()`` before reading them, or
+    before changing the engine other than by ``add_request`` (an abort, say)."""
 
     def __init__(self, engine):
         if not self.covers(engine):
