@@ -2,7 +2,7 @@
 #   make lab    -> installs everything (first time) and launches JupyterLab on notebooks/
 #   make test   -> installs everything (first time) and runs the tests
 # Both install the tested versions pinned in constraints.txt; make test-latest tries the newest ones.
-# For contributors: make test-fast (the tests not marked slow) and make lint (ruff, mypy on minillm/core).
+# For contributors: make test-fast (the tests not marked slow) and make lint (ruff, mypy on the engine).
 # Both create or reuse the virtual environment in .venv.
 
 VENV   ?= .venv
@@ -31,9 +31,9 @@ PORT     ?= 8888
 LAB_ARGS ?=
 # The news pop-up (it covers the widgets) is this JupyterLab plugin, disabled in the environment.
 ANNOUNCEMENTS := @jupyterlab/apputils-extension:announcements
-# The file browser hides each notebook's jupytext source (notebooks/NN_*.py, the file authors edit), so a
+# The file browser hides each notebook's jupytext source (notebooks/NN_*.py and NNb_*.py, the files authors edit), so a
 # student opens the notebook; the rest are jupyter_server's own defaults.
-HIDE_GLOBS := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "[0-9][0-9]_*.py"]
+HIDE_GLOBS := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "[0-9][0-9]_*.py", "[0-9][0-9][a-z]_*.py"]
 
 .PHONY: install test-latest lab test test-fast lint grade exercises notebooks git-filter bench gpu-check vllm-env fuzz serve clean
 
@@ -123,7 +123,8 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	MINILLM_IMPL=solutions $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# ruff's checks over the repository, then mypy on the engine's core (its settings: [tool.mypy] in pyproject.toml).
+# ruff's checks over the repository, then mypy on the engine (minillm/core, engine.py, executor.py; its
+# settings: [tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy

@@ -204,14 +204,16 @@ class LLMEngine:
                 self.speculator.forget(req.request_id)
 
     # --- one step ---------------------------------------------------------------------------------
-    def _idle_wait(self) -> None:
-        """Nothing can run now: let the clock reach the next arrival."""
-        s = self.scheduler
-        if s.running or s.swapped or s.held or s.waiting:
-            return
-        t = s.next_arrival()
-        if t is not None and t > self.clock.now():
-            self.clock.wait_until(t)
+    def _idle_wait(self) -> bool:
+        """Nothing can run now (``scheduler.is_idle()``): let the clock reach the next arrival. True when
+        the clock waited: the step that follows starts from an idle engine (``CostModel.after_idle_time``)."""
+        if not self.scheduler.is_idle():
+            return False
+        t = self.scheduler.next_arrival()
+        if t is None or t <= self.clock.now():
+            return False
+        self.clock.wait_until(t)
+        return True
 
     def step(self) -> StepRecord:
         """One scheduler iteration: schedule -> execute -> apply the results -> StepRecord -> commit.
@@ -221,7 +223,7 @@ class LLMEngine:
         checkpoint = (self.scheduler.checkpoint(), self.executor.checkpoint(), self.clock.now())
         phases = PhaseTimes(self.config.phase_clock)     # host time per phase, when asked for
         try:
-            self._idle_wait()
+            after_idle = self._idle_wait()
             start = self.clock.now()
             if self.speculator:       # speculative decoding: each decoding request's draft (or its slots)
                 self.speculator.propose(self.scheduler.running)
@@ -232,7 +234,7 @@ class LLMEngine:
             with phases.timing("execute"):               # 2. the forward (or the simulator)
                 result = self.executor.execute(out)
             phases.times.update(result.phase_times)      # the executor's own phases (prepare, forward, sample)
-            self._advance_clock(out, result, start, times)
+            self._advance_clock(out, result, start, times, after_idle)
             with phases.timing("update"):                # 3. the results applied where the requests live
                 update = self._apply(out, result, times["end"])
             with phases.timing("record"):                # 4. what the step did, for the views
@@ -243,13 +245,15 @@ class LLMEngine:
         self._commit(update, record)                     # 5. the step stands: forget its undo log
         return record
 
-    def _advance_clock(self, out, result, start: float, times: dict) -> None:
-        """The step's duration: what the cost model prices it at (modeled time: the clock advances by it),
-        or the wall time it took. ``times`` gains ``duration``, ``schedule`` and ``swap`` (seconds) and
-        ``end``, the clock when the step ends (the time of its tokens and of its record)."""
+    def _advance_clock(self, out, result, start: float, times: dict, after_idle: bool = False) -> None:
+        """The step's duration: what the cost model prices it at (modeled time: the clock advances by it;
+        ``after_idle``: the step follows a wait for an arrival), or the wall time it took. ``times`` gains
+        ``duration``, ``schedule`` and ``swap`` (seconds) and ``end``, the clock when the step ends (the
+        time of its tokens and of its record)."""
         if self.clock.name == "modeled":
             duration, times["schedule"], times["swap"] = modeled_step_time(
-                self.cost_model, out, len(self.scheduler.running), len(self.scheduler.waiting), result.swap_bytes)
+                self.cost_model, out, len(self.scheduler.running), len(self.scheduler.waiting), result.swap_bytes,
+                after_idle=after_idle)
             times["duration"] = duration + times["draft"]        # the draft's forwards, then the target's
             self.clock.advance(times["duration"])
         else:
@@ -298,7 +302,8 @@ class LLMEngine:
             batch_size=len(out.scheduled),
             num_prefill_tokens=num_batched - num_decode if some else 0, num_decode_tokens=num_decode,
             num_batched_tokens=num_batched, token_budget=out.token_budget, admitted=out.admitted,
-            finished=[r.request_id for r in update.finished], preempted=out.preempted, waiting=out.waiting, kv=kv,
+            finished=[r.request_id for r in update.finished], preempted=out.preempted, waiting=out.waiting,
+            not_scheduled=out.not_scheduled, kv=kv,
             running=list(map(attrgetter("request_id"), self.scheduler.running)) if some else [],
             swapped=[r.request_id for r in self.scheduler.swapped] if some else [], swapped_in=out.swapped_in,
             rejected=out.rejected, aborted=list(self._aborted),
@@ -320,7 +325,7 @@ class LLMEngine:
     # --- conveniences -------------------------------------------------------------------------------
     def run(self, max_steps: Optional[int] = None, progress=None) -> list[StepRecord]:
         """Step until every request is done (or max_steps)."""
-        records = []
+        records: list[StepRecord] = []
         while self.has_unfinished_requests() and (max_steps is None or len(records) < max_steps):
             records.append(self.step())
             if progress is not None:

@@ -19,7 +19,10 @@ Which one is chosen by the environment variable ``MINILLM_IMPL``:
   generated stubs).
 
 ``impl.attempt()`` lets a notebook cell call an exercise that is still a stub without
-stopping the notebook: the ``NotImplementedError`` is reported in one line instead.
+stopping the notebook: the ``NotImplementedError`` is reported in one line instead. After a
+grade that failed the exercise, the cell also offers its worked answer, folded
+(``minillm/worked_answers.py``); ``impl.grade("01")`` grades from a cell, and
+``impl.show_worked_answer("ex01.kv_cache_bytes")`` opens a worked answer after a failed grade.
 
 A finished exercise plugs into the engine like a built-in, through ``EngineConfig``:
 ``LLM(policy=ex.MyPolicy())``, ``LLM(kv_manager=...)`` (a factory of KV managers),
@@ -34,13 +37,16 @@ import importlib
 import importlib.util
 import linecache
 import os
+import subprocess
 import sys
 import zlib
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-__all__ = ["ENV", "CHOICES", "REPO_ROOT", "which", "impl_dir", "load", "attempt"]
+from . import worked_answers
+
+__all__ = ["ENV", "CHOICES", "REPO_ROOT", "which", "impl_dir", "load", "attempt", "grade", "show_worked_answer"]
 
 ENV = "MINILLM_IMPL"
 CHOICES = ("exercises", "solutions")
@@ -125,8 +131,11 @@ _loaded_from: dict[str, tuple[str, str]] = {}    # module name -> (file, sha256 
 def attempt(what: str = ""):
     """Run a notebook cell's exercise call; a stub's NotImplementedError becomes one line.
 
-        with impl.attempt():
+        with impl.attempt("ex01.completion_times"):
             print(ex.completion_times([100] * 8 + [1000] * 2, max_num_seqs=10))
+
+    ``what`` names the exercise by the functions or classes the cell calls; once a grade has failed
+    that exercise, its worked answer is offered under the output, folded (``worked_answers.offer``).
     """
     try:
         yield
@@ -134,4 +143,28 @@ def attempt(what: str = ""):
         label = f"{what}: " if what else ""
         print(f"{label}not implemented yet ({e}). Fill it in under exercises/, then re-run the "
               f"impl.load cell and this one ({ENV}={which()!r}).")
+    if what:
+        worked_answers.offer(what, impl_dir())
+
+
+def grade(exercise: str, k: Optional[str] = None) -> list:
+    """Grade an exercise from a notebook cell: the report ``make grade EX=NN`` prints (``exercise``: "05"
+    or "ex05"; ``k``: only the graders whose names contain it), then the worked answers of the exercises
+    it failed, folded. Returns those (``worked_answers.WorkedAnswer``)."""
+    mark = exercise if exercise.startswith("ex") else f"ex{exercise}"
+    cmd = [sys.executable, "-m", "pytest", "-m", mark, "tests/test_exercises.py", "--grade", "-qq", "--no-header",
+           "-rN", "--tb=no", "--disable-warnings", "-p", "no:cacheprovider", "-o", "console_output_style=classic"]
+    if k:
+        cmd += ["-k", k]
+    env = {key: v for key, v in os.environ.items() if not key.startswith("PYTEST_")}
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env={**env, ENV: str(impl_dir())})
+    print(proc.stdout.rstrip() or proc.stderr.rstrip())
+    return worked_answers.offer_failed(mark, impl_dir())
+
+
+def show_worked_answer(exercise: str, number: Optional[int] = None) -> list:
+    """The worked answer of an exercise your last grade failed: ``show_worked_answer("ex05", 1)``, or by
+    the label of its cell, ``show_worked_answer("ex05.swap_or_recompute")``. Before a failed grade it
+    says how to grade instead."""
+    return worked_answers.show(exercise, number, impl_dir())
 

@@ -105,6 +105,10 @@ class StepRecord:
     preempted: list[PreemptionEvent]
     waiting: list[WaitingEntry]
     kv: Optional[KVSnapshot]    # None with EngineConfig.record="none"
+    # Running requests given no tokens this step, each with the scheduler's reason: "the token budget of
+    # 8 was spent before its turn", "prefill-priority: this step runs a new prompt's prefill, ...", "forked
+    # from g at the end of this step: ..." (empty with EngineConfig.record="totals" or "none")
+    not_scheduled: list[WaitingEntry] = field(default_factory=list)
     running: list[str] = field(default_factory=list)     # the running set after the step (not with record="none")
     swapped: list[str] = field(default_factory=list)     # requests whose KV sits in host memory (the same)
     swapped_in: list[str] = field(default_factory=list)

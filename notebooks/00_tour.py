@@ -54,7 +54,7 @@ import plotly.graph_objects as go
 
 from minillm import LLM, SamplingParams
 from minillm.analysis import workloads
-from minillm.viz import Stepper
+from minillm.viz import Stepper, printouts
 
 # %% [markdown]
 # ## 1. Generate text
@@ -69,11 +69,7 @@ params = SamplingParams(max_tokens=48, temperature=0.8, top_k=40, seed=0)
 prompts = ["ROMEO:\n", "JULIET:\nO "]
 if llm.tokenizer is None:      # only while the shipped checkpoint is missing: the random stand-in has no tokenizer
     prompts = [[10, 11, 12], [20, 21]]
-for out in llm.generate(prompts, params):
-    m = out.metrics
-    print(f"{out.prompt or out.prompt_token_ids!r} -> {out.text if out.text is not None else out.token_ids!r}")
-    print(f"    {len(out.token_ids)} tokens ({out.finish_reason}), first after {m.ttft * 1e3:.1f} ms, "
-          f"then {m.tpot * 1e3:.1f} ms per token\n")
+printouts.outputs(llm.generate(prompts, params))     # each: prompt -> text; its tokens, TTFT and TPOT
 
 # %% [markdown]
 # Both prompts ran **together**: `generate` adds each prompt as a request and calls `engine.step()` until
@@ -121,21 +117,10 @@ print(rec.summary())
 # %% [markdown]
 # The same record, field by field. `batch` has one entry per request in the step; `waiting` says, in
 # words, why each waiting request is not in it; `kv` is the KV cache after the step.
+# (`printouts.step_record`, in `minillm/viz/printouts.py`, prints those fields; read it to see them named.)
 
 # %%
-def show(rec):
-    print(f"step {rec.step}: {rec.num_batched_tokens} of {rec.token_budget} budget tokens, "
-          f"took {rec.duration * 1e3:.1f} ms ({rec.clock} clock)")
-    for e in rec.batch:
-        print(f"  {e.request_id}: {e.phase:<7} +{e.num_new_tokens:>2} tokens   KV {e.num_computed_before:>2} -> "
-              f"{e.context_len:>2} positions   {e.num_output_tokens} token(s) out")
-    for w in rec.waiting:
-        print(f"  {w.request_id} waits: {w.reason}")
-    kv = rec.kv
-    print(f"  KV: {kv.used} of {kv.total} positions hold KV, in {kv.blocks_used} of {kv.blocks_total} blocks "
-          f"of {kv.block_size} ({kv.partial_waste} positions empty in partly filled last blocks)")
-
-show(rec)
+printouts.step_record(rec)
 print("\nevery field:", ", ".join(rec.to_dict()))
 
 # %% [markdown]
@@ -147,7 +132,7 @@ print("\nevery field:", ", ".join(rec.to_dict()))
 # **Predict, then run.** The next step. What does each of A, B and C process, and does D run now?
 
 # %%
-show(eng.step())
+printouts.step_record(eng.step())
 
 # %% [markdown]
 # <details><summary>Answer</summary>
@@ -273,12 +258,7 @@ print(f"{sum(c.error is None for c in client_side)} of {len(burst)} answered; th
 
 # %%
 c = load_generator.compare(client_side, engine_side)
-print(f"TTFT p50: client {c['ttft_p50_client'] * 1e3:6.0f} ms, engine {c['ttft_p50_engine'] * 1e3:6.0f} ms")
-print(f"TTFT p90: client {c['ttft_p90_client'] * 1e3:6.0f} ms, engine {c['ttft_p90_engine'] * 1e3:6.0f} ms")
-print(f"outside the engine, per request: min {c['overhead_ttft_min'] * 1e3:.0f} ms, "
-      f"p50 {c['overhead_ttft_p50'] * 1e3:.0f} ms, max {c['overhead_ttft_max'] * 1e3:.0f} ms "
-      f"({c['num_paired']} requests paired by id)")
-print(f"the engine's part of the client's median TTFT: {c['ttft_p50_engine'] / c['ttft_p50_client']:.0%}")
+printouts.client_vs_engine_ttft(c)
 pairs = sorted((m.ttft, engine_side[load_generator.engine_request_id(m.response_id)].ttft) for m in client_side
                if m.error is None)
 fig = go.Figure([go.Bar(name="client (HTTP)", y=[a for a, _ in pairs]), go.Bar(name="engine", y=[b for _, b in pairs])])
@@ -316,6 +296,7 @@ print(f"server running: {server.running}")
 # | [01 · Batching math](01_batching_math.ipynb) | why decode is memory bound, the roofline, KV memory and the maximum batch, static vs continuous batching, the execution-token budget |
 # | [02 · Reservation vs paging](02_reservation_vs_paging.ipynb) | why max-length reservations make requests wait (Figure 4), paged KV blocks, waste, the block size |
 # | [03 · Scheduling policies](03_scheduling_policies.ipynb) | FCFS, shortest-first, priority classes, MLFQ, fair queuing; head-of-line blocking and starvation |
+# | [03b · The scheduler under load](03b_scheduling_under_load.ipynb) | prefill vs decode and chunked prefill, scheduling every N steps, goodput and load shedding, the simulator calibrated on your machine |
 # | [04 · Prefix caching](04_prefix_caching.ipynb) | block hashes, reference counts, shared system prompts and multi-turn conversations |
 # | [05 · Preemption](05_preemption.ipynb) | swap vs recompute and the cost rule that picks one; thrashing |
 # | [06 · Speculative decoding](06_speculative_decoding.ipynb) | a draft proposes, the target verifies in one pass; acceptance rate and when it stops paying |
@@ -341,7 +322,7 @@ print(f"server running: {server.running}")
 # and time per output token (the mean gap between later tokens: the decode pace a reader sees).
 #
 # **SLO.** A *service-level objective*: a latency target each request should meet, e.g. TTFT at most 2 s
-# and TPOT at most 100 ms. Requests served within their SLOs per second is *goodput* (notebook 03 also
+# and TPOT at most 100 ms. Requests served within their SLOs per second is *goodput* (notebook 03b also
 # gives DistServe's definition: the highest arrival rate at which, say, 90% of requests meet them).
 #
 # **Percentiles: p50, p99.** The p-th percentile of a set of latencies is the value that p% of them are
@@ -382,7 +363,8 @@ print(f"server running: {server.running}")
 # ## Exercises
 #
 # How the exercises work, for the whole series: each notebook `NN` has a module `exercises/exNN_*.py` of
-# functions and classes to fill in. Their stubs raise `NotImplementedError` naming the task; their
+# functions and classes to fill in (notebook 03b's is `ex03b_under_load.py`; a notebook's second module
+# takes a letter, `ex02b_kv_quant.py`). Their stubs raise `NotImplementedError` naming the task; their
 # docstrings say what to compute and where the idea comes from (the paper that introduced it, where there
 # is one). A notebook's last cells
 # call *your* implementation (`impl.load("ex01_batching")`), and `make grade EX=NN` runs the graders:
@@ -391,7 +373,9 @@ print(f"server running: {server.running}")
 # make grade EX=01        # from the repository root: notebook 01's graders, against exercises/
 # ```
 #
-# The reference answers are in `solutions/`; `MINILLM_IMPL=solutions` makes the notebooks use them.
+# The reference answers are in `solutions/`; `MINILLM_IMPL=solutions` makes the notebooks use them. Try
+# before you look: once a grade fails an exercise you attempted, its cell offers the worked answer,
+# folded (the reference code and why it works), and `impl.grade("01")` grades from a cell.
 #
 # Warm-up, no grader (answer by predicting, then check with the widget above):
 #

@@ -47,7 +47,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from minillm import LLM, SamplingParams, impl
-from minillm.viz import figures
+from minillm.viz import figures, printouts
 from minillm.analysis import metrics, workloads
 from minillm.bench import decode_timing
 from minillm.viz import Stepper
@@ -132,15 +132,7 @@ bench = LLM(device=DEVICE, dtype="auto", attention_backend=BACKEND, block_size=1
 
 timings = decode_timing.measure(bench.engine, BATCHES, steps=16, repeats=3, device=DEVICE)
 measured = np.array(timings.step_time)
-for b, t, spread in zip(BATCHES, measured, timings.spread):
-    print(f"batch {b:>2}: {t * 1e3:7.2f} ms per step, {b / t:9.0f} tokens/s   (repeats within x{spread:.2f})")
-gain, growth = timings.ratio(1, 32)
-print(f"\nhere ({timings.clock}), batch 1 -> 32: throughput x{gain:.1f}, latency x{growth:.2f}")
-if timings.noisy:
-    print(f"Too noisy to trust: some batch size's repeats differ by x{max(timings.spread):.1f} "
-          f"(more than x{decode_timing.NOISY_SPREAD}). Other work is running on this machine; re-run the cell when it is quiet.")
-else:
-    print(f"The repeats agree within x{max(timings.spread):.2f}: background load did not decide these ratios.")
+printouts.decode_timings(timings, BATCHES, noisy_spread=decode_timing.NOISY_SPREAD)
 
 # %%
 figures.throughput_latency_figure(BATCHES, latency=measured,
@@ -179,11 +171,9 @@ figures.throughput_latency_figure([1, 2, 4, 8, 16, 32, 64, 128], latency=lat,
 # %%
 ridge = h100.flops_per_s / h100.bytes_per_s
 doubled = next(b for b in range(1, 4097) if decode_step_time_vs_batch(h100, [b], context_len=512)[0][0] >= 2 * lat[0])
-for b in (1, 8, 32, 256, 4096):
-    d = h100.breakdown([1] * b, [512] * b)
-    print(f"batch {b:>4}: {d['arithmetic_intensity']:5.1f} FLOP/byte (ridge {ridge:.0f}); the arithmetic needs "
-          f"{d['compute_time'] / d['time']:5.1%} of the step: {d['bound']} bound")
-    assert d["bound"] == "memory"       # with 512 positions of context, no decode batch reaches the compute bound
+steps = {b: h100.breakdown([1] * b, [512] * b) for b in (1, 8, 32, 256, 4096)}     # a decode step of batch b
+printouts.roofline_shares(steps, ridge)
+assert all(d["bound"] == "memory" for d in steps.values())   # at 512 positions no decode batch is compute bound
 print(f"the step time doubles (the batch stops being nearly free) at batch {doubled}")
 
 # %% [markdown]
@@ -232,9 +222,8 @@ print(f"the step time doubles (the batch stops being nearly free) at batch {doub
 mha70 = replace(MODELS["llama-2-70b"], name="llama-2-70b (64 KV heads)", num_kv_heads=64)
 shipped = replace(bench.engine.model_spec, name="shipped model (this notebook)",
                   dtype_bytes=bench.engine.executor.kv_caches[0][0].element_size())
-for spec in (mha70, MODELS["llama-2-70b"], MODELS["llama-2-7b"], MODELS["llama-3-8b"], shipped):
-    print(f"{spec.name:<28} {spec.kv_bytes_per_token / 2**10:8.1f} KiB per position, "
-          f"{kv_cache_bytes(spec, 4096) / 2**30:7.3f} GiB for one request of 4096 positions")
+printouts.kv_per_position((mha70, MODELS["llama-2-70b"], MODELS["llama-2-7b"], MODELS["llama-3-8b"], shipped),
+                          4096, kv_cache_bytes)
 
 # %% [markdown]
 # If every request is given room for its maximum length up front (the next notebook's *reservation*),
@@ -392,10 +381,7 @@ for batching in ("static", "continuous"):
     recs = llm.engine.run()
     served[batching] = (llm.engine, recs, metrics.summarize(llm.engine.request_metrics(), recs, max_num_seqs=32))
 
-for batching, (_, _, s) in served.items():
-    print(f"{batching:>10}: {s['output_throughput']:7.0f} tokens/s, mean batch {s['batch_size_mean']:5.1f} "
-          f"(occupancy {s['batch_occupancy']:4.0%}), "
-          f"TTFT p50 {s['ttft_p50']:6.2f} s, end-to-end p50 {s['e2e_p50']:6.2f} s / p99 {s['e2e_p99']:6.2f} s")
+printouts.batching_summaries({batching: s for batching, (_, _, s) in served.items()})
 
 # %%
 figures.latency_cdf_figure({b: e.request_metrics() for b, (e, _, _) in served.items()},
@@ -484,8 +470,8 @@ print(check_paged_attention(fig23.engine))   # the Triton kernel against its tor
 # The **batch size varies** from step to step, so nothing may be sized for one batch shape. The requests
 # of one step have **ragged lengths**: different numbers of new tokens (a prefill beside decodes) and
 # different contexts, so the kernel takes each request's positions and block table rather than a padded
-# rectangle. And the **decision must be cheap**, because it is paid before every step (notebook 03,
-# section 7, measures what it costs). The rest of this run, step by step:
+# rectangle. And the **decision must be cheap**, because it is paid before every step (notebook 03b,
+# section 2, measures what it costs). The rest of this run, step by step:
 
 # %%
 fig23.engine.run()
@@ -623,6 +609,11 @@ with impl.attempt("ex01.plan_step"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+#
+# After a grade that fails an exercise you attempted (a stub left untouched is no attempt), that
+# exercise's cell above offers its worked answer, folded: the reference code and why it works. Open it
+# once you have tried. From a cell, `impl.grade("01")` prints the same report and offers the answers
+# of the exercises it failed; `impl.show_worked_answer("ex01", 1)` opens exercise 1's.
 
 # %% [markdown]
 # ## Summary

@@ -51,7 +51,7 @@ import plotly.graph_objects as go
 import torch
 
 from minillm import LLM, SamplingParams, impl
-from minillm.viz import figures
+from minillm.viz import figures, printouts
 from minillm.analysis import workloads
 from minillm.viz import LockstepStepper
 from minillm.sim.replay import replay
@@ -106,11 +106,7 @@ fig4
 # %%
 fig4.step()
 fig4.step()
-for name, s in zip(fig4.names, fig4.steppers):
-    kv = s.records[-1].kv
-    b = kv.per_request["B"]
-    print(f"{name:<36} B: {b.used} positions of KV, {b.reserved_unused} reserved but unused; "
-          f"{kv.free} of {kv.total} positions free for anyone else")
+printouts.kv_of_request({name: s.records[-1] for name, s in zip(fig4.names, fig4.steppers)}, "B")
 
 # %% [markdown]
 # <details><summary>Answer</summary>
@@ -125,12 +121,7 @@ for name, s in zip(fig4.names, fig4.steppers):
 
 # %%
 fig4.step()
-for name, s in zip(fig4.names, fig4.steppers):
-    rec = s.records[-1]
-    ran = ", ".join(f"{e.request_id} {e.phase} +{e.num_new_tokens}" for e in rec.batch)
-    waits = "; ".join(f"{w.request_id} waits: {w.reason}" for w in rec.waiting) or "nobody waits"
-    print(f"{name}\n    ran: {ran} ({rec.num_batched_tokens}/{rec.token_budget} tokens); KV {rec.kv.used} of "
-          f"{rec.kv.total} positions hold KV\n    {waits}")
+printouts.step_batches({name: s.records[-1] for name, s in zip(fig4.names, fig4.steppers)})
 fig4.compare_figure()
 
 # %% [markdown]
@@ -177,10 +168,7 @@ def serve(kv_allocation, block_size):
     return eng, eng.step_records, s
 
 runs = {"reserved": serve("reserved", 1), "paged (blocks of 16)": serve("paged", 16)}
-for name, (_, recs, s) in runs.items():
-    print(f"{name:<22} {s['output_throughput']:6.0f} tokens/s, mean batch {s['batch_size_mean']:5.1f}, "
-          f"queue wait p50 {s['queue_wait_p50']:5.2f} s / p99 {s['queue_wait_p99']:5.2f} s, "
-          f"TTFT p99 {s['ttft_p99']:5.2f} s, preemptions {s['num_preemptions']}")
+printouts.kv_manager_summaries({name: s for name, (_, _, s) in runs.items()})
 
 # %% [markdown]
 # Where the memory goes, step by step: the solid line is the fraction of the cache holding KV, the dashed
@@ -243,10 +231,8 @@ figures.latency_cdf_figure({name: eng.request_metrics() for name, (eng, _, _) in
 BLOCK_SIZES = [1, 16, 64, 256]
 sweep = {bs: runs["paged (blocks of 16)"] if bs == 16 else serve("paged", bs) for bs in BLOCK_SIZES}
 final_len = np.mean([r.prompt_len + r.output_len for r in trace])      # positions of a request when it ends
-for bs, (_, recs, s) in sweep.items():
-    tail = waste_breakdown(recs)["last-block tail"]
-    print(f"block_size {bs:>3}: last-block tail {tail:6.1%} of the cache, {s['output_throughput']:6.0f} tokens/s, "
-          f"preemptions {s['num_preemptions']:>3}, ~{final_len / bs:5.1f} block-table entries per finished request")
+printouts.block_size_sweep((bs, waste_breakdown(recs)["last-block tail"], s, final_len / bs)
+                           for bs, (_, recs, s) in sweep.items())
 
 # %% [markdown]
 # **Move the slider.** The same 150 requests in a what-if widget, re-simulated whenever the block size or
@@ -300,14 +286,7 @@ else:
 from minillm.bench import kv_quant
 
 KV_KINDS = kv_quant.available_kv_dtypes(DEVICE)      # float32, float16, int8 and (where it runs) fp8
-capacity = kv_quant.capacity(memory_gb=0.25)
-for name in KV_KINDS:
-    c = capacity[name]
-    print(f"shipped model, {name:>7} KV: {c['bytes_per_block']:>6,} bytes per block of 16 positions -> "
-          f"{c['blocks']:>6,} blocks in 0.25 GiB ({c['vs_float16']:.2f}x float16)")
-for name, m in kv_quant.modeled().items():
-    print(f"Llama-2-7B on H100, {name:>8} KV: {m['kv_bytes_per_token']:>7,} bytes per position, largest batch of "
-          f"4096-token requests {m['max_batch']:>3}, modeled decode {m['tokens_per_s']:>6,.0f} tokens/s")
+printouts.kv_dtype_capacity(KV_KINDS, kv_quant.capacity(memory_gb=0.25), kv_quant.modeled())
 
 # %% [markdown]
 # Live, side by side: one engine per KV dtype, each with the **same 64 KiB** of KV memory, on the tiny random
@@ -375,11 +354,7 @@ model, tokenizer, heldout_text, heldout_ids = kv_quant.shipped_heldout(520)
 prompts = kv_quant.heldout_prompts(heldout_ids, 4, 24)
 quality = kv_quant.quality(model, heldout_text, heldout_ids, prompts, new=24, context=256,
                            kv_dtypes=KV_KINDS + ["int4-like"], fills=("decode",))
-for name, q in quality.items():
-    g = q["greedy"]
-    print(f"{name:>9} KV: {q['nats_per_char_decode']:.4f} nats/char ({100 * q['rel_change_decode']:+.3f}% vs "
-          f"float32), next-token argmax = float32's {q['top1_agreement']:.1%}, greedy tokens = float32's "
-          f"{g['positions_equal']:.1%} ({g['before_first_divergence']:.1%} before the first divergence)")
+printouts.kv_quant_quality(quality)
 assert abs(quality["int8"]["rel_change_decode"]) < 0.01, "int8 KV within 1% of float32 KV (tests/test_kv_quant.py)"
 
 # %% [markdown]
@@ -478,11 +453,11 @@ with impl.attempt("ex02.FirstFitAllocator"):
         print(rec.summary())
 
 # %% [markdown]
-# **Exercise 5, one quantized block** (in `exercises/ex08_kv_quant.py`, graded with `make grade EX=08`):
+# **Exercise 5, one quantized block** (in `exercises/ex02b_kv_quant.py`, graded with `make grade EX=02b`):
 # the arithmetic of section 4's int8/fp8 cache. `new_scale(old, amax, kind)`: a head's scale after a write
 # whose largest `|x|` is `amax`; `quantize(x, scale, kind)`: divide, clamp to `±QMAX`, round (int8) or
 # cast (fp8); `dequantize(q, scale)`: what a stored number stands for; `quantize_block(x, kind)`: one block
-# written at once. `ex8.ExerciseQuantizer()` hands your functions to the engine
+# written at once. `ex2b.ExerciseQuantizer()` hands your functions to the engine
 # (`LLM(kv_cache_dtype="int8", kv_quantizer=...)`): the cell below writes every KV block with them.
 
 # %% [markdown]
@@ -503,15 +478,15 @@ with impl.attempt("ex02.FirstFitAllocator"):
 # </details>
 
 # %%
-ex8 = impl.load("ex08_kv_quant")       # your exercises/ex08_kv_quant.py
-with impl.attempt("ex08.quantize_block"):
+ex2b = impl.load("ex02b_kv_quant")     # your exercises/ex02b_kv_quant.py
+with impl.attempt("ex02b.quantize_block"):
     block = torch.randn(16, 2, 16, generator=torch.Generator().manual_seed(0))
     block = block * torch.tensor([1.0, 30.0])[None, :, None]                  # two heads of different range
-    q8, s8 = ex8.quantize_block(block, "int8")
-    err = (ex8.dequantize(q8, s8[None, :, None]) - block).abs().amax(dim=(0, 2))
+    q8, s8 = ex2b.quantize_block(block, "int8")
+    err = (ex2b.dequantize(q8, s8[None, :, None]) - block).abs().amax(dim=(0, 2))
     print(f"scales {[round(v, 4) for v in s8.tolist()]}; largest error per head {[round(v, 4) for v in err.tolist()]} "
           f"(half a step: {[round(v / 2, 4) for v in s8.tolist()]})")
-    mine = LLM(model="random", kv_cache_dtype="int8", attention_backend="torch", kv_quantizer=ex8.ExerciseQuantizer())
+    mine = LLM(model="random", kv_cache_dtype="int8", attention_backend="torch", kv_quantizer=ex2b.ExerciseQuantizer())
     theirs = LLM(model="random", kv_cache_dtype="int8", attention_backend="torch")
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     same = [a.token_ids == b.token_ids for a, b in zip(mine.generate([[10, 11, 12, 13], [40, 41]], sp),
@@ -521,7 +496,7 @@ with impl.attempt("ex08.quantize_block"):
 # %% [markdown]
 # ### Grading
 #
-# Your code goes in `exercises/ex02_paging.py` and `exercises/ex08_kv_quant.py` (their stubs raise
+# Your code goes in `exercises/ex02_paging.py` and `exercises/ex02b_kv_quant.py` (their stubs raise
 # `NotImplementedError` until you fill them in; the docstrings say exactly what each must do). The cells
 # above run *your* version: `impl.load` reads the environment variable `MINILLM_IMPL` (unset: `exercises`,
 # yours; `solutions`: the reference answers).
@@ -529,12 +504,17 @@ with impl.attempt("ex08.quantize_block"):
 #
 # ```bash
 # make grade EX=02                                            # every ex02 grader, against exercises/
-# make grade EX=08                                            # exercise 5 (KV quantization)
+# make grade EX=02b                                           # exercise 5 (KV quantization)
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex02 tests/test_exercises.py -k first_fit   # one exercise
 # ```
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+#
+# After a grade that fails an exercise you attempted (a stub left untouched is no attempt), that
+# exercise's cell above offers its worked answer, folded: the reference code and why it works. Open it
+# once you have tried. From a cell, `impl.grade("02")` prints the same report and offers the answers
+# of the exercises it failed; `impl.show_worked_answer("ex02", 1)` opens exercise 1's.
 
 # %% [markdown]
 # ## Summary

@@ -53,7 +53,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from minillm import LLM, SamplingParams, impl
-from minillm.viz import figures
+from minillm.viz import figures, printouts
 from minillm.analysis import metrics, workloads
 from minillm.viz import Stepper
 
@@ -178,19 +178,11 @@ apc
 
 # %%
 apc_run = apc_engine()                      # the cells' own copy: the widget above stays yours to step
-
-def show_blocks(rec):
-    for b in rec.kv.blocks:
-        if b.ref_count:
-            print(f"  block {b.block_id:>2}: held by {', '.join(b.owners)} (ref_count {b.ref_count})")
-        elif b.cached:
-            print(f"  block {b.block_id:>2}: free, still caching a prefix")
-
 for _ in range(3):
     rec = apc_run.engine.step()
     print(rec.summary())
 print(f"after step {rec.step}:")
-show_blocks(rec)
+printouts.block_owners(rec)        # who holds each block, or that a free one still caches a prefix
 st = apc_run.engine.kv.stats()
 print(f"prefix cache: {st['hit_blocks']} block hits, {st['prefill_tokens_saved']} prefill tokens saved")
 figures.kv_map_figure(rec, colors=apc.colors, width=560)
@@ -204,7 +196,7 @@ figures.kv_map_figure(rec, colors=apc.colors, width=560)
 for _ in range(2):
     rec = apc_run.engine.step()
 print(rec.summary())
-show_blocks(rec)
+printouts.block_owners(rec)        # who holds each block, or that a free one still caches a prefix
 print("eviction order, front of the free list first:", list(apc_run.engine.kv.pool.free_queue))
 
 # %% [markdown]
@@ -257,15 +249,10 @@ def sys_prompt_trace(rate):
                                          output_len=LogNormal(128, 0.9, 4, 1024), vocab_size=32000, rate=rate, seed=0)
 
 sys_trace = sys_prompt_trace(12)
-apc_runs = {}
-for name, caching in (("no prefix cache", False), ("prefix cache", True)):
-    eng, m, s = serve(sys_trace, enable_prefix_caching=caching)
-    apc_runs[name] = (eng, m, s)
-    computed = s["total_input_tokens"] - s["prefill_tokens_saved"]
-    print(f"{name:<16} hit rate {s['prefix_cache_hit_rate']:4.0%}; prompt tokens prefilled {computed:>7,} of "
-          f"{s['total_input_tokens']:,}; TTFT p50 {s['ttft_p50'] * 1e3:7.1f} ms, p99 {s['ttft_p99'] * 1e3:7.1f} ms; "
-          f"KV in use {s['kv_util_mean']:4.0%} on average; {s['num_preemptions']} preemptions; "
-          f"{s['output_throughput']:5.0f} tokens/s")
+apc_runs = {name: serve(sys_trace, enable_prefix_caching=caching)
+            for name, caching in (("no prefix cache", False), ("prefix cache", True))}     # (engine, metrics, summary)
+printouts.prefix_cache_summaries({name: (s["total_input_tokens"] - s["prefill_tokens_saved"], s)   # prompt tokens prefilled
+                                  for name, (_, _, s) in apc_runs.items()})
 
 # %%
 figures.kv_usage_figure({name: eng.step_records for name, (eng, _, _) in apc_runs.items()},
@@ -322,12 +309,11 @@ for name, blocks in (("8 GiB of KV", 1024), ("32 GiB of KV", 4096)):
     eng, m, s = serve(chat, enable_prefix_caching=True, num_kv_blocks=blocks)
     prefilled = [mean(m[r.request_id].num_prompt_tokens - m[r.request_id].num_cached_tokens for r in chat if r.turn == k)
                  for k in turns]
-    chat_runs[name] = (s, prefilled)
-    print(f"prefix cache, {name:<13} hit rate {s['prefix_cache_hit_rate']:4.0%}, {eng.kv.stats()['evictions']:>6,} evictions; "
-          f"TTFT p50 {s['ttft_p50'] * 1e3:4.0f} ms; tokens prefilled per turn: " + ", ".join(f"{p:4.0f}" for p in prefilled))
+    chat_runs[name] = (s, eng.kv.stats()["evictions"], prefilled)
+printouts.multi_turn_summaries(chat_runs)     # hit rate, evictions, TTFT, tokens prefilled at each turn
 context = [mean(r.prompt_len for r in chat if r.turn == k) for k in turns]
 fig = go.Figure([go.Bar(name="whole context = prefilled without a cache", x=turns, y=context, marker_color="#ccc")] +
-                [go.Bar(name=f"prefilled, prefix cache with {name}", x=turns, y=p) for name, (_, p) in chat_runs.items()])
+                [go.Bar(name=f"prefilled, prefix cache with {name}", x=turns, y=p) for name, (_, _, p) in chat_runs.items()])
 fig.update_layout(barmode="group", title="tokens prefilled per turn: O(n_total) without the cache, O(n_new) with it",
                   xaxis_title="turn", yaxis_title="tokens (mean over conversations)", height=360, plot_bgcolor="white")
 fig
@@ -338,8 +324,14 @@ fig
 # fit: while a user thinks, other conversations need blocks, the free list evicts the oldest prefixes,
 # and later turns recompute part of their history. A prefix cache is only as good as its capacity,
 # which is why some providers keep cached prefixes on disk as well (DeepSeek's API has done so since
-# 2024). Agentic workloads are where it pays most: each turn appends a few hundred tokens to a context of
-# tens or hundreds of thousands, so a turn of 200 new tokens on 20,000 cached ones is a 99% hit.
+# 2024), and why a smaller KV per token matters twice: DeepSeek's V4 models compress the KV along the
+# sequence, and at a 1M-token context V4-Pro holds about 10% of the KV cache V3.2 holds, V4-Flash about
+# 7% (DeepSeek-AI, *DeepSeek-V4* technical report, April 2026): the same memory keeps ten to fourteen
+# times as many cached prefixes. Agentic workloads are where it pays most: each turn appends a few
+# hundred tokens to a context of tens or hundreds of thousands, so a turn of 200 new tokens on 20,000
+# cached ones is a 99% hit. Measured hit rates come close when the client keeps its prompt byte-stable:
+# the BitFun coding agent reports a 98.67% average KV-cache hit rate with DeepSeek V4 Pro over one
+# SWE-Bench-Pro run (GitHub discussion GCWing/BitFun#2273, 2026).
 #
 # ## 5. What invalidates the cache
 #
@@ -382,7 +374,10 @@ fig
 # %% [markdown]
 # An edit in the first block (the tool list, the system prompt) costs the whole context; an edit near
 # the end costs almost nothing. Hence the design rule: keep the prefix as stable as possible. Put what changes (timestamps, the latest message) at the end; keep tool
-# definitions and instructions fixed, and first.
+# definitions and instructions fixed, and first. A client that broke the rule shows the cost: when Qwen
+# Code began loading tool schemas on demand instead of keeping them in the fixed prefix, a user's
+# DeepSeek V4 Flash hit rate fell from about 98% to about 81% and the daily bill tripled (QwenLM/qwen-code
+# discussion #4065, 2026).
 #
 # ## 6. What it is worth
 #
@@ -462,10 +457,8 @@ fork_run = fork_engine().engine
 rec_fork, rec_copy = fork_run.step(), fork_run.step()
 print(rec_fork.summary())
 print(rec_copy.summary())
+printouts.fork_sharing(rec_fork, rec_copy, prompt_blocks=3)
 f = rec_fork.forks[0]
-print(f"after the fork: {len(f.sequences)} sequences share blocks {f.shared_blocks}: {rec_fork.kv.blocks_used} "
-      f"blocks in use; after the first decode: {rec_copy.kv.blocks_used} (without sharing: "
-      f"{len(f.sequences)} x 3 = {len(f.sequences) * 3} for the prompt alone)")
 assert len(f.shared_blocks) == 3 and len(rec_copy.copies) == 3 and rec_copy.kv.blocks_used == 6
 fork_run.run()
 for c in fork_run.get_output("P").outputs:
@@ -494,10 +487,7 @@ def sampling_run(shared, prompts=48, n=8, prompt_len=512, out_len=128):
     return engine, records, metrics.summarize(m, records, max_num_seqs=64)
 
 sampling_runs = {"n=8, shared (copy-on-write)": sampling_run(True), "8 separate requests": sampling_run(False)}
-for name, (eng, recs, s) in sampling_runs.items():
-    print(f"{name:<28} done at {recs[-1].time:5.1f} s; {s['output_throughput']:6.0f} tokens/s; TTFT p50 "
-          f"{s['ttft_p50']:5.2f} s, p99 {s['ttft_p99']:5.2f} s; at most {max(len(r.running) for r in recs)} "
-          f"sequences running; {s['num_preemptions']} preemptions")
+printouts.sampling_summaries(sampling_runs)
 shared_s, separate_s = sampling_runs["n=8, shared (copy-on-write)"][2], sampling_runs["8 separate requests"][2]
 assert shared_s["output_throughput"] > separate_s["output_throughput"] and shared_s["num_preemptions"] < separate_s["num_preemptions"]
 
@@ -567,9 +557,9 @@ with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
               f"E reused {llm.engine.requests['E'].metrics.num_cached_tokens} tokens")
 
 # %% [markdown]
-# **Exercise 4, the fork and copy-on-write** (section 7), in `exercises/ex09_parallel_sampling.py`: `fork` (the new
+# **Exercise 4, the fork and copy-on-write** (section 7), in `exercises/ex04b_parallel_sampling.py`: `fork` (the new
 # sequence's block table and the reference counts after), `block_to_write` (which block the next position falls
-# in) and `copy_on_write` (copy or not, which block, the counts after). `ex9.cow_kv_manager` is a factory for
+# in) and `copy_on_write` (copy or not, which block, the counts after). `ex4b.cow_kv_manager` is a factory for
 # `EngineConfig.kv_manager`: section 7's four samples on your fork and copies, next to minillm's own.
 
 # %% [markdown]
@@ -580,9 +570,9 @@ with impl.attempt("ex04.longest_prefix_match / EvictingBlockPool"):
 # </details>
 
 # %%
-ex9 = impl.load("ex09_parallel_sampling")
-with impl.attempt("ex09.fork / block_to_write / copy_on_write"):
-    for name, factory in (("minillm's", None), ("yours", ex9.cow_kv_manager)):
+ex4b = impl.load("ex04b_parallel_sampling")
+with impl.attempt("ex04b.fork / block_to_write / copy_on_write"):
+    for name, factory in (("minillm's", None), ("yours", ex4b.cow_kv_manager)):
         llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=16, kv_manager=factory)
         llm.engine.add_request(FORK_PROMPT, SamplingParams(n=4, max_tokens=3, ignore_eos=True), request_id="P")
         recs = llm.engine.run()
@@ -616,19 +606,24 @@ with impl.attempt("ex04.tokens_reused_after_edit"):
 # %% [markdown]
 # ### Grading
 #
-# Your code goes in `exercises/ex04_prefix_cache.py` and `exercises/ex09_parallel_sampling.py` (their stubs raise `NotImplementedError` until you fill them in;
+# Your code goes in `exercises/ex04_prefix_cache.py` and `exercises/ex04b_parallel_sampling.py` (their stubs raise `NotImplementedError` until you fill them in;
 # the docstrings say exactly what each must do). The cells above run *your* version: `impl.load` reads
 # the environment variable `MINILLM_IMPL` (unset: `exercises`, yours; `solutions`: the reference answers).
 # From the repository root:
 #
 # ```bash
 # make grade EX=04                                            # every ex04 grader, against exercises/
-# make grade EX=09                                            # the fork and copy-on-write
+# make grade EX=04b                                           # the fork and copy-on-write
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex04 tests/test_exercises.py -k "pool or evict"   # one exercise
 # ```
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+#
+# After a grade that fails an exercise you attempted (a stub left untouched is no attempt), that
+# exercise's cell above offers its worked answer, folded: the reference code and why it works. Open it
+# once you have tried. From a cell, `impl.grade("04")` prints the same report and offers the answers
+# of the exercises it failed; `impl.show_worked_answer("ex04", 1)` opens exercise 1's.
 
 # %% [markdown]
 # ## Summary

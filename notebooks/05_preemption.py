@@ -56,7 +56,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from minillm import LLM, SamplingParams, impl
-from minillm.viz import figures
+from minillm.viz import figures, printouts
 from minillm.analysis import workloads
 from minillm.viz import LockstepStepper
 
@@ -154,13 +154,10 @@ print(check_paged_attention(pressure_runs[1].engine))   # the Triton kernel agai
 # Run both to the end:
 
 # %%
-for name, llm in zip(pressure.names, pressure_runs):
+for llm in pressure_runs:
     llm.engine.run()
-    records = llm.engine.step_records                # every step of this run, from step 0
-    back = next(r for r in records[5:] if r.entry("C") is not None)
-    e = back.entry("C")
-    print(f"{name:<30} C returns at step {back.step} with a {e.phase} of {e.num_new_tokens} token(s) "
-          f"({e.num_computed_before} positions already in the cache); the run takes {len(records)} steps")
+printouts.return_after_preemption({name: llm.engine.step_records for name, llm in zip(pressure.names, pressure_runs)},
+                                  "C", after_step=5)     # C's first step back after its preemption
 
 # %% [markdown]
 # With recompute C's return is a prefill of its 5 prompt tokens *and* the 4 it had generated, so its
@@ -246,14 +243,8 @@ modes = {"recompute": dict(preemption_mode="recompute"),
          "swap": dict(preemption_mode="swap", num_swap_blocks=4096),
          "auto, PCIe 5.0": dict(preemption_mode="auto", num_swap_blocks=4096),
          "auto, shared 16 GB/s link": dict(preemption_mode="auto", num_swap_blocks=4096, cost_model=shared_link)}
-preempt_runs = {}
-for name, cfg in modes.items():
-    eng, m, s = serve(burst, **cfg)
-    st = eng.stats()
-    preempt_runs[name] = (eng, m, s)
-    print(f"{name:<26} {st['preemptions_recompute']:>3} recomputed, {st['preemptions_swap']:>3} swapped "
-          f"({st['recomputed_tokens']:>6,} tokens prefilled again, {s['swap_time_total']:.2f} s copying) | "
-          f"{s['output_throughput']:5.0f} tokens/s, TTFT p50 {s['ttft_p50']:5.1f} s, end-to-end p99 {s['e2e_p99']:5.1f} s")
+preempt_runs = {name: serve(burst, **cfg) for name, cfg in modes.items()}     # (engine, metrics, summary)
+printouts.preemption_summaries({name: (eng.stats(), s) for name, (eng, _, s) in preempt_runs.items()})
 
 # %% [markdown]
 # <details><summary>Answer</summary>
@@ -293,9 +284,7 @@ wm_runs = {}
 for wm in watermarks:
     eng, m, s = (preempt_runs["recompute"] if wm == 0.0 else serve(burst, preemption_mode="recompute", watermark=wm))
     wm_runs[wm] = (eng.stats()["recomputed_tokens"], s)
-    print(f"watermark {wm:4.0%}: {s['num_preemptions']:3d} preemptions ({s['preemption_rate']:4.2f} per s), "
-          f"{wm_runs[wm][0]:>6,} tokens prefilled again | {s['output_throughput']:5.0f} tokens/s, mean batch "
-          f"{s['batch_size_mean']:4.1f}, KV in use {s['kv_util_mean']:4.0%}")
+printouts.watermark_summaries(wm_runs)     # per watermark: preemptions, tokens prefilled again, throughput
 tput = {wm: s["output_throughput"] for wm, (_, s) in wm_runs.items()}
 print(f"throughput against no headroom: 5% {tput[0.05] / tput[0.0] - 1:+.1%}, 20% {tput[0.2] / tput[0.0] - 1:+.1%}")
 assert abs(tput[0.05] / tput[0.0] - 1) < 0.02 and tput[0.2] < tput[0.0]    # what the text below says
@@ -404,7 +393,7 @@ assert min(pauses.values()) > 1e-3 and max(pauses.values()) > 0.1     # millisec
 
 # %% [markdown]
 # Milliseconds for a decode step, tens to hundreds of milliseconds for a prefill, and more on a larger
-# model or a slower GPU: thousands of times a context switch. Chunked prefill (notebook 03, section 6)
+# model or a slower GPU: thousands of times a context switch. Chunked prefill (notebook 03b, section 1)
 # bounds the pause by cutting the prefill into pieces. And the preemption itself costs a recompute or a
 # swap, so an engine preempts only for a reason. Memory pressure (sections 1 to 4) and priority (this section) are the common ones. A third is low utilisation: when a
 # few long requests hold most of the cache while many short ones wait, the batch is small and the
@@ -543,6 +532,11 @@ with impl.attempt("ex05.swap_recompute_crossover"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+#
+# After a grade that fails an exercise you attempted (a stub left untouched is no attempt), that
+# exercise's cell above offers its worked answer, folded: the reference code and why it works. Open it
+# once you have tried. From a cell, `impl.grade("05")` prints the same report and offers the answers
+# of the exercises it failed; `impl.show_worked_answer("ex05", 1)` opens exercise 1's.
 
 # %% [markdown]
 # ## Summary
@@ -562,7 +556,7 @@ with impl.attempt("ex05.swap_recompute_crossover"):
 # 3. Llama-3-8B keeps a quarter of Llama-2-7B's KV per position (grouped-query attention). Does that push the
 #    rule toward swap or toward recompute?
 # 4. Reserving the whole length at admission gives zero preemptions. Why is it still not the better engine?
-# 5. An urgent request arrives while a long prefill runs. What bounds its wait, and what in notebook 03 shortens it?
+# 5. An urgent request arrives while a long prefill runs. What bounds its wait, and what in notebook 03b shortens it?
 #
 # <details><summary>Answers</summary>
 #

@@ -58,7 +58,7 @@ import plotly.graph_objects as go
 import torch
 
 from minillm import LLM, SamplingParams, impl
-from minillm.viz import Stepper
+from minillm.viz import Stepper, printouts
 
 # %%
 from minillm.sim.costmodel import ModelSpec, RooflineCostModel
@@ -245,14 +245,14 @@ def timed(prompts, params, **spec_config):
     return elapsed / max(len(o.token_ids) for o in outs), spec_stats(llm.engine.step_records[first:]), llm
 
 base, _, _ = timed([PROMPT], greedy)
-rows = []
+rows, printed = [], []
 for k in (1, 2, 4, 6):
     t, st, llm = timed([PROMPT], greedy, speculative_model="default-draft", num_speculative_tokens=k)
     ratio = llm.engine.speculator.draft_cost_model.ratio
     alpha = alpha_from_tokens_per_step(st["tokens_per_target_step"], k)
     rows.append((k, alpha, base / t, expected_speedup(alpha, k, ratio)))
-    print(f"k = {k}: {st['tokens_per_target_step']:.2f} tokens per target step (alpha ~ {alpha:.2f}); measured speed-up "
-          f"{base / t:.2f}x, the formula with c = {ratio:.2f}: {rows[-1][3]:.2f}x")
+    printed.append((k, st, alpha, base / t, ratio, rows[-1][3]))
+printouts.speculation_by_k(printed)     # per k: tokens per target step, alpha, measured and formula speed-ups
 
 # %% [markdown]
 # <details><summary>Answer</summary>
@@ -297,11 +297,8 @@ fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
 fig.update_layout(title="speculation on a modeled H100: the gain shrinks as the batch grows", height=380,
                   xaxis=dict(title="batch size (requests decoding together)", type="log"), yaxis_title="speed-up (x)",
                   plot_bgcolor="white")
-for b in (1, 64, 512):
-    r = modeled_speedup(target, draft, b, 256, 4, 0.8)
-    plain_bound, verify_bound = (target.breakdown([n] * b, [256] * b)["bound"] for n in (1, 5))
-    print(f"batch {b:>3}, k = 4: plain step {r['plain_step'] * 1e3:5.1f} ms ({plain_bound} bound), verification "
-          f"{r['verify_time'] * 1e3:5.1f} ms ({verify_bound} bound), drafts {r['draft_time'] * 1e3:4.1f} ms -> {r['speedup']:.2f}x")
+printouts.verification_costs((b, modeled_speedup(target, draft, b, 256, 4, 0.8),      # plain step: 1 position, verify: 5
+                              *(target.breakdown([n] * b, [256] * b)["bound"] for n in (1, 5))) for b in (1, 64, 512))
 assert target.breakdown([1] * 512, [256] * 512)["bound"] == "memory" and target.breakdown([5] * 64, [256] * 64)["bound"] == "compute"
 fig
 
@@ -333,8 +330,7 @@ for temp in (0.0, 0.8):
         for proposer in ("default-draft", "ngram"):
             t, st, _ = timed([text] * 8, params, speculative_model=proposer, num_speculative_tokens=4)
             compare.append((temp, name, proposer, st["acceptance_rate"] or 0.0, st["tokens_per_target_step"], base / t))
-            print(f"T={temp}  {name:<11} {proposer:<14} {st['acceptance_rate'] or 0:4.0%} of guesses accepted, "
-                  f"{st['tokens_per_target_step']:.2f} tokens per target step -> {base / t:.2f}x")
+printouts.acceptance_by_proposer(compare)
 fig = go.Figure()
 for proposer in ("default-draft", "ngram"):
     rows = [r for r in compare if r[2] == proposer]
@@ -468,6 +464,11 @@ with impl.attempt("ex06.first_losing_k"):
 #
 # A failing grader says what it expected and where the expectation came from (numbers worked by hand,
 # the engine's cost model, or what the real scheduler did on the same requests).
+#
+# After a grade that fails an exercise you attempted (a stub left untouched is no attempt), that
+# exercise's cell above offers its worked answer, folded: the reference code and why it works. Open it
+# once you have tried. From a cell, `impl.grade("06")` prints the same report and offers the answers
+# of the exercises it failed; `impl.show_worked_answer("ex06", 1)` opens exercise 1's.
 
 # %% [markdown]
 # ## Summary

@@ -46,6 +46,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from minillm import LLM, SamplingParams, impl
+from minillm.viz import printouts
 from minillm.sim import cluster
 from minillm.analysis import metrics
 from minillm.sim.costmodel import LINKS, MODELS
@@ -83,11 +84,7 @@ with LLM("random", tensor_parallel_size=2, dtype="float32") as tp2:
     out_tp = tp2.generate(PROMPTS, greedy)
     ranks = tp2.engine.executor.describe()
 out_one = LLM("random", dtype="float32").generate(PROMPTS, greedy)
-for r in ranks:
-    p = r["params"]
-    print(f"rank {r['rank']}: {r['num_heads']} query heads, {r['num_kv_heads']} KV heads; "
-          f"q_proj {p['model.layers.0.self_attn.q_proj.weight']}, o_proj {p['model.layers.0.self_attn.o_proj.weight']}, "
-          f"down_proj {p['model.layers.0.mlp.down_proj.weight']}; KV cache per layer {r['kv_cache_shape']}")
+printouts.tp_ranks(ranks)     # each rank's heads, its shard of three weight matrices, its KV cache
 same = [a.token_ids == b.token_ids for a, b in zip(out_tp, out_one)]
 print("greedy tokens, 2 ranks vs 1 process, identical:", same)
 assert all(same)
@@ -168,7 +165,7 @@ fig.show()
 # * **unchunked**: colocated, a whole prompt per step, prefill first (vLLM before chunked prefill, the
 #   baseline DistServe compared against).
 #
-# Goodput here is notebook 03's SLO-meeting throughput (not DistServe's highest rate meeting an attainment
+# Goodput here is notebook 03b's SLO-meeting throughput (not DistServe's highest rate meeting an attainment
 # target): requests per second meeting TTFT <= 1 s and TPOT <= the SLO, under a loose (100 ms) and a tight
 # (25 ms) TPOT.
 
@@ -194,28 +191,46 @@ for rate in RATES:
                 for tp in (TPOT_LOOSE, TPOT_TIGHT)}
         rows[name].append(dict(rate=rate, ttft_p99=s["ttft_p99"], tpot_p50=s["tpot_p50"], tpot_p99=s["tpot_p99"],
                                good_loose=good[TPOT_LOOSE], good_tight=good[TPOT_TIGHT]))
-print(f"{'deployment':10s} {'rate':>4s} {'TTFT p99 ms':>11s} {'TPOT p50 ms':>11s} {'TPOT p99 ms':>11s} "
-      f"{'goodput@100ms':>13s} {'goodput@25ms':>12s}")
-for name, rs in rows.items():
-    for r in rs:
-        print(f"{name:10s} {r['rate']:4d} {r['ttft_p99'] * 1e3:11.0f} {r['tpot_p50'] * 1e3:11.1f} "
-              f"{r['tpot_p99'] * 1e3:11.1f} {r['good_loose']:13.2f} {r['good_tight']:12.2f}")
+printouts.goodput_table(rows)
+
+# %% [markdown]
+# First the latencies, one panel each (one colour per deployment in every panel):
 
 # %%
-PANELS = (("ttft_p99", 1, "TTFT p99 (s)"), ("tpot_p99", 1e3, "TPOT p99 (ms)"),
-          ("good_loose", 1, "goodput (req/s)"), ("good_tight", 1, "goodput (req/s)"))
-fig = make_subplots(rows=1, cols=4, subplot_titles=["TTFT p99", "TPOT p99", "goodput, TPOT <= 100 ms",
-                                                    "goodput, TPOT <= 25 ms"])
-for i, (name, rs) in enumerate(rows.items()):          # one colour per deployment, in every panel
-    for col, (key, scale, _) in enumerate(PANELS, 1):
-        fig.add_trace(go.Scatter(x=list(RATES), y=[r[key] * scale for r in rs], mode="lines+markers", name=name,
-                                 line_color=qualitative.Plotly[i], legendgroup=name, showlegend=col == 1),
-                      row=1, col=col)
-for col, (_, _, unit) in enumerate(PANELS, 1):
-    fig.update_yaxes(title_text=unit, row=1, col=col)
-fig.update_xaxes(title_text="arrival rate (req/s)")
+def deployment_panels(panels, title):
+    """One panel per (row key, scale, axis title) of ``panels``, a line per deployment, against the rate."""
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[name for name, *_ in panels])
+    for i, (name, rs) in enumerate(rows.items()):          # one colour per deployment, in every panel
+        for col, (_, key, scale, _) in enumerate(panels, 1):
+            fig.add_trace(go.Scatter(x=list(RATES), y=[r[key] * scale for r in rs], mode="lines+markers", name=name,
+                                     line_color=qualitative.Plotly[i], legendgroup=name, showlegend=col == 1),
+                          row=1, col=col)
+    for col, (*_, unit) in enumerate(panels, 1):
+        fig.update_yaxes(title_text=unit, row=1, col=col)
+    fig.update_xaxes(title_text="arrival rate (req/s)")
+    fig.update_layout(height=360, title=title)
+    return fig
+
+fig = deployment_panels((("TTFT p99", "ttft_p99", 1, "TTFT p99 (s)"), ("TPOT p99", "tpot_p99", 1e3, "TPOT p99 (ms)")),
+                        "4 x A100, Llama-2-13B: latency tails, disaggregated vs colocated")
 fig.update_yaxes(type="log", row=1, col=1)
-fig.update_layout(height=380, title="4 x A100, Llama-2-13B: disaggregated vs colocated")
+fig.show()
+
+# %% [markdown]
+# * **TPOT isolation** (right panel). A decode pool never runs a prefill: 1P3D's three decode GPUs keep
+#   TPOT p99 nearly flat as the rate grows, while both colocated deployments' TPOT tails climb, since
+#   every prefill (or prefill chunk) lengthens the decode steps it shares.
+# * **The price: a fixed split** (left panel, log scale). 1P3D's single prefill GPU saturates first and
+#   its TTFT tail explodes; 2P2D moves the bottleneck to decode (its two decode GPUs fill up: isolation
+#   does not help a pool that is simply too small). A colocated instance gives its time to whichever
+#   phase has work.
+#
+# Then what meets both SLOs, under the loose and the tight TPOT, with the winner at each rate:
+
+# %%
+fig = deployment_panels((("goodput, TPOT <= 100 ms", "good_loose", 1, "goodput (req/s)"),
+                         ("goodput, TPOT <= 25 ms", "good_tight", 1, "goodput (req/s)")),
+                        "4 x A100, Llama-2-13B: goodput (TTFT <= 1 s), disaggregated vs colocated")
 fig.show()
 for key, label in (("good_loose", "TPOT <= 100 ms"), ("good_tight", "TPOT <= 25 ms")):
     best = [max(rows, key=lambda n: rows[n][i][key]) for i in range(len(RATES))]
@@ -223,37 +238,33 @@ for key, label in (("good_loose", "TPOT <= 100 ms"), ("good_tight", "TPOT <= 25 
           ", ".join(f"{rate} req/s -> {b} ({rows[b][i][key]:.2f})" for i, (rate, b) in enumerate(zip(RATES, best))))
 
 # %% [markdown]
-# What to read off the printout and the plots:
+# * **Against unchunked colocation** (the baseline DistServe compared with): under the tight 25 ms TPOT
+#   (right panel) a disaggregated deployment serves more within the SLOs at 4, 6 and 8 req/s (at 4 req/s
+#   1P3D's <span title="from the run">2.39</span> req/s against <span title="from the run">0.94</span>);
+#   under the loose 100 ms TPOT (left) unchunked colocation serves as much or more. This is the
+#   direction of DistServe's result, whose gains are also largest under tight TPOT SLOs (it reports up
+#   to 7.4x more requests, or a 12.6x tighter SLO, than vLLM and DeepSpeed-MII with over 90% of requests
+#   meeting it).
+# * **Against chunked colocation**: disaggregation wins one cell of the eight (4 req/s under 25 ms:
+#   <span title="from the run">2.39</span> against <span title="from the run">2.32</span>); chunked
+#   prefill has the best goodput in the others. It recovers most of disaggregation's TPOT isolation on
+#   the same GPUs, and keeps up at rates where a fixed split has run out of one phase.
+
+# %% [markdown]
+# Where this model differs from DistServe:
 #
-# * **TPOT isolation.** A decode pool never runs a prefill. 1P3D's three decode GPUs keep TPOT p99
-#   nearly flat as the rate grows, while both colocated deployments' TPOT tails climb with the rate:
-#   every prefill (or prefill chunk) lengthens the decode steps it shares. (2P2D's two decode GPUs
-#   fill up instead: isolation does not help a pool that is simply too small.) Against *unchunked*
-#   colocation, the baseline DistServe compared with, this is the direction of its result: under the
-#   tight 25 ms TPOT SLO a disaggregated deployment serves more within the SLOs at 4, 6 and 8 req/s (at
-#   4 req/s 1P3D's <span title="from the run">2.39</span> req/s against <span title="from the run">0.94</span>),
-#   while under the loose 100 ms SLO unchunked colocation serves as much or more. DistServe's gains are
-#   largest under tight TPOT SLOs too (it reports serving up to 7.4x more requests, or a 12.6x tighter
-#   SLO, than vLLM and DeepSpeed-MII while over 90% of requests meet it). Against *chunked* colocation,
-#   disaggregation wins one cell of the eight (4 req/s under 25 ms: <span title="from the run">2.39</span>
-#   against <span title="from the run">2.32</span>); chunked colocation has the best goodput in the others.
-# * **The price: a fixed split.** 1P3D's single prefill GPU saturates first and its TTFT tail explodes
-#   (see the log-scale TTFT panel); 2P2D moves the bottleneck to decode. A colocated instance gives its
-#   time to whichever phase has work, so chunked prefill keeps up at rates where a fixed split has run
-#   out of one phase. The "best goodput" lines above name the winner at each rate for each SLO.
-# * **Chunking versus no chunking.** Against the unchunked baseline, disaggregation's tighter TPOT is
-#   the clearer win; chunked prefill recovers most of that isolation on the same GPUs.
-#
-# Where this model differs from DistServe: (a) DistServe searches each phase's parallelism and
-# placement per workload; here every instance is one A100, and the P:D ratio is all that varies;
-# (b) the KV transfer is one uncontended copy at link bandwidth, after the prefill ends (DistServe
-# overlaps it layer by layer and places pairs to use NVLink); (c) the decode pool re-admits each
-# request through the ordinary scheduler, priced as one decode step over the arrived KV
-# (`cluster.KVArrivedCostModel`); (d) the roofline has no kernel-level interference beyond time
-# sharing, which favours colocation. Splitwise (Patel et al.) reports 1.4x the throughput at 20% lower
-# cost, or 2.35x the throughput for the same cost and power, largely by putting each phase on
-# different hardware; that is one of the knobs this model could turn next (a cheaper GPU for decode).
-#
+# * DistServe searches each phase's parallelism and placement per workload; here every instance is one
+#   A100, and the P:D ratio is all that varies.
+# * The KV transfer is one uncontended copy at link bandwidth, after the prefill ends (DistServe overlaps
+#   it layer by layer and places pairs to use NVLink).
+# * The decode pool re-admits each request through the ordinary scheduler, priced as one decode step
+#   over the arrived KV (`cluster.KVArrivedCostModel`).
+# * The roofline has no kernel-level interference beyond time sharing, which favours colocation.
+# * Splitwise (Patel et al.) reports 1.4x the throughput at 20% lower cost, or 2.35x the throughput for
+#   the same cost and power, largely by putting each phase on different hardware: a knob this model
+#   could turn next (a cheaper GPU for decode).
+
+# %% [markdown]
 # ## 3. Replicas behind a router
 #
 # Four Llama-2-7B replicas (one H100 each), prefix caching on. Three routers see, at each arrival, the
@@ -292,9 +303,7 @@ for tname, trace in TRACES.items():
         _, s = cluster.run_replicas(trace, router, 4, model="llama-2-7b", hardware="H100-SXM",
                                     slo_ttft=0.5, slo_tpot=0.05)
         res[tname, label] = s
-        print(f"{tname:13s} {label:21s} hit rate {s['prefix_cache_hit_rate']:.3f}  TTFT p50 {s['ttft_p50'] * 1e3:6.1f} ms"
-              f"  p99 {s['ttft_p99'] * 1e3:6.1f} ms  goodput {s['goodput_requests_per_s']:6.2f} req/s"
-              f"  requests per replica {s['requests_per_instance']}  ({s['wall_time']:.1f} s wall)")
+printouts.router_summaries((tname, label, s) for (tname, label), s in res.items())
 
 # %% [markdown]
 # <details><summary>Answer</summary>
@@ -375,6 +384,11 @@ with impl.attempt("ex07.kv_transfer_time / max_prompt_for_transfer"):
 # make grade EX=07                                            # every ex07 grader, against exercises/
 # MINILLM_IMPL=exercises .venv/bin/python -m pytest -m ex07 tests/test_exercises.py -k route_on_ring   # one exercise
 # ```
+#
+# After a grade that fails an exercise you attempted (a stub left untouched is no attempt), that
+# exercise's cell above offers its worked answer, folded: the reference code and why it works. Open it
+# once you have tried. From a cell, `impl.grade("07")` prints the same report and offers the answers
+# of the exercises it failed; `impl.show_worked_answer("ex07", 1)` opens exercise 1's.
 #
 # ## References
 #

@@ -2,6 +2,7 @@
 
 import os
 import re
+from pathlib import Path
 
 # On a machine without CUDA, Triton's interpreter must be chosen before anything imports
 # Triton (transformers' model modules may): see kernels/_triton_setup.py.
@@ -41,12 +42,28 @@ def pytest_configure(config):
         config.pluginmanager.register(GradeReport(config), "minillm-grade-report")
 
 
+def grader_exercises(path) -> list[tuple[int, tuple[int, ...]]]:
+    """(first line, exercise numbers) of each section of a grader module: a line ``# --- Exercise N: ...``
+    opens exercise N's graders; another ``# --- ...`` line (graders of several exercises at once, such as
+    "All three, inside the engine") opens a section that counts for every exercise above it."""
+    out, numbers = [], []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.startswith("# --- "):
+            m = re.match(r"# --- Exercise (\d+)", line)
+            if m:
+                numbers.append(int(m.group(1)))
+            out.append((i, (int(m.group(1)),) if m else tuple(numbers)))
+    return out
+
+
 class GradeReport:
     MAX_MESSAGE_LINES = 6
 
     def __init__(self, config):
         self.config = config
         self.outcomes: dict[str, str] = {}      # nodeid -> "passed" / "failed" / "skipped"
+        self.exercise: dict[str, tuple[str, tuple[int, ...]]] = {}   # nodeid -> (solution module, exercises)
+        self.unattempted: set[str] = set()     # failed because a stub raised NotImplementedError
 
     def _write(self, line: str = "") -> None:
         self.config.pluginmanager.getplugin("terminalreporter").write_line(line)
@@ -120,6 +137,16 @@ class GradeReport:
     # -- hooks ------------------------------------------------------------------------------------------------
     def pytest_collection_finish(self, session):
         from minillm import impl
+        sections = {}
+        for item in session.items:
+            code = getattr(getattr(item, "function", None), "__code__", None)
+            if code is None or not Path(code.co_filename).parent.name == "graders":
+                continue
+            if code.co_filename not in sections:
+                sections[code.co_filename] = grader_exercises(code.co_filename)
+            numbers = [n for line, n in sections[code.co_filename] if line <= code.co_firstlineno]
+            if numbers:
+                self.exercise[item.nodeid] = (Path(code.co_filename).stem, numbers[-1])
         graded, root = self._impl_dir()
         where = graded.relative_to(root) if graded is not None and graded.is_relative_to(root) else graded
         marks = self.config.option.markexpr or "all exercises"
@@ -132,6 +159,8 @@ class GradeReport:
         report = outcome.get_result()
         if report.failed and call.excinfo is not None:
             report.grade_detail = self.detail(call.excinfo)
+            if call.excinfo.errisinstance(NotImplementedError):
+                self.unattempted.add(item.nodeid)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report, config):
@@ -164,8 +193,36 @@ class GradeReport:
         for line in detail:
             self._write(f"          {line}")
 
+    def record_exercises(self) -> list[tuple[str, int]]:
+        """Each graded exercise's outcome, kept in the graded folder for the notebooks (``minillm.worked_answers``):
+        "failed" if a grader failed on an attempt (not on a stub's NotImplementedError), "passed" if all
+        passed, else "not attempted". Returns the failed exercises."""
+        from minillm import worked_answers
+        graded, _ = self._impl_dir()
+        by_exercise: dict[tuple[str, int], list[str]] = {}
+        for nodeid, outcome in self.outcomes.items():
+            module, numbers = self.exercise.get(nodeid, (None, ()))
+            if outcome == "failed" and nodeid in self.unattempted:
+                outcome = "not attempted"
+            for n in numbers:
+                by_exercise.setdefault((module, n), []).append(outcome)
+        verdict = {key: "failed" if "failed" in got else "passed" if set(got) <= {"passed", "skipped"}
+                   else "not attempted" for key, got in by_exercise.items()}
+        if graded is not None and verdict:
+            outcomes: dict[str, dict[int, str]] = {}
+            for (module, n), v in verdict.items():
+                outcomes.setdefault(module, {})[n] = v
+            worked_answers.record_grades(graded, outcomes)
+        return sorted(key for key, v in verdict.items() if v == "failed")
+
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter):
+        failed = self.record_exercises()
+        if failed:
+            first = failed[0][0].split("_")[0]
+            terminalreporter.write_line(
+                "Worked answers open for " + ", ".join(f"{m.split('_')[0]} exercise {n}" for m, n in failed)
+                + f": re-run their cells in the notebook, or impl.show_worked_answer({first!r}, {failed[0][1]})")
         passed = sum(o == "passed" for o in self.outcomes.values())
         skipped = sum(o == "skipped" for o in self.outcomes.values())
         counted = len(self.outcomes) - skipped

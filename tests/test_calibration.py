@@ -10,19 +10,28 @@ import math
 import numpy as np
 import pytest
 
-from minillm.sim.calibration import StepSample, fit_step_cost
+from minillm.sim.calibration import StepSample, fit_step_cost, held_out_errors, predicted_seconds
 from minillm.sim.costmodel import STEP_TERMS, CostModel, LinearStepCost, batch_terms
 
 TRUE = {"fixed": 2e-3, "new_tokens": 2.5e-5, "sequences": 6e-5, "context_tokens": 4e-7, "attention_pairs": 3e-9}
+IDLE = 1.5e-3        # the first step after an idle wait: this much slower
 
 
-def synthetic_steps(truth: dict, n: int = 400, noise: float = 0.02, seed: int = 0) -> list[StepSample]:
+def synthetic_steps(truth: dict, n: int = 400, noise: float = 0.02, seed: int = 0, idle_every: int = 0,
+                    workload: str = "") -> list[StepSample]:
     """Batches like the calibration grid's (decodes, prefills, mixed), timed by ``truth`` with
-    multiplicative noise of ``noise`` (standard deviation)."""
+    multiplicative noise of ``noise`` (standard deviation); with ``idle_every``, every such step is a
+    lone prefill that follows an idle wait (``truth["after_idle"]`` more)."""
     rng = np.random.default_rng(seed)
     model = LinearStepCost(truth)
     out = []
-    for _ in range(n):
+    for i in range(n):
+        if idle_every and i % idle_every == 0:
+            prompt = int(rng.integers(4, 300))
+            seconds = model.step_time([prompt], [prompt]) + model.after_idle_time()
+            seconds *= float(np.exp(rng.normal(0.0, noise)))
+            out.append(StepSample((prompt,), (prompt,), seconds, after_idle=True, workload=workload))
+            continue
         kind = rng.integers(3)
         decodes = int(rng.integers(0 if kind == 1 else 1, 64))
         q = [1] * decodes
@@ -32,7 +41,7 @@ def synthetic_steps(truth: dict, n: int = 400, noise: float = 0.02, seed: int = 
             q.append(chunk)
             c.append(chunk + int(rng.integers(0, 200)))
         seconds = model.step_time(q, c) * float(np.exp(rng.normal(0.0, noise)))
-        out.append(StepSample(tuple(q), tuple(c), seconds))
+        out.append(StepSample(tuple(q), tuple(c), seconds, workload=workload))
     return out
 
 
@@ -52,6 +61,38 @@ def test_the_fit_recovers_known_step_costs_from_noisy_steps():
     assert fitted.info["fit_median_rel_err"] < 0.03          # the noise, not a misfit
     batch = ([1] * 32 + [256], list(range(100, 132)) + [300])
     assert fitted.step_time(*batch) == pytest.approx(LinearStepCost(TRUE).step_time(*batch), rel=0.03)
+
+
+def test_the_fit_recovers_the_cost_of_a_step_after_an_idle_wait():
+    truth = dict(TRUE, after_idle=IDLE)
+    fitted = fit_step_cost(synthetic_steps(truth, n=600, idle_every=6))
+    assert abs(fitted.seconds["after_idle"] - IDLE) <= 3 * fitted.stderr["after_idle"]
+    assert fitted.seconds["after_idle"] == pytest.approx(IDLE, rel=0.2)
+    assert fitted.seconds["fixed"] == pytest.approx(TRUE["fixed"], rel=0.15)
+    # without steps after a wait the term is not exercised: 0, and the others as before
+    plain = fit_step_cost(synthetic_steps(TRUE))
+    assert plain.seconds["after_idle"] == 0.0 and plain.stderr["after_idle"] == 0.0
+    # idle steps that cost nothing extra: the term is dropped (0), never negative
+    free = fit_step_cost(synthetic_steps(dict(TRUE, after_idle=0.0), n=600, idle_every=6, seed=5))
+    assert free.seconds["after_idle"] <= 3 * max(free.stderr["after_idle"], 1e-6)
+
+
+def test_a_trace_left_out_of_the_fit_is_predicted_by_the_rest():
+    truth = dict(TRUE, after_idle=IDLE)
+    samples = (synthetic_steps(truth, n=300, idle_every=5, workload="grid 0")
+               + synthetic_steps(truth, n=200, idle_every=4, seed=1, workload="trace 0")
+               + synthetic_steps(truth, n=200, idle_every=9, seed=2, workload="trace 1"))
+    held = held_out_errors(samples)
+    assert set(held) == {"trace 0", "trace 1"}         # the grid is never left out
+    for name, h in held.items():
+        assert h["num_steps"] == 200
+        assert abs(h["total_rel_err"]) < 0.01, name     # 2% noise per step averages out over 200 steps
+        assert h["median_rel_err"] < 0.03, name
+    # a trace whose steps are 10% slower than the rest's (a busier machine) shows as a bias
+    slow = [StepSample(s.num_new_tokens, s.context_lens, s.seconds * 1.1, s.after_idle, s.workload)
+            for s in samples if s.workload == "trace 1"]
+    held = held_out_errors([s for s in samples if s.workload != "trace 1"] + slow)
+    assert held["trace 1"]["total_rel_err"] == pytest.approx(-1 / 11, abs=0.01)
 
 
 def test_a_term_the_data_do_not_need_is_dropped_not_negative():
@@ -79,6 +120,9 @@ def test_a_profile_round_trips(tmp_path):
     assert loaded.seconds == fitted.seconds and loaded.stderr == fitted.stderr
     assert loaded.info["machine"] == "test-box" and loaded.name == "calibrated(test-box)"
     assert loaded.step_time([1, 1, 40], [30, 70, 40]) == fitted.step_time([1, 1, 40], [30, 70, 40])
+    idle = fit_step_cost(synthetic_steps(dict(TRUE, after_idle=IDLE), idle_every=5))
+    idle.save(path)
+    assert CostModel.from_profile(path).after_idle_time() == idle.seconds["after_idle"] > 0
 
 
 def _write(tmp_path, data) -> str:
@@ -102,6 +146,8 @@ GOOD = {"format": LinearStepCost.PROFILE_FORMAT, "terms": dict(TRUE)}
     ({**GOOD, "terms": {**TRUE, "per_layer": 1e-6}}, "unknown term(s) ['per_layer']"),
     ({**GOOD, "stderr": {**TRUE, "fixed": math.nan}}, "stderr.fixed=nan"),
     ({**GOOD, "stderr": 3}, "stderr=3"),
+    ({**GOOD, "terms": {**TRUE, "after_idle": -2e-3}}, "terms.after_idle=-0.002"),
+    ({**GOOD, "terms": {**TRUE, "after_idle": None}}, "terms.after_idle=None"),
 ])
 def test_a_bad_profile_is_refused_naming_the_field(tmp_path, data, field):
     with pytest.raises(ValueError) as e:
@@ -110,7 +156,9 @@ def test_a_bad_profile_is_refused_naming_the_field(tmp_path, data, field):
 
 
 def test_the_good_profile_of_those_loads(tmp_path):
-    assert CostModel.from_profile(_write(tmp_path, GOOD)).seconds == TRUE
+    # a profile without the after_idle term (saved before it existed) loads with the term at 0
+    loaded = CostModel.from_profile(_write(tmp_path, GOOD))
+    assert loaded.seconds == dict(TRUE, after_idle=0.0) and loaded.after_idle_time() == 0.0
 
 
 def test_a_calibrated_profile_drives_the_simulator(tmp_path):
@@ -126,3 +174,57 @@ def test_a_calibrated_profile_drives_the_simulator(tmp_path):
     assert engine.clock.now() == pytest.approx(expected)
     assert summary["cost_model"] == model.name
     assert set(STEP_TERMS) == set(model.seconds)
+
+
+def test_a_step_after_an_idle_wait_costs_the_idle_term_in_the_simulator():
+    """Two one-token requests 10 s apart. The first arrives at 0, when the clock already is: no wait.
+    The second finds the engine idle: the clock waits to 10 s, then that step costs its prefill plus
+    ``after_idle``. By hand: finish times step(p1) and 10 + step(p2) + after_idle."""
+    from minillm.analysis.workloads import TraceRequest
+    from minillm.sim.simulated import simulate
+
+    model = LinearStepCost(dict(TRUE, after_idle=IDLE))
+    trace = [TraceRequest("a", 0.0, 16, 1), TraceRequest("b", 10.0, 24, 1)]
+    engine, _ = simulate(trace, model="random", cost_model=model, max_num_batched_tokens=2048)
+    assert engine.requests["a"].metrics.finish_time == pytest.approx(model.step_time([16], [16]))
+    assert engine.requests["b"].metrics.finish_time == pytest.approx(10.0 + model.step_time([24], [24]) + IDLE)
+    sample = StepSample((24,), (24,), 0.0, after_idle=True)
+    assert predicted_seconds(model, sample) == pytest.approx(model.step_time([24], [24]) + IDLE)
+
+
+def test_the_scheduler_says_when_it_is_idle():
+    """``is_idle``: nothing arrived is left to run, though a request from the future may be queued."""
+    from minillm.analysis.workloads import TraceRequest, submit_trace
+    from minillm.config import EngineConfig
+    from minillm.engine import LLMEngine
+
+    engine = LLMEngine("random", EngineConfig.from_fields("test", executor="simulated", clock="modeled",
+                                                          cost_model=LinearStepCost(TRUE)))
+    assert engine.scheduler.is_idle()
+    submit_trace(engine, [TraceRequest("late", 5.0, 8, 2)], vocab_size=engine.vocab_size)
+    assert engine.scheduler.is_idle() and engine.scheduler.next_arrival() == 5.0
+    engine.step()                                     # waits for it, then prefills it: running
+    assert not engine.scheduler.is_idle() and engine.clock.now() > 5.0
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.is_idle()
+
+
+@pytest.mark.slow          # two runs of the real engine
+def test_the_real_side_is_the_median_of_its_rounds():
+    """Two rounds of a short trace on the real engine: a request's measured latency is the median of
+    its two rounds (their mean), the step counts of both are kept, and ``noise`` is how far they differ."""
+    from minillm.sim.calibration import compare_on_trace, validation_trace
+
+    trace = validation_trace(6, rate=40.0, seed=3, prompt_median=16, output_median=4)
+    report = compare_on_trace(LinearStepCost(TRUE), trace, rounds=2)
+    assert report["rounds"] == 2 and report["num_requests"] == 6
+    assert len(report["steps"]["measured_each_round"]) == 2
+    for metric in ("ttft", "tpot", "e2e"):
+        m = report[metric]
+        assert m["noise"] >= 0 and m["median_rel_err"] <= m["p90_rel_err"]
+    for load in ("utilisation", "mean_waiting"):
+        assert set(report[load]) == {"measured", "modeled"}
+    assert 0 < report["utilisation"]["measured"] <= 1 and 0 < report["utilisation"]["modeled"] <= 1
+    with pytest.raises(ValueError, match="rounds=0"):
+        compare_on_trace(LinearStepCost(TRUE), trace, rounds=0)

@@ -9,8 +9,9 @@ Which implementation is graded is ``minillm.impl``'s choice: ``$MINILLM_IMPL`` w
 
 The graders of notebook NN live in ``tests/graders/exNN_<topic>.py``, next to the module they
 grade (``solutions/exNN_<topic>.py``). This file collects every such module: each of its
-``test_*`` functions appears here as ``test_exNN_<name>``, marked ``exNN``. A new notebook's
-exercises plug in by adding those two files; nothing here changes.
+``test_*`` functions appears here as ``test_exNN_<name>``, marked ``exNN``. A notebook with a second
+exercise module names it ``exNNb_<topic>`` (marked ``exNNb``, graded with ``make grade EX=NNb``). A new
+notebook's exercises plug in by adding those two files; nothing here changes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from _pytest.assertion.rewrite import rewrite_asserts   # pytest's own assert re
 pytestmark = pytest.mark.slow   # every exercise's graders inside the engine (make grade EX=NN runs one exercise's)
 
 GRADERS = Path(__file__).resolve().parent / "graders"
-GRADER_RE = re.compile(r"^(ex\d\d)_\w+\.py$")
+GRADER_RE = re.compile(r"^(ex\d\d[a-z]?)_\w+\.py$")
 
 
 def grader_modules() -> list[tuple[str, Path]]:

@@ -58,6 +58,10 @@ def test_make_grade_on_untouched_stubs(tmp_path):
         assert re.match(rf"not implemented yet: {re.escape(str(stubs))}/ex01_\w+\.py:\d+ in \w+$", detail), ln
     names = [LINE.match(ln).group(2) for ln in graded]
     assert len(set(names)) == len(names), "one line per grader"
+    # An untouched stub is no attempt: the record says so, and no worked answer opens.
+    from minillm.worked_answers import last_grade, offer
+    assert {last_grade("ex01_batching", n, stubs) for n in range(1, 6)} == {"not attempted"}
+    assert offer("ex01.kv_cache_bytes", stubs) == [] and "Worked answers" not in proc.stdout
 
 
 def test_a_failure_shows_the_students_lines_only(tmp_path):
@@ -88,6 +92,14 @@ def test_a_failure_shows_the_students_lines_only(tmp_path):
     assert not empty, f"failures reported without a message: {empty}"
     for noise in ("tests/graders", "minillm/", "Traceback", "____", "site-packages"):
         assert noise not in proc.stdout, f"{noise!r} in the report:\n{proc.stdout}"
+    # The two exercises answered wrongly (and decode_step_time, which calls kv_cache_bytes) open their
+    # worked answers in the notebook; the exercises answered with the reference code open none.
+    from minillm.worked_answers import offer
+    assert "Worked answers open for ex01 exercise 1, ex01 exercise 2, ex01 exercise 3: " in proc.stdout
+    for n, label in enumerate(("ex01.kv_cache_bytes", "ex01.max_batch_size", "ex01.decode_step_time"), 1):
+        assert [a.number for a in offer(label, d)] == [n], label
+    for label in ("ex01.completion_times", "ex01.plan_step"):
+        assert offer(label, d) == [], label
 
 
 def test_a_bare_assert_in_a_grader_shows_both_values(tmp_path):
@@ -96,14 +108,33 @@ def test_a_bare_assert_in_a_grader_shows_both_values(tmp_path):
     not to even), not as pytest's introspection."""
     d = tmp_path / "mine"
     d.mkdir()
-    src = (ROOT / "solutions" / "ex08_kv_quant.py").read_text()
-    assert "        return torch.round(y).to(torch.int8)\n" in src, "solutions/ex08 changed shape: update this test"
-    (d / "ex08_kv_quant.py").write_text(src.replace("        return torch.round(y).to(torch.int8)\n",
+    src = (ROOT / "solutions" / "ex02b_kv_quant.py").read_text()
+    assert "        return torch.round(y).to(torch.int8)\n" in src, "solutions/ex02b changed shape: update this test"
+    (d / "ex02b_kv_quant.py").write_text(src.replace("        return torch.round(y).to(torch.int8)\n",
                                                     "        return torch.floor(y + 0.5).to(torch.int8)\n"))
-    proc = _grade_with_pytest(d, "08")
+    proc = _grade_with_pytest(d, "02b")
     out = proc.stdout.rstrip("\n").split("\n")
     i = next(i for i, ln in enumerate(out) if LINE.match(ln) and "quantize_block_by_hand" in ln)
     assert LINE.match(out[i]).group(1) == "FAIL", proc.stdout[-3000:]
     assert out[i + 1].strip().startswith("your code does not pass the grader's check: "), proc.stdout[-3000:]
     assert "the left side is [[[1, -127]" in out[i + 2] and "the right side [[[0, -127]" in out[i + 2], \
         proc.stdout[-3000:]
+
+
+def test_grading_from_a_notebook_cell_offers_the_worked_answer_after_a_failure_only(tmp_path, monkeypatch, capsys):
+    """``impl.grade("01")`` in a cell prints the report and offers, folded, the worked answers of the exercises
+    it failed: a wrong answer opens its exercise's, the reference answer none."""
+    from minillm import impl
+    src = (ROOT / "solutions" / "ex01_batching.py").read_text()
+    for name, wrong in (("reference", False), ("wrong", True)):
+        d = tmp_path / name
+        d.mkdir()
+        ret = re.search(r"def kv_cache_bytes\(.*?\n    return ([^\n]+)\n", src, re.S)
+        text = src.replace(ret.group(0), ret.group(0).replace(ret.group(1), f"2 * ({ret.group(1)})")) if wrong else src
+        (d / "ex01_batching.py").write_text(text)
+        monkeypatch.setenv(impl.ENV, str(d))
+        got = impl.grade("01", k="kv_cache_bytes_matches_the_formula")
+        out = capsys.readouterr().out
+        assert ("\n0 of 1 parts pass\n" if wrong else "\n1 of 1 parts pass") in out, out
+        assert [a.number for a in got] == ([1] if wrong else []), out
+        assert ("Worked answer, ex01_batching exercise 1" in out) == wrong, out

@@ -165,10 +165,10 @@ def test_an_executor_without_forget_fails_naming_it():
 # --- the exercises plug in through the same contracts ------------------------------------------------------
 
 def test_the_exercise_answers_keep_the_protocols():
-    from solutions import ex02_paging, ex03_policies, ex04_prefix_cache, ex05_preemption, ex09_parallel_sampling
+    from solutions import ex02_paging, ex03_policies, ex04_prefix_cache, ex04b_parallel_sampling, ex05_preemption
     for llm in (ex02_paging.paged_engine(executor="simulated", num_kv_blocks=32),
                 ex02_paging.reserved_engine(executor="simulated", num_kv_blocks=32),
-                LLM(kv_manager=ex09_parallel_sampling.cow_kv_manager, **SIM)):
+                LLM(kv_manager=ex04b_parallel_sampling.cow_kv_manager, **SIM)):
         assert isinstance(llm.engine.kv, KVCacheManager)
     assert ex04_prefix_cache.YourPrefixCachingKVCacheManager.supports_prefix_caching
     for cls in (ex05_preemption.LeastProgressVictim, ex05_preemption.PriorityPreemption):

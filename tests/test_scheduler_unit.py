@@ -178,3 +178,42 @@ def test_rollback_puts_the_queues_and_requests_back_and_distrusts_blocks_handed_
     # Block 3 was handed to a during the step, so its KV may have been written over: b keeps block 2
     # (positions 0-1) and recomputes from position 2; block 3 is free again.
     assert tables(s) == {"a": [0, 1], "b": [2]} and b.num_computed_tokens == 2 and free_order(s) == [3]
+
+
+def test_a_running_request_given_no_tokens_carries_the_schedulers_reason():
+    # Blocks of 4, a budget of 4 tokens, chunked prefill. g asks for n=6 samples of a 10-token prompt:
+    # steps 0 and 1 run chunks of 4, step 2 the last 2 (its token is sampled, and the group forks: g#1..g#5
+    # start running with no grant in step 2). Step 3: six sequences want one token each, the budget holds
+    # 4: g#0..g#3 (running order) decode, g#4 and g#5 wait for the budget.
+    from minillm.core.parallel_sampling import first_sequence
+    s = scheduler(block_size=4, num_kv_blocks=32, max_num_batched_tokens=4, max_model_len=32, max_num_seqs=8)
+    s.add(first_sequence("g", SamplingParams(n=6, max_tokens=3, temperature=0), prompt_token_ids=list(range(10, 20)),
+                                 arrival_time=0.0))
+    for t in (0.0, 1.0):
+        out, _ = step(s, t)
+        assert grants(out) == [("g#0", 4, 4 * int(t), "prefill")] and out.not_scheduled == []
+    out, upd = step(s, 2.0)
+    assert grants(out) == [("g#0", 2, 8, "prefill")]
+    assert {w.request_id: w.reason for w in out.not_scheduled} == {
+        f"g#{i}": "forked from g at the end of this step: it decodes from the next step" for i in range(1, 6)}
+    out, _ = step(s, 3.0)
+    assert grants(out) == [(f"g#{i}", 1, 10, "decode") for i in range(4)]
+    assert {w.request_id: w.reason for w in out.not_scheduled} == {
+        f"g#{i}": "the token budget of 4 was spent before its turn" for i in (4, 5)}
+
+
+def test_a_prefill_priority_step_records_why_the_decodes_stall():
+    # a (4-token prompt) prefills in step 0; b arrives at t=0.5. Step 1 under prefill-priority runs b's
+    # prefill alone: a, running, gets no token, and the step says why.
+    s = scheduler(block_size=4, num_kv_blocks=8, max_num_batched_tokens=8, max_model_len=16,
+                  interference="prefill-priority")
+    s.add(request("a", 4, max_tokens=3))
+    s.add(request("b", 4, max_tokens=3, arrival=0.5))
+    out, _ = step(s, 0.0)
+    assert grants(out) == [("a", 4, 0, "prefill")] and out.not_scheduled == []
+    out, _ = step(s, 1.0)
+    assert grants(out) == [("b", 4, 0, "prefill")]
+    assert [(w.request_id, w.reason) for w in out.not_scheduled] == [
+        ("a", "prefill-priority: this step runs a new prompt's prefill, decodes wait")]
+    out, _ = step(s, 2.0)          # no new prompt: both decode
+    assert grants(out) == [("a", 1, 4, "decode"), ("b", 1, 4, "decode")] and out.not_scheduled == []

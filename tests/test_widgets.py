@@ -711,3 +711,18 @@ def test_a_running_request_without_tokens_is_given_the_reason_the_step_recorded(
     for rid in idle:
         assert idle_reason(rec, rid).startswith("forked from g at the end of this step"), idle_reason(rec, rid)
 
+
+def test_the_queue_panel_says_when_the_budget_was_the_reason():
+    """Six samples decode, the budget holds four tokens: the two left over are running without a grant, and
+    the panel gives the scheduler's reason (tests/test_scheduler_unit.py works the case by hand)."""
+    from minillm.viz.panels import idle_reason
+    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=32, max_model_len=32,
+              max_num_seqs=8, max_num_batched_tokens=4)
+    llm.engine.add_request(list(range(10, 20)), SamplingParams(n=6, max_tokens=3, ignore_eos=True), request_id="g")
+    for _ in range(3):
+        llm.engine.step()                   # chunks of 4, 4, then 2 and the fork
+    rec = llm.engine.step()
+    idle = [rid for rid in rec.running if rec.entry(rid) is None]
+    assert idle == ["g#4", "g#5"], idle
+    assert {idle_reason(rec, rid) for rid in idle} == {"the token budget of 4 was spent before its turn"}
+

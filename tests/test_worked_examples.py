@@ -1,5 +1,5 @@
 """The two worked examples of the notebooks, exactly: static vs continuous batching (notebook 01,
-section 4) and scheduling every 5 steps (notebook 03, section 7).
+section 4) and scheduling every 5 steps (notebook 03b, section 2).
 
 Both run the real scheduler on the simulated executor under the examples' assumption,
 ``ConstantStepTime``: a step takes the same time whatever the batch. Expected numbers are

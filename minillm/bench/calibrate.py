@@ -9,17 +9,27 @@ requests are preempted. Per request TTFT, TPOT and end-to-end latency, modeled a
 median and p90 relative error of each (``median_rel_err``, ``p90_rel_err``, fractions) and both step
 counts go into ``DIR/calibration-MACHINE.json`` and the benchmark's own JSON.
 
-Sizes: ``tiny`` (seconds, the smoke test: a short grid, 40-request traces), ``small`` (30 s of
-timing, 150-request traces), ``full`` (60 s of timing, 300- and 240-request traces).
+Each trace runs ``--rounds`` times on the real engine and a request's measured latency is the median
+of its rounds (one run's scatter is the machine's, not the model's; the report says how large it was).
+
+Sizes: ``tiny`` (seconds, the smoke test: a short grid, 40-request traces, one round), ``small`` (30 s
+of timing, 150- and 120-request traces, two rounds), ``full`` (at most 60 s of timing, 300- and
+240-request traces, three rounds; about five minutes in all).
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
-from .common import finish, goal, pct, pick, set_threads, table
+from .common import command_line, finish, goal, pct, pick, set_threads, table
 
 NAME = "calibrate"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rounds", type=int, default=None,
+                   help="real-engine runs of each validation trace, medians compared (default: the size's)")
 
 
 def run(args) -> dict:
@@ -28,13 +38,13 @@ def run(args) -> dict:
     size = args.size
     budget = pick(size, tiny=3.0, small=30.0, full=60.0)
     n1, n2 = pick(size, tiny=(40, 40), small=(150, 120), full=(300, 240))
+    rounds = getattr(args, "rounds", None) or pick(size, tiny=1, small=2, full=3)
     grid = cal.GRID[:4] + cal.GRID[9:10] + cal.GRID[12:13] if size == "tiny" else cal.GRID
+    calibration_traces = cal.TRACES[:1] if size == "tiny" else cal.TRACES
     seed = args.seed
-    traces = {"poisson": (cal.validation_trace(n1, rate=12.0, seed=seed + 1), {}),
-              "preempting": (cal.validation_trace(n2, rate=6.0, seed=seed + 2, prompt_median=96, output_median=64),
-                             {"num_kv_blocks": 64})}
     device = {} if args.device == "cpu" else {"device": args.device}     # on a GPU: the GPU's steps
-    cost, report = cal.calibrate(args.out, budget_s=budget, traces=traces, seed=seed, grid=grid, **device)
+    cost, report = cal.calibrate(args.out, budget_s=budget, traces=cal.validation_traces(seed, (n1, n2)), seed=seed,
+                                 grid=grid, calibration_traces=calibration_traces, rounds=rounds, **device)
 
     terms = [[t, f"{cost.seconds[t] * 1e6:.4f}", f"{cost.stderr.get(t, 0.0) * 1e6:.4f}"] for t in cost.seconds]
     rows = []
@@ -45,7 +55,9 @@ def run(args) -> dict:
                          pct(m["median_rel_err"]), pct(m["p90_rel_err"])])
         rows.append([name, "steps", r["steps"]["measured"], r["steps"]["modeled"],
                      pct(abs(r["steps"]["modeled"] - r["steps"]["measured"]) / max(1, r["steps"]["measured"])),
-                     f"{r['preemptions']} preemptions"])
+                     f"{r['preemptions']} / {r['preemptions_modeled']} preemptions"])
+        rows.append([name, "busy", pct(r["utilisation"]["measured"]), pct(r["utilisation"]["modeled"]), "",
+                     f"waiting {r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f}"])
     goals = [goal("calibration time", "<= 60 s", f"{report['calibration_s']:.1f} s", report["calibration_s"] <= 60.0)]
     for name, r in report["traces"].items():
         goals.append(goal(f"{name}: e2e median rel. error", "<= 5%", pct(r["e2e"]["median_rel_err"]),
@@ -53,15 +65,22 @@ def run(args) -> dict:
         goals.append(goal(f"{name}: e2e p90 rel. error", "<= 12%", pct(r["e2e"]["p90_rel_err"]),
                           r["e2e"]["p90_rel_err"] <= 0.12))
     summary = {name: {m: {k: r[m][k] for k in ("median_rel_err", "p90_rel_err", "median_measured_s",
-                                                  "median_modeled_s")} for m in ("ttft", "tpot", "e2e")}
-               | {"steps": r["steps"], "preemptions": r["preemptions"]} for name, r in report["traces"].items()}
+                                                  "median_modeled_s", "noise")} for m in ("ttft", "tpot", "e2e")}
+               | {k: r[k] for k in ("steps", "preemptions", "preemptions_modeled", "utilisation", "mean_waiting",
+                                    "rounds")}
+               for name, r in report["traces"].items()}
+    command = command_line(NAME, args) + (f" --rounds {args.rounds}" if getattr(args, "rounds", None) else "")
     return {
-        "config": {"threads": threads, "budget_s": budget, "trace_sizes": [n1, n2], "seed": seed},
-        "results": {"calibration_s": report["calibration_s"], "profile": cost.to_profile(), "traces": summary},
+        "command": command,
+        "config": {"threads": threads, "budget_s": budget, "trace_sizes": [n1, n2], "seed": seed, "rounds": rounds,
+                   "validation_seeds": [seed + 1, seed + 2]},
+        "results": {"calibration_s": report["calibration_s"], "profile": cost.to_profile(),
+                    "held_out": report["held_out"], "traces": summary},
         "goals": goals,
         "_tables": [table(["term", "us per unit", "+/- us"], terms, title="fitted step cost"),
                     table(["trace", "metric", "measured (median, ms)", "modeled (median, ms)",
-                           "median rel. error", "p90 rel. error"], rows, title="modeled vs measured, per request")],
+                           "median rel. error", "p90 rel. error"], rows,
+                          title=f"modeled vs measured, per request (measured: the median of {rounds} rounds)")],
     }
 
 

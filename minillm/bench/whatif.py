@@ -1,6 +1,6 @@
 """whatif: CPU time of one redraw of the what-if widget, per control change.
 
-The widget (``minillm.viz.whatif.WhatIf``, notebook 03 section 8) re-simulates its
+The widget (``minillm.viz.whatif.WhatIf``, notebook 03b section 3) re-simulates its
 2,000-request trace (Llama-2-70B on 4 modeled H100s, max batch 128) whenever a control
 moves, and redraws its figures. Each row here is one control change as a reader makes it,
 in order, measured in CPU seconds of this process (``time.process_time``), split into:

@@ -78,8 +78,9 @@ class BlockPool:
         self.stats["evictions"] += 1
 
     def _drop_hash(self, block: Block) -> None:
-        if self.cached.get(block.block_hash) is block:
-            del self.cached[block.block_hash]
+        h = block.block_hash
+        if h is not None and self.cached.get(h) is block:
+            del self.cached[h]
         block.block_hash = block.token_ids = block.parent_hash = None
 
     def touch(self, blocks: Sequence[Block]) -> None:
@@ -114,12 +115,16 @@ class BlockPool:
         # may hold another (a prompt's last full block is computed again even when cached: its last
         # token must be), so freeing the table last block first does not put that parent behind it.
         # The free cached ancestors move behind it, root last (bounded: colliding keys could loop).
-        parent = self.cached.get(block.parent_hash)
+        parent = self.cached_parent(block)
         for _ in range(len(self.free_queue)):
             if parent is None or parent.block_id not in self.free_queue:
                 return
             self.free_queue.move_to_end(parent.block_id)
-            parent = self.cached.get(parent.parent_hash)
+            parent = self.cached_parent(parent)
+
+    def cached_parent(self, block: Block) -> Optional[Block]:
+        """The canonical cached copy of the block's parent prefix (None for a first block, or a parent evicted)."""
+        return None if block.parent_hash is None else self.cached.get(block.parent_hash)
 
     def set_ref_count(self, block: Block, ref_count: int) -> None:
         """Rollback of a failed step: give a block the reference count its holders imply."""

@@ -41,7 +41,8 @@ def check_paged(kv: PagedKVCacheManager, requests: dict) -> None:
     # Every cached block's hash matches its tokens, and the KV it holds is those tokens'.
     for h, b in pool.cached.items():
         _check(b.block_hash == h, f"block {b.block_id} indexed under a hash it does not carry")
-        _check(hash_block(b.parent_hash, b.token_ids) == h, f"block {b.block_id}: hash does not match tokens")
+        _check(b.token_ids is not None and hash_block(b.parent_hash, b.token_ids) == h,
+               f"block {b.block_id}: hash does not match tokens")
     bs = kv.block_size
     for rid, blocks in kv.req_blocks.items():
         req = requests.get(rid)
@@ -82,7 +83,7 @@ def check_paged(kv: PagedKVCacheManager, requests: dict) -> None:
     for b in pool.free_queue.values():
         if b.parent_hash is not None and b.parent_hash in by_hash:
             p = by_hash[b.parent_hash]
-            if p.token_ids is not None and pool.cached.get(p.block_hash) is p:
+            if p.token_ids is not None and pool.cached.get(b.parent_hash) is p:
                 _check(order[p.block_id] > order[b.block_id],
                        f"cached parent block {p.block_id} would be evicted before its child {b.block_id}")
     # The swap pool is never overfilled and no host block is used twice.

@@ -91,6 +91,13 @@ class PagedKVCacheManager:
         st["hit_blocks"] += len(hits)
         self.prefill_tokens_saved += len(hits) * self.block_size
 
+    def restore_counters(self, pool_stats: dict, prefill_tokens_saved: int) -> None:
+        """Put the prefix cache's counters back (the pool's lookups, hits and evictions, and the
+        prefill tokens saved) to values read before a step: a rolled-back step counted nothing."""
+        self.pool.stats.clear()
+        self.pool.stats.update(pool_stats)
+        self.prefill_tokens_saved = prefill_tokens_saved
+
     def cache_full_blocks(self, req: Request, num_tokens: int, shareable: bool = True) -> None:
         """Register in the prefix cache every block of this request that is full once its first
         ``num_tokens`` positions hold KV. The scheduler calls it when it grants a step, so a
@@ -172,7 +179,7 @@ class PagedKVCacheManager:
             return self.pool.num_free
         return self.pool.num_free - sum(1 for b in cached if b.ref_count == 0)
 
-    def _headroom(self, req: Request, reserve_blocks: int) -> int:
+    def headroom(self, req: Request, reserve_blocks: int = 0) -> int:
         """Blocks that must stay free beside the request's: for a new one (holding no blocks) the
         watermark's headroom plus ``reserve_blocks`` (a parallel-sampling group's other samples)."""
         return reserve_blocks + (self.watermark_blocks if req.request_id not in self.req_blocks else 0)
@@ -180,10 +187,10 @@ class PagedKVCacheManager:
     def can_allocate(self, req: Request, num_new_tokens: int, cached: Sequence[Block] = (),
                      reserve_blocks: int = 0) -> tuple[bool, int, int]:
         """(fits, blocks needed, blocks free) for ``num_new_tokens`` more positions after the
-        ``cached`` prefix; a new request must also leave the headroom (``_headroom``) free."""
+        ``cached`` prefix; a new request must also leave the headroom (``headroom``) free."""
         need = self.num_blocks_needed(req, num_new_tokens, cached)
         free = self._free_for(cached)
-        return need <= free - self._headroom(req, reserve_blocks), need, free
+        return need <= free - self.headroom(req, reserve_blocks), need, free
 
     def allocate(self, req: Request, num_new_tokens: int, cached: Sequence[Block] = ()) -> bool:
         """Give the request blocks for ``num_new_tokens`` more positions (after its cached prefix)."""
@@ -201,7 +208,11 @@ class PagedKVCacheManager:
         if cached:
             self.pool.touch(cached)
             blocks.extend(cached)
-            self.req_hashes[req.request_id] = [b.block_hash for b in cached]
+            hashes: list[int] = []
+            for b in cached:                # prefix-cache hits: each carries its prefix's hash
+                assert b.block_hash is not None, f"cached prefix block {b.block_id} has no hash"
+                hashes.append(b.block_hash)
+            self.req_hashes[req.request_id] = hashes
         blocks += self._new_blocks(need)   # (one pool call for a whole prefill's blocks)
         return True
 
@@ -247,8 +258,8 @@ class PagedKVCacheManager:
         rid = req.request_id
         blocks = self.req_blocks.get(rid, [])
         keep = self.blocks_for(num_tokens)
-        hashes = self.req_hashes.get(rid)
-        cut_hashes = bool(hashes) and len(hashes) > num_tokens // self.block_size
+        hashes = self.req_hashes.get(rid, [])
+        cut_hashes = len(hashes) > num_tokens // self.block_size
         if len(blocks) <= keep and not cut_hashes:
             return
         self._save_table(rid)
@@ -271,8 +282,7 @@ class PagedKVCacheManager:
     def forward_done(self) -> None:
         """The forward has written this step's KV: the blocks it registered hold their prefixes."""
         if self._journal is not None:
-            self._journal.computed = True
-            self._journal.unshared.clear()
+            self._journal.forward_done()
 
     def end_step(self) -> None:
         """The step's copies have run: host blocks it freed can be handed out again."""

@@ -21,7 +21,7 @@ def may_share_blocks(kv) -> bool:
 def paged_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
     """The snapshot of a ``PagedKVCacheManager``; ``detail`` adds the per-block map (O(blocks))."""
     bs = kv.block_size
-    filled = [0] * kv.num_blocks if detail else None
+    filled = [0] * kv.num_blocks if detail else []     # (read with detail only)
     owners: dict[int, list[str]] = {}
     per_request = {}
     used = partial = 0
@@ -75,8 +75,8 @@ def reserved_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
         per_request[rid] = RequestKV(used=n, reserved_unused=length - n,
                                      num_blocks=math.ceil(length / bs))
     free = kv.capacity - used - reserved_unused
-    largest = max((s for _, s in kv._gaps()), default=0)
-    blocks_free = sum(s // bs for _, s in kv._gaps())
+    largest = kv.largest_gap()
+    blocks_free = kv.num_gap_blocks()
     snap = KVSnapshot(total=kv.capacity, used=used, free=free, blocks_total=kv.num_blocks,
                       blocks_used=kv.num_blocks - blocks_free, blocks_free=blocks_free,
                       block_size=bs, reserved_unused=reserved_unused,
@@ -140,7 +140,7 @@ def paged_totals(kv, requests: dict) -> KVSnapshot:
 def paged_wait_reason(kv, req, num_new_tokens: int, cached=(), reserve_blocks: int = 0) -> str:
     """Why a ``PagedKVCacheManager`` cannot take ``req`` now (``explain_wait``): "needs 3 blocks, 1 free"."""
     ok, need, free = kv.can_allocate(req, num_new_tokens, cached)
-    headroom = kv._headroom(req, reserve_blocks)
+    headroom = kv.headroom(req, reserve_blocks)
     return (f"needs {need} block{'s' if need != 1 else ''}, {free} free"
             + (f" ({headroom} kept as headroom)" if headroom else ""))
 

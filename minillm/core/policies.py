@@ -128,7 +128,7 @@ class OraclePredictor(LengthPredictor):
     def predict(self, request: Request) -> float:
         if request.expected_output_len is not None:
             return float(request.expected_output_len)
-        return float(request.sampling_params.max_tokens)
+        return float(request.max_tokens)
 
 
 class HistoryPredictor(LengthPredictor):
@@ -429,7 +429,7 @@ class Fair(Policy):
 
     def cost(self, req: Request) -> float:
         """Weighted cost of a whole request (what C_max in the bound is made of)."""
-        out = req.expected_output_len or req.sampling_params.max_tokens
+        out = req.expected_output_len or req.max_tokens
         cost = self.input_weight * req.num_prompt_tokens + self.output_weight * out
         return cost / self.weight(req.tenant)
 

@@ -7,9 +7,10 @@ A decode is the case of one new token, a prefill the case of many.
 
 A request's state changes only through its transition methods below (``admit``, ``preempt``,
 ``resume``, ``reject``, ``hold``, ``finish``, and applying a step's results: ``advance``,
-``append_token`` (``append_tokens`` for several), ``settle_guesses``, ``stopped_by``). The scheduler
-calls each one after saving the request in the step's undo log (``Scheduler``'s transitions), and the
-undo log saves every field in ``__slots__``: a new field is rolled back with the rest.
+``append_token`` (``append_tokens`` for several), ``settle_guesses``, ``stopped_by``); each refuses a
+request in a state it does not start from. The scheduler calls each one after saving the request in the
+step's undo log (``Scheduler``'s transitions), and the undo log saves every field in ``__slots__``: a new
+field is rolled back with the rest.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ class RequestStatus(enum.Enum):
     PREEMPTED = "preempted"    # KV dropped (recompute): back in the queue
     SWAPPED = "swapped"        # KV copied to host memory: waiting to be swapped in
     FINISHED = "finished"
+
+
+# The states each transition starts from.
+_QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_RUNNING = (RequestStatus.RUNNING,)
+_SWAPPED = (RequestStatus.SWAPPED,)
+_UNFINISHED = (RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
 
 
 @dataclass(slots=True)
@@ -151,9 +159,18 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def max_tokens(self) -> int:
+        """The most output tokens: ``SamplingParams.max_tokens``, which the engine resolves when the
+        request is added (vLLM's None, "until the context ends", becomes the positions left)."""
+        max_tokens = self.sampling_params.max_tokens
+        assert max_tokens is not None, \
+            f"Request {self.request_id!r}: sampling_params.max_tokens is None (LLMEngine.add_request resolves it)"
+        return max_tokens
+
+    @property
     def max_len(self) -> int:
         """The most positions this request may ever occupy (prompt + max_tokens)."""
-        return len(self.prompt_token_ids) + self.sampling_params.max_tokens
+        return len(self.prompt_token_ids) + self.max_tokens
 
     @property
     def num_seqs(self) -> int:
@@ -180,9 +197,16 @@ class Request:
         return self.detokenizer
 
     # --- transitions (the scheduler saves the request in the step's undo log first) ----------------
+    # Each refuses a request in a state it does not start from (a bug in the caller), naming both.
+    def _require(self, transition: str, allowed: tuple[RequestStatus, ...]) -> None:
+        if self.status not in allowed:
+            raise RuntimeError(f"Request {self.request_id!r}: {transition} from {self.status.value}; only from "
+                               + " or ".join(s.value for s in allowed))
+
     def admit(self, num_cached_tokens: int, admit_seq: int, now: float) -> None:
         """WAITING or PREEMPTED -> RUNNING, holding KV for its first ``num_cached_tokens`` positions
         (a prefix-cache hit); ``admit_seq`` orders admissions (recency, for victim choice)."""
+        self._require("admit", _QUEUED)
         self.status = RequestStatus.RUNNING
         self.num_computed_tokens = self.num_cached_tokens = num_cached_tokens
         self.metrics.num_cached_tokens = max(self.metrics.num_cached_tokens, num_cached_tokens)
@@ -193,6 +217,9 @@ class Request:
     def preempt(self, status: RequestStatus, keeps_kv: bool) -> None:
         """RUNNING -> ``status`` (PREEMPTED: back in the queue; SWAPPED: its KV in host memory).
         Without its KV (``keeps_kv=False``) every computed position is computed again later."""
+        self._require("preempt", _RUNNING)
+        if status not in (RequestStatus.PREEMPTED, RequestStatus.SWAPPED):
+            raise ValueError(f"Request {self.request_id!r}: preempt to {status.value}; only to preempted or swapped")
         if not keeps_kv:
             self.metrics.num_recomputed_tokens += self.num_computed_tokens
             self.num_computed_tokens = self.num_cached_tokens = 0
@@ -202,20 +229,24 @@ class Request:
 
     def resume(self) -> None:
         """SWAPPED -> RUNNING: its KV is copied back."""
+        self._require("resume", _SWAPPED)
         self.status = RequestStatus.RUNNING
 
     def reject(self, reason: str) -> None:
         """Turned away from the queue (load shedding): it finishes as "rejected" when the step's results apply."""
+        self._require("reject", _QUEUED)
         self.finish_reason = "rejected"
         self.finish_detail = reason
 
     def hold(self, reason: str, detail: Optional[str] = None) -> None:
         """Done generating, returned later (static / every-N batching) with ``reason``."""
+        self._require("hold", _RUNNING)
         self.pending_finish_reason = reason
         self.finish_detail = detail or self.finish_detail
 
     def finish(self, reason: str, t: float, detail: Optional[str] = None) -> None:
-        """-> FINISHED at clock time ``t``: its reason and last metrics."""
+        """-> FINISHED at clock time ``t``: its reason and last metrics (from any state but FINISHED)."""
+        self._require("finish", _UNFINISHED)
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
         if detail is not None:

@@ -53,6 +53,15 @@ class ReservedKVCacheManager:
             gaps.append((pos, self.capacity - pos))
         return gaps
 
+    def largest_gap(self) -> int:
+        """The longest reservation that fits now: the largest free gap, in positions (0 when full)."""
+        return max((length for _, length in self._gaps()), default=0)
+
+    def num_gap_blocks(self) -> int:
+        """Whole blocks of free positions, gap by gap (a block's worth split between two gaps does not
+        count): the snapshot's ``blocks_free``."""
+        return sum(length // self.block_size for _, length in self._gaps())
+
     def _first_fit(self, length: int) -> Optional[int]:
         for start, size in self._gaps():
             if size >= length:
@@ -75,7 +84,7 @@ class ReservedKVCacheManager:
             _, length = self.regions[req.request_id]
             return req.num_computed_tokens + num_new_tokens <= length, 0, self.num_free_positions
         need = self.reservation_len(req)
-        largest = max((s for _, s in self._gaps()), default=0)
+        largest = self.largest_gap()
         headroom = (reserve_blocks + self.watermark_blocks) * self.block_size
         return need <= largest - headroom, need, self.num_free_positions
 
@@ -84,8 +93,10 @@ class ReservedKVCacheManager:
         if not ok:
             return False
         if req.request_id not in self.regions:
-            self.regions[req.request_id] = (self._first_fit(self.reservation_len(req)),
-                                            self.reservation_len(req))
+            length = self.reservation_len(req)
+            start = self._first_fit(length)
+            assert start is not None, f"{req.request_id}: can_allocate found a gap of {length}, first fit none"
+            self.regions[req.request_id] = (start, length)
         return True
 
     def free(self, req: Request) -> None:
@@ -123,7 +134,7 @@ class ReservedKVCacheManager:
                      requests: Optional[dict] = None) -> str:
         need = self.reservation_len(req)
         free = self.num_free_positions
-        largest = max((s for _, s in self._gaps()), default=0)
+        largest = self.largest_gap()
         s = (f"needs {num_new_tokens} positions for its prefill, inside a {need}-position reservation "
              f"(prompt + max_tokens); {free} free")
         if largest < free:

@@ -74,7 +74,8 @@ class Scheduler:
                              swapped_in_blocks=0, recomputed_tokens=0, rejected=0)
         self.stops = StopChecker(config, tokenizer)   # when a request ends (stop strings need the tokenizer)
         self.journal = StepJournal()        # what the step in progress changed (see checkpoint)
-        self.record_batch = config.record not in ("totals", "none")   # StepUpdate.batch: an entry per grant
+        # An entry per grant (StepUpdate.batch) and per running request given none (not_scheduled)
+        self.record_batch = config.record not in ("totals", "none")
         self._arrivals: list = []           # (time, seq, request) released from ``incoming`` this step
         self._forked: list = []             # parents whose groups forked this step (undone on rollback)
         self.has_groups = False             # was any request with n > 1 ever added? (seat counting)
@@ -101,6 +102,11 @@ class Scheduler:
     def next_arrival(self) -> Optional[float]:
         """Arrival time of the next request that has not arrived yet (None if none)."""
         return self.incoming[0][0] if self.incoming else None
+
+    def is_idle(self) -> bool:
+        """Nothing that has arrived is left to run: no request waiting, running, swapped or held (one
+        from the future may still wait in ``incoming``). The engine then waits for ``next_arrival``."""
+        return not (self.waiting or self.running or self.swapped or self.held)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped or self.held or self.incoming)
@@ -270,7 +276,7 @@ class Scheduler:
             raise RuntimeError(f"executor: {len(result.sampled)} token lists for {len(out.scheduled)} grants")
         finished: list[Request] = []
         for req in out.released:                 # held back until this pass (static / every-N)
-            self.finish_request(req, req.pending_finish_reason, self.now)
+            self._return_held(req, self.now)
             finished.append(req)
         for req, w in zip(out.rejected_requests, out.rejected):
             self.finish_request(req, "rejected", self.now, detail=w.reason)
@@ -292,10 +298,17 @@ class Scheduler:
                 req.drop_past_stop()
             self._after_tokens(s, result, t, upd)
             failed = result.failed.get(req.request_id) if result.failed else None  # its sampling failed: it alone
-            if (reason or failed) and self.finish(req, "abort" if failed else reason, t, failed):
+            if failed:
+                reason = "abort"
+            if reason and self.finish(req, reason, t, failed):
                 finished.append(req)
         if self.config.batching == "static" and not self.running and self.held:
             finished += self._release_held(t)    # the whole static batch is done: return it now
+        if self.record_batch:                    # the sequences forked now had no grant in this step
+            out.not_scheduled.extend(
+                WaitingEntry(seq.request_id, f"forked from {seq.parent.request_id} at the end of this step: "
+                                             "it decodes from the next step")
+                for seq in upd.forked if seq.status is RequestStatus.RUNNING)
         self.policy.on_step(out.scheduled, t)
         return upd
 
@@ -303,8 +316,14 @@ class Scheduler:
         """Finish every held request (finished earlier, kept back by static / every-N batching)."""
         released, self.held = self.held, []
         for req in released:
-            self.finish_request(req, req.pending_finish_reason, t)
+            self._return_held(req, t)
         return released
+
+    def _return_held(self, req: Request, t: float) -> None:
+        """A held request leaves with the reason it was held with."""
+        reason = req.pending_finish_reason
+        assert reason is not None, f"held request {req.request_id} has no pending finish reason"
+        self.finish_request(req, reason, t)
 
     def _settle_guesses(self, s: ScheduledRequest, result, upd: StepUpdate) -> None:
         """Speculative decoding: the KV slots of rejected guesses go back (``_allocate_lookahead``
@@ -339,9 +358,11 @@ class Scheduler:
         if logprobs and req.output_logprobs is not None:
             req.output_logprobs.extend(logprobs.get(req.request_id, ())[:appended])
         if prompt_logprobs and req.request_id in prompt_logprobs:
+            kept = req.prompt_logprobs
+            assert kept is not None, f"prompt logprobs for {req.request_id}, which asked for none"
             for pos, lp in prompt_logprobs[req.request_id]:
-                if req.prompt_logprobs[pos] is None:      # recomputed after a preemption: kept
-                    req.prompt_logprobs[pos] = lp
+                if kept[pos] is None:      # recomputed after a preemption: kept
+                    kept[pos] = lp
 
     # --- the pass ----------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
@@ -371,8 +392,13 @@ class Scheduler:
         prefill_first = cfg.interference == "prefill-priority"
         if prefill_first and reform and not static_blocked and self._admissible_head(now):
             budget = self._admit_waiting(now, out, budget, allow_chunk=False)
-            if out.admitted:
-                return out                 # a prefill step: running decodes stall this step
+            if out.admitted:               # a prefill step: running decodes stall this step
+                if self.record_batch:
+                    out.not_scheduled.extend(
+                        WaitingEntry(r.request_id, "prefill-priority: this step runs a new prompt's prefill, "
+                                                   "decodes wait")
+                        for r in self.running if r.request_id not in out.admitted)
+                return out
 
         budget = self._schedule_running(now, out, budget)     # 1. running requests
         if not reform:
@@ -393,7 +419,13 @@ class Scheduler:
         decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) if guesses else 0
         spare = self._spare_blocks() if decodes_left else 0      # blocks the drafts may take
         for req in list(self.running):
-            if req.status is not RequestStatus.RUNNING or budget <= 0:   # preempted above
+            if req.status is not RequestStatus.RUNNING:   # preempted above
+                continue
+            if budget <= 0:
+                if self.record_batch:
+                    out.not_scheduled.append(WaitingEntry(
+                        req.request_id, f"the token budget of {self.config.max_num_batched_tokens} was spent "
+                                        "before its turn"))
                 continue
             n = req.num_tokens - req.num_computed_tokens      # known tokens without KV yet
             if n == 1 and decodes_left:

@@ -43,6 +43,8 @@ class SchedulerOutput:
     admitted: list[str] = field(default_factory=list)
     preempted: list[PreemptionEvent] = field(default_factory=list)
     waiting: list[WaitingEntry] = field(default_factory=list)
+    # Running requests given no tokens this step, each with the scheduler's reason (StepRecord.not_scheduled)
+    not_scheduled: list[WaitingEntry] = field(default_factory=list)
     rejected: list[WaitingEntry] = field(default_factory=list)
     rejected_requests: list[Request] = field(default_factory=list)  # the same, as requests
     swap_out: list[tuple[int, int]] = field(default_factory=list)   # (device block, host block)

@@ -60,6 +60,12 @@ class KVStepJournal:
         self.computed = False                # has the forward written the step's KV?
         self.stats = (dict(kv.pool.stats), kv.prefill_tokens_saved)
 
+    def forward_done(self) -> None:
+        """The forward has written the step's KV: a block the step registered keeps its prefix even if
+        its owner leaves now, and every one of them is offered to this pass's lookups."""
+        self.computed = True
+        self.unshared.clear()
+
     def save_table(self, kv, rid: str) -> None:
         """Before the step's first change to a request's tables, keep a copy."""
         if rid not in self.tables:     # (written out, no generator: a decode at a block boundary runs this)
@@ -100,9 +106,7 @@ class KVStepJournal:
             pool.set_ref_count(b, refs[b.block_id])
         used = {h for hs in kv.swapped.values() for h in hs}
         kv.swap_free[:] = [h for h in range(kv.num_swap_blocks - 1, -1, -1) if h not in used]
-        pool.stats.clear()
-        pool.stats.update(self.stats[0])
-        kv.prefill_tokens_saved = self.stats[1]
+        kv.restore_counters(*self.stats)
         return self._damaged(kv)
 
     def _damaged(self, kv) -> dict[str, int]:

@@ -26,6 +26,8 @@ class StopChecker:
         ``min_tokens`` tokens only the length limits end it; a stop token or string that ends
         it is kept in ``req.stop_reason`` (EOS leaves it None, as in vLLM)."""
         sp = req.sampling_params
+        max_tokens = sp.max_tokens
+        assert max_tokens is not None, "unresolved max_tokens (see Request.max_tokens)"
         n_out = req.num_output_tokens
         early = n_out < sp.min_tokens
         if tok == req.eos_token_id and not sp.ignore_eos and not early:
@@ -35,7 +37,7 @@ class StopChecker:
             return "stop"
         if sp.stop and self.tokenizer is not None and self._stop_string(req, early):
             return "stop"
-        if n_out >= sp.max_tokens or len(req.prompt_token_ids) + n_out >= self.max_model_len:
+        if n_out >= max_tokens or len(req.prompt_token_ids) + n_out >= self.max_model_len:
             return "length"
         if self.simulated and req.expected_output_len is not None and n_out >= req.expected_output_len:
             return "stop"       # the simulator's stand-in for the model emitting EOS at the trace length
@@ -63,7 +65,7 @@ class StopChecker:
         if (sp.stop and self.tokenizer is not None) or tok in sp.stop_token_ids \
                 or (tok == req.eos_token_id and not sp.ignore_eos):
             return 0
-        limit = min(sp.max_tokens, self.max_model_len - len(req.prompt_token_ids))
+        limit = min(req.max_tokens, self.max_model_len - len(req.prompt_token_ids))
         if self.simulated and req.expected_output_len is not None:
             limit = min(limit, req.expected_output_len)
         return max(0, limit - len(req.output_token_ids) - 1)

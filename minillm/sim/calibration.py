@@ -7,15 +7,18 @@ Three parts, each usable alone:
 1. ``measure_steps``: run the real engine (the shipped model unless told otherwise) over a grid of
    batch shapes (decodes at batch 1 to 64, short and long contexts, whole and chunked prefills, mixed
    batches), then over a few traces replayed in real time (the batches a server really forms), and
-   keep, for every step, each request's new tokens and context and the step's wall time.
+   keep, for every step, each request's new tokens and context, the step's wall time, and whether the
+   engine sat idle before it. Python's garbage collector stays out of the timing (``quiet_heap``).
 2. ``fit_step_cost``: a least-squares fit of ``LinearStepCost``'s terms (``costmodel.batch_terms``: a
-   fixed part, per new token, per sequence, per context token, per attention pair) to those steps; a
-   term the data make negative is dropped (its cost is then 0) and the rest fitted again. Each term
-   keeps its standard error.
+   fixed part, per new token, per sequence, per context token, per attention pair; and ``after_idle``,
+   the extra time of a step that follows a wait for an arrival) to those steps; a term the data make
+   negative is dropped (its cost is then 0) and the rest fitted again. Each term keeps its standard
+   error. ``held_out_errors`` predicts each calibration trace with a fit of the rest.
 3. ``compare_on_trace``: the same trace (Poisson arrivals, log-normal lengths) run on the real engine
-   (wall clock, requests arriving in real time) and on the simulator (modeled clock, the calibrated
-   cost model): every request's TTFT, TPOT and end-to-end latency side by side, with the median and
-   90th-percentile relative error, and both step counts.
+   (wall clock, requests arriving in real time; a few rounds, each request's median taken) and on the
+   simulator (modeled clock, the calibrated cost model): every request's TTFT, TPOT and end-to-end
+   latency side by side, with the median and 90th-percentile relative error, both step counts, how
+   far two real rounds differ, and how loaded the engine was.
 
 ``calibrate(out=DIR)`` does all three and writes the profile (``DIR/step-cost-MACHINE.json``, loaded by
 ``CostModel.from_profile``) and the report (``DIR/calibration-MACHINE.json``);
@@ -27,6 +30,7 @@ request latency within 9%; ours predicts only step times, with every decision th
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import platform
@@ -38,17 +42,21 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from .costmodel import STEP_TERMS, LinearStepCost, batch_terms
+from .simulated import gc_paused
 
-__all__ = ["StepSample", "measure_steps", "fit_step_cost", "validation_trace", "compare_on_trace", "calibrate",
-           "machine_name"]
+__all__ = ["StepSample", "measure_steps", "fit_step_cost", "held_out_errors", "validation_trace", "validation_traces",
+           "compare_on_trace", "calibrate", "machine_name"]
 
 
 @dataclass(frozen=True)
 class StepSample:
-    """One measured step: each request's new tokens and KV length after the step, and the seconds it took."""
+    """One measured step: each request's new tokens and KV length after the step, the seconds it took,
+    whether the engine sat idle before it (waiting for an arrival), and the workload it came from."""
     num_new_tokens: tuple[int, ...]
     context_lens: tuple[int, ...]
     seconds: float
+    after_idle: bool = False
+    workload: str = ""
 
 
 def machine_name() -> str:
@@ -91,29 +99,55 @@ def _warm_up(engine) -> None:
         engine.step()
 
 
-def _timed_steps(engine) -> list[StepSample]:
-    """Step ``engine`` until it is done; every step with work, timed from just before ``step()`` to
-    just after it. When nothing can run until the next arrival, the wait happens before the timer
-    starts, so a sample is the step's own time."""
-    samples = []
+def _wait_if_idle(engine) -> float:
+    """When the scheduler is idle (``is_idle``) and the next request arrives later, wait for it on the
+    engine's clock; returns how late the wait ended (seconds past the arrival, >= 0), or -1 when there
+    was nothing to wait for (work to do, or the next request already due)."""
     s = engine.scheduler
+    t = s.next_arrival()
+    if not s.is_idle() or t is None or engine.clock.now() >= t:
+        return -1.0
+    while engine.clock.now() < t:
+        engine.clock.wait_until(t)
+    return max(0.0, engine.clock.now() - t)
+
+
+def _timed_steps(engine, workload: str = "") -> list[StepSample]:
+    """Step ``engine`` until it is done; every step with work, timed from just before ``step()`` to
+    just after it. A step after an idle wait counts from the moment its request arrived: the time a
+    sleeping process takes to wake is part of what that request sees (``after_idle``)."""
+    samples = []
     while engine.has_unfinished_requests():
-        if not (s.running or s.swapped or s.held or s.waiting):        # idle: let the next arrival come
-            t = s.next_arrival()
-            while t is not None and engine.clock.now() < t:
-                engine.clock.wait_until(t)
+        late = _wait_if_idle(engine)
         t0 = time.perf_counter()
         rec = engine.step()
         seconds = time.perf_counter() - t0
         if rec.batch:
             samples.append(StepSample(tuple(e.num_new_tokens for e in rec.batch),
-                                      tuple(e.context_len for e in rec.batch), seconds))
+                                      tuple(e.context_len for e in rec.batch), seconds + max(late, 0.0),
+                                      after_idle=late >= 0, workload=workload))
     return samples
+
+
+@contextlib.contextmanager
+def quiet_heap():
+    """Python's garbage collector out of the timings: the heap collected, what is alive frozen (a
+    collection never walks it), the collector off for the block and restored after. The timing and
+    the real runs both run inside, so the steps the fit sees are the steps the check measures."""
+    gc.collect()
+    gc.freeze()
+    try:
+        with gc_paused():
+            yield
+    finally:
+        gc.unfreeze()
 
 
 # Traces replayed in real time after the grid: the mixes a server sees (arrivals one by one,
 # prefills beside decodes, batches growing and shrinking). (requests, rate, prompt median, output median)
-TRACES = ((120, 8.0, 48, 40), (120, 16.0, 96, 64), (160, 24.0, 48, 40))
+# The first has short answers at a low rate: the engine sits idle between most arrivals, so the fit
+# sees steps that start from an idle engine (the ``after_idle`` term).
+TRACES = ((60, 10.0, 48, 4), (120, 8.0, 48, 40), (120, 16.0, 96, 64), (160, 24.0, 48, 40))
 
 
 def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: int = 0, grid=GRID,
@@ -140,29 +174,31 @@ def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: 
         return engines[budget]
 
     work = len(grid) + len(traces)
-    for i, (n, (lo, hi), out_len, budget) in enumerate(grid):
-        if time.perf_counter() - t_start > budget_s:
-            break
-        engine = engine_with_budget(budget)
-        sp = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
-        for _ in range(n):
-            length = int(rng.integers(lo, hi + 1))
-            engine.add_request(rng.integers(10, engine.vocab_size, length).tolist(), sp)
-        samples += _timed_steps(engine)[1:]             # the first: a new batch shape's allocations
-        if progress is not None:
-            progress(i + 1, work)
-    for k, (n, rate, prompt_median, output_median) in enumerate(traces):
-        if time.perf_counter() - t_start > budget_s:
-            break
-        engine = engine_with_budget(2048)
-        trace = validation_trace(n, rate=rate, seed=1000 + seed * len(traces) + k, prompt_median=prompt_median,
-                                 output_median=output_median)
-        start = engine.clock.now() + 0.02
-        submit_trace(engine, [replace_field(r, arrival_time=r.arrival_time + start, request_id=f"cal{k}-{r.request_id}")
-                              for r in trace], vocab_size=engine.vocab_size, seed=seed + k)
-        samples += _timed_steps(engine)
-        if progress is not None:
-            progress(len(grid) + k + 1, work)
+    with quiet_heap():
+        for i, (n, (lo, hi), out_len, budget) in enumerate(grid):
+            if time.perf_counter() - t_start > budget_s:
+                break
+            engine = engine_with_budget(budget)
+            sp = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
+            for _ in range(n):
+                length = int(rng.integers(lo, hi + 1))
+                engine.add_request(rng.integers(10, engine.vocab_size, length).tolist(), sp)
+            samples += _timed_steps(engine, f"grid {i}")[1:]   # the first: a new batch shape's allocations
+            if progress is not None:
+                progress(i + 1, work)
+        for k, (n, rate, prompt_median, output_median) in enumerate(traces):
+            if time.perf_counter() - t_start > budget_s:
+                break
+            engine = engine_with_budget(2048)
+            trace = validation_trace(n, rate=rate, seed=1000 + seed * len(traces) + k, prompt_median=prompt_median,
+                                     output_median=output_median)
+            start = engine.clock.now() + 0.02
+            trace = [replace_field(r, arrival_time=r.arrival_time + start, request_id=f"cal{k}-{r.request_id}")
+                     for r in trace]
+            submit_trace(engine, trace, vocab_size=engine.vocab_size, seed=seed + k)
+            samples += _timed_steps(engine, f"trace {k}")
+            if progress is not None:
+                progress(len(grid) + k + 1, work)
     return samples
 
 
@@ -170,23 +206,29 @@ def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: 
 # 2. Fitting the terms
 # ---------------------------------------------------------------------------------------------------------
 
+def step_terms(sample: StepSample) -> tuple:
+    """A sample's row of the fit: its ``batch_terms`` and 1 if it followed an idle wait (``STEP_TERMS``)."""
+    return batch_terms(sample.num_new_tokens, sample.context_lens) + (int(sample.after_idle),)
+
+
 def fit_step_cost(samples: Sequence[StepSample], *, info: Optional[dict] = None) -> LinearStepCost:
-    """Least squares of the step times on ``batch_terms``, every term >= 0.
+    """Least squares of the step times on ``step_terms`` (the batch's terms, and ``after_idle`` for a
+    step that followed a wait for an arrival), every term >= 0.
 
     Plain (unweighted) least squares: with the fixed term in the model its residuals sum to zero, so
     the fitted steps add up to the measured ones, which is what a request's latency adds up. (Weighting
     each step by 1/seconds would fit relative errors instead; step times are skewed, a few slow steps
     among many quick ones, and that fit comes out a few percent short in total.) A term whose fitted
-    cost is negative is set to 0 and the others fitted again. Standard errors come from the residuals:
-    ``s^2 (X^T X)^-1``."""
+    cost is negative, or that no step exercises (no step after an idle wait), is set to 0 and the
+    others fitted again. Standard errors come from the residuals: ``s^2 (X^T X)^-1``."""
     if len(samples) < len(STEP_TERMS) + 2:
         raise ValueError(f"fit_step_cost: {len(samples)} steps; need at least {len(STEP_TERMS) + 2}")
-    x = np.array([batch_terms(s.num_new_tokens, s.context_lens) for s in samples], dtype=float)
+    x = np.array([step_terms(s) for s in samples], dtype=float)
     y = np.array([s.seconds for s in samples], dtype=float)
     if not np.all(np.isfinite(y)) or np.any(y <= 0):
         raise ValueError("fit_step_cost: every step time must be a positive number of seconds")
     w = np.ones_like(y)                                      # one weight per step: see the docstring
-    active = list(range(len(STEP_TERMS)))
+    active = [a for a in range(len(STEP_TERMS)) if np.any(x[:, a])]
     while True:
         xa = x[:, active] * w[:, None]
         scale = np.abs(xa).max(axis=0)                      # columns of very different sizes: rescale
@@ -213,6 +255,29 @@ def fit_step_cost(samples: Sequence[StepSample], *, info: Optional[dict] = None)
     return LinearStepCost(seconds, stderr, info=info)
 
 
+def held_out_errors(samples: Sequence[StepSample]) -> dict:
+    """Each of the calibration's traces left out of the fit in turn and predicted by the fit of the rest
+    (every sample here is calibration data; the validation traces are never seen): per trace its steps,
+    ``total_rel_err`` (modeled total time / measured - 1, signed: a bias compounds into every latency),
+    and the median and p90 relative error of a step."""
+    out = {}
+    for name in sorted({s.workload for s in samples if s.workload.startswith("trace")}):
+        test = [s for s in samples if s.workload == name]
+        cost = fit_step_cost([s for s in samples if s.workload != name])
+        modeled = np.array([predicted_seconds(cost, s) for s in test])
+        y = np.array([s.seconds for s in test])
+        rel = np.abs(modeled - y) / y
+        out[name] = {"num_steps": len(test), "total_rel_err": float(modeled.sum() / y.sum() - 1.0),
+                     "median_rel_err": float(np.median(rel)), "p90_rel_err": float(np.percentile(rel, 90))}
+    return out
+
+
+def predicted_seconds(cost: LinearStepCost, sample: StepSample) -> float:
+    """What ``cost`` says ``sample``'s step takes (its batch, and the idle term if it followed a wait)."""
+    extra = cost.after_idle_time() if sample.after_idle else 0.0
+    return cost.step_time(sample.num_new_tokens, sample.context_lens) + extra
+
+
 # ---------------------------------------------------------------------------------------------------------
 # 3. The same trace on the real engine and on the simulator
 # ---------------------------------------------------------------------------------------------------------
@@ -223,6 +288,22 @@ def validation_trace(n: int = 300, rate: float = 12.0, seed: int = 1, *, prompt_
     from ..analysis.workloads import LogNormal, synthetic_trace
     return synthetic_trace(n, rate=rate, prompt_len=LogNormal(prompt_median, 0.8, 4, 600),
                            output_len=LogNormal(output_median, 0.8, 2, 300), seed=seed)
+
+
+def validation_traces(seed: int = 0, sizes: tuple[int, int] = (300, 240)) -> dict:
+    """The two traces ``calibrate`` checks, {name: (trace, engine settings)}, seeds ``seed + 1`` and
+    ``seed + 2`` (the calibration's own traces use 1000 and up): "poisson", Poisson arrivals at 12 per
+    second, prompts of median 48 tokens and answers of median 40, on a KV cache that never runs out;
+    "preempting", longer requests (prompts of median 96, answers of median 64) at 4 per second on 64
+    blocks of 16 positions, so that bursts preempt requests (recompute). Both below the machine's
+    capacity: the queue empties between bursts (past capacity it grows without bound, and any error in
+    a step compounds into every later request's wait). Their load was chosen with the simulator and an
+    earlier profile of a quiet 2-core machine (about 20 preemptions, few requests waiting, for the
+    second), never from how well the simulator matched the real engine on them."""
+    n1, n2 = sizes
+    return {"poisson": (validation_trace(n1, rate=12.0, seed=seed + 1), {}),
+            "preempting": (validation_trace(n2, rate=4.0, seed=seed + 2, prompt_median=96, output_median=64),
+                           {"num_kv_blocks": 64})}
 
 
 def _latencies(metrics) -> dict[str, Optional[float]]:
@@ -238,49 +319,106 @@ def _relative_errors(measured: dict, modeled: dict, metric: str) -> np.ndarray:
     return np.array([abs(b - a) / a for a, b in pairs])
 
 
-def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optional[str] = None,
-                     **config) -> dict:
-    """Run ``trace`` on the real engine (wall clock) and on the simulator (``cost_model``); per metric
-    (``ttft``, ``tpot``, ``e2e``) the median and 90th-percentile relative error of modeled against
-    measured, both medians, every request's pair (``per_request``), and the two step counts."""
-    from ..analysis.workloads import submit_trace
+def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optional[str] = None, *,
+                     rounds: int = 1, **config) -> dict:
+    """Run ``trace`` on the real engine (wall clock) ``rounds`` times, each on a fresh engine, and once
+    on the simulator (``cost_model``). A request's measured TTFT, TPOT and end-to-end latency are the
+    median over the rounds (a single run's noise, a collection or another program taking the core,
+    is the machine's, not the model's); per metric (``ttft``, ``tpot``, ``e2e``) the median and
+    90th-percentile relative error of modeled against measured, both medians, and ``noise``: the
+    median over requests and pairs of rounds of |one round - another| / the rounds' median (how far
+    two runs of the same trace on the same engine differ; 0 for one round). Also every request's pair
+    (``per_request``), the step counts (measured: the rounds' median), preemptions, and the load:
+    ``utilisation``, the fraction of the trace's span (first arrival to last finish) the engine was
+    busy, and ``mean_waiting``, the requests left waiting at a step (at most ``record_max_waiting``
+    counted), measured (the rounds' median) and modeled. A batching engine is busy nearly all the
+    time well below its capacity (every step serves whoever is running); a queue that keeps growing
+    is what saturation looks like."""
     from ..model.loader import resolve_model_path
     from .simulated import simulate
+    if rounds < 1:
+        raise ValueError(f"compare_on_trace: rounds={rounds!r}; need at least 1")
     config.setdefault("max_num_seqs", 64)
     config.setdefault("max_num_batched_tokens", 2048)
     config.setdefault("max_model_len", 1024)
     config.setdefault("preemption_mode", "recompute")
+    config.setdefault("record_max_waiting", 64)   # the same cap on both sides (``mean_waiting``)
 
-    gc.collect()                                  # start from a clean heap, as a fresh server would
-    engine = _engine(model, **config)
-    _warm_up(engine)
-    engine.step_records.clear()
-    start = engine.clock.now() + 0.05
-    ids = submit_trace(engine, [replace(r, arrival_time=r.arrival_time + start) for r in trace],
-                       vocab_size=engine.vocab_size)
-    while engine.has_unfinished_requests():
-        engine.step()
-    measured = {rid: _latencies(engine.requests[rid].metrics) for rid in ids}
-    measured_steps = sum(1 for rec in engine.step_records if rec.batch_size)
-    preemptions = sum(engine.requests[rid].metrics.num_preemptions for rid in ids)
+    runs = [_real_run(trace, model, config) for _ in range(rounds)]
+    ids = [r.request_id for r in trace]
+    measured = {rid: {m: _median([run["latencies"][rid][m] for run in runs]) for m in METRICS} for rid in ids}
 
     sim, _ = simulate(trace, model=resolve_model_path(model), cost_model=cost_model, records="full", **config)
     modeled = {rid: _latencies(sim.requests[rid].metrics) for rid in ids}
-    modeled_steps = sum(1 for rec in sim.step_records if rec.batch_size)
+    busy = [rec for rec in sim.step_records if rec.batch_size]
+    span = max(r["e2e"] + t.arrival_time for r, t in zip(modeled.values(), trace)) - min(t.arrival_time for t in trace)
 
     report: dict[str, Any] = {}
-    for metric in ("ttft", "tpot", "e2e"):
+    for metric in METRICS:
         err = _relative_errors(measured, modeled, metric)
         values = [(measured[r][metric], modeled[r][metric]) for r in ids
                   if measured[r][metric] is not None and modeled[r][metric] is not None]
+        noise = [_round_differences(a["latencies"], b["latencies"], measured, metric)
+                 for i, a in enumerate(runs) for b in runs[i + 1:]]
         report[metric] = {"median_rel_err": float(np.median(err)), "p90_rel_err": float(np.percentile(err, 90)),
                           "median_measured_s": float(np.median([a for a, _ in values])),
-                          "median_modeled_s": float(np.median([b for _, b in values])), "num_requests": len(err)}
-    report["steps"] = {"measured": measured_steps, "modeled": modeled_steps}
-    report["preemptions"] = preemptions
+                          "median_modeled_s": float(np.median([b for _, b in values])), "num_requests": len(err),
+                          "noise": float(np.median(np.concatenate(noise))) if noise else 0.0}
+    report["steps"] = {"measured": int(np.median([run["steps"] for run in runs])), "modeled": len(busy),
+                       "measured_each_round": [run["steps"] for run in runs]}
+    report["preemptions"] = int(np.median([run["preemptions"] for run in runs]))
+    report["preemptions_modeled"] = sum(sim.requests[rid].metrics.num_preemptions for rid in ids)
+    report["utilisation"] = {"measured": float(np.median([run["utilisation"] for run in runs])),
+                             "modeled": sum(rec.duration for rec in busy) / span if span > 0 else 0.0}
+    report["mean_waiting"] = {"measured": float(np.median([run["mean_waiting"] for run in runs])),
+                              "modeled": _mean_waiting(busy)}
+    report["rounds"] = rounds
     report["num_requests"] = len(ids)
     report["per_request"] = {rid: {"measured": measured[rid], "modeled": modeled[rid]} for rid in ids}
     return report
+
+
+METRICS = ("ttft", "tpot", "e2e")
+
+
+def _median(values: list) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return float(np.median(known)) if known else None
+
+
+def _round_differences(one: dict, other: dict, median: dict, metric: str) -> np.ndarray:
+    triples = [(one[r][metric], other[r][metric], median[r][metric]) for r in median]
+    return np.array([abs(a - b) / m for a, b, m in triples if a is not None and b is not None and m])
+
+
+def _real_run(trace: Sequence, model: Optional[str], config: dict) -> dict:
+    """``trace`` once on a fresh real engine, requests arriving in real time: every request's latencies,
+    the steps with work, the preemptions, and the fraction of the span the engine was busy (the span
+    less the idle waits for an arrival)."""
+    from ..analysis.workloads import submit_trace
+    with quiet_heap():                            # a clean heap, as a fresh server's; no collection inside
+        engine = _engine(model, **config)
+        _warm_up(engine)
+        engine.step_records.clear()
+        start = engine.clock.now() + 0.05
+        ids = submit_trace(engine, [replace(r, arrival_time=r.arrival_time + start) for r in trace],
+                           vocab_size=engine.vocab_size)
+        idle, first = 0.0, min(r.arrival_time for r in trace) + start
+        while engine.has_unfinished_requests():
+            t = engine.clock.now()
+            if _wait_if_idle(engine) >= 0:
+                idle += engine.clock.now() - max(t, first)
+            engine.step()
+        span = engine.clock.now() - first
+    return {"latencies": {rid: _latencies(engine.requests[rid].metrics) for rid in ids},
+            "steps": sum(1 for rec in engine.step_records if rec.batch_size),
+            "preemptions": sum(engine.requests[rid].metrics.num_preemptions for rid in ids),
+            "utilisation": 1.0 - idle / span if span > 0 else 0.0,
+            "mean_waiting": _mean_waiting([rec for rec in engine.step_records if rec.batch_size])}
+
+
+def _mean_waiting(records) -> float:
+    return float(np.mean([len(rec.waiting) for rec in records])) if records else 0.0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -289,11 +427,14 @@ def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optiona
 
 def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_s: float = 40.0,
               validate: bool = True, traces: Optional[dict] = None, seed: int = 0, grid=GRID,
-              progress: Optional[Callable[[str], None]] = print, **config) -> tuple[LinearStepCost, dict]:
+              calibration_traces=TRACES, rounds: int = 3, progress: Optional[Callable[[str], None]] = print,
+              **config) -> tuple[LinearStepCost, dict]:
     """Measure, fit, and (``validate``) compare on ``traces`` ({name: (trace, engine settings)}; default
-    two: a Poisson trace, and a second with longer requests on a small KV cache, so that requests are
-    preempted, below the machine's capacity: past it the queue grows and any error in a step compounds).
-    ``config``: ``EngineConfig`` fields for every engine (``device="cuda"`` calibrates a GPU).
+    ``validation_traces(seed)``), each run ``rounds`` times on the real engine; ``grid`` and
+    ``calibration_traces`` are what ``measure_steps`` times. ``config``:
+    ``EngineConfig`` fields for every engine (``device="cuda"`` calibrates a GPU). The report holds
+    ``calibration_s``, the profile, ``held_out`` (``held_out_errors``: each calibration trace predicted
+    by a fit without it) and, per trace, ``compare_on_trace``'s report.
     Returns ``(cost_model, report)``; with ``out``, writes the profile and the report there."""
     import torch
     say = progress or (lambda _msg: None)
@@ -302,29 +443,35 @@ def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_
             "date": time.strftime("%Y-%m-%d")}
     t0 = time.perf_counter()
     say(f"calibrate: timing the real engine's steps on {info['machine']} (at most {budget_s:.0f} s)")
-    samples = measure_steps(model, budget_s=budget_s, seed=seed, grid=grid, **config)
+    samples = measure_steps(model, budget_s=budget_s, seed=seed, grid=grid, traces=calibration_traces, **config)
     info["calibration_s"] = time.perf_counter() - t0
+    info["steps_after_idle"] = sum(s.after_idle for s in samples)
     cost = fit_step_cost(samples, info=info)
+    held_out = held_out_errors(samples)
     del samples                                   # thousands of objects the garbage collector would walk
     say(f"calibrate: {cost.info['num_steps']} steps in {info['calibration_s']:.1f} s; fit within "
         f"{cost.info['fit_median_rel_err']:.1%} (median), {cost.info['fit_p90_rel_err']:.1%} (p90) per step")
     for term in STEP_TERMS:
         say(f"    {term:<16} {cost.seconds[term] * 1e6:12.4f} us  (+/- {cost.stderr.get(term, 0) * 1e6:.4f})")
-    report: dict[str, Any] = {"calibration_s": info["calibration_s"], "profile": cost.to_profile(), "traces": {}}
+    for name, h in held_out.items():
+        say(f"    {name} left out of the fit: its {h['num_steps']} steps modeled {h['total_rel_err']:+.1%} in total, "
+            f"{h['median_rel_err']:.1%} (median) / {h['p90_rel_err']:.1%} (p90) per step")
+    report: dict[str, Any] = {"calibration_s": info["calibration_s"], "profile": cost.to_profile(),
+                              "held_out": held_out, "traces": {}}
     if validate:
-        if traces is None:
-            traces = {"poisson": (validation_trace(300, rate=12.0, seed=seed + 1), {}),
-                      "preempting": (validation_trace(240, rate=6.0, seed=seed + 2, prompt_median=96,
-                                                      output_median=64), {"num_kv_blocks": 64})}
-        for name, (trace, settings) in traces.items():
-            say(f"calibrate: trace '{name}' ({len(trace)} requests) on the real engine, then the simulator")
-            r = compare_on_trace(cost, trace, model, **{**config, **settings})
+        for name, (trace, settings) in (validation_traces(seed) if traces is None else traces).items():
+            say(f"calibrate: trace '{name}' ({len(trace)} requests) on the real engine ({rounds} rounds), "
+                f"then the simulator")
+            r = compare_on_trace(cost, trace, model, rounds=rounds, **{**config, **settings})
             report["traces"][name] = r
             say(f"    {name}: e2e {r['e2e']['median_rel_err']:.1%} median / {r['e2e']['p90_rel_err']:.1%} p90, "
                 f"TTFT {r['ttft']['median_rel_err']:.1%} / {r['ttft']['p90_rel_err']:.1%}, "
                 f"TPOT {r['tpot']['median_rel_err']:.1%} / {r['tpot']['p90_rel_err']:.1%}; steps "
-                f"{r['steps']['measured']} measured, {r['steps']['modeled']} modeled; "
-                f"{r['preemptions']} preemptions")
+                f"{r['steps']['measured']} measured, {r['steps']['modeled']} modeled; {r['preemptions']} "
+                f"preemptions measured, {r['preemptions_modeled']} modeled; busy "
+                f"{r['utilisation']['measured']:.0%} measured, {r['utilisation']['modeled']:.0%} modeled, "
+                f"{r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f} requests waiting; "
+                f"two rounds' e2e differ by {r['e2e']['noise']:.1%} (median)")
     if out is not None:
         path = Path(out)
         path.mkdir(parents=True, exist_ok=True)

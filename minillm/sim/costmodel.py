@@ -404,6 +404,11 @@ class CostModel:
     def schedule_time(self, num_running: int, num_waiting: int) -> float:
         return 0.0
 
+    def after_idle_time(self) -> float:
+        """Extra seconds of a step that starts after the engine sat idle, waiting for an arrival (a
+        process woken from sleep, caches gone cold); 0 unless a calibration measured it."""
+        return 0.0
+
     def prefill_tokens_per_s(self, context_len: int = 1024) -> float:
         """S_prefill: tokens/s of one prompt of ``context_len`` tokens prefilled in one step."""
         t = self.step_time([context_len], [context_len])
@@ -467,12 +472,14 @@ class ConstantStepTime(CostModel):
         return self.schedule_overhead
 
 
-STEP_TERMS = ("fixed", "new_tokens", "sequences", "context_tokens", "attention_pairs")
+BATCH_TERMS = ("fixed", "new_tokens", "sequences", "context_tokens", "attention_pairs")
+STEP_TERMS = BATCH_TERMS + ("after_idle",)
+OPTIONAL_TERMS = ("after_idle",)      # a profile without it: 0 (one saved before the term existed)
 
 
 def batch_terms(num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> tuple[int, int, int, int, int]:
-    """What a step's time is made of, counted for one batch (``LinearStepCost``'s terms, in
-    ``STEP_TERMS``' order): 1 (the fixed part), new tokens (every linear layer runs once per
+    """What a step's time is made of, counted for one batch (``LinearStepCost``'s batch terms, in
+    ``BATCH_TERMS``' order): 1 (the fixed part), new tokens (every linear layer runs once per
     new token), sequences (sampling and bookkeeping per request), context tokens (the KV each
     request reads) and attention pairs (query-key products: new token j of a request with
     ``c`` positions after the step and ``q`` new ones attends to ``c - q + j + 1`` keys)."""
@@ -484,9 +491,10 @@ class LinearStepCost(CostModel):
     """A step's time as a sum of per-unit costs, fitted to measured steps of the real engine.
 
     ``seconds``: one number per term of ``STEP_TERMS`` (seconds per step, per new token, per
-    sequence, per context token, per attention pair); ``stderr``: each one's standard error
-    from the fit; ``info``: where it was measured (machine, model, threads, ...). A profile is
-    this as JSON (``to_profile`` / ``from_profile``).
+    sequence, per context token, per attention pair: ``BATCH_TERMS``; and ``after_idle``, added to
+    a step that follows a wait for an arrival, ``after_idle_time``; optional, 0 when left out);
+    ``stderr``: each one's standard error from the fit; ``info``: where it was measured (machine,
+    model, threads, ...). A profile is this as JSON (``to_profile`` / ``from_profile``).
     """
     PROFILE_FORMAT = "minillm-step-cost/1"
 
@@ -499,13 +507,16 @@ class LinearStepCost(CostModel):
             raise ValueError(f"profile field terms: unknown term(s) {unknown}; the terms are {list(STEP_TERMS)}")
         self.info = dict(info or {})
         self.name = name or f"calibrated({self.info.get('machine', 'this machine')})"
-        self._weights = [self.seconds[t] for t in STEP_TERMS]
+        self._weights = [self.seconds[t] for t in BATCH_TERMS]
 
     def step_time(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
         _check_batch(num_new_tokens, context_lens)
         if not num_new_tokens:
             return 0.0
         return sum(w * x for w, x in zip(self._weights, batch_terms(num_new_tokens, context_lens)))
+
+    def after_idle_time(self) -> float:
+        return self.seconds["after_idle"]
 
     def to_profile(self) -> dict:
         return {"format": self.PROFILE_FORMAT, "terms": dict(self.seconds), "stderr": dict(self.stderr),
@@ -541,6 +552,8 @@ class LinearStepCost(CostModel):
 
 def _profile_number(group: str, term: str, values: Mapping[str, Any]) -> float:
     if term not in values:
+        if term in OPTIONAL_TERMS:
+            return 0.0
         raise ValueError(f"profile field {group}.{term} is missing")
     v = values[term]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -741,9 +754,11 @@ def engine_cost_model(config, model_spec: ModelSpec) -> Optional[CostModel]:
 _num_new_tokens, _num_computed_before = attrgetter("num_new_tokens"), attrgetter("num_computed_before")
 
 
-def modeled_step_time(cm, out, num_running: int, num_waiting: int, swap_bytes: int) -> tuple[float, float, float]:
+def modeled_step_time(cm, out, num_running: int, num_waiting: int, swap_bytes: int,
+                      after_idle: bool = False) -> tuple[float, float, float]:
     """(duration, schedule time, swap time) of one engine step under cost model ``cm``: the forward of
-    ``out``'s grants (a ``SchedulerOutput``), the pass that formed it (when it re-formed the batch, over
+    ``out``'s grants (a ``SchedulerOutput``; ``after_idle``: the engine waited for an arrival before
+    it, ``cm.after_idle_time()`` more), the pass that formed it (when it re-formed the batch, over
     ``num_running`` and ``num_waiting`` requests) and the KV copied to or from host memory."""
     grants = out.scheduled
     n = len(grants)
@@ -753,6 +768,8 @@ def modeled_step_time(cm, out, num_running: int, num_waiting: int, swap_bytes: i
         step = decode_step_time(n, sum(map(_num_computed_before, grants)) + n)   # decodes only: two totals
     if step is None:          # and each one's KV length after the step
         step = cm.step_time(num_new, list(map(add, map(_num_computed_before, grants), num_new))) if n else 0.0
+    if after_idle and n:
+        step += cm.after_idle_time()
     sched = cm.schedule_time(num_running, num_waiting) if out.reformed else 0.0
     swap = cm.swap_time(swap_bytes) if swap_bytes else 0.0
     return step + sched + swap, sched, swap

@@ -240,15 +240,9 @@ def _section(title: str, rows: list[str], extra: int = 0) -> str:
 
 
 def idle_reason(rec: StepRecord, rid: str) -> str:
-    """Why running request ``rid`` has no grant in step ``rec``, from what the step recorded: a sample forked at
-    the end of this step (its group's prompt ran; the sample decodes from the next step), or a token budget
-    the step used up. Otherwise the record does not say, and neither does this."""
-    parent = next((f.request_id for f in rec.forks if rid in f.sequences), None)
-    if parent is not None:
-        return f"forked from {parent} at the end of this step: it decodes from the next step"
-    if rec.num_batched_tokens >= rec.token_budget:
-        return f"not scheduled: the step's token budget was spent ({rec.num_batched_tokens}/{rec.token_budget})"
-    return "not scheduled this step"
+    """Why running request ``rid`` has no grant in step ``rec``: the scheduler's own reason, which the step
+    recorded (``StepRecord.not_scheduled``). A record without one (made by hand) says only that."""
+    return next((w.reason for w in rec.not_scheduled if w.request_id == rid), "not scheduled this step")
 
 
 def queue_html(rec: Optional[StepRecord], progress: Progress, infos: dict, colors: ColorMap, *,

@@ -21,7 +21,7 @@ engine's paged KV manager, forking and copying with *your* three functions.
 ``LLM(kv_manager=cow_kv_manager)`` runs parallel sampling on them. Each docstring states the
 contract; notebook 04's exercise cell runs them in the engine. Check your work with
 
-    make grade EX=09            # or: MINILLM_IMPL=exercises pytest -m ex09 tests/test_exercises.py
+    make grade EX=04b           # or: MINILLM_IMPL=exercises pytest -m ex04b tests/test_exercises.py
 """
 
 from __future__ import annotations

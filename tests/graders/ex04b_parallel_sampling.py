@@ -1,5 +1,5 @@
-"""Graders of notebook 04's parallel-sampling exercise (``exercises/ex09_parallel_sampling.py``):
-``make grade EX=09``.
+"""Graders of notebook 04's parallel-sampling exercise (``exercises/ex04b_parallel_sampling.py``):
+``make grade EX=04b``.
 
 The three functions against cases worked by hand (a 10-token prompt in blocks of 4 forked four
 ways: which block each sample copies, and every reference count after), then inside the engine:
@@ -18,7 +18,7 @@ from minillm.core.parallel_sampling import completion_seed
 
 
 def ex():
-    return impl.load("ex09_parallel_sampling")
+    return impl.load("ex04b_parallel_sampling")
 
 
 def no_new_block():

@@ -1,7 +1,7 @@
 """Plausible wrong answers to notebook 04's parallel-sampling exercise; each must fail
-tests/graders/ex09_parallel_sampling.py.
+tests/graders/ex04b_parallel_sampling.py.
 
-Each entry: (what the mistake is, old text of solutions/ex09_parallel_sampling.py, new text), or
+Each entry: (what the mistake is, old text of solutions/ex04b_parallel_sampling.py, new text), or
 (what, [(old, new), ...]) for a mistake that touches several lines.
 """
 

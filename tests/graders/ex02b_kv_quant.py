@@ -1,4 +1,4 @@
-"""Graders of notebook 02's KV-quantization exercise (``exercises/ex08_kv_quant.py``): ``make grade EX=08``.
+"""Graders of notebook 02's KV-quantization exercise (``exercises/ex02b_kv_quant.py``): ``make grade EX=02b``.
 
 Each function is held against numbers worked by hand (ties, clamping, a block of zeros, heads
 of different ranges) and against minillm's own format (``kernels/kv_quant.py``, whose int8 and
@@ -20,7 +20,7 @@ KINDS = ["int8", pytest.param("fp8", marks=pytest.mark.skipif(not FP8, reason=f"
 
 
 def ex():
-    return impl.load("ex08_kv_quant")
+    return impl.load("ex02b_kv_quant")
 
 
 def raw(t: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Plausible wrong answers to notebook 02's KV-quantization exercise; each must fail
-tests/graders/ex08_kv_quant.py.
+tests/graders/ex02b_kv_quant.py.
 
-Each entry: (what the mistake is, old text of solutions/ex08_kv_quant.py, new text), or
+Each entry: (what the mistake is, old text of solutions/ex02b_kv_quant.py, new text), or
 (what, [(old, new), ...]) for a mistake that touches several lines.
 """
 
