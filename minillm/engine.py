@@ -71,6 +71,7 @@ class LLMEngine:
         self.executor = check_protocol(self._make_executor(num_blocks), Executor, "the executor")
         self.speculator = None                      # speculative decoding: proposes before each step
         if config.speculative_model is not None:
+            assert self.device is not None and self.dtype is not None     # a draft model runs: both resolved above
             from .spec.speculative import make_speculator
             self.speculator = make_speculator(config, self.kv, self.model_spec, self.cost_model, self.device,
                                               self.dtype, self.executor.backend, self.executor.sampler)
@@ -97,6 +98,7 @@ class LLMEngine:
             from .sim.sim_executor import SimulatedExecutor
             return SimulatedExecutor(config, self.kv, bytes_per_block(config, self.model_spec, self.cost_model,
                                                                       self.dtype))
+        assert self.device is not None and self.dtype is not None         # a model runs: both resolved in __init__
         if config.tensor_parallel_size > 1:
             from .worker.tp_executor import TPExecutor   # N rank processes, each with a shard of the model
             return TPExecutor(config, self.model_path, self.hf_config, self.kv, num_blocks, self.device,

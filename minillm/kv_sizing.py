@@ -22,13 +22,13 @@ if TYPE_CHECKING:
 BOOKKEEPING_BYTES_PER_BLOCK = 512
 
 
-def bytes_per_block(config, model_spec, cost_model, dtype: torch.dtype) -> int:
+def bytes_per_block(config, model_spec, cost_model, dtype: Optional[torch.dtype]) -> int:
     """Bytes one block of the target's KV takes: the model's shape (``ModelSpec.kv_block_bytes``),
     or in the simulator the cost model's shape when it has one (a 70B modeled on a tiny model)."""
     cm = cost_model
     if not config.runs_model and getattr(cm, "kv_bytes_per_token", 0):
         return cm.kv_bytes_per_token * config.block_size   # the cost model's shape (70B)
-    elt = 4 if config.runs_model and dtype.itemsize == 4 else 2      # float32 values, or 16-bit ones
+    elt = 4 if config.runs_model and dtype is not None and dtype.itemsize == 4 else 2   # float32, or 16 bits
     # values (1 byte for int8/fp8) and their per-block scales
     return model_spec.kv_block_bytes(config.block_size, elt, config.kv_cache_dtype)
 
@@ -62,12 +62,12 @@ def host_available_bytes() -> int:
         return host_memory_bytes()
 
 
-def num_swap_blocks_from_memory(cfg, model_spec, cost_model, dtype: torch.dtype) -> int:
+def num_swap_blocks_from_memory(cfg, model_spec, cost_model, dtype: Optional[torch.dtype]) -> int:
     """``EngineConfig.swap_space`` (GiB of host memory, vLLM's) as a number of swap blocks."""
     return int(cfg.swap_space * 2**30) // bytes_per_block(cfg, model_spec, cost_model, dtype)
 
 
-def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: torch.dtype,
+def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: Optional[torch.dtype],
                            device: Optional[torch.device] = None) -> int:
     """``EngineConfig.num_kv_blocks=None``: as many blocks as ``kv_cache_memory_gb`` holds (or, when
     ``gpu_memory_utilization`` is set, ``available_kv_bytes``; a draft's KV shares each block), never
@@ -99,8 +99,8 @@ def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: torch.dtype,
     return max(1, min(by_memory, enough))
 
 
-def check_kv_fits(cfg, num_blocks: int, model_spec, cost_model, dtype: torch.dtype,
-                  device: torch.device) -> None:
+def check_kv_fits(cfg, num_blocks: int, model_spec, cost_model, dtype: Optional[torch.dtype],
+                  device: Optional[torch.device]) -> None:
     """Before anything is allocated: the KV cache (and the swap space) must fit in memory,
     else a ValueError naming the field, the bytes needed and the bytes there are."""
     field = (f"EngineConfig.num_kv_blocks={cfg.num_kv_blocks}" if cfg.num_kv_blocks is not None
@@ -115,7 +115,7 @@ def check_kv_fits(cfg, num_blocks: int, model_spec, cost_model, dtype: torch.dty
         on_device = num_blocks * (per_block + draft_kv_bytes_per_block(cfg, dtype))
         host += cfg.num_swap_blocks * per_block
     checks = []
-    if on_device and device.type == "cuda":
+    if on_device and device is not None and device.type == "cuda":
         import torch
         try:
             free = torch.cuda.mem_get_info(device)[0]

@@ -261,7 +261,7 @@ def resolve_model_path(model: Optional[str]) -> str:
     return os.fspath(model)
 
 
-def load_target(path: str, config, dtype_name: str, device: torch.device):
+def load_target(path: str, config, dtype_name: str, device: Optional[torch.device]):
     """(model, hf_config, model_spec): the weights on this process, or only the shape (the simulator;
     tensor parallelism, whose weights live in the ranks' processes)."""
     from ..sim.costmodel import ModelSpec
