@@ -1,16 +1,8 @@
 """minillm: a compact LLM serving engine for teaching how serving batches and schedules requests."""
 
-# Before anything imports Triton (transformers may, through its model modules): on a
-# machine without CUDA, choose Triton's interpreter, so attention_backend="triton" runs
-# the real kernels on the CPU. Triton fixes this choice when it is first imported; see
-# kernels/_triton_setup.py.
-from minillm_kernels import ops as _kernels
-
-try:
-    _kernels.use_interpreter_if_no_cuda()
-except RuntimeError:
-    pass  # Triton came first: the torch backend works; attention_backend="triton" explains why not
-
+# Importing the package imports neither torch nor transformers: the model loader imports them when it
+# loads a model (a simulation needs the model's shape only), and chooses Triton's interpreter on a
+# machine without CUDA before it first imports transformers (minillm/model/loader.py: choose_triton_mode).
 from .config import EngineConfig
 from .engine import LLMEngine
 from .llm import LLM

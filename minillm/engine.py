@@ -35,7 +35,7 @@ from .step_record import StepRecord
 class LLMEngine:
     def __init__(self, model: Optional[str], config: EngineConfig, tokenizer=None):
         self.config = config
-        self.device = resolve_device(config.device)
+        self.device = resolve_device(config.device) if config.runs_model else None   # (the simulator: no torch)
         dtype_name = resolve_dtype(config.dtype, self.device)
         self.model_path = resolve_model_path(model)
         self.tokenizer = tokenizer
@@ -47,7 +47,7 @@ class LLMEngine:
         self.vocab_size = self.hf_config.vocab_size
         eos = getattr(self.hf_config, "eos_token_id", None)
         self.eos_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
-        self.dtype = torch_dtype(dtype_name)
+        self.dtype = torch_dtype(dtype_name) if config.runs_model else None
 
         # --- time: the clock and (for modeled time) the cost model ---------------------
         self.cost_model = engine_cost_model(config, self.model_spec)
@@ -71,6 +71,7 @@ class LLMEngine:
         self.executor = check_protocol(self._make_executor(num_blocks), Executor, "the executor")
         self.speculator = None                      # speculative decoding: proposes before each step
         if config.speculative_model is not None:
+            assert self.device is not None and self.dtype is not None     # a draft model runs: both resolved above
             from .spec.speculative import make_speculator
             self.speculator = make_speculator(config, self.kv, self.model_spec, self.cost_model, self.device,
                                               self.dtype, self.executor.backend, self.executor.sampler)
@@ -97,6 +98,7 @@ class LLMEngine:
             from .sim.sim_executor import SimulatedExecutor
             return SimulatedExecutor(config, self.kv, bytes_per_block(config, self.model_spec, self.cost_model,
                                                                       self.dtype))
+        assert self.device is not None and self.dtype is not None         # a model runs: both resolved in __init__
         if config.tensor_parallel_size > 1:
             from .worker.tp_executor import TPExecutor   # N rank processes, each with a shard of the model
             return TPExecutor(config, self.model_path, self.hf_config, self.kv, num_blocks, self.device,

@@ -4,8 +4,9 @@
 priority with swap, MLFQ, fair queueing, chunked prefill on and off, a small KV cache that
 forces preemption, prefix caching, load shedding) through ``simulate`` and pickles, per
 configuration, every StepRecord as a plain dict and every request's metrics; with ``records=False``
-(where ``simulate`` fast-forwards runs of decode-only steps) the records passed to ``progress``. Two such files
-compared key by key say whether a change to the simulated path changed any decision.
+(where ``simulate`` steps the engine with ``minillm/sim/fast_forward.py``) the records passed to
+``progress``. Two such files compared key by key say whether a change to the simulated path changed any
+decision.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def fingerprint() -> dict:
         out[f"big-{rec}"] = dict(records=[_plain(r) for r in eng.step_summaries],
                                  metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
                                  summary={k: v for k, v in summ.items() if k not in TIMINGS})
-    # records=False (where simulate fast-forwards decode-only runs): the records passed to progress
+    # records=False (where simulate steps with minillm/sim/fast_forward.py): the records passed to progress
     slow = _trace(400, rate=6.0, seed=9)
     for name, cfg in OFF_CASES.items():
         recs: list = []

@@ -430,6 +430,23 @@ def test_no_private_attribute_is_used_outside_its_module():
     assert not found, f"private names used outside their module: {found}"
 
 
+# The simulator's fast path (``minillm/sim/fast_forward.py``) steps the engine as ``engine.step()`` does: around a
+# step it advances the counters ``engine.step()`` advances (the engine's step count, the scheduler's pass count
+# and clock), and nothing else of another module's objects.
+SIM_STEP_COUNTERS = ["minillm/sim/fast_forward.py: e.step_count", "minillm/sim/fast_forward.py: s.now",
+                     "minillm/sim/fast_forward.py: s.num_passes"]
+
+
+def test_the_simulator_changes_requests_only_through_their_transitions():
+    """The simulator (``minillm/sim``) drives the engine from outside: a request changes only through its own
+    and the scheduler's transition methods (``Request.append_tokens``, ``Scheduler.admit`` / ``finish``), a
+    block table only through the KV manager (``kv.allocate``), and results and metrics are built through
+    their constructors; the only fields it sets on another module's objects are the step counters."""
+    found = foreign_assignments(sorted((ROOT / "minillm/sim").glob("*.py")), package_trees())
+    assert found == sorted(SIM_STEP_COUNTERS), \
+        f"minillm/sim assigns into another module's objects: {sorted(set(found) - set(SIM_STEP_COUNTERS))}"
+
+
 # --- one home per rule ---------------------------------------------------------------------------------------
 
 def calls_in(path: Path) -> list[tuple[str, str]]:

@@ -164,50 +164,139 @@ def test_records_off_changes_no_decision():
     assert max(len(r.waiting) for r in full_eng.step_records) > 8
 
 
-def _stepped(trace, fast_forward: bool, **cfg):
-    """The engine of ``simulate(records=False)`` stepped by hand: every record, the block tables after
-    each ``engine.step()`` (by step count), and how many steps ``decode_run`` took."""
-    from minillm.sim.fast_forward import decode_run
-    eng = LLM("random", executor="simulated", clock="modeled", record="none",
+def _engine(trace, **cfg):
+    """The engine ``simulate(records=False)`` steps, with ``trace`` submitted."""
+    cfg = {"record": "none", **cfg}
+    eng = LLM("random", executor="simulated", clock="modeled",
               cost_model=RooflineCostModel(tensor_parallel("H100-SXM", 4), MODELS["llama-2-70b"]), **cfg).engine
     submit_trace(eng, trace, vocab_size=eng.vocab_size)
-    records, tables, skipped = [], {}, 0
-    while eng.has_unfinished_requests():
-        run = decode_run(eng) if fast_forward else []
-        skipped += len(run)
-        for rec in run + [eng.step()]:
-            records.append(dataclasses.asdict(rec))
-        tables[eng.step_count] = {rid: [b.block_id for b in blocks] for rid, blocks in eng.kv.req_blocks.items()}
-    return eng, records, tables, skipped
+    return eng
 
 
-def test_fast_forward_changes_no_decision():
-    """The decode-only runs taken in one go (``minillm/sim/fast_forward.py``) against the same engine
-    stepped one step at a time: the same records step by step, the same block tables after each
-    event (so the same blocks in the same order), every request's tokens, token times and metrics,
-    the same clock and the same free list at the end; under FCFS and priority, a KV cache small
-    enough to preempt (a run stops where its new blocks would not be free) and max_model_len cuts."""
-    trace = synthetic_trace(120, rate=4.0, prompt_len=LogNormal(300, 1.0, 8, 1500),
-                            output_len=LogNormal(150, 1.0, 4, 800), priority_mix={0: 0.5, 1: 0.5}, seed=5)
-    for cfg in (dict(), dict(policy="priority", num_kv_blocks=400, max_num_seqs=16),
-                dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=100),
-                dict(max_num_seqs=4, max_model_len=600)):
-        cfg.setdefault("max_model_len", 4096)
-        short = [r for r in trace if r.prompt_len + r.output_len < cfg["max_model_len"] - 100] \
-            if cfg["max_model_len"] < 4096 else trace
-        plain, plain_recs, plain_tables, none = _stepped(short, False, **cfg)
-        fast, fast_recs, fast_tables, skipped = _stepped(short, True, **cfg)
-        assert none == 0 and skipped > 0, cfg                          # runs were taken
-        assert fast_recs == plain_recs
-        assert all(fast_tables[i] == plain_tables[i] for i in fast_tables)
-        assert fast.step_count == plain.step_count == len(plain_recs) and fast.clock.now() == plain.clock.now()
-        assert {k: (r.output_token_ids, r.num_computed_tokens, r.metrics) for k, r in fast.requests.items()} == \
-            {k: (r.output_token_ids, r.num_computed_tokens, r.metrics) for k, r in plain.requests.items()}
-        assert list(fast.kv.pool.free_queue) == list(plain.kv.pool.free_queue)
-        assert fast.stats() == plain.stats()
-    # simulate() itself, with and without: the same metrics and summary
-    runs = [simulate(trace, records=False, fast_forward=ff, num_kv_blocks=400) for ff in (True, False)]
-    (a, sa), (b, sb) = runs
+def _requests(eng):
+    return {k: (r.output_token_ids, r.num_computed_tokens, r.status, r.finish_reason, r.metrics)
+            for k, r in eng.requests.items()}
+
+
+def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
+    """Two engines alike, one stepped by ``FastForward`` (or ``stepper``, a subclass), one by ``engine.step()``,
+    compared after every step: the records, every block table and the free list; every request's tokens,
+    token times, computed positions and metrics every ``sync_every`` steps and at the end (the fast one's
+    lazy requests brought up to date first), then the clock and the counters. Returns the fast stepper."""
+    from minillm.sim.fast_forward import FastForward
+    fast, plain = _engine(trace, **cfg), _engine(trace, **cfg)
+    ff = (stepper or FastForward)(fast)
+    i = 0
+    while plain.has_unfinished_requests():
+        assert fast.has_unfinished_requests(), i
+        assert dataclasses.asdict(ff.step()) == dataclasses.asdict(plain.step()), (cfg, i)
+        assert {r: [b.block_id for b in bl] for r, bl in fast.kv.req_blocks.items()} == \
+            {r: [b.block_id for b in bl] for r, bl in plain.kv.req_blocks.items()}, (cfg, i)
+        assert list(fast.kv.pool.free_queue) == list(plain.kv.pool.free_queue), (cfg, i)
+        i += 1
+        if i % sync_every == 0:
+            ff.sync()
+            assert _requests(fast) == _requests(plain), (cfg, i)
+    assert not fast.has_unfinished_requests()
+    ff.sync()
+    assert _requests(fast) == _requests(plain)
+    assert fast.step_count == plain.step_count and fast.clock.now() == plain.clock.now()
+    assert fast.stats() == plain.stats() and fast.scheduler.num_passes == plain.scheduler.num_passes
+    assert list(fast.active) == list(plain.active) == []
+    return ff
+
+
+FF_TRACE = dict(n=150, rate=8.0, prompt_len=LogNormal(300, 1.0, 8, 1500), output_len=LogNormal(150, 1.0, 4, 800),
+                seed=5)
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(),                                                              # seats to spare: decodes, arrivals
+    dict(max_num_seqs=4),                                                # a queue behind full seats
+    dict(num_kv_blocks=300),                                             # preemption (steps passed on)
+    dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=100),   # swapping out and back
+    dict(max_num_batched_tokens=512),                                    # prompts in chunks, budget cuts
+    dict(enable_chunked_prefill=False, num_kv_blocks=400, max_num_batched_tokens=4096),
+    dict(watermark=0.3, num_kv_blocks=500, block_size=8),                # admission's headroom, other blocks
+    dict(max_model_len=600),                                             # max_model_len ends requests
+], ids=["seats", "queue", "preempt", "swap", "chunks", "no-chunking", "watermark", "max-model-len"])
+def test_fast_forward_changes_no_decision(cfg):
+    """``minillm/sim/fast_forward.py`` against the same engine stepped by ``engine.step()``: the same
+    records step by step, the same block tables and free list after every step (so the same blocks in
+    the same order), every request's tokens, token times and metrics, the same clock and counters; with
+    arrivals, a queue behind full seats, prompt chunks, admission blocked by memory, the watermark,
+    length limits, and (passed on to ``engine.step()``) preemption by recompute and by swapping."""
+    cfg = {"max_model_len": 4096, **cfg}
+    trace = synthetic_trace(**FF_TRACE)
+    if cfg["max_model_len"] < 4096:
+        trace = [r for r in trace if r.prompt_len < cfg["max_model_len"] - 100]
+    ff = _lockstep(trace, **cfg)
+    assert ff.steps_taken > ff.steps_passed_on            # most steps fast-forwarded
+    assert (ff.steps_passed_on > 0) == ("num_kv_blocks" in cfg and cfg["num_kv_blocks"] <= 400
+                                       or "max_num_batched_tokens" in cfg), ff.steps_passed_on
+
+
+def test_the_fast_forward_check_catches_a_planted_bug():
+    """The comparison above can fail: a stepper that hands out one step's new blocks in the reverse of the
+    running order (everything else the same) is caught, and so is one whose requests catch up a step late."""
+    from minillm.sim.fast_forward import FastForward
+
+    class ReversedBlocks(FastForward):
+        def _due(self, table, step, field):
+            return super()._due(table, step, field)[::-1]
+
+    class LateTimes(FastForward):
+        def _catch_up(self, req, lazy, step, tokens=True):
+            super()._catch_up(req, lazy, step, tokens)
+            if tokens and req.metrics.token_times:
+                req.metrics.token_times[-1] += 1e-9
+
+    trace = synthetic_trace(**{**FF_TRACE, "n": 40})
+    for planted in (ReversedBlocks, LateTimes):
+        with pytest.raises(AssertionError):
+            _lockstep(trace, stepper=planted, sync_every=10, max_model_len=4096)
+
+
+def test_append_tokens_is_append_token_for_each():
+    """``Request.append_tokens`` (the fast path's catch-up) leaves a request as ``append_token`` per token does:
+    the tokens, their times and the first token's time."""
+    from minillm.core.request import Request
+    one, many = (Request("a", [5, 6, 7], SamplingParams(max_tokens=9), arrival_time=1.0) for _ in range(2))
+    for tok, t in zip([3, 4, 5], [2.0, 2.5, 3.25]):
+        one.append_token(tok, t)
+    many.append_tokens([3, 4], [2.0, 2.5])
+    many.append_tokens([], [])
+    many.append_tokens([5], [3.25])
+    assert (many.output_token_ids, many.metrics) == (one.output_token_ids, one.metrics) == \
+        ([3, 4, 5], many.metrics) and many.metrics.first_token_time == 2.0
+
+
+def test_fast_forward_covers_only_its_configuration():
+    """``FastForward.covers``: the long-simulation configuration; another policy, prefix caching, a constant
+    cost model or recorded steps are stepped by ``engine.step()`` (``simulate`` checks before it uses it)."""
+    from minillm.sim.fast_forward import FastForward
+    trace = synthetic_trace(**{**FF_TRACE, "n": 10})
+    assert FastForward.covers(_engine(trace))
+    for other in (dict(policy="priority"), dict(policy="sjf"), dict(enable_prefix_caching=True),
+                  dict(interference="decode-priority"), dict(max_queue_len=5), dict(record="totals")):
+        assert not FastForward.covers(_engine(trace, **other)), other
+    const = LLM("random", executor="simulated", clock="modeled", record="none", cost_model=0.01).engine
+    assert not FastForward.covers(const)
+    with pytest.raises(ValueError, match="covers"):
+        FastForward(const)
+
+
+def test_simulate_with_and_without_fast_forward():
+    """``simulate(records=False)`` with and without fast-forward: the same metrics, summary and records
+    passed to ``progress``."""
+    trace = synthetic_trace(**{**FF_TRACE, "n": 120, "rate": 4.0})
+    runs = []
+    for ff in (True, False):
+        recs: list = []
+        eng, summ = simulate(trace, records=False, fast_forward=ff, num_kv_blocks=400, progress=recs.append)
+        runs.append((eng, summ, [dataclasses.asdict(r) for r in recs]))
+    (a, sa, ra), (b, sb, rb) = runs
+    assert ra == rb and len(ra) == a.step_count
     assert {k: r.metrics for k, r in a.requests.items()} == {k: r.metrics for k, r in b.requests.items()}
     timings = ("wall_time", "cpu_time", "step_cpu_time")
     assert {k: v for k, v in sa.items() if k not in timings} == {k: v for k, v in sb.items() if k not in timings}

@@ -422,6 +422,7 @@ def submit_trace(engine: Any, trace: Sequence[TraceRequest], *, vocab_size: Opti
 
     rng = _rng(seed, 7)
     ids = []
+    params: dict[int, SamplingParams] = {}      # one per output length (the engine copies each request's own)
     for r in trace:
         if r.prompt_token_ids is not None:
             prompt: Union[list[int], str] = list(r.prompt_token_ids)
@@ -432,7 +433,9 @@ def submit_trace(engine: Any, trace: Sequence[TraceRequest], *, vocab_size: Opti
         else:
             raise ValueError(f"trace request {r.request_id!r} has neither prompt_token_ids nor prompt; "
                              f"build the trace with vocab_size=... or pass submit_trace(..., vocab_size=...)")
-        sp = SamplingParams(temperature=0.0, max_tokens=int(r.output_len), ignore_eos=True)
+        sp = params.get(r.output_len)
+        if sp is None:
+            sp = params[r.output_len] = SamplingParams(temperature=0.0, max_tokens=int(r.output_len), ignore_eos=True)
         engine.add_request(prompt, sp, request_id=r.request_id, arrival_time=r.arrival_time,
                            priority=r.priority, tenant=r.tenant, expected_output_len=r.output_len)
         ids.append(r.request_id)

@@ -48,31 +48,39 @@ def cpu_model() -> str:
 
 
 def machine_info(device: str = "cpu") -> dict:
-    """CPU model, cores, load, library versions and the device, as printed under each table."""
-    import torch
+    """CPU model, cores, load, library versions and the device, as printed under each table. A benchmark
+    that ran no torch (the simulator's) gets the installed versions without importing torch or transformers,
+    and ``torch_threads`` None."""
+    torch = sys.modules.get("torch")
     info = {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__ if torch is not None else installed_version("torch"),
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
         "device": device,
+        "transformers": installed_version("transformers"),
     }
-    try:
-        import transformers
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        info["transformers"] = None
-    if device.startswith("cuda") and torch.cuda.is_available():
+    if torch is not None and device.startswith("cuda") and torch.cuda.is_available():
         info["device_name"] = torch.cuda.get_device_name(0)
     return info
 
 
+def installed_version(package: str) -> Optional[str]:
+    """The installed version of ``package`` (its metadata: nothing is imported), or None."""
+    from importlib import metadata
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def machine_line(m: dict) -> str:
+    threads = "not imported" if m["torch_threads"] is None else f"{m['torch_threads']} threads"
     s = (f"machine: {m['cpu']}, {m['cores_usable']}/{m['cores']} cores usable, load {m['load_avg_1m']}, "
-         f"torch {m['torch']} ({m['torch_threads']} threads), transformers {m.get('transformers')}, "
+         f"torch {m['torch']} ({threads}), transformers {m.get('transformers')}, "
          f"device {m['device']}")
     if m.get("device_name"):
         s += f" ({m['device_name']})"

@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 
 from ..sim.simulated import gc_paused
-from .common import finish, fit_line, goal, loglog_exponent, median, pick, progress, set_threads, table
+from .common import finish, fit_line, goal, loglog_exponent, median, pick, progress, table
 
 NAME = "sim-scale"
 
@@ -33,7 +33,7 @@ def _sizes(size: str) -> dict:
                 tiny=dict(n=200, running=[16, 32, 64], others=[100, 400], base=16, steps=5),
                 small=dict(n=2000, running=[32, 64, 128, 256], others=[1000, 4000], base=64, steps=20),
                 full=dict(n=10000, running=[32, 64, 128, 256, 512], others=[1000, 4000, 16000], base=64,
-                          steps=200))
+                          steps=50))
 
 
 def four_h100():
@@ -62,13 +62,11 @@ class GrowthPoint:
                 max_num_batched_tokens=max(2048, running * len(prompt)), record="none").engine
         one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
         with gc_paused():                                     # (the set-up makes no cycles worth a collection)
-            for _ in range(finished):
-                e.add_request(prompt, one)
+            add_copies(e, prompt, one, finished)
             while e.has_unfinished_requests():
                 e.step()
-            long = SamplingParams(temperature=0.0, max_tokens=length, ignore_eos=True)
-            for _ in range(running + waiting):
-                e.add_request(prompt, long)
+            add_copies(e, prompt, SamplingParams(temperature=0.0, max_tokens=length, ignore_eos=True),
+                       running + waiting)
             e.step()                                          # R prompts prefilled, W queued behind them
         assert len(e.scheduler.running) == running and len(e.scheduler.waiting) == waiting
         self.engine = e
@@ -82,6 +80,14 @@ class GrowthPoint:
                 e.step()
                 times.append(time.process_time() - c0)
         return median(times)
+
+
+def add_copies(engine, prompt: list[int], params, count: int) -> None:
+    """``count`` requests alike: checked once at the engine's door (``validate_request``), each then queued
+    with an id of its own (``register_request``), as ``add_request`` would queue them."""
+    checked = engine.validate_request(prompt, params, None, None, 0, None, None)
+    for _ in range(count):
+        engine.register_request(dict(checked))
 
 
 def step_cpu_seconds(running: int, waiting: int = 0, finished: int = 0, steps: int = 20) -> float:
@@ -121,8 +127,7 @@ def growth(P: dict, rounds: int = 3) -> dict:
 def run(args) -> dict:
     from ..sim.simulated import simulate
     from ..analysis.workloads import LogNormal, synthetic_trace
-    P = _sizes(args.size)
-    set_threads(args)
+    P = _sizes(args.size)               # (no torch runs here: --threads has nothing to set)
     cm = four_h100()
     rate = 20.0
     engine_cfg = dict(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=4096)

@@ -7,10 +7,10 @@ A decode is the case of one new token, a prefill the case of many.
 
 A request's state changes only through its transition methods below (``admit``, ``preempt``,
 ``resume``, ``reject``, ``hold``, ``finish``, and applying a step's results: ``advance``,
-``append_token``, ``settle_guesses``, ``stopped_by``); each refuses a request in a state it does not
-start from. The scheduler calls each one after saving the request in the step's undo log
-(``Scheduler``'s transitions), and the undo log saves every field in ``__slots__``: a new field is
-rolled back with the rest.
+``append_token`` (``append_tokens`` for several), ``settle_guesses``, ``stopped_by``); each refuses a
+request in a state it does not start from. The scheduler calls each one after saving the request in the
+step's undo log (``Scheduler``'s transitions), and the undo log saves every field in ``__slots__``: a new
+field is rolled back with the rest.
 """
 
 from __future__ import annotations
@@ -266,6 +266,14 @@ class Request:
             self.metrics.first_token_time = t
         self.output_token_ids.append(token)
         self.metrics.token_times.append(t)
+
+    def append_tokens(self, tokens: list[int], times: list[float]) -> None:
+        """Several output tokens, ``tokens[i]`` sampled at clock time ``times[i]`` (what ``append_token``
+        does for each; the simulator's fast path applies the decode steps it takes in one go)."""
+        if tokens and self.metrics.first_token_time is None:
+            self.metrics.first_token_time = times[0]
+        self.output_token_ids.extend(tokens)
+        self.metrics.token_times.extend(times)
 
     def settle_guesses(self, num_proposed: int, num_accepted: int) -> None:
         """Speculative decoding: of ``num_proposed`` guesses computed, ``num_accepted`` were kept."""

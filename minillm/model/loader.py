@@ -7,7 +7,8 @@ directories are read: nothing here contacts a model hub. A ``config.json`` is
 checked (``check_model_config``) before anything is sized or allocated from it.
 
 ``load_target`` is what the engine loads: the weights, or only the model's shape for the
-simulator and for tensor parallelism (whose ranks load their own shards).
+simulator and for tensor parallelism (whose ranks load their own shards). torch and transformers are
+imported where a model is loaded, so a simulation (the shape only) runs without them.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import os
 import warnings
 from types import SimpleNamespace
 from pathlib import Path
-from typing import Optional
-
-import torch
+from typing import TYPE_CHECKING, Optional
 
 from .families import MODEL_FAMILIES, model_family
-from .llama import LlamaModel
+
+if TYPE_CHECKING:
+    import torch
 
 SUPPORTED = tuple(MODEL_FAMILIES)        # the model_types the engine runs (families.py)
 
@@ -50,6 +51,17 @@ RANDOM_MODEL_FIELDS = frozenset((
 # Sizes beyond these are a typo, not a model (the largest open models stay far below them).
 LIMITS = dict(vocab_size=2**22, hidden_size=2**17, intermediate_size=2**19, num_hidden_layers=2**12,
               num_attention_heads=2**12, num_key_value_heads=2**12, head_dim=2**12)
+
+
+def choose_triton_mode() -> None:
+    """Before transformers is imported: on a machine without CUDA, Triton's interpreter is chosen
+    (transformers' model modules may import Triton, which fixes its mode when first imported; see
+    ``kernels/_triton_setup.py``). Every import of transformers in the engine comes after this call."""
+    from minillm_kernels import ops
+    try:
+        ops.use_interpreter_if_no_cuda()
+    except RuntimeError:
+        pass  # Triton came first: the torch backend works; attention_backend="triton" explains why not
 
 
 def check_model_config(cfg, source: str) -> None:
@@ -115,6 +127,7 @@ def load_config(model: str, presets=None):
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a JSON object, found {type(raw).__name__}")
     check_model_config(SimpleNamespace(**raw), path)     # before transformers computes anything from it
+    choose_triton_mode()
     from transformers import AutoConfig
     try:
         cfg = AutoConfig.from_pretrained(model, local_files_only=True)
@@ -125,6 +138,7 @@ def load_config(model: str, presets=None):
 
 
 def random_model_config(**overrides):
+    choose_triton_mode()
     from transformers import LlamaConfig
     kw = dict(RANDOM_DEFAULTS)
     kw.update(overrides)
@@ -156,6 +170,7 @@ def host_memory_bytes() -> int:
 
 def torch_dtype(name: str, cfg=None) -> torch.dtype:
     """The torch dtype named ``name`` ("auto": the checkpoint's own, else float32)."""
+    import torch
     if name == "auto":
         d = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
         if isinstance(d, torch.dtype):
@@ -167,6 +182,9 @@ def torch_dtype(name: str, cfg=None) -> torch.dtype:
 def load_model(model: Optional[str], dtype: str = "float32", device: str = "cpu", seed: int = 0,
                random_overrides: Optional[dict] = None):
     """Returns (LlamaModel, hf_config). ``model`` is a checkpoint dir or "random"."""
+    import torch
+
+    from .llama import LlamaModel
     if model == "random":
         cfg = random_model_config(**(random_overrides or {}))
         dt = torch_dtype(dtype if dtype != "auto" else "float32")
@@ -216,15 +234,16 @@ def load_model(model: Optional[str], dtype: str = "float32", device: str = "cpu"
 
 def resolve_device(name: str) -> torch.device:
     """``EngineConfig.device``: "auto" is the GPU when there is one."""
+    import torch
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> str:
-    """``EngineConfig.dtype``: "auto" is bfloat16 on a GPU, float32 on the CPU."""
+def resolve_dtype(name: str, device: Optional[torch.device]) -> str:
+    """``EngineConfig.dtype``: "auto" is bfloat16 on a GPU, float32 on the CPU (and without a device)."""
     if name == "auto":
-        return "bfloat16" if device.type == "cuda" else "float32"
+        return "bfloat16" if device is not None and device.type == "cuda" else "float32"
     return name
 
 
@@ -242,7 +261,7 @@ def resolve_model_path(model: Optional[str]) -> str:
     return os.fspath(model)
 
 
-def load_target(path: str, config, dtype_name: str, device: torch.device):
+def load_target(path: str, config, dtype_name: str, device: Optional[torch.device]):
     """(model, hf_config, model_spec): the weights on this process, or only the shape (the simulator;
     tensor parallelism, whose weights live in the ranks' processes)."""
     from ..sim.costmodel import ModelSpec
@@ -295,5 +314,6 @@ def load_tokenizer(path: str, must_exist: bool = False):
             raise ValueError(f"tokenizer={path!r}: no tokenizer (tokenizer.json, tokenizer.model or "
                              "vocab.json) in this directory")
         return None
+    choose_triton_mode()
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path, local_files_only=True)

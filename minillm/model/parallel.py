@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .llama import LlamaModel
-from .loader import check_heads
+from .loader import check_heads, choose_triton_mode
 
 # This process's collectives (one rank's): calls and bytes by kind, for the reader to inspect
 # (``TPExecutor.collective_rpc(Worker.comm)``): per forward, 2 all-reduces per layer + 1 for
@@ -227,6 +227,7 @@ def load_shard_model(model: str, cfg, rank: int, world: int, dtype: torch.dtype,
     """Rank ``rank``'s shard of ``model``: a checkpoint directory (only this rank's slice of each
     tensor is read from the safetensors files) or "random" (the same seeded random model as
     ``load_model``, built whole, then sliced)."""
+    choose_triton_mode()                  # (a rank process: before its first import of transformers)
     shard = build_shard(cfg, rank, world)
     if model == "random":
         from .loader import load_model

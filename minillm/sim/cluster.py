@@ -405,15 +405,14 @@ def run_disaggregated(trace: Sequence, num_prefill: int, num_decode: int, *, mod
     dm = {rid: req.metrics for d in dec for rid, req in d.engine.requests.items()}
     for r in trace:
         a, b = pm[r.request_id], dm.get(r.request_id)
-        joined = RequestMetrics(arrival_time=a.arrival_time, first_scheduled_time=a.first_scheduled_time,
-                                first_token_time=a.first_token_time, num_prompt_tokens=a.num_prompt_tokens,
-                                num_cached_tokens=a.num_cached_tokens, clock="modeled")
-        joined.token_times = list(a.token_times) + (list(b.token_times) if b else [])
-        joined.num_output_tokens = len(joined.token_times)
-        joined.finish_time = b.finish_time if b else a.finish_time
-        joined.finish_reason = (b.finish_reason if b else a.finish_reason)
-        joined.num_preemptions = a.num_preemptions + (b.num_preemptions if b else 0)
-        metrics[r.request_id] = joined
+        token_times = list(a.token_times) + (list(b.token_times) if b else [])
+        metrics[r.request_id] = RequestMetrics(
+            arrival_time=a.arrival_time, first_scheduled_time=a.first_scheduled_time,
+            first_token_time=a.first_token_time, num_prompt_tokens=a.num_prompt_tokens,
+            num_cached_tokens=a.num_cached_tokens, clock="modeled", token_times=token_times,
+            num_output_tokens=len(token_times), finish_time=b.finish_time if b else a.finish_time,
+            finish_reason=b.finish_reason if b else a.finish_reason,
+            num_preemptions=a.num_preemptions + (b.num_preemptions if b else 0))
     s = _summary(metrics, pre, slo_ttft, slo_tpot)
     s["requests_per_instance"] = [p.num_routed for p in pre] + [d.num_routed for d in dec]
     s["steps"] = sum(x.engine.step_count for x in everyone)

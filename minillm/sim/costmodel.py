@@ -664,7 +664,7 @@ class RooflineCostModel(CostModel):
             if n != len(context_lens) or min(context_lens) < 1:
                 _check_batch(num_new_tokens, context_lens)          # raises, naming the pair
             context = sum(context_lens)
-            return self._time(n, context, context)           # pairs: sum(c) - (n - n) / 2
+            return self.batch_time(n, context, context)           # pairs: sum(c) - (n - n) / 2
         if n != len(context_lens) or min(num_new_tokens, default=0) < 0 \
                 or any(map(operator.lt, context_lens, num_new_tokens)):
             _check_batch(num_new_tokens, context_lens)
@@ -673,7 +673,7 @@ class RooflineCostModel(CostModel):
             return 0.0
         pairs = sum(map(operator.mul, num_new_tokens, context_lens)) \
             - (sum(map(operator.mul, num_new_tokens, num_new_tokens)) - tokens) / 2
-        return self._time(tokens, sum(context_lens), pairs)
+        return self.batch_time(tokens, sum(context_lens), pairs)
 
     def decode_step_time(self, num_decodes: int, total_context: int) -> Optional[float]:
         """``step_time`` of a batch of decodes alone, from two totals: ``num_decodes`` requests, one new
@@ -687,10 +687,11 @@ class RooflineCostModel(CostModel):
         if num_decodes < 0 or total_context < num_decodes:
             raise ValueError(f"decode_step_time: need 0 <= num_decodes <= total_context, got "
                              f"num_decodes={num_decodes}, total_context={total_context}")
-        return self._time(num_decodes, total_context, total_context) if num_decodes else 0.0
+        return self.batch_time(num_decodes, total_context, total_context) if num_decodes else 0.0
 
-    def _time(self, tokens: int, context: int, pairs: float) -> float:
-        """The roofline of a batch given its totals: new tokens, KV positions after the step, attention pairs."""
+    def batch_time(self, tokens: int, context: int, pairs: float) -> float:
+        """The roofline of a batch given its totals: new tokens, KV positions after the step, attention pairs
+        (``step_time`` and ``decode_step_time`` work the totals out; the simulator's fast path keeps them)."""
         m = self.model
         flops = 2.0 * m.num_params * tokens + 4.0 * m.num_layers * m.num_heads * m.head_dim * pairs
         nbytes = float(m.weight_bytes + m.kv_bytes_per_token * context + m.kv_bytes_per_token * tokens)

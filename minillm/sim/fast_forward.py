@@ -1,126 +1,333 @@
-"""Fast-forward: a run of decode-only steps advanced at once, for long simulations.
+"""Fast-forward: the simulator's engine stepped without walking every running request every step.
 
-Between two events (an arrival, a finish, a chunk's end, a preemption) every step of a simulated
-engine whose running requests all decode has a known outcome: each request gets one token under
-the budget, the scheduler admits nobody (the queue is empty), the clock advances by what the cost
-model charges a batch of that size and total context, and a request whose next position starts a
-new block gets one from the pool. ``decode_run`` works out how many such steps come next and
-applies them in one go: the clock steps by the same durations, the token counts and times grow by
-the same amounts, and the same KV manager hands out the same blocks in the same order (a call of
-``kv.allocate(req, 1)`` per new block, step by step, in the running order). Where any decision
-could differ it takes no step and the engine steps normally:
+In a simulated step most running requests do the same thing: decode one placeholder token, which
+fits the block they are part way through and stops nothing. What can differ from one request to
+the next are *events*: a request whose next position starts a block (it needs one from the pool),
+a request whose next token may stop it, a prompt chunk, an arrival, an admission. ``FastForward``
+steps an engine exactly as ``engine.step()`` would, but does per-request work only at events:
 
-* something is queued (an arrival within the run, a waiting, swapped or held request);
-* a request is not a plain decode (a prompt chunk, speculative guesses) or may stop within the
-  run (``StopChecker.num_tokens_before_stop``);
-* the free blocks do not cover every new block the run needs (a preemption could come);
-* the policy may change state or order between steps: only ``FCFS`` and ``Priority``, whose
-  ``on_step`` does nothing and whose order depends on fixed fields, are fast-forwarded;
-* the engine keeps more than counts per step (``record`` other than "none"), times its phases,
-  caches prefixes, forks samples, speculates, or batches other than continuously every step.
+* a decoding request is *lazy*: the steps it takes are counted, not applied, and its tokens, their
+  times and its computed positions catch up (``Request.append_tokens``, ``Request.advance``) when it
+  needs a block (``kv.allocate(req, 1)``, at its step, in the running order), when its token may
+  stop it (the real stop check, ``StopChecker.check``, on the step that may: ``num_tokens_before_stop``
+  says which), before a step this module does not take, and at the end (``sync``);
+* the step's price comes from totals kept as the batch changes (``RooflineCostModel.decode_step_time``
+  / ``batch_time``, the same arithmetic ``modeled_step_time`` does over the grants);
+* arrivals, the FCFS admission pass (``Scheduler.admit``, ``kv.can_allocate`` / ``kv.explain_wait``
+  and the same waiting reasons), prompt chunks and finishes (``Scheduler.finish``) go through the
+  scheduler's and the KV manager's own methods, in the order the scheduler's pass takes them.
 
-``simulate(records=False)`` calls it before every step (``fast_forward=True``); each step it
-takes yields the ``StepRecord`` that ``engine.step()`` would have returned with ``record="none"``.
+It covers one configuration, the one long simulations run (``simulate(records=False)``): the
+simulated executor on a modeled clock priced by the roofline, the paged KV manager without prefix
+caching, FCFS, continuous batching re-formed every step, chunked prefill (on or off), no
+speculation, no parallel sampling, no load shedding, and nothing recorded per request
+(``record="none"``). A step it cannot take the same way (a running request would not get its
+block or its tokens: preemption or a budget cut; a swapped-out request) is taken by
+``engine.step()`` itself, with every lazy request brought up to date first. ``FastForward.covers``
+says whether an engine is one it can step at all; ``tests/test_simulated.py`` and
+``scripts/sim_fingerprint.py`` hold it to ``engine.step()``: the same records, block tables, free
+list, tokens, token times and metrics.
+
+A fast step is not undone if it raises (``engine.step()`` is all or nothing; the simulation loop
+that uses this one stops on an exception).
 """
 
 from __future__ import annotations
 
-from operator import attrgetter
-from typing import Optional
+import heapq
 
 from ..core.kv_cache import PagedKVCacheManager
-from ..core.policies import FCFS, Priority
-from ..core.request import RequestStatus
-from ..step_record import StepRecord
+from ..core.policies import FCFS
+from ..core.request import Request, RequestStatus
+from ..core.scheduler_output import SchedulerOutput, grant
+from ..step_record import StepRecord, WaitingEntry
 from .costmodel import RooflineCostModel
-from .sim_executor import PLACEHOLDER_TOKEN
+from .sim_executor import PLACEHOLDER_TOKEN, SimulatedExecutor
 
-__all__ = ["decode_run"]
-
-_computed = attrgetter("num_computed_tokens")
+__all__ = ["FastForward"]
 
 
-def _can_fast_forward(engine) -> bool:
-    """The engine-wide conditions: nothing queued, nothing recorded per request, no feature whose
-    state changes between steps, a step priced by the roofline from its totals."""
-    cfg, s = engine.config, engine.scheduler
-    return (engine.record_mode == "none" and engine.clock.name == "modeled" and engine.speculator is None
-            and bool(s.running) and not (s.waiting or s.swapped or s.held or s.has_groups)
-            and cfg.batching == "continuous" and cfg.schedule_every == 1 and cfg.phase_clock is None
-            and not cfg.enable_prefix_caching and type(engine.policy) in (FCFS, Priority)
-            and type(engine.kv) is PagedKVCacheManager and isinstance(engine.cost_model, RooflineCostModel)
-            and len(s.running) <= cfg.max_num_batched_tokens)
+class _Lazy:
+    """A decoding request's steps not yet applied: tokens are applied up to step ``tokens_at`` and
+    computed positions up to ``computed_at`` (exclusive); it next needs a block at step ``block_at``
+    and its token of step ``check_at`` may stop it."""
+    __slots__ = ("tokens_at", "computed_at", "block_at", "check_at")
+
+    def __init__(self, step: int):
+        self.tokens_at = self.computed_at = step
+        self.block_at = self.check_at = -1
 
 
-def decode_run(engine, max_steps: Optional[int] = None) -> list[StepRecord]:
-    """Take the decode-only steps that come next (at least two, at most ``max_steps``) in one go;
-    returns their records, or ``[]`` when fewer than two can be taken that way (``engine.step()``
-    then takes the next step)."""
-    if not _can_fast_forward(engine):
-        return []
-    s, kv, cm, clock = engine.scheduler, engine.kv, engine.cost_model, engine.clock
-    running = s.running
-    n = len(running)
-    now, arrival = clock.now(), s.next_arrival()
-    befores = list(map(_computed, running))
-    total = sum(befores)                          # KV positions before the run
-    # Step j of the run (from 1) holds total + j n positions after it: modeled_step_time's price of a
-    # step of decodes alone (cm.decode_step_time), plus the pass (cm.schedule_time), no swap, no draft.
-    sched_time = cm.schedule_time(n, 0)
-    first = cm.decode_step_time(n, total + n)
-    if first is None or (arrival is not None and (arrival <= now or now + (first + sched_time) >= arrival)):
-        return []                                  # the next arrival comes before a second step
-    # Every running request: a plain decode of one token, and how many steps it can take
-    # without stopping (the run ends before the first step that could finish one).
-    limit = max_steps if max_steps is not None else 1 << 30
-    stops, bs = s.stops, kv.block_size
-    new_block_at: dict[int, list] = {}             # step j -> (request, its computed positions before j)
-    for req, before in zip(running, befores):
-        if req.status is not RequestStatus.RUNNING or req.spec_token_ids or not req.is_decoding \
-                or req.num_tokens - before != 1:
-            return []
-        limit = min(limit, stops.num_tokens_before_stop(req, PLACEHOLDER_TOKEN))
-        if limit < 2:
-            return []
-        room = kv.num_held_blocks(req.request_id) * bs
-        for j in range(room - before + 1, limit + 1, bs):   # the steps whose position starts a new block
-            new_block_at.setdefault(j, []).append((req, before + j - 1))
-    # The run's steps: each starts before the next arrival, finds its new blocks free, has a price.
-    free, needed, t, steps = kv.num_free_blocks, 0, now, []
-    for j in range(1, limit + 1):
-        if arrival is not None and t >= arrival:
-            break
-        needed += len(new_block_at.get(j, ()))
-        step = first if j == 1 else cm.decode_step_time(n, total + j * n)
-        if needed > free or step is None:
-            break
-        duration = step + sched_time
-        steps.append((t, duration))
-        t += duration
-    k = len(steps)
-    if k < 2:
-        return []
-    # Apply: the new blocks in the order the steps take them, then the clock, the tokens and their times.
-    for j in range(1, k + 1):
-        for req, position in new_block_at.get(j, ()):
-            req.num_computed_tokens = position
+class FastForward:
+    """Steps ``engine`` (one it ``covers``) as ``engine.step()`` would; ``step()`` returns the same record.
+
+    Between two steps the running requests' tokens lag behind: call ``sync()`` before reading them, or
+    before changing the engine other than by ``add_request`` (an abort, say)."""
+
+    def __init__(self, engine):
+        if not self.covers(engine):
+            raise ValueError("FastForward: the engine's configuration is not the one fast-forward covers "
+                             "(FastForward.covers says which)")
+        self.engine = engine
+        self.s, self.kv, self.cm, self.clock = engine.scheduler, engine.kv, engine.cost_model, engine.clock
+        self.config = engine.config
+        self.lazy: dict[Request, _Lazy] = {}
+        self.rank: dict[Request, int] = {}           # a running request's place in the running order
+        self.next_rank = 0
+        self.block_due: dict[int, list[Request]] = {}   # step -> lazy requests that need a block then
+        self.check_due: dict[int, list[Request]] = {}   # step -> lazy requests whose token then may stop them
+        self.prefilling: list[Request] = []          # running requests with more than one token to compute
+        self.num_lazy = 0
+        self.lazy_context = 0                        # the lazy requests' computed positions, at the step's start
+        self.base = engine.step_count                # self.times[i]: the clock at the end of step base + i
+        self.times: list[float] = []                 # (from the step the lazy requests were last tracked)
+        self.placeholders = [PLACEHOLDER_TOKEN] * (self.config.max_model_len + 1)
+        self.steps_taken = self.steps_passed_on = 0  # (how many steps each way: for the tests and the docs)
+        self._enter()
+
+    @staticmethod
+    def covers(engine) -> bool:
+        """Is ``engine`` configured the way this module steps it (see the module's docstring)?"""
+        cfg, s = engine.config, engine.scheduler
+        return (type(engine.executor) is SimulatedExecutor and engine.record_mode == "none"
+                and engine.clock.name == "modeled" and engine.speculator is None
+                and type(engine.cost_model) is RooflineCostModel and type(engine.kv) is PagedKVCacheManager
+                and not engine.kv.enable_prefix_caching and type(engine.policy) is FCFS
+                and cfg.batching == "continuous" and cfg.schedule_every == 1 and cfg.interference == "chunked"
+                and cfg.phase_clock is None and cfg.max_queue_len is None and cfg.max_queue_delay is None
+                and s.max_waiting_entries == 0)
+
+    # --- the lazy requests ------------------------------------------------------------------------
+    def _enter(self) -> None:
+        """Start from the engine as it is: every running request that decodes becomes lazy."""
+        step = self.base = self.engine.step_count
+        self.times = []
+        self.lazy, self.block_due, self.check_due, self.prefilling = {}, {}, {}, []
+        self.num_lazy = self.lazy_context = 0
+        self.rank = {}
+        for req in self.s.running:
+            self._place(req)
+            self._track(req, step)
+
+    def _place(self, req: Request) -> None:
+        self.rank[req] = self.next_rank
+        self.next_rank += 1
+
+    def _track(self, req: Request, step: int) -> None:
+        """``req`` (running, everything applied before ``step``) from ``step`` on: lazy when it decodes."""
+        if req.num_tokens - req.num_computed_tokens != 1 or req.spec_token_ids:
+            self.prefilling.append(req)
+            return
+        lazy = self.lazy[req] = _Lazy(step)
+        self.num_lazy += 1
+        self.lazy_context += req.num_computed_tokens
+        self._due_block(req, lazy, step, req.num_computed_tokens)
+        self._due_check(req, lazy, step)
+
+    def _due_block(self, req: Request, lazy: _Lazy, step: int, computed: int) -> None:
+        """The step whose position (``computed`` at ``step``, one more each step) is the first past its blocks."""
+        lazy.block_at = step + self.kv.num_held_blocks(req.request_id) * self.kv.block_size - computed
+        self.block_due.setdefault(lazy.block_at, []).append(req)
+
+    def _due_check(self, req: Request, lazy: _Lazy, step: int) -> None:
+        """The first step whose token may stop ``req`` (its tokens applied before ``step``)."""
+        lazy.check_at = step + self.s.stops.num_tokens_before_stop(req, PLACEHOLDER_TOKEN)
+        self.check_due.setdefault(lazy.check_at, []).append(req)
+
+    def _catch_up(self, req: Request, lazy: _Lazy, step: int, tokens: bool = True) -> None:
+        """Apply ``req``'s steps before ``step``: its computed positions, and its tokens with their times."""
+        k = step - lazy.tokens_at
+        if k and tokens:
+            i = lazy.tokens_at - self.base
+            req.append_tokens(self.placeholders[:k], self.times[i:i + k])
+            lazy.tokens_at = step
+        k = step - lazy.computed_at
+        if k:
+            req.advance(k)
+            lazy.computed_at = step
+
+    def sync(self) -> None:
+        """Bring every lazy request up to date (they stay lazy): the engine then reads as ``engine.step()``
+        would have left it."""
+        step = self.engine.step_count
+        for req, lazy in self.lazy.items():
+            self._catch_up(req, lazy, step)
+
+    def _due(self, table: dict, step: int, field: str) -> list[Request]:
+        """The lazy requests still due at ``step`` in ``table``, in the running order."""
+        reqs = table.pop(step, ())
+        lazy = self.lazy
+        due = [r for r in reqs if r in lazy and getattr(lazy[r], field) == step]
+        if len(due) > 1:
+            due.sort(key=self.rank.__getitem__)
+        return due
+
+    # --- one step ---------------------------------------------------------------------------------
+    def step(self) -> StepRecord:
+        """One step, the record ``engine.step()`` would return: schedule, execute (price it), apply, record,
+        commit; a step this module does not take is passed on to ``engine.step()``."""
+        e, s, kv = self.engine, self.s, self.kv
+        step = e.step_count
+        budget = self.config.max_num_batched_tokens
+        # The running requests' part of the pass, unless a request would miss its block or its tokens.
+        due = self._due(self.block_due, step, "block_at")      # (a step passed on tracks everything anew)
+        if self.prefilling:
+            chunks = [r.num_tokens - r.num_computed_tokens for r in self.prefilling]
+            need = len(due) + sum(map(kv.num_blocks_needed, self.prefilling, chunks))
+            demand = self.num_lazy + sum(chunks)
+        else:
+            need, demand = len(due), self.num_lazy
+        if s.swapped or s.held or s.has_groups or demand > budget or need > kv.num_free_blocks:
+            return self._pass_on()
+        self.steps_taken += 1
+        now, out = self._schedule(step, due, budget - demand)      # 1. who runs, and how many tokens each
+        num_running_grants = len(out.scheduled) - len(out.admitted)
+        duration, sched = self._price(out)                         # 2. the step's price on the modeled clock
+        self.clock.advance(duration)
+        end = self.clock.now()
+        self.times.append(end)
+        num_grants = self.num_lazy + len(out.scheduled)
+        num_batched = self.num_lazy + sum(g.num_new_tokens for g in out.scheduled)
+        finished = self._apply(step, out, num_running_grants, end)  # 3. the results, where the requests live
+        record = StepRecord(                                       # 4. what the step did (record="none")
+            step=step, time=end, duration=duration, batch=[], batch_size=num_grants, num_prefill_tokens=0,
+            num_decode_tokens=0, num_batched_tokens=num_batched, token_budget=budget, admitted=out.admitted,
+            finished=[r.request_id for r in finished], preempted=[], waiting=out.waiting, kv=None,
+            finish_reasons={r.request_id: r.finish_reason for r in finished}, reformed=True,
+            clock=self.clock.name, schedule_time=sched, swap_time=0.0)
+        s.commit()                                                 # 5. the step stands; finished requests leave
+        for req in finished:
+            self.rank.pop(req, None)
+            e.active.pop(req.request_id, None)
+            e.executor.forget(req.request_id)
+        e.step_count += 1
+        return record
+
+    def _schedule(self, step: int, due: list[Request], budget: int) -> tuple[float, SchedulerOutput]:
+        """The pass (``Scheduler.schedule``): arrivals join the queue; the running requests in the running
+        order (a new block for each lazy one ``due`` one, the next chunk for each one computing its prompt;
+        the lazy ones' token is counted, not granted one by one); then FCFS admission with the ``budget``
+        left. Returns the clock at the pass and its output (the chunks', then the admitted requests' grants)."""
+        s, kv, lazy = self.s, self.kv, self.lazy
+        if not (s.running or s.waiting):           # nothing can run now: the clock jumps to the next arrival
+            t = s.next_arrival()
+            if t is not None and t > self.clock.now():
+                self.clock.wait_until(t)
+        now = self.clock.now()
+        s.num_passes += 1
+        s.now = max(s.now, now)
+        while s.incoming and s.incoming[0][0] <= now:     # arrivals join the queue
+            s.waiting.append(heapq.heappop(s.incoming)[2])
+        out = SchedulerOutput(scheduled=[], token_budget=self.config.max_num_batched_tokens)
+        for req in sorted(due + self.prefilling, key=self.rank.__getitem__) if self.prefilling else due:
+            entry = lazy.get(req)
+            if entry is None:
+                n = req.num_tokens - req.num_computed_tokens
+                kv.allocate(req, n)
+                out.scheduled.append(grant(req, n))
+                continue
+            self._catch_up(req, entry, step, tokens=False)
+            computed = req.num_computed_tokens
             if not kv.allocate(req, 1):
-                raise RuntimeError(f"fast-forward: no KV block for request {req.request_id!r} in step {j} of {k}")
-    times, records = [], []
-    budget, first_step = engine.config.max_num_batched_tokens, engine.step_count
-    for j, (_, duration) in enumerate(steps):
-        clock.advance(duration)
-        times.append(clock.now())
-        records.append(StepRecord(step=first_step + j, time=times[-1], duration=duration, batch=[],
-                                  num_batched_tokens=n, token_budget=budget, admitted=[], finished=[], preempted=[],
-                                  waiting=[], kv=None, clock=clock.name, schedule_time=sched_time, batch_size=n,
-                                  num_prefill_tokens=0, num_decode_tokens=0))
-    tokens = [PLACEHOLDER_TOKEN] * k
-    for req, before in zip(running, befores):
-        req.output_token_ids.extend(tokens)
-        req.metrics.token_times.extend(times)
-        req.num_computed_tokens = before + k
-    s.num_passes += k                              # (the passes the run stands for)
-    s.now = max(s.now, steps[-1][0])               # the clock at the last one
-    engine.step_count += k
-    return records
+                raise RuntimeError(f"fast-forward: no KV block for request {req.request_id!r} at step {step}")
+            self._due_block(req, entry, step, computed)
+        self._admit(now, out, budget)              # (nothing is swapped out)
+        return now, out
+
+    def _price(self, out: SchedulerOutput) -> tuple[float, float]:
+        """(duration, schedule time) as ``modeled_step_time`` prices the step: the lazy requests' decodes
+        from their totals, the other grants one by one; the pass over the running and waiting requests."""
+        grants, lazy_context = out.scheduled, self.lazy_context + self.num_lazy   # the lazy ones' KV after it
+        if all(g.num_new_tokens == 1 for g in grants):
+            step_time = self.cm.decode_step_time(self.num_lazy + len(grants), lazy_context + sum(
+                g.num_computed_before + 1 for g in grants))
+        else:     # attention pairs: sum(q c) - (sum(q^2) - sum(q)) / 2, as RooflineCostModel.step_time counts them
+            tokens = self.num_lazy + sum(g.num_new_tokens for g in grants)
+            context = lazy_context + sum(g.num_computed_before + g.num_new_tokens for g in grants)
+            qc = lazy_context + sum(g.num_new_tokens * (g.num_computed_before + g.num_new_tokens) for g in grants)
+            q2 = self.num_lazy + sum(g.num_new_tokens * g.num_new_tokens for g in grants)
+            step_time = self.cm.batch_time(tokens, context, qc - (q2 - tokens) / 2)
+        sched = self.cm.schedule_time(len(self.s.running), len(self.s.waiting))
+        return step_time + sched + 0.0 + 0.0, sched         # no swap, no draft
+
+    def _apply(self, step: int, out: SchedulerOutput, num_running_grants: int, end: float) -> list[Request]:
+        """``Scheduler.update_from_output`` for this step, in the grants' order: the lazy requests whose
+        token may stop them and the running prompt chunks (the running order), then the admitted requests;
+        every other lazy request's token is counted. Returns the requests that finished, in that order."""
+        s, lazy = self.s, self.lazy
+        checks = self._due(self.check_due, step, "check_at")
+        chunks = out.scheduled[:num_running_grants]
+        order = sorted(checks + [g.request for g in chunks], key=self.rank.__getitem__) if chunks else checks
+        admitted = [g.request for g in out.scheduled[num_running_grants:]]
+        by_req = {g.request: g for g in out.scheduled}
+        finished = []
+        self.lazy_context += self.num_lazy
+        for req in order + admitted:
+            entry = lazy.get(req)
+            if entry is not None:
+                self._catch_up(req, entry, step)
+                req.advance(1)
+                entry.tokens_at = entry.computed_at = step + 1
+                req.append_token(PLACEHOLDER_TOKEN, end)
+                reason = s.stops.check(req, PLACEHOLDER_TOKEN)
+                if reason is None:
+                    self._due_check(req, entry, step + 1)
+                    continue
+                del lazy[req]
+                self.num_lazy -= 1
+                self.lazy_context -= req.num_computed_tokens
+            else:
+                g = by_req[req]
+                req.advance(g.num_new_tokens)
+                if not g.samples:
+                    continue
+                req.append_token(PLACEHOLDER_TOKEN, end)
+                reason = s.stops.check(req, PLACEHOLDER_TOKEN)
+                if reason is None:
+                    continue
+            s.finish(req, reason, end)
+            finished.append(req)
+        # Who computes a prompt next step, who decodes (lazy from the next step on).
+        prefilling, self.prefilling = self.prefilling + admitted, []
+        for req in prefilling:
+            if req.status is RequestStatus.RUNNING:
+                self._track(req, step + 1)
+        return finished
+
+    def _admit(self, now: float, out: SchedulerOutput, budget: int) -> None:
+        """3. The FCFS admission pass: the queue's head while it fits (a seat, the budget, KV memory
+        beside the watermark's headroom); the first that does not is the one waiting reason recorded."""
+        s, kv, cfg = self.s, self.kv, self.config
+        waiting = s.waiting
+        while waiting:
+            req = waiting[0]
+            if s.num_seqs() + 1 > cfg.max_num_seqs:
+                out.waiting.append(WaitingEntry(req.request_id,
+                                                f"max_num_seqs={cfg.max_num_seqs} requests already running"))
+                return
+            n = req.num_tokens
+            if n > budget:
+                if not cfg.enable_chunked_prefill or budget <= 0:
+                    out.waiting.append(WaitingEntry(
+                        req.request_id, f"prefill of {n} tokens does not fit the {budget} tokens left "
+                        f"in the budget of {cfg.max_num_batched_tokens}"
+                        + ("" if cfg.enable_chunked_prefill else " (chunked prefill is off)")))
+                    return
+                n = budget
+            ok, _, _ = kv.can_allocate(req, n, [], 0)
+            if not ok:
+                out.waiting.append(WaitingEntry(req.request_id, kv.explain_wait(
+                    req, n, [], 0, requests={r.request_id: r for r in s.running})))
+                return
+            s.admit(req, n, [], now, out)
+            self._place(req)
+            budget -= n
+
+    def _pass_on(self) -> StepRecord:
+        """A step this module does not take: ``engine.step()`` takes it, every lazy request up to date."""
+        self.steps_passed_on += 1
+        self.sync()
+        record = self.engine.step()
+        self._enter()
+        return record
+

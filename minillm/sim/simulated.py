@@ -181,15 +181,16 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
       runs with ``record="none"``: no KV snapshot, no batch entries; the metrics are the same).
     * ``max_waiting_entries``: at most this many waiting requests get a reason in each
       record (a queue of thousands would otherwise cost O(queue) objects per step).
-    * ``fast_forward``: with ``records=False``, take each run of decode-only steps between two
-      events in one go (``minillm/sim/fast_forward.py``): the same decisions, clock, metrics and
-      records passed to ``progress``; ``False`` steps the engine one step at a time throughout.
+    * ``fast_forward``: with ``records=False``, step the engine with ``minillm/sim/fast_forward.py``
+      (per-request work only at events: a block boundary, a possible stop, a prompt chunk, an
+      admission) where the configuration is the one it covers: the same decisions, clock, metrics and
+      records passed to ``progress``; ``False`` calls ``engine.step()`` for every step.
     * every other keyword is an ``EngineConfig`` field (``policy="sjf"``,
       ``max_num_seqs=...``); defaults here: ``max_num_seqs=256``,
       ``max_num_batched_tokens=8192``, ``max_model_len`` long enough for the trace.
     """
     from .costmodel import MODELS, RooflineCostModel
-    from .fast_forward import decode_run
+    from .fast_forward import FastForward
     from ..config import EngineConfig
     from ..engine import LLMEngine
     from ..analysis.metrics import summarize
@@ -232,11 +233,12 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
     with gc_paused():             # submitting, stepping and the metrics make no cycles worth a collection
         submit_trace(engine, trace, vocab_size=engine.vocab_size)
         c_steps = time.process_time()
-        while engine.has_unfinished_requests():   # engine.run() without the list of every record
-            if fast_forward:
-                for rec in decode_run(engine):    # the decode-only steps up to the next event, if any
-                    on_step(rec)
-            on_step(engine.step())
+        # engine.run() without the list of every record; fast-forward where the configuration is the one it covers
+        stepper = FastForward(engine) if fast_forward and FastForward.covers(engine) else engine
+        while engine.has_unfinished_requests():
+            on_step(stepper.step())
+        if stepper is not engine:
+            stepper.sync()
         step_cpu = time.process_time() - c_steps
         recs = engine.step_records if keep else summaries
         stats = engine.stats()
