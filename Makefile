@@ -106,7 +106,7 @@ git-filter:
 lab: $(STAMP)
 	@grep -qs '"$(ANNOUNCEMENTS)": true' $(VENV)/etc/jupyter/labconfig/page_config.json \
 		|| $(PY) -m jupyter labextension disable --level=sys_prefix "$(ANNOUNCEMENTS)" >/dev/null 2>&1 || true
-	@$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) git-filter >/dev/null   # a checkout set up earlier gets today's filter
+	@$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) git-filter >/dev/null 2>&1 || true   # a checkout set up earlier gets today's filter
 	@token=$$($(PY) -c "import secrets; print(secrets.token_hex(24))"); \
 	port=$(PORT); \
 	$(PY) -c "import socket, sys; socket.socket().bind(('127.0.0.1', int(sys.argv[1])))" $$port 2>/dev/null \
