@@ -87,12 +87,18 @@ test-latest:
 	MINILLM_IMPL=solutions $(LATEST_VENV)/bin/python -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
 
 # In a git checkout: notebooks are committed without outputs. The filter named in .gitattributes
-# strips them when a notebook is staged, so running the notebooks never dirties a commit.
+# strips them when a notebook is staged, so running the notebooks never dirties a commit. It also strips
+# what the kernel writes into the notebook's language_info (Python's version, the lexer, ...): jupytext
+# writes only its name, and a notebook run in JupyterLab would otherwise show as modified in git status.
+NBSTRIPOUT_KEYS := metadata.language_info.codemirror_mode metadata.language_info.file_extension \
+	metadata.language_info.mimetype metadata.language_info.nbconvert_exporter \
+	metadata.language_info.pygments_lexer metadata.language_info.version
+NBSTRIPOUT := '$(abspath $(PY))' -m nbstripout --keep-id --extra-keys '$(NBSTRIPOUT_KEYS)'
 git-filter:
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
-		git config filter.nbstripout.clean "'$(abspath $(PY))' -m nbstripout --keep-id" && \
+		git config filter.nbstripout.clean "$(NBSTRIPOUT)" && \
 		git config filter.nbstripout.smudge cat && \
-		git config diff.ipynb.textconv "'$(abspath $(PY))' -m nbstripout --keep-id -t" && \
+		git config diff.ipynb.textconv "$(NBSTRIPOUT) -t" && \
 		echo "[install] git: notebooks are staged without outputs (nbstripout filter)"; fi
 
 # A token generated for this launch is passed explicitly, so no user config can turn authentication
@@ -100,6 +106,7 @@ git-filter:
 lab: $(STAMP)
 	@grep -qs '"$(ANNOUNCEMENTS)": true' $(VENV)/etc/jupyter/labconfig/page_config.json \
 		|| $(PY) -m jupyter labextension disable --level=sys_prefix "$(ANNOUNCEMENTS)" >/dev/null 2>&1 || true
+	@$(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) git-filter >/dev/null 2>&1 || true   # a checkout set up earlier gets today's filter
 	@token=$$($(PY) -c "import secrets; print(secrets.token_hex(24))"); \
 	port=$(PORT); \
 	$(PY) -c "import socket, sys; socket.socket().bind(('127.0.0.1', int(sys.argv[1])))" $$port 2>/dev/null \

@@ -344,9 +344,9 @@ print(f"server running: {server.running}")
 # **Teacher forcing.** Scoring a model on a known text: at every position it is given the true preceding
 # tokens (not its own earlier predictions), and its probability for the true next token is recorded.
 #
-# **Nats per character.** The mean of −ln(probability of the true next token) under teacher forcing,
-# summed over the text's tokens and divided by its characters (so models with different tokenizers
-# compare); lower is better. A nat is a unit of information with the natural log: ln 2 ≈ 0.69 nats is one bit.
+# **Nats per character.** −ln(probability of the true next token) under teacher forcing, summed over
+# the text's tokens and divided by its characters (so models with different tokenizers compare); lower
+# is better. A nat is a unit of information with the natural log: ln 2 ≈ 0.69 nats is one bit.
 #
 # **e4m3.** An 8-bit floating-point (FP8) format: 1 sign bit, 4 exponent bits, 3 mantissa bits; the
 # largest value is 448 (Micikevicius et al., "FP8 Formats for Deep Learning", 2022). Notebook 02 stores

@@ -71,7 +71,6 @@ def served(trace, policy="fcfs", *, cost_model, **config):
 # prompt tokens per second its prefill takes 500 ms, and all 10 decodes pause for it. Three answers (chunked
 # prefill with decodes piggybacked on the chunks comes from SARATHI, Agrawal et al., arXiv 2308.16369, 2023,
 # and its successor Sarathi-Serve, OSDI 2024):
-# from SARATHI, Agrawal et al., arXiv 2308.16369, 2023, and its successor Sarathi-Serve, OSDI 2024):
 #
 # | Approach | Idea | Tradeoff |
 # |---|---|---|
@@ -278,8 +277,9 @@ for rate in (16, 20):
 # and goodput under the same SLOs. Things to try: the KV capacity down to 16,000 positions at 12 requests
 # per second, then FCFS against SJF (a queue forms, and SJF serves most requests' first token several
 # times sooner while its slowest wait a little longer: compare the p50 and p99 in the line under the
-# controls); at the default 64,000 positions hardly a queue forms below about 24 requests per second, and
-# the two policies draw nearly the same curves, because a policy only chooses among waiting requests;
+# controls); at the default 64,000 positions hardly a queue forms anywhere on the rate slider (it stops at
+# 20 requests per second, and a queue starts only above about 24), so the two policies draw nearly the same
+# curves: a policy only chooses among waiting requests;
 # at 16,000 positions, recompute against swap; chunked prefill off with a small budget (the engine
 # refuses, and says why).
 

@@ -114,6 +114,10 @@ class GradeReport:
         text = message.splitlines() or [""]
         if isinstance(exc, AssertionError) and not frames and text[0].startswith("assert "):
             return self.bare_assert(excinfo, text[0])
+        if isinstance(exc, AssertionError) and not frames:
+            # the grader's message, without pytest's introspection of the comparison appended below it
+            cut = next((i for i, t in enumerate(text) if t.startswith("assert ")), len(text))
+            text = text[:cut]
         if len(text) > self.MAX_MESSAGE_LINES:
             text = text[:self.MAX_MESSAGE_LINES] + ["..."]
         if frames or not isinstance(exc, AssertionError):

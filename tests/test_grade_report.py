@@ -28,10 +28,10 @@ def _stubs(tmp_path: Path) -> Path:
     return out
 
 
-def _grade_with_pytest(impl_dir: Path, ex: str) -> subprocess.CompletedProcess:
+def _grade_with_pytest(impl_dir: Path, ex: str, k: str = "") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", "-m", f"ex{ex}", "tests/test_exercises.py", "--grade", "-qq",
                            "--no-header", "-rN", "--tb=no", "--disable-warnings", "-p", "no:cacheprovider",
-                           "-o", "console_output_style=classic"],
+                           "-o", "console_output_style=classic", *(["-k", k] if k else [])],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**_env(), "MINILLM_IMPL": str(impl_dir)})
 
@@ -119,6 +119,25 @@ def test_a_bare_assert_in_a_grader_shows_both_values(tmp_path):
     assert out[i + 1].strip().startswith("your code does not pass the grader's check: "), proc.stdout[-3000:]
     assert "the left side is [[[1, -127]" in out[i + 2] and "the right side [[[0, -127]" in out[i + 2], \
         proc.stdout[-3000:]
+
+
+def test_a_graders_message_is_shown_without_pytests_introspection(tmp_path):
+    """A grader's ``assert got == want, message`` on a wrong answer (SJF aging with the wrong sign) shows the
+    grader's sentence alone: not the introspection pytest appends to it (``assert {...} == {...}``, "Omitting 5
+    identical items", ``+  where ...``), and times written to the millisecond."""
+    d = tmp_path / "mine"
+    d.mkdir()
+    src = (ROOT / "solutions" / "ex03_policies.py").read_text()
+    right = "        return self.remaining(req) - self.aging * max(0.0, now - req.arrival_time)\n"
+    assert right in src, "solutions/ex03_policies.py changed shape: update this test"
+    (d / "ex03_policies.py").write_text(src.replace(right, right.replace(" - self.aging", " + self.aging")))
+    proc = _grade_with_pytest(d, "03", k="sjf")
+    out = proc.stdout.rstrip("\n").split("\n")
+    failed = [LINE.match(ln) for ln in out if LINE.match(ln) and LINE.match(ln).group(1) == "FAIL"]
+    assert len(failed) >= 3 and all(m.group(4) for m in failed), proc.stdout[-3000:] + proc.stderr[-3000:]
+    for noise in ("assert ", "Omitting", "+  where", "Differing items", "RequestMetrics("):
+        assert noise not in proc.stdout, f"{noise!r} in the report:\n{proc.stdout}"
+    assert not re.search(r"\d\.\d{6,} s", proc.stdout), f"unrounded times in the report:\n{proc.stdout}"
 
 
 def test_grading_from_a_notebook_cell_offers_the_worked_answer_after_a_failure_only(tmp_path, monkeypatch, capsys):

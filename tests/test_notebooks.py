@@ -82,6 +82,12 @@ def test_notebook_is_committed_without_outputs(path):
                        "filter that strips them when the notebook is staged (then `git add` it again)")
 
 
+# The language_info JupyterLab saves into a run notebook (jupytext writes only the name).
+JUPYTERLAB_LANGUAGE_INFO = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+                            "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+                            "pygments_lexer": "ipython3", "version": "3.11.7"}
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_running_a_notebook_does_not_dirty_a_commit(tmp_path):
     """A student runs a notebook (outputs saved in the working file): the check above still passes, and
@@ -103,6 +109,7 @@ def test_running_a_notebook_does_not_dirty_a_commit(tmp_path):
     code = next(c for c in nb.cells if c.cell_type == "code")
     code.execution_count = 1
     code.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n")]
+    nb.metadata["language_info"] = dict(JUPYTERLAB_LANGUAGE_INFO)     # what the kernel writes when JupyterLab saves
     nbformat.write(nb, path)
     assert cells_with_outputs(nbformat.read(path, as_version=4)), "the working file carries outputs"
     assert not cells_with_outputs(staged_notebook(path)), "the check reads what git holds"
@@ -124,14 +131,22 @@ def test_running_a_notebook_does_not_dirty_a_commit(tmp_path):
     assert _git("diff", "--quiet", cwd=repo).returncode == 0, "`git diff` shows no change for outputs alone"
 
 
-FILTER_ARGS = ["-m", "nbstripout", "--keep-id"]       # the clean filter `make install` sets (see the Makefile)
+# The clean filter `make install` sets (see the Makefile): outputs, and the kernel's details in language_info.
+LANGUAGE_INFO_KEYS = ("codemirror_mode", "file_extension", "mimetype", "nbconvert_exporter", "pygments_lexer",
+                      "version")
+FILTER_ARGS = ["-m", "nbstripout", "--keep-id", "--extra-keys",
+               " ".join(f"metadata.language_info.{k}" for k in LANGUAGE_INFO_KEYS)]
 
 
 def test_the_filter_leaves_built_notebooks_as_they_are():
     """Staging passes every notebook through the filter: a notebook without outputs must come out unchanged
     (else what is committed drifts from what ``jupytext --to ipynb`` writes from the ``.py`` sources)."""
     makefile = (ROOT / "Makefile").read_text()
-    assert f"-m nbstripout {' '.join(FILTER_ARGS[2:])}\"" in makefile, "the Makefile's filter uses other options"
+    assert "-m nbstripout --keep-id --extra-keys '$(NBSTRIPOUT_KEYS)'" in makefile, \
+        "the Makefile's filter uses other options"
+    keys = re.search(r"^NBSTRIPOUT_KEYS := ((?:.*\\\n)*.*)$", makefile, re.M)
+    assert keys and keys.group(1).replace("\\\n", " ").split() == FILTER_ARGS[4].split(), \
+        "the Makefile strips other keys"
     clean = [str(p) for p in NOTEBOOKS if not cells_with_outputs(nbformat.read(p, as_version=4))]
     if not clean:
         pytest.skip("every notebook carries outputs here (run in this copy)")

@@ -47,7 +47,7 @@ from plotly.subplots import make_subplots
 from ..step_record import BlockInfo, KVSnapshot, StepRecord
 
 __all__ = [
-    "PALETTE", "ColorMap", "request_color",
+    "PALETTE", "log_ticks", "ColorMap", "request_color",
     "KVCells", "kv_cells", "kv_labels", "empty_kv_snapshot", "kv_map_figure", "update_kv_map", "compare_kv_figure",
     "batch_segments", "batch_figure", "update_batch_figure",
     "gantt_segments", "gantt_figure", "latency_cdf_figure", "kv_usage_figure",
@@ -62,6 +62,14 @@ __all__ = [
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2",
            "#FF9DA6", "#9D755D", "#7F3C8D", "#1F9E89", "#D4A017", "#3F51B5", "#C2185B",
            "#6D8B3A", "#8C6D31"]
+def log_ticks(marks: tuple = (1, 2, 5)) -> dict:
+    """Tick labels for a log axis, written out, at ``marks`` of every power of ten (1, 2, 5: 0.01, 0.02,
+    0.05, 0.1, ...): an axis spanning less than a decade still has labels, and none are plotly's small
+    2-to-9 digits. ``fig.update_yaxes(type="log", **log_ticks())``; ``(1, 3)`` for an axis of many decades."""
+    vals = [m * 10.0 ** e for e in range(-4, 7) for m in marks]
+    return dict(tickvals=vals, ticktext=[f"{v:g}" for v in vals])
+
+
 FREE_LINE = "#c4c4c4"       # outline of a free cell
 CACHED_FILL = "#dde3ea"     # a free block that still holds a cached prefix (under a dotted pattern)
 UNUSED_BUDGET = "#eeeeee"   # execution-token budget left unused

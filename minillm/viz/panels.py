@@ -160,7 +160,7 @@ def metrics_html(rec: Optional[StepRecord], progress: Progress, infos: dict, *, 
     hist = (f"<span style='background:#fff3cd;padding:0 4px;border-radius:3px'>history: "
             f"viewing step {rec.step}, latest is {num_taken - 1}</span> " if viewing_history else "")
     parts.append(f"<span class='mlw-step' style='font-weight:600'>step {rec.step}</span>")
-    clock = ("wall clock: time between your clicks counts too" if rec.clock == "wall"
+    clock = ("wall clock: any pause between steps counts too" if rec.clock == "wall"
              else f"{_e(rec.clock)} clock")
     parts.append(f"t = {rec.time:.4f} s ({clock}; the step took {_fmt_s(rec.duration)})")
     parts.append(f"batch {len(rec.batch)}/{max_num_seqs} seqs ({len(rec.batch) / max(1, max_num_seqs):.0%})")

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..step_record import StepRecord
-from .figures import PALETTE
+from .figures import PALETTE, log_ticks
 
 __all__ = ["step_lines", "mean_of", "fmt_time", "run_line", "every_n_line", "load_line", "shed_line", "aging_figure",
            "levels_figure", "service_over_time", "service_figure", "token_gaps_figure", "load_figure"]
@@ -119,16 +119,19 @@ def _layout(fig: go.Figure, title: str, height: int = 360) -> go.Figure:
 
 
 def aging_figure(agings: Sequence[float], long_wait: Sequence[float], short_mean: Sequence[float]) -> go.Figure:
-    """The long request's wait and the short requests' mean latency against the aging rate (log axis; the
-    first entry, aging 0, is drawn as a dotted line: the starved wait)."""
+    """The long request's wait and the short requests' mean latency against the aging rate (log axis, one
+    labelled tick per rate run; the first entry, aging 0, is drawn as a dotted line: the starved wait)."""
     fig = go.Figure([go.Scatter(x=agings[1:], y=long_wait[1:], name="L's wait (s)", mode="lines+markers"),
                      go.Scatter(x=agings[1:], y=short_mean[1:], name="short requests' mean latency (s)",
                                 mode="lines+markers", yaxis="y2")])
-    fig.add_hline(y=long_wait[0], line_dash="dot", annotation_text="L's wait without aging (starved)")
-    fig.update_layout(xaxis=dict(title="aging (predicted tokens forgiven per second waited)", type="log"),
+    fig.add_hline(y=long_wait[0], line_dash="dot", annotation_text="L's wait without aging (starved)",
+                  annotation_position="top left")
+    fig.update_layout(xaxis=dict(title="aging (predicted tokens forgiven per second waited, log scale)", type="log",
+                                 tickvals=list(agings[1:]), ticktext=[f"{a:g}" for a in agings[1:]]),
                       yaxis=dict(title="L's wait (s)", rangemode="tozero"),
                       yaxis2=dict(title="short requests' mean latency (s)", overlaying="y", side="right",
-                                  rangemode="tozero"))
+                                  rangemode="tozero", tickmode="auto", showgrid=False),
+                      legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom"))
     return _layout(fig, "aging bounds the longest wait; the short requests pay with their mean latency", 380)
 
 
@@ -174,7 +177,8 @@ def token_gaps_figure(runs: Mapping[str, Mapping[str, Any]], request_id: str, ti
         m = metrics[request_id]
         fig.add_trace(go.Scatter(x=m.token_times[1:], y=[1e3 * g for g in m.inter_token_latencies], name=name,
                                  mode="lines", line=dict(color=PALETTE[i])))
-    fig.update_layout(xaxis_title="time (s)", yaxis=dict(title="ms since its previous token", type="log"))
+    fig.update_layout(xaxis_title="time (s)", yaxis=dict(title="ms since its previous token (log scale)", type="log",
+                                                                **log_ticks()))
     return _layout(fig, title)
 
 
@@ -191,7 +195,7 @@ def load_figure(load: Mapping[float, Mapping[str, Any]], slo_ttft: float, title:
                                     start=1):
         fig.add_trace(go.Scatter(x=rates, y=[load[r][key] for r in rates], name=name, mode="lines+markers",
                                  line=dict(color=PALETTE[i])), row=1, col=2)
-    fig.update_yaxes(title_text="time to first token (s)", type="log", row=1, col=1)
+    fig.update_yaxes(title_text="time to first token (s, log scale)", type="log", row=1, col=1, **log_ticks((1, 3)))
     fig.update_yaxes(title_text="requests / s", row=1, col=2)
     fig.update_xaxes(title_text="arrival rate (requests / s)")
     return _layout(fig, title, 380)

@@ -284,9 +284,9 @@ class WhatIf:
                                                                         color=figures.PALETTE[0 if dash == "solid"
                                                                                               else 7])),
                               row=1, col=col)
-        # one labelled tick per power of ten (0.01, 0.1, 1, 10), written out, not 2 and 5 between them
-        fig.update_xaxes(title_text="seconds (log scale)", type="log", dtick=1, exponentformat="none",
-                         gridcolor="#eee")
+        # labelled ticks written out: TTFTs span decades (1, 2, 5 of each), TPOTs mostly lie inside one (finer)
+        fig.update_xaxes(title_text="seconds (log scale)", type="log", gridcolor="#eee", **figures.log_ticks())
+        fig.update_xaxes(col=2, **figures.log_ticks((1, 1.5, 2, 3, 5, 7)))
         fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02])
         fig.update_layout(height=360, plot_bgcolor="white", margin=dict(t=90, b=40),
                           title=dict(text="latency CDFs: share of requests within each time", y=0.98, yanchor="top"),
@@ -297,10 +297,11 @@ class WhatIf:
         fig = go.Figure([go.Scatter(x=[], y=[], mode="lines", name=name, line=dict(color=figures.PALETTE[c], dash=dash))
                          for name, c, dash in (("holds KV", 1, "solid"), ("previous: holds KV", 7, "dash"),
                                                ("blocks handed out", 1, "dot"))])
-        fig.update_layout(height=260, plot_bgcolor="white", margin=dict(t=40, b=40),
-                          title="KV cache in use (the gap to the dotted line: unfilled tails of last blocks)",
+        fig.update_layout(height=290, plot_bgcolor="white", margin=dict(t=70, b=40),     # the legend under the title
+                          title=dict(text="KV cache in use (the gap to the dotted line: unfilled tails of last blocks)",
+                                     y=0.97, yanchor="top"),
                           xaxis_title="modeled time (s)", yaxis=dict(title="fraction of capacity", range=[0, 1.02]),
-                          legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
+                          legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, xanchor="left"))
         return fig
 
     def _draw(self) -> None:

@@ -63,12 +63,16 @@ def _schedule(m):
     return {rid: (mm.first_scheduled_time, tuple(mm.token_times)) for rid, mm in m.items()}
 
 
+def _secs(t):
+    return "never" if t is None else f"{t:.3f} s"
+
+
 def _first_difference(want, got):
     for rid in want:
         if want[rid] != got.get(rid):
             return (f"request {rid}: the engine's policy started it at {want[rid][0]:.3f} s with its last token "
-                    f"at {want[rid][1][-1]:.3f} s; yours at {got[rid][0]} s, last token "
-                    f"{got[rid][1][-1] if got[rid][1] else None}")
+                    f"at {want[rid][1][-1]:.3f} s; yours at {_secs(got[rid][0])}, last token "
+                    f"{_secs(got[rid][1][-1]) if got[rid][1] else 'none'}")
     return "the same"
 
 

@@ -202,7 +202,8 @@ def _runs_allowed(max_cap):
     ([0.1 * c for c in range(1, 33)], 5.0, 32),                  # every cap meets it: the largest tried
     ([0.3, 0.6, 1.9, 2.1, 2.2, 2.4, 2.6, 2.9, 3.5], 2.0, 3),
     ([1.0] * 7 + [2.0001] * 50, 2.0, 7),
-])
+], ids=["docstring_table", "a_tie_meets_the_target", "no_cap_meets_it", "every_cap_meets_it", "uneven_steps",
+        "just_above_the_target"])
 def test_largest_queue_cap_by_hand(p99, slo, want):
     runs = _Runs({c: t for c, t in enumerate(p99, start=1)})
     got = ex().largest_queue_cap(runs, slo, len(p99))
