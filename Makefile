@@ -130,10 +130,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	MINILLM_IMPL=solutions $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# ruff's checks over the repository, then mypy on the engine (minillm/core, engine.py, executor.py; its
+# ruff's checks and its formatting over the repository (`ruff format .` formats; the notebooks' jupytext
+# sources are left as laid out), then mypy on the engine (minillm/core, engine.py, executor.py; its
 # settings: [tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
 # Grade one exercise against your code in exercises/: make grade EX=01

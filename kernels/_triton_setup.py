@@ -46,6 +46,21 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def no_gpu_driver() -> bool:
+    """True when this machine shows no GPU driver at all (no NVIDIA, ROCm or WSL device files), so
+    CUDA cannot be available. Answered without importing torch."""
+    paths = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+    return not any(os.path.exists(p) for p in paths)
+
+
+def use_interpreter_early() -> None:
+    """At ``import minillm``: on a machine with no GPU driver, choose the interpreter before anything
+    (transformers, a notebook) imports Triton, without importing torch. Elsewhere the decision waits
+    for :func:`use_interpreter_if_no_cuda`, which asks torch."""
+    if "triton" not in sys.modules and _ENV not in os.environ and no_gpu_driver():
+        os.environ[_ENV] = "1"
+
+
 def triton_installed() -> bool:
     """True when the ``triton`` package can be imported (it is not imported here)."""
     if "triton" in sys.modules:

@@ -88,20 +88,38 @@ def _find_request(cu_seqlens_q_ptr, tile_id, batch, BLOCK_Q: tl.constexpr):
 
 @triton.jit(do_not_specialize=["batch"])  # batch == 1 would become a constant, and the search needs a variable
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
-    part_out_ptr, part_lse_ptr,  # split-K scratch, unused when not SPLIT
-    k_scale_ptr, v_scale_ptr,  # [num_blocks, H_kv] float32 scales of a quantized cache; unused if not QUANT
-    scale, batch,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    cu_seqlens_q_ptr,
+    context_lens_ptr,
+    part_out_ptr,
+    part_lse_ptr,  # split-K scratch, unused when not SPLIT
+    k_scale_ptr,
+    v_scale_ptr,  # [num_blocks, H_kv] float32 scales of a quantized cache; unused if not QUANT
+    scale,
+    batch,
     num_splits,  # programs sharing one tile's keys (split-K); 1 when not SPLIT
-    stride_qt, stride_qh,  # q [total_q, H, D]; the last dim of every tensor is contiguous
-    stride_ot, stride_oh,  # out [total_q, H, D]
-    stride_kb, stride_ks, stride_kh,  # k_cache [num_blocks, block_size, H_kv, D]
-    stride_vb, stride_vs, stride_vh,  # v_cache
+    stride_qt,
+    stride_qh,  # q [total_q, H, D]; the last dim of every tensor is contiguous
+    stride_ot,
+    stride_oh,  # out [total_q, H, D]
+    stride_kb,
+    stride_ks,
+    stride_kh,  # k_cache [num_blocks, block_size, H_kv, D]
+    stride_vb,
+    stride_vs,
+    stride_vh,  # v_cache
     stride_bt,  # block_tables [batch, max_blocks]
-    stride_ksb, stride_vsb,  # k_scale, v_scale [num_blocks, H_kv] (head stride 1)
-    stride_pt, stride_ph, stride_ps,  # part_out [total_q, H, num_splits, D] float32
-    stride_lt, stride_lh,  # part_lse [total_q, H, num_splits] float32
+    stride_ksb,
+    stride_vsb,  # k_scale, v_scale [num_blocks, H_kv] (head stride 1)
+    stride_pt,
+    stride_ph,
+    stride_ps,  # part_out [total_q, H, num_splits, D] float32
+    stride_lt,
+    stride_lh,  # part_lse [total_q, H, num_splits] float32
     HEAD_DIM: tl.constexpr,  # real head dim, e.g. 80
     BLOCK_D: tl.constexpr,  # head dim padded to a power of two, e.g. 128; the tail is masked
     GROUP: tl.constexpr,  # query heads per KV head (GQA ratio)
@@ -140,7 +158,8 @@ def _paged_attention_kernel(
 
     q = tl.load(
         q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-        mask=row_ok[:, None] & d_ok[None, :], other=0.0,
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
     ).to(DOT_DTYPE)
 
     # --- which keys: causal end of the tile, then this program's split ----------------
@@ -167,9 +186,9 @@ def _paged_attention_kernel(
         offset = n % PAGE
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(
-            k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks
-            + kv_head * stride_kh + d[None, :],
-            mask=kv_mask, other=0.0,
+            k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
         ).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if QUANT:
@@ -188,9 +207,9 @@ def _paged_attention_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
-            v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
-            + kv_head * stride_vh + d[None, :],
-            mask=kv_mask, other=0.0,
+            v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
         )
         if QUANT:
             # sum_n p[m, n] * (v_s[n] * v_q[n, d]): the value scales go onto the probabilities
@@ -214,18 +233,27 @@ def _paged_attention_kernel(
     else:
         tl.store(
             out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-            out.to(out_ptr.dtype.element_ty), mask=mask,
+            out.to(out_ptr.dtype.element_ty),
+            mask=mask,
         )
 
 
 @triton.jit
 def _merge_splits_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, num_splits,
-    stride_pt, stride_ph, stride_ps,
-    stride_lt, stride_lh,
-    stride_ot, stride_oh,
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_splits,
+    stride_pt,
+    stride_ph,
+    stride_ps,
+    stride_lt,
+    stride_lh,
+    stride_ot,
+    stride_oh,
     BLOCK_S: tl.constexpr,  # MAX_SPLITS: one compiled kernel for every split count
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """Split-K epilogue: out = sum_s w_s * out_s / sum_s w_s, w_s = 2^(lse_s - max lse)."""
     token = tl.program_id(0).to(tl.int64)
@@ -240,7 +268,8 @@ def _merge_splits_kernel(
     d_ok = d < HEAD_DIM
     o = tl.load(
         part_out_ptr + token * stride_pt + head * stride_ph + s[:, None] * stride_ps + d[None, :],
-        mask=s_ok[:, None] & d_ok[None, :], other=0.0,
+        mask=s_ok[:, None] & d_ok[None, :],
+        other=0.0,
     )
     res = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
     tl.store(out_ptr + token * stride_ot + head * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
@@ -271,8 +300,14 @@ def tile_choices(head_dim: int, group: int, max_q_len: int, elem_size: int = 2):
     block_n = 64 if block_d <= 128 else 32
     num_warps, num_stages = (4, 3) if block_m <= 64 else (8, 2)
     while True:
-        yield dict(BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_Q=block_m // group, BLOCK_N=block_n,
-                   num_warps=num_warps, num_stages=num_stages)
+        yield dict(
+            BLOCK_D=block_d,
+            BLOCK_M=block_m,
+            BLOCK_Q=block_m // group,
+            BLOCK_N=block_n,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        )
         if block_n > 16:
             block_n //= 2
         elif block_m > smallest_m:
@@ -299,8 +334,16 @@ MAX_SPLITS = 32  # the most programs that share one tile's keys (split-K)
 
 
 @lru_cache(maxsize=None)
-def attention_launch(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int, page: int,
-                     max_q_len: int, split: bool, target: Optional[Target] = None) -> Launch:
+def attention_launch(
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    page: int,
+    max_q_len: int,
+    split: bool,
+    target: Optional[Target] = None,
+) -> Launch:
     """The launch of :func:`_paged_attention_kernel` for one step: queries of ``dtype``, a cache
     of ``kv_dtype`` (``dtype``, or int8/fp8 with scales), ``group`` query heads per KV head,
     ``page`` tokens per KV block, at most ``max_q_len`` new tokens per request, split-K or not.
@@ -311,39 +354,65 @@ def attention_launch(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, g
     for t in tile_choices(head_dim, group, max(1, max_q_len), elem):
         launch = Launch.of(
             _paged_attention_kernel,
-            dict(q_ptr=pointer(dtype), out_ptr=pointer(dtype), k_cache_ptr=pointer(kv_dtype),
-                 v_cache_ptr=pointer(kv_dtype), block_tables_ptr="*i32", cu_seqlens_q_ptr="*i32",
-                 context_lens_ptr="*i32", part_out_ptr="*fp32", part_lse_ptr="*fp32",
-                 k_scale_ptr="*fp32", v_scale_ptr="*fp32", scale="fp32"),
-            dict(HEAD_DIM=head_dim, BLOCK_D=t["BLOCK_D"], GROUP=group, BLOCK_Q=t["BLOCK_Q"],
-                 BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], PAGE=page, SPLIT=bool(split),
-                 DOT_DTYPE=_dot_dtype(dtype), DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-                 QUANT=kind_of(torch.empty((), dtype=kv_dtype)) is not None),
-            t["num_warps"], t["num_stages"])
+            dict(
+                q_ptr=pointer(dtype),
+                out_ptr=pointer(dtype),
+                k_cache_ptr=pointer(kv_dtype),
+                v_cache_ptr=pointer(kv_dtype),
+                block_tables_ptr="*i32",
+                cu_seqlens_q_ptr="*i32",
+                context_lens_ptr="*i32",
+                part_out_ptr="*fp32",
+                part_lse_ptr="*fp32",
+                k_scale_ptr="*fp32",
+                v_scale_ptr="*fp32",
+                scale="fp32",
+            ),
+            dict(
+                HEAD_DIM=head_dim,
+                BLOCK_D=t["BLOCK_D"],
+                GROUP=group,
+                BLOCK_Q=t["BLOCK_Q"],
+                BLOCK_M=t["BLOCK_M"],
+                BLOCK_N=t["BLOCK_N"],
+                PAGE=page,
+                SPLIT=bool(split),
+                DOT_DTYPE=_dot_dtype(dtype),
+                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                QUANT=kind_of(torch.empty((), dtype=kv_dtype)) is not None,
+            ),
+            t["num_warps"],
+            t["num_stages"],
+        )
         if fits(launch, target):
             return launch
         tried.append(f"{launch.describe()}: {shared_memory(launch, target)} B")
-    raise RuntimeError(f"no attention tile fits the {target.shared_memory} B of shared memory of "
-                       f"sm_{target.capability}:\n  " + "\n  ".join(tried))
+    raise RuntimeError(
+        f"no attention tile fits the {target.shared_memory} B of shared memory of "
+        f"sm_{target.capability}:\n  " + "\n  ".join(tried)
+    )
 
 
 @lru_cache(maxsize=None)
 def merge_launch(dtype: torch.dtype, head_dim: int) -> Launch:
     """The launch of :func:`_merge_splits_kernel`: one compiled kernel for any split count."""
-    return Launch.of(_merge_splits_kernel,
-                     dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=pointer(dtype)),
-                     dict(BLOCK_S=MAX_SPLITS, HEAD_DIM=head_dim, BLOCK_D=max(16, _next_pow2(head_dim))),
-                     num_warps=4)
+    return Launch.of(
+        _merge_splits_kernel,
+        dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=pointer(dtype)),
+        dict(BLOCK_S=MAX_SPLITS, HEAD_DIM=head_dim, BLOCK_D=max(16, _next_pow2(head_dim))),
+        num_warps=4,
+    )
 
 
-def attention_launches(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int, page: int,
-                       target: Optional[Target] = None) -> list[Launch]:
+def attention_launches(
+    dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int, page: int, target: Optional[Target] = None
+) -> list[Launch]:
     """Every launch :func:`paged_attention_triton` can make for one model shape and cache, over
     every step the engine can take (any ``max_q_len``, split-K or not): the distinct results of
     :func:`attention_launch` and :func:`merge_launch` over their whole range."""
     launches = []
     q_len = 1
-    while True:   # max_q_len changes the tiles only at powers of two, up to the largest tile
+    while True:  # max_q_len changes the tiles only at powers of two, up to the largest tile
         for split in (False, True) if _splits_allowed(q_len, group) else (False,):
             launches.append(attention_launch(dtype, kv_dtype, head_dim, group, page, q_len, split, target))
         if q_len * group >= 128:
@@ -373,8 +442,20 @@ def auto_num_splits(programs: int, max_kv_len: int, device: torch.device) -> int
     return max(1, min(want, max_kv_len // 128, MAX_SPLITS))
 
 
-def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                           *, max_q_len=None, num_splits=None, k_scale=None, v_scale=None):
+def paged_attention_triton(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    scale,
+    *,
+    max_q_len=None,
+    num_splits=None,
+    k_scale=None,
+    v_scale=None,
+):
     """Causal attention of a ragged batch of new tokens over the paged KV cache (Triton).
 
     ``max_q_len``: the longest ``q_len_i`` in the batch, known to the scheduler; passing
@@ -437,13 +518,24 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
 
     launch(
         (n_tiles, num_kv_heads, num_splits),
-        q, k_cache, v_cache, out,
-        block_tables, cu_seqlens_q, context_lens,
-        part_out, part_lse,
-        k_scale, v_scale,
-        float(scale), batch, num_splits,
-        q.stride(0), q.stride(1),
-        out.stride(0), out.stride(1),
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        cu_seqlens_q,
+        context_lens,
+        part_out,
+        part_lse,
+        k_scale,
+        v_scale,
+        float(scale),
+        batch,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
         *k_cache.stride()[:3],
         *v_cache.stride()[:3],
         block_tables.stride(0),
@@ -453,9 +545,13 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
     if num_splits > 1:
         merge_launch(q.dtype, head_dim)(
             (total_q, num_heads),
-            part_out, part_lse, out, num_splits,
+            part_out,
+            part_lse,
+            out,
+            num_splits,
             *part_strides,
-            out.stride(0), out.stride(1),
+            out.stride(0),
+            out.stride(1),
         )
     return out
 
@@ -469,7 +565,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
 # the matmuls on padding; one more group costs a dozen more torch calls per layer, about
 # what gathering this many more key positions costs (on a CPU, for a small model).
 GROUP_OVERHEAD_KEYS = 512
-GROUP_MAX_PAD = 1.5     # no request pads to more than this times its own context
+GROUP_MAX_PAD = 1.5  # no request pads to more than this times its own context
 
 
 def length_groups(q_lens: list[int], ctx_lens: list[int], overhead: Optional[int] = None) -> list[list[int]]:
@@ -487,7 +583,7 @@ def length_groups(q_lens: list[int], ctx_lens: list[int], overhead: Optional[int
     decodes = [i for i, n in enumerate(q_lens) if n == 1]
     others = [i for i, n in enumerate(q_lens) if n != 1]
     for order in (decodes, others):
-        order.sort(key=ctx_lens.__getitem__, reverse=True)      # longest first (stable)
+        order.sort(key=ctx_lens.__getitem__, reverse=True)  # longest first (stable)
         cuts: list[list[int]] = []
         longest = 0
         for i in order:
@@ -512,15 +608,16 @@ class PaddedGroup:
     sit in ``q``, which cache blocks hold its keys, and which scores each query may see.
     Keys are gathered in whole blocks (``nb * page`` positions per request) and attended up
     to ``Lk``, the longest context in the group."""
+
     batch: int
-    lq: int                      # longest q_len in the group (queries are padded to it)
-    lk: int                      # longest ctx_len in the group (keys are padded to it)
-    q_rows: torch.Tensor         # [B * Lq] row of q for each (request, query j); 0 for padding
+    lq: int  # longest q_len in the group (queries are padded to it)
+    lk: int  # longest ctx_len in the group (keys are padded to it)
+    q_rows: torch.Tensor  # [B * Lq] row of q for each (request, query j); 0 for padding
     real: Optional[torch.Tensor]  # indices into the B * Lq padded queries that are real (None: all)
-    out_rows: torch.Tensor       # the rows of q (and out) those real queries are
-    blocks: torch.Tensor         # [B * nb] cache blocks to gather
-    stale: torch.Tensor          # indices into the B * nb * page gathered positions in [ctx_len, Lk)
-    visible: torch.Tensor        # [B, 1, Lq * group, Lk] causal and in-context
+    out_rows: torch.Tensor  # the rows of q (and out) those real queries are
+    blocks: torch.Tensor  # [B * nb] cache blocks to gather
+    stale: torch.Tensor  # indices into the B * nb * page gathered positions in [ctx_len, Lk)
+    visible: torch.Tensor  # [B, 1, Lq * group, Lk] causal and in-context
 
 
 def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page: int, group: int) -> list[PaddedGroup]:
@@ -549,21 +646,29 @@ def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page: int, grou
         # Gather whole blocks through the block table. Padding entries of the table may
         # hold anything, and cache slots past ctx_len hold stale data (maybe NaN, and
         # 0 * NaN is NaN): point the one at block 0, zero the other after the gather.
-        blocks_used = np.arange(nb) * page < ctx_lens[:, None]   # a block is used if its first slot is
+        blocks_used = np.arange(nb) * page < ctx_lens[:, None]  # a block is used if its first slot is
         blocks = np.where(blocks_used, bt[r, :nb], 0)
         stale_req, stale_pos = np.nonzero(~kv_ok)
-        if lq == 1:   # decode: no padding queries, and the causal mask is the context mask
+        if lq == 1:  # decode: no padding queries, and the causal mask is the context mask
             visible = torch.from_numpy(kv_ok).to(dev)[:, None, None, :].expand(len(reqs), 1, group, lk)
         else:
             # Query j of a request sits at position ctx_len - q_len + j and sees keys <= it.
             q_pos = (ctx_lens - q_lens)[:, None] + j  # [B, Lq]
             vis = (n[None, None, :] <= q_pos[:, :, None]) & kv_ok[:, None, :]  # [B, Lq, Lk]
             visible = as_tensor(np.repeat(vis, group, axis=1)[:, None])  # one row per (query, head in group)
-        plans.append(PaddedGroup(
-            batch=len(reqs), lq=lq, lk=lk, q_rows=as_tensor(rows.ravel()),
-            real=None if q_ok.all() else as_tensor(np.flatnonzero(q_ok)),
-            out_rows=as_tensor(rows[q_ok]), blocks=as_tensor(blocks.ravel().astype(np.int64)),
-            stale=as_tensor(stale_req * (nb * page) + stale_pos), visible=visible))
+        plans.append(
+            PaddedGroup(
+                batch=len(reqs),
+                lq=lq,
+                lk=lk,
+                q_rows=as_tensor(rows.ravel()),
+                real=None if q_ok.all() else as_tensor(np.flatnonzero(q_ok)),
+                out_rows=as_tensor(rows[q_ok]),
+                blocks=as_tensor(blocks.ravel().astype(np.int64)),
+                stale=as_tensor(stale_req * (nb * page) + stale_pos),
+                visible=visible,
+            )
+        )
     return plans
 
 
@@ -577,8 +682,20 @@ def _check_scales(k_cache, k_scale, v_scale) -> bool:
     return True
 
 
-def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None,
-                        plan=None, k_scale=None, v_scale=None):
+def paged_attention_ref(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    scale,
+    *,
+    max_q_len=None,
+    plan=None,
+    k_scale=None,
+    v_scale=None,
+):
     """Same contract as the kernel, in plain torch: gather each request's keys and values
     out of the paged cache into padded dense batches, then one masked
     ``scaled_dot_product_attention`` per batch. Computes in float32, returns ``q.dtype``.
@@ -595,8 +712,9 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if plan is None:
         group = q.shape[1] // k_cache.shape[2]
-        plan = plan_attention_ref(block_tables.to(q.device), cu_seqlens_q.to(q.device),
-                                  context_lens.to(q.device), k_cache.shape[1], group)
+        plan = plan_attention_ref(
+            block_tables.to(q.device), cu_seqlens_q.to(q.device), context_lens.to(q.device), k_cache.shape[1], group
+        )
     for g in plan:
         _attend_padded(q, k_cache, v_cache, g, scale, out, k_scale, v_scale)
     return out
@@ -611,9 +729,9 @@ def _attend_padded(q, k_cache, v_cache, g: PaddedGroup, scale, out, k_scale=None
     v = v_cache.index_select(0, g.blocks)
     if k_scale is None:
         k, v = k.float(), v.float()
-    else:   # dequantize: one scale per (block, KV head); int8 * float32 is float32 in one pass
+    else:  # dequantize: one scale per (block, KV head); int8 * float32 is float32 in one pass
         if k.dtype.is_floating_point:
-            k, v = k.float(), v.float()   # fp8: torch does not promote it
+            k, v = k.float(), v.float()  # fp8: torch does not promote it
         k = k * k_scale.index_select(0, g.blocks)[:, None, :, None]
         v = v * v_scale.index_select(0, g.blocks)[:, None, :, None]
     k = k.view(batch * span, num_kv_heads, head_dim)
@@ -621,8 +739,8 @@ def _attend_padded(q, k_cache, v_cache, g: PaddedGroup, scale, out, k_scale=None
     if g.stale.numel():
         k.index_fill_(0, g.stale, 0.0)  # in place (k is our own gathered copy)
         v.index_fill_(0, g.stale, 0.0)
-    k = k.view(batch, span, num_kv_heads, head_dim)[:, :g.lk].transpose(1, 2)
-    v = v.view(batch, span, num_kv_heads, head_dim)[:, :g.lk].transpose(1, 2)
+    k = k.view(batch, span, num_kv_heads, head_dim)[:, : g.lk].transpose(1, 2)
+    v = v.view(batch, span, num_kv_heads, head_dim)[:, : g.lk].transpose(1, 2)
 
     # GQA without copying K/V per query head: the `group` query heads that share a KV
     # head become extra rows (as in the Triton kernel), [B, Hkv, Lq * group, D].

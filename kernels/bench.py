@@ -32,10 +32,30 @@ from .kv_formats import KV_FORMATS
 
 # Datasheet HBM bandwidth, GB/s. More specific names first ("H200" before "H20").
 _PEAK_GBPS = [
-    ("GH200", 4000), ("H200", 4800), ("H100 NVL", 3900), ("H100 PCIe", 2000), ("H100", 3350), ("H800", 3350),
-    ("H20", 4000), ("B200", 8000), ("B100", 8000), ("A100-SXM4-80GB", 2039), ("A100 80GB PCIe", 1935),
-    ("A100", 1555), ("A800", 2039), ("L40S", 864), ("L40", 864), ("L4", 300), ("A10G", 600), ("A10", 600),
-    ("RTX 6000 Ada", 960), ("A6000", 768), ("RTX 4090", 1008), ("RTX 3090", 936), ("V100", 900), ("T4", 320),
+    ("GH200", 4000),
+    ("H200", 4800),
+    ("H100 NVL", 3900),
+    ("H100 PCIe", 2000),
+    ("H100", 3350),
+    ("H800", 3350),
+    ("H20", 4000),
+    ("B200", 8000),
+    ("B100", 8000),
+    ("A100-SXM4-80GB", 2039),
+    ("A100 80GB PCIe", 1935),
+    ("A100", 1555),
+    ("A800", 2039),
+    ("L40S", 864),
+    ("L40", 864),
+    ("L4", 300),
+    ("A10G", 600),
+    ("A10", 600),
+    ("RTX 6000 Ada", 960),
+    ("A6000", 768),
+    ("RTX 4090", 1008),
+    ("RTX 3090", 936),
+    ("V100", 900),
+    ("T4", 320),
 ]
 
 
@@ -67,8 +87,9 @@ def _copy_bandwidth_gbps(dev) -> float:
 class Case:
     """One batch: ``batch`` requests of ``ctx`` tokens of KV, ``q_len`` of them new."""
 
-    def __init__(self, batch, ctx, q_len, heads, kv_heads, head_dim, block_size, dtype, dev, seed=0,
-                 kv_cache_dtype="auto"):
+    def __init__(
+        self, batch, ctx, q_len, heads, kv_heads, head_dim, block_size, dtype, dev, seed=0, kv_cache_dtype="auto"
+    ):
         g = torch.Generator(device=dev).manual_seed(seed)
         self.batch, self.ctx, self.q_len = batch, ctx, q_len
         self.heads, self.kv_heads, self.head_dim, self.block_size = heads, kv_heads, head_dim, block_size
@@ -82,21 +103,21 @@ class Case:
             self.v_cache = torch.randn(shape, generator=g, device=dev, dtype=dtype)
         else:  # stored values and scales drawn directly (no full-precision copy of a large cache)
             self.k_cache, self.v_cache = (self._random_quantized(shape, kv_cache_dtype, g, dev) for _ in "kv")
-            self.k_scale, self.v_scale = (torch.rand(shape[::2], generator=g, device=dev) * 0.02 + 0.005
-                                          for _ in "kv")
+            self.k_scale, self.v_scale = (torch.rand(shape[::2], generator=g, device=dev) * 0.02 + 0.005 for _ in "kv")
         # Blocks scattered over the pool, as after a while of serving.
         perm = torch.randperm(num_blocks, generator=g, device=dev)
         self.block_tables = perm.view(batch, blocks_per_req).to(torch.int32)
         self.cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, device=dev, dtype=torch.int32)
         self.context_lens = torch.full((batch,), ctx, device=dev, dtype=torch.int32)
         self.q = torch.randn(batch * q_len, heads, head_dim, generator=g, device=dev, dtype=dtype)
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
 
     @staticmethod
     def _random_quantized(shape, kind, g, dev):
         from .kv_quant import QMAX, quantize
+
         x = torch.randn(shape, generator=g, device=dev, dtype=torch.float32) * (QMAX[kind] / 4)
-        return quantize(x, torch.ones((), device=dev), kind)   # values spread over the format's range
+        return quantize(x, torch.ones((), device=dev), kind)  # values spread over the format's range
 
     # --- the work, in bytes and FLOPs ---
     def kv_bytes(self) -> int:
@@ -117,9 +138,18 @@ class Case:
     def ours(self):
         from .attention import paged_attention_triton
 
-        return paged_attention_triton(self.q, self.k_cache, self.v_cache, self.block_tables, self.cu_seqlens_q,
-                                      self.context_lens, self.scale, max_q_len=self.q_len,
-                                      k_scale=self.k_scale, v_scale=self.v_scale)
+        return paged_attention_triton(
+            self.q,
+            self.k_cache,
+            self.v_cache,
+            self.block_tables,
+            self.cu_seqlens_q,
+            self.context_lens,
+            self.scale,
+            max_q_len=self.q_len,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+        )
 
     def gather(self):
         """The paged cache gathered into contiguous [batch, kv_heads, ctx, head_dim] (dequantized
@@ -166,8 +196,9 @@ def _flash_attn(case: Case):
     del k, v
 
     def run():
-        return flash_attn_with_kvcache(q, kc, vc, cache_seqlens=case.context_lens, block_table=bt,
-                                       softmax_scale=case.scale, causal=True).reshape_as(case.q)
+        return flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=case.context_lens, block_table=bt, softmax_scale=case.scale, causal=True
+        ).reshape_as(case.q)
 
     return run
 
@@ -185,12 +216,28 @@ def _flashinfer(case: Case):
     common = (case.heads, case.kv_heads, case.head_dim, case.block_size)
     if case.q_len == 1:
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
-        w.plan(kv_indptr, kv_indices, last, *common, q_data_type=case.q.dtype, kv_data_type=case.q.dtype,
-               sm_scale=case.scale)
+        w.plan(
+            kv_indptr,
+            kv_indices,
+            last,
+            *common,
+            q_data_type=case.q.dtype,
+            kv_data_type=case.q.dtype,
+            sm_scale=case.scale,
+        )
     else:
         w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-        w.plan(case.cu_seqlens_q, kv_indptr, kv_indices, last, *common, causal=True,
-               q_data_type=case.q.dtype, kv_data_type=case.q.dtype, sm_scale=case.scale)
+        w.plan(
+            case.cu_seqlens_q,
+            kv_indptr,
+            kv_indices,
+            last,
+            *common,
+            causal=True,
+            q_data_type=case.q.dtype,
+            kv_data_type=case.q.dtype,
+            sm_scale=case.scale,
+        )
     return lambda: w.run(case.q, (case.k_cache, case.v_cache))
 
 
@@ -260,13 +307,19 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", default="128,256,512,1024,2048,4096", help="prefill query tokens per request")
     p.add_argument("--prefix", type=int, default=0, help="KV tokens already cached before each prefill chunk")
     p.add_argument("--prefill-tokens", type=int, default=16384, help="batch size x chunk, roughly")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_FORMATS],
-                   help="auto: the cache in --dtype; int8 / fp8: quantized, one scale per (block, KV head)")
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", *KV_FORMATS],
+        help="auto: the cache in --dtype; int8 / fp8: quantized, one scale per (block, KV head)",
+    )
     args = p.parse_args(argv)
 
     if not torch.cuda.is_available():
-        print("minillm_kernels.bench measures GPU throughput and needs CUDA; torch sees no CUDA device here. "
-              "Nothing to measure (the kernels' correctness tests run on CPU: pytest tests/test_kernels.py).")
+        print(
+            "minillm_kernels.bench measures GPU throughput and needs CUDA; torch sees no CUDA device here. "
+            "Nothing to measure (the kernels' correctness tests run on CPU: pytest tests/test_kernels.py)."
+        )
         return 0
 
     dev = torch.device("cuda")
@@ -276,14 +329,26 @@ def main(argv=None) -> int:
     copy_bw = _copy_bandwidth_gbps(dev)
     if args.kv_cache_dtype != "auto":
         from .kv_quant import check_available
+
         check_available(args.kv_cache_dtype, dev)
-    shape = dict(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, block_size=args.block_size,
-                 dtype=dtype, dev=dev, kv_cache_dtype=args.kv_cache_dtype)
+    shape = dict(
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        block_size=args.block_size,
+        dtype=dtype,
+        dev=dev,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
     kv_elt = dtype.itemsize if args.kv_cache_dtype == "auto" else 4  # quantized values are drawn via a float32 copy
-    print(f"{props.name}: {props.multi_processor_count} SMs, peak HBM "
-          f"{f'{peak:.0f} GB/s ({source})' if peak else 'unknown'}, measured copy {copy_bw:.0f} GB/s")
-    print(f"heads {args.heads}/{args.kv_heads} (GQA {args.heads // args.kv_heads}), head_dim {args.head_dim}, "
-          f"block_size {args.block_size}, {args.dtype}, KV cache {args.kv_cache_dtype}; median of do_bench, L2 flushed")
+    print(
+        f"{props.name}: {props.multi_processor_count} SMs, peak HBM "
+        f"{f'{peak:.0f} GB/s ({source})' if peak else 'unknown'}, measured copy {copy_bw:.0f} GB/s"
+    )
+    print(
+        f"heads {args.heads}/{args.kv_heads} (GQA {args.heads // args.kv_heads}), head_dim {args.head_dim}, "
+        f"block_size {args.block_size}, {args.dtype}, KV cache {args.kv_cache_dtype}; median of do_bench, L2 flushed"
+    )
     peak = peak or copy_bw
 
     print("\n== decode: one new token per request; achieved bandwidth = K/V/q/out bytes / time ==")
@@ -302,8 +367,10 @@ def main(argv=None) -> int:
             del case
             torch.cuda.empty_cache()
     if goal:
-        print(f"goal (batch >= 32, ctx >= 1k): worst {100 * min(goal):.0f}% / median "
-              f"{100 * sorted(goal)[len(goal) // 2]:.0f}% of peak -> {'MET' if min(goal) >= 0.7 else 'NOT met'} (70%)")
+        print(
+            f"goal (batch >= 32, ctx >= 1k): worst {100 * min(goal):.0f}% / median "
+            f"{100 * sorted(goal)[len(goal) // 2]:.0f}% of peak -> {'MET' if min(goal) >= 0.7 else 'NOT met'} (70%)"
+        )
 
     print(f"\n== prefill: chunks of new tokens on top of {args.prefix} cached tokens; causal TFLOP/s ==")
     for chunk in map(int, args.chunks.split(",")):

@@ -49,7 +49,8 @@ def copy_launch(dtype: torch.dtype, block_numel: int) -> Launch:
         _copy_blocks_kernel,
         dict(k_cache_ptr=pointer(dtype), v_cache_ptr=pointer(dtype), src_ptr="*i64", dst_ptr="*i64"),
         dict(BLOCK=min(4096, triton.next_power_of_2(block_numel))),
-        num_warps=4)
+        num_warps=4,
+    )
 
 
 def check_disjoint(src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -77,8 +78,14 @@ def copy_blocks_triton(k_cache, v_cache, src, dst):
         return copy_blocks_ref(k_cache, v_cache, src, dst)
     block_numel = k_cache[0].numel()
     launch = copy_launch(k_cache.dtype, block_numel)
-    launch((src.numel(), triton.cdiv(block_numel, dict(launch.constants)["BLOCK"])),
-           k_cache, v_cache, src, dst, block_numel)
+    launch(
+        (src.numel(), triton.cdiv(block_numel, dict(launch.constants)["BLOCK"])),
+        k_cache,
+        v_cache,
+        src,
+        dst,
+        block_numel,
+    )
 
 
 def copy_blocks_ref(k_cache, v_cache, src, dst):

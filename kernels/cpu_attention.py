@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_attention.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")   # gnu11: a*b+c may fuse
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")  # gnu11: a*b+c may fuse
 
 
 def _cpu_tag() -> str:
@@ -57,16 +57,18 @@ def compiler() -> str | None:
 def _library() -> ctypes.CDLL:
     cc = compiler()
     if cc is None:
-        raise RuntimeError(f"attention_backend='cpu' compiles {SOURCE.name} on first use and needs a C compiler: "
-                           f"none found as CC={os.environ.get('CC', 'cc')!r} (install gcc, or use "
-                           "attention_backend='torch')")
+        raise RuntimeError(
+            f"attention_backend='cpu' compiles {SOURCE.name} on first use and needs a C compiler: "
+            f"none found as CC={os.environ.get('CC', 'cc')!r} (install gcc, or use "
+            "attention_backend='torch')"
+        )
     code = SOURCE.read_bytes()
     tag = hashlib.sha256(code + " ".join(FLAGS).encode() + _cpu_tag().encode()).hexdigest()[:16]
     cache = Path(os.environ.get("MINILLM_KERNEL_CACHE") or Path.home() / ".cache" / "minillm")
     lib = cache / f"cpu_attention-{tag}.so"
     if not lib.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)   # then renamed: another process may race us
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)  # then renamed: another process may race us
         os.close(fd)
         try:
             done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
@@ -79,15 +81,39 @@ def _library() -> ctypes.CDLL:
     dll = ctypes.CDLL(str(lib))
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     dll.paged_attention_f32.restype = i32
-    dll.paged_attention_f32.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, i64, i64,
-                                        ptr, i64, ptr, ptr, i32, i32, i32, i32, i32, ctypes.c_float, i32]
+    dll.paged_attention_f32.argtypes = [
+        ptr,
+        i64,
+        i64,
+        ptr,
+        ptr,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        ptr,
+        i64,
+        i64,
+        ptr,
+        i64,
+        ptr,
+        ptr,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        ctypes.c_float,
+        i32,
+    ]
     return dll
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor, k_scale=None) -> bool:
     """Whether :func:`paged_attention_cpu` takes this call: float32 on the CPU, a float cache."""
-    return (k_scale is None and q.device.type == "cpu" and q.dtype == torch.float32
-            and k_cache.dtype == torch.float32)
+    return k_scale is None and q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
 
 
 def paged_attention_cpu(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
@@ -96,12 +122,14 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, cu_seqlens_q, context
     block_tables int32 ``[batch, max_blocks]``, cu_seqlens_q int32 ``[batch + 1]``, context_lens
     int32 ``[batch]``. Returns ``[total_q, H, D]`` float32."""
     if not supports(q, k_cache):
-        raise ValueError(f"paged_attention_cpu: float32 CPU tensors only, got q {q.dtype} on {q.device}, "
-                         f"cache {k_cache.dtype}")
+        raise ValueError(
+            f"paged_attention_cpu: float32 CPU tensors only, got q {q.dtype} on {q.device}, cache {k_cache.dtype}"
+        )
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if q.shape[1] % num_kv_heads or q.shape[2] != head_dim:
-        raise ValueError(f"paged_attention_cpu: q {tuple(q.shape)} does not fit a cache of {num_kv_heads} "
-                         f"KV heads of dim {head_dim}")
+        raise ValueError(
+            f"paged_attention_cpu: q {tuple(q.shape)} does not fit a cache of {num_kv_heads} KV heads of dim {head_dim}"
+        )
     # Only the last dimension must be contiguous (the kernel takes every other stride).
     if q.stride(2) != 1:
         q = q.contiguous()
@@ -114,11 +142,32 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, cu_seqlens_q, context
     if q.shape[0] == 0:
         return out
     rc = _library().paged_attention_f32(
-        q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), out.data_ptr(), out.stride(0), out.stride(1), bt.data_ptr(), bt.stride(0),
-        cu.data_ptr(), ctx.data_ptr(), ctx.shape[0], num_kv_heads, q.shape[1] // num_kv_heads, head_dim,
-        k_cache.shape[1], float(scale), torch.get_num_threads())
+        q.data_ptr(),
+        q.stride(0),
+        q.stride(1),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.data_ptr(),
+        out.stride(0),
+        out.stride(1),
+        bt.data_ptr(),
+        bt.stride(0),
+        cu.data_ptr(),
+        ctx.data_ptr(),
+        ctx.shape[0],
+        num_kv_heads,
+        q.shape[1] // num_kv_heads,
+        head_dim,
+        k_cache.shape[1],
+        float(scale),
+        torch.get_num_threads(),
+    )
     if rc != 0:
         raise MemoryError("paged_attention_cpu: the kernel could not allocate its scratch memory")
     return out

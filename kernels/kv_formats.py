@@ -17,20 +17,23 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class KVFormat:
-    name: str                 # EngineConfig.kv_cache_dtype
-    torch_dtype: str          # the storage element type, as torch names it (getattr(torch, torch_dtype))
-    triton_type: str          # the same, as a Triton signature names it
-    qmax: float               # the largest magnitude a stored value may take: a scale maps a block's amax onto it
-    rounding: str             # "integer" | "e4m3"
+    name: str  # EngineConfig.kv_cache_dtype
+    torch_dtype: str  # the storage element type, as torch names it (getattr(torch, torch_dtype))
+    triton_type: str  # the same, as a Triton signature names it
+    qmax: float  # the largest magnitude a stored value may take: a scale maps a block's amax onto it
+    rounding: str  # "integer" | "e4m3"
     bytes_per_value: int = 1
-    min_cuda_capability: tuple = (0, 0)   # the GPU conversions the Triton store needs
+    min_cuda_capability: tuple = (0, 0)  # the GPU conversions the Triton store needs
 
 
-KV_FORMATS = {f.name: f for f in (
-    KVFormat("int8", "int8", "i8", 127.0, "integer"),
-    KVFormat("fp8", "float8_e4m3fn", "fp8e4nv", 448.0, "e4m3", min_cuda_capability=(8, 9)),
-)}
-SCALE_BYTES = 4                                  # bytes per scale (one per block, KV head, K or V): float32
+KV_FORMATS = {
+    f.name: f
+    for f in (
+        KVFormat("int8", "int8", "i8", 127.0, "integer"),
+        KVFormat("fp8", "float8_e4m3fn", "fp8e4nv", 448.0, "e4m3", min_cuda_capability=(8, 9)),
+    )
+}
+SCALE_BYTES = 4  # bytes per scale (one per block, KV head, K or V): float32
 
 
 def kv_format(name: str) -> KVFormat:

@@ -51,7 +51,7 @@ import torch
 
 from .kv_formats import KV_FORMATS, SCALE_BYTES, kv_format  # noqa: F401  (SCALE_BYTES: the format's)
 
-QMAX = {name: f.qmax for name, f in KV_FORMATS.items()}   # the largest magnitude a stored value may take
+QMAX = {name: f.qmax for name, f in KV_FORMATS.items()}  # the largest magnitude a stored value may take
 SCALE_DTYPE = torch.float32
 
 
@@ -77,8 +77,10 @@ def check_available(kind: str, device) -> None:
     why = format_available(kind, device)
     if why:
         others = sorted(k for k in KV_FORMATS if k != kind and format_available(k, device) is None)
-        raise ValueError(f"kv_cache_dtype={kind!r} is unavailable here: {why}"
-                         + (f"; use {' or '.join(map(repr, others))}" if others else ""))
+        raise ValueError(
+            f"kv_cache_dtype={kind!r} is unavailable here: {why}"
+            + (f"; use {' or '.join(map(repr, others))}" if others else "")
+        )
 
 
 def fp8_available(device=None) -> Optional[str]:
@@ -113,11 +115,11 @@ def round_to_e4m3(y: torch.Tensor) -> torch.Tensor:
     does exactly this). e4m3 has 3 mantissa bits: between 2^e and 2^(e+1) its numbers are 2^(e-3)
     apart, for e from -6 up; below 2^-6 (subnormals) they are 2^-9 apart."""
     a = y.abs()
-    e = ((a.view(torch.int32) >> 23) & 0xFF) - 127          # the binary exponent of |y|, exactly
+    e = ((a.view(torch.int32) >> 23) & 0xFF) - 127  # the binary exponent of |y|, exactly
     e = e.clamp(min=-6)
-    step = ((e - 3 + 127) << 23).view(torch.float32)         # 2^(e-3), built from its bits
-    inv_step = ((127 - (e - 3)) << 23).view(torch.float32)   # 2^-(e-3)
-    r = torch.round(a * inv_step) * step                     # both products are exact
+    step = ((e - 3 + 127) << 23).view(torch.float32)  # 2^(e-3), built from its bits
+    inv_step = ((127 - (e - 3)) << 23).view(torch.float32)  # 2^-(e-3)
+    r = torch.round(a * inv_step) * step  # both products are exact
     return torch.copysign(r.clamp(max=448.0), y)
 
 
@@ -128,7 +130,7 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, kind: str) -> torch.Tensor:
     f = kv_format(kind)
     if f.rounding == "integer":
         return torch.round(y).clamp(-f.qmax, f.qmax).to(storage_dtype(kind))
-    return y.clamp(-f.qmax, f.qmax).to(storage_dtype(kind))      # "e4m3": torch's cast rounds
+    return y.clamp(-f.qmax, f.qmax).to(storage_dtype(kind))  # "e4m3": torch's cast rounds
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

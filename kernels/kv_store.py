@@ -30,12 +30,26 @@ triton, tl = import_triton()
 
 @triton.jit
 def _store_kv_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-    stride_kn, stride_kh, stride_vn, stride_vh,  # k, v [N, H_kv, D]
-    stride_kcb, stride_kcs, stride_kch,  # k_cache [num_blocks, block_size, H_kv, D]
-    stride_vcb, stride_vcs, stride_vch,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,  # k, v [N, H_kv, D]
+    stride_kcb,
+    stride_kcs,
+    stride_kch,  # k_cache [num_blocks, block_size, H_kv, D]
+    stride_vcb,
+    stride_vcs,
+    stride_vch,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,
 ):
     i = tl.program_id(0)  # one program per token: all its heads at once
     slot = tl.load(slot_ptr + i).to(tl.int64)
@@ -48,10 +62,16 @@ def _store_kv_kernel(
     mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
     k = tl.load(k_ptr + i * stride_kn + h * stride_kh + d, mask=mask)
     v = tl.load(v_ptr + i * stride_vn + h * stride_vh + d, mask=mask)
-    tl.store(k_cache_ptr + block * stride_kcb + offset * stride_kcs + h * stride_kch + d,
-             k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + block * stride_vcb + offset * stride_vcs + h * stride_vch + d,
-             v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        k_cache_ptr + block * stride_kcb + offset * stride_kcs + h * stride_kch + d,
+        k.to(k_cache_ptr.dtype.element_ty),
+        mask=mask,
+    )
+    tl.store(
+        v_cache_ptr + block * stride_vcb + offset * stride_vcs + h * stride_vch + d,
+        v.to(v_cache_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 @lru_cache(maxsize=None)
@@ -59,11 +79,22 @@ def store_launch(dtype: torch.dtype, cache_dtype: torch.dtype, num_kv_heads: int
     """The launch of :func:`_store_kv_kernel` for ``dtype`` tokens into a ``cache_dtype`` cache."""
     return Launch.of(
         _store_kv_kernel,
-        dict(k_ptr=pointer(dtype), v_ptr=pointer(dtype), k_cache_ptr=pointer(cache_dtype),
-             v_cache_ptr=pointer(cache_dtype), slot_ptr="*i64"),
-        dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_kv_heads),
-             BLOCK_D=triton.next_power_of_2(head_dim), PAGE=page),
-        num_warps=4)
+        dict(
+            k_ptr=pointer(dtype),
+            v_ptr=pointer(dtype),
+            k_cache_ptr=pointer(cache_dtype),
+            v_cache_ptr=pointer(cache_dtype),
+            slot_ptr="*i64",
+        ),
+        dict(
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_H=triton.next_power_of_2(num_kv_heads),
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            PAGE=page,
+        ),
+        num_warps=4,
+    )
 
 
 def store_kv_triton(k, v, k_cache, v_cache, slot_mapping):
@@ -79,9 +110,17 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping):
     slot_mapping = slot_mapping.to(device=k.device, dtype=torch.int64).contiguous()
     store_launch(k.dtype, k_cache.dtype, num_kv_heads, head_dim, k_cache.shape[1])(
         (n,),
-        k, v, k_cache, v_cache, slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
     )
 
 
@@ -95,7 +134,7 @@ def store_kv_ref(k, v, k_cache, v_cache, slot_mapping):
     for x, cache in ((k, k_cache), (v, v_cache)):
         try:
             slots = cache.view(-1, *cache.shape[2:])
-        except RuntimeError:                      # a cache whose blocks are not contiguous
+        except RuntimeError:  # a cache whose blocks are not contiguous
             page = cache.shape[1]
             cache[slot_mapping // page, slot_mapping % page] = x.to(cache.dtype)
             continue
@@ -140,20 +179,37 @@ def _quantize(x, s, QMAX: tl.constexpr, FP8: tl.constexpr):
 
 @triton.jit
 def _store_one_quantized(
-    x_ptr, stride_xn, stride_xh, cache_ptr, stride_cb, stride_cs, stride_ch, scale_ptr, stride_sb,
-    rows, mine, offs, first, block, h,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
-    QMAX: tl.constexpr, FP8: tl.constexpr,
+    x_ptr,
+    stride_xn,
+    stride_xh,
+    cache_ptr,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    scale_ptr,
+    stride_sb,
+    rows,
+    mine,
+    offs,
+    first,
+    block,
+    h,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    QMAX: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     new_mask = mine[:, None] & d_ok[None, :]
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xn + h * stride_xh + d[None, :],
-                mask=new_mask, other=0.0).to(tl.float32)
+    x = tl.load(
+        x_ptr + rows[:, None].to(tl.int64) * stride_xn + h * stride_xh + d[None, :], mask=new_mask, other=0.0
+    ).to(tl.float32)
     amax = tl.max(tl.max(tl.abs(x), 1), 0)
     scale_at = scale_ptr + block * stride_sb + h
     s_old = tl.load(scale_at)
-    s_old = tl.where(first > 0, s_old, 0.0)        # a write at offset 0 starts a fresh block
+    s_old = tl.where(first > 0, s_old, 0.0)  # a write at offset 0 starts a fresh block
     s_new = tl.maximum(s_old, tl.math.div_rn(amax, QMAX))
     base = cache_ptr + block * stride_cb + h * stride_ch
     # The rows already in the block, re-quantized when the scale grew.
@@ -172,13 +228,32 @@ def _store_one_quantized(
 
 @triton.jit
 def _store_kv_quant_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, n_tokens,
-    stride_kn, stride_kh, stride_vn, stride_vh,  # k, v [N, H_kv, D]
-    stride_kcb, stride_kcs, stride_kch,  # k_cache [num_blocks, block_size, H_kv, D]
-    stride_vcb, stride_vcs, stride_vch,
-    stride_ksb, stride_vsb,  # k_scale, v_scale [num_blocks, H_kv], head stride 1
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr,
-    QMAX: tl.constexpr, FP8: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    slot_ptr,
+    n_tokens,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,  # k, v [N, H_kv, D]
+    stride_kcb,
+    stride_kcs,
+    stride_kch,  # k_cache [num_blocks, block_size, H_kv, D]
+    stride_vcb,
+    stride_vcs,
+    stride_vch,
+    stride_ksb,
+    stride_vsb,  # k_scale, v_scale [num_blocks, H_kv], head stride 1
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    QMAX: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     # One program per (token, KV head); only the first token of each run of tokens going to the
     # same block works: it handles the whole run, so one program owns the block's scale.
@@ -195,12 +270,50 @@ def _store_kv_quant_kernel(
     mine = (rslot >= 0) & (rslot // PAGE == block)
     offs = tl.where(mine, rslot % PAGE, 0)
     first = tl.min(tl.where(mine, offs, PAGE), 0)  # the run's first offset in the block
-    _store_one_quantized(k_ptr, stride_kn, stride_kh, k_cache_ptr, stride_kcb, stride_kcs, stride_kch,
-                         k_scale_ptr, stride_ksb, rows, mine, offs, first, block, h,
-                         HEAD_DIM, BLOCK_D, BLOCK_P, QMAX, FP8)
-    _store_one_quantized(v_ptr, stride_vn, stride_vh, v_cache_ptr, stride_vcb, stride_vcs, stride_vch,
-                         v_scale_ptr, stride_vsb, rows, mine, offs, first, block, h,
-                         HEAD_DIM, BLOCK_D, BLOCK_P, QMAX, FP8)
+    _store_one_quantized(
+        k_ptr,
+        stride_kn,
+        stride_kh,
+        k_cache_ptr,
+        stride_kcb,
+        stride_kcs,
+        stride_kch,
+        k_scale_ptr,
+        stride_ksb,
+        rows,
+        mine,
+        offs,
+        first,
+        block,
+        h,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_P,
+        QMAX,
+        FP8,
+    )
+    _store_one_quantized(
+        v_ptr,
+        stride_vn,
+        stride_vh,
+        v_cache_ptr,
+        stride_vcb,
+        stride_vcs,
+        stride_vch,
+        v_scale_ptr,
+        stride_vsb,
+        rows,
+        mine,
+        offs,
+        first,
+        block,
+        h,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_P,
+        QMAX,
+        FP8,
+    )
 
 
 @lru_cache(maxsize=None)
@@ -209,11 +322,25 @@ def store_quant_launch(dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: i
     kind = kind_of(torch.empty((), dtype=cache_dtype))
     return Launch.of(
         _store_kv_quant_kernel,
-        dict(k_ptr=pointer(dtype), v_ptr=pointer(dtype), k_cache_ptr=pointer(cache_dtype),
-             v_cache_ptr=pointer(cache_dtype), k_scale_ptr="*fp32", v_scale_ptr="*fp32", slot_ptr="*i64"),
-        dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=page,
-             BLOCK_P=triton.next_power_of_2(page), QMAX=QMAX[kind], FP8=KV_FORMATS[kind].rounding == "e4m3"),
-        num_warps=4)
+        dict(
+            k_ptr=pointer(dtype),
+            v_ptr=pointer(dtype),
+            k_cache_ptr=pointer(cache_dtype),
+            v_cache_ptr=pointer(cache_dtype),
+            k_scale_ptr="*fp32",
+            v_scale_ptr="*fp32",
+            slot_ptr="*i64",
+        ),
+        dict(
+            HEAD_DIM=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            PAGE=page,
+            BLOCK_P=triton.next_power_of_2(page),
+            QMAX=QMAX[kind],
+            FP8=KV_FORMATS[kind].rounding == "e4m3",
+        ),
+        num_warps=4,
+    )
 
 
 def check_one_run_per_block(slot_mapping: torch.Tensor, page: int) -> None:
@@ -227,12 +354,14 @@ def check_one_run_per_block(slot_mapping: torch.Tensor, page: int) -> None:
     block = torch.where(slots >= 0, slots // page, -1)
     prev = torch.cat([block.new_full((1,), -1), block[:-1]])
     leads = ((block >= 0) & (block != prev)).sum()
-    written = torch.sort(torch.where(slots >= 0, slots, -1)).values   # the -1s first, then the slots
+    written = torch.sort(torch.where(slots >= 0, slots, -1)).values  # the -1s first, then the slots
     distinct = written[1:] != written[:-1]
     blocks = torch.sort(block).values
     runs_needed = ((blocks[1:] != blocks[:-1]) & (blocks[1:] >= 0)).sum() + (blocks[:1] >= 0).sum()
-    require(leads == runs_needed,
-            "store_kv: a block's new tokens must be one run of consecutive rows (one lead program per block)")
+    require(
+        leads == runs_needed,
+        "store_kv: a block's new tokens must be one run of consecutive rows (one lead program per block)",
+    )
     require((distinct | (written[1:] < 0)).all(), "store_kv: a slot is written twice")
 
 
@@ -244,6 +373,7 @@ def store_kv_quant_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping
     kind = kind_of(k_cache)
     if k_cache.is_cuda:
         from .kv_quant import check_available
+
         check_available(kind, k_cache.device)
     n, num_kv_heads, head_dim = k.shape
     if n == 0:
@@ -259,10 +389,22 @@ def store_kv_quant_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping
     check_one_run_per_block(slot_mapping, page)
     store_quant_launch(k.dtype, k_cache.dtype, head_dim, page)(
         (n, num_kv_heads),
-        k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, n,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        *k_cache.stride()[:3], *v_cache.stride()[:3],
-        k_scale.stride(0), v_scale.stride(0),
+        k,
+        v,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        slot_mapping,
+        n,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        k_scale.stride(0),
+        v_scale.stride(0),
     )
 
 
@@ -285,11 +427,11 @@ def store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, q
         return
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     blocks, offs = slot_mapping // page, slot_mapping % page
-    written, which = torch.unique(blocks, return_inverse=True)       # blocks touched, token -> block
+    written, which = torch.unique(blocks, return_inverse=True)  # blocks touched, token -> block
     first = torch.full((len(written),), page, dtype=torch.long, device=blocks.device)
-    first.scatter_reduce_(0, which, offs, reduce="amin")               # each block's first new offset
-    fresh = (first == 0)[:, None]                                      # starts a block: old scale void
-    earlier = torch.arange(page, device=blocks.device)[None, :] < first[:, None]   # [U, page]
+    first.scatter_reduce_(0, which, offs, reduce="amin")  # each block's first new offset
+    fresh = (first == 0)[:, None]  # starts a block: old scale void
+    earlier = torch.arange(page, device=blocks.device)[None, :] < first[:, None]  # [U, page]
     for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
         x = x.to(torch.float32)
         amax = torch.zeros(len(written), num_kv_heads, dtype=torch.float32, device=x.device)
@@ -298,11 +440,11 @@ def store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, q
         s_new = new_scale(s_old, amax, kind)
         # Re-quantize the earlier rows of the blocks whose scale grew (only those: in decode,
         # a block's scale rarely grows once it holds a few tokens).
-        redo = earlier[:, :, None] & (s_new > s_old)[:, None, :]      # [U, page, H_kv]
+        redo = earlier[:, :, None] & (s_new > s_old)[:, None, :]  # [U, page, H_kv]
         grown = redo.flatten(1).any(1).nonzero().flatten()
         if grown.numel():
             sel, s_from, s_to = written[grown], s_old[grown], s_new[grown]
-            old = cache[sel]                                           # [G, page, H_kv, D]
+            old = cache[sel]  # [G, page, H_kv, D]
             again = quantize(dequantize(old, s_from[:, None, :, None]), s_to[:, None, :, None], kind)
             cache[sel] = torch.where(redo[grown][..., None], again, old)
         scale[written] = s_new

@@ -25,12 +25,19 @@ from __future__ import annotations
 from ._triton_setup import interpreter_active, triton_available, use_interpreter_if_no_cuda
 
 __all__ = [
-    "paged_attention", "paged_attention_ref", "plan_attention_ref",
-    "store_kv", "store_kv_ref",
-    "copy_blocks", "copy_blocks_ref",
-    "swap_blocks", "swap_blocks_ref",
+    "paged_attention",
+    "paged_attention_ref",
+    "plan_attention_ref",
+    "store_kv",
+    "store_kv_ref",
+    "copy_blocks",
+    "copy_blocks_ref",
+    "swap_blocks",
+    "swap_blocks_ref",
     "launches",
-    "triton_available", "use_interpreter_if_no_cuda", "interpreter_active",
+    "triton_available",
+    "use_interpreter_if_no_cuda",
+    "interpreter_active",
 ]
 
 _BACKENDS = ("triton", "torch", "auto", "cpu")
@@ -46,8 +53,22 @@ def _use_triton(backend: str, tensor) -> bool:
     return backend == "triton"
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                    *, max_q_len=None, backend="triton", num_splits=None, plan=None, k_scale=None, v_scale=None):
+def paged_attention(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    scale,
+    *,
+    max_q_len=None,
+    backend="triton",
+    num_splits=None,
+    plan=None,
+    k_scale=None,
+    v_scale=None,
+):
     """Causal attention of a ragged batch of new query tokens over the paged KV cache.
 
     q ``[total_q, H, D]``; k/v_cache ``[num_blocks, block_size, H_kv, D]``;
@@ -63,25 +84,59 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_len
 
     if backend == "cpu":
         from . import cpu_attention
+
         if cpu_attention.supports(q, k_cache, k_scale):
-            return cpu_attention.paged_attention_cpu(q, k_cache, v_cache, block_tables, cu_seqlens_q,
-                                                     context_lens, scale).to(q.dtype)
+            return cpu_attention.paged_attention_cpu(
+                q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
+            ).to(q.dtype)
         backend = "torch"
     if _use_triton(backend, q):
-        return attention.paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
-                                                scale, max_q_len=max_q_len, num_splits=num_splits,
-                                                k_scale=k_scale, v_scale=v_scale)
-    return attention.paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                                         max_q_len=max_q_len, plan=plan, k_scale=k_scale, v_scale=v_scale)
+        return attention.paged_attention_triton(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            cu_seqlens_q,
+            context_lens,
+            scale,
+            max_q_len=max_q_len,
+            num_splits=num_splits,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
+    return attention.paged_attention_ref(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_seqlens_q,
+        context_lens,
+        scale,
+        max_q_len=max_q_len,
+        plan=plan,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
 
 
-def paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None,
-                        k_scale=None, v_scale=None):
+def paged_attention_ref(
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *, max_q_len=None, k_scale=None, v_scale=None
+):
     """Torch reference of :func:`paged_attention` (also the CPU backend)."""
     from .attention import paged_attention_ref as ref
 
-    return ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len=max_q_len,
-               k_scale=k_scale, v_scale=v_scale)
+    return ref(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_seqlens_q,
+        context_lens,
+        scale,
+        max_q_len=max_q_len,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
 
 
 def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page, group):
@@ -92,8 +147,7 @@ def plan_attention_ref(block_tables, cu_seqlens_q, context_lens, page, group):
     return impl(block_tables, cu_seqlens_q, context_lens, page, group)
 
 
-def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None, backend="auto",
-             quantizer=None):
+def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None, backend="auto", quantizer=None):
     """In place: write token i's ``k[i], v[i]`` ``[H_kv, D]`` to cache slot
     ``slot_mapping[i]`` (= block_id * block_size + offset); -1 skips the token.
 
@@ -112,8 +166,7 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None
             if quantizer is not None:
                 raise ValueError("store_kv: a quantizer runs in the torch reference only (backend='torch')")
             return kv_store.store_kv_quant_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
-        return kv_store.store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping,
-                                           quantizer=quantizer)
+        return kv_store.store_kv_quant_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, quantizer=quantizer)
     if _use_triton(backend, k_cache):
         return kv_store.store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
     return kv_store.store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
@@ -190,7 +243,6 @@ def launches(dtype, kv_dtype, num_heads: int, num_kv_heads: int, head_dim: int, 
         out.append(kv_store.store_launch(dtype, kv_dtype, num_kv_heads, head_dim, block_size))
     else:
         out.append(kv_store.store_quant_launch(dtype, kv_dtype, head_dim, block_size))
-        out.append(block_copy.copy_launch(SCALE_DTYPE, num_kv_heads))   # the scales move with their blocks
+        out.append(block_copy.copy_launch(SCALE_DTYPE, num_kv_heads))  # the scales move with their blocks
     out.append(block_copy.copy_launch(kv_dtype, block_size * num_kv_heads * head_dim))
     return list(dict.fromkeys(out))
-

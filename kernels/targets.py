@@ -28,9 +28,10 @@ from .kv_formats import KV_FORMATS
 @dataclass(frozen=True)
 class Target:
     """One kind of GPU, as the compiler and the launcher see it."""
-    capability: int          # compute capability as an integer, e.g. 86 for 8.6
-    shared_memory: int       # bytes of shared memory one program may use (the opt-in maximum)
-    name: str = ""           # a GPU of this kind, for reports
+
+    capability: int  # compute capability as an integer, e.g. 86 for 8.6
+    shared_memory: int  # bytes of shared memory one program may use (the opt-in maximum)
+    name: str = ""  # a GPU of this kind, for reports
 
     @property
     def fp8(self) -> bool:
@@ -65,11 +66,16 @@ def device_target(device_index: int = 0) -> Target:
 
 # Triton's names for the element types of pointer arguments.
 TRITON_TYPES = {
-    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
-    torch.int8: "i8", torch.int32: "i32", torch.int64: "i64",
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int8: "i8",
+    torch.int32: "i32",
+    torch.int64: "i64",
 }
-TRITON_TYPES.update({getattr(torch, f.torch_dtype): f.triton_type for f in KV_FORMATS.values()
-                     if hasattr(torch, f.torch_dtype)})      # the quantized KV formats' storage types
+TRITON_TYPES.update(
+    {getattr(torch, f.torch_dtype): f.triton_type for f in KV_FORMATS.values() if hasattr(torch, f.torch_dtype)}
+)  # the quantized KV formats' storage types
 
 
 def pointer(dtype: torch.dtype) -> str:
@@ -87,9 +93,10 @@ class Launch:
     """One kernel launch as the compiler sees it: which kernel, the types of its runtime
     arguments (pointers by element type; unnamed ones are int32), its compile-time constants,
     and the compile options. Two launches with equal fields run the same compiled kernel."""
+
     kernel: Any
-    types: tuple          # ((argument name, type), ...) for the non-int32 runtime arguments
-    constants: tuple      # ((name, value), ...) the kernel's tl.constexpr arguments
+    types: tuple  # ((argument name, type), ...) for the non-int32 runtime arguments
+    constants: tuple  # ((name, value), ...) the kernel's tl.constexpr arguments
     num_warps: int = 4
     num_stages: int = 3
     options: tuple = field(default=(("enable_fp_fusion", FP_FUSION),))
@@ -100,14 +107,17 @@ class Launch:
 
     def __call__(self, grid, *args):
         """Launch on the tensors ``args`` (positional, in the kernel's order, constants left out)."""
-        return self.kernel[grid](*args, **dict(self.constants), num_warps=self.num_warps,
-                                 num_stages=self.num_stages, **dict(self.options))
+        return self.kernel[grid](
+            *args, **dict(self.constants), num_warps=self.num_warps, num_stages=self.num_stages, **dict(self.options)
+        )
 
     def describe(self) -> str:
         consts = " ".join(f"{k}={getattr(v, 'name', v)}" for k, v in self.constants)
         types = " ".join(f"{k}={v}" for k, v in self.types if k in ("q_ptr", "k_ptr", "k_cache_ptr"))
-        return (f"{getattr(self.kernel, 'fn', self.kernel).__name__} {consts} {types} "
-                f"warps={self.num_warps} stages={self.num_stages}")
+        return (
+            f"{getattr(self.kernel, 'fn', self.kernel).__name__} {consts} {types} "
+            f"warps={self.num_warps} stages={self.num_stages}"
+        )
 
 
 def compile_for(launch: Launch, target: Target):
@@ -130,11 +140,15 @@ def _compile(launch: Launch, capability: int):
     consts = dict(launch.constants)
     types = dict(launch.types)
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-               if n not in consts and (sig[n].startswith("*") or n.startswith("stride"))}
+    aligned = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(fn.arg_names)
+        if n not in consts and (sig[n].startswith("*") or n.startswith("stride"))
+    }
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages, **dict(launch.options))
-    return triton.compile(ASTSource(fn, sig, consts, aligned), target=GPUTarget("cuda", capability, 32),
-                          options=options)
+    return triton.compile(
+        ASTSource(fn, sig, consts, aligned), target=GPUTarget("cuda", capability, 32), options=options
+    )
 
 
 def shared_memory(launch: Launch, target: Target) -> int:
@@ -165,12 +179,15 @@ def check_launches(launches, target: Target) -> tuple[list[str], list[str]]:
     for launch in launches:
         try:
             used = shared_memory(launch, target)
-        except Exception as e:   # the compiler's own error, whatever its type
-            problems.append(f"sm_{target.capability}: {launch.describe()}: does not compile: "
-                            f"{type(e).__name__}: {str(e)[:300]}")
+        except Exception as e:  # the compiler's own error, whatever its type
+            problems.append(
+                f"sm_{target.capability}: {launch.describe()}: does not compile: {type(e).__name__}: {str(e)[:300]}"
+            )
             continue
         report.append(f"sm_{target.capability}: {used:>7} / {target.shared_memory} B  {launch.describe()}")
         if used > target.shared_memory:
-            problems.append(f"sm_{target.capability}: {launch.describe()}: needs {used} B of shared memory, "
-                            f"the {target.name} has {target.shared_memory} B")
+            problems.append(
+                f"sm_{target.capability}: {launch.describe()}: needs {used} B of shared memory, "
+                f"the {target.name} has {target.shared_memory} B"
+            )
     return report, problems

@@ -49,30 +49,32 @@ class EngineDeadError(RuntimeError):
 @dataclass
 class StreamOutput:
     """What ``generate()`` yields: the tokens and text new since the previous output."""
+
     request_id: str
-    token_ids: list[int]                 # new token ids
-    text: str                            # new text ("" without a tokenizer)
+    token_ids: list[int]  # new token ids
+    text: str  # new text ("" without a tokenizer)
     finished: bool = False
     finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "rejected"
     finish_detail: Optional[str] = None  # why, in words (a rejection's reason)
-    stop_reason: Optional[object] = None # the stop string or stop token id that ended it (None for EOS)
+    stop_reason: Optional[object] = None  # the stop string or stop token id that ended it (None for EOS)
     num_prompt_tokens: int = 0
-    num_output_tokens: int = 0           # output tokens so far
-    metrics: Optional[RequestMetrics] = None   # the engine's timestamps, on the last output
-    index: int = 0                       # which completion (SamplingParams.n > 1: one stream each)
-    logprobs: Optional[list] = None      # SamplingParams.logprobs: one {token id: Logprob} per new token
+    num_output_tokens: int = 0  # output tokens so far
+    metrics: Optional[RequestMetrics] = None  # the engine's timestamps, on the last output
+    index: int = 0  # which completion (SamplingParams.n > 1: one stream each)
+    logprobs: Optional[list] = None  # SamplingParams.logprobs: one {token id: Logprob} per new token
 
 
 @dataclass
 class FinishedRequestStats:
     """One request at the moment it ended (all its ``n`` completions; an abort too), for the stat
     loggers. Named after vLLM's ``FinishedRequestStats``."""
+
     request_id: str
-    finish_reason: str                   # "abort" if any completion was aborted, else completion 0's
+    finish_reason: str  # "abort" if any completion was aborted, else completion 0's
     num_prompt_tokens: int
-    num_generation_tokens: int           # over all its completions (= the response's usage.completion_tokens)
-    ttft: Optional[float] = None         # its first token (any completion)
-    tpot: Optional[float] = None         # completion 0's
+    num_generation_tokens: int  # over all its completions (= the response's usage.completion_tokens)
+    ttft: Optional[float] = None  # its first token (any completion)
+    tpot: Optional[float] = None  # completion 0's
     e2e_latency: Optional[float] = None  # to its last completion's end
     queue_wait: Optional[float] = None
 
@@ -81,6 +83,7 @@ class FinishedRequestStats:
 class IterationStats:
     """What one pass of the step loop did for the stat loggers: the tokens it handed to the streams
     and the requests that ended. vLLM's ``IterationStats``."""
+
     num_generation_tokens: int = 0
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
 
@@ -88,6 +91,7 @@ class IterationStats:
 @dataclass
 class _Group:
     """One request's completions still streaming, and what the ended ones add up to (engine thread)."""
+
     left: int
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
@@ -100,15 +104,24 @@ class _Group:
         def pick(name, fn):
             values = [getattr(m, name) for m in ms if getattr(m, name) is not None]
             return fn(values) if values else None
+
         reason = "abort" if "abort" in self.reasons else str(self.reasons[0])
-        return FinishedRequestStats(request_id, reason, self.num_prompt_tokens, self.num_generation_tokens,
-                                    ttft=pick("ttft", min), tpot=ms[0].tpot if ms else None,
-                                    e2e_latency=pick("e2e_latency", max), queue_wait=pick("queue_wait", min))
+        return FinishedRequestStats(
+            request_id,
+            reason,
+            self.num_prompt_tokens,
+            self.num_generation_tokens,
+            ttft=pick("ttft", min),
+            tpot=ms[0].tpot if ms else None,
+            e2e_latency=pick("e2e_latency", max),
+            queue_wait=pick("queue_wait", min),
+        )
 
 
 @dataclass
 class _Delta:
     """One request's share of one step, as the engine thread reads it."""
+
     request_id: str
     token_ids: list[int]
     text: str
@@ -124,6 +137,7 @@ class _Delta:
 @dataclass
 class _Sent:
     """What one sequence's stream has been handed so far (engine thread side)."""
+
     num_tokens: int = 0
     num_chars: int = 0
 
@@ -149,21 +163,23 @@ class AsyncLLM:
     """An ``LLMEngine`` driven by one background task, with per-request async streams."""
 
     def __init__(self, engine: LLMEngine, *, stat_loggers: Sequence[Any] = ()):
-        if engine.record_mode in ("none", "totals"):      # the streams follow each step's batch entries
-            raise ValueError(f"EngineConfig.record={engine.config.record!r}: AsyncLLM streams the tokens each "
-                             "step's batch entries name, and this mode keeps none; use 'auto', 'summary' or 'full'")
+        if engine.record_mode in ("none", "totals"):  # the streams follow each step's batch entries
+            raise ValueError(
+                f"EngineConfig.record={engine.config.record!r}: AsyncLLM streams the tokens each "
+                "step's batch entries name, and this mode keeps none; use 'auto', 'summary' or 'full'"
+            )
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.stat_loggers = list(stat_loggers)   # each gets .record(step record or None, IterationStats)
+        self.stat_loggers = list(stat_loggers)  # each gets .record(step record or None, IterationStats)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="minillm-engine")
         self._commands: collections.deque[_Command] = collections.deque()
-        self._lock = threading.Lock()            # guards _commands between the loop and the engine thread
-        self._streams: dict[str, _Stream] = {}   # sequence id -> stream (event loop side)
-        self._sent: dict[str, _Sent] = {}        # sequence id -> what was handed out (engine thread side)
-        self._ended: list[_Delta] = []           # final outputs of aborts, for the next dispatch (engine thread)
-        self._groups: dict[str, _Group] = {}     # request id -> its completions still streaming (engine thread)
-        self._group_of: dict[str, str] = {}      # sequence id -> request id (engine thread)
-        self._done: list[FinishedRequestStats] = []   # requests ended since the last stats (engine thread)
+        self._lock = threading.Lock()  # guards _commands between the loop and the engine thread
+        self._streams: dict[str, _Stream] = {}  # sequence id -> stream (event loop side)
+        self._sent: dict[str, _Sent] = {}  # sequence id -> what was handed out (engine thread side)
+        self._ended: list[_Delta] = []  # final outputs of aborts, for the next dispatch (engine thread)
+        self._groups: dict[str, _Group] = {}  # request id -> its completions still streaming (engine thread)
+        self._group_of: dict[str, str] = {}  # sequence id -> request id (engine thread)
+        self._done: list[FinishedRequestStats] = []  # requests ended since the last stats (engine thread)
         self._ids = itertools.count()
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
@@ -244,16 +260,17 @@ class AsyncLLM:
         parent = engine.parents.get(request_id)
         group = engine.parents.get(engine.parent_id(request_id)) if request_id in engine.requests else None
         if parent is None and group is not None and not group.forked:
-            parent = group              # before its fork, sample 0 is the whole group: every sample ends
+            parent = group  # before its fork, sample 0 is the whole group: every sample ends
         if request_id in engine.requests or request_id in engine.parents:
             engine.abort_request(request_id)
         seqs = [completion_id(parent.request_id, i) for i in range(parent.n)] if parent is not None else [request_id]
         for seq in seqs:
             req = engine.requests.get(seq)
             if seq not in self._sent or (req is not None and not req.is_finished):
-                continue                # not streaming, or done but held back: it ends with its own reason
-            self._ended.append(self._delta(engine, seq) if req is not None
-                               else _Delta(seq, [], "", "abort", None, 0, 0, None))   # a sample never forked
+                continue  # not streaming, or done but held back: it ends with its own reason
+            self._ended.append(
+                self._delta(engine, seq) if req is not None else _Delta(seq, [], "", "abort", None, 0, 0, None)
+            )  # a sample never forked
             self._end(engine, seq, "abort")
 
     def _apply_commands(self) -> None:
@@ -265,14 +282,20 @@ class AsyncLLM:
                 cmd = self._commands.popleft()
             try:
                 result, error = cmd.fn(self.engine), None
-            except Exception as e:          # a bad request: its caller gets the error
+            except Exception as e:  # a bad request: its caller gets the error
                 result, error = None, e
             cmd.loop.call_soon_threadsafe(_resolve, cmd.future, result, error)
 
     # --- requests --------------------------------------------------------------------------------
-    async def generate(self, prompt: Union[str, list[int]], sampling_params: Optional[SamplingParams] = None,
-                       request_id: Optional[str] = None, *, priority: int = 0,
-                       tenant: Optional[str] = None) -> AsyncIterator[StreamOutput]:
+    async def generate(
+        self,
+        prompt: Union[str, list[int]],
+        sampling_params: Optional[SamplingParams] = None,
+        request_id: Optional[str] = None,
+        *,
+        priority: int = 0,
+        tenant: Optional[str] = None,
+    ) -> AsyncIterator[StreamOutput]:
         """Add a request and yield its outputs as the engine produces them; the last one has
         ``finished=True``. Bad input raises the engine's ValueError before anything is yielded.
         Stop strings are ``SamplingParams.stop``: while a sequence runs, its text's last
@@ -295,8 +318,7 @@ class AsyncLLM:
         arrival = self.engine.clock.now() if self.engine.clock.name == "wall" else None
 
         def add(engine: LLMEngine) -> str:
-            out = engine.add_request(prompt, sp, request_id=rid, arrival_time=arrival,
-                                     priority=priority, tenant=tenant)
+            out = engine.add_request(prompt, sp, request_id=rid, arrival_time=arrival, priority=priority, tenant=tenant)
             for k in keys:
                 self._sent[k] = _Sent()
                 self._group_of[k] = rid
@@ -306,12 +328,13 @@ class AsyncLLM:
         def forget() -> None:
             for k in keys:
                 self._streams.pop(k, None)
+
         try:
             await self._submit(add)
         except BaseException as e:
             forget()
             if not isinstance(e, ValueError) and self.is_running:
-                self._submit(lambda e: self._abort_on_engine(e, rid))   # cancelled while being added
+                self._submit(lambda e: self._abort_on_engine(e, rid))  # cancelled while being added
             raise
         try:
             left = len(keys)
@@ -328,7 +351,7 @@ class AsyncLLM:
             if not all(st.finished for st in streams) and self.is_running:
                 try:
                     self._submit(lambda e: self._abort_on_engine(e, rid))
-                except Exception:           # shutting down: nothing left to free
+                except Exception:  # shutting down: nothing left to free
                     pass
 
     # --- the step loop -----------------------------------------------------------------------------
@@ -340,7 +363,7 @@ class AsyncLLM:
                 result = await loop.run_in_executor(self._executor, self._iteration)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:       # a failed step: the engine rolled it back; end what was in flight
+            except Exception as e:  # a failed step: the engine rolled it back; end what was in flight
                 logger.exception("engine step failed")
                 self._recover(e)
                 continue
@@ -348,7 +371,7 @@ class AsyncLLM:
                 await self._wake.wait()  # nothing to do until a command arrives
                 continue
             record, deltas, stats = result
-            if record is not None:       # None: no step, only the final outputs of aborted requests
+            if record is not None:  # None: no step, only the final outputs of aborted requests
                 self.last_record = record
                 self.num_steps += 1
             self._dispatch(deltas)
@@ -374,7 +397,7 @@ class AsyncLLM:
         touched.update(w.request_id for w in record.rejected)
         deltas = ended
         for rid in touched:
-            if rid not in self._sent:   # not ours (added straight to the engine) or already aborted
+            if rid not in self._sent:  # not ours (added straight to the engine) or already aborted
                 continue
             deltas.append(self._delta(engine, rid))
             req = engine.requests[rid]
@@ -388,8 +411,9 @@ class AsyncLLM:
                     seq = completion_id(parent.request_id, i)
                     if seq in self._sent:
                         self._end(engine, seq, req.finish_reason)
-                        deltas.append(_Delta(seq, [], "", req.finish_reason,
-                                             req.finish_detail, req.num_prompt_tokens, 0, None))
+                        deltas.append(
+                            _Delta(seq, [], "", req.finish_reason, req.finish_detail, req.num_prompt_tokens, 0, None)
+                        )
         return record, deltas, self._iteration_stats(deltas)
 
     def _end(self, engine: LLMEngine, seq: str, reason: str) -> None:
@@ -399,7 +423,7 @@ class AsyncLLM:
         del self._sent[seq]
         rid = self._group_of.pop(seq)
         group = self._groups[rid]
-        req = engine.requests.get(seq)      # None: a sample that never forked
+        req = engine.requests.get(seq)  # None: a sample that never forked
         group.left -= 1
         group.reasons.append(reason)
         if req is not None:
@@ -424,9 +448,19 @@ class AsyncLLM:
         text = next_output_text(engine.output_text(rid), sent.num_chars, done, stop_buffer_length(req.sampling_params))
         sent.num_tokens += len(new)
         sent.num_chars += len(text)
-        lp = req.output_logprobs[start:start + len(new)] if req.output_logprobs is not None else None
-        return _Delta(rid, list(new), text, req.finish_reason, req.finish_detail, req.num_prompt_tokens,
-                      req.num_output_tokens, req.metrics if done else None, lp, req.stop_reason)
+        lp = req.output_logprobs[start : start + len(new)] if req.output_logprobs is not None else None
+        return _Delta(
+            rid,
+            list(new),
+            text,
+            req.finish_reason,
+            req.finish_detail,
+            req.num_prompt_tokens,
+            req.num_output_tokens,
+            req.metrics if done else None,
+            lp,
+            req.stop_reason,
+        )
 
     def _dispatch(self, deltas: list[_Delta]) -> None:
         """Event loop: turn each delta into a StreamOutput on its request's queue."""
@@ -436,11 +470,22 @@ class AsyncLLM:
                 continue
             final = d.finish_reason is not None
             stream.finished = final
-            stream.queue.put_nowait(StreamOutput(
-                request_id=stream.request_id, token_ids=d.token_ids, text=d.text, finished=final,
-                finish_reason=d.finish_reason, finish_detail=d.finish_detail, stop_reason=d.stop_reason,
-                num_prompt_tokens=d.num_prompt_tokens, num_output_tokens=d.num_output_tokens,
-                metrics=d.metrics, index=stream.index, logprobs=d.logprobs))
+            stream.queue.put_nowait(
+                StreamOutput(
+                    request_id=stream.request_id,
+                    token_ids=d.token_ids,
+                    text=d.text,
+                    finished=final,
+                    finish_reason=d.finish_reason,
+                    finish_detail=d.finish_detail,
+                    stop_reason=d.stop_reason,
+                    num_prompt_tokens=d.num_prompt_tokens,
+                    num_output_tokens=d.num_output_tokens,
+                    metrics=d.metrics,
+                    index=stream.index,
+                    logprobs=d.logprobs,
+                )
+            )
 
     def _recover(self, error: Exception) -> None:
         """After a failed step: every open stream gets the error; its request is aborted."""
@@ -450,9 +495,10 @@ class AsyncLLM:
         def abort_all(engine: LLMEngine) -> None:
             for rid in rids:
                 self._abort_on_engine(engine, rid)
+
         try:
             self._executor.submit(abort_all, self.engine).result()
-        except Exception as e:          # the engine cannot even abort: stop serving
+        except Exception as e:  # the engine cannot even abort: stop serving
             self.dead = e
 
     def _fail_all(self, error: BaseException) -> None:
@@ -467,6 +513,7 @@ class AsyncLLM:
 
     async def load(self) -> dict:
         """Queue length, running and swapped requests and KV use right now (what /metrics shows)."""
+
         def read(engine: LLMEngine) -> dict:
             rec = self.last_record
             ours = set(self._sent)
@@ -474,16 +521,22 @@ class AsyncLLM:
             swapped = [r for r in (rec.swapped if rec else []) if r in ours]
             total = engine.num_kv_blocks
             free = engine.kv.num_free_blocks
-            return {"running": len(running), "swapped": len(swapped),
-                    "waiting": len(ours) - len(running) - len(swapped),
-                    "kv_blocks_total": total, "kv_blocks_free": free,
-                    "kv_usage": (total - free) / total if total else 0.0,
-                    "steps": engine.step_count, "time": time.time()}
+            return {
+                "running": len(running),
+                "swapped": len(swapped),
+                "waiting": len(ours) - len(running) - len(swapped),
+                "kv_blocks_total": total,
+                "kv_blocks_free": free,
+                "kv_usage": (total - free) / total if total else 0.0,
+                "steps": engine.step_count,
+                "time": time.time(),
+            }
+
         return await self.engine_call(read)
 
 
 def _resolve(fut: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:
-    if fut.done():                      # its caller went away
+    if fut.done():  # its caller went away
         return
     if error is not None:
         fut.set_exception(error)

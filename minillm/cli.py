@@ -37,25 +37,30 @@ def serve_argv(argv: Sequence[str], has_model_option: bool) -> list[str]:
 
 def serve(argv: Sequence[str]) -> None:
     from .serve import __main__ as server
+
     has_model_option = "--model" in server.make_parser()._option_string_actions
     server.main(serve_argv(argv, has_model_option))
 
 
 def bench(argv: Sequence[str]) -> None:
     from .bench.__main__ import main
+
     main(list(argv))
 
 
 def chat_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minillm chat", description="Chat with a running minillm (or any "
-                                "OpenAI-compatible) server; an empty line or Ctrl-D ends the session.")
+    p = argparse.ArgumentParser(
+        prog="minillm chat",
+        description="Chat with a running minillm (or any "
+        "OpenAI-compatible) server; an empty line or Ctrl-D ends the session.",
+    )
     p.add_argument("--url", default="http://localhost:8000/v1", help="the server's API (default: %(default)s)")
     p.add_argument("--model-name", default=None, help="the model to ask (default: the server's first)")
-    p.add_argument("--api-key", default=None,
-                   help="API key (default: $MINILLM_API_KEY, else $OPENAI_API_KEY, else none)")
+    p.add_argument(
+        "--api-key", default=None, help="API key (default: $MINILLM_API_KEY, else $OPENAI_API_KEY, else none)"
+    )
     p.add_argument("--system-prompt", default=None, help="a system message that starts the conversation")
-    p.add_argument("-q", "--quick", metavar="MESSAGE", default=None,
-                   help="send MESSAGE, print the reply and exit")
+    p.add_argument("-q", "--quick", metavar="MESSAGE", default=None, help="send MESSAGE, print the reply and exit")
     p.add_argument("--max-tokens", type=int, default=None, help="most tokens per reply (default: the server's)")
     return p
 
@@ -68,6 +73,7 @@ def chat(argv: Sequence[str], client=None, read: Callable[[str], str] = input, o
     out = out or sys.stdout
     if client is None:
         import openai
+
         key = args.api_key or os.environ.get("MINILLM_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none"
         client = openai.OpenAI(base_url=args.url, api_key=key)
     model = args.model_name or client.models.list().data[0].id
@@ -99,11 +105,13 @@ def chat(argv: Sequence[str], client=None, read: Callable[[str], str] = input, o
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minillm", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="minillm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--version", action="store_true", help="print the version and exit")
-    p.add_argument("command", nargs="?", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v}" for k, v in
-                                                                           COMMANDS.items()))
+    p.add_argument(
+        "command", nargs="?", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v}" for k, v in COMMANDS.items())
+    )
     p.add_argument("args", nargs=argparse.REMAINDER, help="the command's own arguments (minillm COMMAND -h)")
     return p
 
@@ -112,12 +120,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """``minillm COMMAND ARGS``: hands ARGS to the command, untouched but for serve's model."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = make_parser()
-    if argv and argv[0] in COMMANDS:            # the command's own -h and options are its business
+    if argv and argv[0] in COMMANDS:  # the command's own -h and options are its business
         command, rest = argv[0], argv[1:]
     else:
         args = parser.parse_args(argv)
         if args.version:
             from . import __version__
+
             print(f"minillm {__version__}")
             return
         if args.command is None:
@@ -126,9 +135,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         command, rest = args.command, args.args
     if command == "chat":
         import openai
+
         try:
             chat(rest)
-        except openai.OpenAIError as e:          # no server there, a refused request: one line, not a traceback
+        except openai.OpenAIError as e:  # no server there, a refused request: one line, not a traceback
             raise SystemExit(f"minillm chat: {type(e).__name__}: {e}") from None
         return
     {"serve": serve, "bench": bench}[command](rest)

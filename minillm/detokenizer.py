@@ -31,9 +31,9 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens     # SamplingParams.skip_special_tokens
+        self.skip_special_tokens = skip_special_tokens  # SamplingParams.skip_special_tokens
         self.text = ""
-        self.num_tokens = 0        # output tokens already taken in
+        self.num_tokens = 0  # output tokens already taken in
         self.prefix_offset = 0
         self.read_offset = 0
 
@@ -42,10 +42,10 @@ class IncrementalDetokenizer:
         added = []
         decode, skip = self.tokenizer.decode, self.skip_special_tokens
         for n in range(self.num_tokens + 1, len(token_ids) + 1):
-            prefix = decode(token_ids[self.prefix_offset:self.read_offset], skip_special_tokens=skip)
-            window = decode(token_ids[self.prefix_offset:n], skip_special_tokens=skip)
+            prefix = decode(token_ids[self.prefix_offset : self.read_offset], skip_special_tokens=skip)
+            window = decode(token_ids[self.prefix_offset : n], skip_special_tokens=skip)
             if len(window) > len(prefix) and not window.endswith("\ufffd"):
-                added.append(window[len(prefix):])
+                added.append(window[len(prefix) :])
                 self.prefix_offset, self.read_offset = self.read_offset, n
         self.num_tokens = len(token_ids)
         new = "".join(added)

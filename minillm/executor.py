@@ -23,12 +23,13 @@ if TYPE_CHECKING:
 @dataclass
 class ExecutionResult:
     """What one step produced, in the order of ``SchedulerOutput.scheduled`` (vLLM's ``ModelRunnerOutput``)."""
+
     # New output tokens of each grant, in ``out.scheduled``'s order (empty: a prompt chunk short of the
     # prompt's end), walked beside the grants (vLLM's ModelRunnerOutput.sampled_token_ids).
     sampled: list[Sequence[int]] = field(default_factory=list)
     # Parallel sampling: the first token of each completion a fork adds, by its request id.
     fork_sampled: dict[str, list[int]] = field(default_factory=dict)
-    spec_accepted: dict[str, int] = field(default_factory=dict)   # accepted draft tokens per request
+    spec_accepted: dict[str, int] = field(default_factory=dict)  # accepted draft tokens per request
     swap_bytes: int = 0
     # SamplingParams.logprobs: per request, one {token id: Logprob} per sampled token.
     logprobs: dict[str, list[dict]] = field(default_factory=dict)
@@ -74,14 +75,16 @@ class Executor(Protocol):
 @dataclass(frozen=True)
 class ExecutorKind:
     """One value of ``EngineConfig.executor`` and what an engine of that kind can do."""
+
     name: str
-    runs_model: bool     # loads weights and computes logits: text, logprobs, speculative decoding, and a
-                         # KV cache of the model's real element size (else: the model's shape only)
+    runs_model: bool  # loads weights and computes logits: text, logprobs, speculative decoding, and a
+    # KV cache of the model's real element size (else: the model's shape only)
     what: str
 
 
 EXECUTORS = {
     "model": ExecutorKind("model", True, "the real forward (ModelRunner, or TPExecutor over N ranks)"),
-    "simulated": ExecutorKind("simulated", False, "no model: the scheduler and KV manager on a modeled clock "
-                                                  "(SimulatedExecutor)"),
+    "simulated": ExecutorKind(
+        "simulated", False, "no model: the scheduler and KV manager on a modeled clock (SimulatedExecutor)"
+    ),
 }

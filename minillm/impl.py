@@ -50,7 +50,7 @@ __all__ = ["ENV", "CHOICES", "REPO_ROOT", "which", "impl_dir", "load", "attempt"
 
 ENV = "MINILLM_IMPL"
 CHOICES = ("exercises", "solutions")
-REPO_ROOT = Path(__file__).resolve().parent.parent     # the checkout: minillm/, exercises/, solutions/
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout: minillm/, exercises/, solutions/
 
 
 def which(impl: Optional[str] = None) -> str:
@@ -66,8 +66,13 @@ def impl_dir(impl: Optional[str] = None) -> Path:
     else:
         d = Path(name).expanduser().resolve()
     if not d.is_dir():
-        hint = (f"choose one of {CHOICES} or a directory" if name not in CHOICES else
-                "run `make exercises` to generate it" if name == "exercises" else "is the checkout complete?")
+        hint = (
+            f"choose one of {CHOICES} or a directory"
+            if name not in CHOICES
+            else "run `make exercises` to generate it"
+            if name == "exercises"
+            else "is the checkout complete?"
+        )
         raise FileNotFoundError(f"{ENV}={name!r}: no directory {d} ({hint})")
     return d
 
@@ -108,7 +113,7 @@ def load(module: str, impl: Optional[str] = None, *, reload: bool = False) -> Mo
     spec = importlib.util.spec_from_file_location(qual, path)
     mod = importlib.util.module_from_spec(spec)
     code = compile(source, str(path), "exec", dont_inherit=True)
-    sys.modules[qual] = mod          # dataclasses and pickling look a module up while it executes
+    sys.modules[qual] = mod  # dataclasses and pickling look a module up while it executes
     try:
         exec(code, mod.__dict__)
     except BaseException:
@@ -124,7 +129,7 @@ def load(module: str, impl: Optional[str] = None, *, reload: bool = False) -> Mo
     return mod
 
 
-_loaded_from: dict[str, tuple[str, str]] = {}    # module name -> (file, sha256 of the source it ran)
+_loaded_from: dict[str, tuple[str, str]] = {}  # module name -> (file, sha256 of the source it ran)
 
 
 @contextlib.contextmanager
@@ -141,8 +146,10 @@ def attempt(what: str = ""):
         yield
     except NotImplementedError as e:
         label = f"{what}: " if what else ""
-        print(f"{label}not implemented yet ({e}). Fill it in under exercises/, then re-run the "
-              f"impl.load cell and this one ({ENV}={which()!r}).")
+        print(
+            f"{label}not implemented yet ({e}). Fill it in under exercises/, then re-run the "
+            f"impl.load cell and this one ({ENV}={which()!r})."
+        )
     if what:
         worked_answers.offer(what, impl_dir())
 
@@ -152,8 +159,24 @@ def grade(exercise: str, k: Optional[str] = None) -> list:
     or "ex05"; ``k``: only the graders whose names contain it), then the worked answers of the exercises
     it failed, folded. Returns those (``worked_answers.WorkedAnswer``)."""
     mark = exercise if exercise.startswith("ex") else f"ex{exercise}"
-    cmd = [sys.executable, "-m", "pytest", "-m", mark, "tests/test_exercises.py", "--grade", "-qq", "--no-header",
-           "-rN", "--tb=no", "--disable-warnings", "-p", "no:cacheprovider", "-o", "console_output_style=classic"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        mark,
+        "tests/test_exercises.py",
+        "--grade",
+        "-qq",
+        "--no-header",
+        "-rN",
+        "--tb=no",
+        "--disable-warnings",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "console_output_style=classic",
+    ]
     if k:
         cmd += ["-k", k]
     env = {key: v for key, v in os.environ.items() if not key.startswith("PYTEST_")}
@@ -167,4 +190,3 @@ def show_worked_answer(exercise: str, number: Optional[int] = None) -> list:
     the label of its cell, ``show_worked_answer("ex05.swap_or_recompute")``. Before a failed grade it
     says how to grade instead."""
     return worked_answers.show(exercise, number, impl_dir())
-

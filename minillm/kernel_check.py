@@ -25,8 +25,13 @@ def pick_device() -> str:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    how = ("run by Triton's interpreter on the CPU (slow, the same kernels)" if interpreted
-           else "compiled for the GPU" if device == "cuda" else "compiled")
+    how = (
+        "run by Triton's interpreter on the CPU (slow, the same kernels)"
+        if interpreted
+        else "compiled for the GPU"
+        if device == "cuda"
+        else "compiled"
+    )
     print(f"device: {device}; Triton kernels {how}")
     return device
 
@@ -43,8 +48,10 @@ class AttentionCheck:
     tolerance: float
 
     def __str__(self) -> str:
-        return (f"requests {list(self.request_ids)}, KV lengths {list(self.kv_lengths)}: "
-                f"max |triton - torch| = {self.max_abs_diff:.1e} (tolerance {self.tolerance:.0e})")
+        return (
+            f"requests {list(self.request_ids)}, KV lengths {list(self.kv_lengths)}: "
+            f"max |triton - torch| = {self.max_abs_diff:.1e} (tolerance {self.tolerance:.0e})"
+        )
 
 
 def check_paged_attention(engine, seed: int = 0) -> AttentionCheck:
@@ -58,24 +65,31 @@ def check_paged_attention(engine, seed: int = 0) -> AttentionCheck:
     rec = engine.step_records[-1]
     if rec.kv is None:
         raise ValueError("check_paged_attention: the engine records no KV snapshots (EngineConfig.record='none')")
-    rids = list(rec.running)                                        # requests holding KV right now
+    rids = list(rec.running)  # requests holding KV right now
     if not rids:
         raise ValueError(f"check_paged_attention: no request is running after step {rec.step}")
-    k_cache, v_cache = engine.executor.model.caches_for_attention()[0]    # layer 0's cache (its LocalModel)
+    k_cache, v_cache = engine.executor.model.caches_for_attention()[0]  # layer 0's cache (its LocalModel)
     dev = k_cache.device
-    tables = [engine.kv.block_table(r) for r in rids]               # where each request's positions live
+    tables = [engine.kv.block_table(r) for r in rids]  # where each request's positions live
     width = max(len(t) for t in tables)
     block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
     context_lens = torch.tensor([rec.kv.per_request[r].used for r in rids], dtype=torch.int32, device=dev)
-    cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)   # one query each, like a decode
+    cu_seqlens_q = torch.arange(len(rids) + 1, dtype=torch.int32, device=dev)  # one query each, like a decode
     heads, head_dim = engine.hf_config.num_attention_heads, k_cache.shape[-1]
-    q = torch.randn(len(rids), heads, head_dim, dtype=k_cache.dtype, device=dev,
-                    generator=torch.Generator(device=dev).manual_seed(seed))
-    args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim ** -0.5)
+    q = torch.randn(
+        len(rids),
+        heads,
+        head_dim,
+        dtype=k_cache.dtype,
+        device=dev,
+        generator=torch.Generator(device=dev).manual_seed(seed),
+    )
+    args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, head_dim**-0.5)
     out_triton = ops.paged_attention(*args, backend="triton")
     out_torch = ops.paged_attention(*args, backend="torch")
     err = (out_triton.float() - out_torch.float()).abs().max().item()
-    check = AttentionCheck(tuple(rids), tuple(context_lens.tolist()), err,
-                           1e-4 if k_cache.dtype == torch.float32 else 3e-2)
+    check = AttentionCheck(
+        tuple(rids), tuple(context_lens.tolist()), err, 1e-4 if k_cache.dtype == torch.float32 else 3e-2
+    )
     assert err < check.tolerance, f"the Triton kernel disagrees with the torch reference: {check}"
     return check

@@ -27,8 +27,8 @@ def bytes_per_block(config, model_spec, cost_model, dtype: Optional[torch.dtype]
     or in the simulator the cost model's shape when it has one (a 70B modeled on a tiny model)."""
     cm = cost_model
     if not config.runs_model and getattr(cm, "kv_bytes_per_token", 0):
-        return cm.kv_bytes_per_token * config.block_size   # the cost model's shape (70B)
-    elt = 4 if config.runs_model and dtype is not None and dtype.itemsize == 4 else 2   # float32, or 16 bits
+        return cm.kv_bytes_per_token * config.block_size  # the cost model's shape (70B)
+    elt = 4 if config.runs_model and dtype is not None and dtype.itemsize == 4 else 2  # float32, or 16 bits
     # values (1 byte for int8/fp8) and their per-block scales
     return model_spec.kv_block_bytes(config.block_size, elt, config.kv_cache_dtype)
 
@@ -40,6 +40,7 @@ def available_kv_bytes(cfg, device: Optional[torch.device]) -> int:
     vLLM, no forward pass is profiled first: the activations of a step are not set aside."""
     if device is not None and device.type == "cuda":
         import torch
+
         free, total = torch.cuda.mem_get_info(device)
     else:
         total, free = host_memory_bytes(), host_available_bytes()
@@ -67,8 +68,9 @@ def num_swap_blocks_from_memory(cfg, model_spec, cost_model, dtype: Optional[tor
     return int(cfg.swap_space * 2**30) // bytes_per_block(cfg, model_spec, cost_model, dtype)
 
 
-def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: Optional[torch.dtype],
-                           device: Optional[torch.device] = None) -> int:
+def num_blocks_from_memory(
+    cfg, model_spec, cost_model, dtype: Optional[torch.dtype], device: Optional[torch.device] = None
+) -> int:
     """``EngineConfig.num_kv_blocks=None``: as many blocks as ``kv_cache_memory_gb`` holds (or, when
     ``gpu_memory_utilization`` is set, ``available_kv_bytes``; a draft's KV shares each block), never
     more than ``max_num_seqs`` requests at ``max_model_len`` need; in the simulator, what the cost model's
@@ -78,13 +80,16 @@ def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: Optional[torch.dt
         share = cfg.gpu_memory_utilization
         blocks = (cm.kv_capacity_tokens() if share is None else cm.kv_capacity_tokens(share)) // cfg.block_size
         if blocks < 1:
-            raise ValueError(f"cost_model={cm.name}: the weights leave no memory for a KV cache; "
-                             "model more GPUs, e.g. RooflineCostModel(minillm.sim.simulated."
-                             "tensor_parallel('H100-SXM', 4), ...), or set num_kv_blocks")
+            raise ValueError(
+                f"cost_model={cm.name}: the weights leave no memory for a KV cache; "
+                "model more GPUs, e.g. RooflineCostModel(minillm.sim.simulated."
+                "tensor_parallel('H100-SXM', 4), ...), or set num_kv_blocks"
+            )
         return blocks
     per_block = bytes_per_block(cfg, model_spec, cm, dtype)
-    if cfg.runs_model:                           # a draft's KV shares each block
+    if cfg.runs_model:  # a draft's KV shares each block
         from .spec.speculative import draft_kv_bytes_per_block
+
         per_block += draft_kv_bytes_per_block(cfg, dtype)
     if cfg.gpu_memory_utilization is None:
         by_memory = int(cfg.kv_cache_memory_gb * 2**30) // per_block
@@ -92,31 +97,39 @@ def num_blocks_from_memory(cfg, model_spec, cost_model, dtype: Optional[torch.dt
         have = available_kv_bytes(cfg, device)
         by_memory = max(0, have) // per_block
         if by_memory < 1:
-            raise ValueError(f"EngineConfig.gpu_memory_utilization={cfg.gpu_memory_utilization}: leaves "
-                             f"{have / 2**30:.2f} GiB of {device or 'host'} memory for the KV cache, less than one "
-                             f"block ({per_block:,} bytes); raise it or set num_kv_blocks")
+            raise ValueError(
+                f"EngineConfig.gpu_memory_utilization={cfg.gpu_memory_utilization}: leaves "
+                f"{have / 2**30:.2f} GiB of {device or 'host'} memory for the KV cache, less than one "
+                f"block ({per_block:,} bytes); raise it or set num_kv_blocks"
+            )
     enough = cfg.max_num_seqs * math.ceil(cfg.max_model_len / cfg.block_size) + 1
     return max(1, min(by_memory, enough))
 
 
-def check_kv_fits(cfg, num_blocks: int, model_spec, cost_model, dtype: Optional[torch.dtype],
-                  device: Optional[torch.device]) -> None:
+def check_kv_fits(
+    cfg, num_blocks: int, model_spec, cost_model, dtype: Optional[torch.dtype], device: Optional[torch.device]
+) -> None:
     """Before anything is allocated: the KV cache (and the swap space) must fit in memory,
     else a ValueError naming the field, the bytes needed and the bytes there are."""
-    field = (f"EngineConfig.num_kv_blocks={cfg.num_kv_blocks}" if cfg.num_kv_blocks is not None
-             else f"EngineConfig.gpu_memory_utilization={cfg.gpu_memory_utilization}"
-             if cfg.gpu_memory_utilization is not None
-             else f"EngineConfig.kv_cache_memory_gb={cfg.kv_cache_memory_gb}")
+    field = (
+        f"EngineConfig.num_kv_blocks={cfg.num_kv_blocks}"
+        if cfg.num_kv_blocks is not None
+        else f"EngineConfig.gpu_memory_utilization={cfg.gpu_memory_utilization}"
+        if cfg.gpu_memory_utilization is not None
+        else f"EngineConfig.kv_cache_memory_gb={cfg.kv_cache_memory_gb}"
+    )
     host = (num_blocks + cfg.num_swap_blocks) * BOOKKEEPING_BYTES_PER_BLOCK
     on_device = 0
     if cfg.runs_model:
         from .spec.speculative import draft_kv_bytes_per_block
+
         per_block = bytes_per_block(cfg, model_spec, cost_model, dtype)
         on_device = num_blocks * (per_block + draft_kv_bytes_per_block(cfg, dtype))
         host += cfg.num_swap_blocks * per_block
     checks = []
     if on_device and device is not None and device.type == "cuda":
         import torch
+
         try:
             free = torch.cuda.mem_get_info(device)[0]
         except (RuntimeError, AssertionError):
@@ -133,4 +146,5 @@ def check_kv_fits(cfg, num_blocks: int, model_spec, cost_model, dtype: Optional[
                 f"{f' + {cfg.num_swap_blocks} swap blocks' if cfg.num_swap_blocks else ''} need "
                 f"{need:,} bytes ({need / 2**30:.1f} GiB), more than the {have:,} bytes "
                 f"({have / 2**30:.1f} GiB) of {where}; lower num_kv_blocks (or the swap pool: num_swap_blocks, "
-                f"swap_space)")
+                f"swap_space)"
+            )

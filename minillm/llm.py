@@ -35,8 +35,12 @@ def _is_token_ids(p) -> bool:
     """One prompt given as token ids (a list or tuple of integers, a 1-D array or tensor)?"""
     if getattr(p, "ndim", None) == 1:
         return True
-    return isinstance(p, (list, tuple)) and len(p) > 0 and isinstance(p[0], numbers.Integral) \
+    return (
+        isinstance(p, (list, tuple))
+        and len(p) > 0
+        and isinstance(p[0], numbers.Integral)
         and not isinstance(p[0], bool)
+    )
 
 
 def _per_prompt(sampling_params: Params, n: int) -> list[SamplingParams]:
@@ -54,10 +58,10 @@ class LLM:
         """``model``: a checkpoint directory, None (the shipped model) or "random"; ``tokenizer``: a
         tokenizer object or, as in vLLM, a directory holding one (default: the model's own)."""
         config = EngineConfig.from_fields("LLM", **config_fields)
-        if isinstance(tokenizer, (str, os.PathLike)):      # vLLM's: a tokenizer directory
+        if isinstance(tokenizer, (str, os.PathLike)):  # vLLM's: a tokenizer directory
             tokenizer = load_tokenizer(os.fspath(tokenizer), must_exist=True)
         self.engine = LLMEngine(model, config, tokenizer=tokenizer)
-        self.config = self.engine.config      # as the engine resolved it (swap_space -> num_swap_blocks)
+        self.config = self.engine.config  # as the engine resolved it (swap_space -> num_swap_blocks)
 
     def close(self) -> None:
         """Shut down the engine's worker processes (``tensor_parallel_size > 1``); idempotent.
@@ -79,9 +83,14 @@ class LLM:
         a model without one (``model="random"``)."""
         return self.engine.tokenizer
 
-    def generate(self, prompts: Union[Prompt, Sequence[Prompt]], sampling_params: Params = None,
-                 use_tqdm: bool = False, lora_request=None,
-                 priority: Optional[Sequence[int]] = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Union[Prompt, Sequence[Prompt]],
+        sampling_params: Params = None,
+        use_tqdm: bool = False,
+        lora_request=None,
+        priority: Optional[Sequence[int]] = None,
+    ) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs in prompt order.
         ``priority`` (vLLM's): one per prompt, lower first, with ``policy="priority"``; ``lora_request``
         must be None (no adapters here).
@@ -110,6 +119,7 @@ class LLM:
         bar = None
         if use_tqdm:
             from tqdm.auto import tqdm
+
             bar = tqdm(total=len(ids), desc="generate", unit="req")
         while pending and engine.has_unfinished_requests():
             rec = engine.step()
@@ -132,13 +142,22 @@ class LLM:
         if len(priority) != n:
             raise ValueError(f"priority: {len(priority)} given for {n} prompts")
         if any(priority) and getattr(self.engine.policy, "name", None) != "priority":
-            raise ValueError(f"priority={priority!r}: read only by policy='priority' (this engine's policy is "
-                             f"{getattr(self.engine.policy, 'name', self.engine.policy)!r})")
+            raise ValueError(
+                f"priority={priority!r}: read only by policy='priority' (this engine's policy is "
+                f"{getattr(self.engine.policy, 'name', self.engine.policy)!r})"
+            )
         return priority
 
-    def chat(self, messages, sampling_params: Params = None, use_tqdm: bool = False,
-             add_generation_prompt: bool = True, chat_template: Optional[str] = None,
-             continue_final_message: bool = False, tools: Optional[list] = None) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages,
+        sampling_params: Params = None,
+        use_tqdm: bool = False,
+        add_generation_prompt: bool = True,
+        chat_template: Optional[str] = None,
+        continue_final_message: bool = False,
+        tools: Optional[list] = None,
+    ) -> list[RequestOutput]:
         """Reply to a conversation (a list of ``{"role": ..., "content": ...}`` messages), or to each of a
         list of conversations, as vLLM's ``LLM.chat``: each is rendered with the server's chat template
         (minillm/serve/chat.py: the tokenizer's own, else the plain play-script one) and generated.
@@ -147,15 +166,21 @@ class LLM:
         does: those stop strings are added to params that have none of their own. A custom
         ``chat_template``, ``continue_final_message`` and ``tools`` are refused (not served here)."""
         from .serve.chat import render
+
         if chat_template is not None:
-            raise ValueError("chat_template: a custom template is not supported; minillm uses the "
-                             "tokenizer's own (or its plain template)")
+            raise ValueError(
+                "chat_template: a custom template is not supported; minillm uses the "
+                "tokenizer's own (or its plain template)"
+            )
         if continue_final_message:
             raise ValueError("continue_final_message=True: not supported; the reply starts a new turn")
         if tools:
             raise ValueError(f"tools: {len(tools)} given; minillm has no tool calling")
-        one = isinstance(messages, Sequence) and not isinstance(messages, str) and \
-            (not messages or isinstance(messages[0], Mapping))
+        one = (
+            isinstance(messages, Sequence)
+            and not isinstance(messages, str)
+            and (not messages or isinstance(messages[0], Mapping))
+        )
         conversations = [messages] if one else list(messages)
         params = _per_prompt(sampling_params, len(conversations))
         prompts, chat_params = [], []
@@ -165,8 +190,7 @@ class LLM:
                 raise TypeError(f"{where}={conv!r}: must be a list of messages ({{'role': ..., 'content': ...}})")
             for j, m in enumerate(conv):
                 if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-                    raise TypeError(f"{where}[{j}]={m!r}: a message is a dict with a 'role' string and a "
-                                    "'content'")
+                    raise TypeError(f"{where}[{j}]={m!r}: a message is a dict with a 'role' string and a 'content'")
             if not conv:
                 raise ValueError(f"{where}: at least one message is needed")
             prompt, default_stop = render(self.engine.tokenizer, conv, add_generation_prompt)

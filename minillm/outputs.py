@@ -35,6 +35,7 @@ class RequestTable(dict):
 class Logprob:
     """One token's log-probability under the model (log-softmax of its logits, before any
     temperature, top-k/top-p or penalty), its rank (1 = most likely) and its text."""
+
     logprob: float
     rank: int
     decoded_token: Optional[str] = None
@@ -47,12 +48,13 @@ PositionLogprobs = dict[int, Logprob]
 @dataclass
 class CompletionOutput:
     """One completion of a prompt (vLLM's ``CompletionOutput``)."""
-    index: int                        # which of the n completions
-    text: Optional[str]               # decoded text (None without a tokenizer), cut at a stop string
-    token_ids: list[int]              # generated tokens
-    cumulative_logprob: Optional[float]   # sum of the sampled tokens' logprobs (when logprobs is set)
-    logprobs: Optional[list[PositionLogprobs]]   # one entry per generated token (when logprobs is set)
-    finish_reason: Optional[str] = None   # "stop" | "length" | "abort" | "rejected"
+
+    index: int  # which of the n completions
+    text: Optional[str]  # decoded text (None without a tokenizer), cut at a stop string
+    token_ids: list[int]  # generated tokens
+    cumulative_logprob: Optional[float]  # sum of the sampled tokens' logprobs (when logprobs is set)
+    logprobs: Optional[list[PositionLogprobs]]  # one entry per generated token (when logprobs is set)
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "rejected"
     stop_reason: Optional[object] = None  # the stop string or stop token id that ended it (None for EOS)
     finish_detail: Optional[str] = None
 
@@ -66,14 +68,14 @@ class RequestOutput:
     request_id: str
     prompt: Optional[str]
     prompt_token_ids: list[int]
-    token_ids: list[int]              # the first completion's generated tokens
-    text: Optional[str]               # the first completion's text (None without a tokenizer)
-    finish_reason: Optional[str]      # the first completion's: "stop" | "length" | "abort" | "rejected"
-    metrics: RequestMetrics           # the first completion's
+    token_ids: list[int]  # the first completion's generated tokens
+    text: Optional[str]  # the first completion's text (None without a tokenizer)
+    finish_reason: Optional[str]  # the first completion's: "stop" | "length" | "abort" | "rejected"
+    metrics: RequestMetrics  # the first completion's
     num_cached_tokens: int = 0
     finish_detail: Optional[str] = None
-    outputs: list[CompletionOutput] = field(default_factory=list)     # all n completions, by index
-    prompt_logprobs: Optional[list[Optional[PositionLogprobs]]] = None   # None for the first token
+    outputs: list[CompletionOutput] = field(default_factory=list)  # all n completions, by index
+    prompt_logprobs: Optional[list[Optional[PositionLogprobs]]] = None  # None for the first token
 
     @property
     def finished(self) -> bool:
@@ -84,6 +86,7 @@ class RequestOutput:
 
 
 # --- assembling outputs from the engine's requests ------------------------------------------------
+
 
 def final_text(r: Request, tokenizer) -> str:
     """A sequence's whole output text: cut where a stop string matched, else its tokens decoded
@@ -124,11 +127,18 @@ def completion_output(r: Request, index: int, tokenizer, with_text: bool) -> Com
     is a tokenizer), logprobs and finish reason."""
     text = final_text(r, tokenizer) if tokenizer is not None and with_text else None
     logprobs = with_token_text(r.output_logprobs, tokenizer if r.sampling_params.detokenize else None)
-    return CompletionOutput(index=index, text=text, token_ids=list(r.output_token_ids),
-                            cumulative_logprob=None if logprobs is None else
-                            sum(lp[t].logprob for lp, t in zip(logprobs, r.output_token_ids)),
-                            logprobs=logprobs, finish_reason=r.finish_reason, stop_reason=r.stop_reason,
-                            finish_detail=r.finish_detail)
+    return CompletionOutput(
+        index=index,
+        text=text,
+        token_ids=list(r.output_token_ids),
+        cumulative_logprob=None
+        if logprobs is None
+        else sum(lp[t].logprob for lp, t in zip(logprobs, r.output_token_ids)),
+        logprobs=logprobs,
+        finish_reason=r.finish_reason,
+        stop_reason=r.stop_reason,
+        finish_detail=r.finish_detail,
+    )
 
 
 def request_output(request_id: str, members: list, tokenizer, with_text: bool) -> RequestOutput:
@@ -136,9 +146,16 @@ def request_output(request_id: str, members: list, tokenizer, with_text: bool) -
     index): every completion, and the first one's tokens, text and finish reason at the top level."""
     outputs = [completion_output(m, i, tokenizer, with_text) for i, m in enumerate(members)]
     r, first = members[0], outputs[0]
-    return RequestOutput(request_id=request_id, prompt=r.prompt, prompt_token_ids=r.prompt_token_ids,
-                         token_ids=first.token_ids, text=first.text, finish_reason=first.finish_reason,
-                         metrics=r.metrics, num_cached_tokens=r.metrics.num_cached_tokens,
-                         finish_detail=first.finish_detail, outputs=outputs,
-                         prompt_logprobs=with_token_text(r.prompt_logprobs,
-                                                         tokenizer if r.sampling_params.detokenize else None))
+    return RequestOutput(
+        request_id=request_id,
+        prompt=r.prompt,
+        prompt_token_ids=r.prompt_token_ids,
+        token_ids=first.token_ids,
+        text=first.text,
+        finish_reason=first.finish_reason,
+        metrics=r.metrics,
+        num_cached_tokens=r.metrics.num_cached_tokens,
+        finish_detail=first.finish_detail,
+        outputs=outputs,
+        prompt_logprobs=with_token_text(r.prompt_logprobs, tokenizer if r.sampling_params.detokenize else None),
+    )

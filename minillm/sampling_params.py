@@ -27,30 +27,30 @@ LOGIT_BIAS_RANGE = (-100.0, 100.0)
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0          # 0 = greedy (argmax)
-    top_k: int = 0                    # keep the k most likely tokens; 0 or -1 (vLLM's "all") = all
-    top_p: float = 1.0                # keep the smallest set with probability >= top_p
-    max_tokens: Optional[int] = 16    # most output tokens to generate; None = until the context ends
-                                      # (max_model_len - the prompt's length, set when the request is added)
-    seed: Optional[int] = None        # per-request generator seed (reproducible sampling)
-    ignore_eos: bool = False          # keep generating past the end-of-sequence token
+    temperature: float = 1.0  # 0 = greedy (argmax)
+    top_k: int = 0  # keep the k most likely tokens; 0 or -1 (vLLM's "all") = all
+    top_p: float = 1.0  # keep the smallest set with probability >= top_p
+    max_tokens: Optional[int] = 16  # most output tokens to generate; None = until the context ends
+    # (max_model_len - the prompt's length, set when the request is added)
+    seed: Optional[int] = None  # per-request generator seed (reproducible sampling)
+    ignore_eos: bool = False  # keep generating past the end-of-sequence token
     stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end the request
-    n: int = 1                        # completions of this prompt (parallel sampling)
-    stop: list[str] = field(default_factory=list)   # strings that end a completion (matched on its text)
-    include_stop_str_in_output: bool = False        # keep the matched stop string at the end of the text
-    min_tokens: int = 0               # no EOS / stop token / stop string before this many tokens
-    logprobs: Optional[int] = None    # top-k log-probabilities per output token (+ the sampled one)
+    n: int = 1  # completions of this prompt (parallel sampling)
+    stop: list[str] = field(default_factory=list)  # strings that end a completion (matched on its text)
+    include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
+    min_tokens: int = 0  # no EOS / stop token / stop string before this many tokens
+    logprobs: Optional[int] = None  # top-k log-probabilities per output token (+ the sampled one)
     prompt_logprobs: Optional[int] = None  # the same for each prompt token (after the first)
-    presence_penalty: float = 0.0     # subtracted once from every token already in the output
-    frequency_penalty: float = 0.0    # subtracted per occurrence in the output
-    repetition_penalty: float = 1.0   # divides positive / multiplies negative logits of seen tokens;
-                                      # in [0.01, 100] (see REPETITION_PENALTY_RANGE)
-    min_p: float = 0.0                # drop tokens less likely than min_p x the most likely one (0 = none)
-                                      # (after temperature, before top-k / top-p, as vLLM)
+    presence_penalty: float = 0.0  # subtracted once from every token already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # divides positive / multiplies negative logits of seen tokens;
+    # in [0.01, 100] (see REPETITION_PENALTY_RANGE)
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (0 = none)
+    # (after temperature, before top-k / top-p, as vLLM)
     skip_special_tokens: bool = True  # leave special tokens (EOS, <|im_end|>, ...) out of the text
-    detokenize: bool = True           # False: no text at all (outputs' text is ""), tokens only
-    logit_bias: Optional[dict[int, float]] = None   # token id -> added to its logit, in [-100, 100]
-                                                    # (the OpenAI API's); {} is None
+    detokenize: bool = True  # False: no text at all (outputs' text is ""), tokens only
+    logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit, in [-100, 100]
+    # (the OpenAI API's); {} is None
 
     def __post_init__(self) -> None:
         # Checked here, so a bad value fails where it is written, naming the field; integer-like
@@ -65,8 +65,9 @@ class SamplingParams:
         self.ignore_eos = as_bool(own, "ignore_eos", self.ignore_eos)
         stop = self.stop_token_ids
         if isinstance(stop, (str, bytes, bytearray)) or not isinstance(stop, Iterable):
-            raise TypeError(f"SamplingParams.stop_token_ids={stop!r}: must be a list of token ids "
-                            "(integers), e.g. [13]")
+            raise TypeError(
+                f"SamplingParams.stop_token_ids={stop!r}: must be a list of token ids (integers), e.g. [13]"
+            )
         self.stop_token_ids = [as_int(own, f"stop_token_ids[{i}]", t, 0) for i, t in enumerate(stop)]
         self.n = as_int(own, "n", self.n, 1)
         strings = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -79,31 +80,35 @@ class SamplingParams:
             if not isinstance(t, str):
                 raise TypeError(f"SamplingParams.stop[{i}]={t!r}: must be a string")
             if not t:
-                raise ValueError(f"SamplingParams.stop[{i}]={t!r}: an empty stop string would match "
-                                 "everywhere")
+                raise ValueError(f"SamplingParams.stop[{i}]={t!r}: an empty stop string would match everywhere")
         self.stop = strings
-        self.include_stop_str_in_output = as_bool(own, "include_stop_str_in_output",
-                                                  self.include_stop_str_in_output)
+        self.include_stop_str_in_output = as_bool(own, "include_stop_str_in_output", self.include_stop_str_in_output)
         self.min_tokens = as_int(own, "min_tokens", self.min_tokens, 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"SamplingParams.min_tokens={self.min_tokens}: must be <= "
-                             f"max_tokens={self.max_tokens}")
+            raise ValueError(f"SamplingParams.min_tokens={self.min_tokens}: must be <= max_tokens={self.max_tokens}")
         self.logprobs = as_int(own, "logprobs", self.logprobs, 0, optional=True)
         self.prompt_logprobs = as_int(own, "prompt_logprobs", self.prompt_logprobs, 0, optional=True)
         self.presence_penalty = as_real(own, "presence_penalty", self.presence_penalty, -2.0, 2.0)
         self.frequency_penalty = as_real(own, "frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        self.repetition_penalty = as_real(own, "repetition_penalty", self.repetition_penalty,
-                                          *REPETITION_PENALTY_RANGE)
+        self.repetition_penalty = as_real(own, "repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
         self.skip_special_tokens = as_bool(own, "skip_special_tokens", self.skip_special_tokens)
         self.detokenize = as_bool(own, "detokenize", self.detokenize)
         if not self.detokenize and self.stop:
-            raise ValueError(f"SamplingParams.stop={self.stop!r}: stop strings are matched on the text, "
-                             "and detokenize=False makes none; use stop_token_ids")
+            raise ValueError(
+                f"SamplingParams.stop={self.stop!r}: stop strings are matched on the text, "
+                "and detokenize=False makes none; use stop_token_ids"
+            )
         bias = self.logit_bias
         if bias is not None and not isinstance(bias, dict):
             raise TypeError(f"SamplingParams.logit_bias={bias!r}: must be a dict {{token id: bias}}")
-        self.logit_bias = {as_int(own, "logit_bias key", t, 0): as_real(own, f"logit_bias[{t!r}]", b, *LOGIT_BIAS_RANGE)
-                           for t, b in bias.items()} if bias else None
+        self.logit_bias = (
+            {
+                as_int(own, "logit_bias key", t, 0): as_real(own, f"logit_bias[{t!r}]", b, *LOGIT_BIAS_RANGE)
+                for t, b in bias.items()
+            }
+            if bias
+            else None
+        )
 
     @property
     def greedy(self) -> bool:
@@ -112,8 +117,12 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         """Do the logits need changing before sampling (logit_bias, penalties)?"""
-        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
-                or self.logit_bias is not None)
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or self.logit_bias is not None
+        )
 
 
 def checked_copy(sampling_params, who: str = "") -> SamplingParams:

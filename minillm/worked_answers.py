@@ -29,36 +29,48 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["WorkedAnswer", "GRADES_FILE", "worked_answer", "exercises_named", "record_grades", "last_grade",
-           "offer", "show", "offer_failed"]
+__all__ = [
+    "WorkedAnswer",
+    "GRADES_FILE",
+    "worked_answer",
+    "exercises_named",
+    "record_grades",
+    "last_grade",
+    "offer",
+    "show",
+    "offer_failed",
+]
 
-SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"   # the reference answers, in the checkout
+SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"  # the reference answers, in the checkout
 
-GRADES_FILE = ".grades.json"             # in the graded folder: {module: {exercise number: outcome}}
-EXPLANATIONS = "worked_answers.md"       # in solutions/: "## <module> <number>" sections
+GRADES_FILE = ".grades.json"  # in the graded folder: {module: {exercise number: outcome}}
+EXPLANATIONS = "worked_answers.md"  # in solutions/: "## <module> <number>" sections
 SECTION_RE = re.compile(r"^# Exercise (\d+)[^:\n]*:\s*(.*)$")
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
 
 @dataclass
 class WorkedAnswer:
-    module: str          # "ex05_preemption"
-    number: int          # the exercise's number in its notebook
-    title: str           # "recompute or swap"
-    code: str            # the reference answer: the section's definitions, docstrings left out
-    why: str             # why it works, in a few sentences
+    module: str  # "ex05_preemption"
+    number: int  # the exercise's number in its notebook
+    title: str  # "recompute or swap"
+    code: str  # the reference answer: the section's definitions, docstrings left out
+    why: str  # why it works, in a few sentences
 
     def text(self) -> str:
         return f"Worked answer, {self.module} exercise {self.number} ({self.title})\n\n{self.why}\n\n{self.code}"
 
     def html(self, summary: str) -> str:
         """Folded: the summary line shows, the answer opens on a click."""
-        return (f"<details><summary><b>{html.escape(summary)}</b></summary>"
-                f"<p style='max-width:60em'>{html.escape(self.why)}</p>"
-                f"<pre style='font-size:12px'>{html.escape(self.code)}</pre></details>")
+        return (
+            f"<details><summary><b>{html.escape(summary)}</b></summary>"
+            f"<p style='max-width:60em'>{html.escape(self.why)}</p>"
+            f"<pre style='font-size:12px'>{html.escape(self.code)}</pre></details>"
+        )
 
 
 # --- the reference answers ------------------------------------------------------------------------
+
 
 def solution_module(prefix: str) -> Path:
     """``solutions/<prefix>_*.py`` for an exercise prefix such as "ex05" (or a module name such as
@@ -69,8 +81,7 @@ def solution_module(prefix: str) -> Path:
         return exact
     found = sorted(d.glob(f"{prefix}_*.py"))
     if len(found) != 1:
-        raise ValueError(f"exercise {prefix!r}: expected one solutions/{prefix}_*.py, found "
-                         f"{[p.name for p in found]}")
+        raise ValueError(f"exercise {prefix!r}: expected one solutions/{prefix}_*.py, found {[p.name for p in found]}")
     return found[0]
 
 
@@ -79,15 +90,20 @@ def _sections(path: Path) -> dict[int, tuple[str, list[ast.stmt]]]:
     module (given code, such as the wiring into the engine after the last exercise, is left out)."""
     source = path.read_text()
     lines = source.splitlines()
-    starts = [(i + 1, int(m.group(1)), m.group(2).strip())
-              for i, line in enumerate(lines) if (m := SECTION_RE.match(line))]
+    starts = [
+        (i + 1, int(m.group(1)), m.group(2).strip()) for i, line in enumerate(lines) if (m := SECTION_RE.match(line))
+    ]
     tree = ast.parse(source)
     out: dict[int, tuple[str, list[ast.stmt]]] = {}
     for k, (line, number, title) in enumerate(starts):
         end = starts[k + 1][0] if k + 1 < len(starts) else float("inf")
-        defs = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-                and line < node.lineno < end
-                and any(BEGIN in text for text in lines[node.lineno - 1:node.end_lineno])]
+        defs = [
+            node
+            for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+            and line < node.lineno < end
+            and any(BEGIN in text for text in lines[node.lineno - 1 : node.end_lineno])
+        ]
         out[number] = (title, defs)
     return out
 
@@ -99,14 +115,22 @@ def _answer_code(path: Path, defs: list[ast.stmt]) -> str:
     parts = []
     for node in defs:
         first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-        segment = lines[first - 1:node.end_lineno]
+        segment = lines[first - 1 : node.end_lineno]
         for sub in ast.walk(node):
             body = getattr(sub, "body", None)
-            if (isinstance(sub, (ast.FunctionDef, ast.ClassDef)) and body and isinstance(body[0], ast.Expr)
-                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            if (
+                isinstance(sub, (ast.FunctionDef, ast.ClassDef))
+                and body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 drop.update(range(body[0].lineno, body[0].end_lineno + 1))
-        parts.append("\n".join(line for n, line in enumerate(segment, first)
-                               if n not in drop and line.strip() not in (BEGIN, END)))
+        parts.append(
+            "\n".join(
+                line for n, line in enumerate(segment, first) if n not in drop and line.strip() not in (BEGIN, END)
+            )
+        )
     return "\n\n\n".join(parts)
 
 
@@ -145,6 +169,7 @@ def exercises_named(label: str) -> tuple[str, list[int]]:
 
 # --- the record of grades ---------------------------------------------------------------------------
 
+
 def record_grades(impl_dir: Path, outcomes: dict[str, dict[int, str]]) -> None:
     """Keep in ``impl_dir`` the outcome ("failed", "passed", "not attempted") of each exercise just graded;
     the other exercises keep theirs."""
@@ -171,10 +196,12 @@ def last_grade(module: str, number: int, impl_dir: Path) -> Optional[str]:
 
 # --- in the notebook ---------------------------------------------------------------------------------
 
+
 def _display(answers: list[WorkedAnswer], summary: str) -> None:
     try:
         from IPython import get_ipython
         from IPython.display import HTML, display
+
         in_notebook = get_ipython() is not None and hasattr(get_ipython(), "kernel")
     except ImportError:
         in_notebook = False
@@ -201,8 +228,9 @@ def offer_failed(module: str, impl_dir: Path) -> list[WorkedAnswer]:
     """After grading ``module`` (a prefix such as "ex05" will do): the worked answers of its exercises
     that failed, folded."""
     path = solution_module(module)
-    answers = [worked_answer(path.stem, n) for n in sorted(_sections(path))
-               if last_grade(path.stem, n, impl_dir) == "failed"]
+    answers = [
+        worked_answer(path.stem, n) for n in sorted(_sections(path)) if last_grade(path.stem, n, impl_dir) == "failed"
+    ]
     _display(answers, "Exercise {number} ({title}) failed: its worked answer (click to open)")
     return answers
 
@@ -220,7 +248,9 @@ def show(exercise: str, number: Optional[int], impl_dir: Path) -> list[WorkedAns
             answers.append(worked_answer(module, n))
         else:
             ex = module.split("_")[0]
-            print(f"{module} exercise {n}: no failed grade yet (make grade EX={ex[2:]}, or impl.grade({ex!r}) "
-                  f"in a cell); its worked answer opens after one.")
+            print(
+                f"{module} exercise {n}: no failed grade yet (make grade EX={ex[2:]}, or impl.grade({ex!r}) "
+                f"in a cell); its worked answer opens after one."
+            )
     _display(answers, "Worked answer, exercise {number} ({title}) (click to open)")
     return answers

@@ -28,12 +28,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="first seed")
     ap.add_argument("--fault-rate", type=float, default=0.05)
     ap.add_argument("--abort-rate", type=float, default=0.03)
-    ap.add_argument("--tp-share", type=float, default=0.005,
-                    help="fraction of runs on 2 tensor-parallel ranks (each starts 2 processes: slow)")
+    ap.add_argument(
+        "--tp-share",
+        type=float,
+        default=0.005,
+        help="fraction of runs on 2 tensor-parallel ranks (each starts 2 processes: slow)",
+    )
     ap.add_argument("--async-share", type=float, default=0.05, help="fraction of runs through AsyncLLM")
     args = ap.parse_args(argv)
     import torch
-    torch.set_num_threads(1)           # a tiny model: one thread is fastest, and leaves the other core free
+
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest, and leaves the other core free
     total = FuzzStats()
     t0 = time.perf_counter()
     seed = args.seed
@@ -43,8 +48,13 @@ def main(argv=None) -> int:
             if kind < args.async_share:
                 s = async_fuzz_run(seed)
             else:
-                s = fuzz_run(seed, num_requests=args.requests, fault_rate=args.fault_rate,
-                             abort_rate=args.abort_rate, tensor_parallel=kind > 1 - args.tp_share)
+                s = fuzz_run(
+                    seed,
+                    num_requests=args.requests,
+                    fault_rate=args.fault_rate,
+                    abort_rate=args.abort_rate,
+                    tensor_parallel=kind > 1 - args.tp_share,
+                )
             total.add(s)
             bar.update(s.steps)
             bar.set_postfix(runs=total.runs, mismatches=total.mismatches, lost=total.lost, leaks=total.leaks)

@@ -30,7 +30,7 @@ class TimedClient(NotebookClient):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.cell_times: list[tuple[int, float, float]] = []      # (cell index, wall s, kernel CPU s)
+        self.cell_times: list[tuple[int, float, float]] = []  # (cell index, wall s, kernel CPU s)
 
     def _kernel_cpu(self) -> float:
         """CPU seconds the kernel process has used so far (all its threads, and its children)."""
@@ -49,10 +49,16 @@ class TimedClient(NotebookClient):
 
 def run(path: Path, timeout: int) -> TimedClient:
     nb = nbformat.read(path, as_version=4)
-    env = dict(os.environ, MINILLM_IMPL="solutions", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    client = TimedClient(nb, timeout=timeout, kernel_name="python3",
-                         resources={"metadata": {"path": str(path.parent)}})
+    env = dict(
+        os.environ,
+        MINILLM_IMPL="solutions",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+        OMP_NUM_THREADS="1",
+    )
+    client = TimedClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
     client.execute(env=env, cwd=str(path.parent))
     return client
 
@@ -72,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         cpu = sum(c for _, _, c in client.cell_times)
         slow = sorted(client.cell_times, key=lambda t: -t[2])[:3]
         cells = ", ".join(f"cell {i}: {w:.1f} s wall / {c:.1f} s CPU" for i, w, c in slow)
-        print(f"{path.name}: {wall:.1f} s wall, {cpu:.1f} s kernel CPU; slowest {cells}; "
-              f"load {os.getloadavg()[0]:.1f}", flush=True)
+        print(
+            f"{path.name}: {wall:.1f} s wall, {cpu:.1f} s kernel CPU; slowest {cells}; load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
     return 0
 
 

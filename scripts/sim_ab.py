@@ -33,13 +33,26 @@ def build(package: str, num_requests: int, record: str = "none"):
     sim_scale = importlib.import_module(f"{package}.bench.sim_scale")
     try:
         workloads = importlib.import_module(f"{package}.analysis.workloads")
-    except ImportError:         # a checkout from before the sub-packages
+    except ImportError:  # a checkout from before the sub-packages
         workloads = importlib.import_module(f"{package}.workloads")
-    engine = llm.LLM("random", executor="simulated", clock="modeled", cost_model=sim_scale.four_h100(),
-                     max_num_seqs=256, max_model_len=4096, max_num_batched_tokens=8192, record=record,
-                     record_history=0).engine
-    trace = workloads.synthetic_trace(num_requests, rate=20.0, prompt_len=workloads.LogNormal(400, 1.0, 8, 2048),
-                                      output_len=workloads.LogNormal(200, 1.0, 4, 1024), seed=0)
+    engine = llm.LLM(
+        "random",
+        executor="simulated",
+        clock="modeled",
+        cost_model=sim_scale.four_h100(),
+        max_num_seqs=256,
+        max_model_len=4096,
+        max_num_batched_tokens=8192,
+        record=record,
+        record_history=0,
+    ).engine
+    trace = workloads.synthetic_trace(
+        num_requests,
+        rate=20.0,
+        prompt_len=workloads.LogNormal(400, 1.0, 8, 2048),
+        output_len=workloads.LogNormal(200, 1.0, 4, 1024),
+        seed=0,
+    )
     workloads.submit_trace(engine, trace, vocab_size=engine.vocab_size)
     return engine
 
@@ -53,11 +66,13 @@ def main() -> None:
     p.add_argument("--a-record", default="none", help="A's EngineConfig.record (B's is none)")
     args = p.parse_args()
     import torch
+
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         for checkout, name in ((args.a, "minillm_a"), (args.b, "minillm_b")):
-            shutil.copytree(os.path.join(checkout, "minillm"), os.path.join(tmp, name),
-                            ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                os.path.join(checkout, "minillm"), os.path.join(tmp, name), ignore=shutil.ignore_patterns("__pycache__")
+            )
         sys.path.insert(0, tmp)
         engines = [build("minillm_a", args.requests, args.a_record), build("minillm_b", args.requests)]
         cpu = [0.0, 0.0]
@@ -73,9 +88,11 @@ def main() -> None:
         gc.enable()
     a, b = engines
     same = a.step_count == b.step_count and a.clock.now() == b.clock.now()
-    print(f"A {cpu[0]:.2f} s CPU, B {cpu[1]:.2f} s CPU: B/A {cpu[1] / cpu[0]:.3f}, A/B {cpu[0] / cpu[1]:.2f} "
-          f"({a.step_count} steps"
-          + (")" if same else f"; B took {b.step_count} steps to {b.clock.now():.3f} s: not the same decisions)"))
+    print(
+        f"A {cpu[0]:.2f} s CPU, B {cpu[1]:.2f} s CPU: B/A {cpu[1] / cpu[0]:.3f}, A/B {cpu[0] / cpu[1]:.2f} "
+        f"({a.step_count} steps"
+        + (")" if same else f"; B took {b.step_count} steps to {b.clock.now():.3f} s: not the same decisions)")
+    )
 
 
 if __name__ == "__main__":

@@ -37,21 +37,36 @@ def main() -> None:
         sys.exit("sim_concurrent: needs two cores")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     for r in range(1, args.rounds + 1):
-        cmd = subprocess.Popen([sys.executable, "-m", "minillm.bench", "sim-scale", "--size", "full", "--threads", "1"],
-                               cwd=old, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               preexec_fn=pinned(0))
+        cmd = subprocess.Popen(
+            [sys.executable, "-m", "minillm.bench", "sim-scale", "--size", "full", "--threads", "1"],
+            cwd=old,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=pinned(0),
+        )
         new = []
         while cmd.poll() is None:
-            out = subprocess.run([sys.executable, os.path.join(HERE, "scripts", "sim_loop_cpu.py")], cwd=HERE, env=env,
-                                 capture_output=True, text=True, preexec_fn=pinned(1), check=True).stdout
+            out = subprocess.run(
+                [sys.executable, os.path.join(HERE, "scripts", "sim_loop_cpu.py")],
+                cwd=HERE,
+                env=env,
+                capture_output=True,
+                text=True,
+                preexec_fn=pinned(1),
+                check=True,
+            ).stdout
             new.append(float(re.search(r"loop ([0-9.]+) s CPU", out).group(1)))
         if cmd.returncode != 0:
             sys.exit(f"sim_concurrent: the old command exited with {cmd.returncode}")
         with open(os.path.join(old, "bench_results", "sim-scale-full.json")) as f:
             before = json.load(f)["results"]["cpu_s"]
         after = statistics.median(new)
-        print(f"round {r}: old command {before:.2f} s CPU; new loop meanwhile {', '.join(f'{x:.2f}' for x in new)} s "
-              f"(median {after:.2f}): {before / after:.2f}x", flush=True)
+        print(
+            f"round {r}: old command {before:.2f} s CPU; new loop meanwhile {', '.join(f'{x:.2f}' for x in new)} s "
+            f"(median {after:.2f}): {before / after:.2f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -22,19 +22,25 @@ if os.path.isdir(os.path.join(os.path.dirname(minillm.__file__), "sim")):
     from minillm.sim.costmodel import ConstantStepTime
     from minillm.sim.simulated import simulate
     from minillm.analysis.workloads import LogNormal, shared_prefix_trace, synthetic_trace
-else:                       # a checkout from before the sub-packages (PYTHONPATH on an older commit)
+else:  # a checkout from before the sub-packages (PYTHONPATH on an older commit)
     from minillm.costmodel import ConstantStepTime
     from minillm.simulated import simulate
     from minillm.workloads import LogNormal, shared_prefix_trace, synthetic_trace
 
 
-TIMINGS = ("wall_time", "cpu_time", "step_cpu_time")     # the summary's own timings: left out
+TIMINGS = ("wall_time", "cpu_time", "step_cpu_time")  # the summary's own timings: left out
 
 
 def _trace(n=400, rate=40.0, seed=3):
-    return synthetic_trace(n, rate=rate, prompt_len=LogNormal(300, 1.0, 8, 1500),
-                           output_len=LogNormal(120, 1.0, 4, 600), priority_mix={0: 0.3, 1: 0.7},
-                           tenant_mix={"a": 0.6, "b": 0.4}, seed=seed)
+    return synthetic_trace(
+        n,
+        rate=rate,
+        prompt_len=LogNormal(300, 1.0, 8, 1500),
+        output_len=LogNormal(120, 1.0, 4, 600),
+        priority_mix={0: 0.3, 1: 0.7},
+        tenant_mix={"a": 0.6, "b": 0.4},
+        seed=seed,
+    )
 
 
 CASES = {
@@ -71,34 +77,53 @@ def fingerprint() -> dict:
     trace = _trace()
     for name, cfg in CASES.items():
         eng, summ = simulate(trace, records="full", **cfg)
-        out[name] = dict(records=[_plain(r) for r in eng.step_records],
-                         metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
-                         summary={k: v for k, v in summ.items() if k not in TIMINGS})
-    pre = shared_prefix_trace(300, 256, LogNormal(64, 0.8, 4, 512), LogNormal(60, 0.8, 4, 300),
-                              vocab_size=32000, rate=30.0, num_prefixes=3, seed=5)
+        out[name] = dict(
+            records=[_plain(r) for r in eng.step_records],
+            metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
+            summary={k: v for k, v in summ.items() if k not in TIMINGS},
+        )
+    pre = shared_prefix_trace(
+        300,
+        256,
+        LogNormal(64, 0.8, 4, 512),
+        LogNormal(60, 0.8, 4, 300),
+        vocab_size=32000,
+        rate=30.0,
+        num_prefixes=3,
+        seed=5,
+    )
     eng, summ = simulate(pre, records="full", enable_prefix_caching=True, num_kv_blocks=900)
-    out["prefix"] = dict(records=[_plain(r) for r in eng.step_records],
-                         metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
-                         summary={k: v for k, v in summ.items() if k not in TIMINGS})
+    out["prefix"] = dict(
+        records=[_plain(r) for r in eng.step_records],
+        metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
+        summary={k: v for k, v in summ.items() if k not in TIMINGS},
+    )
     big = _trace(3000, rate=25.0, seed=7)
     for rec in ("summary", False):
         eng, summ = simulate(big, records=rec, num_kv_blocks=3000)
-        out[f"big-{rec}"] = dict(records=[_plain(r) for r in eng.step_summaries],
-                                 metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
-                                 summary={k: v for k, v in summ.items() if k not in TIMINGS})
+        out[f"big-{rec}"] = dict(
+            records=[_plain(r) for r in eng.step_summaries],
+            metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
+            summary={k: v for k, v in summ.items() if k not in TIMINGS},
+        )
     # records=False (where simulate steps with minillm/sim/fast_forward.py): the records passed to progress
     slow = _trace(400, rate=6.0, seed=9)
     for name, cfg in OFF_CASES.items():
         recs: list = []
         eng, summ = simulate(slow if name.endswith("-slow") else trace, records=False, progress=recs.append, **cfg)
-        out[f"off-{name}"] = dict(records=[_plain(r) for r in recs],
-                                  metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
-                                  summary={k: v for k, v in summ.items() if k not in TIMINGS})
-    eng, summ = simulate(big[:1500], records="full", cost_model=ConstantStepTime(0.02), policy="sjf",
-                         num_kv_blocks=2000)
-    out["const-sjf"] = dict(records=[_plain(r) for r in eng.step_records],
-                            metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
-                            summary={k: v for k, v in summ.items() if k not in TIMINGS})
+        out[f"off-{name}"] = dict(
+            records=[_plain(r) for r in recs],
+            metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
+            summary={k: v for k, v in summ.items() if k not in TIMINGS},
+        )
+    eng, summ = simulate(
+        big[:1500], records="full", cost_model=ConstantStepTime(0.02), policy="sjf", num_kv_blocks=2000
+    )
+    out["const-sjf"] = dict(
+        records=[_plain(r) for r in eng.step_records],
+        metrics={k: _plain(r.metrics) for k, r in eng.requests.items()},
+        summary={k: v for k, v in summ.items() if k not in TIMINGS},
+    )
     return out
 
 

@@ -22,11 +22,12 @@ import torch
 import minillm
 from minillm import LLM
 from minillm.bench.sim_scale import four_h100
+
 # (by directory, not by trying the import: an editable install of this checkout would answer
 # ``minillm.analysis`` from here while ``minillm`` comes from the older one)
 if os.path.isdir(os.path.join(os.path.dirname(minillm.__file__), "analysis")):
     from minillm.analysis.workloads import LogNormal, submit_trace, synthetic_trace
-else:                       # a checkout from before the sub-packages (PYTHONPATH on an older commit)
+else:  # a checkout from before the sub-packages (PYTHONPATH on an older commit)
     from minillm.workloads import LogNormal, submit_trace, synthetic_trace
 
 
@@ -38,16 +39,31 @@ def main() -> None:
     p.add_argument("--profile", default=None, help="write a cProfile of the loop to this file")
     args = p.parse_args()
     torch.set_num_threads(1)
-    engine = LLM("random", executor="simulated", clock="modeled", cost_model=four_h100(), max_num_seqs=256,
-                 max_model_len=4096, max_num_batched_tokens=8192, record=args.record, record_history=0).engine
-    trace = synthetic_trace(args.requests, rate=20.0, prompt_len=LogNormal(400, 1.0, 8, 2048),
-                            output_len=LogNormal(200, 1.0, 4, 1024), seed=0)
+    engine = LLM(
+        "random",
+        executor="simulated",
+        clock="modeled",
+        cost_model=four_h100(),
+        max_num_seqs=256,
+        max_model_len=4096,
+        max_num_batched_tokens=8192,
+        record=args.record,
+        record_history=0,
+    ).engine
+    trace = synthetic_trace(
+        args.requests,
+        rate=20.0,
+        prompt_len=LogNormal(400, 1.0, 8, 2048),
+        output_len=LogNormal(200, 1.0, 4, 1024),
+        seed=0,
+    )
     submit_trace(engine, trace, vocab_size=engine.vocab_size)
     if not args.gc:
         gc.disable()
     profile = None
     if args.profile:
         import cProfile
+
         profile = cProfile.Profile()
         profile.enable()
     c0 = time.process_time()
@@ -58,8 +74,10 @@ def main() -> None:
         profile.disable()
         profile.dump_stats(args.profile)
     ttft = sum(r.metrics.ttft for r in engine.requests.values())
-    print(f"{engine.step_count} steps, {sum(r.is_finished for r in engine.requests.values())} finished, "
-          f"modeled {engine.clock.now():.3f} s, TTFT sum {ttft:.6f} s: loop {cpu:.2f} s CPU")
+    print(
+        f"{engine.step_count} steps, {sum(r.is_finished for r in engine.requests.values())} finished, "
+        f"modeled {engine.clock.now():.3f} s, TTFT sum {ttft:.6f} s: loop {cpu:.2f} s CPU"
+    )
 
 
 if __name__ == "__main__":

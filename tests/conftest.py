@@ -31,10 +31,15 @@ def _seed():
 # grader's or the engine's), or the grader's message when your function returned a wrong answer; last, a
 # line "k of n parts pass".
 
+
 def pytest_addoption(parser):
-    parser.addoption("--grade", action="store_true", default=False,
-                     help="grading report: one line per grader, the graded code's lines where it failed, "
-                          "and a last line 'k of n parts pass' (make grade EX=NN)")
+    parser.addoption(
+        "--grade",
+        action="store_true",
+        default=False,
+        help="grading report: one line per grader, the graded code's lines where it failed, "
+        "and a last line 'k of n parts pass' (make grade EX=NN)",
+    )
 
 
 def pytest_configure(config):
@@ -61,9 +66,9 @@ class GradeReport:
 
     def __init__(self, config):
         self.config = config
-        self.outcomes: dict[str, str] = {}      # nodeid -> "passed" / "failed" / "skipped"
-        self.exercise: dict[str, tuple[str, tuple[int, ...]]] = {}   # nodeid -> (solution module, exercises)
-        self.unattempted: set[str] = set()     # failed because a stub raised NotImplementedError
+        self.outcomes: dict[str, str] = {}  # nodeid -> "passed" / "failed" / "skipped"
+        self.exercise: dict[str, tuple[str, tuple[int, ...]]] = {}  # nodeid -> (solution module, exercises)
+        self.unattempted: set[str] = set()  # failed because a stub raised NotImplementedError
 
     def _write(self, line: str = "") -> None:
         self.config.pluginmanager.getplugin("terminalreporter").write_line(line)
@@ -74,6 +79,7 @@ class GradeReport:
         from pathlib import Path
 
         from minillm import impl
+
         try:
             return impl.impl_dir(), Path(impl.REPO_ROOT)
         except FileNotFoundError:
@@ -119,7 +125,7 @@ class GradeReport:
             cut = next((i for i, t in enumerate(text) if t.startswith("assert ")), len(text))
             text = text[:cut]
         if len(text) > self.MAX_MESSAGE_LINES:
-            text = text[:self.MAX_MESSAGE_LINES] + ["..."]
+            text = text[: self.MAX_MESSAGE_LINES] + ["..."]
         if frames or not isinstance(exc, AssertionError):
             text[0] = f"{kind}: {text[0]}" if text[0] else kind
         return lines + text
@@ -141,6 +147,7 @@ class GradeReport:
     # -- hooks ------------------------------------------------------------------------------------------------
     def pytest_collection_finish(self, session):
         from minillm import impl
+
         sections = {}
         for item in session.items:
             code = getattr(getattr(item, "function", None), "__code__", None)
@@ -154,8 +161,7 @@ class GradeReport:
         graded, root = self._impl_dir()
         where = graded.relative_to(root) if graded is not None and graded.is_relative_to(root) else graded
         marks = self.config.option.markexpr or "all exercises"
-        self._write(f"Grading {marks} against {where}/ ({impl.ENV}={impl.which()}): "
-                    f"{len(session.items)} parts")
+        self._write(f"Grading {marks} against {where}/ ({impl.ENV}={impl.which()}): {len(session.items)} parts")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -176,7 +182,7 @@ class GradeReport:
         if report.when != "call" and report.passed:
             return
         name = report.nodeid.split("::")[-1]
-        name = name[len("test_"):] if name.startswith("test_") else name
+        name = name[len("test_") :] if name.startswith("test_") else name
         name = name.split("_", 1)[1] if name[:2] == "ex" and name[2:4].isdigit() else name
         if report.when == "teardown" and self.outcomes.get(report.nodeid) == "passed":
             self.outcomes[report.nodeid] = "failed"
@@ -202,6 +208,7 @@ class GradeReport:
         "failed" if a grader failed on an attempt (not on a stub's NotImplementedError), "passed" if all
         passed, else "not attempted". Returns the failed exercises."""
         from minillm import worked_answers
+
         graded, _ = self._impl_dir()
         by_exercise: dict[tuple[str, int], list[str]] = {}
         for nodeid, outcome in self.outcomes.items():
@@ -210,8 +217,10 @@ class GradeReport:
                 outcome = "not attempted"
             for n in numbers:
                 by_exercise.setdefault((module, n), []).append(outcome)
-        verdict = {key: "failed" if "failed" in got else "passed" if set(got) <= {"passed", "skipped"}
-                   else "not attempted" for key, got in by_exercise.items()}
+        verdict = {
+            key: "failed" if "failed" in got else "passed" if set(got) <= {"passed", "skipped"} else "not attempted"
+            for key, got in by_exercise.items()
+        }
         if graded is not None and verdict:
             outcomes: dict[str, dict[int, str]] = {}
             for (module, n), v in verdict.items():
@@ -225,8 +234,10 @@ class GradeReport:
         if failed:
             first = failed[0][0].split("_")[0]
             terminalreporter.write_line(
-                "Worked answers open for " + ", ".join(f"{m.split('_')[0]} exercise {n}" for m, n in failed)
-                + f": re-run their cells in the notebook, or impl.show_worked_answer({first!r}, {failed[0][1]})")
+                "Worked answers open for "
+                + ", ".join(f"{m.split('_')[0]} exercise {n}" for m, n in failed)
+                + f": re-run their cells in the notebook, or impl.show_worked_answer({first!r}, {failed[0][1]})"
+            )
         passed = sum(o == "passed" for o in self.outcomes.values())
         skipped = sum(o == "skipped" for o in self.outcomes.values())
         counted = len(self.outcomes) - skipped

@@ -57,25 +57,25 @@ class FuzzStats:
     runs: int = 0
     steps: int = 0
     requests: int = 0
-    groups: int = 0                 # of the requests, parallel-sampling groups (n > 1)
-    sampled: int = 0                # single requests sampled with a seed (temperature, top-p, top-k)
-    logprobs: int = 0               # requests asking for logprobs
-    penalties: int = 0              # requests with a repetition, presence or frequency penalty
-    stops: int = 0                  # requests with a stop string or a stop token id
-    stopped: int = 0                # sequences one of those ended ("stop")
-    quantized: int = 0              # runs with an int8 / fp8 KV cache
-    quantized_compared: int = 0     # their sequences compared with the run alone
-    quantized_skipped: int = 0      # their sequences written in other pieces than alone: not compared
-    tp_runs: int = 0                # runs on 2 tensor-parallel ranks
-    draft_runs: int = 0             # speculative runs with a draft model (the others: n-gram lookup)
-    cpu_attention_runs: int = 0     # runs on the CPU attention kernel (the references: the torch reference)
-    async_runs: int = 0             # AsyncLLM runs
-    async_streams: int = 0          # their streams (a group's samples: one each)
-    async_cancels: int = 0          # streams cancelled (task.cancel) or aborted (whole request or one sample)
+    groups: int = 0  # of the requests, parallel-sampling groups (n > 1)
+    sampled: int = 0  # single requests sampled with a seed (temperature, top-p, top-k)
+    logprobs: int = 0  # requests asking for logprobs
+    penalties: int = 0  # requests with a repetition, presence or frequency penalty
+    stops: int = 0  # requests with a stop string or a stop token id
+    stopped: int = 0  # sequences one of those ended ("stop")
+    quantized: int = 0  # runs with an int8 / fp8 KV cache
+    quantized_compared: int = 0  # their sequences compared with the run alone
+    quantized_skipped: int = 0  # their sequences written in other pieces than alone: not compared
+    tp_runs: int = 0  # runs on 2 tensor-parallel ranks
+    draft_runs: int = 0  # speculative runs with a draft model (the others: n-gram lookup)
+    cpu_attention_runs: int = 0  # runs on the CPU attention kernel (the references: the torch reference)
+    async_runs: int = 0  # AsyncLLM runs
+    async_streams: int = 0  # their streams (a group's samples: one each)
+    async_cancels: int = 0  # streams cancelled (task.cancel) or aborted (whole request or one sample)
     aborts: int = 0
     faults: int = 0
-    sampler_faults: int = 0         # rows made unsamplable (NaN logits) on purpose
-    sampling_failed: int = 0        # sequences that ended "abort" because their row could not be sampled
+    sampler_faults: int = 0  # rows made unsamplable (NaN logits) on purpose
+    sampling_failed: int = 0  # sequences that ended "abort" because their row could not be sampled
     mismatches: int = 0
     lost: int = 0
     leaks: int = 0
@@ -88,8 +88,9 @@ class FuzzStats:
         self.problems += other.problems
 
     def line(self) -> str:
-        return ", ".join(f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self)
-                         if f.name != "problems")
+        return ", ".join(
+            f"{f.name.replace('_', ' ')} {getattr(self, f.name)}" for f in fields(self) if f.name != "problems"
+        )
 
 
 class FaultyPolicy:
@@ -125,11 +126,19 @@ class FaultyPolicy:
 def random_config(rng: random.Random) -> dict:
     allocation = rng.choice(["paged", "paged", "paged", "reserved"])
     block_size = rng.choice([1, 2, 4]) if allocation == "paged" else rng.choice([1, 2])
-    cfg = dict(MODEL, block_size=block_size, kv_allocation=allocation,
-               num_kv_blocks=rng.randint(40, 120) // block_size + 8,
-               max_num_seqs=rng.randint(2, 8), max_num_batched_tokens=rng.choice([16, 32, 64]),
-               enable_chunked_prefill=True, policy=rng.choice(POLICIES),
-               clock="modeled", cost_model=0.01, record=rng.choice(["full", "summary", "none"]))
+    cfg = dict(
+        MODEL,
+        block_size=block_size,
+        kv_allocation=allocation,
+        num_kv_blocks=rng.randint(40, 120) // block_size + 8,
+        max_num_seqs=rng.randint(2, 8),
+        max_num_batched_tokens=rng.choice([16, 32, 64]),
+        enable_chunked_prefill=True,
+        policy=rng.choice(POLICIES),
+        clock="modeled",
+        cost_model=0.01,
+        record=rng.choice(["full", "summary", "none"]),
+    )
     if allocation == "paged":
         cfg["preemption_mode"] = rng.choice(["recompute", "swap", "swap"])
         if cfg["preemption_mode"] == "swap":
@@ -177,7 +186,7 @@ def draw_draft_model(rng: random.Random, cfg: dict, rate: float) -> bool:
 
 
 def random_workload(rng: random.Random, n: int, cfg: dict) -> list[dict]:
-    bases = [[rng.randrange(3, 500) for _ in range(16)] for _ in range(3)]     # shared prefixes
+    bases = [[rng.randrange(3, 500) for _ in range(16)] for _ in range(3)]  # shared prefixes
     reqs = []
     for i in range(n):
         plen = rng.randint(1, 24)
@@ -188,9 +197,16 @@ def random_workload(rng: random.Random, n: int, cfg: dict) -> list[dict]:
         max_tokens = rng.randint(1, 20)
         if cfg["kv_allocation"] == "reserved":
             max_tokens = min(max_tokens, 40 - len(prompt))
-        reqs.append(dict(prompt=prompt, max_tokens=max(1, max_tokens), arrival=rng.choice([0.0, rng.uniform(0, 0.3)]),
-                         priority=rng.randint(0, 2), tenant=rng.choice("abc"),
-                         expected_output_len=rng.randint(1, 20)))
+        reqs.append(
+            dict(
+                prompt=prompt,
+                max_tokens=max(1, max_tokens),
+                arrival=rng.choice([0.0, rng.uniform(0, 0.3)]),
+                priority=rng.randint(0, 2),
+                tenant=rng.choice("abc"),
+                expected_output_len=rng.randint(1, 20),
+            )
+        )
     return reqs
 
 
@@ -217,8 +233,12 @@ def draw_sampling(rng: random.Random, reqs: list[dict], cfg: dict, rate: float) 
         if not spec and r.get("n", 1) == 1 and rng.random() < rate:
             r["seed"] = rng.randrange(2**31)
             # top_k -1 (vLLM's "all") and one far past the vocabulary (it once overflowed the sampler)
-            params.update(temperature=rng.choice([0.5, 0.8, 1.2]), top_p=rng.choice([1.0, 0.9, 0.5]),
-                          top_k=rng.choice([0, 0, 5, 50, -1, 2**97]), min_p=rng.choice([0.0, 0.0, 0.1]))
+            params.update(
+                temperature=rng.choice([0.5, 0.8, 1.2]),
+                top_p=rng.choice([1.0, 0.9, 0.5]),
+                top_k=rng.choice([0, 0, 5, 50, -1, 2**97]),
+                min_p=rng.choice([0.0, 0.0, 0.1]),
+            )
         if not spec and rng.random() < rate:
             params["logprobs"] = rng.choice([0, 1, 3])
         if not spec and rng.random() < rate:
@@ -242,7 +262,7 @@ def draw_stops(rng: random.Random, reqs: list[dict], refs: list, rate: float) ->
         if rng.random() < 0.5 or not piece:
             r["params"]["stop_token_ids"] = [tok]
         else:
-            r["params"].update(stop=[piece[:rng.randint(1, 2)]], include_stop_str_in_output=rng.random() < 0.5)
+            r["params"].update(stop=[piece[: rng.randint(1, 2)]], include_stop_str_in_output=rng.random() < 0.5)
         drew = True
     return drew
 
@@ -254,8 +274,14 @@ def sampling_params(r: dict, n: int = None, seed: int = None) -> SamplingParams:
     seed = r.get("seed") if seed is None else seed
     params = dict(r.get("params", {}))
     temperature = params.pop("temperature", 0.8)
-    return SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, n=n, seed=seed,
-                          temperature=0.0 if seed is None else temperature, **params)
+    return SamplingParams(
+        max_tokens=r["max_tokens"],
+        ignore_eos=True,
+        n=n,
+        seed=seed,
+        temperature=0.0 if seed is None else temperature,
+        **params,
+    )
 
 
 def needs_tokenizer(reqs: list[dict]) -> bool:
@@ -269,18 +295,23 @@ def references(reqs: list[dict], cfg: dict) -> list[list[dict]]:
     cache is run alone with the run's dtype and block size (a block's scale covers its positions)."""
     kv = dict(block_size=16, num_kv_blocks=512)
     if cfg.get("kv_cache_dtype", "auto") != "auto":
-        kv = dict(block_size=cfg["block_size"], num_kv_blocks=8192 // cfg["block_size"],
-                  kv_cache_dtype=cfg["kv_cache_dtype"])
-    llm = LLM(**{k: cfg[k] for k in MODEL}, **kv, max_num_seqs=64, max_num_batched_tokens=4096,
-              tokenizer=tokenizer() if needs_tokenizer(reqs) else None)
+        kv = dict(
+            block_size=cfg["block_size"], num_kv_blocks=8192 // cfg["block_size"], kv_cache_dtype=cfg["kv_cache_dtype"]
+        )
+    llm = LLM(
+        **{k: cfg[k] for k in MODEL},
+        **kv,
+        max_num_seqs=64,
+        max_num_batched_tokens=4096,
+        tokenizer=tokenizer() if needs_tokenizer(reqs) else None,
+    )
     alone = [(r, sampling_params(r, 1, completion_seed(r.get("seed"), i))) for r in reqs for i in range(r.get("n", 1))]
     outs = iter(llm.generate([r["prompt"] for r, _ in alone], [sp for _, sp in alone], use_tqdm=False))
     return [[outcome(next(outs)) for _ in range(r.get("n", 1))] for r in reqs]
 
 
 def outcome(out) -> dict:
-    return dict(tokens=out.token_ids, finish_reason=out.finish_reason, text=out.text,
-                logprobs=out.outputs[0].logprobs)
+    return dict(tokens=out.token_ids, finish_reason=out.finish_reason, text=out.text, logprobs=out.outputs[0].logprobs)
 
 
 def written_like_alone(writes: list[tuple[int, int]], prompt_len: int, block_size: int) -> bool:
@@ -293,7 +324,7 @@ def written_like_alone(writes: list[tuple[int, int]], prompt_len: int, block_siz
     for start, end in writes:
         if start != done or (0 < start < prompt_len and start % block_size):
             return False
-        if start >= prompt_len and end - start > 1:      # a verify step's guesses (speculation)
+        if start >= prompt_len and end - start > 1:  # a verify step's guesses (speculation)
             return False
         done = end
     return True
@@ -305,7 +336,7 @@ def check_sequence(seq, ref: dict, text) -> list[str]:
     complete = seq.finish_reason in ("length", "stop")
     if complete and (got, seq.finish_reason) != (ref["tokens"], ref["finish_reason"]):
         return [f"got {got} ({seq.finish_reason}), alone {ref['tokens']} ({ref['finish_reason']})"]
-    if not complete and got != ref["tokens"][:len(got)]:
+    if not complete and got != ref["tokens"][: len(got)]:
         return [f"got {got} ({seq.finish_reason}), alone {ref['tokens']}"]
     if complete and text is not None and text != ref["text"]:
         return [f"text {text!r}, alone {ref['text']!r}"]
@@ -316,8 +347,15 @@ def check_sequence(seq, ref: dict, text) -> list[str]:
     return []
 
 
-def install_faults(eng, rng: random.Random, fault_rate: float, sampler_rng: random.Random,
-                   sampler_fault_rate: float, writes: dict, stats: "FuzzStats") -> None:
+def install_faults(
+    eng,
+    rng: random.Random,
+    fault_rate: float,
+    sampler_rng: random.Random,
+    sampler_fault_rate: float,
+    writes: dict,
+    stats: "FuzzStats",
+) -> None:
     """Faults in the forward (before or after it ran) and rows the sampler cannot sample (NaN
     logits: the sampler's own failure path, which ends that request alone). Each forward's writes
     are noted in ``writes`` (sequence id -> ranges), for ``written_like_alone``."""
@@ -330,7 +368,8 @@ def install_faults(eng, rng: random.Random, fault_rate: float, sampler_rng: rand
             raise InjectedFault("before execute")
         for s in out.scheduled:
             writes.setdefault(s.request.request_id, []).append(
-                (s.num_computed_before, s.num_computed_before + s.num_new_tokens))
+                (s.num_computed_before, s.num_computed_before + s.num_new_tokens)
+            )
         res = real_execute(out)
         if rng.random() < fault_rate:
             raise InjectedFault("after execute")
@@ -342,15 +381,26 @@ def install_faults(eng, rng: random.Random, fault_rate: float, sampler_rng: rand
             logits[sampler_rng.randrange(len(logits))] = float("nan")
             stats.sampler_faults += 1
         return real_sample(logits, params, request_ids, probs)
+
     eng.executor.execute = execute
     sampler.sample = sample
 
 
-def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_rate: float = 0.03,
-             max_steps: int = 3000, config=random_config, group_rate: float = 0.3,
-             feature_rate: float = 0.15, quantized_rate: float = 0.25, sampler_fault_rate: float = 0.02,
-             draft_rate: float = 0.05, cpu_attention_rate: float = 0.2,
-             tensor_parallel: bool = False) -> FuzzStats:
+def fuzz_run(
+    seed: int,
+    num_requests: int = 10,
+    fault_rate: float = 0.05,
+    abort_rate: float = 0.03,
+    max_steps: int = 3000,
+    config=random_config,
+    group_rate: float = 0.3,
+    feature_rate: float = 0.15,
+    quantized_rate: float = 0.25,
+    sampler_fault_rate: float = 0.02,
+    draft_rate: float = 0.05,
+    cpu_attention_rate: float = 0.2,
+    tensor_parallel: bool = False,
+) -> FuzzStats:
     """One run: ``config(rng)`` draws the engine configuration (``random_config`` by default);
     about ``group_rate`` of the requests are parallel-sampling groups, ``feature_rate`` of them get
     each sampling feature (``draw_sampling``, ``draw_stops``), ``quantized_rate`` of the paged runs
@@ -375,9 +425,15 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
     policy = cfg.pop("policy")
     cfg["policy"] = FaultyPolicy(make_policy(policy), rng, fault_rate)
     quantized = cfg.get("kv_cache_dtype", "auto") != "auto"
-    stats = FuzzStats(runs=1, requests=len(reqs), groups=sum(r.get("n", 1) > 1 for r in reqs),
-                      quantized=int(quantized), tp_runs=int(tensor_parallel), draft_runs=int(drafted),
-                      cpu_attention_runs=int(cpu_attention))
+    stats = FuzzStats(
+        runs=1,
+        requests=len(reqs),
+        groups=sum(r.get("n", 1) > 1 for r in reqs),
+        quantized=int(quantized),
+        tp_runs=int(tensor_parallel),
+        draft_runs=int(drafted),
+        cpu_attention_runs=int(cpu_attention),
+    )
     for r in reqs:
         p = r.get("params", {})
         stats.sampled += "temperature" in p
@@ -388,16 +444,22 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
     with LLM(**cfg, tokenizer=tok) as llm:
         eng = llm.engine
         writes: dict[str, list] = {}
-        install_faults(eng, rng, fault_rate, random.Random(f"sampler faults {seed}"), sampler_fault_rate,
-                       writes, stats)
+        install_faults(eng, rng, fault_rate, random.Random(f"sampler faults {seed}"), sampler_fault_rate, writes, stats)
         ids = []
         for r in reqs:
             try:
-                ids.append(eng.add_request(r["prompt"], sampling_params(r), arrival_time=r["arrival"],
-                                           priority=r["priority"], tenant=r["tenant"],
-                                           expected_output_len=r["expected_output_len"]))
+                ids.append(
+                    eng.add_request(
+                        r["prompt"],
+                        sampling_params(r),
+                        arrival_time=r["arrival"],
+                        priority=r["priority"],
+                        tenant=r["tenant"],
+                        expected_output_len=r["expected_output_len"],
+                    )
+                )
             except ValueError:
-                ids.append(None)                 # does not fit this configuration at all: rejected at the door
+                ids.append(None)  # does not fit this configuration at all: rejected at the door
         where = f"seed {seed} ({policy}, {cfg})"
         if not drive(eng, rng, ids, abort_rate, max_steps, stats, where):
             return stats
@@ -407,8 +469,7 @@ def fuzz_run(seed: int, num_requests: int = 10, fault_rate: float = 0.05, abort_
     return stats
 
 
-def drive(eng, rng: random.Random, ids: list, abort_rate: float, max_steps: int, stats: FuzzStats,
-          where: str) -> bool:
+def drive(eng, rng: random.Random, ids: list, abort_rate: float, max_steps: int, stats: FuzzStats, where: str) -> bool:
     """Step until done, aborting now and then, the invariants after every step and everything
     free at the end. False if the invariants broke (the run stops there)."""
     while eng.has_unfinished_requests():
@@ -441,8 +502,18 @@ def drive(eng, rng: random.Random, ids: list, abort_rate: float, max_steps: int,
     return True
 
 
-def compare(eng, rid: str, r: dict, refs: list[dict], writes: dict, quantized: bool, block_size: int,
-            with_text: bool, stats: FuzzStats, where: str) -> None:
+def compare(
+    eng,
+    rid: str,
+    r: dict,
+    refs: list[dict],
+    writes: dict,
+    quantized: bool,
+    block_size: int,
+    with_text: bool,
+    stats: FuzzStats,
+    where: str,
+) -> None:
     """Request ``rid``'s sequences against their runs alone (a quantized run's: only those written
     in the same pieces); a sequence whose sampling failed must have had a row made unsamplable."""
     parent = eng.parents.get(rid)
@@ -455,8 +526,9 @@ def compare(eng, rid: str, r: dict, refs: list[dict], writes: dict, quantized: b
             if not stats.sampler_faults:
                 stats.problems.append(f"{where}: request {seq.request_id}: {seq.finish_detail}")
         if quantized and seq.output_token_ids:
-            own = writes.get(seq.request_id, []) if seq is members[0] else \
-                prompt_writes + writes.get(seq.request_id, [])
+            own = (
+                writes.get(seq.request_id, []) if seq is members[0] else prompt_writes + writes.get(seq.request_id, [])
+            )
             if not written_like_alone(own, len(r["prompt"]), block_size):
                 stats.quantized_skipped += 1
                 continue
@@ -470,10 +542,17 @@ def compare(eng, rid: str, r: dict, refs: list[dict], writes: dict, quantized: b
 async def _serve_async(seed: int, num_requests: int, cancel_rate: float, stats: FuzzStats, timeout: float):
     """``async_fuzz_run``'s body: one stream per request, some cancelled or aborted on the way."""
     rng = random.Random(seed)
-    cfg = dict(MODEL, block_size=rng.choice([1, 2, 4]), max_num_seqs=rng.randint(2, 6),
-               max_num_batched_tokens=rng.choice([16, 32]), policy=rng.choice(POLICIES),
-               preemption_mode=rng.choice(["recompute", "swap"]), enable_prefix_caching=rng.random() < 0.5,
-               record="summary", kv_allocation="paged")
+    cfg = dict(
+        MODEL,
+        block_size=rng.choice([1, 2, 4]),
+        max_num_seqs=rng.randint(2, 6),
+        max_num_batched_tokens=rng.choice([16, 32]),
+        policy=rng.choice(POLICIES),
+        preemption_mode=rng.choice(["recompute", "swap"]),
+        enable_prefix_caching=rng.random() < 0.5,
+        record="summary",
+        kv_allocation="paged",
+    )
     cfg["num_kv_blocks"] = rng.randint(40, 100) // cfg["block_size"] + 8
     cfg["num_swap_blocks"] = cfg["num_kv_blocks"]
     reqs = random_workload(rng, num_requests, cfg)
@@ -485,7 +564,7 @@ async def _serve_async(seed: int, num_requests: int, cancel_rate: float, stats: 
     llm = AsyncLLM.from_config(**cfg)
 
     async def consume(i: int, r: dict) -> dict:
-        got = {}                                   # index -> [tokens, finish reason]
+        got = {}  # index -> [tokens, finish reason]
         async for out in llm.generate(r["prompt"], sampling_params(r), request_id=str(i)):
             seq = got.setdefault(out.index, [[], None])
             seq[0] += out.token_ids
@@ -495,7 +574,7 @@ async def _serve_async(seed: int, num_requests: int, cancel_rate: float, stats: 
     async with llm:
         tasks = [asyncio.create_task(consume(i, r)) for i, r in enumerate(reqs)]
         cancelled = set()
-        for _ in range(num_requests):              # cancels and aborts while the streams run
+        for _ in range(num_requests):  # cancels and aborts while the streams run
             await asyncio.sleep(rng.uniform(0, 0.02))
             if rng.random() < cancel_rate:
                 i = rng.randrange(num_requests)
@@ -518,13 +597,12 @@ async def _serve_async(seed: int, num_requests: int, cancel_rate: float, stats: 
                 continue
             for k, ref in enumerate(refs):
                 tokens, reason = got.get(k, ([], None))
-                if reason == "abort" and tokens == ref["tokens"][:len(tokens)]:
+                if reason == "abort" and tokens == ref["tokens"][: len(tokens)]:
                     continue
                 if (tokens, reason) != (ref["tokens"], ref["finish_reason"]):
                     stats.mismatches += 1
-                    stats.problems.append(f"{where}: stream {i}.{k} got {tokens} ({reason}), "
-                                          f"alone {ref['tokens']}")
-        for _ in range(200):                       # a cancelled stream's abort reaches the engine soon
+                    stats.problems.append(f"{where}: stream {i}.{k} got {tokens} ({reason}), alone {ref['tokens']}")
+        for _ in range(200):  # a cancelled stream's abort reaches the engine soon
             if not await llm.engine_call(lambda e: e.has_unfinished_requests()):
                 break
             await asyncio.sleep(0.01)

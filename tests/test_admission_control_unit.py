@@ -31,10 +31,10 @@ def test_a_request_that_waited_longer_than_max_queue_delay_is_rejected_before_th
     a, b = request("a", 4, max_tokens=8), request("b", 4, max_tokens=8)
     s.add(a)
     s.add(b)
-    for t in (0.0, 1.0, 2.0):                    # b has waited 0, 1, 2 s: not more than 2
+    for t in (0.0, 1.0, 2.0):  # b has waited 0, 1, 2 s: not more than 2
         out, _ = step(s, t)
         assert out.rejected == [] and b.status is RequestStatus.WAITING
-    out, upd = step(s, 3.0)                      # 3 s > 2
+    out, upd = step(s, 3.0)  # 3 s > 2
     assert [(w.request_id, w.reason) for w in out.rejected] == [("b", "waited 3.000s > max_queue_delay=2.0")]
     assert [r.request_id for r in upd.finished] == ["b"] and b.finish_reason == "rejected"
     assert a.status is RequestStatus.RUNNING and s.waiting == []

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"minillm": "minillm", "minillm_kernels": "kernels"}   # import name -> folder (pyproject.toml)
+PACKAGES = {"minillm": "minillm", "minillm_kernels": "kernels"}  # import name -> folder (pyproject.toml)
 
 
 def module_name(path: Path) -> str:
@@ -42,14 +42,14 @@ def imported_modules(name: str, path: Path, known: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = name.split(".") if is_package else name.split(".")[:-1]
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module
             targets += [module] + [f"{module}.{a.name}" for a in node.names]
     found = set()
     for t in targets:
-        while t and t not in known:          # "minillm.core.scheduler.Scheduler" -> "minillm.core.scheduler"
+        while t and t not in known:  # "minillm.core.scheduler.Scheduler" -> "minillm.core.scheduler"
             t = t.rpartition(".")[0]
         if t and t != name and not name.startswith(t + "."):
             found.add(t)
@@ -101,43 +101,60 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_the_import_graph_is_read_from_the_source():
     graph = import_graph()
     assert "minillm.core.scheduler" in graph["minillm.engine"]
-    assert "minillm.model.llama" in graph["minillm.model.loader"]          # relative: from .llama import ...
-    assert "minillm.model.loader" in graph["minillm.engine"]              # from .model.loader import ...
-    assert "minillm_kernels.ops" in graph["minillm.worker.model_runner"]          # inside a function
+    assert "minillm.model.llama" in graph["minillm.model.loader"]  # relative: from .llama import ...
+    assert "minillm.model.loader" in graph["minillm.engine"]  # from .model.loader import ...
+    assert "minillm_kernels.ops" in graph["minillm.worker.model_runner"]  # inside a function
     assert "minillm_kernels._triton_setup" in graph["minillm_kernels.attention"]  # relative, in kernels/
 
 
 def test_no_import_cycles():
     found = cycles(import_graph())
-    assert not found, "modules that import each other in a circle (imports inside functions count too): " + \
-        "; ".join(" <-> ".join(c) for c in found)
+    assert not found, "modules that import each other in a circle (imports inside functions count too): " + "; ".join(
+        " <-> ".join(c) for c in found
+    )
 
 
 def test_the_kernels_do_not_import_the_engine():
     graph = import_graph()
-    upward = sorted((m, d) for m, deps in graph.items() if m.startswith("minillm_kernels.") for d in deps
-                    if d.startswith("minillm."))
+    upward = sorted(
+        (m, d)
+        for m, deps in graph.items()
+        if m.startswith("minillm_kernels.")
+        for d in deps
+        if d.startswith("minillm.")
+    )
     assert not upward, f"kernels/ imports minillm: {upward}"
 
 
 FRONT_DOOR = ("minillm.llm", "minillm.async_llm", "minillm.serve")
-BELOW_THE_FRONT_DOOR = ("minillm.core", "minillm.worker", "minillm.spec", "minillm.sim", "minillm.analysis",
-                        "minillm.model", "minillm.engine")
+BELOW_THE_FRONT_DOOR = (
+    "minillm.core",
+    "minillm.worker",
+    "minillm.spec",
+    "minillm.sim",
+    "minillm.analysis",
+    "minillm.model",
+    "minillm.engine",
+)
 
 
 def test_nothing_below_the_front_door_imports_it():
     """The engine and everything it is built from (and the simulator, which drives the engine) never
     import the front door (``LLM``, ``AsyncLLM``, the server): requests come in from above."""
     graph = import_graph()
-    upward = sorted((m, d) for m, deps in graph.items() if m.startswith(BELOW_THE_FRONT_DOOR) for d in deps
-                    if d.startswith(FRONT_DOOR))
+    upward = sorted(
+        (m, d)
+        for m, deps in graph.items()
+        if m.startswith(BELOW_THE_FRONT_DOOR)
+        for d in deps
+        if d.startswith(FRONT_DOOR)
+    )
     assert not upward, f"imports of the front door from below it: {upward}"
 
 
 # --- components are configured, never patched from outside -------------------------------------------
 
-COMPONENTS = {"engine", "executor", "scheduler", "kv", "runner", "speculator", "sampler", "policy", "proposer",
-              "clock"}
+COMPONENTS = {"engine", "executor", "scheduler", "kv", "runner", "speculator", "sampler", "policy", "proposer", "clock"}
 ENGINE_NAMES = {"e", "eng", "engine", "llm", "runner", "executor", "scheduler", "kv"}
 
 
@@ -154,7 +171,7 @@ def attribute_assignments(path: Path) -> list[tuple[int, str]]:
         else:
             continue
         for t in targets:
-            for target in (t.elts if isinstance(t, ast.Tuple) else [t]):
+            for target in t.elts if isinstance(t, ast.Tuple) else [t]:
                 chain, n = [], target
                 while isinstance(n, ast.Attribute):
                     chain.append(n.attr)
@@ -169,14 +186,22 @@ def attribute_assignments(path: Path) -> list[tuple[int, str]]:
 
 def test_the_assignment_finder_finds_patching(tmp_path):
     p = tmp_path / "x.py"
-    p.write_text("llm.engine.executor.verify = f\ne.kv = m\nself.kv = m\nfig.layout.title = 't'\n"
-                 "def g(engine):\n    engine.scheduler.watermark_blocks += 1\n")
-    assert attribute_assignments(p) == [(1, "llm.engine.executor.verify"), (2, "e.kv"),
-                                        (6, "engine.scheduler.watermark_blocks")]
+    p.write_text(
+        "llm.engine.executor.verify = f\ne.kv = m\nself.kv = m\nfig.layout.title = 't'\n"
+        "def g(engine):\n    engine.scheduler.watermark_blocks += 1\n"
+    )
+    assert attribute_assignments(p) == [
+        (1, "llm.engine.executor.verify"),
+        (2, "e.kv"),
+        (6, "engine.scheduler.watermark_blocks"),
+    ]
 
 
-OUTSIDE = [p for d in ("exercises", "solutions", "notebooks", "minillm/bench", "minillm/viz")
-           for p in sorted((ROOT / d).rglob("*.py"))]
+OUTSIDE = [
+    p
+    for d in ("exercises", "solutions", "notebooks", "minillm/bench", "minillm/viz")
+    for p in sorted((ROOT / d).rglob("*.py"))
+]
 
 
 @pytest.mark.parametrize("path", OUTSIDE, ids=[str(p.relative_to(ROOT)) for p in OUTSIDE])
@@ -191,7 +216,7 @@ def test_nothing_outside_the_engine_assigns_into_its_components(path):
 @pytest.mark.parametrize("name,path", sorted(package_modules().items()))
 def test_every_module_says_what_it_is_for(name, path):
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    if not tree.body:                       # an empty package marker
+    if not tree.body:  # an empty package marker
         return
     doc = ast.get_docstring(tree)
     assert doc and len(doc.split()) >= 5, f"{name} ({path.relative_to(ROOT)}) has no opening docstring"
@@ -200,7 +225,7 @@ def test_every_module_says_what_it_is_for(name, path):
 def module_table() -> str:
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     start = text.index("| module | what it teaches |")
-    return text[start:text.index("\n\n", start)]
+    return text[start : text.index("\n\n", start)]
 
 
 def test_the_module_map_names_every_module():
@@ -220,8 +245,14 @@ def test_the_module_map_names_every_module():
                 missing.append(f"minillm/{rel.parts[0]}/")
             continue
         package = "minillm/" + "".join(f"{d}/" for d in rel.parts[:-1])
-        row = next((r for r in rows if package + path.name in r or (package in r.split("|")[1] and
-                                                                   f"`{path.name}`" in r.split("|")[1])), None)
+        row = next(
+            (
+                r
+                for r in rows
+                if package + path.name in r or (package in r.split("|")[1] and f"`{path.name}`" in r.split("|")[1])
+            ),
+            None,
+        )
         if row is None:
             missing.append(str(path.relative_to(ROOT)))
     if "`kernels/`" not in named:
@@ -231,15 +262,24 @@ def test_the_module_map_names_every_module():
 
 # --- the reading path of one step ----------------------------------------------------------------------
 
-READING_PATH = ["minillm/core/request.py", "minillm/core/block_pool.py", "minillm/core/kv_cache.py",
-                "minillm/core/scheduler.py", "minillm/worker/model_runner.py", "minillm/model/llama.py",
-                "minillm/engine.py"]
+READING_PATH = [
+    "minillm/core/request.py",
+    "minillm/core/block_pool.py",
+    "minillm/core/kv_cache.py",
+    "minillm/core/scheduler.py",
+    "minillm/worker/model_runner.py",
+    "minillm/model/llama.py",
+    "minillm/engine.py",
+]
 
 
 def function_lengths(path: Path) -> dict[str, int]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    return {f.name: f.end_lineno - f.lineno + 1 for f in ast.walk(tree)
-            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return {
+        f.name: f.end_lineno - f.lineno + 1
+        for f in ast.walk(tree)
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
 
 
 @pytest.mark.parametrize("name", READING_PATH)
@@ -265,30 +305,44 @@ PROBED = sorted((ROOT / "minillm/core").glob("*.py")) + [ROOT / "minillm/engine.
 # contract is a typing.Protocol (minillm/executor.py, core/kv_manager.py, core/policies.py,
 # spec/speculative.py) and what it can do beyond that, a declared capability (``supports_swapping``).
 ALLOWED_PROBES = {
-    ("minillm/engine.py", 'getattr(self.hf_config, "eos_token_id", None)'):
-        "a model's config.json need not name an EOS token (data, not a component)",
-    ("minillm/core/policies.py", "getattr(r, attr)"):
-        "HistoryPredictor(key='tenant' | 'priority') reads the request field it was told to, by name",
-    ("minillm/core/kv_manager.py", "getattr(kv, flag)"):
-        "check_kv_manager reads each capability CAPABILITIES declares, by its name, to check it",
-    ("minillm/core/preemption.py", 'getattr(cm, "kv_bytes_per_token", 0)'):
-        "EngineConfig.cost_model may be any object with step_time: one that knows no KV size makes the "
-        "preemption cost rule fall back to recompute",
-    ("minillm/core/request.py", "getattr(self, f)"):
-        "Request.snapshot saves every field __slots__ names, by name: the undo log cannot miss one",
+    (
+        "minillm/engine.py",
+        'getattr(self.hf_config, "eos_token_id", None)',
+    ): "a model's config.json need not name an EOS token (data, not a component)",
+    (
+        "minillm/core/policies.py",
+        "getattr(r, attr)",
+    ): "HistoryPredictor(key='tenant' | 'priority') reads the request field it was told to, by name",
+    (
+        "minillm/core/kv_manager.py",
+        "getattr(kv, flag)",
+    ): "check_kv_manager reads each capability CAPABILITIES declares, by its name, to check it",
+    (
+        "minillm/core/preemption.py",
+        'getattr(cm, "kv_bytes_per_token", 0)',
+    ): "EngineConfig.cost_model may be any object with step_time: one that knows no KV size makes the "
+    "preemption cost rule fall back to recompute",
+    (
+        "minillm/core/request.py",
+        "getattr(self, f)",
+    ): "Request.snapshot saves every field __slots__ names, by name: the undo log cannot miss one",
     ("minillm/core/request.py", "getattr(m, f)"): "(the same, for the request's metrics)",
-    ("minillm/core/scheduler.py", 'getattr(type(self.policy), "order_waiting", None)'):
-        "the FCFS pass walks the queue itself when the policy's class keeps Policy's order (a wrapper that "
-        "forwards attributes to a policy has no order_waiting on its class)",
+    (
+        "minillm/core/scheduler.py",
+        'getattr(type(self.policy), "order_waiting", None)',
+    ): "the FCFS pass walks the queue itself when the policy's class keeps Policy's order (a wrapper that "
+    "forwards attributes to a policy has no order_waiting on its class)",
 }
 
 
 def probes(path: Path) -> list[tuple[int, str]]:
     """Every ``hasattr(...)`` / ``getattr(...)`` call in ``path``: (line, the call as written)."""
     text = path.read_text(encoding="utf-8")
-    return [(node.lineno, ast.get_source_segment(text, node)) for node in ast.walk(ast.parse(text))
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id in ("hasattr", "getattr")]
+    return [
+        (node.lineno, ast.get_source_segment(text, node))
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")
+    ]
 
 
 def test_the_probe_finder_finds_probes(tmp_path):
@@ -348,8 +402,11 @@ def assigned_attributes(node: ast.AST) -> list[ast.Attribute]:
 
 
 def package_trees() -> dict[Path, ast.AST]:
-    return {p: ast.parse(p.read_text(encoding="utf-8")) for folder in PACKAGES.values()
-            for p in sorted((ROOT / folder).rglob("*.py"))}
+    return {
+        p: ast.parse(p.read_text(encoding="utf-8"))
+        for folder in PACKAGES.values()
+        for p in sorted((ROOT / folder).rglob("*.py"))
+    }
 
 
 def owners(trees: dict[Path, ast.AST]) -> dict[str, set[Path]]:
@@ -393,18 +450,25 @@ def private_accesses(trees: dict[Path, ast.AST]) -> list[str]:
                 if node.attr not in own and node.attr in who:
                     found.append(f"{path.relative_to(ROOT)}: {ast.unparse(node)}")
             elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(tuple(PACKAGES))):
-                found += [f"{path.relative_to(ROOT)}: import {a.name}" for a in node.names
-                          if a.name.startswith("_") and not a.name.startswith("__")]
+                found += [
+                    f"{path.relative_to(ROOT)}: import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
     return sorted(found)
 
 
 def test_the_rule_finders_find_what_they_look_for(tmp_path):
     a = tmp_path / "a.py"
     b = tmp_path / "b.py"
-    a.write_text("class Req:\n    __slots__ = ('status', '_seen')\n    def go(self):\n        self.status = 1\n"
-                 "        self._seen = 0\n    def _hide(self):\n        pass\n")
-    b.write_text("from .a import _hide\ndef f(req, fig):\n    req.status = 2\n    fig.layout = 3\n    req._seen += 1\n"
-                 "    return req._hide, req.status\n")
+    a.write_text(
+        "class Req:\n    __slots__ = ('status', '_seen')\n    def go(self):\n        self.status = 1\n"
+        "        self._seen = 0\n    def _hide(self):\n        pass\n"
+    )
+    b.write_text(
+        "from .a import _hide\ndef f(req, fig):\n    req.status = 2\n    fig.layout = 3\n    req._seen += 1\n"
+        "    return req._hide, req.status\n"
+    )
     trees = {p: ast.parse(p.read_text()) for p in (a, b)}
     global ROOT
     root, ROOT = ROOT, tmp_path
@@ -433,8 +497,11 @@ def test_no_private_attribute_is_used_outside_its_module():
 # The simulator's fast path (``minillm/sim/fast_forward.py``) steps the engine as ``engine.step()`` does: around a
 # step it advances the counters ``engine.step()`` advances (the engine's step count, the scheduler's pass count
 # and clock), and nothing else of another module's objects.
-SIM_STEP_COUNTERS = ["minillm/sim/fast_forward.py: e.step_count", "minillm/sim/fast_forward.py: s.now",
-                     "minillm/sim/fast_forward.py: s.num_passes"]
+SIM_STEP_COUNTERS = [
+    "minillm/sim/fast_forward.py: e.step_count",
+    "minillm/sim/fast_forward.py: s.now",
+    "minillm/sim/fast_forward.py: s.num_passes",
+]
 
 
 def test_the_simulator_changes_requests_only_through_their_transitions():
@@ -443,11 +510,13 @@ def test_the_simulator_changes_requests_only_through_their_transitions():
     block table only through the KV manager (``kv.allocate``), and results and metrics are built through
     their constructors; the only fields it sets on another module's objects are the step counters."""
     found = foreign_assignments(sorted((ROOT / "minillm/sim").glob("*.py")), package_trees())
-    assert found == sorted(SIM_STEP_COUNTERS), \
+    assert found == sorted(SIM_STEP_COUNTERS), (
         f"minillm/sim assigns into another module's objects: {sorted(set(found) - set(SIM_STEP_COUNTERS))}"
+    )
 
 
 # --- one home per rule ---------------------------------------------------------------------------------------
+
 
 def calls_in(path: Path) -> list[tuple[str, str]]:
     """(enclosing function, called expression) for every call in ``path``."""
@@ -460,16 +529,29 @@ def calls_in(path: Path) -> list[tuple[str, str]]:
     return out
 
 
-TRANSITIONS = {"admit", "preempt", "swap_in", "reject", "finish", "finish_request", "fork",
-               "update_from_output", "_settle_guesses"}
+TRANSITIONS = {
+    "admit",
+    "preempt",
+    "swap_in",
+    "reject",
+    "finish",
+    "finish_request",
+    "fork",
+    "update_from_output",
+    "_settle_guesses",
+}
 
 
 def test_only_the_scheduler_transitions_write_the_undo_log():
     """A request's life has one owner: the scheduler's transition methods are the only code that saves a
     request in the step's undo log (``journal.save`` / ``save_progress``), each before it changes the
     request, so a rollback cannot miss a change."""
-    writers = {(path.relative_to(ROOT).as_posix(), fn) for path in sorted((ROOT / "minillm").rglob("*.py"))
-               for fn, call in calls_in(path) if call.endswith(("journal.save", "journal.save_progress"))}
+    writers = {
+        (path.relative_to(ROOT).as_posix(), fn)
+        for path in sorted((ROOT / "minillm").rglob("*.py"))
+        for fn, call in calls_in(path)
+        if call.endswith(("journal.save", "journal.save_progress"))
+    }
     assert writers and {fn for _, fn in writers} <= TRANSITIONS, sorted(writers)
     assert {p for p, _ in writers} == {"minillm/core/scheduler.py"}, sorted(writers)
 
@@ -485,7 +567,7 @@ def test_the_prefill_decode_rule_has_one_home():
                 homes.add(path.relative_to(ROOT).as_posix())
             test = ast.unparse(node.test) if isinstance(node, ast.IfExp) else ""
             if "'decode'" in text and any(f in test for f in ("num_computed", "num_output", "output_token_ids")):
-                homes.add(f"{path.relative_to(ROOT).as_posix()}: {text}")      # a label worked out again
+                homes.add(f"{path.relative_to(ROOT).as_posix()}: {text}")  # a label worked out again
     assert homes == {"minillm/core/request.py"}, sorted(homes)
 
 
@@ -508,11 +590,20 @@ def test_a_preemption_mode_is_one_registry_entry():
 
     preemption.PREEMPTION_MODES["back"] = ToTheBack()
     try:
-        llm = LLM("random", executor="simulated", clock="modeled", cost_model=0.01, block_size=4, num_kv_blocks=12,
-                  max_num_seqs=4, preemption_mode="back")
+        llm = LLM(
+            "random",
+            executor="simulated",
+            clock="modeled",
+            cost_model=0.01,
+            block_size=4,
+            num_kv_blocks=12,
+            max_num_seqs=4,
+            preemption_mode="back",
+        )
         for i in range(4):
-            llm.engine.add_request(list(range(10, 18)), SamplingParams(max_tokens=12, ignore_eos=True),
-                                   request_id=str(i))
+            llm.engine.add_request(
+                list(range(10, 18)), SamplingParams(max_tokens=12, ignore_eos=True), request_id=str(i)
+            )
         records = llm.engine.run()
     finally:
         del preemption.PREEMPTION_MODES["back"]

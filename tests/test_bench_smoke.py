@@ -12,7 +12,7 @@ from minillm.bench import BENCHMARKS
 from minillm.bench.__main__ import main
 from minillm.bench.common import RESULT_KEYS
 
-pytestmark = pytest.mark.slow   # runs every benchmark
+pytestmark = pytest.mark.slow  # runs every benchmark
 
 # What each benchmark's "results" must hold, beyond the common keys.
 EXPECTED = {
@@ -42,19 +42,18 @@ def test_benchmark_runs_tiny(name, tmp_path, capsys):
         assert key in data["results"], f"{name}: results lack {key!r}"
     for g in data["goals"]:
         assert {"goal", "target", "measured", "met"} <= set(g)
-    if name == "throughput":      # transformers' continuous batching ran, or the JSON says why not
+    if name == "throughput":  # transformers' continuous batching ran, or the JSON says why not
         res = data["results"]
         assert res["hf_static"]["output_tokens"] == res["minillm"]["output_tokens"]
         assert "tok_per_s" in res["hf_continuous"] or "error" in res["hf_continuous"]
     captured = capsys.readouterr()
-    if name == "vs-vllm":         # no vLLM at tiny: minillm's sides, offline and served, and the message
+    if name == "vs-vllm":  # no vLLM at tiny: minillm's sides, offline and served, and the message
         res = data["results"]
         assert set(res["median_tok_per_s"]) == {"minillm", "minillm-torch"}
         assert set(res["serving"]) == {"minillm"} and res["serving"]["minillm"]["req_per_s"] > 0
         assert "vLLM skipped" in captured.err
     printed = captured.out
     assert "machine:" in printed and "command:" in printed
-
 
 
 def test_throughput_repeat_reports_rounds_and_medians(tmp_path, capsys):
@@ -64,7 +63,7 @@ def test_throughput_repeat_reports_rounds_and_medians(tmp_path, capsys):
     assert "--repeat 2" in data["throughput"]["command"]
     for side, key in (("minillm", "minillm_tok_per_s"), ("hf_static", "hf_static_tok_per_s")):
         rates = sorted(r[key] for r in res["rounds"])
-        assert res[side]["tok_per_s"] == pytest.approx(sum(rates) / 2)     # the median of two
+        assert res[side]["tok_per_s"] == pytest.approx(sum(rates) / 2)  # the median of two
     assert res["greedy_agreement_hf_static"] == 1.0
     with pytest.raises(ValueError, match="--repeat=0"):
         main(["throughput", "--size", "tiny", "--out", str(tmp_path), "--repeat", "0"])
@@ -75,6 +74,7 @@ def test_qwen3_shape_is_the_cost_models():
     from minillm.bench.throughput import QWEN3_06B
     from minillm.sim.costmodel import MODELS, ModelSpec
     from transformers import Qwen3Config
+
     spec = ModelSpec.from_hf_config(Qwen3Config(**QWEN3_06B), name="x", dtype_bytes=2)
     want = MODELS["qwen3-0.6b"]
     for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "num_params"):

@@ -33,7 +33,7 @@ def test_blocks_come_from_the_front_and_a_freed_table_goes_back_last_block_first
 def test_a_shared_block_is_free_only_when_its_last_holder_lets_go():
     pool = BlockPool(3)
     a = pool.get_new_blocks(2)
-    pool.touch(a[:1])                          # a fork shares the first block
+    pool.touch(a[:1])  # a fork shares the first block
     assert [b.ref_count for b in a] == [2, 1]
     pool.free_blocks(a)
     assert [b.ref_count for b in a] == [1, 0] and free_order(pool) == [2, 1]
@@ -53,7 +53,7 @@ def test_mistakes_are_refused_with_the_numbers():
 
 def test_full_blocks_get_chained_hashes_and_a_later_prompt_finds_them():
     pool = BlockPool(4, enable_caching=True)
-    tokens = [1, 2, 3, 4, 5]                   # blocks of 2: two full blocks, then one token
+    tokens = [1, 2, 3, 4, 5]  # blocks of 2: two full blocks, then one token
     table = pool.get_new_blocks(3)
     hashes: list[int] = []
     new = pool.cache_full_blocks(table, hashes, tokens, num_full_blocks=2, block_size=2)
@@ -61,7 +61,7 @@ def test_full_blocks_get_chained_hashes_and_a_later_prompt_finds_them():
     h1 = hash_block(h0, (3, 4))
     assert ids(new) == [0, 1] and hashes == [h0, h1]
     assert pool.get_cached_block(h0) is table[0] and pool.get_cached_block(h1) is table[1]
-    assert pool.get_cached_block(hash_block(None, (3, 4))) is None      # the same tokens, another parent
+    assert pool.get_cached_block(hash_block(None, (3, 4))) is None  # the same tokens, another parent
     # Freed: block 2 (nothing reusable) to the front; the cached ones to the back, child (1) before parent (0).
     pool.free_blocks(table)
     assert free_order(pool) == [2, 3, 1, 0] and pool.num_cached_free == 2
@@ -78,9 +78,9 @@ def test_cached_blocks_are_evicted_last_and_child_before_parent():
     pool.cache_full_blocks(table, [], [7, 8, 9, 10], num_full_blocks=2, block_size=2)
     pool.free_blocks(table)
     assert free_order(pool) == [2, 1, 0]
-    assert ids(pool.get_new_blocks(1)) == [2] and pool.stats["evictions"] == 0     # nothing reusable first
-    assert ids(pool.get_new_blocks(1)) == [1] and pool.stats["evictions"] == 1     # then the child
-    assert pool.get_cached_block(hash_block(None, (7, 8))) is pool.blocks[0]        # its parent still cached
+    assert ids(pool.get_new_blocks(1)) == [2] and pool.stats["evictions"] == 0  # nothing reusable first
+    assert ids(pool.get_new_blocks(1)) == [1] and pool.stats["evictions"] == 1  # then the child
+    assert pool.get_cached_block(hash_block(None, (7, 8))) is pool.blocks[0]  # its parent still cached
     assert pool.blocks[1].block_hash is None
 
 
@@ -91,14 +91,14 @@ def test_forgetting_a_hash_sends_a_free_block_to_the_front():
     pool.cache_full_blocks(table, hashes, [5, 6], num_full_blocks=1, block_size=2)
     pool.free_blocks(table)
     assert free_order(pool) == [1, 2, 0]
-    pool.forget_hash(pool.blocks[0])           # its KV was never computed (a failed step)
+    pool.forget_hash(pool.blocks[0])  # its KV was never computed (a failed step)
     assert free_order(pool) == [0, 1, 2] and pool.get_cached_block(hashes[0]) is None
 
 
 def test_set_ref_count_restores_what_the_holders_imply():
     pool = BlockPool(3)
     table = pool.get_new_blocks(2)
-    pool.set_ref_count(table[1], 0)            # a rollback: nobody holds block 1 any more
+    pool.set_ref_count(table[1], 0)  # a rollback: nobody holds block 1 any more
     assert free_order(pool) == [2, 1]
-    pool.set_ref_count(table[1], 2)            # and back: held twice, out of the free list
+    pool.set_ref_count(table[1], 2)  # and back: held twice, out of the free list
     assert free_order(pool) == [2] and table[1].ref_count == 2

@@ -35,31 +35,44 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow   # drives JupyterLab in headless Chromium
+pytestmark = pytest.mark.slow  # drives JupyterLab in headless Chromium
 
 HERE = Path(__file__).parent
 NOTEBOOK = HERE / "browser_nb" / "stepper_smoke.ipynb"
 COURSE_NOTEBOOKS = ("04_prefix_caching.ipynb", "05_preemption.ipynb")
-COURSE_TIMEOUT = 900      # s: Run All of a course notebook on a CPU (Triton's interpreter)
+COURSE_TIMEOUT = 900  # s: Run All of a course notebook on a CPU (Triton's interpreter)
 SCREENSHOT_COPY = Path("/tmp/minillm_browser.png")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]
-BOOT_TIMEOUT = 120        # s: JupyterLab answering
-KERNEL_TIMEOUT = 300      # s: kernel up, torch imported, the engine built, the widget drawn
-STEP_TIMEOUT = 120        # s: one click on Step reflected on screen
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
+BOOT_TIMEOUT = 120  # s: JupyterLab answering
+KERNEL_TIMEOUT = 300  # s: kernel up, torch imported, the engine built, the widget drawn
+STEP_TIMEOUT = 120  # s: one click on Step reflected on screen
 
 
 def _missing_browser(reason: str):
     if os.environ.get("MINILLM_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"browser test required (MINILLM_REQUIRE_BROWSER=1) but {reason}. Install Debian's "
-                    "Chromium (`apt-get install -y chromium`) and the Python package `playwright`; "
-                    "do not download a browser through playwright.", pytrace=False)
+        pytest.fail(
+            f"browser test required (MINILLM_REQUIRE_BROWSER=1) but {reason}. Install Debian's "
+            "Chromium (`apt-get install -y chromium`) and the Python package `playwright`; "
+            "do not download a browser through playwright.",
+            pytrace=False,
+        )
     pytest.skip(f"{reason} (set MINILLM_REQUIRE_BROWSER=1 to make this a failure)")
 
 
 def _chromium() -> str:
-    for cand in (os.environ.get("MINILLM_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
-                 shutil.which("chromium-browser")):
+    for cand in (
+        os.environ.get("MINILLM_CHROMIUM"),
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ):
         if cand and os.path.exists(cand):
             return cand
     _missing_browser("Chromium was not found at /usr/bin/chromium or on PATH")
@@ -82,44 +95,60 @@ def jupyter_lab(tmp_path):
     root = tmp_path / "lab"
     root.mkdir()
     shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
-    for name in COURSE_NOTEBOOKS:               # the course's notebooks whose widgets the cells also step
+    for name in COURSE_NOTEBOOKS:  # the course's notebooks whose widgets the cells also step
         shutil.copy(HERE.parent / "notebooks" / name, root / name)
     # No news or update toasts over the page (and no request to a website for them).
     notif = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     notif.mkdir(parents=True)
     (notif / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True}))
+        json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True})
+    )
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ)
     # Keep the user's Jupyter state out: config, data (kernelspecs), runtime files in tmp.
-    for var, sub in (("JUPYTER_CONFIG_DIR", "cfg"), ("JUPYTER_RUNTIME_DIR", "run"),
-                     ("JUPYTER_DATA_DIR", "data"), ("IPYTHONDIR", "ipython")):
+    for var, sub in (
+        ("JUPYTER_CONFIG_DIR", "cfg"),
+        ("JUPYTER_RUNTIME_DIR", "run"),
+        ("JUPYTER_DATA_DIR", "data"),
+        ("IPYTHONDIR", "ipython"),
+    ):
         env[var] = str(tmp_path / sub)
     env["JUPYTER_PLATFORM_DIRS"] = "1"
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("OMP_NUM_THREADS", "1")      # tiny tensors: one thread is as fast, and shares the CPU well
+    env.setdefault("OMP_NUM_THREADS", "1")  # tiny tensors: one thread is as fast, and shares the CPU well
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser",
-           "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-           "--LabApp.expose_app_in_browser=True",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
-           f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
-           "--LabApp.extension_manager=readonly", "--ServerApp.terminals_enabled=False"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
+        f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
+        "--LabApp.extension_manager=readonly",
+        "--ServerApp.terminals_enabled=False",
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")          # CI runs as root
+        cmd.append("--allow-root")  # CI runs as root
     log = open(tmp_path / "jupyter.log", "wb")
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + BOOT_TIMEOUT
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"JupyterLab exited with {proc.returncode}:\n"
-                                   + (tmp_path / "jupyter.log").read_text(errors="replace")[-3000:])
+                raise RuntimeError(
+                    f"JupyterLab exited with {proc.returncode}:\n"
+                    + (tmp_path / "jupyter.log").read_text(errors="replace")[-3000:]
+                )
             try:
                 status, _ = _get(f"{base}/api/status?token={token}")
                 if status == 200:
@@ -194,21 +223,28 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
             page.set_default_timeout(60_000)
             page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}&reset", wait_until="domcontentloaded")
             page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=KERNEL_TIMEOUT * 1000)
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands"
-                                   " && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
-                                   timeout=KERNEL_TIMEOUT * 1000)
+            page.wait_for_function(
+                "() => window.jupyterapp && window.jupyterapp.commands"
+                " && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
+                timeout=KERNEL_TIMEOUT * 1000,
+            )
             _wait_kernel_idle(page)
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
             try:
                 page.wait_for_selector(".minillm-stepper .mlw-step", timeout=KERNEL_TIMEOUT * 1000)
                 page.wait_for_function(
                     "() => document.querySelectorAll('.minillm-stepper .js-plotly-plot g.trace.bars').length > 0",
-                    timeout=KERNEL_TIMEOUT * 1000)
+                    timeout=KERNEL_TIMEOUT * 1000,
+                )
             except Exception:
                 page.screenshot(path=str(shot), full_page=True)
                 shutil.copy(shot, SCREENSHOT_COPY)
-                raise AssertionError("the Stepper did not appear; console:\n" + "\n".join(console[-40:])
-                                     + "\noutputs:\n" + _outputs_text(page))
+                raise AssertionError(
+                    "the Stepper did not appear; console:\n"
+                    + "\n".join(console[-40:])
+                    + "\noutputs:\n"
+                    + _outputs_text(page)
+                )
             _wait_kernel_idle(page)
             before = _stepper_state(page)
             assert before["step"] == "step -", before["step"]
@@ -220,8 +256,11 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
                 step_button.click()
                 page.wait_for_function(
                     "(want) => { const e = document.querySelector('.minillm-stepper .mlw-step');"
-                    " return e && e.textContent.trim() === want; }", arg=want, timeout=STEP_TIMEOUT * 1000)
-                page.wait_for_timeout(600)          # let plotly finish redrawing
+                    " return e && e.textContent.trim() === want; }",
+                    arg=want,
+                    timeout=STEP_TIMEOUT * 1000,
+                )
+                page.wait_for_timeout(600)  # let plotly finish redrawing
                 seen.append(_stepper_state(page))
             after = seen[-1]
             page.locator(".minillm-stepper").first.scroll_into_view_if_needed()
@@ -246,11 +285,11 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
     arrived, shared, ended = details["step 0"], details["step 1"], details["end"]
     assert "arrived during this step" in arrived["queue"] and "Arrived during the step" in arrived["reasons"]
     assert "a-request-with-a-very-long-name-0042" in arrived["queue"]
-    assert arrived["bar_texts"] >= 2          # "A p17", "unused 47": the segment-label check below has labels
+    assert arrived["bar_texts"] >= 2  # "A p17", "unused 47": the segment-label check below has labels
     for name, st in details.items():
         assert st["counts_outside"] == [] and (st["counts"] > 0 or name == "end"), (name, st["counts_outside"])
         assert st["label_overlaps"] == [], (name, st["label_overlaps"])
-        assert st["bar_text_outside"] == [], (name, st["bar_text_outside"])     # labels fit their segment
+        assert st["bar_text_outside"] == [], (name, st["bar_text_outside"])  # labels fit their segment
     assert any("\u00d73" in t for t in shared["labels"]), shared["labels"]
     # Cached free blocks: their own outline and fill, and an entry in the legend.
     assert "cached prefix, free (reusable)" in ended["legend"]
@@ -325,8 +364,10 @@ def _click_and_wait(page, i: int, button: str, want: str) -> None:
     page.wait_for_function(
         "([i, want]) => { const r = document.querySelectorAll('.minillm-stepper')[i];"
         " const e = r && r.querySelector('.mlw-step'); return e && e.textContent.trim() === want; }",
-        arg=[i, want], timeout=STEP_TIMEOUT * 1000)
-    page.wait_for_timeout(600)          # let plotly finish redrawing
+        arg=[i, want],
+        timeout=STEP_TIMEOUT * 1000,
+    )
+    page.wait_for_timeout(600)  # let plotly finish redrawing
 
 
 def _keep_artifact(locator, name: str) -> None:
@@ -349,7 +390,9 @@ def _check_details(page) -> dict:
     root.locator("button.mlw-run-button").click()
     page.wait_for_function(
         "() => { const r = document.querySelectorAll('.minillm-stepper')[1];"
-        " return r && r.querySelector('.mlw-finished'); }", timeout=STEP_TIMEOUT * 1000)
+        " return r && r.querySelector('.mlw-finished'); }",
+        timeout=STEP_TIMEOUT * 1000,
+    )
     page.wait_for_timeout(600)
     out["end"] = _widget(page, 1)
     _keep_artifact(root, "details_end.png")
@@ -384,14 +427,18 @@ def _wait_kernel_idle(page, timeout: float = KERNEL_TIMEOUT) -> None:
                              && w.sessionContext.session.kernel;
                    return !!k && k.status === 'idle' && Array.from(document.querySelectorAll(
                        '.jp-InputPrompt')).every(e => !e.textContent.includes('*')); }""",
-        timeout=timeout * 1000, polling=500)
+        timeout=timeout * 1000,
+        polling=500,
+    )
 
 
 def _outputs_text(page) -> str:
     try:
-        return page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
-                             ".map(e => e.innerText).join('\\n---\\n')")[-3000:]
-    except Exception as e:   # pragma: no cover - diagnostics only
+        return page.evaluate(
+            "() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+            ".map(e => e.innerText).join('\\n---\\n')"
+        )[-3000:]
+    except Exception as e:  # pragma: no cover - diagnostics only
         return f"(could not read outputs: {e})"
 
 
@@ -420,9 +467,11 @@ def test_course_widgets_can_be_stepped_after_run_all(chromium, jupyter_lab, name
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(60_000)
             page.goto(f"{base}/lab/tree/{name}?token={token}&reset", wait_until="domcontentloaded")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands"
-                                   " && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
-                                   timeout=KERNEL_TIMEOUT * 1000)
+            page.wait_for_function(
+                "() => window.jupyterapp && window.jupyterapp.commands"
+                " && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
+                timeout=KERNEL_TIMEOUT * 1000,
+            )
             _wait_kernel_idle(page)
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
             page.wait_for_selector("button.mlw-step-button", timeout=COURSE_TIMEOUT * 1000)
@@ -440,11 +489,16 @@ def test_course_widgets_can_be_stepped_after_run_all(chromium, jupyter_lab, name
                            const r = b.closest('.minillm-lockstep') || b.closest('.minillm-stepper');
                            const s = Array.from(r.querySelectorAll('.mlw-step'));
                            return s.length && s.every(e => e.textContent.trim() === 'step 0'); }""",
-                timeout=STEP_TIMEOUT * 1000)
+                timeout=STEP_TIMEOUT * 1000,
+            )
             page.wait_for_timeout(600)
-            _keep_artifact(page.locator("button.mlw-step-button").first.locator(
-                "xpath=ancestor::*[contains(@class,'minillm-lockstep') or contains(@class,'minillm-stepper')][last()]"),
-                f"{name.split('_')[0]}_first_widget.png")
+            _keep_artifact(
+                page.locator("button.mlw-step-button").first.locator(
+                    "xpath=ancestor::*[contains(@class,'minillm-lockstep')"
+                    " or contains(@class,'minillm-stepper')][last()]"
+                ),
+                f"{name.split('_')[0]}_first_widget.png",
+            )
         finally:
             browser.close()
 
@@ -454,15 +508,16 @@ def test_browser_notebook_runs_headless(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()
     shown = 0
     for cell in nb.cells:
         out = cell.get("outputs", [])
         assert not [o for o in out if o.get("output_type") == "error"], json.dumps(out)[:800]
         shown += sum("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in out)
-    assert shown == 4          # four Steppers
+    assert shown == 4  # four Steppers
 
 
 def test_missing_browser_skips_or_fails(monkeypatch):

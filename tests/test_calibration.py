@@ -14,11 +14,12 @@ from minillm.sim.calibration import StepSample, fit_step_cost, held_out_errors, 
 from minillm.sim.costmodel import STEP_TERMS, CostModel, LinearStepCost, batch_terms
 
 TRUE = {"fixed": 2e-3, "new_tokens": 2.5e-5, "sequences": 6e-5, "context_tokens": 4e-7, "attention_pairs": 3e-9}
-IDLE = 1.5e-3        # the first step after an idle wait: this much slower
+IDLE = 1.5e-3  # the first step after an idle wait: this much slower
 
 
-def synthetic_steps(truth: dict, n: int = 400, noise: float = 0.02, seed: int = 0, idle_every: int = 0,
-                    workload: str = "") -> list[StepSample]:
+def synthetic_steps(
+    truth: dict, n: int = 400, noise: float = 0.02, seed: int = 0, idle_every: int = 0, workload: str = ""
+) -> list[StepSample]:
     """Batches like the calibration grid's (decodes, prefills, mixed), timed by ``truth`` with
     multiplicative noise of ``noise`` (standard deviation); with ``idle_every``, every such step is a
     lone prefill that follows an idle wait (``truth["after_idle"]`` more)."""
@@ -36,7 +37,7 @@ def synthetic_steps(truth: dict, n: int = 400, noise: float = 0.02, seed: int = 
         decodes = int(rng.integers(0 if kind == 1 else 1, 64))
         q = [1] * decodes
         c = [int(x) for x in rng.integers(8, 900, decodes)]
-        if kind != 0:                                        # a prefill (chunk) too
+        if kind != 0:  # a prefill (chunk) too
             chunk = int(rng.integers(16, 800))
             q.append(chunk)
             c.append(chunk + int(rng.integers(0, 200)))
@@ -55,10 +56,10 @@ def test_batch_terms_by_hand():
 def test_the_fit_recovers_known_step_costs_from_noisy_steps():
     fitted = fit_step_cost(synthetic_steps(TRUE))
     for term, value in TRUE.items():
-        assert abs(fitted.seconds[term] - value) <= 3 * fitted.stderr[term], term    # within its uncertainty
-        if term != "attention_pairs":           # pairs are a few % of a step here: known less tightly
+        assert abs(fitted.seconds[term] - value) <= 3 * fitted.stderr[term], term  # within its uncertainty
+        if term != "attention_pairs":  # pairs are a few % of a step here: known less tightly
             assert fitted.seconds[term] == pytest.approx(value, rel=0.15), term
-    assert fitted.info["fit_median_rel_err"] < 0.03          # the noise, not a misfit
+    assert fitted.info["fit_median_rel_err"] < 0.03  # the noise, not a misfit
     batch = ([1] * 32 + [256], list(range(100, 132)) + [300])
     assert fitted.step_time(*batch) == pytest.approx(LinearStepCost(TRUE).step_time(*batch), rel=0.03)
 
@@ -79,18 +80,23 @@ def test_the_fit_recovers_the_cost_of_a_step_after_an_idle_wait():
 
 def test_a_trace_left_out_of_the_fit_is_predicted_by_the_rest():
     truth = dict(TRUE, after_idle=IDLE)
-    samples = (synthetic_steps(truth, n=300, idle_every=5, workload="grid 0")
-               + synthetic_steps(truth, n=200, idle_every=4, seed=1, workload="trace 0")
-               + synthetic_steps(truth, n=200, idle_every=9, seed=2, workload="trace 1"))
+    samples = (
+        synthetic_steps(truth, n=300, idle_every=5, workload="grid 0")
+        + synthetic_steps(truth, n=200, idle_every=4, seed=1, workload="trace 0")
+        + synthetic_steps(truth, n=200, idle_every=9, seed=2, workload="trace 1")
+    )
     held = held_out_errors(samples)
-    assert set(held) == {"trace 0", "trace 1"}         # the grid is never left out
+    assert set(held) == {"trace 0", "trace 1"}  # the grid is never left out
     for name, h in held.items():
         assert h["num_steps"] == 200
-        assert abs(h["total_rel_err"]) < 0.01, name     # 2% noise per step averages out over 200 steps
+        assert abs(h["total_rel_err"]) < 0.01, name  # 2% noise per step averages out over 200 steps
         assert h["median_rel_err"] < 0.03, name
     # a trace whose steps are 10% slower than the rest's (a busier machine) shows as a bias
-    slow = [StepSample(s.num_new_tokens, s.context_lens, s.seconds * 1.1, s.after_idle, s.workload)
-            for s in samples if s.workload == "trace 1"]
+    slow = [
+        StepSample(s.num_new_tokens, s.context_lens, s.seconds * 1.1, s.after_idle, s.workload)
+        for s in samples
+        if s.workload == "trace 1"
+    ]
     held = held_out_errors([s for s in samples if s.workload != "trace 1"] + slow)
     assert held["trace 1"]["total_rel_err"] == pytest.approx(-1 / 11, abs=0.01)
 
@@ -109,6 +115,16 @@ def test_too_few_or_bad_steps_are_refused():
         fit_step_cost(steps[:4])
     with pytest.raises(ValueError, match="positive number of seconds"):
         fit_step_cost(steps[:20] + [StepSample((1,), (5,), 0.0)])
+
+
+def test_steps_that_cannot_tell_the_terms_apart_are_refused():
+    # One request decoding alone, step after step (what a busy machine leaves of the grid's first
+    # workload): one new token and one sequence every step, so those two terms cannot be told apart.
+    model = LinearStepCost(TRUE)
+    lone = [StepSample((1,), (10 + i,), model.step_time([1], [10 + i])) for i in range(40)]
+    with pytest.raises(ValueError, match="cannot tell the terms"):
+        fit_step_cost(lone)
+    fit_step_cost(lone + synthetic_steps(TRUE, n=60))  # with other batch shapes beside them: fits
 
 
 def test_a_profile_round_trips(tmp_path):
@@ -134,21 +150,24 @@ def _write(tmp_path, data) -> str:
 GOOD = {"format": LinearStepCost.PROFILE_FORMAT, "terms": dict(TRUE)}
 
 
-@pytest.mark.parametrize("data, field", [
-    ("{not json", "not JSON"),
-    ([1, 2], "expected a JSON object"),
-    ({**GOOD, "format": "other/2"}, "format='other/2'"),
-    ({"format": GOOD["format"]}, "terms=None"),
-    ({**GOOD, "terms": {k: v for k, v in TRUE.items() if k != "sequences"}}, "terms.sequences is missing"),
-    ({**GOOD, "terms": {**TRUE, "fixed": -1e-3}}, "terms.fixed=-0.001"),
-    ({**GOOD, "terms": {**TRUE, "new_tokens": "fast"}}, "terms.new_tokens='fast'"),
-    ({**GOOD, "terms": {**TRUE, "attention_pairs": math.inf}}, "terms.attention_pairs=inf"),
-    ({**GOOD, "terms": {**TRUE, "per_layer": 1e-6}}, "unknown term(s) ['per_layer']"),
-    ({**GOOD, "stderr": {**TRUE, "fixed": math.nan}}, "stderr.fixed=nan"),
-    ({**GOOD, "stderr": 3}, "stderr=3"),
-    ({**GOOD, "terms": {**TRUE, "after_idle": -2e-3}}, "terms.after_idle=-0.002"),
-    ({**GOOD, "terms": {**TRUE, "after_idle": None}}, "terms.after_idle=None"),
-])
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        ("{not json", "not JSON"),
+        ([1, 2], "expected a JSON object"),
+        ({**GOOD, "format": "other/2"}, "format='other/2'"),
+        ({"format": GOOD["format"]}, "terms=None"),
+        ({**GOOD, "terms": {k: v for k, v in TRUE.items() if k != "sequences"}}, "terms.sequences is missing"),
+        ({**GOOD, "terms": {**TRUE, "fixed": -1e-3}}, "terms.fixed=-0.001"),
+        ({**GOOD, "terms": {**TRUE, "new_tokens": "fast"}}, "terms.new_tokens='fast'"),
+        ({**GOOD, "terms": {**TRUE, "attention_pairs": math.inf}}, "terms.attention_pairs=inf"),
+        ({**GOOD, "terms": {**TRUE, "per_layer": 1e-6}}, "unknown term(s) ['per_layer']"),
+        ({**GOOD, "stderr": {**TRUE, "fixed": math.nan}}, "stderr.fixed=nan"),
+        ({**GOOD, "stderr": 3}, "stderr=3"),
+        ({**GOOD, "terms": {**TRUE, "after_idle": -2e-3}}, "terms.after_idle=-0.002"),
+        ({**GOOD, "terms": {**TRUE, "after_idle": None}}, "terms.after_idle=None"),
+    ],
+)
 def test_a_bad_profile_is_refused_naming_the_field(tmp_path, data, field):
     with pytest.raises(ValueError) as e:
         CostModel.from_profile(_write(tmp_path, data))
@@ -169,8 +188,10 @@ def test_a_calibrated_profile_drives_the_simulator(tmp_path):
     model = LinearStepCost(TRUE)
     trace = synthetic_trace(8, rate=None, prompt_len=16, output_len=5)
     engine, summary = simulate(trace, model="random", cost_model=model, max_num_batched_tokens=2048)
-    expected = sum(model.step_time([e.num_new_tokens for e in rec.batch], [e.context_len for e in rec.batch])
-                   for rec in engine.step_records)
+    expected = sum(
+        model.step_time([e.num_new_tokens for e in rec.batch], [e.context_len for e in rec.batch])
+        for rec in engine.step_records
+    )
     assert engine.clock.now() == pytest.approx(expected)
     assert summary["cost_model"] == model.name
     assert set(STEP_TERMS) == set(model.seconds)
@@ -198,19 +219,21 @@ def test_the_scheduler_says_when_it_is_idle():
     from minillm.config import EngineConfig
     from minillm.engine import LLMEngine
 
-    engine = LLMEngine("random", EngineConfig.from_fields("test", executor="simulated", clock="modeled",
-                                                          cost_model=LinearStepCost(TRUE)))
+    engine = LLMEngine(
+        "random",
+        EngineConfig.from_fields("test", executor="simulated", clock="modeled", cost_model=LinearStepCost(TRUE)),
+    )
     assert engine.scheduler.is_idle()
     submit_trace(engine, [TraceRequest("late", 5.0, 8, 2)], vocab_size=engine.vocab_size)
     assert engine.scheduler.is_idle() and engine.scheduler.next_arrival() == 5.0
-    engine.step()                                     # waits for it, then prefills it: running
+    engine.step()  # waits for it, then prefills it: running
     assert not engine.scheduler.is_idle() and engine.clock.now() > 5.0
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.scheduler.is_idle()
 
 
-@pytest.mark.slow          # two runs of the real engine
+@pytest.mark.slow  # two runs of the real engine
 def test_the_real_side_is_the_median_of_its_rounds():
     """Two rounds of a short trace on the real engine: a request's measured latency is the median of
     its two rounds (their mean), the step counts of both are kept, and ``noise`` is how far they differ."""

@@ -30,7 +30,7 @@ def check(args, seqs=None):
     ref = attention.paged_attention_ref(*args)
     assert out.shape == ref.shape and out.dtype == torch.float32 and torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
-    if seqs is not None:   # and both against dense float64 attention from the contiguous sequences
+    if seqs is not None:  # and both against dense float64 attention from the contiguous sequences
         torch.testing.assert_close(out.double(), naive_attention(args, seqs), atol=1e-5, rtol=1e-5)
     return out
 
@@ -46,8 +46,7 @@ def test_equals_reference(scenario, block_size):
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (8, 1), (6, 2), (16, 4)])
 @pytest.mark.parametrize("head_dim", [32, 64, 80, 128])
 def test_gqa_and_head_dims(num_heads, num_kv_heads, head_dim):
-    check(*cpu_args(*SCENARIOS["mixed"], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                    seed=4))
+    check(*cpu_args(*SCENARIOS["mixed"], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, seed=4))
 
 
 def test_long_prefill_spans_several_query_tiles():
@@ -65,9 +64,9 @@ def test_noncontiguous_q_and_empty_batch():
     q = args[0]
     wide = torch.zeros(q.shape[0], q.shape[1], 2 * q.shape[2])
     wide[..., ::2] = q
-    heads_outer = q.transpose(0, 1).contiguous().transpose(0, 1)   # other strides, the last one 1
+    heads_outer = q.transpose(0, 1).contiguous().transpose(0, 1)  # other strides, the last one 1
     ref = attention.paged_attention_ref(*args)
-    for view in (heads_outer, wide[..., ::2]):                      # ... and one with a last stride of 2
+    for view in (heads_outer, wide[..., ::2]):  # ... and one with a last stride of 2
         assert not view.is_contiguous()
         torch.testing.assert_close(cpu_attention.paged_attention_cpu(view, *args[1:]), ref, atol=2e-5, rtol=2e-5)
     q, kc, vc, bt, cu, ctx, scale = args
@@ -81,8 +80,9 @@ def test_dispatch_sends_other_dtypes_to_the_reference():
     assert not cpu_attention.supports(args[0], args[1])
     assert torch.equal(ops.paged_attention(*args, backend="cpu"), ops.paged_attention(*args, backend="torch"))
     args, _ = cpu_args(*SCENARIOS["decode"], seed=8)
-    torch.testing.assert_close(ops.paged_attention(*args, backend="cpu"), ops.paged_attention_ref(*args),
-                               atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(
+        ops.paged_attention(*args, backend="cpu"), ops.paged_attention_ref(*args), atol=2e-5, rtol=2e-5
+    )
     with pytest.raises(ValueError, match="float32"):
         cpu_attention.paged_attention_cpu(args[0].double(), *args[1:])
 
@@ -90,9 +90,9 @@ def test_dispatch_sends_other_dtypes_to_the_reference():
 def test_resolve_backend():
     cpu = torch.device("cpu")
     assert resolve_backend("cpu", cpu) == "cpu"
-    assert resolve_backend("cpu", cpu, torch.bfloat16) == "torch"       # the kernel is float32 only
+    assert resolve_backend("cpu", cpu, torch.bfloat16) == "torch"  # the kernel is float32 only
     assert resolve_backend("cpu", cpu, torch.float32, "int8") == "torch"
-    assert resolve_backend("auto", cpu) == "cpu"                        # the kernel compiles here
+    assert resolve_backend("auto", cpu) == "cpu"  # the kernel compiles here
     assert resolve_backend("auto", cpu, torch.bfloat16) == "torch"
     assert resolve_backend("auto", cpu, torch.float32, "int8") == "torch"
 
@@ -130,8 +130,15 @@ def test_engine_with_prefix_cache_hits_matches_transformers(tmp_path):
     ref = [hf_greedy(model, p, 6) for p in prompts]
     outs = {}
     for backend in ("cpu", "torch"):
-        llm = LLM(str(tmp_path), max_model_len=64, dtype="float32", attention_backend=backend, block_size=4,
-                  enable_prefix_caching=True, max_num_seqs=3)
+        llm = LLM(
+            str(tmp_path),
+            max_model_len=64,
+            dtype="float32",
+            attention_backend=backend,
+            block_size=4,
+            enable_prefix_caching=True,
+            max_num_seqs=3,
+        )
         got = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
         outs[backend] = [o.outputs[0].token_ids for o in got]
         assert sum(o.num_cached_tokens for o in got) > 0, "the shared prefix was meant to hit"
@@ -189,9 +196,18 @@ def test_fused_layer_equals_plain_layer():
     chunk and two decodes) over a paged cache: the same output and the same K/V written."""
     from types import SimpleNamespace
     from minillm.model.llama import AttentionMetadata, DecoderLayer
+
     torch.manual_seed(12)
-    cfg = SimpleNamespace(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=16, rms_norm_eps=1e-5, attention_bias=True, model_type="llama")
+    cfg = SimpleNamespace(
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        attention_bias=True,
+        model_type="llama",
+    )
     plain = DecoderLayer(cfg, 0)
     for p in plain.parameters():
         torch.nn.init.normal_(p, std=0.2)
@@ -199,12 +215,15 @@ def test_fused_layer_equals_plain_layer():
     T = 7
     x = torch.randn(T, 64)
     cos, sin = torch.randn(T, 1, 16), torch.randn(T, 1, 16)
-    meta = AttentionMetadata(slot_mapping=torch.tensor([8, 9, 10, 11, 12, 4, 17]),
-                             block_tables=torch.tensor([[2, 3], [1, 0], [4, 0]], dtype=torch.int32),
-                             cu_seqlens_q=torch.tensor([0, 5, 6, 7], dtype=torch.int32),
-                             context_lens=torch.tensor([5, 1, 2], dtype=torch.int32), max_q_len=5)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([8, 9, 10, 11, 12, 4, 17]),
+        block_tables=torch.tensor([[2, 3], [1, 0], [4, 0]], dtype=torch.int32),
+        cu_seqlens_q=torch.tensor([0, 5, 6, 7], dtype=torch.int32),
+        context_lens=torch.tensor([5, 1, 2], dtype=torch.int32),
+        max_q_len=5,
+    )
     caches = [(torch.zeros(5, 4, 2, 16), torch.zeros(5, 4, 2, 16)) for _ in range(2)]
-    caches[0][0][4, 0] = caches[1][0][4, 0] = torch.randn(2, 16)   # request 2's earlier position
+    caches[0][0][4, 0] = caches[1][0][4, 0] = torch.randn(2, 16)  # request 2's earlier position
     caches[0][1][4, 0] = caches[1][1][4, 0] = torch.randn(2, 16)
     want = plain(x, cos, sin, caches[0], meta)
     meta.backend = "cpu"

@@ -9,17 +9,18 @@ from minillm.bench.decode_timing import DecodeTimings
 
 
 def simulated_engine(max_num_seqs=8):
-    return LLM(model="random", executor="simulated", max_num_seqs=max_num_seqs, max_model_len=128,
-               record="summary").engine
+    return LLM(
+        model="random", executor="simulated", max_num_seqs=max_num_seqs, max_model_len=128, record="summary"
+    ).engine
 
 
 def test_estimate_is_the_fastest_repeat_and_spread_is_slowest_over_fastest():
     t = DecodeTimings([1, 32], {1: [0.012, 0.010, 0.011], 32: [0.020, 0.030, 0.016]})
     assert t.step_time == [0.010, 0.016]
     assert t.spread == pytest.approx([1.2, 1.875])
-    assert t.noisy                                        # 1.875 > 1.5
+    assert t.noisy  # 1.875 > 1.5
     gain, growth = t.ratio(1, 32)
-    assert gain == pytest.approx((32 / 0.016) / (1 / 0.010)) and growth == pytest.approx(1.6)   # x20, x1.6
+    assert gain == pytest.approx((32 / 0.016) / (1 / 0.010)) and growth == pytest.approx(1.6)  # x20, x1.6
 
 
 def test_quiet_repeats_are_not_noisy():
@@ -57,6 +58,7 @@ def test_measure_rejects_bad_input_naming_the_value():
 
 def test_measure_on_the_cpu_uses_one_torch_thread_and_cpu_time_then_restores_the_count():
     import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -64,6 +66,7 @@ def test_measure_on_the_cpu_uses_one_torch_thread_and_cpu_time_then_restores_the
 
         class CountingEngine:
             """The simulated engine, noting torch's thread count at every step."""
+
             def __init__(self, engine):
                 self.engine, self.config = engine, engine.config
 
@@ -73,6 +76,7 @@ def test_measure_on_the_cpu_uses_one_torch_thread_and_cpu_time_then_restores_the
             def step(self):
                 seen.append(torch.get_num_threads())
                 return self.engine.step()
+
         engine = CountingEngine(simulated_engine())
         t = decode_timing.measure(engine, [1, 2], steps=2, repeats=1, prompt_len=8, device="cpu")
         assert set(seen) == {1} and t.clock == "CPU time"

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-os.environ["HF_HUB_OFFLINE"] = "1"       # nothing may be downloaded: the models ship in the repo
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may be downloaded: the models ship in the repo
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 from minillm import LLM, SamplingParams
@@ -26,20 +26,30 @@ from minillm import LLM, SamplingParams
 CKPT = Path(__file__).resolve().parents[1] / "minillm" / "checkpoints"
 MAIN = CKPT / "shakespeare"
 DRAFT = CKPT / "shakespeare-draft"
-FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-         "special_tokens_map.json", "generation_config.json", "README.md", "eval.json")
+FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "README.md",
+    "eval.json",
+)
 N_NEW = 24
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(MAIN)
 
 
 @pytest.fixture(scope="module")
 def hf_model():
     from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(MAIN, dtype=torch.float32).eval()
 
 
@@ -65,6 +75,7 @@ def test_tokenizer_round_trip(tokenizer):
 
 def test_draft_shares_the_tokenizer():
     from transformers import AutoConfig, AutoTokenizer
+
     assert (MAIN / "tokenizer.json").read_bytes() == (DRAFT / "tokenizer.json").read_bytes()
     main, draft = AutoConfig.from_pretrained(MAIN), AutoConfig.from_pretrained(DRAFT)
     assert main.vocab_size == draft.vocab_size == len(AutoTokenizer.from_pretrained(DRAFT))
@@ -74,6 +85,7 @@ def test_draft_shares_the_tokenizer():
 
 def test_draft_loads_offline():
     from transformers import AutoModelForCausalLM
+
     m = AutoModelForCausalLM.from_pretrained(DRAFT, dtype=torch.float32).eval()
     with torch.no_grad():
         assert torch.isfinite(m(input_ids=torch.tensor([[1, 2, 3]])).logits).all()
@@ -86,7 +98,7 @@ def heldout_loss(model, ids: list[int], context: int) -> float:
     t = torch.tensor(ids)
     with torch.no_grad():
         for i in range(0, len(t) - 1, context):
-            w = t[i:i + context + 1][None]
+            w = t[i : i + context + 1][None]
             logits = model(input_ids=w[:, :-1]).logits
             total += F.cross_entropy(logits[0], w[0, 1:], reduction="sum").item()
     return total
@@ -113,9 +125,8 @@ def test_quality_goal():
 def hf_greedy_ignore_eos(model, prompt: list[int], n: int) -> list[int]:
     # eos_token_id=None disables the stop at <|endoftext|> without masking it, which is what
     # ignore_eos=True means (min_new_tokens would instead forbid token 0 and change the argmax).
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
 
 
 PROMPTS = ["ROMEO:", "To be, or not to be", "\n\nACT III. Scene I.\n"]
@@ -134,6 +145,5 @@ def test_llm_greedy_matches_transformers(hf_model, tokenizer):
 def test_llm_default_is_the_shakespeare_model(hf_model, tokenizer):
     ids = tokenizer("ROMEO:").input_ids
     want = hf_greedy_ignore_eos(hf_model, ids, 8)
-    out = LLM(dtype="float32").generate([ids], SamplingParams(temperature=0, max_tokens=8,
-                                                              ignore_eos=True))[0]
+    out = LLM(dtype="float32").generate([ids], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     assert out.token_ids == want

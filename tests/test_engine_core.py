@@ -23,6 +23,7 @@ def finish_step(recs, rid):
 
 # --- continuous vs static -----------------------------------------------------------------
 
+
 def test_continuous_vs_static_step_counts():
     """One long request (40 tokens) among three short ones (4 tokens), then two more short
     ones arriving. max_num_seqs=4. By hand, counting step 0 as the prefill that emits token 1:
@@ -50,10 +51,13 @@ def test_continuous_vs_static_step_counts():
 
 # --- the public API -------------------------------------------------------------------------
 
+
 def test_generate_api_and_step_record_contract():
     llm = tiny(block_size=4, max_num_batched_tokens=8)
-    outs = llm.generate([[3, 4, 5], [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]],
-                        [SamplingParams(max_tokens=3, **GREEDY), SamplingParams(max_tokens=5, **GREEDY)])
+    outs = llm.generate(
+        [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]],
+        [SamplingParams(max_tokens=3, **GREEDY), SamplingParams(max_tokens=5, **GREEDY)],
+    )
     assert [len(o.token_ids) for o in outs] == [3, 5]
     assert [o.finish_reason for o in outs] == ["length", "length"]
     o = outs[0]
@@ -63,8 +67,10 @@ def test_generate_api_and_step_record_contract():
     assert len(m.token_times) == 3
     rec = llm.engine.step_records[0]
     # Chunked prefill: 3 + 5 of the 10-token prompt fit the 8-token budget.
-    assert [(b.request_id, b.phase, b.num_new_tokens, b.num_computed_before, b.context_len) for b in rec.batch] \
-        == [("0", "prefill", 3, 0, 3), ("1", "prefill", 5, 0, 5)]
+    assert [(b.request_id, b.phase, b.num_new_tokens, b.num_computed_before, b.context_len) for b in rec.batch] == [
+        ("0", "prefill", 3, 0, 3),
+        ("1", "prefill", 5, 0, 5),
+    ]
     assert rec.num_batched_tokens == 8 and rec.token_budget == 8 and rec.admitted == ["0", "1"]
     assert rec.kv.used == 8 and rec.kv.blocks_used == 1 + 2
     assert rec.kv.total == rec.kv.blocks_total * 4 and rec.kv.free == rec.kv.blocks_free * 4
@@ -115,9 +121,10 @@ def test_stop_token_and_eos():
     g = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0].token_ids
     stop = g[4]
     first = g.index(stop)
-    out = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True,
-                                                   stop_token_ids=[stop]))[0]
-    assert out.token_ids == g[:first + 1] and out.finish_reason == "stop"
+    out = llm.generate(
+        [[3, 4, 5]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, stop_token_ids=[stop])
+    )[0]
+    assert out.token_ids == g[: first + 1] and out.finish_reason == "stop"
 
 
 def test_max_model_len_stops():
@@ -140,13 +147,17 @@ def test_abort():
 
 # --- bad input: a clear error, and the engine goes on ------------------------------------------
 
-@pytest.mark.parametrize("prompt,params,match", [
-    ([], dict(max_tokens=2), "empty"),
-    ([3, 999999], dict(max_tokens=2), r"prompt\[1\]=999999"),
-    ([3, -1], dict(max_tokens=2), r"prompt\[1\]=-1"),
-    ([3] * 40, dict(max_tokens=2), "max_model_len=32"),
-    ([3] * 10, dict(max_tokens=30), "would not fit the KV cache"),
-])
+
+@pytest.mark.parametrize(
+    "prompt,params,match",
+    [
+        ([], dict(max_tokens=2), "empty"),
+        ([3, 999999], dict(max_tokens=2), r"prompt\[1\]=999999"),
+        ([3, -1], dict(max_tokens=2), r"prompt\[1\]=-1"),
+        ([3] * 40, dict(max_tokens=2), "max_model_len=32"),
+        ([3] * 10, dict(max_tokens=30), "would not fit the KV cache"),
+    ],
+)
 def test_bad_request_rejected_and_others_finish(prompt, params, match):
     e = tiny(max_model_len=32, block_size=4, num_kv_blocks=6).engine
     good = e.add_request([3, 4, 5], SamplingParams(max_tokens=3, **GREEDY))
@@ -156,23 +167,29 @@ def test_bad_request_rejected_and_others_finish(prompt, params, match):
     assert len(e.get_output(good).token_ids) == 3
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(max_tokens=0), "max_tokens=0"),
-    (dict(temperature=-1.0), "temperature=-1.0"),
-    (dict(top_p=0.0), "top_p=0.0"),
-    (dict(top_p=1.5), "top_p=1.5"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(max_tokens=0), "max_tokens=0"),
+        (dict(temperature=-1.0), "temperature=-1.0"),
+        (dict(top_p=0.0), "top_p=0.0"),
+        (dict(top_p=1.5), "top_p=1.5"),
+    ],
+)
 def test_bad_sampling_params(kw, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kw)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(block_size=0), "block_size=0"),
-    (dict(max_num_batched_tokens=0), "max_num_batched_tokens=0"),
-    (dict(kv_allocation="contiguous"), "kv_allocation='contiguous'"),
-    (dict(num_kv_blocks=0), "num_kv_blocks=0"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(block_size=0), "block_size=0"),
+        (dict(max_num_batched_tokens=0), "max_num_batched_tokens=0"),
+        (dict(kv_allocation="contiguous"), "kv_allocation='contiguous'"),
+        (dict(num_kv_blocks=0), "num_kv_blocks=0"),
+    ],
+)
 def test_bad_config(kw, match):
     with pytest.raises(ValueError, match=match):
         EngineConfig(**kw)
@@ -195,6 +212,7 @@ def test_string_prompt_without_tokenizer():
 
 # --- invariants after every step of random workloads ---------------------------------------
 
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_workloads_keep_invariants(data):
@@ -203,9 +221,16 @@ def test_random_workloads_keep_invariants(data):
     budget = data.draw(st.integers(4, 32))
     seqs = data.draw(st.integers(1, 6))
     chunked = data.draw(st.booleans())
-    llm = LLM("random", executor="simulated", block_size=block_size, num_kv_blocks=num_blocks,
-              max_num_batched_tokens=budget if chunked else 64, max_num_seqs=seqs,
-              enable_chunked_prefill=chunked, max_model_len=64)
+    llm = LLM(
+        "random",
+        executor="simulated",
+        block_size=block_size,
+        num_kv_blocks=num_blocks,
+        max_num_batched_tokens=budget if chunked else 64,
+        max_num_seqs=seqs,
+        enable_chunked_prefill=chunked,
+        max_model_len=64,
+    )
     e = llm.engine
     cap = num_blocks * block_size
     n = data.draw(st.integers(1, 10))
@@ -237,9 +262,19 @@ def test_random_workloads_keep_invariants(data):
 
 def test_pickle_checkpoints_are_refused(tmp_path):
     import json
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16,
-                                                      "hidden_size": 8, "num_hidden_layers": 1,
-                                                      "num_attention_heads": 2, "intermediate_size": 8}))
+
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": 16,
+                "hidden_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "intermediate_size": 8,
+            }
+        )
+    )
     (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(ValueError, match="safetensors"):
         LLM(str(tmp_path))
@@ -255,8 +290,15 @@ def test_phase_times_are_measured_on_the_configured_clock_and_only_then():
     e = llm.engine
     e.add_request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0.0))
     rec = e.step()
-    assert rec.phase_times == {"schedule": 1.0, "execute": 7.0, "prepare": 1.0, "forward": 1.0,
-                               "sample": 1.0, "update": 1.0, "record": 1.0}
+    assert rec.phase_times == {
+        "schedule": 1.0,
+        "execute": 7.0,
+        "prepare": 1.0,
+        "forward": 1.0,
+        "sample": 1.0,
+        "update": 1.0,
+        "record": 1.0,
+    }
     plain = LLM("random").engine
     plain.add_request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0.0))
     assert plain.step().phase_times == {}

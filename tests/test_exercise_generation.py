@@ -29,7 +29,7 @@ import pytest
 
 from minillm import impl
 
-pytestmark = pytest.mark.slow   # generates the stubs and grades them in subprocesses
+pytestmark = pytest.mark.slow  # generates the stubs and grades them in subprocesses
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
@@ -56,8 +56,10 @@ def test_exercises_folder_is_what_the_script_generates(src):
     want = MK.generate(src)
     if have != want and MK.is_edited(have) and not os.environ.get("CI"):
         pytest.skip(f"exercises/{src.name} has been edited (your work): not compared with the generated stubs")
-    assert have == want, (f"exercises/{src.name} is not what scripts/make_exercises.py generates from "
-                          f"solutions/{src.name}: run `make exercises` (after editing solutions/, never exercises/)")
+    assert have == want, (
+        f"exercises/{src.name} is not what scripts/make_exercises.py generates from "
+        f"solutions/{src.name}: run `make exercises` (after editing solutions/, never exercises/)"
+    )
 
 
 @pytest.mark.parametrize("src", [p for p in MODULES if p.name != "__init__.py"], ids=lambda p: p.name)
@@ -75,21 +77,25 @@ def test_docstring_examples_hold_for_the_reference(src):
     assert result.failed == 0, f"solutions/{src.name}: {result.failed} of {examples} docstring examples fail (above)"
 
 
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[1-9]*_*.ipynb"))        # 01 .. 07, 03b
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[1-9]*_*.ipynb"))  # 01 .. 07, 03b
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_every_exercise_description_is_followed_by_hints(path):
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     text = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells]
-    described = [i for i, (c, t) in enumerate(zip(cells, text))
-                 if c["cell_type"] == "markdown" and re.search(r"^\*\*Exercise\b|^\*\*`\w+`", t, re.M)]
+    described = [
+        i
+        for i, (c, t) in enumerate(zip(cells, text))
+        if c["cell_type"] == "markdown" and re.search(r"^\*\*Exercise\b|^\*\*`\w+`", t, re.M)
+    ]
     assert described, f"{path.name}: no exercise description (a markdown cell with **Exercise ...**)"
     for i in described:
         nxt = text[i + 1] if i + 1 < len(cells) and cells[i + 1]["cell_type"] == "markdown" else ""
         assert "<details><summary>Hint 1</summary>" in nxt, (
             f"{path.name}, cell {i} ({text[i][:60]!r}...): the next cell should hold its hints, "
-            "<details><summary>Hint 1</summary>...</details> (in the notebook's .py source)")
+            "<details><summary>Hint 1</summary>...</details> (in the notebook's .py source)"
+        )
         assert nxt.count("<details>") == nxt.count("</details>"), f"{path.name}, cell {i + 1}: unbalanced <details>"
 
 
@@ -99,7 +105,7 @@ def test_every_exercise_module_has_graders_and_a_marker(pytestconfig):
     for src in MODULES:
         if src.name == "__init__.py":
             continue
-        ex = src.name.split("_")[0]          # ex03, ex03b
+        ex = src.name.split("_")[0]  # ex03, ex03b
         assert src.name in graders, f"solutions/{src.name} has no graders: add tests/graders/{src.name}"
         assert ex in markers, f"marker {ex!r} is not registered in pyproject.toml [tool.pytest.ini_options]"
     for g in graders:
@@ -110,7 +116,9 @@ def test_stubs_name_their_exercise():
     text = MK.strip_solutions(
         "def f(x):\n    '''doc'''\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n\n"
         "class A:\n    def g(self):\n        if True:\n            ### BEGIN SOLUTION\n            pass\n"
-        "            ### END SOLUTION\n        return 1\n", "ex07_demo.py")
+        "            ### END SOLUTION\n        return 1\n",
+        "ex07_demo.py",
+    )
     assert "return x" not in text and "pass\n" not in text
     assert "    raise NotImplementedError('ex07.f: " in text
     assert "            raise NotImplementedError('ex07.A.g: " in text
@@ -120,13 +128,16 @@ def test_stubs_name_their_exercise():
         ns["f"](1)
 
 
-@pytest.mark.parametrize("bad, why", [
-    ("def f():\n    ### BEGIN SOLUTION\n    return 1\n", "never closed"),
-    ("def f():\n    pass\n    ### END SOLUTION\n", "without"),
-    ("def f():\n    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n", "inside"),
-    ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "inside a function"),
-    ("def f():\n    ### BEGIN SOLUTION: hint\n    return 1\n    ### END SOLUTION\n", "malformed"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("def f():\n    ### BEGIN SOLUTION\n    return 1\n", "never closed"),
+        ("def f():\n    pass\n    ### END SOLUTION\n", "without"),
+        ("def f():\n    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n", "inside"),
+        ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "inside a function"),
+        ("def f():\n    ### BEGIN SOLUTION: hint\n    return 1\n    ### END SOLUTION\n", "malformed"),
+    ],
+)
 def test_bad_markers_are_refused(bad, why):
     with pytest.raises(MK.MarkerError, match=why):
         MK.strip_solutions(bad, "ex07_demo.py")
@@ -172,9 +183,24 @@ def test_every_grader_fails_on_the_untouched_stubs(tmp_path):
     assert MK.main(["--out", str(stubs)]) == 0
     report = tmp_path / "report.xml"
     env = dict(os.environ, MINILLM_IMPL=str(stubs), HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_exercises.py", "-q", "-p", "no:cacheprovider",
-                           "--tb=no", f"--junitxml={report}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/test_exercises.py",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--tb=no",
+            f"--junitxml={report}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert report.exists(), f"pytest did not run:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     cases = ET.parse(report).getroot().iter("testcase")
     seen, problems = 0, []
@@ -182,7 +208,7 @@ def test_every_grader_fails_on_the_untouched_stubs(tmp_path):
         seen += 1
         name = case.get("name")
         failure = case.find("failure")
-        ex = name[len("test_"):].split("_")[0] if name.startswith("test_ex") else "?"
+        ex = name[len("test_") :].split("_")[0] if name.startswith("test_ex") else "?"
         if failure is None:
             state = "passed" if case.find("skipped") is None and case.find("error") is None else "skipped/errored"
             problems.append(f"{name}: {state} on the untouched stubs")

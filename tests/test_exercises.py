@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _pytest.assertion.rewrite import rewrite_asserts   # pytest's own assert rewriting, for the graders
+from _pytest.assertion.rewrite import rewrite_asserts  # pytest's own assert rewriting, for the graders
 
-pytestmark = pytest.mark.slow   # every exercise's graders inside the engine (make grade EX=NN runs one exercise's)
+pytestmark = pytest.mark.slow  # every exercise's graders inside the engine (make grade EX=NN runs one exercise's)
 
 GRADERS = Path(__file__).resolve().parent / "graders"
 GRADER_RE = re.compile(r"^(ex\d\d[a-z]?)_\w+\.py$")
@@ -59,7 +59,7 @@ def _collect() -> None:
         mark = getattr(pytest.mark, exercise)
         for name, obj in vars(mod).items():
             if name.startswith("test_") and callable(obj):
-                alias = f"test_{exercise}_{name[len('test_'):]}"
+                alias = f"test_{exercise}_{name[len('test_') :]}"
                 if alias in here:
                     raise RuntimeError(f"{path.name}: two graders collected as {alias}")
                 here[alias] = mark(obj)

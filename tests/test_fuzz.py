@@ -16,11 +16,10 @@ from hypothesis import strategies as st
 
 from fuzz_engine import FuzzStats, async_fuzz_run, fuzz_run
 
-pytestmark = pytest.mark.slow   # randomized campaigns of thousands of engine steps
+pytestmark = pytest.mark.slow  # randomized campaigns of thousands of engine steps
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1))
 def test_random_runs_with_aborts_and_faults_match_each_request_run_alone(seed):
     stats = fuzz_run(seed)
@@ -33,8 +32,9 @@ def test_seeds_that_once_broke_the_free_list_order(seed):
     """A step rolled back after its forward left the prefixes it registered in the cache; the
     retried step computed them again in other blocks, and a parent block sat ahead of its child
     in the free list (found by a long ``make fuzz`` campaign)."""
-    stats = fuzz_run(seed, num_requests=16, group_rate=0.0, feature_rate=0.0, quantized_rate=0.0,
-                     sampler_fault_rate=0.0)
+    stats = fuzz_run(
+        seed, num_requests=16, group_rate=0.0, feature_rate=0.0, quantized_rate=0.0, sampler_fault_rate=0.0
+    )
     assert stats.problems == [], "\n".join(stats.problems[:3])
 
 
@@ -53,13 +53,24 @@ def test_the_features_are_exercised_and_compared():
     for seed in range(20):
         total.add(fuzz_run(seed))
     assert total.problems == [], "\n".join(total.problems[:3])
-    for name in ("groups", "sampled", "logprobs", "penalties", "stopped", "quantized", "quantized_compared",
-                 "sampler_faults", "sampling_failed", "aborts", "faults", "cpu_attention_runs"):
+    for name in (
+        "groups",
+        "sampled",
+        "logprobs",
+        "penalties",
+        "stopped",
+        "quantized",
+        "quantized_compared",
+        "sampler_faults",
+        "sampling_failed",
+        "aborts",
+        "faults",
+        "cpu_attention_runs",
+    ):
         assert getattr(total, name) > 0, f"no {name}: {total.line()}"
 
 
-@settings(max_examples=8, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1))
 def test_async_streams_with_cancels_and_aborts_end_with_their_tokens_or_abort(seed):
     stats = async_fuzz_run(seed)
@@ -83,12 +94,12 @@ def test_written_like_alone_by_hand():
     fp8 with n-gram speculation compared)."""
     from fuzz_engine import written_like_alone
 
-    assert written_like_alone([(0, 6), (6, 7), (7, 8)], prompt_len=6, block_size=2)      # whole, then decodes
-    assert written_like_alone([(0, 4), (4, 6), (6, 7)], prompt_len=6, block_size=2)      # cut at a boundary
-    assert not written_like_alone([(0, 3), (3, 6)], prompt_len=6, block_size=2)          # cut inside a block
-    assert not written_like_alone([(0, 6), (6, 10)], prompt_len=6, block_size=2)         # guesses verified
+    assert written_like_alone([(0, 6), (6, 7), (7, 8)], prompt_len=6, block_size=2)  # whole, then decodes
+    assert written_like_alone([(0, 4), (4, 6), (6, 7)], prompt_len=6, block_size=2)  # cut at a boundary
+    assert not written_like_alone([(0, 3), (3, 6)], prompt_len=6, block_size=2)  # cut inside a block
+    assert not written_like_alone([(0, 6), (6, 10)], prompt_len=6, block_size=2)  # guesses verified
     assert not written_like_alone([(0, 6), (6, 7), (6, 7)], prompt_len=6, block_size=2)  # written twice
-    assert not written_like_alone([(4, 6), (6, 7)], prompt_len=6, block_size=2)          # a cache hit
+    assert not written_like_alone([(4, 6), (6, 7)], prompt_len=6, block_size=2)  # a cache hit
 
 
 @pytest.mark.parametrize("seed", [104])

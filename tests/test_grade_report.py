@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow   # runs make grade in subprocesses
+pytestmark = pytest.mark.slow  # runs make grade in subprocesses
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(sys.executable).parent.parent
@@ -22,33 +22,67 @@ LINE = re.compile(r"^  (PASS|FAIL|SKIP)  (\S+)(  \((.*)\))?$")
 def _stubs(tmp_path: Path) -> Path:
     """Freshly generated, untouched stubs (what a student starts from)."""
     out = tmp_path / "stubs"
-    proc = subprocess.run([sys.executable, "scripts/make_exercises.py", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "scripts/make_exercises.py", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
 
 def _grade_with_pytest(impl_dir: Path, ex: str, k: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-m", f"ex{ex}", "tests/test_exercises.py", "--grade", "-qq",
-                           "--no-header", "-rN", "--tb=no", "--disable-warnings", "-p", "no:cacheprovider",
-                           "-o", "console_output_style=classic", *(["-k", k] if k else [])],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**_env(), "MINILLM_IMPL": str(impl_dir)})
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            f"ex{ex}",
+            "tests/test_exercises.py",
+            "--grade",
+            "-qq",
+            "--no-header",
+            "-rN",
+            "--tb=no",
+            "--disable-warnings",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "console_output_style=classic",
+            *(["-k", k] if k else []),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**_env(), "MINILLM_IMPL": str(impl_dir)},
+    )
 
 
 def _env() -> dict:
     import os
+
     return {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS", "PYTEST_"))}
 
 
 @pytest.mark.skipif(shutil.which("make") is None or not STAMP.exists(), reason="needs make and an installed .venv")
 def test_make_grade_on_untouched_stubs(tmp_path):
     stubs = _stubs(tmp_path)
-    proc = subprocess.run(["make", "-s", "-o", str(STAMP), "grade", "EX=01", f"VENV={VENV}", f"GRADE_IMPL={stubs}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env())
+    proc = subprocess.run(
+        ["make", "-s", "-o", str(STAMP), "grade", "EX=01", f"VENV={VENV}", f"GRADE_IMPL={stubs}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
     out = proc.stdout.rstrip("\n").split("\n")
-    assert proc.returncode == 0, ("grading ran: the verdict is the last line, not the exit status\n"
-                                  + proc.stdout[-3000:] + proc.stderr)
+    assert proc.returncode == 0, (
+        "grading ran: the verdict is the last line, not the exit status\n" + proc.stdout[-3000:] + proc.stderr
+    )
     graded = [ln for ln in out if LINE.match(ln)]
     assert graded and all(LINE.match(ln).group(1) == "FAIL" for ln in graded), proc.stdout
     assert out[-1] == f"0 of {len(graded)} parts pass", out[-1]
@@ -60,6 +94,7 @@ def test_make_grade_on_untouched_stubs(tmp_path):
     assert len(set(names)) == len(names), "one line per grader"
     # An untouched stub is no attempt: the record says so, and no worked answer opens.
     from minillm.worked_answers import last_grade, offer
+
     assert {last_grade("ex01_batching", n, stubs) for n in range(1, 6)} == {"not attempted"}
     assert offer("ex01.kv_cache_bytes", stubs) == [] and "Worked answers" not in proc.stdout
 
@@ -95,6 +130,7 @@ def test_a_failure_shows_the_students_lines_only(tmp_path):
     # The two exercises answered wrongly (and decode_step_time, which calls kv_cache_bytes) open their
     # worked answers in the notebook; the exercises answered with the reference code open none.
     from minillm.worked_answers import offer
+
     assert "Worked answers open for ex01 exercise 1, ex01 exercise 2, ex01 exercise 3: " in proc.stdout
     for n, label in enumerate(("ex01.kv_cache_bytes", "ex01.max_batch_size", "ex01.decode_step_time"), 1):
         assert [a.number for a in offer(label, d)] == [n], label
@@ -110,15 +146,19 @@ def test_a_bare_assert_in_a_grader_shows_both_values(tmp_path):
     d.mkdir()
     src = (ROOT / "solutions" / "ex02b_kv_quant.py").read_text()
     assert "        return torch.round(y).to(torch.int8)\n" in src, "solutions/ex02b changed shape: update this test"
-    (d / "ex02b_kv_quant.py").write_text(src.replace("        return torch.round(y).to(torch.int8)\n",
-                                                    "        return torch.floor(y + 0.5).to(torch.int8)\n"))
+    (d / "ex02b_kv_quant.py").write_text(
+        src.replace(
+            "        return torch.round(y).to(torch.int8)\n", "        return torch.floor(y + 0.5).to(torch.int8)\n"
+        )
+    )
     proc = _grade_with_pytest(d, "02b")
     out = proc.stdout.rstrip("\n").split("\n")
     i = next(i for i, ln in enumerate(out) if LINE.match(ln) and "quantize_block_by_hand" in ln)
     assert LINE.match(out[i]).group(1) == "FAIL", proc.stdout[-3000:]
     assert out[i + 1].strip().startswith("your code does not pass the grader's check: "), proc.stdout[-3000:]
-    assert "the left side is [[[1, -127]" in out[i + 2] and "the right side [[[0, -127]" in out[i + 2], \
-        proc.stdout[-3000:]
+    assert "the left side is [[[1, -127]" in out[i + 2] and "the right side [[[0, -127]" in out[i + 2], proc.stdout[
+        -3000:
+    ]
 
 
 def test_a_graders_message_is_shown_without_pytests_introspection(tmp_path):
@@ -144,6 +184,7 @@ def test_grading_from_a_notebook_cell_offers_the_worked_answer_after_a_failure_o
     """``impl.grade("01")`` in a cell prints the report and offers, folded, the worked answers of the exercises
     it failed: a wrong answer opens its exercise's, the reference answer none."""
     from minillm import impl
+
     src = (ROOT / "solutions" / "ex01_batching.py").read_text()
     for name, wrong in (("reference", False), ("wrong", True)):
         d = tmp_path / name

@@ -29,16 +29,16 @@ import torch
 import test_exercises as collector
 from minillm import impl
 
-pytestmark = pytest.mark.slow   # every grader against the reference and against each wrong answer
+pytestmark = pytest.mark.slow  # every grader against the reference and against each wrong answer
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 MUTANTS = Path(__file__).resolve().parent / "mutants"
 MIN_MUTANTS = 8
-HANG_S = 300            # a mutant that makes a grader loop forever is reported, not waited for
+HANG_S = 300  # a mutant that makes a grader loop forever is reported, not waited for
 
 
-MK = runpy.run_path(str(ROOT / "scripts" / "make_exercises.py"))        # its functions, by name
+MK = runpy.run_path(str(ROOT / "scripts" / "make_exercises.py"))  # its functions, by name
 
 
 def _modules() -> list[str]:
@@ -68,8 +68,10 @@ def apply(text: str, mutant) -> str:
     for old, new in _patches(mutant):
         n = text.count(old)
         if n != 1:
-            raise AssertionError(f"mutant {mutant[0]!r}: {old!r} occurs {n} times in the solution (must be once): "
-                                 "update tests/mutants/ after editing solutions/")
+            raise AssertionError(
+                f"mutant {mutant[0]!r}: {old!r} occurs {n} times in the solution (must be once): "
+                "update tests/mutants/ after editing solutions/"
+            )
         text = text.replace(old, new)
     return text
 
@@ -123,8 +125,9 @@ def _about(label: str, qualnames: set[str]) -> bool:
     return any(a.startswith(b) or b.startswith(a) for a in want for b in have)
 
 
-def run_graders(module: str, impl_dir: Path, monkeypatch, about: frozenset = frozenset()
-                ) -> list[tuple[str, BaseException]]:
+def run_graders(
+    module: str, impl_dir: Path, monkeypatch, about: frozenset = frozenset()
+) -> list[tuple[str, BaseException]]:
     """Run ``module``'s graders against the modules in ``impl_dir``, those ``about`` the given
     functions first; stop at the first failure. Returns [(test, exception)] (empty: all passed)."""
     monkeypatch.setenv(impl.ENV, str(impl_dir))
@@ -140,7 +143,7 @@ def run_graders(module: str, impl_dir: Path, monkeypatch, about: frozenset = fro
                 call()
             except _Hung:
                 raise
-            except (Exception, pytest.fail.Exception) as e:        # AssertionError, pytest.raises' Failed, ...
+            except (Exception, pytest.fail.Exception) as e:  # AssertionError, pytest.raises' Failed, ...
                 return [(label, e)]
         return []
     except _Hung:
@@ -172,15 +175,17 @@ def _touched(text: str, mutant) -> set[str]:
 @pytest.mark.parametrize("module", _modules())
 def test_every_module_keeps_enough_mutants_covering_each_graded_function(module):
     mutants = _mutants(module)
-    assert len(mutants) >= MIN_MUTANTS, (f"tests/mutants/{module}.py holds {len(mutants)} mutants; keep at least "
-                                         f"{MIN_MUTANTS} plausible wrong answers per exercise module")
+    assert len(mutants) >= MIN_MUTANTS, (
+        f"tests/mutants/{module}.py holds {len(mutants)} mutants; keep at least "
+        f"{MIN_MUTANTS} plausible wrong answers per exercise module"
+    )
     names = [m[0] for m in mutants]
     assert len(set(names)) == len(names), f"tests/mutants/{module}.py: two mutants share a name"
     text = (SOLUTIONS / f"{module}.py").read_text(encoding="utf-8")
     stub = MK["strip_solutions"](text, f"{module}.py")
     graded = set(re.findall(r"NotImplementedError\('ex\d\d[a-z]?\.([\w.]+):", stub))
     for m in mutants:
-        apply(text, m)                              # every patch applies exactly once
+        apply(text, m)  # every patch applies exactly once
     touched = set().union(*(_touched(text, m) for m in mutants))
     missing = sorted(graded - touched)
     assert not missing, f"tests/mutants/{module}.py: no mutant touches {missing}"
@@ -200,8 +205,11 @@ def test_every_mutant_fails_its_graders(module, mutant, tmp_path, monkeypatch):
     compile(text, f"{module}.py", "exec")
     d = _write_impl(tmp_path, module, text)
     failed = run_graders(module, d, monkeypatch, frozenset(_touched(reference, mutant)))
-    assert failed, (f"the graders of {module} pass a wrong answer: {mutant[0]}\n(patch: {_patches(mutant)})\n"
-                    f"Add a grader case that fails it.")
+    assert failed, (
+        f"the graders of {module} pass a wrong answer: {mutant[0]}\n(patch: {_patches(mutant)})\n"
+        f"Add a grader case that fails it."
+    )
     label, err = failed[0]
-    assert not isinstance(err, HARNESS_ERRORS), (f"mutant {mutant[0]!r} failed {label} with {err!r}: a set-up "
-                                                 "error, not the mistake; fix the mutant")
+    assert not isinstance(err, HARNESS_ERRORS), (
+        f"mutant {mutant[0]!r} failed {label} with {err!r}: a set-up error, not the mistake; fix the mutant"
+    )

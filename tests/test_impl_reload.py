@@ -18,7 +18,7 @@ from minillm import impl
 
 ROOT = Path(__file__).resolve().parent.parent
 
-STUB = '''
+STUB = """
 from dataclasses import dataclass
 
 
@@ -29,7 +29,7 @@ class Answer:
 
 def answer():
     raise NotImplementedError("ex01.answer")
-'''
+"""
 
 
 RAISE = 'raise NotImplementedError("ex01.answer")'

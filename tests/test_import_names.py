@@ -59,14 +59,15 @@ def test_the_check_sees_a_kernels_package_at_the_root(tmp_path):
     (tmp_path / "kernels" / "__init__.py").write_text("")
     assert "kernels" in root_top_level_names(tmp_path)
     provided = importlib.metadata.packages_distributions()
-    if "kernels" in provided:          # Hugging Face's package is installed (transformers >= 5.25 needs it)
+    if "kernels" in provided:  # Hugging Face's package is installed (transformers >= 5.25 needs it)
         assert colliding({"kernels"}) == {"kernels": sorted(set(provided["kernels"]) - {"minillm"})}
 
 
 def test_the_kernels_folder_is_no_regular_package():
     assert (ROOT / "kernels" / "ops.py").exists()
-    assert not (ROOT / "kernels" / "__init__.py").exists(), \
+    assert not (ROOT / "kernels" / "__init__.py").exists(), (
         "kernels/__init__.py would make `import kernels` from the repository root ours, not Hugging Face's"
+    )
 
 
 def test_the_kernels_are_imported_by_their_own_name():
@@ -106,12 +107,13 @@ print("ok")
 
 
 def _run_from(cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(ROOT)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), str(ROOT)], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_engine_and_transformers_hub_kernels_in_one_process_from_the_root():
-    r = _run_from(ROOT)          # `python -c` puts the root first on sys.path
+    r = _run_from(ROOT)  # `python -c` puts the root first on sys.path
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
 
 

@@ -35,9 +35,10 @@ exec "{python}" "$@"
 """
 
 
-def _install(tmp_path: Path, index: str,
-             fail: str = "no command fails") -> tuple[subprocess.CompletedProcess, list[str]]:
-    work = tmp_path / "work"             # not a git checkout: the git filter step does nothing
+def _install(
+    tmp_path: Path, index: str, fail: str = "no command fails"
+) -> tuple[subprocess.CompletedProcess, list[str]]:
+    work = tmp_path / "work"  # not a git checkout: the git filter step does nothing
     venv = work / "venv"
     (venv / "bin").mkdir(parents=True)
     for name in ("pyproject.toml", "constraints.txt"):
@@ -46,12 +47,21 @@ def _install(tmp_path: Path, index: str,
     py = venv / "bin" / "python"
     py.write_text(FAKE_PYTHON.format(log=log, python=sys.executable, fail=fail))
     py.chmod(0o755)
-    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                           if p and not os.path.exists(os.path.join(p, "nvidia-smi")))   # a machine without CUDA
+    path = os.pathsep.join(
+        p
+        for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and not os.path.exists(os.path.join(p, "nvidia-smi"))
+    )  # a machine without CUDA
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS", "PIP_INDEX"))}
     env.update(PATH=path, GIT_CEILING_DIRECTORIES=str(tmp_path))
-    proc = subprocess.run(["make", "-f", str(ROOT / "Makefile"), "install", f"VENV={venv}", f"TORCH_CPU_INDEX={index}"],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["make", "-f", str(ROOT / "Makefile"), "install", f"VENV={venv}", f"TORCH_CPU_INDEX={index}"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if fail == "no command fails":
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert (venv / ".minillm-installed").exists()
@@ -66,7 +76,7 @@ def test_without_cuda_torch_comes_from_the_cpu_index(tmp_path):
     (tmp_path / "index" / "whl" / "cpu" / "torch").mkdir(parents=True)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "index"))
     handler.log_message = lambda *args: None
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:     # a local stand-in index
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:  # a local stand-in index
         threading.Thread(target=server.serve_forever, daemon=True).start()
         index = f"http://127.0.0.1:{server.server_address[1]}/whl/cpu"
         try:
@@ -85,7 +95,7 @@ def test_without_cuda_torch_comes_from_the_cpu_index(tmp_path):
 
 
 def test_an_unreachable_cpu_index_falls_back_to_the_default_index(tmp_path):
-    with socket.socket() as s:         # a port nothing listens on
+    with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc, commands = _install(tmp_path, f"http://127.0.0.1:{port}/whl/cpu")
@@ -102,10 +112,13 @@ def _closed_port_index() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}/whl/cpu"
 
 
-@pytest.mark.parametrize("fail, step, advice", [
-    ("install -q torch==", "step 3 (torch==2.13.0)", "this step is skipped once torch imports"),
-    (".[dev]", "step 4 (pip install -e .[dev])", "CONSTRAINTS= installs the newest versions"),
-])
+@pytest.mark.parametrize(
+    "fail, step, advice",
+    [
+        ("install -q torch==", "step 3 (torch==2.13.0)", "this step is skipped once torch imports"),
+        (".[dev]", "step 4 (pip install -e .[dev])", "CONSTRAINTS= installs the newest versions"),
+    ],
+)
 def test_a_failed_step_is_named_with_what_to_do(tmp_path, fail, step, advice):
     proc, commands = _install(tmp_path, _closed_port_index(), fail=fail)
     assert proc.returncode != 0
@@ -115,7 +128,8 @@ def test_a_failed_step_is_named_with_what_to_do(tmp_path, fail, step, advice):
 
 def test_the_tested_versions_and_the_newest_are_two_environments():
     """``make test`` installs with constraints.txt; ``make test-latest`` without it, upgrading, elsewhere."""
-    dry = subprocess.run(["make", "-n", "--no-print-directory", "test-latest"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60).stdout
+    dry = subprocess.run(
+        ["make", "-n", "--no-print-directory", "test-latest"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    ).stdout
     assert "install VENV=.venv-latest CONSTRAINTS=" in dry
-    assert '--upgrade --upgrade-strategy eager' in dry and "not slow and not browser" in dry
+    assert "--upgrade --upgrade-strategy eager" in dry and "not slow and not browser" in dry

@@ -8,8 +8,9 @@ from minillm.kernel_check import check_paged_attention
 
 
 def _engine(**kw):
-    llm = LLM(model="random", device="cpu", dtype="float32", attention_backend="torch", block_size=4,
-              num_kv_blocks=32, **kw)
+    llm = LLM(
+        model="random", device="cpu", dtype="float32", attention_backend="torch", block_size=4, num_kv_blocks=32, **kw
+    )
     eng = llm.engine
     for i, n in enumerate((5, 9)):
         eng.add_request(list(range(10, 10 + n)), SamplingParams(max_tokens=6, ignore_eos=True), request_id=f"r{i}")
@@ -22,7 +23,7 @@ def test_check_compares_the_running_requests_at_their_kv_lengths():
     eng.step()
     check = check_paged_attention(eng)
     assert check.request_ids == ("r0", "r1")
-    assert check.kv_lengths == (6, 10)          # prompt + one token sampled by the prefill, stored by the decode
+    assert check.kv_lengths == (6, 10)  # prompt + one token sampled by the prefill, stored by the decode
     assert check.max_abs_diff < check.tolerance == 1e-4
     assert "max |triton - torch|" in str(check)
 

@@ -36,8 +36,19 @@ TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in TOL]
 
 
-def make_batch(q_lens, ctx_lens, *, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
-               dtype=torch.float32, seed=0, permute=True, spare_blocks=3):
+def make_batch(
+    q_lens,
+    ctx_lens,
+    *,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    block_size=16,
+    dtype=torch.float32,
+    seed=0,
+    permute=True,
+    spare_blocks=3,
+):
     """A paged KV cache holding each request's K/V, scattered through a (permuted) block
     table. Unused cache slots are NaN and unused table entries are huge: reading either
     would show up in the output."""
@@ -52,9 +63,9 @@ def make_batch(q_lens, ctx_lens, *, num_heads=4, num_kv_heads=2, head_dim=64, bl
     v_cache = torch.full(shape, float("nan"), dtype=dtype)
     k_seqs, v_seqs, used = [], [], 0
     for i, c in enumerate(ctx_lens):
-        blocks = order[used:used + need[i]]
+        blocks = order[used : used + need[i]]
         used += need[i]
-        block_tables[i, :need[i]] = blocks.int()
+        block_tables[i, : need[i]] = blocks.int()
         k = torch.randn(c, num_kv_heads, head_dim, generator=g).to(dtype)
         v = torch.randn(c, num_kv_heads, head_dim, generator=g).to(dtype)
         t = torch.arange(c)
@@ -65,7 +76,7 @@ def make_batch(q_lens, ctx_lens, *, num_heads=4, num_kv_heads=2, head_dim=64, bl
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn(int(cu[-1]), num_heads, head_dim, generator=g).to(dtype)
     args = [x.to(DEVICE) for x in (q, k_cache, v_cache, block_tables, cu, torch.tensor(ctx_lens, dtype=torch.int32))]
-    return args + [head_dim ** -0.5], (k_seqs, v_seqs)
+    return args + [head_dim**-0.5], (k_seqs, v_seqs)
 
 
 def naive_attention(args, seqs):
@@ -74,7 +85,7 @@ def naive_attention(args, seqs):
     q, _, _, _, cu, ctx, scale = args
     outs = []
     for i, (k, v) in enumerate(zip(*seqs)):
-        qi = q[cu[i]:cu[i + 1]].double().cpu()
+        qi = q[cu[i] : cu[i + 1]].double().cpu()
         group = qi.shape[1] // k.shape[1]
         k = k.double().repeat_interleave(group, dim=1)
         v = v.double().repeat_interleave(group, dim=1)
@@ -101,28 +112,31 @@ def check_attention(args, dtype, **kw):
 def test_reference_matches_naive_attention(scenario, dtype):
     args, seqs = make_batch(*SCENARIOS[scenario], num_heads=8, num_kv_heads=2, dtype=dtype, seed=1)
     ref = ops.paged_attention_ref(*args)
-    torch.testing.assert_close(ref.double().cpu(), naive_attention(args, seqs),
-                               atol=TOL[dtype] * 5, rtol=TOL[dtype] * 5)
+    torch.testing.assert_close(
+        ref.double().cpu(), naive_attention(args, seqs), atol=TOL[dtype] * 5, rtol=TOL[dtype] * 5
+    )
 
 
 @pytest.mark.parametrize("block_size", [1, 5, 256])
 def test_reference_matches_naive_across_block_sizes(block_size):
     args, seqs = make_batch(*SCENARIOS["mixed"], head_dim=80, block_size=block_size, seed=2)
-    torch.testing.assert_close(ops.paged_attention_ref(*args).double().cpu(), naive_attention(args, seqs),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ops.paged_attention_ref(*args).double().cpu(), naive_attention(args, seqs), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_length_groups_partition_the_batch():
     from minillm_kernels.attention import length_groups
+
     q_lens = [1, 1, 5, 1, 1, 30, 1]
     ctx = [900, 20, 5, 880, 25, 400, 30]
     groups = length_groups(q_lens, ctx, overhead=512)
-    assert sorted(i for g in groups for i in g) == list(range(len(q_lens)))   # each request once
+    assert sorted(i for g in groups for i in g) == list(range(len(q_lens)))  # each request once
     for g in groups:
-        assert len({q_lens[i] == 1 for i in g}) == 1           # decodes never pad to a prompt's length
+        assert len({q_lens[i] == 1 for i in g}) == 1  # decodes never pad to a prompt's length
     # The two long decodes and the three short ones pad separately: 3 x 870 keys saved > 512.
     assert [0, 3] in groups and sorted([1, 4, 6]) == sorted(next(g for g in groups if 1 in g))
-    assert len(length_groups(q_lens, ctx, overhead=10**9)) == 2   # only decode vs the rest
+    assert len(length_groups(q_lens, ctx, overhead=10**9)) == 2  # only decode vs the rest
 
 
 @pytest.mark.parametrize("overhead", [0, 64, 10**9])
@@ -130,6 +144,7 @@ def test_reference_with_length_groups_matches_naive(overhead, monkeypatch):
     # Widely spread contexts: with no overhead each length range gets its own group,
     # with a huge one all decodes share one padded batch; the answer must not change.
     import minillm_kernels.attention as attention
+
     monkeypatch.setattr(attention, "GROUP_OVERHEAD_KEYS", overhead)
     q_lens, ctx = [1, 1, 1, 1, 6, 3, 1], [3, 260, 31, 250, 6, 90, 1]
     args, seqs = make_batch(q_lens, ctx, num_heads=6, num_kv_heads=2, block_size=8, seed=12)
@@ -137,7 +152,7 @@ def test_reference_with_length_groups_matches_naive(overhead, monkeypatch):
     assert len(plan) == {0: 6, 64: 4, 10**9: 2}[overhead]
     out = ops.paged_attention(*args, backend="torch", plan=plan)
     torch.testing.assert_close(out.double().cpu(), naive_attention(args, seqs), atol=1e-5, rtol=1e-5)
-    assert torch.equal(out, ops.paged_attention_ref(*args))   # planning inside gives the same
+    assert torch.equal(out, ops.paged_attention_ref(*args))  # planning inside gives the same
 
 
 # --- the Triton kernel against the reference ----------------------------------------
@@ -160,8 +175,7 @@ def test_bfloat16_kernel_at_bfloat16_tolerance(scenario):
     leaves unchecked: the tensor-core products, which ``make gpu-check`` compares)."""
     from minillm_kernels import attention
 
-    args, _ = make_batch(*SCENARIOS[scenario], num_heads=8, num_kv_heads=2, head_dim=80,
-                         dtype=torch.bfloat16, seed=7)
+    args, _ = make_batch(*SCENARIOS[scenario], num_heads=8, num_kv_heads=2, head_dim=80, dtype=torch.bfloat16, seed=7)
     check_attention(args, torch.bfloat16)
     expected = "fp32" if ops.interpreter_active() and DEVICE == "cpu" else "bf16"
     assert attention._dot_dtype(torch.bfloat16).name == expected
@@ -178,8 +192,7 @@ def test_kernel_gqa(group):
 @pytest.mark.parametrize("head_dim", [64, 80])
 @pytest.mark.parametrize("block_size", [1, 16, 256])
 def test_kernel_block_sizes_and_head_dims(block_size, head_dim):
-    args, _ = make_batch(*SCENARIOS["mixed"], head_dim=head_dim, block_size=block_size,
-                         dtype=torch.float16, seed=5)
+    args, _ = make_batch(*SCENARIOS["mixed"], head_dim=head_dim, block_size=block_size, dtype=torch.float16, seed=5)
     check_attention(args, torch.float16)
 
 
@@ -284,15 +297,19 @@ def test_copy_blocks(backend):
 
 
 @needs_triton
-@pytest.mark.parametrize("src, dst", [([0, 3], [4, 4]), ([0, 3], [3, 5]), ([2], [2])],
-                         ids=["two-copies-into-one-block", "destination-is-a-source", "onto-itself"])
+@pytest.mark.parametrize(
+    "src, dst",
+    [([0, 3], [4, 4]), ([0, 3], [3, 5]), ([2], [2])],
+    ids=["two-copies-into-one-block", "destination-is-a-source", "onto-itself"],
+)
 def test_copy_blocks_refuses_overlapping_pairs(src, dst):
     """Pairs run in parallel: a destination that is a source, or shared by two pairs, would race."""
     k_cache, v_cache = _cache(num_blocks=8, dtype=torch.float16, seed=3)
     before = k_cache.clone()
     with pytest.raises(AssertionError, match="copy_blocks"):
-        ops.copy_blocks(k_cache, v_cache, torch.tensor(src, device=DEVICE), torch.tensor(dst, device=DEVICE),
-                        backend="triton")
+        ops.copy_blocks(
+            k_cache, v_cache, torch.tensor(src, device=DEVICE), torch.tensor(dst, device=DEVICE), backend="triton"
+        )
     assert torch.equal(k_cache, before), "nothing is copied when the check fails"
 
 

@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-SCRIPT = textwrap.dedent(r'''
+SCRIPT = textwrap.dedent(r"""
     import torch
 
     from minillm_kernels import attention
@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent(r'''
         assert "cp.async.cg.shared.global" in ptx and "ld.global.b16" not in ptx, (launch.describe(), "K/V loads")
         print(launch.describe())
     print("compiled")
-''')
+""")
 
 
 @pytest.mark.slow

@@ -20,17 +20,17 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow   # compiles every kernel launch for five GPU targets
+pytestmark = pytest.mark.slow  # compiles every kernel launch for five GPU targets
 
 REPO = Path(__file__).resolve().parents[1]
 
 # The model shapes checked: (query heads, KV heads, head dim).
 MODELS = {
-    "shakespeare": (4, 2, 64),      # the shipped checkpoint
-    "qwen3-0.6b": (16, 8, 128),     # the gpu-check's random-weight model
-    "head-dim-80": (32, 32, 80),    # a head dim that is not a power of two (phi-2 style)
+    "shakespeare": (4, 2, 64),  # the shipped checkpoint
+    "qwen3-0.6b": (16, 8, 128),  # the gpu-check's random-weight model
+    "head-dim-80": (32, 32, 80),  # a head dim that is not a power of two (phi-2 style)
 }
-BLOCK_SIZE = 16                     # EngineConfig.block_size's default
+BLOCK_SIZE = 16  # EngineConfig.block_size's default
 
 
 def _items(capabilities):
@@ -57,7 +57,7 @@ def _check(item):
     target = TARGETS[cap]
     try:
         launches = ops.launches(dtype, kv, heads, kv_heads, head_dim, BLOCK_SIZE, target)
-    except Exception as e:   # the launcher found no tiles that fit, or a probe did not compile
+    except Exception as e:  # the launcher found no tiles that fit, or a probe did not compile
         return cap, [], [f"sm_{cap}: {model} {dtype} cache {kv}: no launch: {type(e).__name__}: {e}"]
     return (cap, *check_launches(launches, target))
 
@@ -82,9 +82,10 @@ def sweep(capabilities, workers: int = 2, keep=lambda item: True) -> int:
 
 
 def _run(*args, timeout=900):
-    env = dict(os.environ, TRITON_INTERPRET="0")   # compiled kernels: no GPU needed to compile
-    return subprocess.run([sys.executable, __file__, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    env = dict(os.environ, TRITON_INTERPRET="0")  # compiled kernels: no GPU needed to compile
+    return subprocess.run(
+        [sys.executable, __file__, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_every_launch_compiles_and_fits_every_target():

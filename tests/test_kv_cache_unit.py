@@ -35,7 +35,7 @@ def refs(kv: PagedKVCacheManager) -> list[int]:
 def test_a_table_grows_a_block_only_when_the_next_position_crosses_a_boundary():
     kv = PagedKVCacheManager(num_blocks=8, block_size=4)
     a = request("a", 6)
-    assert kv.can_allocate(a, 6) == (True, 2, 8)          # ceil(6 / 4) = 2 of 8 free
+    assert kv.can_allocate(a, 6) == (True, 2, 8)  # ceil(6 / 4) = 2 of 8 free
     assert kv.allocate(a, 6) and tables(kv) == {"a": [0, 1]} and kv.num_free_blocks == 6
     a.advance(6)
     # positions 6 and 7 are in block 1 (positions 4..7): nothing new; position 8 starts block 2
@@ -49,13 +49,13 @@ def test_a_table_grows_a_block_only_when_the_next_position_crosses_a_boundary():
 
 
 def test_admission_leaves_the_watermark_free_for_a_new_request_only():
-    kv = PagedKVCacheManager(num_blocks=10, block_size=4, watermark=0.2)     # int(0.2 * 10) = 2 blocks
+    kv = PagedKVCacheManager(num_blocks=10, block_size=4, watermark=0.2)  # int(0.2 * 10) = 2 blocks
     a, b = request("a", 32), request("b", 36)
     assert kv.watermark_blocks == 2 and kv.headroom(a) == 2 and kv.headroom(a, reserve_blocks=1) == 3
-    assert kv.can_allocate(a, 32) == (True, 8, 10)       # 8 <= 10 - 2
-    assert kv.can_allocate(b, 36) == (False, 9, 10)      # 9 > 10 - 2
+    assert kv.can_allocate(a, 32) == (True, 8, 10)  # 8 <= 10 - 2
+    assert kv.can_allocate(b, 36) == (False, 9, 10)  # 9 > 10 - 2
     assert kv.explain_wait(b, 36) == "needs 9 blocks, 10 free (2 kept as headroom)"
-    assert not kv.allocate(b, 36) and tables(kv) == {}   # refused: nothing changes
+    assert not kv.allocate(b, 36) and tables(kv) == {}  # refused: nothing changes
     assert kv.allocate(a, 32)
     a.advance(32)
     # a holds blocks now: its growth may use the headroom (1 block needed, 2 free)
@@ -69,7 +69,7 @@ def test_a_freed_table_goes_back_last_block_first_and_free_is_idempotent():
     assert tables(kv) == {"a": [0, 1, 2]} and free_order(kv) == [3]
     kv.free(a)
     assert free_order(kv) == [3, 2, 1, 0] and tables(kv) == {} and refs(kv) == [0, 0, 0, 0]
-    kv.free(a)                                            # nothing held: nothing happens
+    kv.free(a)  # nothing held: nothing happens
     assert free_order(kv) == [3, 2, 1, 0]
     kv.allocate(b, 8)
     assert tables(kv) == {"b": [3, 2]}
@@ -79,9 +79,9 @@ def test_truncate_gives_back_the_blocks_of_rejected_guesses():
     kv = PagedKVCacheManager(num_blocks=6, block_size=4)
     a = request("a", 12)
     kv.allocate(a, 12)
-    kv.truncate(a, 5)                                     # ceil(5 / 4) = 2 blocks kept
+    kv.truncate(a, 5)  # ceil(5 / 4) = 2 blocks kept
     assert tables(kv) == {"a": [0, 1]} and free_order(kv) == [3, 4, 5, 2]
-    kv.truncate(a, 8)                                     # 2 blocks hold 8: nothing to give back
+    kv.truncate(a, 8)  # 2 blocks hold 8: nothing to give back
     assert tables(kv) == {"a": [0, 1]}
 
 
@@ -90,8 +90,8 @@ def test_a_later_prompt_shares_the_full_blocks_of_an_earlier_one():
     a, b = request("a", [1, 2, 3, 4, 5]), request("b", [1, 2, 3, 4, 9, 9])
     assert kv.find_cached_prefix(a) == []
     kv.allocate(a, 5)
-    kv.cache_full_blocks(a, 5)                            # 5 // 2 = 2 full blocks: 0 and 1
-    hits = kv.find_cached_prefix(b)                       # b's blocks (1, 2), (3, 4) match; (9, 9) is new
+    kv.cache_full_blocks(a, 5)  # 5 // 2 = 2 full blocks: 0 and 1
+    hits = kv.find_cached_prefix(b)  # b's blocks (1, 2), (3, 4) match; (9, 9) is new
     assert [h.block_id for h in hits] == [0, 1]
     # the last token is always computed: a 4-token prompt looks up (4 - 1) // 2 = 1 block only
     assert [h.block_id for h in kv.find_cached_prefix(request("c", [1, 2, 3, 4]))] == [0]
@@ -137,17 +137,17 @@ def test_a_swapped_out_request_gives_its_blocks_back_and_comes_back_into_new_one
     a.admit(0, 1, 0.0)
     kv.allocate(a, 6)
     a.advance(6)
-    assert kv.can_swap_out(a)                             # 2 blocks, 4 host blocks free
-    assert kv.swap_out(a) == [(0, 0), (1, 1)]             # host blocks from the end of [3, 2, 1, 0]
+    assert kv.can_swap_out(a)  # 2 blocks, 4 host blocks free
+    assert kv.swap_out(a) == [(0, 0), (1, 1)]  # host blocks from the end of [3, 2, 1, 0]
     assert tables(kv) == {} and kv.swapped == {"a": [0, 1]} and kv.swap_used == 2
     assert free_order(kv) == [2, 3, 4, 5, 1, 0]
-    kv.allocate(b, 4)                                     # b takes block 2
+    kv.allocate(b, 4)  # b takes block 2
     # a back and one position more: max(2 held, ceil(7 / 4) = 2) = 2 blocks of 5 free
     assert kv.can_swap_in(a, 1) == (True, 2, 5)
     kv.begin_step()
     assert kv.swap_in(a) == [(0, 3), (1, 4)]
     assert tables(kv) == {"b": [2], "a": [3, 4]}
-    assert kv.swap_used == 2                              # host blocks are reused only after the step's copies
+    assert kv.swap_used == 2  # host blocks are reused only after the step's copies
     kv.end_step()
     assert kv.swap_used == 0 and kv.swapped == {}
 
@@ -159,14 +159,14 @@ def test_rollback_puts_every_table_reference_count_and_counter_back():
     a.advance(4)
     before = (tables(kv), refs(kv), kv.num_free_blocks, kv.stats())
     kv.begin_step()
-    kv.allocate(a, 1)                                     # position 4: a second block
+    kv.allocate(a, 1)  # position 4: a second block
     kv.allocate(b, 5)
     kv.record_lookup(b, [])
     kv.cache_full_blocks(b, 5)
     assert tables(kv) == {"a": [0, 1], "b": [2, 3]} and kv.stats()["lookups"] == 1
-    assert kv.rollback() == {}                            # nobody lost KV it had before the step
+    assert kv.rollback() == {}  # nobody lost KV it had before the step
     assert (tables(kv), refs(kv), kv.num_free_blocks, kv.stats()) == before
-    assert kv.find_cached_prefix(request("c", [10, 11, 12, 13, 14])) == []    # b's prefix was never computed
+    assert kv.find_cached_prefix(request("c", [10, 11, 12, 13, 14])) == []  # b's prefix was never computed
 
 
 def test_a_block_handed_to_another_request_in_a_failed_step_is_not_trusted_after_rollback():
@@ -175,8 +175,8 @@ def test_a_block_handed_to_another_request_in_a_failed_step_is_not_trusted_after
     kv.allocate(a, 8)
     a.advance(8)
     kv.begin_step()
-    kv.free(a)                                            # preempted: its blocks go to the back, 1 then 0
-    kv.allocate(b, 16)                                    # b takes all four, a's among them
+    kv.free(a)  # preempted: its blocks go to the back, 1 then 0
+    kv.allocate(b, 16)  # b takes all four, a's among them
     assert tables(kv) == {"b": [2, 3, 1, 0]}
     # a's blocks may have been written over: its table is cut from its first such block (position 0)
     assert kv.rollback() == {"a": 0}
@@ -188,8 +188,8 @@ def test_forget_uncomputed_prefixes_of_a_request_preempted_before_the_forward():
     a = request("a", [1, 2, 3])
     kv.begin_step()
     kv.allocate(a, 3)
-    kv.cache_full_blocks(a, 3)                            # block 0 registered, its KV not written yet
-    kv.free(a)                                            # preempted in the same pass
+    kv.cache_full_blocks(a, 3)  # block 0 registered, its KV not written yet
+    kv.free(a)  # preempted in the same pass
     assert kv.find_cached_prefix(request("b", [1, 2, 3])) == []
     kv.end_step()
     # once the forward has run, a registered prefix stays when its owner leaves
@@ -212,8 +212,11 @@ def test_the_snapshot_counts_positions_blocks_and_the_empty_tails():
     snap = kv.snapshot({"a": a, "b": b})
     # a: 6 positions in 2 blocks (2 empty), b: 3 in 1 (1 empty); 3 of 6 blocks used
     assert (snap.used, snap.free, snap.partial_waste, snap.blocks_used, snap.blocks_free) == (9, 12, 3, 3, 3)
-    assert [(i.block_id, i.owners, i.num_filled) for i in snap.blocks[:3]] == [(0, ["a"], 4), (1, ["a"], 2),
-                                                                               (2, ["b"], 3)]
+    assert [(i.block_id, i.owners, i.num_filled) for i in snap.blocks[:3]] == [
+        (0, ["a"], 4),
+        (1, ["a"], 2),
+        (2, ["b"], 3),
+    ]
     totals = kv.totals({"a": a, "b": b})
     assert (totals.used, totals.partial_waste, totals.blocks_used) == (9, 3, 3)
 
@@ -231,7 +234,7 @@ def test_reservations_go_first_fit_and_leave_gaps():
     assert kv.largest_gap() == 5 and kv.num_gap_blocks() == 1 and kv.num_free_blocks == 2
     snap = kv.snapshot({"b": b, "c": c}, detail=False)
     assert (snap.free, snap.blocks_free, snap.fragmentation) == (8, 1, 3)
-    d = request("d", 5, max_tokens=1)                     # 6 positions: no gap holds them
+    d = request("d", 5, max_tokens=1)  # 6 positions: no gap holds them
     assert kv.can_allocate(d, 5) == (False, 6, 8) and not kv.allocate(d, 5)
     assert kv.block_table("b") == [5, 6, 7]
-    assert a.status is RequestStatus.WAITING              # the manager never changes a request
+    assert a.status is RequestStatus.WAITING  # the manager never changes a request

@@ -26,8 +26,12 @@ from minillm.core.invariants import check_all_free, check_invariants  # noqa: E4
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(not ops.triton_available(), reason="triton not installed")
-KINDS = ["int8", pytest.param("fp8", marks=pytest.mark.skipif(fp8_available() is not None,
-                                                                reason=f"fp8 KV unavailable: {fp8_available()}"))]
+KINDS = [
+    "int8",
+    pytest.param(
+        "fp8", marks=pytest.mark.skipif(fp8_available() is not None, reason=f"fp8 KV unavailable: {fp8_available()}")
+    ),
+]
 GREEDY = dict(temperature=0, ignore_eos=True)
 
 
@@ -52,8 +56,12 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def empty_cache(kind, num_blocks, block_size, num_kv_heads, head_dim):
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     dt = storage_dtype(kind)
-    return [torch.zeros(shape, dtype=dt, device=DEVICE), torch.zeros(shape, dtype=dt, device=DEVICE),
-            torch.zeros(shape[::2], device=DEVICE), torch.zeros(shape[::2], device=DEVICE)]
+    return [
+        torch.zeros(shape, dtype=dt, device=DEVICE),
+        torch.zeros(shape, dtype=dt, device=DEVICE),
+        torch.zeros(shape[::2], device=DEVICE),
+        torch.zeros(shape[::2], device=DEVICE),
+    ]
 
 
 # --- the format ------------------------------------------------------------------------------
@@ -62,41 +70,54 @@ def empty_cache(kind, num_blocks, block_size, num_kv_heads, head_dim):
 def test_e4m3_rounding_is_torchs_cast_ties_included():
     """round_to_e4m3 (the arithmetic the Triton store does) is torch's float32 -> e4m3 cast."""
     codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-    codes = codes[torch.isfinite(codes)].unique()                 # every e4m3 number, -448 .. 448
+    codes = codes[torch.isfinite(codes)].unique()  # every e4m3 number, -448 .. 448
     assert torch.equal(round_to_e4m3(codes), codes)
-    halfway = (codes[1:] + codes[:-1]) / 2                        # every tie, each exact in float32
+    halfway = (codes[1:] + codes[:-1]) / 2  # every tie, each exact in float32
     g = torch.Generator().manual_seed(0)
     y = torch.cat([halfway, torch.randn(20000, generator=g) * 100, torch.randn(20000, generator=g) * 1e-2])
     y = y.clamp(-448, 448)
     assert torch.equal(round_to_e4m3(y), y.to(torch.float8_e4m3fn).float())
-    assert round_to_e4m3(torch.tensor([7.96, 2.0**-10, 3 * 2.0**-10, 8.5, 9.5])).tolist() == \
-        [8.0, 0.0, 2.0**-8, 8.0, 10.0]                            # halves to even
+    assert round_to_e4m3(torch.tensor([7.96, 2.0**-10, 3 * 2.0**-10, 8.5, 9.5])).tolist() == [
+        8.0,
+        0.0,
+        2.0**-8,
+        8.0,
+        10.0,
+    ]  # halves to even
     assert quantize(torch.tensor([2.5, 3.5, -2.5, 200.0]), torch.ones(()), "int8").tolist() == [2, 4, -2, 127]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_quantize_round_trip_error_is_within_one_step(kind):
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(16, 2, 64, generator=g) * torch.tensor([1.0, 30.0])[None, :, None]   # heads of different range
+    x = torch.randn(16, 2, 64, generator=g) * torch.tensor([1.0, 30.0])[None, :, None]  # heads of different range
     scale = x.abs().amax(dim=(0, 2)) / QMAX[kind]
     q = quantize(x, scale[None, :, None], kind)
     assert q.dtype == storage_dtype(kind) and kind_of(q) == kind
     err = (dequantize(q, scale[None, :, None]) - x).abs()
     if kind == "int8":
-        assert (err <= 0.5 * scale[None, :, None] * (1 + 1e-5)).all()        # half a step
+        assert (err <= 0.5 * scale[None, :, None] * (1 + 1e-5)).all()  # half a step
     else:
         assert (err <= x.abs() / 16 + scale[None, :, None] * 2.0**-10).all()  # 3 mantissa bits
-    assert torch.equal(quantize(torch.zeros(3), torch.zeros(()), kind).float(), torch.zeros(3))   # scale 0
+    assert torch.equal(quantize(torch.zeros(3), torch.zeros(()), kind).float(), torch.zeros(3))  # scale 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_quantize_block_is_what_the_store_writes_for_a_whole_block(kind):
     from minillm_kernels.kv_quant import quantize_block
+
     x = torch.randn(4, 2, 64, generator=torch.Generator().manual_seed(3)) * 3
     q, scale = quantize_block(x, kind)
     cache = empty_cache(kind, 2, 4, 2, 64)
-    ops.store_kv(x.to(DEVICE), x.to(DEVICE), *cache[:2], torch.arange(4, 8, device=DEVICE),
-                     k_scale=cache[2], v_scale=cache[3], backend="torch")
+    ops.store_kv(
+        x.to(DEVICE),
+        x.to(DEVICE),
+        *cache[:2],
+        torch.arange(4, 8, device=DEVICE),
+        k_scale=cache[2],
+        v_scale=cache[3],
+        backend="torch",
+    )
     assert same(cache[0][1].cpu(), q) and torch.equal(cache[2][1].cpu(), scale)
 
 
@@ -110,7 +131,7 @@ STEPS = [[12, 13, 14, 15, 4, 5, -1, 20, 21], [6, 22], [7, -1, 23], [0], [1, 2, 3
 
 def store_steps(kind, backend, head_dim=80, block_size=4, seed=0):
     cache = empty_cache(kind, 6, block_size, 2, head_dim)
-    cache[3].fill_(5.0)           # v_scale: stale scales a fresh block must ignore
+    cache[3].fill_(5.0)  # v_scale: stale scales a fresh block must ignore
     g = torch.Generator().manual_seed(seed)
     history = []
     for i, slots in enumerate(STEPS):
@@ -132,15 +153,24 @@ def test_store_kernel_matches_reference_exactly(kind):
 
 
 @needs_triton
-@pytest.mark.parametrize("slots", [[0, 1, 4, 2], [0, 1, -1, 2], [5, 5]],
-                         ids=["block-in-two-runs", "run-broken-by-padding", "slot-twice"])
+@pytest.mark.parametrize(
+    "slots", [[0, 1, 4, 2], [0, 1, -1, 2], [5, 5]], ids=["block-in-two-runs", "run-broken-by-padding", "slot-twice"]
+)
 def test_store_kernel_refuses_two_lead_programs_for_one_block(slots):
     """One lead program owns a block's scale; a block written by two runs of rows would have two."""
     k_cache, v_cache, k_scale, v_scale = empty_cache("int8", 3, 4, 2, 16)
     k = torch.randn(len(slots), 2, 16, device=DEVICE)
     with pytest.raises(AssertionError, match="store_kv"):
-        ops.store_kv(k, k, k_cache, v_cache, torch.tensor(slots, device=DEVICE), k_scale=k_scale,
-                     v_scale=v_scale, backend="triton")
+        ops.store_kv(
+            k,
+            k,
+            k_cache,
+            v_cache,
+            torch.tensor(slots, device=DEVICE),
+            k_scale=k_scale,
+            v_scale=v_scale,
+            backend="triton",
+        )
     assert not k_scale.any(), "nothing is stored when the check fails"
 
 
@@ -171,7 +201,7 @@ def test_store_kernel_rounds_ties_to_even_like_the_reference(kind):
         ties = (codes[1:] + codes[:-1]) / 2
     n = math.ceil((ties.numel() + 1) / 64)
     x = torch.zeros(n * 64)
-    x[0], x[1:ties.numel() + 1] = QMAX[kind], ties
+    x[0], x[1 : ties.numel() + 1] = QMAX[kind], ties
     k = x.view(n, 1, 64).to(DEVICE)
     caches = [empty_cache(kind, 1, n, 1, 64) for _ in range(2)]
     slots = torch.arange(n, device=DEVICE)
@@ -211,8 +241,14 @@ def test_store_reference_keeps_every_value_within_one_step(kind):
 def test_store_requires_scales_for_a_quantized_cache():
     k = torch.zeros(1, 2, 8)
     with pytest.raises(ValueError, match="k_scale"):
-        ops.store_kv(k, k, torch.zeros(2, 4, 2, 8, dtype=torch.int8), torch.zeros(2, 4, 2, 8, dtype=torch.int8),
-                         torch.tensor([0]), backend="torch")
+        ops.store_kv(
+            k,
+            k,
+            torch.zeros(2, 4, 2, 8, dtype=torch.int8),
+            torch.zeros(2, 4, 2, 8, dtype=torch.int8),
+            torch.tensor([0]),
+            backend="torch",
+        )
 
 
 # --- attention: kernel against reference, reference against dense float64 -------------------------
@@ -236,7 +272,7 @@ def quantized_batch(kind, q_lens, ctx_lens, *, q_dtype=torch.float32, block_size
     bt = torch.full((len(ctx_lens), max(need) + 1), 2**30, dtype=torch.int32)
     used = 0
     for i, c in enumerate(ctx_lens):
-        bt[i, :need[i]] = order[used:used + need[i]].int()
+        bt[i, : need[i]] = order[used : used + need[i]].int()
         used += need[i]
         t = torch.arange(c)
         slots = (bt[i, t // block_size].long() * block_size + t % block_size).to(DEVICE)
@@ -245,20 +281,30 @@ def quantized_batch(kind, q_lens, ctx_lens, *, q_dtype=torch.float32, block_size
         # A prompt, a chunk of up to 3 tokens, then one token at a time.
         writes = [(0, c // 2), (c // 2, min(c, c // 2 + 3))] + [(j, j + 1) for j in range(c // 2 + 3, c)]
         for a, b in [(a, b) for a, b in writes if b > a]:
-            ops.store_kv(k[a:b], v[a:b], *cache[:2], slots[a:b], k_scale=cache[2], v_scale=cache[3],
-                             backend="torch")
+            ops.store_kv(k[a:b], v[a:b], *cache[:2], slots[a:b], k_scale=cache[2], v_scale=cache[3], backend="torch")
     k_cache, v_cache, k_scale, v_scale = cache
     seqs = []
     for i, c in enumerate(ctx_lens):
         t = torch.arange(c)
         blocks = bt[i, t // block_size].long().to(DEVICE)
         off = (t % block_size).to(DEVICE)
-        seqs.append(tuple(dequantize(kc[blocks, off], sc[blocks][:, :, None]).cpu()
-                          for kc, sc in ((k_cache, k_scale), (v_cache, v_scale))))
+        seqs.append(
+            tuple(
+                dequantize(kc[blocks, off], sc[blocks][:, :, None]).cpu()
+                for kc, sc in ((k_cache, k_scale), (v_cache, v_scale))
+            )
+        )
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn(int(cu[-1]), 4, head_dim, generator=g).to(q_dtype)
-    args = [q.to(DEVICE), k_cache, v_cache, bt.to(DEVICE), cu.to(DEVICE),
-            torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE), head_dim ** -0.5]
+    args = [
+        q.to(DEVICE),
+        k_cache,
+        v_cache,
+        bt.to(DEVICE),
+        cu.to(DEVICE),
+        torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE),
+        head_dim**-0.5,
+    ]
     return args, dict(k_scale=k_scale, v_scale=v_scale), seqs
 
 
@@ -266,7 +312,7 @@ def dense_float64(args, seqs):
     q, cu, ctx, scale = args[0], args[4], args[5], args[6]
     outs = []
     for i, (k, v) in enumerate(seqs):
-        qi = q[cu[i]:cu[i + 1]].double().cpu()
+        qi = q[cu[i] : cu[i + 1]].double().cpu()
         group = qi.shape[1] // k.shape[1]
         k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
         s = torch.einsum("qhd,khd->hqk", qi, k) * scale
@@ -328,11 +374,20 @@ def test_copy_blocks_carries_scales(kind, backend):
 def test_swap_round_trip_carries_scales(kind):
     cache, _ = store_steps(kind, "torch")
     host = [torch.zeros((4,) + t.shape[1:], dtype=t.dtype) for t in cache]
-    ops.swap_blocks(cache[0], cache[1], host[0], host[1], [3, 1], [0, 2],
-                        src_scales=(cache[2], cache[3]), dst_scales=(host[2], host[3]))
+    ops.swap_blocks(
+        cache[0],
+        cache[1],
+        host[0],
+        host[1],
+        [3, 1],
+        [0, 2],
+        src_scales=(cache[2], cache[3]),
+        dst_scales=(host[2], host[3]),
+    )
     back = [torch.zeros_like(t) for t in cache]
-    ops.swap_blocks(host[0], host[1], back[0], back[1], [0, 2], [5, 0],
-                        src_scales=(host[2], host[3]), dst_scales=(back[2], back[3]))
+    ops.swap_blocks(
+        host[0], host[1], back[0], back[1], [0, 2], [5, 0], src_scales=(host[2], host[3]), dst_scales=(back[2], back[3])
+    )
     for a, b in zip(back, cache):
         assert same(a[[5, 0]], b[[3, 1]])
 
@@ -342,6 +397,7 @@ def test_swap_round_trip_carries_scales(kind):
 
 def test_config_validation():
     from minillm.config import EngineConfig
+
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         EngineConfig(kv_cache_dtype="int4")
     with pytest.raises(ValueError, match="paged"):
@@ -349,9 +405,9 @@ def test_config_validation():
     assert EngineConfig(kv_cache_dtype="fp8").kv_cache_dtype == "fp8"
 
 
-
 class _Halving:
     """A quantizer whose scales are twice minillm_kernels.kv_quant's (values use half the range)."""
+
     quantize, dequantize = staticmethod(quantize), staticmethod(dequantize)
 
     @staticmethod
@@ -361,6 +417,7 @@ class _Halving:
 
 def test_kv_quantizer_is_validated_and_used_by_the_store():
     from minillm.config import EngineConfig
+
     with pytest.raises(TypeError, match="kv_quantizer.*new_scale"):
         EngineConfig(kv_cache_dtype="int8", kv_quantizer=object())
     with pytest.raises(ValueError, match="kv_quantizer.*kv_cache_dtype"):
@@ -376,6 +433,7 @@ def test_kv_quantizer_is_validated_and_used_by_the_store():
         scales[name] = e.executor.kv_scales[0][0]
     used = scales["default"] > 0
     assert used.any() and torch.allclose(scales["halving"][used], 2 * scales["default"][used])
+
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_capacity_at_a_fixed_memory_budget(kind):
@@ -396,6 +454,7 @@ def test_capacity_at_a_fixed_memory_budget(kind):
 
 def test_cost_model_follows_the_kv_dtype():
     from minillm.sim.costmodel import MODELS, RooflineCostModel, kv_block_bytes, max_batch_size
+
     fp16 = RooflineCostModel("H100-SXM", "llama-2-7b")
     int8 = RooflineCostModel("H100-SXM", "llama-2-7b", kv_cache_dtype="int8")
     assert int8.kv_bytes_per_token * 2 == fp16.kv_bytes_per_token
@@ -438,20 +497,28 @@ def test_swap_restores_blocks_with_their_scales(kind, monkeypatch):
     assert e.stats()["swapped_out_blocks"] > 0
     assert swapped == base
     real = ops.swap_blocks
-    monkeypatch.setattr(ops, "swap_blocks",
-                        lambda *a, src_scales=None, dst_scales=None: real(*a))   # forgets the scales
+    monkeypatch.setattr(ops, "swap_blocks", lambda *a, src_scales=None, dst_scales=None: real(*a))  # forgets the scales
     dropped, _, _ = run_engine(kv_cache_dtype=kind, num_kv_blocks=20, preemption_mode="swap", num_swap_blocks=40)
     assert dropped != base
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
 def test_engine_int8_with_prefix_caching_and_swap_keeps_invariants(backend):
-    n, blocks, new = (5, 14, 10) if backend == "torch" else (3, 8, 6)   # the interpreter is slow: fewer
-    llm = LLM("random", kv_cache_dtype="int8", attention_backend=backend, block_size=4, num_kv_blocks=blocks,
-              enable_prefix_caching=True, preemption_mode="swap", num_swap_blocks=24, max_model_len=48,
-              max_num_batched_tokens=24)
+    n, blocks, new = (5, 14, 10) if backend == "torch" else (3, 8, 6)  # the interpreter is slow: fewer
+    llm = LLM(
+        "random",
+        kv_cache_dtype="int8",
+        attention_backend=backend,
+        block_size=4,
+        num_kv_blocks=blocks,
+        enable_prefix_caching=True,
+        preemption_mode="swap",
+        num_swap_blocks=24,
+        max_model_len=48,
+        max_num_batched_tokens=24,
+    )
     e = llm.engine
-    shared = list(range(10, 22))                        # three full blocks shared by every request
+    shared = list(range(10, 22))  # three full blocks shared by every request
     ids = [e.add_request(shared + [30 + i, 31 + i], SamplingParams(max_tokens=new, **GREEDY)) for i in range(n)]
     recs = []
     while e.has_unfinished_requests():
@@ -467,15 +534,17 @@ def test_engine_int8_with_prefix_caching_and_swap_keeps_invariants(backend):
 
 # --- quality on the shipped model ----------------------------------------------------------------------
 
-SHIPPED = os.path.isfile(os.path.join(os.path.dirname(__file__), "..", "minillm", "checkpoints", "shakespeare",
-                                      "model.safetensors"))
+SHIPPED = os.path.isfile(
+    os.path.join(os.path.dirname(__file__), "..", "minillm", "checkpoints", "shakespeare", "model.safetensors")
+)
 needs_shipped = pytest.mark.skipif(not SHIPPED, reason="the shipped model is missing")
 
 
 @pytest.fixture(scope="module")
 def shipped():
     from minillm.bench.kv_quant import shipped_heldout
-    return shipped_heldout(520)          # two windows of 256 tokens (and a few more) of held-out text
+
+    return shipped_heldout(520)  # two windows of 256 tokens (and a few more) of held-out text
 
 
 @needs_shipped
@@ -483,6 +552,7 @@ def test_int8_kv_heldout_loss_within_one_percent_of_fp32(shipped):
     """Teacher forced over held-out text, one token per step (every block fills token by token,
     so scales grow and rows are re-quantized): int8 KV within 1% of float32 KV in nats/char."""
     from minillm.bench.kv_quant import teacher_forced
+
     model, _, text, ids = shipped
     fp32 = teacher_forced(model, ids, "float32", context=256)
     int8 = teacher_forced(model, ids, "int8", context=256)
@@ -491,8 +561,10 @@ def test_int8_kv_heldout_loss_within_one_percent_of_fp32(shipped):
     assert 1.0 < a < 2.5, "the model reads the held-out text (the card says about 1.47 nats/char)"
     assert abs(b / a - 1) < 0.01, f"int8 KV {b:.4f} vs fp32 KV {a:.4f} nats/char"
     top1 = sum(x == y for x, y in zip(fp32["argmax"], int8["argmax"])) / len(ids)
-    print(f"\nheld-out nats/char: fp32 KV {a:.4f}, int8 KV {b:.4f} ({100 * (b / a - 1):+.3f}%); "
-          f"top-1 agreement {top1:.1%}")
+    print(
+        f"\nheld-out nats/char: fp32 KV {a:.4f}, int8 KV {b:.4f} ({100 * (b / a - 1):+.3f}%); "
+        f"top-1 agreement {top1:.1%}"
+    )
     assert top1 > 0.9
 
 
@@ -501,7 +573,7 @@ def test_engine_int8_greedy_matches_fp32_on_most_tokens(shipped):
     """The engine end to end (scheduler, runner, store, attention): greedy continuations of
     held-out prompts with int8 KV agree with float32 KV on most tokens."""
     _, _, _, ids = shipped
-    prompts = [ids[i:i + 24] for i in range(0, 480, 120)]
+    prompts = [ids[i : i + 24] for i in range(0, 480, 120)]
     sp = SamplingParams(max_tokens=24, **GREEDY)
     outs = {}
     for kv in ("auto", "int8"):
@@ -519,7 +591,7 @@ def test_engine_int8_with_speculative_decoding(shipped):
     rows are overwritten from mid-block later, under a scale they may have grown): the engine
     keeps its invariants and the greedy tokens of plain int8 decoding."""
     _, _, _, ids = shipped
-    prompts = [ids[i:i + 24] for i in range(0, 480, 160)]
+    prompts = [ids[i : i + 24] for i in range(0, 480, 160)]
     sp = SamplingParams(max_tokens=20, **GREEDY)
     outs = {}
     for name, kw in (("plain", {}), ("ngram", dict(speculative_model="ngram", num_speculative_tokens=3))):
@@ -534,9 +606,9 @@ def test_engine_int8_with_speculative_decoding(shipped):
 
 def prefix_runs(caching: bool, forget_scales: bool = False):
     e = LLM("random", kv_cache_dtype="int8", block_size=4, enable_prefix_caching=caching, max_model_len=64).engine
-    shared = list(range(10, 22))                        # three full blocks
+    shared = list(range(10, 22))  # three full blocks
     outs = []
-    for i in range(4):                                  # one after another: later ones hit the cache
+    for i in range(4):  # one after another: later ones hit the cache
         rid = e.add_request(shared + [30 + i, 31 + i], SamplingParams(max_tokens=12, **GREEDY))
         while e.has_unfinished_requests():
             check_invariants(e, e.step())
@@ -565,12 +637,14 @@ def test_gpu_bench_case_on_a_quantized_cache(kind):
     """``python -m minillm_kernels.bench --kv-cache-dtype int8|fp8`` (GPU only) times these two sides:
     they must agree, and the bytes it counts are one per value plus the scales."""
     from minillm_kernels.bench import Case
+
     c = Case(2, 40, 3, 4, 2, 64, 16, torch.float32, torch.device(DEVICE), kv_cache_dtype=kind)
     torch.testing.assert_close(c.ours(), c.sdpa(), atol=2e-5, rtol=2e-5)
     assert c.kv_bytes() == 2 * 2 * 40 * 2 * 64 + 2 * 2 * 3 * 2 * 4
 
 
 # --- what "the same tokens as alone" means on a quantized cache --------------------------------
+
 
 def _int8_prompts(seed=4):
     rng = random.Random(seed)
@@ -591,13 +665,22 @@ def test_a_quantized_request_written_in_the_same_pieces_gets_its_tokens_alone(ki
     prompt cut into chunks at block boundaries only (a budget of one block, then of two)."""
     prompts = _int8_prompts()
     alone = [_greedy_tokens([p], kind, num_kv_blocks=64, max_num_batched_tokens=96)[0][0] for p in prompts]
-    batched, metrics = _greedy_tokens(prompts, kind, num_kv_blocks=12, max_num_seqs=4, max_num_batched_tokens=96,
-                                      enable_chunked_prefill=False, preemption_mode="swap", num_swap_blocks=64)
+    batched, metrics = _greedy_tokens(
+        prompts,
+        kind,
+        num_kv_blocks=12,
+        max_num_seqs=4,
+        max_num_batched_tokens=96,
+        enable_chunked_prefill=False,
+        preemption_mode="swap",
+        num_swap_blocks=64,
+    )
     assert sum(m.num_preemptions for m in metrics) > 0 and all(m.num_recomputed_tokens == 0 for m in metrics)
     assert batched == alone
     for budget in (4, 8):
-        assert _greedy_tokens(prompts, kind, num_kv_blocks=64, max_num_seqs=1,
-                              max_num_batched_tokens=budget)[0] == alone
+        assert (
+            _greedy_tokens(prompts, kind, num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=budget)[0] == alone
+        )
 
 
 def test_a_prompt_cut_inside_a_block_can_change_a_quantized_requests_tokens():
@@ -609,8 +692,10 @@ def test_a_prompt_cut_inside_a_block_can_change_a_quantized_requests_tokens():
     whole, _ = _greedy_tokens(prompts, "int8", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=96)
     cut, _ = _greedy_tokens(prompts, "int8", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=3)
     assert [i for i in range(4) if whole[i] != cut[i]] == [3]
-    assert _greedy_tokens(prompts, "auto", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=96)[0] == \
-        _greedy_tokens(prompts, "auto", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=3)[0]
+    assert (
+        _greedy_tokens(prompts, "auto", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=96)[0]
+        == _greedy_tokens(prompts, "auto", num_kv_blocks=64, max_num_seqs=1, max_num_batched_tokens=3)[0]
+    )
 
 
 @needs_shipped
@@ -619,6 +704,7 @@ def test_few_levels_with_int8s_127_levels_is_the_int8_store_and_7_levels_costs_m
     equal the engine's int8 cache exactly. ``FewLevels(7)`` (notebook 02's int4-like case) has 18 times coarser
     steps: its loss moves away from float32's by more than int8's does."""
     from minillm.bench.kv_quant import FewLevels, teacher_forced
+
     model, _, text, ids = shipped
     ids = ids[:257]
     base, int8 = (teacher_forced(model, ids, kind, context=256) for kind in ("float32", "int8"))

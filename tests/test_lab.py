@@ -35,7 +35,7 @@ STAMP = VENV / ".minillm-installed"
 START_TIMEOUT = 120
 
 pytestmark = [
-    pytest.mark.slow,                    # launches JupyterLab through make
+    pytest.mark.slow,  # launches JupyterLab through make
     pytest.mark.skipif(not (shutil.which("make") and shutil.which("git")), reason="needs make and git"),
     pytest.mark.skipif(not STAMP.exists(), reason=f"needs an installed environment ({STAMP}: run make install)"),
 ]
@@ -76,7 +76,7 @@ def _listening_addresses(port: int) -> set[str]:
     return found
 
 
-AS_USER = ["me", "an ordinary user"]      # as root (CI, containers): both; otherwise the first only
+AS_USER = ["me", "an ordinary user"]  # as root (CI, containers): both; otherwise the first only
 
 
 @pytest.fixture(params=AS_USER)
@@ -87,10 +87,18 @@ def as_user(request):
     if os.getuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("running as an ordinary user is the first case here (needs root and setpriv to switch)")
     import pwd
+
     nobody = pwd.getpwnam("nobody")
     prefix = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"]
-    if subprocess.run([*prefix, "sh", "-c", f"'{VENV}/bin/python' -c 'import jupyterlab'"], capture_output=True,
-                      cwd="/", timeout=60).returncode != 0:       # through a shell, as make runs it
+    if (
+        subprocess.run(
+            [*prefix, "sh", "-c", f"'{VENV}/bin/python' -c 'import jupyterlab'"],
+            capture_output=True,
+            cwd="/",
+            timeout=60,
+        ).returncode
+        != 0
+    ):  # through a shell, as make runs it
         pytest.skip(f"user nobody cannot run {VENV}/bin/python (the interpreter lies in a private folder)")
     return prefix, nobody.pw_uid
 
@@ -123,10 +131,15 @@ def test_make_lab_on_a_fresh_clone(as_user, workdir):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "MAKE", "MFLAGS"))}
     env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), BROWSER="true")
     port = _free_port()
-    proc = subprocess.Popen([*prefix, "make", "-o", str(STAMP), "lab", f"VENV={VENV}", f"PORT={port}",
-                             "LAB_ARGS=--no-browser"],
-                            cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [*prefix, "make", "-o", str(STAMP), "lab", f"VENV={VENV}", f"PORT={port}", "LAB_ARGS=--no-browser"],
+        cwd=clone,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -135,13 +148,14 @@ def test_make_lab_on_a_fresh_clone(as_user, workdir):
         served = False
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline and proc.poll() is None and not served:
-            m = next((re.search(r"(http://\S+/lab\?token=(\w+))", ln) for ln in list(lines) if "JupyterLab:" in ln),
-                     None)
+            m = next(
+                (re.search(r"(http://\S+/lab\?token=(\w+))", ln) for ln in list(lines) if "JupyterLab:" in ln), None
+            )
             if m:
                 url, token = m.group(1), m.group(2)
                 try:
                     served = _get(url.split("/lab?")[0] + "/api/status", token)[0] == 200
-                except OSError:      # not listening yet
+                except OSError:  # not listening yet
                     pass
             time.sleep(0.5)
         output = "".join(lines)

@@ -16,12 +16,20 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 
 # --- Figure 4 -----------------------------------------------------------------------------------
 
+
 def figure4(kv_allocation, block_size):
     """KV capacity 24 positions, budget 8 tokens, max_num_seqs=2. B: a 5-token prompt with
     max_tokens=15 (a 20-position reservation); after two steps it holds 6 positions of KV.
     Then C arrives with a 6-token prompt."""
-    llm = LLM("random", kv_allocation=kv_allocation, block_size=block_size,
-              num_kv_blocks=24 // block_size, max_num_batched_tokens=8, max_num_seqs=2, max_model_len=32)
+    llm = LLM(
+        "random",
+        kv_allocation=kv_allocation,
+        block_size=block_size,
+        num_kv_blocks=24 // block_size,
+        max_num_batched_tokens=8,
+        max_num_seqs=2,
+        max_model_len=32,
+    )
     e = llm.engine
     e.add_request([10, 11, 12, 13, 14], SamplingParams(max_tokens=15, **GREEDY), request_id="B")
     e.step()
@@ -59,8 +67,9 @@ def test_figure4_paged_b_and_c_together(block_size):
 
 
 def test_reserved_regions_first_fit_and_fragmentation():
-    llm = LLM("random", kv_allocation="reserved", block_size=1, num_kv_blocks=30, max_model_len=30,
-              max_num_batched_tokens=64)
+    llm = LLM(
+        "random", kv_allocation="reserved", block_size=1, num_kv_blocks=30, max_model_len=30, max_num_batched_tokens=64
+    )
     e = llm.engine
     for rid, mt in (("a", 8), ("b", 2), ("c", 8)):
         e.add_request([3, 4], SamplingParams(max_tokens=mt, **GREEDY), request_id=rid)
@@ -74,6 +83,7 @@ def test_reserved_regions_first_fit_and_fragmentation():
 
 
 # --- prefix caching -----------------------------------------------------------------------------
+
 
 def test_prefix_caching_shared_system_prompt_saves_90_percent():
     trace = shared_prefix_trace(8, prefix_len=64, suffix_len=5, output_len=4, vocab_size=500, seed=0)
@@ -92,7 +102,7 @@ def test_prefix_caching_shared_system_prompt_saves_90_percent():
 def test_prefix_cache_always_computes_last_token():
     llm = LLM("random", enable_prefix_caching=True, block_size=4, max_model_len=64)
     e = llm.engine
-    p = list(range(3, 11))            # 8 tokens: exactly two full blocks
+    p = list(range(3, 11))  # 8 tokens: exactly two full blocks
     e.add_request(p, SamplingParams(max_tokens=2, **GREEDY), request_id="x")
     run_to_end(e)
     e.add_request(p, SamplingParams(max_tokens=2, **GREEDY), request_id="y")
@@ -109,7 +119,7 @@ def test_multi_turn_computes_only_new_tokens():
     e.add_request(turn1, sp, request_id="t1")
     run_to_end(e)
     answer = e.get_output("t1").token_ids
-    turn2 = turn1 + answer + [40, 41, 42, 43, 44]          # prompt + answer + new message
+    turn2 = turn1 + answer + [40, 41, 42, 43, 44]  # prompt + answer + new message
     e.add_request(turn2, sp, request_id="t2")
     rec = e.step()
     # Turn 1 computed KV for its prompt and 7 of its 8 answer tokens (27 positions):
@@ -123,8 +133,9 @@ def test_multi_turn_trace_hits_cache():
     trace = multi_turn_trace(2, turns=3, system_len=16, user_len=6, answer_len=6, vocab_size=300, seed=1)
     # Modeled time: turn k arrives k "think times" later on the engine's own clock, so the
     # test does not depend on how fast this machine is.
-    e = LLM("random", enable_prefix_caching=True, block_size=4, max_model_len=256,
-            clock="modeled", cost_model=0.01).engine
+    e = LLM(
+        "random", enable_prefix_caching=True, block_size=4, max_model_len=256, clock="modeled", cost_model=0.01
+    ).engine
     submit_trace(e, trace)
     run_to_end(e)
     for t in trace:
@@ -178,10 +189,10 @@ def test_swap_pool_full_falls_back_to_recompute():
 
 def test_auto_mode_uses_the_cost_rule():
     from minillm.sim.costmodel import ConstantStepTime
+
     # Swapping costs nothing here, so the rule picks swap whenever the pool has room.
     cm = ConstantStepTime(0.01, swap_bandwidth=1e12, kv_bytes_per_token=1000)
-    out, recs, e = outputs(num_kv_blocks=20, preemption_mode="auto", num_swap_blocks=40,
-                           clock="modeled", cost_model=cm)
+    out, recs, e = outputs(num_kv_blocks=20, preemption_mode="auto", num_swap_blocks=40, clock="modeled", cost_model=cm)
     assert {p.mode for r in recs for p in r.preempted} == {"swap"}
 
 
@@ -203,25 +214,25 @@ def test_the_kv_manager_holds_the_watermark():
     from minillm.core.request import Request
 
     kv = PagedKVCacheManager(10, 4, num_swap_blocks=10, watermark=0.2)
-    new = Request("new", list(range(32)), SamplingParams(max_tokens=4), 0.0)     # 32 positions: 8 blocks
-    assert kv.can_allocate(new, 32) == (True, 8, 10)                             # 8 <= 10 - 2
-    assert kv.can_allocate(new, 32, reserve_blocks=1) == (False, 8, 10)           # 8 > 10 - 2 - 1
-    assert not kv.can_allocate(new, 33)[0]                                        # 9 blocks > 10 - 2
+    new = Request("new", list(range(32)), SamplingParams(max_tokens=4), 0.0)  # 32 positions: 8 blocks
+    assert kv.can_allocate(new, 32) == (True, 8, 10)  # 8 <= 10 - 2
+    assert kv.can_allocate(new, 32, reserve_blocks=1) == (False, 8, 10)  # 8 > 10 - 2 - 1
+    assert not kv.can_allocate(new, 33)[0]  # 9 blocks > 10 - 2
     assert "(2 kept as headroom)" in kv.explain_wait(new, 33)
     assert kv.allocate(new, 32)
     new.num_computed_tokens = 32
-    assert kv.can_allocate(new, 8) == (True, 2, 2)        # running: grows into the headroom
+    assert kv.can_allocate(new, 8) == (True, 2, 2)  # running: grows into the headroom
     assert kv.allocate(new, 8) and kv.num_free_blocks == 0
     new.num_computed_tokens = 40
     kv.swap_out(new)
-    assert kv.can_swap_in(new, 1) == (False, 11, 10)      # 11 blocks for 41 positions; 10 - 2 usable
+    assert kv.can_swap_in(new, 1) == (False, 11, 10)  # 11 blocks for 41 positions; 10 - 2 usable
     kv.free(new)
     back = Request("back", list(range(20)), SamplingParams(max_tokens=4), 0.0)
     kv.allocate(back, 20)
     back.num_computed_tokens = 20
-    kv.swap_out(back)                                     # 5 blocks in host memory, 10 free
-    assert kv.can_swap_in(back, 4) == (True, 6, 10)       # 24 positions: 6 blocks <= 10 - 2
-    assert kv.can_swap_in(back, 16) == (False, 9, 10)     # 36 positions: 9 blocks > 10 - 2
+    kv.swap_out(back)  # 5 blocks in host memory, 10 free
+    assert kv.can_swap_in(back, 4) == (True, 6, 10)  # 24 positions: 6 blocks <= 10 - 2
+    assert kv.can_swap_in(back, 16) == (False, 9, 10)  # 36 positions: 9 blocks > 10 - 2
 
 
 def test_a_full_table_grows_by_one_block_and_a_subclass_rule_still_decides():
@@ -244,7 +255,7 @@ def test_a_full_table_grows_by_one_block_and_a_subclass_rule_still_decides():
     assert kv.allocate(req, 0) and kv.num_held_blocks("r") == 2
     assert kv.allocate(req, 1) and kv.num_held_blocks("r") == 3
     req.num_computed_tokens = 12
-    assert not kv.allocate(req, 5) and kv.num_held_blocks("r") == 3     # 17 positions: 2 more blocks, 1 free
+    assert not kv.allocate(req, 5) and kv.num_held_blocks("r") == 3  # 17 positions: 2 more blocks, 1 free
     assert kv.allocate(req, 4) and kv.num_held_blocks("r") == 4 and kv.num_free_blocks == 0
     kv = OneMore(4, 4)
     req = Request("r", list(range(8)), SamplingParams(max_tokens=8), 0.0)
@@ -252,7 +263,9 @@ def test_a_full_table_grows_by_one_block_and_a_subclass_rule_still_decides():
     req.num_computed_tokens = 12
     assert not kv.allocate(req, 1) and kv.num_held_blocks("r") == 3
 
+
 # --- random workloads -------------------------------------------------------------------------
+
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
@@ -262,12 +275,22 @@ def test_random_memory_workloads_keep_invariants(data):
     caching = alloc == "paged" and data.draw(st.booleans())
     mode = data.draw(st.sampled_from(["recompute", "swap"]))
     nblocks = data.draw(st.integers(16, 48)) // bs + 2
-    llm = LLM("random", executor="simulated", kv_allocation=alloc, block_size=bs, num_kv_blocks=nblocks,
-              enable_prefix_caching=caching, preemption_mode=mode,
-              num_swap_blocks=data.draw(st.integers(0, 12)) if mode == "swap" else 0,
-              max_num_batched_tokens=data.draw(st.integers(4, 24)), max_num_seqs=data.draw(st.integers(1, 5)),
-              max_model_len=40, watermark=data.draw(st.sampled_from([0.0, 0.1])),
-              clock="modeled", cost_model=0.01)   # arrivals in modeled seconds: no real waiting
+    llm = LLM(
+        "random",
+        executor="simulated",
+        kv_allocation=alloc,
+        block_size=bs,
+        num_kv_blocks=nblocks,
+        enable_prefix_caching=caching,
+        preemption_mode=mode,
+        num_swap_blocks=data.draw(st.integers(0, 12)) if mode == "swap" else 0,
+        max_num_batched_tokens=data.draw(st.integers(4, 24)),
+        max_num_seqs=data.draw(st.integers(1, 5)),
+        max_model_len=40,
+        watermark=data.draw(st.sampled_from([0.0, 0.1])),
+        clock="modeled",
+        cost_model=0.01,
+    )  # arrivals in modeled seconds: no real waiting
     e = llm.engine
     shared = [7] * data.draw(st.integers(0, 12))
     ids = []
@@ -275,10 +298,13 @@ def test_random_memory_workloads_keep_invariants(data):
         p = shared + [3 + i] * data.draw(st.integers(1, 8))
         mt = data.draw(st.integers(1, 12))
         try:
-            ids.append(e.add_request(p, SamplingParams(max_tokens=mt, **GREEDY),
-                                     arrival_time=float(data.draw(st.integers(0, 3)))))
+            ids.append(
+                e.add_request(
+                    p, SamplingParams(max_tokens=mt, **GREEDY), arrival_time=float(data.draw(st.integers(0, 3)))
+                )
+            )
         except ValueError:
-            pass                                 # cannot fit even alone: rejected with a reason
+            pass  # cannot fit even alone: rejected with a reason
     abort = data.draw(st.sampled_from(ids)) if ids and data.draw(st.booleans()) else None
     steps = 0
     while e.has_unfinished_requests():
@@ -313,12 +339,20 @@ def test_block_pool_is_injected_through_the_config():
             handed_out.extend(b.block_id for b in blocks)
             return blocks
 
-    llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=0.01, block_size=4,
-              num_kv_blocks=32, enable_prefix_caching=True, block_pool=CountingPool)
+    llm = LLM(
+        model="random",
+        executor="simulated",
+        clock="modeled",
+        cost_model=0.01,
+        block_size=4,
+        num_kv_blocks=32,
+        enable_prefix_caching=True,
+        block_pool=CountingPool,
+    )
     assert type(llm.engine.kv.pool) is CountingPool and llm.engine.kv.pool.enable_caching
     outs = llm.generate([[5] * 10, [7] * 6], SamplingParams(max_tokens=5, ignore_eos=True))
     assert [len(o.token_ids) for o in outs] == [5, 5]
-    assert len(handed_out) >= 3 + 2          # the prompts' blocks (3 + 2), then growth
+    assert len(handed_out) >= 3 + 2  # the prompts' blocks (3 + 2), then growth
     check_all_free(llm.engine)
     with pytest.raises(TypeError, match="block_pool"):
         LLM(model="random", executor="simulated", block_pool="mine")

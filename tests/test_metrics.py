@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from minillm.analysis.metrics import (
-    batch_size_series, format_table, kv_utilisation_series, per_request_table, percentile, request_category, summarize,
+    batch_size_series,
+    format_table,
+    kv_utilisation_series,
+    per_request_table,
+    percentile,
+    request_category,
+    summarize,
 )
 from minillm.core.request import RequestMetrics
 from minillm.step_record import BatchEntry, KVSnapshot, StepRecord
@@ -20,30 +26,74 @@ def four_requests(clock="modeled"):
     A: arrives 0.0, scheduled 0.1, tokens at 0.5 0.7 0.9 1.1 -> TTFT 0.5, TPOT 0.2, E2E 1.1, wait 0.1
     B: arrives 0.2, scheduled 0.2, tokens at 0.4 1.0         -> TTFT 0.2, TPOT 0.6, E2E 0.8, wait 0.0
     """
-    a = RequestMetrics(arrival_time=0.0, first_scheduled_time=0.1, first_token_time=0.5, finish_time=1.1,
-                       token_times=[0.5, 0.7, 0.9, 1.1], num_prompt_tokens=10, num_output_tokens=4,
-                       num_cached_tokens=4, finish_reason="length", clock=clock)
-    b = RequestMetrics(arrival_time=0.2, first_scheduled_time=0.2, first_token_time=0.4, finish_time=1.0,
-                       token_times=[0.4, 1.0], num_prompt_tokens=20, num_output_tokens=2,
-                       num_preemptions=1, finish_reason="stop", clock=clock)
-    c = RequestMetrics(arrival_time=0.3, finish_time=0.3, num_prompt_tokens=30, finish_reason="rejected",
-                       clock=clock)
-    d = RequestMetrics(arrival_time=0.5, first_scheduled_time=0.6, first_token_time=0.9, finish_time=1.5,
-                       token_times=[0.9], num_prompt_tokens=8, num_output_tokens=1, finish_reason="abort",
-                       clock=clock)
+    a = RequestMetrics(
+        arrival_time=0.0,
+        first_scheduled_time=0.1,
+        first_token_time=0.5,
+        finish_time=1.1,
+        token_times=[0.5, 0.7, 0.9, 1.1],
+        num_prompt_tokens=10,
+        num_output_tokens=4,
+        num_cached_tokens=4,
+        finish_reason="length",
+        clock=clock,
+    )
+    b = RequestMetrics(
+        arrival_time=0.2,
+        first_scheduled_time=0.2,
+        first_token_time=0.4,
+        finish_time=1.0,
+        token_times=[0.4, 1.0],
+        num_prompt_tokens=20,
+        num_output_tokens=2,
+        num_preemptions=1,
+        finish_reason="stop",
+        clock=clock,
+    )
+    c = RequestMetrics(arrival_time=0.3, finish_time=0.3, num_prompt_tokens=30, finish_reason="rejected", clock=clock)
+    d = RequestMetrics(
+        arrival_time=0.5,
+        first_scheduled_time=0.6,
+        first_token_time=0.9,
+        finish_time=1.5,
+        token_times=[0.9],
+        num_prompt_tokens=8,
+        num_output_tokens=1,
+        finish_reason="abort",
+        clock=clock,
+    )
     return [a, b, c, d]
 
 
 def kv(used, total=10):
-    return KVSnapshot(total=total, used=used, free=total - used, blocks_total=total, blocks_used=used,
-                      blocks_free=total - used, block_size=1)
+    return KVSnapshot(
+        total=total,
+        used=used,
+        free=total - used,
+        blocks_total=total,
+        blocks_used=used,
+        blocks_free=total - used,
+        block_size=1,
+    )
 
 
 def record(step, time, duration, n_batch, used, sched):
     batch = [BatchEntry(f"x{i}", "decode", 1, 5, 6) for i in range(n_batch)]
-    return StepRecord(step=step, time=time, duration=duration, batch=batch, num_batched_tokens=n_batch,
-                      token_budget=8, admitted=[], finished=[], preempted=[], waiting=[], kv=kv(used),
-                      clock="modeled", schedule_time=sched)
+    return StepRecord(
+        step=step,
+        time=time,
+        duration=duration,
+        batch=batch,
+        num_batched_tokens=n_batch,
+        token_budget=8,
+        admitted=[],
+        finished=[],
+        preempted=[],
+        waiting=[],
+        kv=kv(used),
+        clock="modeled",
+        schedule_time=sched,
+    )
 
 
 RECORDS = [record(0, 0.1, 0.1, 2, 4, 0.01), record(1, 0.2, 0.1, 1, 8, 0.01), record(2, 0.4, 0.2, 0, 2, 0.02)]
@@ -53,14 +103,14 @@ def test_counts_duration_throughput():
     s = summarize(four_requests())
     assert s["clock"] == "modeled"
     assert (s["num_requests"], s["num_finished"], s["num_rejected"], s["num_aborted"]) == (4, 2, 1, 1)
-    assert s["duration"] == pytest.approx(1.5)                    # first arrival 0.0 -> last finish 1.5
-    assert s["total_input_tokens"] == 10 + 20 + 8                 # the rejected prompt never ran
+    assert s["duration"] == pytest.approx(1.5)  # first arrival 0.0 -> last finish 1.5
+    assert s["total_input_tokens"] == 10 + 20 + 8  # the rejected prompt never ran
     assert s["total_output_tokens"] == 4 + 2 + 1
     assert s["output_throughput"] == pytest.approx(7 / 1.5)
     assert s["input_throughput"] == pytest.approx(38 / 1.5)
     assert s["request_throughput"] == pytest.approx(2 / 1.5)
     assert s["num_preemptions"] == 1 and s["preemption_rate"] == pytest.approx(1 / 1.5)
-    assert s["prefix_cache_hit_rate"] == pytest.approx(4 / 38)    # cached / prompt tokens served
+    assert s["prefix_cache_hit_rate"] == pytest.approx(4 / 38)  # cached / prompt tokens served
     assert s["prefill_tokens_saved"] == 4
 
 
@@ -68,7 +118,8 @@ def test_latency_statistics_of_finished_requests_only():
     s = summarize(four_requests())
     # TTFT [0.5, 0.2]: mean 0.35; p90 = 0.2 + 0.9 * 0.3 = 0.47; p99 = 0.2 + 0.99 * 0.3 = 0.497
     assert (s["ttft_mean"], s["ttft_p50"], s["ttft_p90"], s["ttft_p99"], s["ttft_max"]) == pytest.approx(
-        (0.35, 0.35, 0.47, 0.497, 0.5))
+        (0.35, 0.35, 0.47, 0.497, 0.5)
+    )
     # TPOT [(1.1 - 0.5) / 3, (1.0 - 0.4) / 1] = [0.2, 0.6]
     assert (s["tpot_mean"], s["tpot_p50"]) == pytest.approx((0.4, 0.4))
     # ITL pooled [0.2, 0.2, 0.2, 0.6]: mean 0.3, p50 0.2, p90 at rank 2.7 -> 0.2 + 0.7 * 0.4 = 0.48
@@ -90,14 +141,14 @@ def test_goodput_under_slos():
     # loose SLOs: both finished requests count; the rejected and aborted never do
     s = summarize(four_requests(), slo_ttft=10, slo_tpot=10)
     assert s["goodput_requests"] == 2 and s["slo_attainment"] == pytest.approx(0.5)
-    assert summarize(four_requests())["goodput_requests_per_s"] is None      # no SLO, no goodput
+    assert summarize(four_requests())["goodput_requests_per_s"] is None  # no SLO, no goodput
 
 
 def test_records_give_occupancy_kv_and_overhead():
     s = summarize(four_requests(), RECORDS, max_num_seqs=4)
     assert s["num_steps"] == 3
-    assert s["batch_size_mean"] == pytest.approx(1.0)             # (2 + 1 + 0) / 3
-    assert s["batch_occupancy"] == pytest.approx(0.25)            # 1 of 4 slots
+    assert s["batch_size_mean"] == pytest.approx(1.0)  # (2 + 1 + 0) / 3
+    assert s["batch_occupancy"] == pytest.approx(0.25)  # 1 of 4 slots
     assert s["kv_util_mean"] == pytest.approx((0.4 + 0.8 + 0.2) / 3)
     assert s["kv_util_max"] == pytest.approx(0.8)
     assert s["schedule_overhead_fraction"] == pytest.approx(0.04 / 0.4)
@@ -107,8 +158,16 @@ def test_records_give_occupancy_kv_and_overhead():
 
 
 def test_prefix_cache_stats_take_precedence():
-    s = summarize(four_requests(), prefix_cache_stats={"lookups": 4, "hit_blocks": 3, "queried_blocks": 12,
-                                                      "hit_rate": 0.25, "prefill_tokens_saved": 48})
+    s = summarize(
+        four_requests(),
+        prefix_cache_stats={
+            "lookups": 4,
+            "hit_blocks": 3,
+            "queried_blocks": 12,
+            "hit_rate": 0.25,
+            "prefill_tokens_saved": 48,
+        },
+    )
     assert s["prefix_cache_hit_rate"] == 0.25 and s["prefill_tokens_saved"] == 48
     s = summarize(four_requests(), prefix_cache_stats={"hit_blocks": 3, "queried_blocks": 4})
     assert s["prefix_cache_hit_rate"] == pytest.approx(0.75)
@@ -152,7 +211,7 @@ def test_format_table_is_aligned_and_in_ms():
     text = format_table(summarize(four_requests(), RECORDS, slo_ttft=0.3, max_num_seqs=4))
     assert "clock: modeled" in text
     lat = [line for line in text.splitlines() if line.startswith(("latency", "TTFT", "TPOT", "ITL", "E2E", "queue"))]
-    assert len(lat) == 6 and len({len(line) for line in lat}) == 1      # one width: aligned
+    assert len(lat) == 6 and len({len(line) for line in lat}) == 1  # one width: aligned
     ttft = next(line for line in lat if line.startswith("TTFT")).split()
     assert ttft[1:] == ["350.00", "350.00", "470.00", "497.00", "500.00"]
     assert "goodput" in text and "25.0%" in text
@@ -160,12 +219,19 @@ def test_format_table_is_aligned_and_in_ms():
 
 def test_request_category():
     assert [request_category(r) for r in ("stop", "length", "rejected", "abort", None)] == [
-        "finished", "finished", "rejected", "aborted", "unfinished"]
+        "finished",
+        "finished",
+        "rejected",
+        "aborted",
+        "unfinished",
+    ]
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=50),
-       st.sampled_from([0, 1, 10, 25, 50, 75, 90, 99, 99.9, 100]))
+@given(
+    st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=50),
+    st.sampled_from([0, 1, 10, 25, 50, 75, 90, 99, 99.9, 100]),
+)
 def test_percentile_matches_numpy(values, q):
     assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-9, abs=1e-6)
 
@@ -184,9 +250,18 @@ def test_percentile_by_hand():
 def test_inter_token_latency_stats_are_every_gap_of_every_request(times_per_request):
     """``itl_*`` are the statistics of every gap between a finished request's consecutive output
     tokens (the gaps of all requests in one list), whatever the token counts (none, one, many)."""
-    ms = [RequestMetrics(arrival_time=0.0, first_scheduled_time=0.0, first_token_time=t[0] if t else None,
-                         finish_time=max(t, default=0.0), token_times=list(t), num_output_tokens=len(t),
-                         finish_reason="stop") for t in times_per_request]
+    ms = [
+        RequestMetrics(
+            arrival_time=0.0,
+            first_scheduled_time=0.0,
+            first_token_time=t[0] if t else None,
+            finish_time=max(t, default=0.0),
+            token_times=list(t),
+            num_output_tokens=len(t),
+            finish_reason="stop",
+        )
+        for t in times_per_request
+    ]
     gaps = [b - a for t in times_per_request for a, b in zip(t, t[1:])]
     s = summarize(ms)
     if not gaps:

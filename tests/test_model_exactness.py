@@ -13,7 +13,7 @@ from minillm.core.invariants import check_all_free, check_invariants
 
 from helpers import hf_greedy, random_prompts, tiny_hf_checkpoint
 
-pytestmark = pytest.mark.slow   # transformers' generate beside the engine on several checkpoints
+pytestmark = pytest.mark.slow  # transformers' generate beside the engine on several checkpoints
 
 N_NEW = 8
 CONFIGS = {
@@ -34,8 +34,10 @@ def checkpoint(request, tmp_path_factory):
 
 
 # "cpu": the C kernel that reads the paged cache in place (kernels/cpu_attention.py), needs a C compiler.
-BACKENDS = ["torch", pytest.param("cpu", marks=pytest.mark.skipif(cpu_attention.compiler() is None,
-                                                                  reason="no C compiler"))]
+BACKENDS = [
+    "torch",
+    pytest.param("cpu", marks=pytest.mark.skipif(cpu_attention.compiler() is None, reason="no C compiler")),
+]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -44,8 +46,7 @@ def test_greedy_matches_transformers(checkpoint, name, backend):
     path, prompts, ref = checkpoint
     llm = LLM(path, max_model_len=64, dtype="float32", attention_backend=backend, **CONFIGS[name])
     engine = llm.engine
-    ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True))
-           for p in prompts]
+    ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)) for p in prompts]
     saw_preemption = False
     while engine.has_unfinished_requests():
         rec = engine.step()

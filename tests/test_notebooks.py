@@ -23,7 +23,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-pytestmark = pytest.mark.slow   # runs every notebook top to bottom
+pytestmark = pytest.mark.slow  # runs every notebook top to bottom
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -78,14 +78,22 @@ def test_notebook_is_committed_without_outputs(path):
         pytest.skip(f"{path.name} is not tracked by git yet")
     nbformat.validate(nb)
     dirty = cells_with_outputs(nb)
-    assert not dirty, (f"{path.name}: cells {dirty} carry outputs in git; `make install` sets up the nbstripout "
-                       "filter that strips them when the notebook is staged (then `git add` it again)")
+    assert not dirty, (
+        f"{path.name}: cells {dirty} carry outputs in git; `make install` sets up the nbstripout "
+        "filter that strips them when the notebook is staged (then `git add` it again)"
+    )
 
 
 # The language_info JupyterLab saves into a run notebook (jupytext writes only the name).
-JUPYTERLAB_LANGUAGE_INFO = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
-                            "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
-                            "pygments_lexer": "ipython3", "version": "3.11.7"}
+JUPYTERLAB_LANGUAGE_INFO = {
+    "codemirror_mode": {"name": "ipython", "version": 3},
+    "file_extension": ".py",
+    "mimetype": "text/x-python",
+    "name": "python",
+    "nbconvert_exporter": "python",
+    "pygments_lexer": "ipython3",
+    "version": "3.11.7",
+}
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -97,7 +105,7 @@ def test_running_a_notebook_does_not_dirty_a_commit(tmp_path):
     shutil.copy(ROOT / ".gitattributes", repo / ".gitattributes")
     clean = NOTEBOOKS[0]
     path = repo / "notebooks" / clean.name
-    committed = staged_text(clean)          # as git holds it: the student's working file may carry outputs
+    committed = staged_text(clean)  # as git holds it: the student's working file may carry outputs
     if committed is not None:
         path.write_text(committed)
     else:
@@ -109,7 +117,7 @@ def test_running_a_notebook_does_not_dirty_a_commit(tmp_path):
     code = next(c for c in nb.cells if c.cell_type == "code")
     code.execution_count = 1
     code.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n")]
-    nb.metadata["language_info"] = dict(JUPYTERLAB_LANGUAGE_INFO)     # what the kernel writes when JupyterLab saves
+    nb.metadata["language_info"] = dict(JUPYTERLAB_LANGUAGE_INFO)  # what the kernel writes when JupyterLab saves
     nbformat.write(nb, path)
     assert cells_with_outputs(nbformat.read(path, as_version=4)), "the working file carries outputs"
     assert not cells_with_outputs(staged_notebook(path)), "the check reads what git holds"
@@ -119,39 +127,59 @@ def test_running_a_notebook_does_not_dirty_a_commit(tmp_path):
     assert cells_with_outputs(staged_notebook(path))
 
     venv = Path(sys.executable).parent.parent
-    proc = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "git-filter", f"VENV={venv}"], cwd=repo,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["make", "-s", "-f", str(ROOT / "Makefile"), "git-filter", f"VENV={venv}"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _git("add", "--renormalize", str(path), cwd=repo).returncode == 0
     staged = staged_notebook(path)
     assert not cells_with_outputs(staged), "the nbstripout filter strips outputs when a notebook is staged"
-    assert nbformat.writes(staged) == nbformat.writes(nbformat.reads(committed, as_version=4) if committed is not None
-                                                      else nbformat.read(clean, as_version=4))
+    assert nbformat.writes(staged) == nbformat.writes(
+        nbformat.reads(committed, as_version=4) if committed is not None else nbformat.read(clean, as_version=4)
+    )
     assert cells_with_outputs(nbformat.read(path, as_version=4)), "the working file keeps the student's outputs"
     assert _git("diff", "--quiet", cwd=repo).returncode == 0, "`git diff` shows no change for outputs alone"
 
 
 # The clean filter `make install` sets (see the Makefile): outputs, and the kernel's details in language_info.
-LANGUAGE_INFO_KEYS = ("codemirror_mode", "file_extension", "mimetype", "nbconvert_exporter", "pygments_lexer",
-                      "version")
-FILTER_ARGS = ["-m", "nbstripout", "--keep-id", "--extra-keys",
-               " ".join(f"metadata.language_info.{k}" for k in LANGUAGE_INFO_KEYS)]
+LANGUAGE_INFO_KEYS = (
+    "codemirror_mode",
+    "file_extension",
+    "mimetype",
+    "nbconvert_exporter",
+    "pygments_lexer",
+    "version",
+)
+FILTER_ARGS = [
+    "-m",
+    "nbstripout",
+    "--keep-id",
+    "--extra-keys",
+    " ".join(f"metadata.language_info.{k}" for k in LANGUAGE_INFO_KEYS),
+]
 
 
 def test_the_filter_leaves_built_notebooks_as_they_are():
     """Staging passes every notebook through the filter: a notebook without outputs must come out unchanged
     (else what is committed drifts from what ``jupytext --to ipynb`` writes from the ``.py`` sources)."""
     makefile = (ROOT / "Makefile").read_text()
-    assert "-m nbstripout --keep-id --extra-keys '$(NBSTRIPOUT_KEYS)'" in makefile, \
+    assert "-m nbstripout --keep-id --extra-keys '$(NBSTRIPOUT_KEYS)'" in makefile, (
         "the Makefile's filter uses other options"
+    )
     keys = re.search(r"^NBSTRIPOUT_KEYS := ((?:.*\\\n)*.*)$", makefile, re.M)
-    assert keys and keys.group(1).replace("\\\n", " ").split() == FILTER_ARGS[4].split(), \
+    assert keys and keys.group(1).replace("\\\n", " ").split() == FILTER_ARGS[4].split(), (
         "the Makefile strips other keys"
+    )
     clean = [str(p) for p in NOTEBOOKS if not cells_with_outputs(nbformat.read(p, as_version=4))]
     if not clean:
         pytest.skip("every notebook carries outputs here (run in this copy)")
-    proc = subprocess.run([sys.executable, *FILTER_ARGS, "--verify", *clean], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, *FILTER_ARGS, "--verify", *clean], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, f"nbstripout would change notebooks without outputs:\n{proc.stdout}{proc.stderr}"
 
 
@@ -162,7 +190,7 @@ def test_a_students_copy_with_run_notebooks_passes_these_checks(tmp_path):
     metadata) passes this file's checks on committed notebooks, as ``make test`` runs them."""
     clone = tmp_path / "clone"
     assert subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], capture_output=True).returncode == 0
-    shutil.copy(Path(__file__), clone / "tests" / Path(__file__).name)      # this file, as edited
+    shutil.copy(Path(__file__), clone / "tests" / Path(__file__).name)  # this file, as edited
     for path in sorted((clone / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         for n, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
@@ -172,9 +200,24 @@ def test_a_students_copy_with_run_notebooks_passes_these_checks(tmp_path):
         nbformat.write(nb, path)
     env = {**os.environ, "MINILLM_STUDENT_COPY": "1"}
     env.pop("CI", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_notebooks.py",
-                           "-k", "committed_without_outputs or in_sync or does_not_dirty_a_commit"],
-                          cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_notebooks.py",
+            "-k",
+            "committed_without_outputs or in_sync or does_not_dirty_a_commit",
+        ],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "skipped" not in proc.stdout and f"{2 * len(NOTEBOOKS) + 1} passed" in proc.stdout, proc.stdout[-2000:]
 
@@ -223,45 +266,68 @@ def figures_missing_titles(nb) -> list[str]:
             if not title:
                 missing.append(f"{where}: no figure title")
             used = {t.get(k, k[0]) for t in fig.get("data", []) for k in ("xaxis", "yaxis")}
-            used = {f"{a[0]}axis{a[1:]}" for a in used}          # "x2" -> "xaxis2"
+            used = {f"{a[0]}axis{a[1:]}" for a in used}  # "x2" -> "xaxis2"
             for axis in sorted(used):
                 ax = layout.get(axis, {})
                 if ax.get("visible") is False:
                     continue
                 text = ax.get("title", {}).get("text") if isinstance(ax.get("title"), dict) else ax.get("title")
-                if not text and not (axis.startswith("yaxis") and axis != "yaxis" and layout.get("yaxis", {})
-                                     .get("title") and ax.get("matches")):
+                if not text and not (
+                    axis.startswith("yaxis")
+                    and axis != "yaxis"
+                    and layout.get("yaxis", {}).get("title")
+                    and ax.get("matches")
+                ):
                     missing.append(f"{where}: {axis} has no title")
     return missing
 
 
 def test_a_figure_without_titles_is_named():
-    fig = {"data": [{"type": "scatter", "x": [1], "y": [1]}, {"type": "scatter", "xaxis": "x2", "yaxis": "y2"}],
-           "layout": {"title": {"text": "t"}, "xaxis": {"title": {"text": "batch size"}},
-                      "yaxis": {"title": {"text": "ms per step"}}, "xaxis2": {"title": {"text": "s"}}, "yaxis2": {}}}
+    fig = {
+        "data": [{"type": "scatter", "x": [1], "y": [1]}, {"type": "scatter", "xaxis": "x2", "yaxis": "y2"}],
+        "layout": {
+            "title": {"text": "t"},
+            "xaxis": {"title": {"text": "batch size"}},
+            "yaxis": {"title": {"text": "ms per step"}},
+            "xaxis2": {"title": {"text": "s"}},
+            "yaxis2": {},
+        },
+    }
+
     def notebook():
-        return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("fig", outputs=[
-            nbformat.v4.new_output("display_data", data={PLOTLY: fig})])])
+        return nbformat.v4.new_notebook(
+            cells=[
+                nbformat.v4.new_code_cell("fig", outputs=[nbformat.v4.new_output("display_data", data={PLOTLY: fig})])
+            ]
+        )
+
     assert figures_missing_titles(notebook()) == ["cell 0 (fig): yaxis2 has no title"]
     del fig["layout"]["title"]
     assert figures_missing_titles(notebook())[0] == "cell 0 (fig): no figure title"
 
 
 def test_a_quoted_number_must_be_printed_by_the_run():
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("print(...)", outputs=[
-            nbformat.v4.new_output("stream", name="stdout", text="a newcomer waits at most 67 ms\n")]),
-        nbformat.v4.new_markdown_cell('Newcomers waited <span title="from the run">67 ms</span>, '
-                                      'not <span title="from the run">75 ms</span>.')])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(
+                "print(...)",
+                outputs=[nbformat.v4.new_output("stream", name="stdout", text="a newcomer waits at most 67 ms\n")],
+            ),
+            nbformat.v4.new_markdown_cell(
+                'Newcomers waited <span title="from the run">67 ms</span>, not <span title="from the run">75 ms</span>.'
+            ),
+        ]
+    )
     assert quotes_not_printed(nb) == ["75 ms"]
 
 
-CELL_LIMIT = 30       # seconds a cell may take on a quiet 2-core machine (checked with MINILLM_NOTEBOOK_LIMITS=1)
+CELL_LIMIT = 30  # seconds a cell may take on a quiet 2-core machine (checked with MINILLM_NOTEBOOK_LIMITS=1)
 
 
 def cell_seconds(nb) -> list[tuple[float, int]]:
     """(seconds, cell index) of each executed code cell, from the timing nbclient records in its metadata."""
     from datetime import datetime
+
     out = []
     for i, cell in enumerate(nb.cells):
         ex = cell.get("metadata", {}).get("execution", {})
@@ -278,13 +344,20 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
-    env = dict(os.environ, MINILLM_IMPL="solutions", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
+    env = dict(
+        os.environ,
+        MINILLM_IMPL="solutions",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+    )
     # The notebooks' tensors are tiny: one intra-op thread is as fast, and immune to oversubscription
     # when the machine is shared (two torch threads on two busy cores can be 30x slower).
     env.setdefault("OMP_NUM_THREADS", "1")
-    client = NotebookClient(nb, timeout=NOTEBOOK_TIMEOUT, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb, timeout=NOTEBOOK_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
     t0 = time.monotonic()
     try:
         client.execute(env=env, cwd=str(path.parent))
@@ -309,13 +382,15 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
     # the notebook, and the overrun is reported instead of failing.
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if elapsed > NOTEBOOK_TIMEOUT and load > cores + 1:
-        warnings.warn(f"{path.name} took {elapsed:.0f} s (> {NOTEBOOK_TIMEOUT} s) on a busy machine "
-                      f"(load {load:.1f} on {cores} cores): not a measurement of the notebook")
+        warnings.warn(
+            f"{path.name} took {elapsed:.0f} s (> {NOTEBOOK_TIMEOUT} s) on a busy machine "
+            f"(load {load:.1f} on {cores} cores): not a measurement of the notebook"
+        )
         return
     assert elapsed <= NOTEBOOK_TIMEOUT, f"{path.name} took {elapsed:.0f} s (> {NOTEBOOK_TIMEOUT} s)"
 
 
-PAIRED = sorted((ROOT / "notebooks").glob("*.py"))     # jupytext percent sources, each paired with its .ipynb
+PAIRED = sorted((ROOT / "notebooks").glob("*.py"))  # jupytext percent sources, each paired with its .ipynb
 
 
 def test_every_notebook_has_a_jupytext_source():
@@ -338,5 +413,6 @@ def test_jupytext_source_and_notebook_are_in_sync(path):
     have = [(c.cell_type, c.source) for c in nbformat.read(ipynb, as_version=4).cells]
     if have != want and in_git_checkout(ipynb) and staged_text(ipynb) is not None:
         have = [(c.cell_type, c.source) for c in nbformat.reads(staged_text(ipynb), as_version=4).cells]
-    assert have == want, (f"{ipynb.name} differs from {path.name}: run `jupytext --to ipynb notebooks/{path.name}` "
-                          "and commit both")
+    assert have == want, (
+        f"{ipynb.name} differs from {path.name}: run `jupytext --to ipynb notebooks/{path.name}` and commit both"
+    )

@@ -1,6 +1,7 @@
 """environment.yml (conda users) lists the same dependencies as pyproject.toml."""
 
 import re
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -37,7 +38,7 @@ def test_torch_is_a_range_not_a_pin():
 def test_license_is_an_spdx_expression():
     """A ``project.license`` table is deprecated (setuptools >= 77 warns on every install)."""
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert isinstance(data["project"]["license"], str), "license = \"MIT\" (an SPDX expression), not a table"
+    assert isinstance(data["project"]["license"], str), 'license = "MIT" (an SPDX expression), not a table'
     setuptools = next(r for r in data["build-system"]["requires"] if r.startswith("setuptools"))
     m = re.search(r">=\s*(\d+)", setuptools)
     assert m and int(m.group(1)) >= 77, "SPDX license strings need setuptools>=77 in [build-system]"
@@ -57,9 +58,12 @@ def test_the_installed_packages_are_every_package_folder():
     """``pyproject.toml`` lists the packages by hand (``kernels/`` goes in as ``minillm_kernels``): a new
     sub-package of ``minillm/`` must be added there, or an install that is not editable would lack it."""
     tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = {".".join(p.relative_to(ROOT).parts) for p in [ROOT / "minillm", *(ROOT / "minillm").rglob("*")]
-               if p.is_dir() and p.name != "__pycache__" and p.name.isidentifier()}
-    assert set(tools["packages"]) == folders | {"minillm_kernels"}   # a data folder too, or setuptools warns
+    folders = {
+        ".".join(p.relative_to(ROOT).parts)
+        for p in [ROOT / "minillm", *(ROOT / "minillm").rglob("*")]
+        if p.is_dir() and p.name != "__pycache__" and p.name.isidentifier()
+    }
+    assert set(tools["packages"]) == folders | {"minillm_kernels"}  # a data folder too, or setuptools warns
     assert tools["package-dir"] == {"minillm_kernels": "kernels"}
 
 

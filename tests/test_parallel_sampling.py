@@ -44,12 +44,13 @@ def test_n_samples_equal_separate_requests_with_derived_seeds(shakespeare, promp
     sp = dict(temperature=1.0, top_p=0.95, max_tokens=24, ignore_eos=True)
     group = shakespeare.generate([prompt], SamplingParams(**sp, n=k, seed=seed, logprobs=1))[0]
     assert [c.index for c in group.outputs] == list(range(k))
-    separate = shakespeare.generate([prompt] * k, [SamplingParams(**sp, seed=completion_seed(seed, i), logprobs=1)
-                                                   for i in range(k)])
+    separate = shakespeare.generate(
+        [prompt] * k, [SamplingParams(**sp, seed=completion_seed(seed, i), logprobs=1) for i in range(k)]
+    )
     for c, s in zip(group.outputs, separate):
         assert c.token_ids == s.token_ids and c.text == s.text
         assert c.cumulative_logprob == pytest.approx(s.outputs[0].cumulative_logprob, abs=1e-4)
-    assert len({tuple(c.token_ids) for c in group.outputs}) > 1     # the samples do differ
+    assert len({tuple(c.token_ids) for c in group.outputs}) > 1  # the samples do differ
     assert group.token_ids == group.outputs[0].token_ids and group.text == group.outputs[0].text
     assert completion_seed(seed, 0) == seed
 
@@ -61,28 +62,30 @@ def held_blocks(engine):
 @pytest.mark.parametrize("prompt_len", [512, 500])
 def test_blocks_at_first_decode_prompt_once_plus_one_per_sample(prompt_len):
     bs, n = 16, 8
-    llm = LLM("random", executor="simulated", block_size=bs, num_kv_blocks=100, max_model_len=600,
-              max_num_batched_tokens=600)
+    llm = LLM(
+        "random", executor="simulated", block_size=bs, num_kv_blocks=100, max_model_len=600, max_num_batched_tokens=600
+    )
     e = llm.engine
-    e.add_request([1 + i % 400 for i in range(prompt_len)], SamplingParams(n=n, max_tokens=4, ignore_eos=True),
-                  request_id="g")
-    first = e.step()                                   # the prompt, then the fork
+    e.add_request(
+        [1 + i % 400 for i in range(prompt_len)], SamplingParams(n=n, max_tokens=4, ignore_eos=True), request_id="g"
+    )
+    first = e.step()  # the prompt, then the fork
     check_invariants(e, first)
     prompt_blocks = math.ceil(prompt_len / bs)
     assert [f.request_id for f in first.forks] == ["g"] and len(first.forks[0].sequences) == n
     assert len(first.forks[0].shared_blocks) == prompt_blocks
     assert len(held_blocks(e)) == prompt_blocks
     assert all(e.kv.pool.blocks[b].ref_count == n for b in first.forks[0].shared_blocks)
-    decode = e.step()                                  # every sample writes its first token's KV
+    decode = e.step()  # every sample writes its first token's KV
     check_invariants(e, decode)
     assert sorted(x.request_id for x in decode.batch) == sorted(completion_id("g", i) for i in range(n))
     held = len(held_blocks(e))
     assert held <= prompt_blocks + n
-    if prompt_len % bs:                                # the last block was partly filled: copy-on-write
+    if prompt_len % bs:  # the last block was partly filled: copy-on-write
         assert len(decode.copies) == n - 1 and held == prompt_blocks + n - 1
         srcs = {c.src_block for c in decode.copies}
         assert srcs == {first.forks[0].shared_blocks[-1]}
-    else:                                              # all full: each sample starts a new block
+    else:  # all full: each sample starts a new block
         assert not decode.copies and held == prompt_blocks + n
     # Without sharing, the same 8 samples would hold 8 copies of the prompt.
     assert n * prompt_blocks > 2 * held
@@ -92,10 +95,9 @@ def test_blocks_at_first_decode_prompt_once_plus_one_per_sample(prompt_len):
 def test_copy_on_write_copies_the_kv_through_the_triton_kernel():
     """On a real model (Triton's interpreter on the CPU): the copies happen, and the samples
     still equal separate requests, so every copied block held the prompt's KV."""
-    llm = LLM("random", attention_backend="triton", dtype="float32", block_size=4, num_kv_blocks=40,
-              max_model_len=64)
+    llm = LLM("random", attention_backend="triton", dtype="float32", block_size=4, num_kv_blocks=40, max_model_len=64)
     e = llm.engine
-    prompt = [5, 9, 2, 7, 3, 8]                        # 6 tokens: the second block is half full
+    prompt = [5, 9, 2, 7, 3, 8]  # 6 tokens: the second block is half full
     sp = dict(temperature=1.0, max_tokens=5, ignore_eos=True)
     e.add_request(prompt, SamplingParams(**sp, n=3, seed=5), request_id="g")
     recs = run_to_end(e)
@@ -119,7 +121,7 @@ def test_group_counts_n_against_max_num_seqs_and_is_admitted_whole():
     recs = run_to_end(e)
     admitted = next(r for r in recs if completion_id("g", 0) in r.admitted)
     assert all(len(r.running) <= 4 for r in recs)
-    assert "a" in [x for r in recs[:recs.index(admitted)] for x in r.finished] or "a" in first.finished
+    assert "a" in [x for r in recs[: recs.index(admitted)] for x in r.finished] or "a" in first.finished
     out = e.get_output("g")
     assert len(out.outputs) == 4 and all(len(c.token_ids) == 6 for c in out.outputs)
 
@@ -135,7 +137,7 @@ def test_abort_one_sample_then_the_rest():
     rec = e.step()
     assert completion_id("g", 1) in rec.aborted
     check_invariants(e, rec)
-    e.abort_request("g")                               # the request: all its samples
+    e.abort_request("g")  # the request: all its samples
     run_to_end(e)
     out = e.get_output("g")
     assert [c.finish_reason for c in out.outputs] == ["abort"] * 3 and out.finished
@@ -149,8 +151,9 @@ def test_a_sample_leaving_alone_frees_its_child_before_the_cached_copy_of_its_pr
     sample leaves alone (aborted; in the fuzzer, a failed draw), its child must reach the free
     list before that copy, whether the copy was already free or is freed by its own request
     meanwhile: evicting the parent first would strand the child (seeds 191 and 288 of the fuzzer)."""
-    llm = LLM("random", executor="simulated", block_size=2, num_kv_blocks=16, max_model_len=32,
-              enable_prefix_caching=True)
+    llm = LLM(
+        "random", executor="simulated", block_size=2, num_kv_blocks=16, max_model_len=32, enable_prefix_caching=True
+    )
     e = llm.engine
     e.add_request([5, 6, 7, 8], SamplingParams(max_tokens=1 if first_done else 5, ignore_eos=True), request_id="a")
     check_invariants(e, e.step())
@@ -159,7 +162,7 @@ def test_a_sample_leaving_alone_frees_its_child_before_the_cached_copy_of_its_pr
         check_invariants(e, e.step())
     pool, g0, g1 = e.kv.pool, e.kv.req_blocks[completion_id("g", 0)], e.kv.req_blocks[completion_id("g", 1)]
     copy, child = pool.cached[g0[1].block_hash], g0[2]
-    assert copy is not g0[1] and copy.ref_count == 0 and g1[1] is g0[1]      # the samples hold a second copy
+    assert copy is not g0[1] and copy.ref_count == 0 and g1[1] is g0[1]  # the samples hold a second copy
     assert child.parent_hash == copy.block_hash and child.block_id in {b.block_id for b in g0}
     e.abort_request(completion_id("g", 0))
     check_invariants(e, e.step())
@@ -170,8 +173,16 @@ def test_a_sample_leaving_alone_frees_its_child_before_the_cached_copy_of_its_pr
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_group_is_preempted_together_and_invariants_hold(mode):
-    llm = LLM("random", executor="simulated", block_size=4, num_kv_blocks=24, max_model_len=64,
-              preemption_mode=mode, num_swap_blocks=40 if mode == "swap" else 0, watermark=0.0)
+    llm = LLM(
+        "random",
+        executor="simulated",
+        block_size=4,
+        num_kv_blocks=24,
+        max_model_len=64,
+        preemption_mode=mode,
+        num_swap_blocks=40 if mode == "swap" else 0,
+        watermark=0.0,
+    )
     e = llm.engine
     e.add_request([2] * 10, SamplingParams(max_tokens=20, ignore_eos=True), request_id="b")
     e.add_request([1] * 10, SamplingParams(n=3, max_tokens=20, ignore_eos=True), request_id="g")
@@ -184,6 +195,7 @@ def test_group_is_preempted_together_and_invariants_hold(mode):
             seen.append(hit)
             running = set(rec.running) & group
             assert not running, f"part of the group kept running: {running}"
+
     run_to_end(e, on_step=together)
     assert seen, "the small cache was meant to force a preemption of the group"
     out = e.get_output("g")
@@ -194,15 +206,28 @@ def test_group_is_preempted_together_and_invariants_hold(mode):
 def test_random_groups_keep_invariants():
     """Many groups, tiny blocks, chunked prefill, aborts and preemption, invariants every step."""
     import random
+
     rng = random.Random(0)
     for trial in range(6):
-        llm = LLM("random", executor="simulated", block_size=rng.choice([1, 2, 4]), num_kv_blocks=30,
-                  max_model_len=48, max_num_seqs=6, max_num_batched_tokens=rng.choice([8, 64]),
-                  enable_chunked_prefill=True, enable_prefix_caching=trial % 2 == 1)
+        llm = LLM(
+            "random",
+            executor="simulated",
+            block_size=rng.choice([1, 2, 4]),
+            num_kv_blocks=30,
+            max_model_len=48,
+            max_num_seqs=6,
+            max_num_batched_tokens=rng.choice([8, 64]),
+            enable_chunked_prefill=True,
+            enable_prefix_caching=trial % 2 == 1,
+        )
         e = llm.engine
-        ids = [e.add_request([rng.randrange(1, 50) for _ in range(rng.randint(1, 12))],
-                             SamplingParams(n=rng.randint(1, 4), max_tokens=rng.randint(1, 12), ignore_eos=True))
-               for _ in range(6)]
+        ids = [
+            e.add_request(
+                [rng.randrange(1, 50) for _ in range(rng.randint(1, 12))],
+                SamplingParams(n=rng.randint(1, 4), max_tokens=rng.randint(1, 12), ignore_eos=True),
+            )
+            for _ in range(6)
+        ]
         steps = 0
         while e.has_unfinished_requests():
             check_invariants(e, e.step())
@@ -250,12 +275,20 @@ def test_a_step_that_raises_undoes_its_fork_and_copies(mode):
     """Every other step raises after the forward: the forks and copies it made are undone (no
     sequence, block reference or random draw left behind), and the samples come out as in a run
     without faults."""
+
     def run_group(policy):
-        llm = LLM("random", dtype="float32", block_size=4, num_kv_blocks=20, max_model_len=64, policy=policy,
-                  preemption_mode=mode, num_swap_blocks=40 if mode == "swap" else 0)
+        llm = LLM(
+            "random",
+            dtype="float32",
+            block_size=4,
+            num_kv_blocks=20,
+            max_model_len=64,
+            policy=policy,
+            preemption_mode=mode,
+            num_swap_blocks=40 if mode == "swap" else 0,
+        )
         e = llm.engine
-        e.add_request([5, 9, 2, 7, 3, 8], SamplingParams(n=3, max_tokens=14, seed=9, ignore_eos=True),
-                      request_id="g")
+        e.add_request([5, 9, 2, 7, 3, 8], SamplingParams(n=3, max_tokens=14, seed=9, ignore_eos=True), request_id="g")
         e.add_request([4] * 10, SamplingParams(max_tokens=14, seed=1, ignore_eos=True), request_id="b")
         faults = drive_through_faults(e, RuntimeError, max_steps=500)
         return [c.token_ids for c in e.get_output("g").outputs], e.get_output("b").token_ids, faults
@@ -276,6 +309,7 @@ def test_a_forked_block_counts_once_in_the_summary_and_totals_records(record):
 
     def same_as_full(rec):
         assert rec.kv.used == e.kv.snapshot(e.active, detail=True).used
+
     recs = run_to_end(e, on_step=same_as_full)
     assert recs[0].forks
 
@@ -287,11 +321,12 @@ def test_a_group_swapped_out_in_the_pass_of_its_first_copy_on_write_keeps_its_kv
     the same pass. The fresh block is still empty (the runner swaps out before it copies): the
     host must get the shared block it stands for. Every sample equals its request run alone
     (sample 0 once diverged from its second token). On the trained model: its output depends on the KV."""
-    prompt = [15, 40, 33, 17, 38, 11]                  # 6 tokens: the second block is half full
+    prompt = [15, 40, 33, 17, 38, 11]  # 6 tokens: the second block is half full
     sp = dict(temperature=1.0, max_tokens=8, ignore_eos=True)
     cfg = dict(dtype="float32", block_size=4, max_model_len=64, kv_cache_dtype=kv_cache_dtype)
-    alone = LLM(**cfg, num_kv_blocks=64).generate([prompt] * 3, [SamplingParams(**sp, seed=completion_seed(5, i))
-                                                                 for i in range(3)], use_tqdm=False)
+    alone = LLM(**cfg, num_kv_blocks=64).generate(
+        [prompt] * 3, [SamplingParams(**sp, seed=completion_seed(5, i)) for i in range(3)], use_tqdm=False
+    )
     llm = LLM(**cfg, num_kv_blocks=5, policy="priority", preemption_mode="swap", num_swap_blocks=20)
     e = llm.engine
     e.add_request(prompt, SamplingParams(**sp, n=3, seed=5), request_id="g", priority=1)
@@ -307,14 +342,30 @@ def test_a_sample_swapped_in_is_not_swapped_out_again_in_the_same_pass():
     with it the whole group: sample 1's swap-out would copy device blocks its swap-in has not
     filled yet (the runner swaps out first). A group with a member placed by the pass is not
     preempted by it. The workload is one a search found; the check is the order of the KV moves."""
-    llm = LLM("random", executor="simulated", block_size=4, num_kv_blocks=8, max_model_len=64, policy="priority",
-              preemption_mode="swap", num_swap_blocks=40, clock="modeled", cost_model=0.01)
+    llm = LLM(
+        "random",
+        executor="simulated",
+        block_size=4,
+        num_kv_blocks=8,
+        max_model_len=64,
+        policy="priority",
+        preemption_mode="swap",
+        num_swap_blocks=40,
+        clock="modeled",
+        cost_model=0.01,
+    )
     e = llm.engine
-    e.add_request([7] * 3, SamplingParams(n=2, max_tokens=11, ignore_eos=True), request_id="g", priority=1,
-                  arrival_time=0.0)
+    e.add_request(
+        [7] * 3, SamplingParams(n=2, max_tokens=11, ignore_eos=True), request_id="g", priority=1, arrival_time=0.0
+    )
     for i, (plen, max_tokens, t) in enumerate([(4, 6, 0.0557), (2, 7, 0.0661), (5, 5, 0.0869)]):
-        e.add_request([5] * plen, SamplingParams(max_tokens=max_tokens, ignore_eos=True), request_id=f"h{i}",
-                      priority=0, arrival_time=t)
+        e.add_request(
+            [5] * plen,
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            request_id=f"h{i}",
+            priority=0,
+            arrival_time=t,
+        )
     kv, swapped_in = e.kv, set()
     swap_in, swap_out = kv.swap_in, kv.swap_out
 
@@ -325,17 +376,21 @@ def test_a_sample_swapped_in_is_not_swapped_out_again_in_the_same_pass():
     def checked_swap_out(req):
         assert req.request_id not in swapped_in, f"{req.request_id} swapped in and out in one pass"
         return swap_out(req)
+
     kv.swap_in, kv.swap_out = logged_swap_in, checked_swap_out
     recs = run_to_end(e, on_step=lambda rec: swapped_in.clear())
     assert sum(len(r.swapped_in) for r in recs) >= 2
 
 
-@pytest.mark.parametrize("first, then", [
-    (("a", 2), ("a#1", 1)),          # a sample id the group will give at its fork
-    (("a", 3), ("a#2", 2)),          # ... as a group of its own
-    (("a#1", 1), ("a", 2)),          # a group whose sample would take an existing id
-    (("a", 2), ("a#0", 1)),          # the group's first sequence
-])
+@pytest.mark.parametrize(
+    "first, then",
+    [
+        (("a", 2), ("a#1", 1)),  # a sample id the group will give at its fork
+        (("a", 3), ("a#2", 2)),  # ... as a group of its own
+        (("a#1", 1), ("a", 2)),  # a group whose sample would take an existing id
+        (("a", 2), ("a#0", 1)),  # the group's first sequence
+    ],
+)
 def test_an_id_that_collides_with_a_group_or_its_samples_is_refused(first, then):
     """An id that a group's sample has or will have at its fork, or a group whose samples'
     ids are taken, is refused naming request_id before anything changes; the group then
@@ -362,7 +417,7 @@ def test_automatic_ids_never_collide_with_samples_ids():
     e.add_request([1, 2], SamplingParams(max_tokens=2), request_id="1#1")
     e.add_request([1, 2], SamplingParams(max_tokens=2), request_id="2")
     later = e.add_request([1, 2, 3], SamplingParams(n=2, max_tokens=3, ignore_eos=True))
-    assert later not in ("1", "2")            # "1" would fork "1#1"; "2" is taken
+    assert later not in ("1", "2")  # "1" would fork "1#1"; "2" is taken
     run_to_end(e)
     assert all(e.is_finished(r) for r in (auto, later, "1#1", "2"))
     assert [len(c.token_ids) for c in e.get_output(later).outputs] == [3, 3]

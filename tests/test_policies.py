@@ -13,7 +13,16 @@ from minillm import LLM
 from minillm.sim.costmodel import ConstantStepTime, RooflineCostModel
 from minillm.analysis.metrics import summarize
 from minillm.core.policies import (
-    MLFQ, POLICIES, SJF, Fair, HistoryPredictor, OraclePredictor, Policy, Priority, PromptPredictor, make_policy,
+    MLFQ,
+    POLICIES,
+    SJF,
+    Fair,
+    HistoryPredictor,
+    OraclePredictor,
+    Policy,
+    Priority,
+    PromptPredictor,
+    make_policy,
 )
 from minillm.analysis.workloads import TraceRequest, Uniform, submit_trace, synthetic_trace
 
@@ -23,9 +32,15 @@ STEP = 0.010
 def _engine(policy="fcfs", cost_model=None, **cfg):
     cfg.setdefault("max_model_len", 2048)
     cfg.setdefault("max_num_batched_tokens", 4096)
-    cfg.setdefault("record", "summary")          # per-block maps are for the widgets; not needed here
-    engine = LLM(model="random", executor="simulated", clock="modeled", policy=policy,
-                 cost_model=cost_model if cost_model is not None else ConstantStepTime(STEP), **cfg).engine
+    cfg.setdefault("record", "summary")  # per-block maps are for the widgets; not needed here
+    engine = LLM(
+        model="random",
+        executor="simulated",
+        clock="modeled",
+        policy=policy,
+        cost_model=cost_model if cost_model is not None else ConstantStepTime(STEP),
+        **cfg,
+    ).engine
     return engine
 
 
@@ -43,6 +58,7 @@ def _mean(xs):
 # =====================================================================================
 # The interface
 # =====================================================================================
+
 
 def test_make_policy_names_objects_and_classes():
     assert set(POLICIES) == {"fcfs", "sjf", "priority", "mlfq", "fair"}
@@ -99,22 +115,26 @@ def test_a_student_policy_plugs_in_like_a_name():
 # SJF and its predictors
 # =====================================================================================
 
+
 def test_predictors():
     eng = _engine()
-    submit_trace(eng, [TraceRequest("a", 0.0, 8, 40, tenant="chat"),
-                       TraceRequest("b", 0.0, 8, 300, tenant="doc")], vocab_size=eng.vocab_size)
+    submit_trace(
+        eng,
+        [TraceRequest("a", 0.0, 8, 40, tenant="chat"), TraceRequest("b", 0.0, 8, 300, tenant="doc")],
+        vocab_size=eng.vocab_size,
+    )
     a, b = eng.requests["a"], eng.requests["b"]
     assert OraclePredictor().predict(a) == 40 and OraclePredictor().predict(b) == 300
     h = HistoryPredictor(prior=77)
-    assert h.predict(a) == 77                                  # nothing seen yet: the prior
+    assert h.predict(a) == 77  # nothing seen yet: the prior
     eng.run()
     h.observe(a)
     h.observe(b)
-    assert h.predict(a) == 40 and h.predict(b) == 300          # per-tenant means
+    assert h.predict(a) == 40 and h.predict(b) == 300  # per-tenant means
     new = type("R", (), {"tenant": "unknown"})()
-    assert h.predict(new) == (40 + 300) / 2                    # an unseen class: the global mean
+    assert h.predict(new) == (40 + 300) / 2  # an unseen class: the global mean
     p = PromptPredictor(base=100)
-    mk = lambda text: type("R", (), {"prompt": text})()         # noqa: E731
+    mk = lambda text: type("R", (), {"prompt": text})()  # noqa: E731
     assert p.predict(mk("Give a brief answer: what is 1+1?")) == 25
     assert p.predict(mk("Explain in detail the basic principles of quantum mechanics")) == 400
     assert p.predict(mk(None)) == 100
@@ -131,7 +151,7 @@ def test_sjf_oracle_beats_fcfs_on_mean_latency():
     lengths = sorted(r.output_len for r in trace)
     slots = [0.0] * 4
     finish = []
-    for n in lengths:                                   # list scheduling, shortest first
+    for n in lengths:  # list scheduling, shortest first
         i = min(range(4), key=lambda k: slots[k])
         slots[i] += n * STEP
         finish.append(slots[i])
@@ -141,15 +161,13 @@ def test_sjf_oracle_beats_fcfs_on_mean_latency():
 def test_sjf_with_a_history_predictor_beats_fcfs_without_an_oracle():
     # Two kinds of traffic: "chat" always answers in 10 tokens, "doc" in 150. The history
     # predictor learns the per-tenant means from finished requests.
-    trace = synthetic_trace(120, rate=30, prompt_len=16, output_len=1, tenant_mix={"chat": 0.7, "doc": 0.3},
-                            seed=2)
+    trace = synthetic_trace(120, rate=30, prompt_len=16, output_len=1, tenant_mix={"chat": 0.7, "doc": 0.3}, seed=2)
     for r in trace:
         r.output_len = 10 if r.tenant == "chat" else 150
     fcfs = _mean(m.e2e_latency for m in _run(_engine("fcfs", max_num_seqs=4), trace).values())
     pol = SJF(predictor="history")
     hist = _mean(m.e2e_latency for m in _run(_engine(pol, max_num_seqs=4), trace).values())
-    orac = _mean(m.e2e_latency for m in _run(_engine(SJF(predictor="oracle"), max_num_seqs=4),
-                                             trace).values())
+    orac = _mean(m.e2e_latency for m in _run(_engine(SJF(predictor="oracle"), max_num_seqs=4), trace).values())
     assert orac < hist < 0.9 * fcfs
     assert pol.predictor.predict(type("R", (), {"tenant": "chat"})()) == 10
 
@@ -164,13 +182,13 @@ def test_sjf_aging_bounds_the_wait_of_a_long_request():
     gap, n_short, p_long, p_short, aging = 0.08, 150, 200, 10, 95.0
     trace = [TraceRequest("L", 0.0, 8, p_long)]
     trace += [TraceRequest(f"s{j}", round(gap * j, 10), 8, p_short) for j in range(n_short)]
-    horizon = (p_long - p_short) / aging                             # 2.0 s
+    horizon = (p_long - p_short) / aging  # 2.0 s
     ahead = [r for r in trace if r.request_id != "L" and r.arrival_time <= horizon + 1e-12]
-    bound = sum(r.output_len * STEP for r in ahead)                  # 26 requests x 0.1 s = 2.6 s
+    bound = sum(r.output_len * STEP for r in ahead)  # 26 requests x 0.1 s = 2.6 s
     m = _run(_engine(SJF(aging=aging), max_num_seqs=1), trace)
     assert m["L"].queue_wait <= bound + 1e-9
     m0 = _run(_engine(SJF(aging=0.0), max_num_seqs=1), trace)
-    assert m0["L"].queue_wait > 5 * bound                             # starved without aging
+    assert m0["L"].queue_wait > 5 * bound  # starved without aging
     assert all(mm.finish_reason == "length" for mm in m.values())
 
 
@@ -178,9 +196,11 @@ def test_sjf_aging_bounds_the_wait_of_a_long_request():
 # Priority
 # =====================================================================================
 
+
 def test_priority_serves_the_high_class_first():
-    trace = synthetic_trace(30, rate=None, prompt_len=16, output_len=Uniform(10, 60),
-                            priority_mix={0: 0.3, 1: 0.4, 2: 0.3}, seed=3)
+    trace = synthetic_trace(
+        30, rate=None, prompt_len=16, output_len=Uniform(10, 60), priority_mix={0: 0.3, 1: 0.4, 2: 0.3}, seed=3
+    )
     m = _run(_engine("priority", max_num_seqs=3), trace)
     start = {r.request_id: (r.priority, m[r.request_id].first_scheduled_time) for r in trace}
     for p in (0, 1):
@@ -198,10 +218,10 @@ def test_priority_preempts_for_a_slot():
     eng = _engine("priority", max_num_seqs=4)
     m = _run(eng, trace)
     events = [p for r in eng.step_records for p in r.preempted]
-    assert [e.request_id for e in events] == ["low3", "low2"]         # lowest class, most recent first
+    assert [e.request_id for e in events] == ["low3", "low2"]  # lowest class, most recent first
     assert all("higher priority" in e.reason for e in events)
     assert all(m[f"high{i}"].queue_wait <= STEP for i in range(2))
-    assert all(mm.finish_reason == "length" for mm in m.values())     # the victims still finish
+    assert all(mm.finish_reason == "length" for mm in m.values())  # the victims still finish
     # without preemption (and under FCFS) the high class waits for a low request to finish
     for pol in ("fcfs", Priority(preempt=False)):
         eng = _engine(pol, max_num_seqs=4)
@@ -223,13 +243,14 @@ def test_priority_preempts_under_memory_pressure():
     assert m["high"].queue_wait <= STEP
     eng = _engine("fcfs", max_num_seqs=16, num_kv_blocks=50, block_size=16)
     m_fcfs = _run(eng, trace)
-    assert m_fcfs["high"].queue_wait >= 0.15                          # waits for a low request to end
+    assert m_fcfs["high"].queue_wait >= 0.15  # waits for a low request to end
     assert all(mm.finish_reason == "length" for mm in list(m.values()) + list(m_fcfs.values()))
 
 
 # =====================================================================================
 # MLFQ
 # =====================================================================================
+
 
 def test_mlfq_beats_fcfs_for_short_requests_without_an_oracle():
     # 8 long requests hold the 4 slots; short ones trickle in. FCFS makes them wait behind
@@ -241,7 +262,7 @@ def test_mlfq_beats_fcfs_for_short_requests_without_an_oracle():
     eng = _engine("mlfq", max_num_seqs=4)
     m_m = _run(eng, trace)
     assert _mean(m_m[r].e2e_latency for r in short) < 0.2 * _mean(m_f[r].e2e_latency for r in short)
-    assert eng.stats()["preemptions_recompute"] > 0                    # demoted long requests made room
+    assert eng.stats()["preemptions_recompute"] > 0  # demoted long requests made room
     assert all(mm.finish_reason == "length" for mm in m_m.values())
     # MLFQ never read a length: the oracle is not consulted
     assert all("sjf_predicted" not in r.policy_state for r in eng.requests.values())
@@ -261,6 +282,7 @@ def test_mlfq_demotes_per_quantum_and_boosts():
 
     eng = _engine(Watch(quanta=(4, 8), boost_interval=15, boost_unit="steps"))
     _run(eng, [TraceRequest("r", 0.0, 8, 40)])
+
     # tokens since the last boost j -> level 0 (j < 4), 1 (4 <= j < 12), 2 (j >= 12);
     # every 15 steps everyone is back at level 0.
     def expected(k):
@@ -268,13 +290,14 @@ def test_mlfq_demotes_per_quantum_and_boosts():
             return 0
         j = k % 15
         return 0 if j < 4 else 1 if j < 12 else 2
+
     assert levels == [expected(k) for k in range(1, 41)]
     assert eng.policy.num_boosts == 2
 
-    clock = MLFQ(quanta=(4,), boost_interval=0.1)                      # seconds of the modeled clock
+    clock = MLFQ(quanta=(4,), boost_interval=0.1)  # seconds of the modeled clock
     eng = _engine(clock)
     _run(eng, [TraceRequest("r", 0.0, 8, 35)])
-    assert clock.num_boosts == 3                                      # at 0.1, 0.2, 0.3 s (35 steps of 10 ms)
+    assert clock.num_boosts == 3  # at 0.1, 0.2, 0.3 s (35 steps of 10 ms)
 
 
 def test_mlfq_boost_bounds_the_wait_of_a_demoted_request():
@@ -303,10 +326,11 @@ def test_mlfq_boost_bounds_the_wait_of_a_demoted_request():
 # Fair queuing (VTC)
 # =====================================================================================
 
+
 def _flood_trace():
     flood = [TraceRequest(f"flood-{i}", 0.0, 32, 32, tenant="flood") for i in range(60)]
     polite = [TraceRequest(f"b-{i}", 0.0, 32, 32, tenant="b") for i in range(15)]
-    return flood + polite                    # the flood is queued first: FCFS serves it first
+    return flood + polite  # the flood is queued first: FCFS serves it first
 
 
 def _service_while_backlogged(eng, weights, w_in=1.0, w_out=2.0):
@@ -317,8 +341,9 @@ def _service_while_backlogged(eng, weights, w_in=1.0, w_out=2.0):
     for rec in eng.step_records:
         for e in rec.batch:
             t = tenant[e.request_id]
-            service[t] += ((w_in * e.num_new_tokens if e.phase == "prefill" else 0.0)
-                           + w_out * e.num_output_tokens) / weights.get(t, 1.0)
+            service[t] += (
+                (w_in * e.num_new_tokens if e.phase == "prefill" else 0.0) + w_out * e.num_output_tokens
+            ) / weights.get(t, 1.0)
         admitted.update(rec.admitted)
         if all(any(rid not in admitted and tenant[rid] == t for rid in tenant) for t in service):
             diffs.append(abs(service["flood"] - service["b"]))
@@ -327,8 +352,8 @@ def _service_while_backlogged(eng, weights, w_in=1.0, w_out=2.0):
 
 def test_fair_bounds_the_service_gap_when_one_tenant_floods():
     max_num_seqs = 4
-    c_max = 1.0 * 32 + 2.0 * 32                                 # one request's weighted cost
-    bound = (max_num_seqs + 1) * c_max                            # Fair's docstring
+    c_max = 1.0 * 32 + 2.0 * 32  # one request's weighted cost
+    bound = (max_num_seqs + 1) * c_max  # Fair's docstring
     trace = _flood_trace()
     eng = _engine("fair", max_num_seqs=max_num_seqs)
     m = _run(eng, trace)
@@ -345,13 +370,13 @@ def test_fair_bounds_the_service_gap_when_one_tenant_floods():
 
 def test_fair_tenant_weights():
     # b has weight 2: its counter grows half as fast, so it is owed twice the raw service.
-    c_max = 1.0 * 32 + 2.0 * 32                                 # the flood's (weight 1) is the largest
+    c_max = 1.0 * 32 + 2.0 * 32  # the flood's (weight 1) is the largest
     share = {}
     for weights in ({}, {"b": 2.0}):
         eng = _engine(Fair(tenant_weights=weights), max_num_seqs=4)
         _run(eng, _flood_trace())
         diffs = _service_while_backlogged(eng, weights)
-        assert diffs and max(diffs) <= 5 * c_max                 # the bound, on weighted service
+        assert diffs and max(diffs) <= 5 * c_max  # the bound, on weighted service
         raw = _service_while_backlogged_raw(eng)
         share[bool(weights)] = raw["b"] / raw["flood"]
     assert share[False] == pytest.approx(1.0, abs=0.1)
@@ -376,11 +401,14 @@ def _service_while_backlogged_raw(eng):
 # Interference: prefill-priority, decode-priority, chunked
 # =====================================================================================
 
+
 def _interference(kind):
     cm = RooflineCostModel("H100-SXM", "llama-2-7b")
-    cfg = {"prefill-priority": dict(enable_chunked_prefill=False, max_num_batched_tokens=8192),
-           "decode-priority": dict(enable_chunked_prefill=False, max_num_batched_tokens=8192),
-           "chunked": dict(enable_chunked_prefill=True, max_num_batched_tokens=512)}[kind]
+    cfg = {
+        "prefill-priority": dict(enable_chunked_prefill=False, max_num_batched_tokens=8192),
+        "decode-priority": dict(enable_chunked_prefill=False, max_num_batched_tokens=8192),
+        "chunked": dict(enable_chunked_prefill=True, max_num_batched_tokens=512),
+    }[kind]
     eng = _engine("fcfs", cost_model=cm, interference=kind, max_model_len=8192, max_num_seqs=8, **cfg)
     # four requests decoding; a 4000-token prompt arrives in the middle of it
     trace = [TraceRequest(f"d{i}", 0.0, 16, 300) for i in range(4)] + [TraceRequest("P", 0.5, 4000, 10)]
@@ -407,8 +435,8 @@ def test_chunked_prefill_bounds_the_decode_stall():
 def test_decode_priority_protects_decodes_and_delays_the_new_prompt():
     _, m_dp, stall_dp, cm = _interference("decode-priority")
     _, m_ch, stall_ch, _ = _interference("chunked")
-    assert stall_dp < stall_ch                                        # decodes are never interrupted
-    assert m_dp["P"].ttft > 10 * m_ch["P"].ttft                        # the prompt waits for them to end
+    assert stall_dp < stall_ch  # decodes are never interrupted
+    assert m_dp["P"].ttft > 10 * m_ch["P"].ttft  # the prompt waits for them to end
     assert m_dp["P"].first_scheduled_time >= max(m_dp[f"d{i}"].finish_time for i in range(4)) - 1e-12
 
 
@@ -416,16 +444,26 @@ def test_decode_priority_protects_decodes_and_delays_the_new_prompt():
 # Determinism and admission control
 # =====================================================================================
 
+
 @pytest.mark.parametrize("policy", ["fcfs", "sjf", "priority", "mlfq", "fair"])
 def test_modeled_runs_are_deterministic(policy):
     def once():
         cm = RooflineCostModel("H100-SXM", "llama-2-7b")
-        trace = synthetic_trace(60, rate=40, prompt_len=Uniform(16, 400), output_len=Uniform(4, 120),
-                                priority_mix={0: 0.5, 1: 0.5}, tenant_mix={"a": 0.7, "b": 0.3}, seed=7)
-        eng = _engine(policy, cost_model=cm, max_num_seqs=8, num_kv_blocks=120, block_size=16,
-                      max_num_batched_tokens=512)
+        trace = synthetic_trace(
+            60,
+            rate=40,
+            prompt_len=Uniform(16, 400),
+            output_len=Uniform(4, 120),
+            priority_mix={0: 0.5, 1: 0.5},
+            tenant_mix={"a": 0.7, "b": 0.3},
+            seed=7,
+        )
+        eng = _engine(
+            policy, cost_model=cm, max_num_seqs=8, num_kv_blocks=120, block_size=16, max_num_batched_tokens=512
+        )
         m = _run(eng, trace)
         return summarize(m, eng.step_records, max_num_seqs=8), {r: mm.token_times for r, mm in m.items()}
+
     (s1, t1), (s2, t2) = once(), once()
     assert s1 == s2 and t1 == t2
     assert s1["num_finished"] == 60
@@ -437,8 +475,8 @@ def test_queue_cap_rejections_are_counted_and_nothing_is_lost():
     m = _run(eng, trace)
     rejected = [rid for rid, mm in m.items() if mm.finish_reason == "rejected"]
     finished = [rid for rid, mm in m.items() if mm.finish_reason == "length"]
-    assert len(rejected) + len(finished) == 50                       # every request accounted for
-    assert len(finished) == 4 + 5                                      # 4 admitted at once, 5 queued
+    assert len(rejected) + len(finished) == 50  # every request accounted for
+    assert len(finished) == 4 + 5  # 4 admitted at once, 5 queued
     assert eng.stats()["rejected"] == len(rejected) == 41
     assert summarize(m)["num_rejected"] == 41
     for rid in rejected:
@@ -446,7 +484,7 @@ def test_queue_cap_rejections_are_counted_and_nothing_is_lost():
         assert eng.get_output(rid).finish_reason == "rejected"
     rec = eng.step_records[0]
     assert {w.request_id for w in rec.rejected} == set(rejected)
-    assert not {w.request_id for w in rec.waiting} & set(rejected)     # not both waiting and rejected
+    assert not {w.request_id for w in rec.waiting} & set(rejected)  # not both waiting and rejected
 
 
 @pytest.mark.parametrize("every", [1, 5])

@@ -14,8 +14,14 @@ from test_scheduler_unit import TOKEN, grants, request, scheduler, step, tables
 
 def test_a_victim_by_swap_keeps_its_kv_in_host_memory_and_comes_back_when_blocks_are_free():
     # Blocks of 2, 4 in all: a and b (4-token prompts) fill them at step 0.
-    s = scheduler(block_size=2, num_kv_blocks=4, max_num_batched_tokens=8, max_model_len=12,
-                  preemption_mode="swap", num_swap_blocks=4)
+    s = scheduler(
+        block_size=2,
+        num_kv_blocks=4,
+        max_num_batched_tokens=8,
+        max_model_len=12,
+        preemption_mode="swap",
+        num_swap_blocks=4,
+    )
     a, b = request("a", 4, max_tokens=3), request("b", 4, max_tokens=3)
     s.add(a)
     s.add(b)
@@ -44,12 +50,18 @@ def test_a_victim_by_swap_keeps_its_kv_in_host_memory_and_comes_back_when_blocks
 
 def test_swap_falls_back_to_recompute_when_the_host_pool_is_full():
     # 1 host block: b's 2 blocks do not fit, so b is recomputed instead.
-    s = scheduler(block_size=2, num_kv_blocks=4, max_num_batched_tokens=8, max_model_len=12,
-                  preemption_mode="swap", num_swap_blocks=1)
+    s = scheduler(
+        block_size=2,
+        num_kv_blocks=4,
+        max_num_batched_tokens=8,
+        max_model_len=12,
+        preemption_mode="swap",
+        num_swap_blocks=1,
+    )
     a, b, c = request("a", 4, max_tokens=3), request("b", 4, max_tokens=3), request("c", 4, max_tokens=3)
     for r in (a, b, c):
         s.add(r)
-    step(s, 0.0)                                  # a and b fill the blocks; c waits
+    step(s, 0.0)  # a and b fill the blocks; c waits
     out, _ = step(s, 1.0)
     assert [(p.request_id, p.mode) for p in out.preempted] == [("b", "recompute")] and out.swap_out == []
     assert b.status is RequestStatus.PREEMPTED and b.num_computed_tokens == 0

@@ -39,16 +39,39 @@ def without(cls: type, name: str) -> type:
 
 # --- what each protocol promises ------------------------------------------------------------------------
 
+
 def test_the_protocols_name_their_members():
     """Read off the protocols (a method or an attribute dropped from one fails here)."""
     assert protocol_members(KVCacheManager) == [
-        "num_blocks", "block_size", "attn_block_size", "watermark_blocks", "supports_prefix_caching",
-        "supports_swapping", "supports_forking", "allocates_on_demand", "can_allocate", "allocate", "free",
-        "truncate", "block_table", "begin_step", "end_step", "rollback", "explain_wait", "snapshot", "totals",
-        "stats"]
+        "num_blocks",
+        "block_size",
+        "attn_block_size",
+        "watermark_blocks",
+        "supports_prefix_caching",
+        "supports_swapping",
+        "supports_forking",
+        "allocates_on_demand",
+        "can_allocate",
+        "allocate",
+        "free",
+        "truncate",
+        "block_table",
+        "begin_step",
+        "end_step",
+        "rollback",
+        "explain_wait",
+        "snapshot",
+        "totals",
+        "stats",
+    ]
     assert protocol_members(Swapping) == ["can_swap_out", "swap_out", "can_swap_in", "swap_in"]
-    assert protocol_members(PrefixCaching) == ["enable_prefix_caching", "find_cached_prefix", "record_lookup",
-                                               "cache_full_blocks", "forward_done"]
+    assert protocol_members(PrefixCaching) == [
+        "enable_prefix_caching",
+        "find_cached_prefix",
+        "record_lookup",
+        "cache_full_blocks",
+        "forward_done",
+    ]
     assert protocol_members(Executor) == ["execute", "checkpoint", "rollback", "forget", "close"]
     assert protocol_members(Policy) == ["name", "order_waiting", "pick_victim", "preempt_for", "on_step"]
     assert protocol_members(LengthPredictor) == ["name", "predict", "observe"]
@@ -80,6 +103,7 @@ def test_the_reserved_manager_keeps_no_stand_ins():
 
 # --- a component missing a method fails when the engine is built, naming it ------------------------------
 
+
 @pytest.mark.parametrize("method", ["block_table", "explain_wait", "rollback", "truncate"])
 def test_a_kv_manager_without_a_method_fails_at_build_naming_it(method):
     Mine = without(ReservedKVCacheManager, method)
@@ -90,13 +114,19 @@ def test_a_kv_manager_without_a_method_fails_at_build_naming_it(method):
 def test_a_declared_capability_needs_its_methods():
     class SaysItSwaps(ReservedKVCacheManager):
         supports_swapping = True
-    with pytest.raises(TypeError, match=r"declares supports_swapping.*Swapping protocol .* lacks can_swap_out\(\), "
-                                        r"swap_out\(\), can_swap_in\(\), swap_in\(\)"):
-        LLM(kv_allocation="reserved", kv_manager=lambda cfg, n: SaysItSwaps(n, cfg.block_size, cfg.max_model_len),
-            **SIM)
+
+    with pytest.raises(
+        TypeError,
+        match=r"declares supports_swapping.*Swapping protocol .* lacks can_swap_out\(\), "
+        r"swap_out\(\), can_swap_in\(\), swap_in\(\)",
+    ):
+        LLM(
+            kv_allocation="reserved", kv_manager=lambda cfg, n: SaysItSwaps(n, cfg.block_size, cfg.max_model_len), **SIM
+        )
 
     class Unsure(PagedKVCacheManager):
         supports_forking = "maybe"
+
     with pytest.raises(TypeError, match=r"Unsure.supports_forking='maybe': must be True or False"):
         LLM(kv_manager=lambda cfg, n: Unsure(n, cfg.block_size), **SIM)
 
@@ -116,6 +146,7 @@ def test_a_policy_without_a_hook_fails_at_build_naming_it():
 
         def pick_victim(self, candidates, now):
             return candidates[-1]
+
     with pytest.raises(TypeError, match=r"Policy protocol .* lacks preempt_for\(\), on_step\(\)"):
         LLM(policy=Half(), **SIM)
 
@@ -126,6 +157,7 @@ def test_a_predictor_without_predict_fails_naming_it():
 
         def observe(self, request):
             pass
+
     with pytest.raises(TypeError, match=r"LengthPredictor protocol .* lacks predict\(\)"):
         SJF(predictor=Watcher())
     with pytest.raises(TypeError, match=r"LengthPredictor protocol .* lacks predict\(\)"):
@@ -141,6 +173,7 @@ def test_a_proposer_without_draft_probs_fails_naming_it():
 
         def forget(self, request_id):
             pass
+
     with pytest.raises(TypeError, match=r"Proposer protocol .* lacks draft_probs\(\)"):
         check_protocol(Guesser(), Proposer, "proposer")
 
@@ -158,29 +191,38 @@ def test_an_executor_without_forget_fails_naming_it():
 
         def close(self):
             pass
+
     with pytest.raises(TypeError, match=r"Executor protocol .* lacks forget\(\)"):
         check_protocol(Runs(), Executor, "the executor")
 
 
 # --- the exercises plug in through the same contracts ------------------------------------------------------
 
+
 def test_the_exercise_answers_keep_the_protocols():
     from solutions import ex02_paging, ex03_policies, ex04_prefix_cache, ex04b_parallel_sampling, ex05_preemption
-    for llm in (ex02_paging.paged_engine(executor="simulated", num_kv_blocks=32),
-                ex02_paging.reserved_engine(executor="simulated", num_kv_blocks=32),
-                LLM(kv_manager=ex04b_parallel_sampling.cow_kv_manager, **SIM)):
+
+    for llm in (
+        ex02_paging.paged_engine(executor="simulated", num_kv_blocks=32),
+        ex02_paging.reserved_engine(executor="simulated", num_kv_blocks=32),
+        LLM(kv_manager=ex04b_parallel_sampling.cow_kv_manager, **SIM),
+    ):
         assert isinstance(llm.engine.kv, KVCacheManager)
     assert ex04_prefix_cache.YourPrefixCachingKVCacheManager.supports_prefix_caching
     for cls in (ex05_preemption.LeastProgressVictim, ex05_preemption.PriorityPreemption):
         assert isinstance(LLM(policy=cls(), **SIM).engine.policy, cls)
-    policies = [v for v in vars(ex03_policies).values() if isinstance(v, type) and Policy in v.__mro__
-                and v.__module__ == ex03_policies.__name__]
+    policies = [
+        v
+        for v in vars(ex03_policies).values()
+        if isinstance(v, type) and Policy in v.__mro__ and v.__module__ == ex03_policies.__name__
+    ]
     assert policies
     for cls in policies:
         LLM(policy=cls(), **SIM)
 
 
 # --- the executor's contract and its kinds --------------------------------------------------------------
+
 
 def test_the_executor_kinds_are_declared_in_one_place():
     """``EngineConfig.executor`` is read through ``EXECUTORS`` (``config.runs_model``): no other module
@@ -189,8 +231,9 @@ def test_the_executor_kinds_are_declared_in_one_place():
     named = []
     for path in sorted((ROOT / "minillm").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value in EXECUTORS
-                                                     for c in [node.left, *node.comparators]):
+            if isinstance(node, ast.Compare) and any(
+                isinstance(c, ast.Constant) and c.value in EXECUTORS for c in [node.left, *node.comparators]
+            ):
                 text = ast.unparse(node)
                 if "executor" in text:
                     named.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text}")
@@ -204,9 +247,15 @@ def test_the_simulator_s_executor_imports_no_torch():
     graph, known = import_graph(), package_modules()
 
     def imports_torch(path):
-        return any(isinstance(n, ast.Import) and any(a.name.split(".")[0] == "torch" for a in n.names)
-                   or isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "torch"
-                   for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+        return any(
+            isinstance(n, ast.Import)
+            and any(a.name.split(".")[0] == "torch" for a in n.names)
+            or isinstance(n, ast.ImportFrom)
+            and not n.level
+            and (n.module or "").split(".")[0] == "torch"
+            for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+
     for start in ("minillm.sim.sim_executor", "minillm.executor"):
         seen, todo = set(), [start]
         while todo:
@@ -215,6 +264,11 @@ def test_the_simulator_s_executor_imports_no_torch():
                 seen.add(m)
                 todo += graph[m]
         assert not [m for m in seen if imports_torch(known[m])], start
-    worker = sorted(f"{m} -> {d}" for m, deps in graph.items() if m.startswith("minillm.sim.")
-                    for d in deps if d.startswith("minillm.worker"))
+    worker = sorted(
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        if m.startswith("minillm.sim.")
+        for d in deps
+        if d.startswith("minillm.worker")
+    )
     assert not worker, worker

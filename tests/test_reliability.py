@@ -27,17 +27,20 @@ def alone(prompt, max_tokens, **config):
     cfg = dict(SMALL, num_kv_blocks=256, max_num_seqs=4)
     cfg.update({k: v for k, v in config.items() if k in ("seed",)})
     llm = LLM(**cfg)
-    return llm.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
-                        use_tqdm=False)[0].token_ids
+    return llm.generate(
+        [prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )[0].token_ids
 
 
 def prompts(n, length=10, seed=0):
     import random
+
     rng = random.Random(seed)
     return [[rng.randrange(3, 500) for _ in range(length)] for _ in range(n)]
 
 
 # --- 1. swap-in and swap-out in one pass -------------------------------------------------------
+
 
 def test_swap_in_and_out_in_one_pass_keep_each_requests_kv():
     """Random priority / MLFQ workloads under swap preemption: a pass that swaps one request back
@@ -47,22 +50,29 @@ def test_swap_in_and_out_in_one_pass_keep_each_requests_kv():
 
     def swap_config(rng):
         cfg = fe.random_config(rng)
-        cfg.update(policy=rng.choice(["priority", "mlfq"]), kv_allocation="paged", preemption_mode="swap",
-                   num_swap_blocks=200, batching="continuous", schedule_every=1)
+        cfg.update(
+            policy=rng.choice(["priority", "mlfq"]),
+            kv_allocation="paged",
+            preemption_mode="swap",
+            num_swap_blocks=200,
+            batching="continuous",
+            schedule_every=1,
+        )
         for k in ("speculative_model", "num_speculative_tokens", "max_queue_len"):
             cfg.pop(k, None)
         return cfg
+
     for seed in range(8):
         stats = fe.fuzz_run(seed, num_requests=8, fault_rate=0.0, abort_rate=0.0, config=swap_config, group_rate=0.0)
         assert stats.mismatches == 0 and not stats.problems, stats.problems[:2]
 
 
 def test_a_host_block_freed_by_a_swap_in_is_not_reused_in_the_same_pass():
-    llm = LLM(**SMALL, num_kv_blocks=16, max_num_seqs=8, policy="priority", preemption_mode="swap",
-              num_swap_blocks=8)
+    llm = LLM(**SMALL, num_kv_blocks=16, max_num_seqs=8, policy="priority", preemption_mode="swap", num_swap_blocks=8)
     kv = llm.engine.kv
     kv.begin_step()
     from minillm.core.request import Request
+
     r = Request("x", [5, 6, 7, 8], SamplingParams(max_tokens=2), 0.0)
     r.num_computed_tokens = 4
     assert kv.allocate(r, 0) or True
@@ -79,6 +89,7 @@ def test_a_host_block_freed_by_a_swap_in_is_not_reused_in_the_same_pass():
 
 
 # --- 2, 3. a step that raises: nothing lost, nothing half-done --------------------------------
+
 
 class Boom(Exception):
     pass
@@ -112,13 +123,22 @@ class FlakyPriority(Priority):
         return super().pick_victim(candidates, now)
 
 
-@pytest.mark.parametrize("hook,fail_on", [("on_step", range(2, 60, 3)), ("preempt_for", (1, 2, 4)),
-                                          ("pick_victim", (1, 3))])
+@pytest.mark.parametrize(
+    "hook,fail_on", [("on_step", range(2, 60, 3)), ("preempt_for", (1, 2, 4)), ("pick_victim", (1, 3))]
+)
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
 def test_a_policy_that_raises_loses_nothing_and_corrupts_nothing(hook, fail_on, mode):
     pol = FlakyPriority(hook, fail_on)
-    llm = LLM(**SMALL, num_kv_blocks=24, max_num_seqs=8, policy=pol, preemption_mode=mode,
-              num_swap_blocks=40 if mode == "swap" else 0, clock="modeled", cost_model=0.01)
+    llm = LLM(
+        **SMALL,
+        num_kv_blocks=24,
+        max_num_seqs=8,
+        policy=pol,
+        preemption_mode=mode,
+        num_swap_blocks=40 if mode == "swap" else 0,
+        clock="modeled",
+        cost_model=0.01,
+    )
     eng = llm.engine
     ps = prompts(6, length=8, seed=2)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -133,9 +153,18 @@ def test_a_policy_that_raises_loses_nothing_and_corrupts_nothing(hook, fail_on, 
 def _request_state(eng) -> dict:
     """What a step may change in each request: positions, output, token times, first token time,
     log-probabilities, status and finish reason."""
-    return {rid: (r.num_computed_tokens, list(r.output_token_ids), list(r.metrics.token_times),
-                  r.metrics.first_token_time, None if r.output_logprobs is None else list(r.output_logprobs),
-                  r.status, r.finish_reason) for rid, r in eng.requests.items()}
+    return {
+        rid: (
+            r.num_computed_tokens,
+            list(r.output_token_ids),
+            list(r.metrics.token_times),
+            r.metrics.first_token_time,
+            None if r.output_logprobs is None else list(r.output_logprobs),
+            r.status,
+            r.finish_reason,
+        )
+        for rid, r in eng.requests.items()
+    }
 
 
 @pytest.mark.parametrize("logprobs", [None, 2])
@@ -144,11 +173,20 @@ def test_a_step_that_raises_after_applying_results_leaves_every_request_as_befor
     when it raises, each request is exactly as before the step (compared field by field). The
     prompts are chunked over several steps, so a first token also comes in a step after admission."""
     pol = FlakyPriority("on_step", range(1, 200, 3))
-    eng = LLM(**dict(SMALL, max_num_batched_tokens=16), num_kv_blocks=64, max_num_seqs=4, policy=pol,
-              clock="modeled", cost_model=0.01).engine
+    eng = LLM(
+        **dict(SMALL, max_num_batched_tokens=16),
+        num_kv_blocks=64,
+        max_num_seqs=4,
+        policy=pol,
+        clock="modeled",
+        cost_model=0.01,
+    ).engine
     for i, p in enumerate(prompts(6, length=30, seed=5)):
-        eng.add_request(p, SamplingParams(max_tokens=6 + i, temperature=0.0, ignore_eos=True, logprobs=logprobs),
-                        arrival_time=0.02 * i)
+        eng.add_request(
+            p,
+            SamplingParams(max_tokens=6 + i, temperature=0.0, ignore_eos=True, logprobs=logprobs),
+            arrival_time=0.02 * i,
+        )
     faults = steps = 0
     while eng.has_unfinished_requests():
         assert steps < 500, "the run does not end"
@@ -166,22 +204,30 @@ class FlakyExecutorError(Exception):
     pass
 
 
-@pytest.mark.parametrize("config", [dict(schedule_every=2), dict(batching="static"),
-                                    dict(max_queue_len=1), dict(max_queue_delay=0.0)])
+@pytest.mark.parametrize(
+    "config", [dict(schedule_every=2), dict(batching="static"), dict(max_queue_len=1), dict(max_queue_delay=0.0)]
+)
 def test_a_forward_that_raises_loses_no_request(config):
     """Requests the pass released (static / every-N) or rejected (queue cap/delay) must not fall
     out of every queue when a later part of the step raises."""
-    llm = LLM(**dict(SMALL, max_num_batched_tokens=128), num_kv_blocks=64, max_num_seqs=3,
-              clock="modeled", cost_model=0.01, **config)
+    llm = LLM(
+        **dict(SMALL, max_num_batched_tokens=128),
+        num_kv_blocks=64,
+        max_num_seqs=3,
+        clock="modeled",
+        cost_model=0.01,
+        **config,
+    )
     eng = llm.engine
     real_execute, calls = eng.executor.execute, {"n": 0}
 
-    def execute(out):                  # every other forward raises after it ran (fault injection)
+    def execute(out):  # every other forward raises after it ran (fault injection)
         res = real_execute(out)
         calls["n"] += 1
         if calls["n"] % 2:
             raise Boom("after the forward")
         return res
+
     eng.executor.execute = execute
     ps = prompts(7, length=6, seed=3)
     sp = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
@@ -198,8 +244,7 @@ def test_a_forward_that_raises_loses_no_request(config):
 def test_keyboard_interrupt_in_the_forward_rolls_back_swaps_and_sampling():
     """Ctrl-C after the forward and the sampling, in passes that swap requests out: the bookkeeping
     goes back (a victim keeps its device blocks) and seeded sampling draws the same tokens again."""
-    base = dict(SMALL, num_kv_blocks=14, max_num_seqs=8, policy="priority", preemption_mode="swap",
-                num_swap_blocks=40)
+    base = dict(SMALL, num_kv_blocks=14, max_num_seqs=8, policy="priority", preemption_mode="swap", num_swap_blocks=40)
     ps = prompts(4, length=8, seed=4)
     sps = [SamplingParams(max_tokens=10, temperature=0.9, seed=11 + i, ignore_eos=True) for i in range(4)]
 
@@ -211,12 +256,13 @@ def test_keyboard_interrupt_in_the_forward_rolls_back_swaps_and_sampling():
         real_sample = sampler.sample
         calls = {"n": 0}
 
-        def sample(*a, **k):           # Ctrl-C just after the step drew its random numbers
+        def sample(*a, **k):  # Ctrl-C just after the step drew its random numbers
             toks = real_sample(*a, **k)
             calls["n"] += 1
             if calls["n"] in interrupt_at:
                 raise KeyboardInterrupt
             return toks
+
         sampler.sample = sample
         interrupts = 0
         while eng.has_unfinished_requests():
@@ -241,17 +287,18 @@ def test_places_invariant_catches_a_lost_request():
     eng = llm.engine
     rid = eng.add_request([5, 6, 7], SamplingParams(max_tokens=3))
     check_places(eng)
-    eng.scheduler.waiting.clear()                      # a request in no queue
+    eng.scheduler.waiting.clear()  # a request in no queue
     eng.scheduler.incoming.clear()
     with pytest.raises(InvariantError, match="in no queue"):
         check_places(eng)
     eng.scheduler.waiting.append(eng.requests[rid])
-    eng.scheduler.waiting.append(eng.requests[rid])    # a request in two places
+    eng.scheduler.waiting.append(eng.requests[rid])  # a request in two places
     with pytest.raises(InvariantError, match="places at once"):
         check_places(eng)
 
 
 # --- 10. priority preemption picks the victim among all running requests -------------------------
+
 
 def test_priority_preemption_chooses_among_all_running_requests():
     """vLLM's test_priority_scheduling_preemption: a running high-priority request that needs
@@ -259,7 +306,7 @@ def test_priority_preemption_chooses_among_all_running_requests():
     llm = LLM(**dict(SMALL, block_size=4), num_kv_blocks=5, max_num_seqs=4, policy="priority")
     eng = llm.engine
     sp = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
-    low = eng.add_request(list(range(10, 16)), sp, priority=5)    # admitted first: first in running
+    low = eng.add_request(list(range(10, 16)), sp, priority=5)  # admitted first: first in running
     eng.step()
     high = eng.add_request(list(range(20, 27)), sp, priority=0)
     # Both reach position 8 in the same step; the low one is granted its block first, and the
@@ -275,6 +322,7 @@ def test_priority_preemption_chooses_among_all_running_requests():
 
 # --- 11. aborts reach the records ---------------------------------------------------------------
 
+
 def test_an_abort_is_reported_in_the_next_record():
     llm = LLM(**SMALL, num_kv_blocks=32)
     eng = llm.engine
@@ -282,7 +330,7 @@ def test_an_abort_is_reported_in_the_next_record():
     a, b = eng.add_request([5, 6, 7], sp), eng.add_request([8, 9, 10], sp)
     eng.step()
     eng.abort_request(a)
-    eng.abort_request(a)                               # twice: reported once
+    eng.abort_request(a)  # twice: reported once
     rec = eng.step()
     assert rec.aborted == [a]
     assert "aborted " + a in rec.summary()
@@ -294,6 +342,7 @@ def test_an_abort_is_reported_in_the_next_record():
 
 # --- 12. eviction order: blocks holding nothing reusable go first -----------------------------------
 
+
 def test_blocks_without_a_cached_prefix_are_handed_out_before_cached_ones():
     """vLLM's test_evict: a cached prefix survives while blocks holding nothing reusable are free.
     A request's partly filled last block holds nothing a lookup can find; freed after the
@@ -301,8 +350,8 @@ def test_blocks_without_a_cached_prefix_are_handed_out_before_cached_ones():
     llm = LLM(**dict(SMALL, block_size=4), num_kv_blocks=8, max_num_seqs=1, enable_prefix_caching=True)
     eng = llm.engine
     sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    shared = list(range(40, 56))                               # 4 full blocks, cached once computed
-    llm.generate([shared], sp, use_tqdm=False)                 # 4 of the 8 blocks, then free (cached)
+    shared = list(range(40, 56))  # 4 full blocks, cached once computed
+    llm.generate([shared], sp, use_tqdm=False)  # 4 of the 8 blocks, then free (cached)
     llm.generate([list(range(100, 106))], sp, use_tqdm=False)  # 1 full block + 1 partly filled one
     llm.generate([list(range(200, 209))], sp, use_tqdm=False)  # needs 3 blocks: 2 never used + the partial one
     out = llm.generate([shared + [9]], sp, use_tqdm=False)[0]
@@ -312,8 +361,9 @@ def test_blocks_without_a_cached_prefix_are_handed_out_before_cached_ones():
 
 # --- 13. a prefix is registered when its blocks are granted --------------------------------------
 
+
 def test_two_requests_with_one_prefix_admitted_in_one_pass_compute_it_once():
-    prefix = list(range(60, 92))                               # 32 tokens = 8 blocks of 4
+    prefix = list(range(60, 92))  # 32 tokens = 8 blocks of 4
     ps = [prefix + [5, 6, 7], prefix + [8, 9]]
     sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     llm = LLM(**dict(SMALL, block_size=4), num_kv_blocks=64, max_num_seqs=4, enable_prefix_caching=True)
@@ -332,8 +382,9 @@ def test_two_requests_with_one_prefix_admitted_in_one_pass_compute_it_once():
 def test_a_prefix_registered_by_a_request_preempted_in_the_same_pass_is_not_offered():
     """A running request registers its next full block when granted; if the same pass then
     preempts it, that block was never computed and must not be found by anyone."""
-    llm = LLM(**dict(SMALL, block_size=2), num_kv_blocks=10, max_num_seqs=4, enable_prefix_caching=True,
-              policy="priority")
+    llm = LLM(
+        **dict(SMALL, block_size=2), num_kv_blocks=10, max_num_seqs=4, enable_prefix_caching=True, policy="priority"
+    )
     eng = llm.engine
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     ps = prompts(4, length=5, seed=7)
@@ -345,6 +396,7 @@ def test_a_prefix_registered_by_a_request_preempted_in_the_same_pass_is_not_offe
 
 
 # --- 14. step records: bounded, and only what is asked for --------------------------------------
+
 
 def test_step_records_are_bounded_and_configured_through_engine_config():
     llm = LLM(**SMALL, num_kv_blocks=32, record_history=10)
@@ -367,13 +419,15 @@ def test_step_records_are_bounded_and_configured_through_engine_config():
     none.add_request([5, 6, 7], SamplingParams(max_tokens=3))
     rec = none.step()
     assert rec.kv is None and none.step_records == []
-    assert rec.running == [] and none.scheduler.running       # nothing per request recorded ...
-    assert rec.batch_size == 1 and rec.num_batched_tokens == 3 and rec.batch == []   # ... the batch's size is
+    assert rec.running == [] and none.scheduler.running  # nothing per request recorded ...
+    assert rec.batch_size == 1 and rec.num_batched_tokens == 3 and rec.batch == []  # ... the batch's size is
     check_invariants(none, rec)
 
 
-@pytest.mark.parametrize("field,value", [("record", "everything"), ("record_history", -1),
-                                         ("record_history", 2.5), ("record_max_waiting", True)])
+@pytest.mark.parametrize(
+    "field,value",
+    [("record", "everything"), ("record_history", -1), ("record_history", 2.5), ("record_max_waiting", True)],
+)
 def test_bad_record_options_are_rejected_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"EngineConfig.{field}="):
         LLM(**SMALL, num_kv_blocks=32, **{field: value})
@@ -390,10 +444,11 @@ def test_an_executor_that_returns_too_few_token_lists_is_refused_and_changes_not
     eng.step()
     real_execute = eng.executor.execute
 
-    def execute(out):                  # the last grant's tokens missing (fault injection)
+    def execute(out):  # the last grant's tokens missing (fault injection)
         res = real_execute(out)
         res.sampled = res.sampled[:-1]
         return res
+
     eng.executor.execute = execute
     before = _request_state(eng)
     with pytest.raises(RuntimeError, match="executor: 3 token lists for 4 grants"):
@@ -409,6 +464,7 @@ def test_a_step_undone_after_its_tokens_were_appended_rolls_their_text_back():
     appended its tokens and decoded their text; the rollback cuts both back, so the text always
     decodes the output's tokens, and the retried step finds the stop string the first try had
     found (the text once kept the undone token, the retry added nothing, and the stop was missed)."""
+
     def run(policy):
         eng = LLM(max_model_len=256, block_size=8, num_kv_blocks=64, policy=policy).engine
         eng.add_request("ROMEO:", SamplingParams(max_tokens=30, temperature=0.0, stop=["ot"]), request_id="a")
@@ -483,6 +539,7 @@ def _serve(goods, bads=(), poison_late=None, failing_draw=None):
         steps += 1
         if steps == 2 and poison_late is not None:
             _poison(eng, "late")
+
     run_to_end(eng, on_step=on_step)
     return eng
 
@@ -498,6 +555,7 @@ def test_a_request_whose_sampling_fails_ends_alone_and_the_batch_is_unchanged(ki
         if kind == "greedy":
             return SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, **kw)
         return SamplingParams(max_tokens=8, temperature=0.9, seed=40 + i, ignore_eos=True, **kw)
+
     goods = [(p, sp(i)) for i, p in enumerate(ps[:2])]
     clean = _serve(goods)
     bads = [(ps[2], sp(2)), (ps[3], sp(3, n=2))]
@@ -511,15 +569,16 @@ def test_a_request_whose_sampling_fails_ends_alone_and_the_batch_is_unchanged(ki
         assert out.finish_reason == "abort", rid
         assert out.finish_detail.startswith("sampling failed: its logits contain"), out.finish_detail
     assert eng.get_output("bad0").token_ids == []
-    assert len(eng.get_output("late").token_ids) in (1, 2, 3)      # it failed at a decode
+    assert len(eng.get_output("late").token_ids) in (1, 2, 3)  # it failed at a decode
 
 
 def test_a_draw_that_raises_ends_only_its_request(monkeypatch):
     """A sampling error in one row (here: the draw of one seeded request raises) ends that request;
     the other seeded requests draw the same tokens as without it."""
     ps = prompts(3, length=8, seed=9)
-    goods = [(p, SamplingParams(max_tokens=6, temperature=1.0, seed=3 + i, ignore_eos=True))
-             for i, p in enumerate(ps[:2])]
+    goods = [
+        (p, SamplingParams(max_tokens=6, temperature=1.0, seed=3 + i, ignore_eos=True)) for i, p in enumerate(ps[:2])
+    ]
     clean = _serve(goods)
     eng = LLM(**SMALL, num_kv_blocks=128, max_num_seqs=8).engine
     for i, (p, sp) in enumerate(goods):
@@ -531,6 +590,7 @@ def test_a_draw_that_raises_ends_only_its_request(monkeypatch):
         if generator is not None and generator is sampler.generators.get("bad0"):
             raise RuntimeError("injected: this row's draw fails")
         return real(probs, num, generator=generator, **kw)
+
     monkeypatch.setattr(torch, "multinomial", multinomial)
     run_to_end(eng)
     assert eng.get_output("bad0").finish_reason == "abort" and eng.get_output("bad0").token_ids == []

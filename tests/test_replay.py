@@ -17,11 +17,20 @@ def by_hand(trace, model, cost_model, **config):
 
 
 def test_replay_is_the_engine_run_by_hand_with_its_defaults():
-    trace = workloads.synthetic_trace(40, rate=8.0, prompt_len=workloads.LogNormal(200, 0.8, hi=1500),
-                                      output_len=workloads.LogNormal(100, 1.0, hi=600), vocab_size=500, seed=0)
-    cases = [dict(model="llama-2-7b", cost_model="H100-SXM", num_kv_blocks=256, max_model_len=4096,
-                  enable_prefix_caching=True),
-             dict(model="random", cost_model=ConstantStepTime(0.010), policy="sjf", max_num_seqs=4, max_model_len=2048)]
+    trace = workloads.synthetic_trace(
+        40,
+        rate=8.0,
+        prompt_len=workloads.LogNormal(200, 0.8, hi=1500),
+        output_len=workloads.LogNormal(100, 1.0, hi=600),
+        vocab_size=500,
+        seed=0,
+    )
+    cases = [
+        dict(
+            model="llama-2-7b", cost_model="H100-SXM", num_kv_blocks=256, max_model_len=4096, enable_prefix_caching=True
+        ),
+        dict(model="random", cost_model=ConstantStepTime(0.010), policy="sjf", max_num_seqs=4, max_model_len=2048),
+    ]
     for case in cases:
         records, want = by_hand(trace, **case)
         eng, m, got = replay(trace, **case)

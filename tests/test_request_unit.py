@@ -13,13 +13,19 @@ import pytest
 from minillm.core.request import Request, RequestStatus
 from minillm.sampling_params import SamplingParams
 
-W, R, P, S, F = (RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED,
-                 RequestStatus.FINISHED)
+W, R, P, S, F = (
+    RequestStatus.WAITING,
+    RequestStatus.RUNNING,
+    RequestStatus.PREEMPTED,
+    RequestStatus.SWAPPED,
+    RequestStatus.FINISHED,
+)
 
 
 def request(prompt_len: int = 6, max_tokens: int = 4, **params) -> Request:
-    return Request("r", list(range(10, 10 + prompt_len)), SamplingParams(max_tokens=max_tokens, **params),
-                   arrival_time=1.0)
+    return Request(
+        "r", list(range(10, 10 + prompt_len)), SamplingParams(max_tokens=max_tokens, **params), arrival_time=1.0
+    )
 
 
 def in_state(status: RequestStatus) -> Request:
@@ -44,20 +50,20 @@ def test_a_new_request_waits_with_nothing_computed():
 
 def test_admit_runs_it_from_its_cached_prefix_and_keeps_the_first_schedule_time():
     r = request()
-    r.admit(4, admit_seq=7, now=2.0)             # a prefix-cache hit of 4 positions
+    r.admit(4, admit_seq=7, now=2.0)  # a prefix-cache hit of 4 positions
     assert r.status is R and r.num_computed_tokens == 4 and r.num_cached_tokens == 4 and r.admit_seq == 7
     assert r.metrics.first_scheduled_time == 2.0 and r.metrics.num_cached_tokens == 4
     assert r.metrics.queue_wait == 1.0
     r.preempt(P, keeps_kv=False)
-    r.admit(0, admit_seq=9, now=5.0)             # admitted again, no hit this time
+    r.admit(0, admit_seq=9, now=5.0)  # admitted again, no hit this time
     assert r.num_computed_tokens == 0 and r.admit_seq == 9
-    assert r.metrics.first_scheduled_time == 2.0     # the first time stays
-    assert r.metrics.num_cached_tokens == 4          # the largest hit stays
+    assert r.metrics.first_scheduled_time == 2.0  # the first time stays
+    assert r.metrics.num_cached_tokens == 4  # the largest hit stays
 
 
 def test_a_prefill_then_a_decode_by_the_one_prefill_decode_rule():
     r = in_state(R)
-    r.advance(6)                                 # the whole prompt computed, first token sampled
+    r.advance(6)  # the whole prompt computed, first token sampled
     r.append_token(50, t=3.0)
     assert r.num_tokens == 7 and r.num_computed_tokens == 6 and r.is_decoding
     assert r.metrics.first_token_time == 3.0 and r.metrics.ttft == 2.0
@@ -69,7 +75,7 @@ def test_a_prefill_then_a_decode_by_the_one_prefill_decode_rule():
 
 def test_a_chunk_of_the_prompt_is_not_a_decode():
     r = in_state(R)
-    r.advance(4)                                 # 4 of 6 prompt positions: nothing sampled
+    r.advance(4)  # 4 of 6 prompt positions: nothing sampled
     assert not r.is_decoding and r.num_output_tokens == 0
 
 
@@ -80,8 +86,8 @@ def test_preempt_without_the_kv_recomputes_every_position():
     r.preempt(P, keeps_kv=False)
     assert r.status is P and r.num_computed_tokens == 0 and r.num_cached_tokens == 0
     assert r.metrics.num_recomputed_tokens == 6 and r.num_preemptions == 1 and r.metrics.num_preemptions == 1
-    assert not r.is_decoding                     # prompt + output are computed again: a prefill
-    assert r.output_token_ids == [50]            # the output is kept
+    assert not r.is_decoding  # prompt + output are computed again: a prefill
+    assert r.output_token_ids == [50]  # the output is kept
 
 
 def test_a_swap_keeps_the_kv_and_resume_runs_it_again():
@@ -135,7 +141,7 @@ def test_a_finished_request_does_not_finish_again_and_preemption_goes_to_the_que
     r = in_state(F)
     with pytest.raises(RuntimeError, match="finish from finished"):
         r.finish("abort", 9.0)
-    assert r.finish_reason == "stop" and r.metrics.finish_time == 3.0      # unchanged
+    assert r.finish_reason == "stop" and r.metrics.finish_time == 3.0  # unchanged
     with pytest.raises(ValueError, match="preempt to finished; only to preempted or swapped"):
         in_state(R).preempt(F, keeps_kv=False)
 
@@ -154,17 +160,17 @@ def test_guesses_settle_to_the_accepted_ones_and_a_stop_drops_what_follows():
     r.advance(6)
     r.append_token(50, 3.0)
     r.spec_token_ids = [1, 2, 3]
-    r.advance(4)                                 # the newest token and 3 guesses computed: 10 positions
+    r.advance(4)  # the newest token and 3 guesses computed: 10 positions
     r.settle_guesses(num_proposed=3, num_accepted=1)
     assert r.num_computed_tokens == 8 and r.spec_token_ids == []
     assert r.metrics.num_spec_proposed == 3 and r.metrics.num_spec_accepted == 1
     r.append_token(1, 3.1)
-    r.append_token(60, 3.1)                      # 9 tokens known, 8 computed
+    r.append_token(60, 3.1)  # 9 tokens known, 8 computed
     r.drop_past_stop()
-    assert r.num_computed_tokens == 8            # min(8, 9 - 1)
+    assert r.num_computed_tokens == 8  # min(8, 9 - 1)
     r.advance(1)
     r.drop_past_stop()
-    assert r.num_computed_tokens == 8            # KV only up to the newest output token kept
+    assert r.num_computed_tokens == 8  # KV only up to the newest output token kept
 
 
 def test_rewind_undoes_applied_results_and_lose_kv_from_cuts_computed_positions():
@@ -184,7 +190,7 @@ def test_rewind_undoes_applied_results_and_lose_kv_from_cuts_computed_positions(
     r.advance(2)
     r.lose_kv_from(3)
     assert r.num_computed_tokens == 3 and r.num_cached_tokens == 3
-    r.lose_kv_from(5)                            # beyond what it has: nothing changes
+    r.lose_kv_from(5)  # beyond what it has: nothing changes
     assert r.num_computed_tokens == 3
 
 

@@ -17,7 +17,7 @@ from minillm.core.scheduler import Scheduler
 from minillm.sampling_params import SamplingParams
 from minillm.worker.model_runner import ExecutionResult
 
-TOKEN = 99          # what the mocked runner samples (not the end-of-sequence token of any request here)
+TOKEN = 99  # what the mocked runner samples (not the end-of-sequence token of any request here)
 
 
 def scheduler(**config) -> Scheduler:
@@ -26,8 +26,13 @@ def scheduler(**config) -> Scheduler:
 
 
 def request(rid: str, prompt_len: int, max_tokens: int, arrival: float = 0.0, eos: int | None = None) -> Request:
-    return Request(rid, list(range(10, 10 + prompt_len)), SamplingParams(max_tokens=max_tokens, temperature=0),
-                   arrival_time=arrival, eos_token_id=eos)
+    return Request(
+        rid,
+        list(range(10, 10 + prompt_len)),
+        SamplingParams(max_tokens=max_tokens, temperature=0),
+        arrival_time=arrival,
+        eos_token_id=eos,
+    )
 
 
 def runner_output(out, token: int = TOKEN) -> ExecutionResult:
@@ -84,17 +89,28 @@ def test_the_token_budget_chunks_the_second_prompt_and_decodes_take_one_token():
     assert s.kv.num_free_blocks == 6 and not s.has_work()
 
 
-@pytest.mark.parametrize("config, prompts, reason", [
-    # 3 blocks of 4: a's 8 tokens take 2, b's 8 need 2 with 1 free; c queues behind b (FCFS head-of-line).
-    (dict(block_size=4, num_kv_blocks=3, max_num_batched_tokens=64),
-     [("a", 8), ("b", 8), ("c", 2)], {"b": "needs 2 blocks, 1 free", "c": "queued behind b"}),
-    (dict(block_size=4, num_kv_blocks=8, max_num_batched_tokens=64, max_num_seqs=1),
-     [("a", 3), ("b", 3)], {"b": "max_num_seqs=1 requests already running"}),
-    # Budget 4, a takes 3: b's 3-token prompt does not fit the 1 token left, and may not be cut.
-    (dict(block_size=4, num_kv_blocks=8, max_num_batched_tokens=4, enable_chunked_prefill=False),
-     [("a", 3), ("b", 3)],
-     {"b": "prefill of 3 tokens does not fit the 1 tokens left in the budget of 4 (chunked prefill is off)"}),
-])
+@pytest.mark.parametrize(
+    "config, prompts, reason",
+    [
+        # 3 blocks of 4: a's 8 tokens take 2, b's 8 need 2 with 1 free; c queues behind b (FCFS head-of-line).
+        (
+            dict(block_size=4, num_kv_blocks=3, max_num_batched_tokens=64),
+            [("a", 8), ("b", 8), ("c", 2)],
+            {"b": "needs 2 blocks, 1 free", "c": "queued behind b"},
+        ),
+        (
+            dict(block_size=4, num_kv_blocks=8, max_num_batched_tokens=64, max_num_seqs=1),
+            [("a", 3), ("b", 3)],
+            {"b": "max_num_seqs=1 requests already running"},
+        ),
+        # Budget 4, a takes 3: b's 3-token prompt does not fit the 1 token left, and may not be cut.
+        (
+            dict(block_size=4, num_kv_blocks=8, max_num_batched_tokens=4, enable_chunked_prefill=False),
+            [("a", 3), ("b", 3)],
+            {"b": "prefill of 3 tokens does not fit the 1 tokens left in the budget of 4 (chunked prefill is off)"},
+        ),
+    ],
+)
 def test_the_admission_check_says_why_each_request_waits(config, prompts, reason):
     s = scheduler(max_model_len=12, **config)
     for rid, n in prompts:
@@ -167,10 +183,10 @@ def test_the_runner_output_must_have_one_token_list_per_grant():
 def test_rollback_puts_the_queues_and_requests_back_and_distrusts_blocks_handed_on():
     s, a, b = a_full_cache()
     checkpoint = s.checkpoint()
-    out = s.schedule(1.0)                      # the pass that preempts b and hands its block 3 to a ...
+    out = s.schedule(1.0)  # the pass that preempts b and hands its block 3 to a ...
     s.update_from_output(out, runner_output(out), 2.0)
     assert out.preempted and a.num_computed_tokens == 5 and a.output_token_ids == [TOKEN, TOKEN]
-    s.rollback(checkpoint)                     # ... in a step that then failed
+    s.rollback(checkpoint)  # ... in a step that then failed
     assert [r.request_id for r in s.running] == ["a", "b"] and s.waiting == []
     assert s.counters["preemptions_recompute"] == 0
     assert (a.num_computed_tokens, a.output_token_ids, a.status) == (4, [TOKEN], RequestStatus.RUNNING)
@@ -186,27 +202,37 @@ def test_a_running_request_given_no_tokens_carries_the_schedulers_reason():
     # start running with no grant in step 2). Step 3: six sequences want one token each, the budget holds
     # 4: g#0..g#3 (running order) decode, g#4 and g#5 wait for the budget.
     from minillm.core.parallel_sampling import first_sequence
+
     s = scheduler(block_size=4, num_kv_blocks=32, max_num_batched_tokens=4, max_model_len=32, max_num_seqs=8)
-    s.add(first_sequence("g", SamplingParams(n=6, max_tokens=3, temperature=0), prompt_token_ids=list(range(10, 20)),
-                                 arrival_time=0.0))
+    s.add(
+        first_sequence(
+            "g",
+            SamplingParams(n=6, max_tokens=3, temperature=0),
+            prompt_token_ids=list(range(10, 20)),
+            arrival_time=0.0,
+        )
+    )
     for t in (0.0, 1.0):
         out, _ = step(s, t)
         assert grants(out) == [("g#0", 4, 4 * int(t), "prefill")] and out.not_scheduled == []
     out, upd = step(s, 2.0)
     assert grants(out) == [("g#0", 2, 8, "prefill")]
     assert {w.request_id: w.reason for w in out.not_scheduled} == {
-        f"g#{i}": "forked from g at the end of this step: it decodes from the next step" for i in range(1, 6)}
+        f"g#{i}": "forked from g at the end of this step: it decodes from the next step" for i in range(1, 6)
+    }
     out, _ = step(s, 3.0)
     assert grants(out) == [(f"g#{i}", 1, 10, "decode") for i in range(4)]
     assert {w.request_id: w.reason for w in out.not_scheduled} == {
-        f"g#{i}": "the token budget of 4 was spent before its turn" for i in (4, 5)}
+        f"g#{i}": "the token budget of 4 was spent before its turn" for i in (4, 5)
+    }
 
 
 def test_a_prefill_priority_step_records_why_the_decodes_stall():
     # a (4-token prompt) prefills in step 0; b arrives at t=0.5. Step 1 under prefill-priority runs b's
     # prefill alone: a, running, gets no token, and the step says why.
-    s = scheduler(block_size=4, num_kv_blocks=8, max_num_batched_tokens=8, max_model_len=16,
-                  interference="prefill-priority")
+    s = scheduler(
+        block_size=4, num_kv_blocks=8, max_num_batched_tokens=8, max_model_len=16, interference="prefill-priority"
+    )
     s.add(request("a", 4, max_tokens=3))
     s.add(request("b", 4, max_tokens=3, arrival=0.5))
     out, _ = step(s, 0.0)
@@ -214,6 +240,7 @@ def test_a_prefill_priority_step_records_why_the_decodes_stall():
     out, _ = step(s, 1.0)
     assert grants(out) == [("b", 4, 0, "prefill")]
     assert [(w.request_id, w.reason) for w in out.not_scheduled] == [
-        ("a", "prefill-priority: this step runs a new prompt's prefill, decodes wait")]
-    out, _ = step(s, 2.0)          # no new prompt: both decode
+        ("a", "prefill-priority: this step runs a new prompt's prefill, decodes wait")
+    ]
+    out, _ = step(s, 2.0)  # no new prompt: both decode
     assert grants(out) == [("a", 1, 4, "decode"), ("b", 1, 4, "decode")] and out.not_scheduled == []

@@ -12,18 +12,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = [*sorted((ROOT / "notebooks").glob("*.py")), *sorted((ROOT / "notebooks").glob("*.ipynb")),
-           *sorted((ROOT / "minillm").rglob("*.py")), *sorted((ROOT / "kernels").rglob("*.py")),
-           *sorted((ROOT / "exercises").glob("*.py")), *sorted((ROOT / "solutions").glob("*.py")),
-           ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SOURCE_REFERENCE = re.compile(r"\bthe seeds\b(?!\s+\d)|\bseeds'|\bseed text\b|\bseed concepts?\b"
-                              r"|\bseeds_(?:example|exercise)",
-                              re.IGNORECASE)
+CHECKED = [
+    *sorted((ROOT / "notebooks").glob("*.py")),
+    *sorted((ROOT / "notebooks").glob("*.ipynb")),
+    *sorted((ROOT / "minillm").rglob("*.py")),
+    *sorted((ROOT / "kernels").rglob("*.py")),
+    *sorted((ROOT / "exercises").glob("*.py")),
+    *sorted((ROOT / "solutions").glob("*.py")),
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
+SOURCE_REFERENCE = re.compile(
+    r"\bthe seeds\b(?!\s+\d)|\bseeds'|\bseed text\b|\bseed concepts?\b"
+    r"|\bseeds_(?:example|exercise)",
+    re.IGNORECASE,
+)
 
 
 def references(text: str) -> list[str]:
-    return [f"line {n}: {line.strip()[:100]}" for n, line in enumerate(text.splitlines(), 1)
-            if SOURCE_REFERENCE.search(line)]
+    return [
+        f"line {n}: {line.strip()[:100]}"
+        for n, line in enumerate(text.splitlines(), 1)
+        if SOURCE_REFERENCE.search(line)
+    ]
 
 
 def test_the_pattern_tells_a_source_reference_from_a_random_seed():
@@ -36,5 +47,7 @@ def test_the_pattern_tells_a_source_reference_from_a_random_seed():
 @pytest.mark.parametrize("path", CHECKED, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_reference_to_a_source_the_reader_cannot_open(path):
     found = references(path.read_text(encoding="utf-8"))
-    assert not found, (f"{path.relative_to(ROOT)} refers to a source the reader cannot open; say it in the text, "
-                       "show it from the run, or cite the published work:\n  " + "\n  ".join(found))
+    assert not found, (
+        f"{path.relative_to(ROOT)} refers to a source the reader cannot open; say it in the text, "
+        "show it from the run, or cite the published work:\n  " + "\n  ".join(found)
+    )

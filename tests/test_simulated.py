@@ -16,12 +16,17 @@ from minillm.analysis.metrics import summarize
 from minillm.sim.sim_executor import PLACEHOLDER_TOKEN
 from minillm.sim.simulated import StepSummary, gpus_needed, simulate, tensor_parallel
 from minillm.analysis.workloads import (
-    LogNormal, TraceRequest, Uniform, shared_prefix_trace, submit_trace, synthetic_trace,
+    LogNormal,
+    TraceRequest,
+    Uniform,
+    shared_prefix_trace,
+    submit_trace,
+    synthetic_trace,
 )
 
 # Llama-2-70B: 68,976,648,192 parameters in bf16; KV per token 2 x 80 layers x 8 KV heads x 128 x 2 B.
 W70 = 68_976_648_192 * 2
-KV70 = 2 * 80 * 8 * 128 * 2                       # 327,680 bytes per position
+KV70 = 2 * 80 * 8 * 128 * 2  # 327,680 bytes per position
 # 4 x H100 (80 GB each), 90% of memory usable: (288e9 - weights) / KV per position
 CAP_4xH100 = int((4 * 80e9 * 0.9 - W70) // KV70)  # 150,046,703,616 / 327,680 = 457,906 positions
 
@@ -33,7 +38,7 @@ def test_tensor_parallel_and_gpus_needed():
     assert hw.peak_flops == 4 * h1.peak_flops and hw.hbm_bandwidth == 4 * h1.hbm_bandwidth
     assert hw.hbm_bytes == 4 * h1.hbm_bytes
     assert tensor_parallel("H100-SXM", 1) is h1
-    assert gpus_needed("H100-SXM", "llama-2-70b") == 4          # 138 GB of weights: half of 4 x 80 GB
+    assert gpus_needed("H100-SXM", "llama-2-70b") == 4  # 138 GB of weights: half of 4 x 80 GB
     assert gpus_needed("H100-SXM", "llama-2-7b") == 1
     with pytest.raises(ValueError):
         tensor_parallel("H100-SXM", 0)
@@ -44,10 +49,11 @@ def test_the_70b_shape_sizes_the_kv_cache_and_prices_swaps():
     eng = LLM(model="random", executor="simulated", clock="modeled", cost_model=cm).engine
     assert CAP_4xH100 == 457_906 and CAP_4xH100 // 16 == 28_619
     assert eng.num_kv_blocks == CAP_4xH100 // 16
-    assert eng.executor.bytes_per_block == KV70 * 16            # not the tiny random model's
+    assert eng.executor.bytes_per_block == KV70 * 16  # not the tiny random model's
     # the same through a preset name: the engine prices its own (70B) shape
-    eng = LLM(model="llama-2-70b", executor="simulated", clock="modeled",
-              cost_model=tensor_parallel("H100-SXM", 4)).engine
+    eng = LLM(
+        model="llama-2-70b", executor="simulated", clock="modeled", cost_model=tensor_parallel("H100-SXM", 4)
+    ).engine
     assert eng.model_spec is MODELS["llama-2-70b"]
     assert eng.cost_model.model is MODELS["llama-2-70b"]
     assert eng.num_kv_blocks == CAP_4xH100 // 16
@@ -71,8 +77,7 @@ def test_simulated_executor_generates_placeholders_to_max_tokens():
 
 def test_future_arrivals_wait_outside_the_queue_and_the_idle_clock_jumps():
     eng = LLM(model="random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.01)).engine
-    submit_trace(eng, [TraceRequest("now", 0.0, 8, 3), TraceRequest("later", 5.0, 8, 3)],
-                 vocab_size=eng.vocab_size)
+    submit_trace(eng, [TraceRequest("now", 0.0, 8, 3), TraceRequest("later", 5.0, 8, 3)], vocab_size=eng.vocab_size)
     assert [r.request_id for r in eng.scheduler.waiting] == ["now"]
     assert eng.scheduler.next_arrival() == 5.0
     eng.step()
@@ -90,15 +95,25 @@ def test_future_arrivals_wait_outside_the_queue_and_the_idle_clock_jumps():
 
 
 def test_simulate_records_modes_agree():
-    trace = synthetic_trace(300, rate=40, prompt_len=LogNormal(128, 1.0, 4, 1024),
-                            output_len=LogNormal(64, 0.8, 2, 512), seed=5)
+    trace = synthetic_trace(
+        300, rate=40, prompt_len=LogNormal(128, 1.0, 4, 1024), output_len=LogNormal(64, 0.8, 2, 512), seed=5
+    )
     eng_f, s_full = simulate(trace, records="full")
     eng_s, s_sum = simulate(trace, records="summary")
     assert len(eng_f.step_records) == eng_f.step_count and not eng_f.step_summaries
     assert not eng_s.step_records and len(eng_s.step_summaries) == eng_s.step_count
     assert isinstance(eng_s.step_summaries[0], StepSummary)
-    for k in ("num_finished", "duration", "output_throughput", "ttft_mean", "e2e_p99", "batch_size_mean",
-              "kv_util_mean", "schedule_overhead_fraction", "num_steps"):
+    for k in (
+        "num_finished",
+        "duration",
+        "output_throughput",
+        "ttft_mean",
+        "e2e_p99",
+        "batch_size_mean",
+        "kv_util_mean",
+        "schedule_overhead_fraction",
+        "num_steps",
+    ):
         assert s_full[k] == s_sum[k], k
     assert s_full["num_gpus"] == 4 and s_full["cost_model"] == "roofline(4xH100-SXM, llama-2-70b)"
     assert s_full["num_finished"] == 300
@@ -109,8 +124,9 @@ def test_simulate_records_modes_agree():
     # per-request entries) are the full snapshot's at every step
     rec, summ = eng_f.step_records[10], eng_s.step_summaries[10]
     assert summ.batch_size == len(rec.batch) and summ.kv.used == rec.kv.used
-    assert [s.kv for s in eng_s.step_summaries] == \
-        [(r.kv.used, r.kv.total, r.kv.free, r.kv.blocks_used * r.kv.block_size) for r in eng_f.step_records]
+    assert [s.kv for s in eng_s.step_summaries] == [
+        (r.kv.used, r.kv.total, r.kv.free, r.kv.blocks_used * r.kv.block_size) for r in eng_f.step_records
+    ]
     assert eng_s.record_mode == "totals"
     assert summ.num_prefill_tokens == rec.num_prefill_tokens
     assert summ.num_decode_tokens == rec.num_decode_tokens
@@ -130,14 +146,17 @@ def test_simulate_under_overload_loses_nothing():
 def test_ten_thousand_requests_of_a_70b_model():
     """The at-scale replay: 10,000 chat-like requests (ShareGPT-sized: ~200 tokens in, ~190 out)
     at 20 req/s on 4 modeled H100s. Prints the wall time; asserts only that it completes."""
-    trace = synthetic_trace(10_000, rate=20, prompt_len=LogNormal(128, 1.0, 4, 2048),
-                            output_len=LogNormal(128, 0.9, 4, 1024), seed=0)
+    trace = synthetic_trace(
+        10_000, rate=20, prompt_len=LogNormal(128, 1.0, 4, 2048), output_len=LogNormal(128, 0.9, 4, 1024), seed=0
+    )
     t0 = time.perf_counter()
     eng, s = simulate(trace, model="llama-2-70b", hardware="H100-SXM")
     wall = time.perf_counter() - t0
-    print(f"\n10,000 requests of llama-2-70b on 4 x H100 (modeled): {eng.step_count} steps, "
-          f"{s['duration']:.0f} s modeled, {wall:.1f} s wall; "
-          f"{s['output_throughput']:.0f} output tok/s, TTFT p99 {s['ttft_p99'] * 1e3:.0f} ms")
+    print(
+        f"\n10,000 requests of llama-2-70b on 4 x H100 (modeled): {eng.step_count} steps, "
+        f"{s['duration']:.0f} s modeled, {wall:.1f} s wall; "
+        f"{s['output_throughput']:.0f} output tok/s, TTFT p99 {s['ttft_p99'] * 1e3:.0f} ms"
+    )
     assert s["num_finished"] == 10_000 and s["num_unfinished"] == 0
     assert s["total_output_tokens"] == sum(r.output_len for r in trace)
 
@@ -146,17 +165,21 @@ def test_records_off_changes_no_decision():
     """``records=False`` runs the engine with ``record="none"`` (no KV snapshot, no batch
     entries): every request's metrics and every count must equal the fully recorded run's,
     under preemption (recompute and swap), chunked prefill and a long FCFS queue."""
-    trace = synthetic_trace(300, rate=60.0, prompt_len=LogNormal(300, 1.0, 8, 1500),
-                            output_len=LogNormal(100, 1.0, 4, 400), seed=11)
-    for cfg in (dict(num_kv_blocks=300, max_num_batched_tokens=1024),
-                dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=200, policy="sjf"),
-                dict(max_num_seqs=8, enable_chunked_prefill=False)):
+    trace = synthetic_trace(
+        300, rate=60.0, prompt_len=LogNormal(300, 1.0, 8, 1500), output_len=LogNormal(100, 1.0, 4, 400), seed=11
+    )
+    for cfg in (
+        dict(num_kv_blocks=300, max_num_batched_tokens=1024),
+        dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=200, policy="sjf"),
+        dict(max_num_seqs=8, enable_chunked_prefill=False),
+    ):
         full_eng, full = simulate(trace, records="full", **cfg)
         off_eng, off = simulate(trace, records=False, **cfg)
         assert off_eng.record_mode == "none" and off_eng.step_records == []
         assert full_eng.step_count == off_eng.step_count
-        assert {k: r.metrics for k, r in full_eng.requests.items()} == \
-            {k: r.metrics for k, r in off_eng.requests.items()}
+        assert {k: r.metrics for k, r in full_eng.requests.items()} == {
+            k: r.metrics for k, r in off_eng.requests.items()
+        }
         assert full_eng.stats() == off_eng.stats()
         from_requests = ("ttft_p99", "tpot_p50", "e2e_max", "num_finished", "output_throughput", "num_preemptions")
         assert {k: full[k] for k in from_requests} == {k: off[k] for k in from_requests}
@@ -167,15 +190,22 @@ def test_records_off_changes_no_decision():
 def _engine(trace, **cfg):
     """The engine ``simulate(records=False)`` steps, with ``trace`` submitted."""
     cfg = {"record": "none", **cfg}
-    eng = LLM("random", executor="simulated", clock="modeled",
-              cost_model=RooflineCostModel(tensor_parallel("H100-SXM", 4), MODELS["llama-2-70b"]), **cfg).engine
+    eng = LLM(
+        "random",
+        executor="simulated",
+        clock="modeled",
+        cost_model=RooflineCostModel(tensor_parallel("H100-SXM", 4), MODELS["llama-2-70b"]),
+        **cfg,
+    ).engine
     submit_trace(eng, trace, vocab_size=eng.vocab_size)
     return eng
 
 
 def _requests(eng):
-    return {k: (r.output_token_ids, r.num_computed_tokens, r.status, r.finish_reason, r.metrics)
-            for k, r in eng.requests.items()}
+    return {
+        k: (r.output_token_ids, r.num_computed_tokens, r.status, r.finish_reason, r.metrics)
+        for k, r in eng.requests.items()
+    }
 
 
 def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
@@ -184,14 +214,16 @@ def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
     token times, computed positions and metrics every ``sync_every`` steps and at the end (the fast one's
     lazy requests brought up to date first), then the clock and the counters. Returns the fast stepper."""
     from minillm.sim.fast_forward import FastForward
+
     fast, plain = _engine(trace, **cfg), _engine(trace, **cfg)
     ff = (stepper or FastForward)(fast)
     i = 0
     while plain.has_unfinished_requests():
         assert fast.has_unfinished_requests(), i
         assert dataclasses.asdict(ff.step()) == dataclasses.asdict(plain.step()), (cfg, i)
-        assert {r: [b.block_id for b in bl] for r, bl in fast.kv.req_blocks.items()} == \
-            {r: [b.block_id for b in bl] for r, bl in plain.kv.req_blocks.items()}, (cfg, i)
+        assert {r: [b.block_id for b in bl] for r, bl in fast.kv.req_blocks.items()} == {
+            r: [b.block_id for b in bl] for r, bl in plain.kv.req_blocks.items()
+        }, (cfg, i)
         assert list(fast.kv.pool.free_queue) == list(plain.kv.pool.free_queue), (cfg, i)
         i += 1
         if i % sync_every == 0:
@@ -206,20 +238,25 @@ def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
     return ff
 
 
-FF_TRACE = dict(n=150, rate=8.0, prompt_len=LogNormal(300, 1.0, 8, 1500), output_len=LogNormal(150, 1.0, 4, 800),
-                seed=5)
+FF_TRACE = dict(
+    n=150, rate=8.0, prompt_len=LogNormal(300, 1.0, 8, 1500), output_len=LogNormal(150, 1.0, 4, 800), seed=5
+)
 
 
-@pytest.mark.parametrize("cfg", [
-    dict(),                                                              # seats to spare: decodes, arrivals
-    dict(max_num_seqs=4),                                                # a queue behind full seats
-    dict(num_kv_blocks=300),                                             # preemption (steps passed on)
-    dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=100),   # swapping out and back
-    dict(max_num_batched_tokens=512),                                    # prompts in chunks, budget cuts
-    dict(enable_chunked_prefill=False, num_kv_blocks=400, max_num_batched_tokens=4096),
-    dict(watermark=0.3, num_kv_blocks=500, block_size=8),                # admission's headroom, other blocks
-    dict(max_model_len=600),                                             # max_model_len ends requests
-], ids=["seats", "queue", "preempt", "swap", "chunks", "no-chunking", "watermark", "max-model-len"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(),  # seats to spare: decodes, arrivals
+        dict(max_num_seqs=4),  # a queue behind full seats
+        dict(num_kv_blocks=300),  # preemption (steps passed on)
+        dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=100),  # swapping out and back
+        dict(max_num_batched_tokens=512),  # prompts in chunks, budget cuts
+        dict(enable_chunked_prefill=False, num_kv_blocks=400, max_num_batched_tokens=4096),
+        dict(watermark=0.3, num_kv_blocks=500, block_size=8),  # admission's headroom, other blocks
+        dict(max_model_len=600),  # max_model_len ends requests
+    ],
+    ids=["seats", "queue", "preempt", "swap", "chunks", "no-chunking", "watermark", "max-model-len"],
+)
 def test_fast_forward_changes_no_decision(cfg):
     """``minillm/sim/fast_forward.py`` against the same engine stepped by ``engine.step()``: the same
     records step by step, the same block tables and free list after every step (so the same blocks in
@@ -231,9 +268,10 @@ def test_fast_forward_changes_no_decision(cfg):
     if cfg["max_model_len"] < 4096:
         trace = [r for r in trace if r.prompt_len < cfg["max_model_len"] - 100]
     ff = _lockstep(trace, **cfg)
-    assert ff.steps_taken > ff.steps_passed_on            # most steps fast-forwarded
-    assert (ff.steps_passed_on > 0) == ("num_kv_blocks" in cfg and cfg["num_kv_blocks"] <= 400
-                                       or "max_num_batched_tokens" in cfg), ff.steps_passed_on
+    assert ff.steps_taken > ff.steps_passed_on  # most steps fast-forwarded
+    assert (ff.steps_passed_on > 0) == (
+        "num_kv_blocks" in cfg and cfg["num_kv_blocks"] <= 400 or "max_num_batched_tokens" in cfg
+    ), ff.steps_passed_on
 
 
 def test_the_fast_forward_check_catches_a_planted_bug():
@@ -261,24 +299,34 @@ def test_append_tokens_is_append_token_for_each():
     """``Request.append_tokens`` (the fast path's catch-up) leaves a request as ``append_token`` per token does:
     the tokens, their times and the first token's time."""
     from minillm.core.request import Request
+
     one, many = (Request("a", [5, 6, 7], SamplingParams(max_tokens=9), arrival_time=1.0) for _ in range(2))
     for tok, t in zip([3, 4, 5], [2.0, 2.5, 3.25]):
         one.append_token(tok, t)
     many.append_tokens([3, 4], [2.0, 2.5])
     many.append_tokens([], [])
     many.append_tokens([5], [3.25])
-    assert (many.output_token_ids, many.metrics) == (one.output_token_ids, one.metrics) == \
-        ([3, 4, 5], many.metrics) and many.metrics.first_token_time == 2.0
+    assert (many.output_token_ids, many.metrics) == (one.output_token_ids, one.metrics) == (
+        [3, 4, 5],
+        many.metrics,
+    ) and many.metrics.first_token_time == 2.0
 
 
 def test_fast_forward_covers_only_its_configuration():
     """``FastForward.covers``: the long-simulation configuration; another policy, prefix caching, a constant
     cost model or recorded steps are stepped by ``engine.step()`` (``simulate`` checks before it uses it)."""
     from minillm.sim.fast_forward import FastForward
+
     trace = synthetic_trace(**{**FF_TRACE, "n": 10})
     assert FastForward.covers(_engine(trace))
-    for other in (dict(policy="priority"), dict(policy="sjf"), dict(enable_prefix_caching=True),
-                  dict(interference="decode-priority"), dict(max_queue_len=5), dict(record="totals")):
+    for other in (
+        dict(policy="priority"),
+        dict(policy="sjf"),
+        dict(enable_prefix_caching=True),
+        dict(interference="decode-priority"),
+        dict(max_queue_len=5),
+        dict(record="totals"),
+    ):
         assert not FastForward.covers(_engine(trace, **other)), other
     const = LLM("random", executor="simulated", clock="modeled", record="none", cost_model=0.01).engine
     assert not FastForward.covers(const)
@@ -308,26 +356,51 @@ def test_kv_totals_are_the_full_snapshots_counts(caching):
     taken from the pool's counters, and drops its per-request entries and block map: step for
     step, every count equals the full snapshot's, under swapping preemption and (with prefix
     caching) blocks shared between requests."""
-    trace = shared_prefix_trace(150, prefix_len=64, suffix_len=LogNormal(96, 0.8, 4, 512),
-                                output_len=LogNormal(64, 0.8, 2, 256), vocab_size=1000, rate=60, seed=3)
-    cfg = dict(records="full", record_history=None, num_kv_blocks=160, preemption_mode="swap",
-               num_swap_blocks=160, enable_prefix_caching=caching)
+    trace = shared_prefix_trace(
+        150,
+        prefix_len=64,
+        suffix_len=LogNormal(96, 0.8, 4, 512),
+        output_len=LogNormal(64, 0.8, 2, 256),
+        vocab_size=1000,
+        rate=60,
+        seed=3,
+    )
+    cfg = dict(
+        records="full",
+        record_history=None,
+        num_kv_blocks=160,
+        preemption_mode="swap",
+        num_swap_blocks=160,
+        enable_prefix_caching=caching,
+    )
     full, _ = simulate(trace, **cfg)
     totals, _ = simulate(trace, **{**cfg, "record": "totals"})
     assert totals.record_mode == "totals" and len(totals.step_records) == full.step_count
     assert sum(len(r.preempted) for r in full.step_records) > 0
-    counts = ("total", "used", "free", "blocks_total", "blocks_used", "blocks_free", "cached", "partial_waste",
-              "swap_used_blocks", "swap_total_blocks")
+    counts = (
+        "total",
+        "used",
+        "free",
+        "blocks_total",
+        "blocks_used",
+        "blocks_free",
+        "cached",
+        "partial_waste",
+        "swap_used_blocks",
+        "swap_total_blocks",
+    )
     for f, t in zip(full.step_records, totals.step_records):
         assert {k: getattr(t.kv, k) for k in counts} == {k: getattr(f.kv, k) for k in counts}
         assert not t.kv.per_request and not t.kv.blocks
         # no batch entry per request, the batch in counts: the full record's, from its entries
-        assert not t.batch and (t.batch_size, t.num_prefill_tokens, t.num_decode_tokens) == \
-            (len(f.batch), sum(e.num_new_tokens for e in f.batch if e.phase == "prefill"),
-             sum(e.num_new_tokens for e in f.batch if e.phase == "decode"))
-    assert any(t.num_prefill_tokens and t.num_decode_tokens for t in totals.step_records)   # mixed steps too
+        assert not t.batch and (t.batch_size, t.num_prefill_tokens, t.num_decode_tokens) == (
+            len(f.batch),
+            sum(e.num_new_tokens for e in f.batch if e.phase == "prefill"),
+            sum(e.num_new_tokens for e in f.batch if e.phase == "decode"),
+        )
+    assert any(t.num_prefill_tokens and t.num_decode_tokens for t in totals.step_records)  # mixed steps too
     assert any(f.kv.per_request for f in full.step_records)
-    assert any(f.kv.cached for f in full.step_records) == caching     # freed prefix blocks kept for reuse
+    assert any(f.kv.cached for f in full.step_records) == caching  # freed prefix blocks kept for reuse
 
 
 def test_kv_totals_with_forked_sequences():
@@ -337,16 +410,29 @@ def test_kv_totals_with_forked_sequences():
     import random
 
     def run(record):
-        llm = LLM(model="random", executor="simulated", clock="modeled", cost_model=0.01, enable_prefix_caching=True,
-                  num_kv_blocks=40, block_size=4, max_num_seqs=8, record=record, record_history=None,
-                  max_model_len=256)
+        llm = LLM(
+            model="random",
+            executor="simulated",
+            clock="modeled",
+            cost_model=0.01,
+            enable_prefix_caching=True,
+            num_kv_blocks=40,
+            block_size=4,
+            max_num_seqs=8,
+            record=record,
+            record_history=None,
+            max_model_len=256,
+        )
         rng = random.Random(0)
         system = [rng.randrange(10, 100) for _ in range(9)]
         for i in range(6):
             prompt = system + [rng.randrange(10, 100) for _ in range(rng.randrange(1, 7))]
-            llm.engine.add_request(prompt, SamplingParams(n=3 if i % 2 == 0 else 1, max_tokens=10 + i,
-                                                          ignore_eos=True, temperature=1.0, seed=i))
+            llm.engine.add_request(
+                prompt,
+                SamplingParams(n=3 if i % 2 == 0 else 1, max_tokens=10 + i, ignore_eos=True, temperature=1.0, seed=i),
+            )
         return llm.engine.run()
+
     full, totals = run("full"), run("totals")
     assert sum(len(r.forks) for r in full) == 3 and sum(len(r.copies) for r in full) > 0
     counts = ("used", "free", "blocks_used", "cached", "partial_waste")
@@ -367,11 +453,17 @@ def test_every_decode_asks_allocate_for_its_one_token():
             calls.append((req.request_id, num_new_tokens))
             return super().allocate(req, num_new_tokens, cached)
 
-    engine = LLM("random", executor="simulated", clock="modeled", cost_model=ConstantStepTime(0.01),
-                 num_kv_blocks=64, kv_manager=lambda cfg, n: CountingKV(n, cfg.block_size)).engine
+    engine = LLM(
+        "random",
+        executor="simulated",
+        clock="modeled",
+        cost_model=ConstantStepTime(0.01),
+        num_kv_blocks=64,
+        kv_manager=lambda cfg, n: CountingKV(n, cfg.block_size),
+    ).engine
     for _ in range(3):
         engine.add_request(list(range(10, 30)), SamplingParams(max_tokens=10, ignore_eos=True))
-    engine.step()                         # the 20-token prompts: each now 4 positions into its second block
+    engine.step()  # the 20-token prompts: each now 4 positions into its second block
     calls.clear()
     engine.step()
     assert sorted(calls) == sorted((r.request_id, 1) for r in engine.scheduler.running)
@@ -385,8 +477,14 @@ def test_side_by_side_script_steps_two_copies_to_the_same_decisions():
     import subprocess
     import sys
     from pathlib import Path
+
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "scripts/sim_ab.py", str(root), str(root), "--requests", "150",
-                           "--chunk", "7"], cwd=root, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "scripts/sim_ab.py", str(root), str(root), "--requests", "150", "--chunk", "7"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "B/A" in proc.stdout and "not the same decisions" not in proc.stdout, proc.stdout

@@ -21,10 +21,13 @@ def request(rid: str = "r") -> Request:
 
 def fields(r: Request) -> dict:
     """Every field of the request and of its metrics, the lists copied."""
+
     def plain(v):
         return list(v) if isinstance(v, list) else v
-    return ({f: plain(getattr(r, f)) for f in Request.__slots__}
-            | {f"metrics.{f}": plain(getattr(r.metrics, f)) for f in RequestMetrics.__slots__})
+
+    return {f: plain(getattr(r, f)) for f in Request.__slots__} | {
+        f"metrics.{f}": plain(getattr(r.metrics, f)) for f in RequestMetrics.__slots__
+    }
 
 
 def running(r: Request) -> Request:
@@ -42,10 +45,10 @@ def test_restore_puts_back_every_slot_of_the_request_and_its_metrics():
     lists = (r.output_token_ids, r.metrics.token_times, r.output_logprobs)
     j = StepJournal()
     j.save(r)
-    r.output_token_ids.append(51)                 # the lists the request had, grown in place
+    r.output_token_ids.append(51)  # the lists the request had, grown in place
     r.metrics.token_times.append(3.0)
     r.output_logprobs.append({51: -0.2})
-    for f in Request.__slots__:                   # then every field set to something else
+    for f in Request.__slots__:  # then every field set to something else
         if f not in ("output_token_ids", "output_logprobs", "metrics"):
             setattr(r, f, object())
     for f in RequestMetrics.__slots__:
@@ -63,17 +66,17 @@ def test_a_request_is_saved_once_per_step_as_it_was_before_the_first_change():
     j = StepJournal()
     j.save(r)
     r.preempt(RequestStatus.PREEMPTED, keeps_kv=False)
-    j.save(r)                                     # already saved: the first copy stays
+    j.save(r)  # already saved: the first copy stays
     r.admit(0, 2, 3.0)
     j.restore()
     assert fields(r) == before and r.status is RequestStatus.RUNNING and r.num_preemptions == 0
-    j.restore()                                   # the log is empty after a restore: nothing happens
+    j.restore()  # the log is empty after a restore: nothing happens
     assert fields(r) == before
 
 
 def test_applied_results_are_undone_from_the_grants():
     r = running(request())
-    g = grant(r, 1)                               # a decode from position 4, 1 output token before
+    g = grant(r, 1)  # a decode from position 4, 1 output token before
     assert (g.num_computed_before, g.num_output_before, g.phase) == (4, 1, "decode")
     before = fields(r)
     j = StepJournal()
@@ -105,12 +108,12 @@ def test_a_full_save_after_the_results_is_replayed_first():
 def test_the_kv_journal_keeps_a_table_as_it_was_before_the_steps_first_change():
     kv = PagedKVCacheManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
     a = request("a")
-    kv.allocate(a, 4)                             # blocks 0, 1
+    kv.allocate(a, 4)  # blocks 0, 1
     a.advance(4)
     kv.begin_step()
-    kv.allocate(a, 1)                             # position 4: block 2 (the journal keeps [0, 1])
+    kv.allocate(a, 1)  # position 4: block 2 (the journal keeps [0, 1])
     a.advance(1)
-    kv.allocate(a, 2)                             # positions 5, 6: block 3 (kept already: nothing more)
+    kv.allocate(a, 2)  # positions 5, 6: block 3 (kept already: nothing more)
     assert kv.block_table("a") == [0, 1, 2, 3] and kv.num_free_blocks == 0
     assert kv.rollback() == {}
     # back to [0, 1]; blocks 2 and 3 hold nothing reusable: each to the front, the deeper (3) first
@@ -122,9 +125,9 @@ def test_a_prefix_registered_unshared_is_offered_to_lookups_once_the_forward_has
     b = Request("b", [20, 21, 22, 23, 24], SamplingParams(max_tokens=4), arrival_time=0.0)
     c = Request("c", [20, 21, 22, 23, 24], SamplingParams(max_tokens=4), arrival_time=0.0)
     kv.begin_step()
-    kv.allocate(b, 5)                             # blocks 0, 1, 2
-    kv.cache_full_blocks(b, 5, shareable=False)   # 5 // 2 = 2 full: 0 and 1, not offered this pass
+    kv.allocate(b, 5)  # blocks 0, 1, 2
+    kv.cache_full_blocks(b, 5, shareable=False)  # 5 // 2 = 2 full: 0 and 1, not offered this pass
     assert kv.find_cached_prefix(c) == []
     kv.forward_done()
-    assert [h.block_id for h in kv.find_cached_prefix(c)] == [0, 1]     # (5 - 1) // 2 = 2 looked up
+    assert [h.block_id for h in kv.find_cached_prefix(c)] == [0, 1]  # (5 - 1) // 2 = 2 looked up
     kv.end_step()

@@ -32,8 +32,14 @@ def checker(max_model_len: int = 100, runs_model: bool = True, tokenizer=None) -
 
 def request(prompt_len: int = 6, expected_output_len=None, **params) -> Request:
     params.setdefault("max_tokens", 16)
-    return Request("r", list(range(10, 10 + prompt_len)), SamplingParams(**params), arrival_time=0.0,
-                   eos_token_id=EOS, expected_output_len=expected_output_len)
+    return Request(
+        "r",
+        list(range(10, 10 + prompt_len)),
+        SamplingParams(**params),
+        arrival_time=0.0,
+        eos_token_id=EOS,
+        expected_output_len=expected_output_len,
+    )
 
 
 def run(stops: StopChecker, req: Request, tokens) -> list:
@@ -108,20 +114,26 @@ def test_stop_strings_need_the_tokenizer_and_wait_for_min_tokens():
     assert r.stop_reason is None
 
 
-@pytest.mark.parametrize("kw, tok, expected", [
-    (dict(), 50, 6),                                   # min(max_tokens 10, 100 - 6) - 3 output - 1
-    (dict(max_model_len=12), 50, 2),                   # min(10, 12 - 6) - 3 - 1
-    (dict(runs_model=False, expected_output_len=5), 50, 1),   # min(10, 94, 5) - 3 - 1
-    (dict(), EOS, 0),                                  # EOS may end it
-    (dict(stop_token_ids=[50]), 50, 0),                # a stop token may end it
-    (dict(stop=["x"], tokenizer=CharTokenizer()), 50, 0),   # stop strings are matched on each token
-])
+@pytest.mark.parametrize(
+    "kw, tok, expected",
+    [
+        (dict(), 50, 6),  # min(max_tokens 10, 100 - 6) - 3 output - 1
+        (dict(max_model_len=12), 50, 2),  # min(10, 12 - 6) - 3 - 1
+        (dict(runs_model=False, expected_output_len=5), 50, 1),  # min(10, 94, 5) - 3 - 1
+        (dict(), EOS, 0),  # EOS may end it
+        (dict(stop_token_ids=[50]), 50, 0),  # a stop token may end it
+        (dict(stop=["x"], tokenizer=CharTokenizer()), 50, 0),  # stop strings are matched on each token
+    ],
+)
 def test_num_tokens_before_stop_is_how_far_the_check_is_certain_to_say_none(kw, tok, expected):
-    stops = checker(max_model_len=kw.pop("max_model_len", 100), runs_model=kw.pop("runs_model", True),
-                    tokenizer=kw.pop("tokenizer", None))
+    stops = checker(
+        max_model_len=kw.pop("max_model_len", 100),
+        runs_model=kw.pop("runs_model", True),
+        tokenizer=kw.pop("tokenizer", None),
+    )
     r = request(max_tokens=10, expected_output_len=kw.pop("expected_output_len", None), **kw)
     run(stops, r, [60, 61, 62])
     assert stops.num_tokens_before_stop(r, tok) == expected
-    if expected:                       # that many more: the check says None after each, and the next ends it
+    if expected:  # that many more: the check says None after each, and the next ends it
         assert run(stops, r, [tok] * expected) == [None] * expected
         assert run(stops, r, [tok]) != [None]

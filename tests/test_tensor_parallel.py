@@ -17,7 +17,7 @@ from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig
 from minillm.worker.tp_executor import TensorParallelError, Worker
 
-pytestmark = pytest.mark.slow   # starts rank processes
+pytestmark = pytest.mark.slow  # starts rank processes
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 # Small blocks and a small token budget: prompts arrive in chunks, decodes batch with prefills.
@@ -47,8 +47,9 @@ def _raise_within(seconds: float, fn):
     def target():
         try:
             fn()
-        except BaseException as e:   # reported to the test's thread
+        except BaseException as e:  # reported to the test's thread
             box["error"] = e
+
     t = threading.Thread(target=target, daemon=True)
     t.start()
     t.join(seconds)
@@ -59,7 +60,7 @@ def _raise_within(seconds: float, fn):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_two_ranks_give_the_same_greedy_tokens(tmp_path, arch):
-    tiny_hf_checkpoint(tmp_path, arch)            # 4 heads, 2 KV heads: 1 KV head per rank
+    tiny_hf_checkpoint(tmp_path, arch)  # 4 heads, 2 KV heads: 1 KV head per rank
     prompts = random_prompts(5, 128, seed=3, lo=2, hi=30)
     want = [o.token_ids for o in LLM(str(tmp_path), **SMALL).generate(prompts, GREEDY)]
     with LLM(str(tmp_path), tensor_parallel_size=2, **SMALL) as llm:
@@ -75,20 +76,27 @@ def test_two_ranks_give_the_same_greedy_tokens(tmp_path, arch):
     assert comm[0] == comm[1]
     assert comm[0]["all_reduce"] == 5 * forwards and comm[0]["gather"] == forwards
     assert comm[0]["all_reduce_bytes"] == 5 * tokens * 64 * 4
-    for h in held:                                # each rank: half the heads, half of every KV block
+    for h in held:  # each rank: half the heads, half of every KV block
         assert (h["num_heads"], h["num_kv_heads"]) == (2, 1)
         assert h["kv_cache_shape"] == (96, 4, 1, 16)
-        assert h["params"]["model.layers.0.self_attn.o_proj.weight"] == (64, 32)    # row-parallel
-        assert h["params"]["model.layers.0.mlp.gate_proj.weight"] == (48, 64)       # column-parallel
-        assert h["params"]["model.embed_tokens.weight"] == (64, 64)                 # half the vocabulary
+        assert h["params"]["model.layers.0.self_attn.o_proj.weight"] == (64, 32)  # row-parallel
+        assert h["params"]["model.layers.0.mlp.gate_proj.weight"] == (48, 64)  # column-parallel
+        assert h["params"]["model.embed_tokens.weight"] == (64, 64)  # half the vocabulary
     _assert_all_gone(llm)
 
 
 def test_swaps_and_prefix_caching_match_one_device():
     """Preemption by swapping and prefix-cache hits move and share blocks; every rank's
     slice of a block must follow (the random model: 4 heads, 2 KV heads)."""
-    kw = dict(block_size=4, num_kv_blocks=14, max_num_batched_tokens=32, preemption_mode="swap",
-              num_swap_blocks=32, enable_prefix_caching=True, max_model_len=64)
+    kw = dict(
+        block_size=4,
+        num_kv_blocks=14,
+        max_num_batched_tokens=32,
+        preemption_mode="swap",
+        num_swap_blocks=32,
+        enable_prefix_caching=True,
+        max_model_len=64,
+    )
     shared = list(range(10, 22))
     prompts = [shared + p for p in random_prompts(4, 512, seed=5, lo=2, hi=10)]
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -96,7 +104,7 @@ def test_swaps_and_prefix_caching_match_one_device():
     want = [o.token_ids for o in one.generate(prompts, sp)]
     with LLM("random", tensor_parallel_size=2, **kw) as llm:
         got = [o.token_ids for o in llm.generate(prompts, sp)]
-        assert llm.engine.swapped_bytes == one.engine.swapped_bytes > 0         # swaps happened
+        assert llm.engine.swapped_bytes == one.engine.swapped_bytes > 0  # swaps happened
         assert llm.engine.stats()["prefix_cache"] == one.engine.stats()["prefix_cache"]
     assert got == want
 
@@ -112,7 +120,7 @@ def test_parallel_samples_with_copy_on_write_match_one_device(preempt):
     if preempt:
         kw.update(num_kv_blocks=16, preemption_mode="swap", num_swap_blocks=64)
     prompts = random_prompts(4 if preempt else 3, 512, seed=11, lo=5, hi=14)
-    prompts = [p if len(p) % 4 else p + [7] for p in prompts]      # a partial last block to share
+    prompts = [p if len(p) % 4 else p + [7] for p in prompts]  # a partial last block to share
     sp = SamplingParams(n=3, max_tokens=12 if preempt else 8, temperature=0.9, seed=2024, ignore_eos=True)
     one = LLM("random", **kw)
     want = [[c.token_ids for c in o.outputs] for o in one.generate(prompts, sp)]
@@ -122,15 +130,16 @@ def test_parallel_samples_with_copy_on_write_match_one_device(preempt):
         assert llm.engine.swapped_bytes == one.engine.swapped_bytes
     copies = [c for r in records for c in r.copies]
     if preempt:
-        assert any(r.copies and r.swap_bytes for r in records)    # a step that swaps and copies
+        assert any(r.copies and r.swap_bytes for r in records)  # a step that swaps and copies
     else:
-        assert len(copies) == len(prompts) * 2                    # each prompt: two samples copied the block
+        assert len(copies) == len(prompts) * 2  # each prompt: two samples copied the block
     assert all(len(samples) == 3 and len(set(map(tuple, samples))) == 3 for samples in want)
     assert got == want
 
 
 def test_a_rank_that_cannot_load_its_shard_is_named(tmp_path):
     from safetensors.torch import load_file, save_file
+
     tiny_hf_checkpoint(tmp_path, "llama")
     f = tmp_path / "model.safetensors"
     state = load_file(f)
@@ -144,8 +153,11 @@ def test_head_counts_that_do_not_split_are_refused():
     with pytest.raises(ValueError, match=r"tensor_parallel_size=4.*num_attention_heads=4.*num_key_value_heads=2"):
         LLM("random", tensor_parallel_size=4)
     with pytest.raises(ValueError, match=r"tensor_parallel_size=2.*num_attention_heads=6.*num_key_value_heads=3"):
-        LLM("random", tensor_parallel_size=2,
-            random_model=dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3))
+        LLM(
+            "random",
+            tensor_parallel_size=2,
+            random_model=dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3),
+        )
     with pytest.raises(ValueError, match="tensor_parallel_size=0"):
         EngineConfig(tensor_parallel_size=0)
     with pytest.raises(ValueError, match="tensor_parallel_size=2.*executor='model'"):
@@ -159,17 +171,19 @@ def test_a_killed_rank_is_an_error_and_every_rank_is_shut_down():
     os.kill(pids[1], signal.SIGKILL)
     err = _raise_within(60, lambda: llm.generate([[8, 9, 10]], GREEDY))
     assert isinstance(err, TensorParallelError), err
-    assert "rank 1" in str(err) and "died" in str(err)     # seen dying, not waited out
+    assert "rank 1" in str(err) and "died" in str(err)  # seen dying, not waited out
     _assert_all_gone(llm)
-    with pytest.raises(TensorParallelError, match="shut down"):   # and it stays down, at once
+    with pytest.raises(TensorParallelError, match="shut down"):  # and it stays down, at once
         llm.engine.step()
-    llm.close()                                   # idempotent
+    llm.close()  # idempotent
 
 
 def _break_rank_1(worker: Worker) -> None:
     if worker.rank == 1:
+
         def broken(*args, **kwargs):
             raise RuntimeError("injected fault in the forward")
+
         worker.model.forward = broken
 
 
@@ -180,7 +194,7 @@ def test_a_rank_that_raises_is_named_in_the_error():
     assert isinstance(err, TensorParallelError), err
     msg = str(err)
     assert "rank 1 raised during 'step'" in msg
-    assert msg.index("rank 1 raised") < msg.find("rank 0 raised") % (len(msg) + 1)   # named first, the cause
+    assert msg.index("rank 1 raised") < msg.find("rank 0 raised") % (len(msg) + 1)  # named first, the cause
     assert "injected fault in the forward" in msg
     _assert_all_gone(llm)
 
@@ -209,6 +223,7 @@ def _slow_first_forward_on_rank_1(worker: Worker, seconds: float) -> None:
                 calls.append(1)
                 time.sleep(seconds)
             return forward(*args, **kwargs)
+
         worker.model.forward = slow
 
 
@@ -217,6 +232,7 @@ def _interrupt_after(seconds: float, times: int = 1):
         for _ in range(times):
             time.sleep(seconds)
             os.kill(os.getpid(), signal.SIGINT)
+
     threading.Thread(target=fire, daemon=True).start()
 
 
@@ -238,8 +254,8 @@ def test_ctrl_c_during_a_step_keeps_the_ranks_in_step():
 
 def test_ctrl_c_twice_stops_waiting():
     llm = LLM("random", tensor_parallel_size=2, num_kv_blocks=32)
-    llm.engine.executor.ranks.step_timeout = 60.0      # the bound, should the second Ctrl-C be ignored
-    _interrupt_after(0.3, times=2)               # Ctrl-C reaches the main thread: call from it
+    llm.engine.executor.ranks.step_timeout = 60.0  # the bound, should the second Ctrl-C be ignored
+    _interrupt_after(0.3, times=2)  # Ctrl-C reaches the main thread: call from it
     with pytest.raises(TensorParallelError, match="Ctrl-C twice"):
         llm.engine.executor.collective_rpc(_stall_rank_1, 120.0)
     _assert_all_gone(llm)

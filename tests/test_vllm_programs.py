@@ -25,7 +25,7 @@ def run_vllm_program(source: str, capsys) -> tuple[dict, str]:
     return scope, capsys.readouterr().out
 
 
-BASIC = '''
+BASIC = """
 from vllm import LLM, SamplingParams
 
 prompts = [
@@ -53,7 +53,7 @@ def main():
 
 if __name__ == "__main__":
     llm, outputs = main()
-'''
+"""
 
 
 def test_basic_offline_inference(capsys):
@@ -62,13 +62,13 @@ def test_basic_offline_inference(capsys):
     assert [o.prompt for o in outputs] == scope["prompts"]
     for o in outputs:
         assert f"Prompt:    {o.prompt!r}" in printed and f"Output:    {o.outputs[0].text!r}" in printed
-        assert 1 <= len(o.outputs[0].token_ids) <= 16          # vLLM's default max_tokens is 16
+        assert 1 <= len(o.outputs[0].token_ids) <= 16  # vLLM's default max_tokens is 16
     llm = scope["llm"]
-    assert llm.engine.num_kv_blocks == 64 * 8 + 1               # 0.9 of this machine holds every request
-    assert llm.config.num_swap_blocks > 0                       # swap_space=0.01 GiB, in blocks
+    assert llm.engine.num_kv_blocks == 64 * 8 + 1  # 0.9 of this machine holds every request
+    assert llm.config.num_swap_blocks > 0  # swap_space=0.01 GiB, in blocks
 
 
-CHAT = '''
+CHAT = """
 from vllm import LLM, SamplingParams
 
 llm = LLM(model=MODEL, max_model_len=256, dtype="float")
@@ -100,11 +100,12 @@ batch = llm.chat(conversations, sampling_params, use_tqdm=True)
 print_outputs(batch)
 
 tokenizer = llm.get_tokenizer()
-'''
+"""
 
 
 def test_chat(capsys):
     from minillm.serve.chat import PLAIN_STOP, plain_template
+
     scope, printed = run_vllm_program(CHAT, capsys)
     out, batch, llm = scope["outputs"], scope["batch"], scope["llm"]
     # the server's template (the shipped model has none of its own), its stop at the end of a speech
@@ -116,12 +117,13 @@ def test_chat(capsys):
     assert f"Generated text: {out[0].outputs[0].text!r}" in printed
     # the same as a plain generate of the rendered prompt with the template's stop
     from minillm import SamplingParams
+
     direct = llm.generate(out[0].prompt, SamplingParams(temperature=0, max_tokens=24, stop=PLAIN_STOP))[0]
     assert direct.outputs[0].token_ids == out[0].outputs[0].token_ids
     assert scope["tokenizer"] is llm.engine.tokenizer
 
 
-PROMPT_DICTS = '''
+PROMPT_DICTS = """
 from vllm import LLM, SamplingParams
 from vllm.inputs import TextPrompt, TokensPrompt
 
@@ -140,7 +142,7 @@ outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10))
 for output in outputs:
     print(output.prompt_token_ids, output.outputs[0].text)
 single = llm.generate({"prompt": "JULIET:"}, SamplingParams(temperature=0.0, max_tokens=4))
-'''
+"""
 
 
 def test_prompt_dicts(capsys):
@@ -152,7 +154,7 @@ def test_prompt_dicts(capsys):
     assert len(scope["single"]) == 1 and scope["single"][0].prompt == "JULIET:"
 
 
-SAMPLING = '''
+SAMPLING = """
 from vllm import LLM, SamplingParams
 
 llm = LLM(model=MODEL, max_model_len=48, gpu_memory_utilization=0.9)
@@ -172,12 +174,12 @@ for output in parallel:
 # tokens only, special tokens in the text
 raw = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=6, detokenize=False))
 kept = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=6, skip_special_tokens=False))
-'''
+"""
 
 
 def test_sampling_params(capsys):
     scope, printed = run_vllm_program(SAMPLING, capsys)
-    for o in scope["long"]:                  # max_tokens=None: until max_model_len
+    for o in scope["long"]:  # max_tokens=None: until max_model_len
         assert len(o.prompt_token_ids) + len(o.outputs[0].token_ids) == 48
         assert o.outputs[0].finish_reason == "length"
     for o in scope["parallel"]:

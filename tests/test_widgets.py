@@ -26,8 +26,9 @@ from minillm.viz import figures as F
 from minillm.viz import LiveFigure, LockstepStepper, Stepper, reservation_vs_paging_lockstep, unused_reservation_engine
 from minillm.viz import live
 
-needs_anywidget = pytest.mark.skipif(not live.anywidget_available(),
-                                     reason="the live figures' page side is an anywidget")
+needs_anywidget = pytest.mark.skipif(
+    not live.anywidget_available(), reason="the live figures' page side is an anywidget"
+)
 
 # (prompt length, max_tokens) of the small trace: more demand than 4 sequences / 16 tokens.
 TRACE = [(6, 5), (10, 3), (3, 8), (12, 4), (5, 6)]
@@ -37,9 +38,11 @@ SMALL = dict(model="random", block_size=4, num_kv_blocks=16, max_num_batched_tok
 def small_engine(**over):
     llm = LLM(**{**SMALL, **over})
     for i, (p, o) in enumerate(TRACE):
-        llm.engine.add_request(list(range(10 + i, 10 + i + p)),
-                               SamplingParams(max_tokens=o, ignore_eos=True, temperature=0.0),
-                               request_id=chr(ord("A") + i))
+        llm.engine.add_request(
+            list(range(10 + i, 10 + i + p)),
+            SamplingParams(max_tokens=o, ignore_eos=True, temperature=0.0),
+            request_id=chr(ord("A") + i),
+        )
     return llm.engine
 
 
@@ -49,6 +52,7 @@ def text(h: str) -> str:
 
 
 # --- what the figures must say -------------------------------------------------------------
+
 
 def assert_batch_matches(fig, rec):
     dec, pre, unused, acc, rej = fig.data[:5]
@@ -67,8 +71,12 @@ def assert_batch_matches(fig, rec):
             per_request[rid] = per_request.get(rid, 0) + n
     assert per_request == {e.request_id: e.num_new_tokens for e in rec.batch if e.num_new_tokens}
     # Segments tile the bar from 0 without overlap.
-    segs = sorted(zip([b for tr in (dec, pre, unused, acc, rej) for b in (tr.base or ())],
-                      [x for tr in (dec, pre, unused, acc, rej) for x in (tr.x or ())]))
+    segs = sorted(
+        zip(
+            [b for tr in (dec, pre, unused, acc, rej) for b in (tr.base or ())],
+            [x for tr in (dec, pre, unused, acc, rej) for x in (tr.x or ())],
+        )
+    )
     pos = 0
     for base, width in segs:
         assert base == pos
@@ -94,7 +102,7 @@ def assert_kv_matches(fig, rec, stepper=None):
         cells_per_block[b.block_id] = cells_per_block.get(b.block_id, 0) + 1
     assert set(cells_per_block) == set(blocks)
     for bid, b in blocks.items():
-        scale = kv.block_size / cells_per_block[bid]          # positions per cell
+        scale = kv.block_size / cells_per_block[bid]  # positions per cell
         want = b.num_filled if b.ref_count > 0 else 0
         assert math.isclose(per_block_filled[bid] * scale, want, abs_tol=1e-9), bid
         assert math.isclose(per_block_res[bid] * scale, b.reserved if b.ref_count else 0, abs_tol=1e-9)
@@ -124,6 +132,7 @@ def assert_shows(stepper, rec):
 
 # --- the Stepper on the real (random-weight) model --------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def real_stepper():
     return Stepper(small_engine)
@@ -142,7 +151,7 @@ def test_step_and_run_advance_exactly(real_stepper):
     assert s.engine.step_count == 1 and len(s.records) == 1
     assert_shows(s, s.records[-1])
 
-    rec = s.step()                               # same as a click
+    rec = s.step()  # same as a click
     assert rec is s.records[-1] and s.engine.step_count == 2
     assert_shows(s, rec)
 
@@ -186,13 +195,13 @@ def test_history_slider_shows_an_old_step(real_stepper):
     s.reset()
     s.run(4)
     assert s.history.max == 3 and s.history.value == 3
-    s.history.value = 1                                   # as if the reader dragged it
-    assert s.engine.step_count == 4                       # looking back does not step
+    s.history.value = 1  # as if the reader dragged it
+    assert s.engine.step_count == 4  # looking back does not step
     assert_shows(s, s.records[1])
     assert "history: viewing step 1, latest is 3" in text(s.metrics_html.value)
     s.history.value = 0
     assert_shows(s, s.records[0])
-    s.step()                                              # a new step jumps back to the latest
+    s.step()  # a new step jumps back to the latest
     assert s.history.value == 4
     assert_shows(s, s.records[-1])
 
@@ -209,12 +218,13 @@ def test_reset_restores_step_zero(real_stepper):
     assert s.history.value == 0 and s.history.max == 0
     assert sum(s.batch_fig.data[0].x or ()) == 0 and sum(s.batch_fig.data[1].x or ()) == 0
     assert sum(s.batch_fig.data[2].x or ()) == SMALL["max_num_batched_tokens"]
-    assert sum(s.kv_fig.data[1].y) == 0                   # every cell free
+    assert sum(s.kv_fig.data[1].y) == 0  # every cell free
     assert all(c[1] == "" for c in s.kv_fig.data[0].customdata)
     assert sorted(s.engine.requests) == list("ABCDE")
-    again = s.step()                                      # the same trace replays
-    assert [(e.request_id, e.phase, e.num_new_tokens) for e in again.batch] == \
-        [(e.request_id, e.phase, e.num_new_tokens) for e in first.batch]
+    again = s.step()  # the same trace replays
+    assert [(e.request_id, e.phase, e.num_new_tokens) for e in again.batch] == [
+        (e.request_id, e.phase, e.num_new_tokens) for e in first.batch
+    ]
 
 
 def _walk(w):
@@ -299,32 +309,37 @@ def test_request_colours_are_stable(real_stepper):
 
 # --- the simulated executor, an engine (not a factory), the Play control ---------------------------
 
+
 def sim_engine(**over):
     cfg = dict(SMALL, executor="simulated", clock="modeled", cost_model=0.01)
     cfg.update(over)
     llm = LLM(**cfg)
     for i, (p, o) in enumerate(TRACE):
-        llm.engine.add_request(list(range(10, 10 + p)), SamplingParams(max_tokens=o, ignore_eos=True),
-                               request_id=f"r{i}", arrival_time=0.004 * i)
+        llm.engine.add_request(
+            list(range(10, 10 + p)),
+            SamplingParams(max_tokens=o, ignore_eos=True),
+            request_id=f"r{i}",
+            arrival_time=0.004 * i,
+        )
     return llm
 
 
 def test_engine_is_replayed_on_reset():
-    s = Stepper(sim_engine())                             # an LLM: its requests are recorded now
+    s = Stepper(sim_engine())  # an LLM: its requests are recorded now
     first = [r.summary() for r in s.run(6)]
     for rec in s.records:
         s.show(rec.step)
         assert_shows(s, rec)
     s.reset()
     assert s.engine.step_count == 0
-    assert [r.summary() for r in s.run(6)] == first       # modeled clock: the same run, exactly
+    assert [r.summary() for r in s.run(6)] == first  # modeled clock: the same run, exactly
 
 
 def test_play_steps_once_per_tick_and_stops_at_the_end():
     s = Stepper(sim_engine())
-    s.play.value = 1                                      # the browser's Play ticks the value
+    s.play.value = 1  # the browser's Play ticks the value
     assert s.engine.step_count == 1
-    s.play.value = 0                                      # Play's stop rewinds: no step
+    s.play.value = 0  # Play's stop rewinds: no step
     assert s.engine.step_count == 1
     s.run(1000)
     s.play.playing = True
@@ -357,11 +372,18 @@ def test_requests_added_later_are_replayed():
 
 def test_preemption_is_explained():
     # 6 blocks of 4 positions: two long requests cannot both grow; one is preempted (recompute).
-    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=6, max_num_batched_tokens=16,
-              max_num_seqs=4, clock="modeled", cost_model=0.01)
+    llm = LLM(
+        model="random",
+        executor="simulated",
+        block_size=4,
+        num_kv_blocks=6,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        clock="modeled",
+        cost_model=0.01,
+    )
     for i in range(2):
-        llm.engine.add_request(list(range(10, 18)), SamplingParams(max_tokens=12, ignore_eos=True),
-                               request_id=f"P{i}")
+        llm.engine.add_request(list(range(10, 18)), SamplingParams(max_tokens=12, ignore_eos=True), request_id=f"P{i}")
     s = Stepper(llm)
     s.run(40)
     pre = [r for r in s.records if r.preempted]
@@ -376,11 +398,20 @@ def test_preemption_is_explained():
 
 
 def test_swapped_requests_are_shown_once():
-    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=6, max_num_batched_tokens=16,
-              max_num_seqs=4, clock="modeled", cost_model="H100-SXM", preemption_mode="swap", num_swap_blocks=16)
+    llm = LLM(
+        model="random",
+        executor="simulated",
+        block_size=4,
+        num_kv_blocks=6,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        clock="modeled",
+        cost_model="H100-SXM",
+        preemption_mode="swap",
+        num_swap_blocks=16,
+    )
     for i in range(3):
-        llm.engine.add_request(list(range(10, 18)), SamplingParams(max_tokens=12, ignore_eos=True),
-                               request_id=f"S{i}")
+        llm.engine.add_request(list(range(10, 18)), SamplingParams(max_tokens=12, ignore_eos=True), request_id=f"S{i}")
     s = Stepper(llm)
     s.run(200)
     assert s.done
@@ -397,13 +428,24 @@ def test_swapped_requests_are_shown_once():
 
 
 def test_prefix_sharing_and_cached_blocks_are_marked():
-    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=16, max_num_batched_tokens=32,
-              max_num_seqs=4, enable_prefix_caching=True, clock="modeled", cost_model=0.01)
-    prefix = list(range(10, 18))                          # two full blocks shared
-    llm.engine.add_request(prefix + [40, 41], SamplingParams(max_tokens=6, ignore_eos=True), request_id="X",
-                           arrival_time=0.0)
-    llm.engine.add_request(prefix + [50, 51, 52], SamplingParams(max_tokens=3, ignore_eos=True),
-                           request_id="Y", arrival_time=0.015)
+    llm = LLM(
+        model="random",
+        executor="simulated",
+        block_size=4,
+        num_kv_blocks=16,
+        max_num_batched_tokens=32,
+        max_num_seqs=4,
+        enable_prefix_caching=True,
+        clock="modeled",
+        cost_model=0.01,
+    )
+    prefix = list(range(10, 18))  # two full blocks shared
+    llm.engine.add_request(
+        prefix + [40, 41], SamplingParams(max_tokens=6, ignore_eos=True), request_id="X", arrival_time=0.0
+    )
+    llm.engine.add_request(
+        prefix + [50, 51, 52], SamplingParams(max_tokens=3, ignore_eos=True), request_id="Y", arrival_time=0.015
+    )
     s = Stepper(llm)
     shared_seen = cached_seen = False
     while not s.done:
@@ -420,8 +462,17 @@ def test_prefix_sharing_and_cached_blocks_are_marked():
 
 
 def test_thousands_of_blocks_are_aggregated():
-    llm = LLM(model="random", executor="simulated", block_size=16, num_kv_blocks=3000, max_num_batched_tokens=512,
-              max_num_seqs=32, clock="modeled", cost_model="H100-SXM", record="full")   # the view needs the map
+    llm = LLM(
+        model="random",
+        executor="simulated",
+        block_size=16,
+        num_kv_blocks=3000,
+        max_num_batched_tokens=512,
+        max_num_seqs=32,
+        clock="modeled",
+        cost_model="H100-SXM",
+        record="full",
+    )  # the view needs the map
     for i in range(40):
         llm.engine.add_request([10 + i] * (50 + 7 * i), SamplingParams(max_tokens=20, ignore_eos=True))
     s = Stepper(llm, max_cells=300)
@@ -434,8 +485,16 @@ def test_thousands_of_blocks_are_aggregated():
     total = sum(y / F._CELL_H for y in s.kv_fig.data[1].y) * cells.positions_per_cell
     assert math.isclose(total, kv.used, rel_tol=1e-9)
     # Past 4096 blocks the engine records no block map: totals only.
-    big = LLM(model="random", executor="simulated", block_size=16, num_kv_blocks=5000, max_num_batched_tokens=512,
-              max_num_seqs=8, clock="modeled", cost_model="H100-SXM")
+    big = LLM(
+        model="random",
+        executor="simulated",
+        block_size=16,
+        num_kv_blocks=5000,
+        max_num_batched_tokens=512,
+        max_num_seqs=8,
+        clock="modeled",
+        cost_model="H100-SXM",
+    )
     big.engine.add_request(list(range(10, 300)), SamplingParams(max_tokens=5, ignore_eos=True))
     sb = Stepper(big)
     rec = sb.step()
@@ -446,13 +505,31 @@ def test_thousands_of_blocks_are_aggregated():
 
 # --- Figure 4: reservation vs paging, in lockstep ------------------------------------------------
 
+
 def fig4_engine(kv_allocation):
-    llm = LLM(model="random", block_size=1, num_kv_blocks=24, max_num_batched_tokens=8, max_num_seqs=2,
-              kv_allocation=kv_allocation, clock="modeled", cost_model=0.01, max_model_len=64)
-    llm.engine.add_request(list(range(10, 16)), SamplingParams(max_tokens=14, ignore_eos=True, temperature=0.0),
-                           request_id="B", arrival_time=0.0)      # 6 + 14 = a 20-position reservation
-    llm.engine.add_request(list(range(20, 26)), SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0),
-                           request_id="C", arrival_time=0.005)    # arrives during B's prefill
+    llm = LLM(
+        model="random",
+        block_size=1,
+        num_kv_blocks=24,
+        max_num_batched_tokens=8,
+        max_num_seqs=2,
+        kv_allocation=kv_allocation,
+        clock="modeled",
+        cost_model=0.01,
+        max_model_len=64,
+    )
+    llm.engine.add_request(
+        list(range(10, 16)),
+        SamplingParams(max_tokens=14, ignore_eos=True, temperature=0.0),
+        request_id="B",
+        arrival_time=0.0,
+    )  # 6 + 14 = a 20-position reservation
+    llm.engine.add_request(
+        list(range(20, 26)),
+        SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0),
+        request_id="C",
+        arrival_time=0.005,
+    )  # arrives during B's prefill
     return llm.engine
 
 
@@ -525,6 +602,7 @@ def test_the_reservation_vs_paging_helper_shows_c_waiting_then_joining():
 
 # --- figures outside the widget -------------------------------------------------------------------
 
+
 def test_static_figures_from_records_and_metrics():
     from minillm.sim.costmodel import ConstantStepTime, RooflineCostModel
 
@@ -570,6 +648,7 @@ def test_static_figures_from_records_and_metrics():
 
 # --- what the issue of a reader's first run showed: arrivals, labels, cached blocks, guesses, the end ---
 
+
 def test_a_request_arriving_during_a_step_is_shown():
     # C arrives at t=0.005 s, inside step 0 (B's prefill, 10 ms on the modeled clock): after the
     # batch was formed, before the step ended. The record lists it nowhere; the view must.
@@ -577,12 +656,12 @@ def test_a_request_arriving_during_a_step_is_shown():
     q = text(s.queue_html.value)
     assert "C arrives at t=0.005s" in q
     rec = s.step()
-    assert "C" not in rec.running and "C" not in [w.request_id for w in rec.waiting]   # the premise
+    assert "C" not in rec.running and "C" not in [w.request_id for w in rec.waiting]  # the premise
     q = text(s.queue_html.value)
     assert "Waiting queue (1)" in q and "C arrived during this step" in q
     assert "Not arrived yet" not in q
     assert "Arrived during the step: C (t=0.005s)" in text(s.reasons_html.value)
-    rec = s.step()                                        # the next step admits it
+    rec = s.step()  # the next step admits it
     assert rec.admitted == ["C"]
     assert "arrived during" not in text(s.queue_html.value)
     assert "Arrived during" not in text(s.reasons_html.value)
@@ -604,12 +683,22 @@ def test_queue_rows_keep_long_ids_and_statuses_inside_the_panel():
 
 
 def test_kv_labels_fit_their_cells_and_shared_blocks_stay_marked():
-    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=128, max_num_batched_tokens=128,
-              max_num_seqs=8, enable_prefix_caching=True, clock="modeled", cost_model=0.01)
-    prefix = list(range(10, 26))                          # four full blocks shared
+    llm = LLM(
+        model="random",
+        executor="simulated",
+        block_size=4,
+        num_kv_blocks=128,
+        max_num_batched_tokens=128,
+        max_num_seqs=8,
+        enable_prefix_caching=True,
+        clock="modeled",
+        cost_model=0.01,
+    )
+    prefix = list(range(10, 26))  # four full blocks shared
     for i, rid in enumerate(["A", "B", "longer-id", "C"]):
-        llm.engine.add_request(prefix + [40 + i], SamplingParams(max_tokens=3, ignore_eos=True), request_id=rid,
-                               arrival_time=0.002 * i)
+        llm.engine.add_request(
+            prefix + [40 + i], SamplingParams(max_tokens=3, ignore_eos=True), request_id=rid, arrival_time=0.002 * i
+        )
     s = Stepper(llm, fig_width=480)
     rec = s.run(3)[-1]
     shared = [b for b in rec.kv.blocks if b.ref_count > 1]
@@ -618,7 +707,7 @@ def test_kv_labels_fit_their_cells_and_shared_blocks_stay_marked():
     assert cells.unit == "block"
     x, y, labels, sizes = F.kv_labels(cells, 480)
     px = F._cell_px(cells, 480)
-    for t, size in zip(labels, sizes):                    # no label is wider than its cell
+    for t, size in zip(labels, sizes):  # no label is wider than its cell
         char = dict(F._LABEL_SIZES)[size]
         assert len(t) * char <= px, (t, size, px)
     # Every shared block carries its "×n", in this narrow map in the small font.
@@ -645,7 +734,7 @@ def test_cached_free_blocks_have_their_own_fill_and_legend_entry():
     assert legend["free"].marker.color == "white" and legend["free"].marker.pattern.shape is None
     # The cell outline tells a cached block from a free one too.
     bg = fig.data[0]
-    assert bg.marker.line.color[0] == F.CACHED_LINE and bg.marker.line.color[4] == F.FREE_LINE   # blocks 0, 1
+    assert bg.marker.line.color[0] == F.CACHED_LINE and bg.marker.line.color[4] == F.FREE_LINE  # blocks 0, 1
 
 
 def empty_snapshot_with_cached():
@@ -658,10 +747,22 @@ def empty_snapshot_with_cached():
 
 def test_draft_guesses_are_marked_accepted_or_rejected_in_the_batch_bar():
     def spec_engine():
-        llm = LLM(speculative_model="default-draft", num_speculative_tokens=4, block_size=8, num_kv_blocks=32,
-                  max_num_seqs=2, max_model_len=256, max_num_batched_tokens=32, clock="modeled", cost_model=0.01)
-        llm.engine.add_request("ROMEO:\nBut soft, what light through yonder window breaks?\n",
-                               SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), request_id="R")
+        llm = LLM(
+            speculative_model="default-draft",
+            num_speculative_tokens=4,
+            block_size=8,
+            num_kv_blocks=32,
+            max_num_seqs=2,
+            max_model_len=256,
+            max_num_batched_tokens=32,
+            clock="modeled",
+            cost_model=0.01,
+        )
+        llm.engine.add_request(
+            "ROMEO:\nBut soft, what light through yonder window breaks?\n",
+            SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
+            request_id="R",
+        )
         return llm
 
     s = Stepper(spec_engine)
@@ -701,8 +802,16 @@ def test_a_running_request_without_tokens_is_given_the_reason_the_step_recorded(
     """The samples of a group forked at the end of a step are running but had no grant in it: the queue panel
     says they were forked (not that a budget was spent)."""
     from minillm.viz.panels import idle_reason
-    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=32, max_model_len=64,
-              max_num_seqs=8, max_num_batched_tokens=64)
+
+    llm = LLM(
+        model="random",
+        executor="simulated",
+        block_size=4,
+        num_kv_blocks=32,
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+    )
     llm.engine.add_request(list(range(10, 20)), SamplingParams(n=4, max_tokens=4, ignore_eos=True), request_id="g")
     rec = llm.engine.step()
     assert rec.forks, "the prompt ran and the group forked in the first step"
@@ -716,13 +825,20 @@ def test_the_queue_panel_says_when_the_budget_was_the_reason():
     """Six samples decode, the budget holds four tokens: the two left over are running without a grant, and
     the panel gives the scheduler's reason (tests/test_scheduler_unit.py works the case by hand)."""
     from minillm.viz.panels import idle_reason
-    llm = LLM(model="random", executor="simulated", block_size=4, num_kv_blocks=32, max_model_len=32,
-              max_num_seqs=8, max_num_batched_tokens=4)
+
+    llm = LLM(
+        model="random",
+        executor="simulated",
+        block_size=4,
+        num_kv_blocks=32,
+        max_model_len=32,
+        max_num_seqs=8,
+        max_num_batched_tokens=4,
+    )
     llm.engine.add_request(list(range(10, 20)), SamplingParams(n=6, max_tokens=3, ignore_eos=True), request_id="g")
     for _ in range(3):
-        llm.engine.step()                   # chunks of 4, 4, then 2 and the fork
+        llm.engine.step()  # chunks of 4, 4, then 2 and the fork
     rec = llm.engine.step()
     idle = [rid for rid in rec.running if rec.entry(rid) is None]
     assert idle == ["g#4", "g#5"], idle
     assert {idle_reason(rec, rid) for rid in idle} == {"the token budget of 4 was spent before its turn"}
-

@@ -52,8 +52,9 @@ def test_the_students_copy_holds_neither_answers_nor_explanations():
 
 
 def test_every_notebook_cell_label_names_an_exercise():
-    labels = {m for p in (ROOT / "notebooks").glob("0*.py")
-              for m in re.findall(r'impl\.attempt\("([^"]+)"\)', p.read_text())}
+    labels = {
+        m for p in (ROOT / "notebooks").glob("0*.py") for m in re.findall(r'impl\.attempt\("([^"]+)"\)', p.read_text())
+    }
     assert labels
     for label in labels:
         module, numbers = exercises_named(label)
@@ -109,6 +110,7 @@ def test_in_a_notebook_it_is_folded():
 
 def test_the_grade_report_maps_every_grader_to_its_exercises():
     from conftest import grader_exercises
+
     for path in sorted((ROOT / "tests" / "graders").glob("ex*.py")):
         found = grader_exercises(path)
         assert found, f"{path.name}: no '# --- Exercise N' sections"

@@ -7,14 +7,33 @@ import pytest
 
 from minillm.sampling_params import SamplingParams
 from minillm.analysis.workloads import (
-    Choice, Fixed, LogNormal, TraceRequest, Uniform, all_at_once, flood_trace, gamma_arrivals, load_jsonl,
-    multi_turn_trace, poisson_arrivals, save_jsonl, shared_prefix_trace, submit_trace, synthetic_trace,
+    Choice,
+    Fixed,
+    LogNormal,
+    TraceRequest,
+    Uniform,
+    all_at_once,
+    flood_trace,
+    gamma_arrivals,
+    load_jsonl,
+    multi_turn_trace,
+    poisson_arrivals,
+    save_jsonl,
+    shared_prefix_trace,
+    submit_trace,
+    synthetic_trace,
 )
 
 
 def test_same_seed_same_trace_other_seed_other_trace():
-    kw = dict(rate=5.0, prompt_len=LogNormal(100, 1.0, hi=2000), output_len=Uniform(10, 50),
-              vocab_size=1000, priority_mix={0: 0.3, 1: 0.7}, tenant_mix={"a": 1, "b": 1})
+    kw = dict(
+        rate=5.0,
+        prompt_len=LogNormal(100, 1.0, hi=2000),
+        output_len=Uniform(10, 50),
+        vocab_size=1000,
+        priority_mix={0: 0.3, 1: 0.7},
+        tenant_mix={"a": 1, "b": 1},
+    )
     assert synthetic_trace(50, seed=3, **kw) == synthetic_trace(50, seed=3, **kw)
     assert synthetic_trace(50, seed=3, **kw) != synthetic_trace(50, seed=4, **kw)
     assert np.array_equal(gamma_arrivals(20, 2.0, 3.0, seed=1), gamma_arrivals(20, 2.0, 3.0, seed=1))
@@ -52,14 +71,14 @@ def test_all_at_once_and_no_rate():
     tr = synthetic_trace(4, rate=None, prompt_len=6, output_len=3)
     assert [r.arrival_time for r in tr] == [0.0] * 4
     assert [(r.prompt_len, r.output_len) for r in tr] == [(6, 3)] * 4
-    assert all(r.prompt_token_ids is None for r in tr)        # a length-only trace
+    assert all(r.prompt_token_ids is None for r in tr)  # a length-only trace
 
 
 def test_length_distributions():
     rng = np.random.default_rng(0)
     assert list(Fixed(7).sample(3, rng)) == [7, 7, 7]
     u = Uniform(3, 5).sample(3000, rng)
-    assert set(u.tolist()) == {3, 4, 5}                      # both ends included
+    assert set(u.tolist()) == {3, 4, 5}  # both ends included
     # LogNormal(median 200, sigma 1): p99 / median = exp(2.326 * 1) = 10.2, mean = 200 * e^0.5 = 330
     x = LogNormal(200, 1.0, lo=1, hi=100_000).sample(20_000, rng)
     p50, p99 = np.percentile(x, [50, 99])
@@ -74,10 +93,18 @@ def test_length_distributions():
 
 
 def test_prompt_tokens_priority_and_tenant_mix():
-    tr = synthetic_trace(2000, rate=100.0, prompt_len=Uniform(1, 20), output_len=5, vocab_size=50,
-                         priority_mix={0: 0.25, 2: 0.75}, tenant_mix={"x": 0.9, "y": 0.1}, seed=1)
+    tr = synthetic_trace(
+        2000,
+        rate=100.0,
+        prompt_len=Uniform(1, 20),
+        output_len=5,
+        vocab_size=50,
+        priority_mix={0: 0.25, 2: 0.75},
+        tenant_mix={"x": 0.9, "y": 0.1},
+        seed=1,
+    )
     ids = np.concatenate([r.prompt_token_ids for r in tr])
-    assert ids.min() >= 10 and ids.max() < 50              # [token_low, vocab)
+    assert ids.min() >= 10 and ids.max() < 50  # [token_low, vocab)
     assert all(len(r.prompt_token_ids) == r.prompt_len for r in tr)
     prios = np.array([r.priority for r in tr])
     assert set(prios.tolist()) == {0, 2} and abs((prios == 0).mean() - 0.25) < 0.05
@@ -90,7 +117,7 @@ def test_shared_prefix_is_identical():
     tr = shared_prefix_trace(6, prefix_len=32, suffix_len=8, output_len=4, vocab_size=1000, seed=0)
     pre = tr[0].prompt_token_ids[:32]
     assert all(r.prompt_token_ids[:32] == pre for r in tr)
-    assert len({tuple(r.prompt_token_ids[32:]) for r in tr}) == 6      # unique suffixes
+    assert len({tuple(r.prompt_token_ids[32:]) for r in tr}) == 6  # unique suffixes
     assert all(r.prompt_len == 40 and r.output_len == 4 for r in tr)
     two = shared_prefix_trace(6, prefix_len=16, suffix_len=4, output_len=2, vocab_size=1000, num_prefixes=2)
     p = [tuple(r.prompt_token_ids[:16]) for r in two]
@@ -98,26 +125,43 @@ def test_shared_prefix_is_identical():
 
 
 def test_multi_turn_prompt_extends_previous_turn():
-    tr = multi_turn_trace(3, turns=4, system_len=20, user_len=Uniform(3, 9), answer_len=Uniform(5, 12),
-                          vocab_size=500, think_time=2.0, seed=0)
+    tr = multi_turn_trace(
+        3,
+        turns=4,
+        system_len=20,
+        user_len=Uniform(3, 9),
+        answer_len=Uniform(5, 12),
+        vocab_size=500,
+        think_time=2.0,
+        seed=0,
+    )
     assert len(tr) == 12
     assert [r.arrival_time for r in tr] == sorted(r.arrival_time for r in tr)
     system = tr[0].prompt_token_ids[:20]
     for c in ("c0", "c1", "c2"):
         turns = sorted((r for r in tr if r.conversation_id == c), key=lambda r: r.turn)
         assert [r.turn for r in turns] == [0, 1, 2, 3]
-        assert turns[0].prompt_token_ids[:20] == system              # one system prompt for all
+        assert turns[0].prompt_token_ids[:20] == system  # one system prompt for all
         assert 20 + 3 <= turns[0].prompt_len <= 20 + 9
         for prev, cur in zip(turns, turns[1:]):
-            assert cur.prompt_token_ids[:prev.prompt_len] == prev.prompt_token_ids
-            grown = cur.prompt_len - prev.prompt_len                  # answer + new user message
+            assert cur.prompt_token_ids[: prev.prompt_len] == prev.prompt_token_ids
+            grown = cur.prompt_len - prev.prompt_len  # answer + new user message
             assert prev.output_len + 3 <= grown <= prev.output_len + 9
             assert cur.arrival_time == pytest.approx(prev.arrival_time + 2.0)
 
 
 def test_flood_trace():
-    tr = flood_trace("hog", num_flood=30, polite_tenants=("a", "b"), num_polite=5, polite_rate=1.0,
-                     prompt_len=8, output_len=4, vocab_size=100, seed=0)
+    tr = flood_trace(
+        "hog",
+        num_flood=30,
+        polite_tenants=("a", "b"),
+        num_polite=5,
+        polite_rate=1.0,
+        prompt_len=8,
+        output_len=4,
+        vocab_size=100,
+        seed=0,
+    )
     by = {t: [r for r in tr if r.tenant == t] for t in ("hog", "a", "b")}
     assert [len(by[t]) for t in ("hog", "a", "b")] == [30, 5, 5]
     assert all(r.arrival_time == 0.0 for r in by["hog"])
@@ -126,20 +170,29 @@ def test_flood_trace():
 
 
 def test_jsonl_round_trip(tmp_path):
-    tr = synthetic_trace(5, rate=3.0, prompt_len=Uniform(2, 9), output_len=7, vocab_size=100,
-                         tenant_mix={"t1": 1}, priority_mix={1: 1, 2: 1}, seed=2)
+    tr = synthetic_trace(
+        5,
+        rate=3.0,
+        prompt_len=Uniform(2, 9),
+        output_len=7,
+        vocab_size=100,
+        tenant_mix={"t1": 1},
+        priority_mix={1: 1, 2: 1},
+        seed=2,
+    )
     tr += multi_turn_trace(1, turns=2, system_len=4, user_len=2, answer_len=3, vocab_size=100)
-    tr.append(TraceRequest("text", 1 / 3, prompt_len=4, output_len=9, prompt="héllo world, \"quoted\""))
+    tr.append(TraceRequest("text", 1 / 3, prompt_len=4, output_len=9, prompt='héllo world, "quoted"'))
     path = tmp_path / "trace.jsonl"
     save_jsonl(tr, path)
     lines = path.read_text(encoding="utf-8").splitlines()
     assert len(lines) == len(tr)
     import json
+
     first, last = json.loads(lines[0]), json.loads(lines[-1])
     assert "prompt_token_ids" in first and "prompt" not in first
-    assert last["prompt"] == "héllo world, \"quoted\"" and "prompt_token_ids" not in last
+    assert last["prompt"] == 'héllo world, "quoted"' and "prompt_token_ids" not in last
     assert {"prompt_len", "output_len", "arrival_time", "priority", "tenant", "request_id"} <= set(first)
-    assert load_jsonl(path) == tr                           # exact, floats included
+    assert load_jsonl(path) == tr  # exact, floats included
 
 
 def test_submit_trace_calls_the_engine_contract():
@@ -158,8 +211,7 @@ def test_submit_trace_calls_the_engine_contract():
     prompt, sp, kw = eng.calls[0]
     assert prompt == tr[0].prompt_token_ids
     assert isinstance(sp, SamplingParams) and (sp.temperature, sp.max_tokens, sp.ignore_eos) == (0.0, 6, True)
-    assert kw == dict(request_id="r0", arrival_time=tr[0].arrival_time, priority=0, tenant="a",
-                      expected_output_len=6)
+    assert kw == dict(request_id="r0", arrival_time=tr[0].arrival_time, priority=0, tenant="a", expected_output_len=6)
     assert eng.calls[3][0] == "hi there" and eng.calls[3][2]["priority"] == 3
     # a length-only trace needs a vocabulary to draw prompts from
     bare = synthetic_trace(2, prompt_len=5, output_len=1)

@@ -57,7 +57,7 @@ class TokenFeatures:
         """Tokens after the last occurrence of ``marker`` (all of them if it does not occur)."""
         k = len(self.marker)
         for end in range(len(ids), k - 1, -1):
-            if k and ids[end - k:end] == self.marker:
+            if k and ids[end - k : end] == self.marker:
                 return len(ids) - end
         return len(ids)
 
@@ -65,8 +65,8 @@ class TokenFeatures:
         ids = list(token_ids)
         since = self.since_marker(ids)
         bag = np.zeros(self.num_buckets)
-        for t in ids[-self.tail:]:
-            bag[(t * 2654435761) % self.num_buckets] += 1.0        # Knuth's multiplicative hash
+        for t in ids[-self.tail :]:
+            bag[(t * 2654435761) % self.num_buckets] += 1.0  # Knuth's multiplicative hash
         return np.concatenate([[1.0, math.log1p(len(ids)), math.log1p(since), float(since == 0)], bag])
 
     def __repr__(self) -> str:
@@ -80,10 +80,10 @@ class RegressionPredictor(LengthPredictor):
     ``predict(request)`` returns ``exp(w . features) - 1``, at least 1 token. Fitting in log
     space keeps a few very long answers from dominating, and SJF only needs the order right.
     """
+
     name = "learned"
 
-    def __init__(self, featurize: Callable[[Sequence[int]], np.ndarray] = prompt_length_features,
-                 l2: float = 1.0):
+    def __init__(self, featurize: Callable[[Sequence[int]], np.ndarray] = prompt_length_features, l2: float = 1.0):
         if l2 < 0:
             raise ValueError(f"RegressionPredictor: l2 must be >= 0, got {l2}")
         self.featurize, self.l2 = featurize, float(l2)
@@ -97,7 +97,7 @@ class RegressionPredictor(LengthPredictor):
         x = np.stack([self.featurize(p) for p in prompts])
         y = np.log1p(np.asarray(lengths, dtype=float))
         penalty = self.l2 * np.eye(x.shape[1])
-        penalty[0, 0] = 0.0                                          # the bias is free
+        penalty[0, 0] = 0.0  # the bias is free
         self.weights = np.linalg.solve(x.T @ x + penalty, x.T @ y)
         return self
 
@@ -131,7 +131,7 @@ def evenly_spaced_prompts(token_ids: Sequence[int], count: int, max_len: int) ->
     if len(token_ids) < max_len:
         raise ValueError(f"evenly_spaced_prompts: {len(token_ids)} token ids, fewer than max_len={max_len}")
     ends = np.linspace(max_len, len(token_ids), count).astype(int)
-    return [list(token_ids[e - max_len:e]) for e in ends]
+    return [list(token_ids[e - max_len : e]) for e in ends]
 
 
 def _mean_ranks(values: Sequence[float]) -> np.ndarray:
@@ -149,8 +149,9 @@ def rank_correlation(predicted: Sequence[float], actual: Sequence[float]) -> flo
     (one prediction for all gives 0). SJF uses only the order of its predictions, so this is the
     score that matters for it."""
     if len(predicted) != len(actual) or len(actual) < 2:
-        raise ValueError(f"rank_correlation: {len(predicted)} predictions and {len(actual)} lengths "
-                         "(need as many, at least 2)")
+        raise ValueError(
+            f"rank_correlation: {len(predicted)} predictions and {len(actual)} lengths (need as many, at least 2)"
+        )
     ranks = [_mean_ranks(v) for v in (predicted, actual)]
     if ranks[0].std() == 0 or ranks[1].std() == 0:
         return 0.0

@@ -24,11 +24,18 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-if TYPE_CHECKING:   # only for annotations: this module reads plain attributes
+if TYPE_CHECKING:  # only for annotations: this module reads plain attributes
     from ..step_record import StepRecord
 
-__all__ = ["percentile", "summarize", "per_request_table", "format_table",
-           "kv_utilisation_series", "batch_size_series", "request_category"]
+__all__ = [
+    "percentile",
+    "summarize",
+    "per_request_table",
+    "format_table",
+    "kv_utilisation_series",
+    "batch_size_series",
+    "request_category",
+]
 
 QUANTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e", "queue_wait")
@@ -45,7 +52,7 @@ def _percentile_of_sorted(v: Sequence[float], q: float) -> Optional[float]:
         return None
     if not 0 <= q <= 100:
         raise ValueError(f"percentile q={q!r}: must be in [0, 100]")
-    pos = (len(v) - 1) * q / 100.0          # fractional rank
+    pos = (len(v) - 1) * q / 100.0  # fractional rank
     lo = math.floor(pos)
     hi = min(lo + 1, len(v) - 1)
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
@@ -57,8 +64,11 @@ def _stats(values: Sequence[float]) -> dict[str, Optional[float]]:
     d: dict[str, Optional[float]] = {"mean": float(np.mean(a)) if len(a) else None}
     # Each quantile reads two order statistics (and the max the last): np.partition puts exactly those in
     # their sorted places, in linear time (a long run has millions of inter-token gaps to sort otherwise).
-    ranks = {len(a) - 1} | {min(math.floor((len(a) - 1) * q / 100.0) + i, len(a) - 1) for q in QUANTILES
-                            for i in (0, 1)} if len(a) else set()
+    ranks = (
+        {len(a) - 1} | {min(math.floor((len(a) - 1) * q / 100.0) + i, len(a) - 1) for q in QUANTILES for i in (0, 1)}
+        if len(a)
+        else set()
+    )
     v = np.partition(a, sorted(ranks)) if ranks else a
     for q in QUANTILES:
         p = _percentile_of_sorted(v, q)
@@ -75,7 +85,7 @@ def _inter_token_latencies(ms: Sequence[Any]) -> np.ndarray:
 
 
 def request_category(finish_reason: Optional[str]) -> str:
-    """"finished" | "rejected" | "aborted" | "unfinished" from a finish_reason string."""
+    """ "finished" | "rejected" | "aborted" | "unfinished" from a finish_reason string."""
     if finish_reason is None:
         return "unfinished"
     r = str(finish_reason).lower()
@@ -115,10 +125,15 @@ def _clock(metrics: list, records: Sequence) -> Optional[str]:
     return clocks.pop() if len(clocks) == 1 else "mixed"
 
 
-def summarize(requests: Any, records: Optional[Sequence["StepRecord"]] = None, *,
-              slo_ttft: Optional[float] = None, slo_tpot: Optional[float] = None,
-              max_num_seqs: Optional[int] = None,
-              prefix_cache_stats: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+def summarize(
+    requests: Any,
+    records: Optional[Sequence["StepRecord"]] = None,
+    *,
+    slo_ttft: Optional[float] = None,
+    slo_tpot: Optional[float] = None,
+    max_num_seqs: Optional[int] = None,
+    prefix_cache_stats: Optional[Mapping[str, Any]] = None,
+) -> dict[str, Any]:
     """One run's metrics as a flat dict (seconds, tokens, fractions; None where there is no data).
 
     * counts: ``num_requests`` and ``num_finished / num_rejected / num_aborted / num_unfinished``
@@ -157,8 +172,7 @@ def summarize(requests: Any, records: Optional[Sequence["StepRecord"]] = None, *
         end = max(end if end is not None else -math.inf, records[-1].time)
     duration = (end - start) if (start is not None and end is not None) else None
     s["duration"] = duration
-    s["total_input_tokens"] = sum(int(m.num_prompt_tokens) for m in served
-                                  if m.first_scheduled_time is not None)
+    s["total_input_tokens"] = sum(int(m.num_prompt_tokens) for m in served if m.first_scheduled_time is not None)
     s["total_output_tokens"] = sum(_num_output(m) for m in served)
     ok = duration is not None and duration > 0
 
@@ -193,12 +207,21 @@ def summarize(requests: Any, records: Optional[Sequence["StepRecord"]] = None, *
         s["kv_util_mean"] = float(np.mean(kv)) if kv else None
         s["kv_util_max"] = float(np.max(kv)) if kv else None
         busy = sum(r.duration for r in records)
-        s["schedule_overhead_fraction"] = (sum(getattr(r, "schedule_time", 0.0) for r in records) / busy
-                                           if busy > 0 else None)
+        s["schedule_overhead_fraction"] = (
+            sum(getattr(r, "schedule_time", 0.0) for r in records) / busy if busy > 0 else None
+        )
         s["swap_time_total"] = sum(getattr(r, "swap_time", 0.0) for r in records)
     else:
-        for k in ("num_steps", "batch_size_mean", "batch_size_max", "batch_occupancy",
-                  "kv_util_mean", "kv_util_max", "schedule_overhead_fraction", "swap_time_total"):
+        for k in (
+            "num_steps",
+            "batch_size_mean",
+            "batch_size_max",
+            "batch_occupancy",
+            "kv_util_mean",
+            "kv_util_max",
+            "schedule_overhead_fraction",
+            "swap_time_total",
+        ):
             s[k] = None
 
     # --- preemption ---------------------------------------------------------------------------
@@ -249,15 +272,25 @@ def per_request_table(requests: Any) -> list[dict[str, Any]]:
     """One row per request: ids, class, token counts, latencies (s), preemptions, finish reason."""
     rows = []
     for rid, m in _normalise(requests):
-        rows.append({
-            "request_id": rid, "priority": getattr(m, "priority", 0), "tenant": getattr(m, "tenant", None),
-            "arrival_time": m.arrival_time, "finish_time": m.finish_time,
-            "prompt_tokens": int(m.num_prompt_tokens), "output_tokens": _num_output(m),
-            "cached_tokens": int(m.num_cached_tokens),
-            "queue_wait": m.queue_wait, "ttft": m.ttft, "tpot": m.tpot, "e2e": m.e2e_latency,
-            "num_preemptions": int(m.num_preemptions), "finish_reason": m.finish_reason,
-            "category": request_category(m.finish_reason),
-        })
+        rows.append(
+            {
+                "request_id": rid,
+                "priority": getattr(m, "priority", 0),
+                "tenant": getattr(m, "tenant", None),
+                "arrival_time": m.arrival_time,
+                "finish_time": m.finish_time,
+                "prompt_tokens": int(m.num_prompt_tokens),
+                "output_tokens": _num_output(m),
+                "cached_tokens": int(m.num_cached_tokens),
+                "queue_wait": m.queue_wait,
+                "ttft": m.ttft,
+                "tpot": m.tpot,
+                "e2e": m.e2e_latency,
+                "num_preemptions": int(m.num_preemptions),
+                "finish_reason": m.finish_reason,
+                "category": request_category(m.finish_reason),
+            }
+        )
     return rows
 
 
@@ -270,13 +303,13 @@ def kv_utilisation_series(records: Sequence["StepRecord"]) -> tuple[np.ndarray, 
 
 def batch_size_series(records: Sequence["StepRecord"]) -> tuple[np.ndarray, np.ndarray]:
     """(step end times, number of requests in each step's batch)."""
-    return (np.array([r.time for r in records], dtype=float),
-            np.array([r.batch_size for r in records], dtype=int))
+    return (np.array([r.time for r in records], dtype=float), np.array([r.batch_size for r in records], dtype=int))
 
 
 # =====================================================================================
 # Text table
 # =====================================================================================
+
 
 def _fmt(v: Any, kind: str) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -297,9 +330,11 @@ def format_table(summary: Mapping[str, Any]) -> str:
     s = summary
     lines = [f"clock: {s.get('clock') or '-'}"]
     rows: list[tuple[str, str]] = [
-        ("requests (finished/rejected/aborted/unfinished)",
-         f"{s.get('num_requests', 0)} ({s.get('num_finished', 0)}/{s.get('num_rejected', 0)}/"
-         f"{s.get('num_aborted', 0)}/{s.get('num_unfinished', 0)})"),
+        (
+            "requests (finished/rejected/aborted/unfinished)",
+            f"{s.get('num_requests', 0)} ({s.get('num_finished', 0)}/{s.get('num_rejected', 0)}/"
+            f"{s.get('num_aborted', 0)}/{s.get('num_unfinished', 0)})",
+        ),
         ("duration (s)", _fmt(s.get("duration"), "s")),
         ("input tokens / output tokens", f"{s.get('total_input_tokens', 0)} / {s.get('total_output_tokens', 0)}"),
         ("output throughput (tok/s)", _fmt(s.get("output_throughput"), "f")),
@@ -307,18 +342,23 @@ def format_table(summary: Mapping[str, Any]) -> str:
         ("request throughput (req/s)", _fmt(s.get("request_throughput"), "f")),
     ]
     if s.get("slo_attainment") is not None:
-        slo = ", ".join(f"{k.split('_')[1].upper()} <= {_fmt(s[k], 'ms')} ms"
-                        for k in ("slo_ttft", "slo_tpot") if s.get(k) is not None)
-        rows += [(f"goodput (req/s) [{slo}]", _fmt(s.get("goodput_requests_per_s"), "f")),
-                 ("goodput (tok/s)", _fmt(s.get("goodput_tokens_per_s"), "f")),
-                 ("SLO attainment", _fmt(s.get("slo_attainment"), "pct"))]
-    rows += [("batch occupancy", _fmt(s.get("batch_occupancy"), "pct")),
-             ("mean batch size", _fmt(s.get("batch_size_mean"), "f")),
-             ("KV utilisation mean / max", f"{_fmt(s.get('kv_util_mean'), 'pct')} / "
-                                           f"{_fmt(s.get('kv_util_max'), 'pct')}"),
-             ("preemptions (total, per s)", f"{s.get('num_preemptions', 0)}, "
-                                            f"{_fmt(s.get('preemption_rate'), 'f')}"),
-             ("prefix cache hit rate", _fmt(s.get("prefix_cache_hit_rate"), "pct"))]
+        slo = ", ".join(
+            f"{k.split('_')[1].upper()} <= {_fmt(s[k], 'ms')} ms"
+            for k in ("slo_ttft", "slo_tpot")
+            if s.get(k) is not None
+        )
+        rows += [
+            (f"goodput (req/s) [{slo}]", _fmt(s.get("goodput_requests_per_s"), "f")),
+            ("goodput (tok/s)", _fmt(s.get("goodput_tokens_per_s"), "f")),
+            ("SLO attainment", _fmt(s.get("slo_attainment"), "pct")),
+        ]
+    rows += [
+        ("batch occupancy", _fmt(s.get("batch_occupancy"), "pct")),
+        ("mean batch size", _fmt(s.get("batch_size_mean"), "f")),
+        ("KV utilisation mean / max", f"{_fmt(s.get('kv_util_mean'), 'pct')} / {_fmt(s.get('kv_util_max'), 'pct')}"),
+        ("preemptions (total, per s)", f"{s.get('num_preemptions', 0)}, {_fmt(s.get('preemption_rate'), 'f')}"),
+        ("prefix cache hit rate", _fmt(s.get("prefix_cache_hit_rate"), "pct")),
+    ]
     if s.get("schedule_overhead_fraction") is not None:
         rows.append(("scheduling overhead", _fmt(s["schedule_overhead_fraction"], "pct")))
     if s.get("spec_acceptance_rate") is not None:
@@ -328,8 +368,9 @@ def format_table(summary: Mapping[str, Any]) -> str:
 
     head = ["latency (ms)", "mean", "p50", "p90", "p99", "max"]
     names = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E", "queue_wait": "queue wait"}
-    table = [head] + [[names[n]] + [_fmt(s.get(f"{n}_{k}"), "ms") for k in ("mean", "p50", "p90", "p99", "max")]
-                      for n in LATENCIES]
+    table = [head] + [
+        [names[n]] + [_fmt(s.get(f"{n}_{k}"), "ms") for k in ("mean", "p50", "p90", "p99", "max")] for n in LATENCIES
+    ]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     lines.append("")
     for r in table:

@@ -25,41 +25,61 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 __all__ = [
-    "TraceRequest", "Fixed", "Uniform", "LogNormal", "Choice", "LengthDist",
-    "poisson_arrivals", "gamma_arrivals", "all_at_once", "make_arrivals",
-    "synthetic_trace", "shared_prefix_trace", "multi_turn_trace", "flood_trace", "merge_traces",
-    "save_jsonl", "load_jsonl", "submit_trace",
+    "TraceRequest",
+    "Fixed",
+    "Uniform",
+    "LogNormal",
+    "Choice",
+    "LengthDist",
+    "poisson_arrivals",
+    "gamma_arrivals",
+    "all_at_once",
+    "make_arrivals",
+    "synthetic_trace",
+    "shared_prefix_trace",
+    "multi_turn_trace",
+    "flood_trace",
+    "merge_traces",
+    "save_jsonl",
+    "load_jsonl",
+    "submit_trace",
 ]
 
 
 @dataclass
 class TraceRequest:
     """One request of a workload."""
+
     request_id: str
-    arrival_time: float                         # seconds from the start of the trace
-    prompt_len: int                             # prompt tokens
-    output_len: int                             # tokens it will generate (max_tokens, ignore_eos)
+    arrival_time: float  # seconds from the start of the trace
+    prompt_len: int  # prompt tokens
+    output_len: int  # tokens it will generate (max_tokens, ignore_eos)
     prompt_token_ids: Optional[list[int]] = None
     prompt: Optional[str] = None
-    priority: int = 0                           # lower value = more urgent (vLLM's convention)
-    tenant: Optional[str] = None                # who sent it (fair queuing)
-    conversation_id: Optional[str] = None       # multi-turn: which conversation
-    turn: Optional[int] = None                  # multi-turn: 0, 1, 2, ...
+    priority: int = 0  # lower value = more urgent (vLLM's convention)
+    tenant: Optional[str] = None  # who sent it (fair queuing)
+    conversation_id: Optional[str] = None  # multi-turn: which conversation
+    turn: Optional[int] = None  # multi-turn: 0, 1, 2, ...
 
     def __post_init__(self) -> None:
         if self.prompt_token_ids is not None:
             self.prompt_token_ids = [int(t) for t in self.prompt_token_ids]
             if len(self.prompt_token_ids) != self.prompt_len:
-                raise ValueError(f"TraceRequest {self.request_id!r}: prompt_len={self.prompt_len} "
-                                 f"but {len(self.prompt_token_ids)} prompt_token_ids")
+                raise ValueError(
+                    f"TraceRequest {self.request_id!r}: prompt_len={self.prompt_len} "
+                    f"but {len(self.prompt_token_ids)} prompt_token_ids"
+                )
         if self.prompt_len < 0 or self.output_len < 1:
-            raise ValueError(f"TraceRequest {self.request_id!r}: need prompt_len >= 0 and "
-                             f"output_len >= 1, got {self.prompt_len}, {self.output_len}")
+            raise ValueError(
+                f"TraceRequest {self.request_id!r}: need prompt_len >= 0 and "
+                f"output_len >= 1, got {self.prompt_len}, {self.output_len}"
+            )
 
 
 # =====================================================================================
 # Length distributions
 # =====================================================================================
+
 
 class LengthDist:
     """A distribution of token counts: ``sample(n, rng) -> np.ndarray`` of ints >= 1."""
@@ -75,6 +95,7 @@ class LengthDist:
 @dataclass(frozen=True)
 class Fixed(LengthDist):
     """Every request has ``n`` tokens."""
+
     n: int
 
     def __post_init__(self) -> None:
@@ -92,6 +113,7 @@ class Fixed(LengthDist):
 @dataclass(frozen=True)
 class Uniform(LengthDist):
     """Integers uniform on [lo, hi], both ends included."""
+
     lo: int
     hi: int
 
@@ -113,6 +135,7 @@ class LogNormal(LengthDist):
 
     sigma ~ 1 gives a p99 about 10x the median (exp(2.33 sigma)).
     """
+
     median: float
     sigma: float = 1.0
     lo: int = 1
@@ -120,8 +143,10 @@ class LogNormal(LengthDist):
 
     def __post_init__(self) -> None:
         if self.median <= 0 or self.sigma < 0 or self.lo < 1 or (self.hi is not None and self.hi < self.lo):
-            raise ValueError(f"LogNormal(median={self.median!r}, sigma={self.sigma!r}, lo={self.lo!r}, "
-                             f"hi={self.hi!r}): need median > 0, sigma >= 0, 1 <= lo <= hi")
+            raise ValueError(
+                f"LogNormal(median={self.median!r}, sigma={self.sigma!r}, lo={self.lo!r}, "
+                f"hi={self.hi!r}): need median > 0, sigma >= 0, 1 <= lo <= hi"
+            )
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         x = rng.lognormal(mean=math.log(self.median), sigma=self.sigma, size=n)
@@ -131,12 +156,13 @@ class LogNormal(LengthDist):
     @property
     def mean(self) -> float:
         """Of the unclipped distribution: median * exp(sigma^2 / 2)."""
-        return self.median * math.exp(self.sigma ** 2 / 2)
+        return self.median * math.exp(self.sigma**2 / 2)
 
 
 @dataclass(frozen=True)
 class Choice(LengthDist):
     """A few lengths with given probabilities, e.g. 8 x 100 tokens and 2 x 1000."""
+
     values: tuple
     probs: Optional[tuple] = None
 
@@ -155,13 +181,13 @@ def _as_dist(x: Union[int, LengthDist, Sequence[int]], what: str) -> LengthDist:
         return x
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
         return Fixed(int(x))
-    raise TypeError(f"{what}={x!r}: expected an int or a length distribution "
-                    f"(Fixed, Uniform, LogNormal, Choice)")
+    raise TypeError(f"{what}={x!r}: expected an int or a length distribution (Fixed, Uniform, LogNormal, Choice)")
 
 
 # =====================================================================================
 # Arrival processes
 # =====================================================================================
+
 
 def _rng(seed: int, stream: int) -> np.random.Generator:
     """Independent streams per component, so changing the lengths keeps the arrivals."""
@@ -188,7 +214,7 @@ def gamma_arrivals(n: int, rate: float, cv: float = 2.0, seed: int = 0, start: f
         raise ValueError(f"rate={rate!r} and cv={cv!r}: must be > 0")
     if n == 0:
         return np.zeros(0)
-    shape = 1.0 / cv ** 2
+    shape = 1.0 / cv**2
     gaps = np.random.default_rng([int(seed), 0]).gamma(shape, 1.0 / (rate * shape), size=n - 1)
     return start + np.concatenate([[0.0], np.cumsum(gaps)])
 
@@ -198,8 +224,9 @@ def all_at_once(n: int, t: float = 0.0) -> np.ndarray:
     return np.full(n, float(t))
 
 
-def make_arrivals(n: int, rate: Optional[float] = None, arrival: str = "poisson",
-                  cv: float = 2.0, seed: int = 0, start: float = 0.0) -> np.ndarray:
+def make_arrivals(
+    n: int, rate: Optional[float] = None, arrival: str = "poisson", cv: float = 2.0, seed: int = 0, start: float = 0.0
+) -> np.ndarray:
     """Dispatch on ``arrival``; ``rate=None`` (or infinite) means all at once."""
     if arrival in ("all-at-once", "all_at_once") or rate is None or math.isinf(rate):
         return all_at_once(n, start)
@@ -213,6 +240,7 @@ def make_arrivals(n: int, rate: Optional[float] = None, arrival: str = "poisson"
 # =====================================================================================
 # Traces
 # =====================================================================================
+
 
 def _random_tokens(rng: np.random.Generator, n: int, vocab_size: int, token_low: int) -> list[int]:
     if not 0 <= token_low < vocab_size:
@@ -231,11 +259,22 @@ def _sample_mix(mix: Optional[Mapping], n: int, rng: np.random.Generator, defaul
     return [keys[i] for i in idx]
 
 
-def synthetic_trace(n: int, rate: Optional[float] = None, arrival: str = "poisson", cv: float = 2.0,
-                    prompt_len: Union[int, LengthDist] = 128, output_len: Union[int, LengthDist] = 128,
-                    vocab_size: Optional[int] = None, priority_mix: Optional[Mapping[int, float]] = None,
-                    tenant_mix: Optional[Mapping[str, float]] = None, seed: int = 0, *,
-                    token_low: int = 10, start: float = 0.0, id_prefix: str = "r") -> list[TraceRequest]:
+def synthetic_trace(
+    n: int,
+    rate: Optional[float] = None,
+    arrival: str = "poisson",
+    cv: float = 2.0,
+    prompt_len: Union[int, LengthDist] = 128,
+    output_len: Union[int, LengthDist] = 128,
+    vocab_size: Optional[int] = None,
+    priority_mix: Optional[Mapping[int, float]] = None,
+    tenant_mix: Optional[Mapping[str, float]] = None,
+    seed: int = 0,
+    *,
+    token_low: int = 10,
+    start: float = 0.0,
+    id_prefix: str = "r",
+) -> list[TraceRequest]:
     """``n`` independent requests.
 
     ``rate=None`` (or ``arrival="all-at-once"``) puts every arrival at ``start``.
@@ -253,16 +292,34 @@ def synthetic_trace(n: int, rate: Optional[float] = None, arrival: str = "poisso
     out = []
     for i in range(n):
         ids = None if vocab_size is None else _random_tokens(tok_rng, plens[i], vocab_size, token_low)
-        out.append(TraceRequest(request_id=f"{id_prefix}{i}", arrival_time=float(arrivals[i]),
-                                prompt_len=int(plens[i]), output_len=int(olens[i]), prompt_token_ids=ids,
-                                priority=int(prios[i]), tenant=tenants[i]))
+        out.append(
+            TraceRequest(
+                request_id=f"{id_prefix}{i}",
+                arrival_time=float(arrivals[i]),
+                prompt_len=int(plens[i]),
+                output_len=int(olens[i]),
+                prompt_token_ids=ids,
+                priority=int(prios[i]),
+                tenant=tenants[i],
+            )
+        )
     return out
 
 
-def shared_prefix_trace(n: int, prefix_len: int, suffix_len: Union[int, LengthDist],
-                        output_len: Union[int, LengthDist], vocab_size: int, rate: Optional[float] = None,
-                        num_prefixes: int = 1, seed: int = 0, *, arrival: str = "poisson",
-                        token_low: int = 10, id_prefix: str = "r") -> list[TraceRequest]:
+def shared_prefix_trace(
+    n: int,
+    prefix_len: int,
+    suffix_len: Union[int, LengthDist],
+    output_len: Union[int, LengthDist],
+    vocab_size: int,
+    rate: Optional[float] = None,
+    num_prefixes: int = 1,
+    seed: int = 0,
+    *,
+    arrival: str = "poisson",
+    token_low: int = 10,
+    id_prefix: str = "r",
+) -> list[TraceRequest]:
     """Requests that share a system prompt: ``prefix_len`` identical token ids, then a unique suffix.
 
     With ``num_prefixes > 1``, request i uses prefix ``i % num_prefixes`` (several
@@ -280,16 +337,32 @@ def shared_prefix_trace(n: int, prefix_len: int, suffix_len: Union[int, LengthDi
     out = []
     for i in range(n):
         ids = prefixes[i % num_prefixes] + _random_tokens(tok_rng, slens[i], vocab_size, token_low)
-        out.append(TraceRequest(request_id=f"{id_prefix}{i}", arrival_time=float(arrivals[i]),
-                                prompt_len=len(ids), output_len=int(olens[i]), prompt_token_ids=ids))
+        out.append(
+            TraceRequest(
+                request_id=f"{id_prefix}{i}",
+                arrival_time=float(arrivals[i]),
+                prompt_len=len(ids),
+                output_len=int(olens[i]),
+                prompt_token_ids=ids,
+            )
+        )
     return out
 
 
-def multi_turn_trace(num_conversations: int, turns: int, system_len: int,
-                     user_len: Union[int, LengthDist], answer_len: Union[int, LengthDist],
-                     vocab_size: int, think_time: float = 1.0, seed: int = 0, *,
-                     rate: Optional[float] = None, shared_system: bool = True,
-                     token_low: int = 10) -> list[TraceRequest]:
+def multi_turn_trace(
+    num_conversations: int,
+    turns: int,
+    system_len: int,
+    user_len: Union[int, LengthDist],
+    answer_len: Union[int, LengthDist],
+    vocab_size: int,
+    think_time: float = 1.0,
+    seed: int = 0,
+    *,
+    rate: Optional[float] = None,
+    shared_system: bool = True,
+    token_low: int = 10,
+) -> list[TraceRequest]:
     """Conversations: turn k's prompt = turn k-1's prompt + a scripted answer + a new user message.
 
     Turn 0 is system prompt + user message. The scripted answer (``answer_len`` tokens,
@@ -302,8 +375,10 @@ def multi_turn_trace(num_conversations: int, turns: int, system_len: int,
     all conversations (else one each). Sorted by arrival time.
     """
     if turns < 1 or num_conversations < 0 or think_time < 0:
-        raise ValueError(f"need turns >= 1, num_conversations >= 0, think_time >= 0; got "
-                         f"{turns!r}, {num_conversations!r}, {think_time!r}")
+        raise ValueError(
+            f"need turns >= 1, num_conversations >= 0, think_time >= 0; got "
+            f"{turns!r}, {num_conversations!r}, {think_time!r}"
+        )
     starts = make_arrivals(num_conversations, rate, "poisson", seed=seed)
     udist, adist = _as_dist(user_len, "user_len"), _as_dist(answer_len, "answer_len")
     len_rng, tok_rng = _rng(seed, 1), _rng(seed, 5)
@@ -311,17 +386,24 @@ def multi_turn_trace(num_conversations: int, turns: int, system_len: int,
     shared = _random_tokens(system_rng, system_len, vocab_size, token_low) if shared_system else None
     out = []
     for c in range(num_conversations):
-        history = list(shared) if shared_system else _random_tokens(system_rng, system_len, vocab_size,
-                                                                    token_low)
+        history = list(shared) if shared_system else _random_tokens(system_rng, system_len, vocab_size, token_low)
         ulens, alens = udist.sample(turns, len_rng), adist.sample(turns, len_rng)
         for k in range(turns):
-            if k > 0:   # the previous turn's answer, scripted, becomes context
+            if k > 0:  # the previous turn's answer, scripted, becomes context
                 history = history + _random_tokens(tok_rng, alens[k - 1], vocab_size, token_low)
             history = history + _random_tokens(tok_rng, ulens[k], vocab_size, token_low)
-            out.append(TraceRequest(request_id=f"c{c}t{k}", arrival_time=float(starts[c] + k * think_time),
-                                    prompt_len=len(history), output_len=int(alens[k]),
-                                    prompt_token_ids=list(history), conversation_id=f"c{c}", turn=k))
-    out.sort(key=lambda r: r.arrival_time)   # stable: ties keep conversation order
+            out.append(
+                TraceRequest(
+                    request_id=f"c{c}t{k}",
+                    arrival_time=float(starts[c] + k * think_time),
+                    prompt_len=len(history),
+                    output_len=int(alens[k]),
+                    prompt_token_ids=list(history),
+                    conversation_id=f"c{c}",
+                    turn=k,
+                )
+            )
+    out.sort(key=lambda r: r.arrival_time)  # stable: ties keep conversation order
     return out
 
 
@@ -335,11 +417,21 @@ def merge_traces(*traces: Sequence[TraceRequest]) -> list[TraceRequest]:
     return merged
 
 
-def flood_trace(flood_tenant: str = "flood", num_flood: int = 64, polite_tenants: Sequence[str] = ("a", "b"),
-                num_polite: int = 8, polite_rate: float = 2.0, flood_rate: Optional[float] = None,
-                prompt_len: Union[int, LengthDist] = 64, output_len: Union[int, LengthDist] = 64,
-                vocab_size: Optional[int] = None, seed: int = 0, *,
-                flood_priority: int = 0, polite_priority: int = 0) -> list[TraceRequest]:
+def flood_trace(
+    flood_tenant: str = "flood",
+    num_flood: int = 64,
+    polite_tenants: Sequence[str] = ("a", "b"),
+    num_polite: int = 8,
+    polite_rate: float = 2.0,
+    flood_rate: Optional[float] = None,
+    prompt_len: Union[int, LengthDist] = 64,
+    output_len: Union[int, LengthDist] = 64,
+    vocab_size: Optional[int] = None,
+    seed: int = 0,
+    *,
+    flood_priority: int = 0,
+    polite_priority: int = 0,
+) -> list[TraceRequest]:
     """One tenant floods, the others send politely: the fair-queuing workload.
 
     ``flood_tenant`` sends ``num_flood`` requests at t=0 (or at ``flood_rate``/s); each
@@ -347,13 +439,29 @@ def flood_trace(flood_tenant: str = "flood", num_flood: int = 64, polite_tenants
     polite tenants wait behind the whole flood; fair queuing gives each tenant a share.
     Ids are ``"<tenant>-<i>"``.
     """
-    parts = [synthetic_trace(num_flood, rate=flood_rate, prompt_len=prompt_len, output_len=output_len,
-                             vocab_size=vocab_size, seed=seed, id_prefix=f"{flood_tenant}-")]
+    parts = [
+        synthetic_trace(
+            num_flood,
+            rate=flood_rate,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            vocab_size=vocab_size,
+            seed=seed,
+            id_prefix=f"{flood_tenant}-",
+        )
+    ]
     for r in parts[0]:
         r.tenant, r.priority = flood_tenant, flood_priority
     for j, t in enumerate(polite_tenants):
-        tr = synthetic_trace(num_polite, rate=polite_rate, prompt_len=prompt_len, output_len=output_len,
-                             vocab_size=vocab_size, seed=seed * 1000 + j + 1, id_prefix=f"{t}-")
+        tr = synthetic_trace(
+            num_polite,
+            rate=polite_rate,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            vocab_size=vocab_size,
+            seed=seed * 1000 + j + 1,
+            id_prefix=f"{t}-",
+        )
         for r in tr:
             r.tenant, r.priority = t, polite_priority
         parts.append(tr)
@@ -363,6 +471,7 @@ def flood_trace(flood_tenant: str = "flood", num_flood: int = 64, polite_tenants
 # =====================================================================================
 # JSONL and the engine
 # =====================================================================================
+
 
 def _to_json(r: TraceRequest) -> dict:
     d: dict[str, Any] = {"request_id": r.request_id, "arrival_time": r.arrival_time}
@@ -400,7 +509,7 @@ def load_jsonl(path: Union[str, Path]) -> list[TraceRequest]:
                 if d.get("prompt_token_ids") is not None:
                     d["prompt_len"] = len(d["prompt_token_ids"])
                 elif d.get("prompt") is not None:
-                    d["prompt_len"] = 0     # text only (vLLM's datasets): its token count is the server's
+                    d["prompt_len"] = 0  # text only (vLLM's datasets): its token count is the server's
                 else:
                     raise ValueError(f"{path}:{i + 1}: no prompt_len and no prompt_token_ids")
             if "output_len" not in d and "output_tokens" in d:
@@ -409,8 +518,9 @@ def load_jsonl(path: Union[str, Path]) -> list[TraceRequest]:
     return out
 
 
-def submit_trace(engine: Any, trace: Sequence[TraceRequest], *, vocab_size: Optional[int] = None,
-                 seed: int = 0, token_low: int = 10) -> list[str]:
+def submit_trace(
+    engine: Any, trace: Sequence[TraceRequest], *, vocab_size: Optional[int] = None, seed: int = 0, token_low: int = 10
+) -> list[str]:
     """Add every request of ``trace`` to ``engine`` (greedy, exactly ``output_len`` tokens).
 
     Calls ``engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=output_len,
@@ -422,7 +532,7 @@ def submit_trace(engine: Any, trace: Sequence[TraceRequest], *, vocab_size: Opti
 
     rng = _rng(seed, 7)
     ids = []
-    params: dict[int, SamplingParams] = {}      # one per output length (the engine copies each request's own)
+    params: dict[int, SamplingParams] = {}  # one per output length (the engine copies each request's own)
     for r in trace:
         if r.prompt_token_ids is not None:
             prompt: Union[list[int], str] = list(r.prompt_token_ids)
@@ -431,12 +541,21 @@ def submit_trace(engine: Any, trace: Sequence[TraceRequest], *, vocab_size: Opti
         elif vocab_size is not None:
             prompt = _random_tokens(rng, r.prompt_len, vocab_size, token_low)
         else:
-            raise ValueError(f"trace request {r.request_id!r} has neither prompt_token_ids nor prompt; "
-                             f"build the trace with vocab_size=... or pass submit_trace(..., vocab_size=...)")
+            raise ValueError(
+                f"trace request {r.request_id!r} has neither prompt_token_ids nor prompt; "
+                f"build the trace with vocab_size=... or pass submit_trace(..., vocab_size=...)"
+            )
         sp = params.get(r.output_len)
         if sp is None:
             sp = params[r.output_len] = SamplingParams(temperature=0.0, max_tokens=int(r.output_len), ignore_eos=True)
-        engine.add_request(prompt, sp, request_id=r.request_id, arrival_time=r.arrival_time,
-                           priority=r.priority, tenant=r.tenant, expected_output_len=r.output_len)
+        engine.add_request(
+            prompt,
+            sp,
+            request_id=r.request_id,
+            arrival_time=r.arrival_time,
+            priority=r.priority,
+            tenant=r.tenant,
+            expected_output_len=r.output_len,
+        )
         ids.append(r.request_id)
     return ids

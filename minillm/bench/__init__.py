@@ -49,7 +49,7 @@ BENCHMARKS = {
     "calibrate": "calibrate",
     "vs-vllm": "vs_vllm",
 }
-if importlib.util.find_spec(f"{__name__}.spec") is not None:   # added by the speculative-decoding work
+if importlib.util.find_spec(f"{__name__}.spec") is not None:  # added by the speculative-decoding work
     BENCHMARKS["spec"] = "spec"
 
 

@@ -15,17 +15,29 @@ from .common import SIZES
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m minillm.bench", description=__doc__)
     p.add_argument("name", choices=sorted(BENCHMARKS) + ["all"], help="which benchmark ('all' runs each)")
-    p.add_argument("--size", choices=SIZES, default="full",
-                   help="tiny: seconds (the smoke test); small: a minute or so; full: the numbers we quote")
+    p.add_argument(
+        "--size",
+        choices=SIZES,
+        default="full",
+        help="tiny: seconds (the smoke test); small: a minute or so; full: the numbers we quote",
+    )
     p.add_argument("--out", default="bench_results", help="directory for the JSON results")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu | cuda (benchmarks with a real model)")
     p.add_argument("--seed", type=int, default=0, help="seeds the traces")
-    p.add_argument("--model", default="shipped", choices=("shipped", "qwen3-0.6b"),
-                   help="throughput: the shipped model, or a random Qwen3-0.6B-shaped checkpoint (for a GPU)")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="throughput: measure every side this many times, in alternating rounds, and "
-                        "report medians (wall times on a shared machine drift between runs)")
+    p.add_argument(
+        "--model",
+        default="shipped",
+        choices=("shipped", "qwen3-0.6b"),
+        help="throughput: the shipped model, or a random Qwen3-0.6B-shaped checkpoint (for a GPU)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="throughput: measure every side this many times, in alternating rounds, and "
+        "report medians (wall times on a shared machine drift between runs)",
+    )
     # A benchmark with options of its own (serve: --url, --trace, --rate, ...) adds them.
     words = sys.argv[1:] if argv is None else list(argv)
     name = next((w for w in words if w in BENCHMARKS), None)
@@ -52,8 +64,10 @@ def main(argv=None) -> dict:
             traceback.print_exc()
             failed.append(name)
     if len(names) > 1:
-        print(f"\nall: {len(names) - len(failed)}/{len(names)} benchmarks ran in "
-              f"{time.perf_counter() - t0:.0f}s" + (f"; failed: {', '.join(failed)}" if failed else ""))
+        print(
+            f"\nall: {len(names) - len(failed)}/{len(names)} benchmarks ran in "
+            f"{time.perf_counter() - t0:.0f}s" + (f"; failed: {', '.join(failed)}" if failed else "")
+        )
     if failed:
         sys.exit(1)
     return results

@@ -28,12 +28,17 @@ NAME = "calibrate"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rounds", type=int, default=None,
-                   help="real-engine runs of each validation trace, medians compared (default: the size's)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="real-engine runs of each validation trace, medians compared (default: the size's)",
+    )
 
 
 def run(args) -> dict:
     from ..sim import calibration as cal
+
     threads = set_threads(args)
     size = args.size
     budget = pick(size, tiny=3.0, small=30.0, full=60.0)
@@ -42,45 +47,107 @@ def run(args) -> dict:
     grid = cal.GRID[:4] + cal.GRID[9:10] + cal.GRID[12:13] if size == "tiny" else cal.GRID
     calibration_traces = cal.TRACES[:1] if size == "tiny" else cal.TRACES
     seed = args.seed
-    device = {} if args.device == "cpu" else {"device": args.device}     # on a GPU: the GPU's steps
-    cost, report = cal.calibrate(args.out, budget_s=budget, traces=cal.validation_traces(seed, (n1, n2)), seed=seed,
-                                 grid=grid, calibration_traces=calibration_traces, rounds=rounds, **device)
+    device = {} if args.device == "cpu" else {"device": args.device}  # on a GPU: the GPU's steps
+    cost, report = cal.calibrate(
+        args.out,
+        budget_s=budget,
+        traces=cal.validation_traces(seed, (n1, n2)),
+        seed=seed,
+        grid=grid,
+        calibration_traces=calibration_traces,
+        rounds=rounds,
+        **device,
+    )
 
     terms = [[t, f"{cost.seconds[t] * 1e6:.4f}", f"{cost.stderr.get(t, 0.0) * 1e6:.4f}"] for t in cost.seconds]
     rows = []
     for name, r in report["traces"].items():
         for metric in ("ttft", "tpot", "e2e"):
             m = r[metric]
-            rows.append([name, metric, f"{m['median_measured_s'] * 1e3:.1f}", f"{m['median_modeled_s'] * 1e3:.1f}",
-                         pct(m["median_rel_err"]), pct(m["p90_rel_err"])])
-        rows.append([name, "steps", r["steps"]["measured"], r["steps"]["modeled"],
-                     pct(abs(r["steps"]["modeled"] - r["steps"]["measured"]) / max(1, r["steps"]["measured"])),
-                     f"{r['preemptions']} / {r['preemptions_modeled']} preemptions"])
-        rows.append([name, "busy", pct(r["utilisation"]["measured"]), pct(r["utilisation"]["modeled"]), "",
-                     f"waiting {r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f}"])
+            rows.append(
+                [
+                    name,
+                    metric,
+                    f"{m['median_measured_s'] * 1e3:.1f}",
+                    f"{m['median_modeled_s'] * 1e3:.1f}",
+                    pct(m["median_rel_err"]),
+                    pct(m["p90_rel_err"]),
+                ]
+            )
+        rows.append(
+            [
+                name,
+                "steps",
+                r["steps"]["measured"],
+                r["steps"]["modeled"],
+                pct(abs(r["steps"]["modeled"] - r["steps"]["measured"]) / max(1, r["steps"]["measured"])),
+                f"{r['preemptions']} / {r['preemptions_modeled']} preemptions",
+            ]
+        )
+        rows.append(
+            [
+                name,
+                "busy",
+                pct(r["utilisation"]["measured"]),
+                pct(r["utilisation"]["modeled"]),
+                "",
+                f"waiting {r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f}",
+            ]
+        )
     goals = [goal("calibration time", "<= 60 s", f"{report['calibration_s']:.1f} s", report["calibration_s"] <= 60.0)]
     for name, r in report["traces"].items():
-        goals.append(goal(f"{name}: e2e median rel. error", "<= 5%", pct(r["e2e"]["median_rel_err"]),
-                          r["e2e"]["median_rel_err"] <= 0.05))
-        goals.append(goal(f"{name}: e2e p90 rel. error", "<= 12%", pct(r["e2e"]["p90_rel_err"]),
-                          r["e2e"]["p90_rel_err"] <= 0.12))
-    summary = {name: {m: {k: r[m][k] for k in ("median_rel_err", "p90_rel_err", "median_measured_s",
-                                                  "median_modeled_s", "noise")} for m in ("ttft", "tpot", "e2e")}
-               | {k: r[k] for k in ("steps", "preemptions", "preemptions_modeled", "utilisation", "mean_waiting",
-                                    "rounds")}
-               for name, r in report["traces"].items()}
+        goals.append(
+            goal(
+                f"{name}: e2e median rel. error",
+                "<= 5%",
+                pct(r["e2e"]["median_rel_err"]),
+                r["e2e"]["median_rel_err"] <= 0.05,
+            )
+        )
+        goals.append(
+            goal(f"{name}: e2e p90 rel. error", "<= 12%", pct(r["e2e"]["p90_rel_err"]), r["e2e"]["p90_rel_err"] <= 0.12)
+        )
+    summary = {
+        name: {
+            m: {k: r[m][k] for k in ("median_rel_err", "p90_rel_err", "median_measured_s", "median_modeled_s", "noise")}
+            for m in ("ttft", "tpot", "e2e")
+        }
+        | {k: r[k] for k in ("steps", "preemptions", "preemptions_modeled", "utilisation", "mean_waiting", "rounds")}
+        for name, r in report["traces"].items()
+    }
     command = command_line(NAME, args) + (f" --rounds {args.rounds}" if getattr(args, "rounds", None) else "")
     return {
         "command": command,
-        "config": {"threads": threads, "budget_s": budget, "trace_sizes": [n1, n2], "seed": seed, "rounds": rounds,
-                   "validation_seeds": [seed + 1, seed + 2]},
-        "results": {"calibration_s": report["calibration_s"], "profile": cost.to_profile(),
-                    "held_out": report["held_out"], "traces": summary},
+        "config": {
+            "threads": threads,
+            "budget_s": budget,
+            "trace_sizes": [n1, n2],
+            "seed": seed,
+            "rounds": rounds,
+            "validation_seeds": [seed + 1, seed + 2],
+        },
+        "results": {
+            "calibration_s": report["calibration_s"],
+            "profile": cost.to_profile(),
+            "held_out": report["held_out"],
+            "traces": summary,
+        },
         "goals": goals,
-        "_tables": [table(["term", "us per unit", "+/- us"], terms, title="fitted step cost"),
-                    table(["trace", "metric", "measured (median, ms)", "modeled (median, ms)",
-                           "median rel. error", "p90 rel. error"], rows,
-                          title=f"modeled vs measured, per request (measured: the median of {rounds} rounds)")],
+        "_tables": [
+            table(["term", "us per unit", "+/- us"], terms, title="fitted step cost"),
+            table(
+                [
+                    "trace",
+                    "metric",
+                    "measured (median, ms)",
+                    "modeled (median, ms)",
+                    "median rel. error",
+                    "p90 rel. error",
+                ],
+                rows,
+                title=f"modeled vs measured, per request (measured: the median of {rounds} rounds)",
+            ),
+        ],
     }
 
 

@@ -26,15 +26,26 @@ RESULT_KEYS = ("benchmark", "size", "command", "machine", "config", "results", "
 # The shipped Shakespeare model's shape (scripts/train_shakespeare.py defaults). When the
 # checkpoint is missing (still training), benchmarks that need the real model use a random
 # Llama of this shape, so the step costs stay representative.
-SHIPPED_SHAPE = dict(vocab_size=1024, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                     max_position_embeddings=1024, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                     bos_token_id=0, eos_token_id=0)
+SHIPPED_SHAPE = dict(
+    vocab_size=1024,
+    hidden_size=256,
+    intermediate_size=688,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    bos_token_id=0,
+    eos_token_id=0,
+)
 
 
 # --------------------------------------------------------------------------------------
 # The machine
 # --------------------------------------------------------------------------------------
+
 
 def cpu_model() -> str:
     try:
@@ -71,6 +82,7 @@ def machine_info(device: str = "cpu") -> dict:
 def installed_version(package: str) -> Optional[str]:
     """The installed version of ``package`` (its metadata: nothing is imported), or None."""
     from importlib import metadata
+
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -79,9 +91,11 @@ def installed_version(package: str) -> Optional[str]:
 
 def machine_line(m: dict) -> str:
     threads = "not imported" if m["torch_threads"] is None else f"{m['torch_threads']} threads"
-    s = (f"machine: {m['cpu']}, {m['cores_usable']}/{m['cores']} cores usable, load {m['load_avg_1m']}, "
-         f"torch {m['torch']} ({threads}), transformers {m.get('transformers')}, "
-         f"device {m['device']}")
+    s = (
+        f"machine: {m['cpu']}, {m['cores_usable']}/{m['cores']} cores usable, load {m['load_avg_1m']}, "
+        f"torch {m['torch']} ({threads}), transformers {m.get('transformers')}, "
+        f"device {m['device']}"
+    )
     if m.get("device_name"):
         s += f" ({m['device_name']})"
     return s
@@ -103,6 +117,7 @@ def command_line(name: str, args) -> str:
 def set_threads(args) -> int:
     """One torch thread count for the whole process, so every side of a comparison gets it."""
     import torch
+
     if getattr(args, "threads", None):
         torch.set_num_threads(int(args.threads))
     return torch.get_num_threads()
@@ -112,8 +127,10 @@ def set_threads(args) -> int:
 # The model
 # --------------------------------------------------------------------------------------
 
+
 def shipped_model_available() -> bool:
     from ..model.loader import DEFAULT_MODEL_DIR
+
     return (DEFAULT_MODEL_DIR / "config.json").exists() and any(DEFAULT_MODEL_DIR.glob("*.safetensors"))
 
 
@@ -122,6 +139,7 @@ def make_llm(**config):
 
     Returns (llm, model_label)."""
     from .. import LLM
+
     if shipped_model_available():
         return LLM(**config), "shipped shakespeare checkpoint"
     llm = LLM("random", random_model=dict(SHIPPED_SHAPE), **config)
@@ -132,10 +150,13 @@ def make_llm(**config):
 # Measuring
 # --------------------------------------------------------------------------------------
 
+
 def progress(total: Optional[int] = None, desc: str = "", unit: str = "it", **kw):
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=True,
-                mininterval=0.5, **kw)
+
+    return tqdm(
+        total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=True, mininterval=0.5, **kw
+    )
 
 
 def median(xs: Iterable[float]) -> float:
@@ -164,6 +185,7 @@ def step_clock() -> tuple[Callable[[], float], str]:
     """The clock to time engine parts with: this process's CPU time when torch runs one thread
     (a shared machine then cannot inflate a part by descheduling us), else wall time."""
     import torch
+
     if torch.get_num_threads() == 1:
         return time.process_time, "CPU time"
     return time.perf_counter, "wall time"
@@ -173,6 +195,7 @@ def step_clock() -> tuple[Callable[[], float], str]:
 # Reporting
 # --------------------------------------------------------------------------------------
 
+
 def fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "-"
@@ -181,7 +204,7 @@ def fmt(v: Any, digits: int = 3) -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return "-"
-        if v != 0 and (abs(v) >= 1e5 or abs(v) < 10 ** -digits):
+        if v != 0 and (abs(v) >= 1e5 or abs(v) < 10**-digits):
             return f"{v:.{digits}g}"
         return f"{v:,.{digits}f}".rstrip("0").rstrip(".") if abs(v) < 1e3 else f"{v:,.0f}"
     if isinstance(v, int):
@@ -197,7 +220,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: Optional
     """A markdown table (pipes, aligned), so the printout pastes into a README as is."""
     cells = [[str(h) for h in headers]] + [[fmt(c) for c in r] for r in rows]
     w = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"   # noqa: E731
+    line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"  # noqa: E731
     out = [] if title is None else [f"\n### {title}\n"]
     out.append(line(cells[0]))
     out.append("|" + "|".join("-" * (x + 2) for x in w) + "|")
@@ -211,8 +234,11 @@ def goal(name: str, target: str, value: Any, met: Optional[bool]) -> dict:
 
 
 def goals_table(goals: Sequence[dict]) -> str:
-    return table(["goal", "target", "measured", "met"],
-                 [[g["goal"], g["target"], g["measured"], g["met"]] for g in goals], title="goals")
+    return table(
+        ["goal", "target", "measured", "met"],
+        [[g["goal"], g["target"], g["measured"], g["met"]] for g in goals],
+        title="goals",
+    )
 
 
 def _jsonable(x):

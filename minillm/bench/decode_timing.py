@@ -36,7 +36,7 @@ import torch
 
 from ..sampling_params import SamplingParams
 
-NOISY_SPREAD = 1.5   # a batch size whose repeats differ by more than this factor is called noisy
+NOISY_SPREAD = 1.5  # a batch size whose repeats differ by more than this factor is called noisy
 
 
 def clock_for(device: str) -> tuple[Callable[[], float], str]:
@@ -60,15 +60,17 @@ def one_torch_thread(device: str) -> Iterator[None]:
             torch.set_num_threads(before)
 
 
-def decode_steps(engine, batch: int, steps: int, prompt_len: int = 32,
-                 clock: Callable[[], float] = time.perf_counter) -> list[float]:
+def decode_steps(
+    engine, batch: int, steps: int, prompt_len: int = 32, clock: Callable[[], float] = time.perf_counter
+) -> list[float]:
     """Run ``batch`` requests of ``prompt_len`` tokens together for ``steps`` decode steps each;
     the time of every step in which all ``batch`` requests decode (none prefills)."""
     if batch < 1 or steps < 1:
         raise ValueError(f"batch and steps must be >= 1, got batch={batch}, steps={steps}")
     for _ in range(batch):
-        engine.add_request(list(range(10, 10 + prompt_len)),
-                           SamplingParams(max_tokens=steps + 1, ignore_eos=True, temperature=0.0))
+        engine.add_request(
+            list(range(10, 10 + prompt_len)), SamplingParams(max_tokens=steps + 1, ignore_eos=True, temperature=0.0)
+        )
     times = []
     while engine.has_unfinished_requests():
         t0 = clock()
@@ -82,6 +84,7 @@ def decode_steps(engine, batch: int, steps: int, prompt_len: int = 32,
 @dataclass
 class DecodeTimings:
     """Per batch size, the median decode step of each repeat (seconds)."""
+
     batches: list[int]
     repeat_medians: dict[int, list[float]] = field(default_factory=dict)
     clock: str = "wall time"
@@ -107,8 +110,9 @@ class DecodeTimings:
         return (large / t[large]) / (small / t[small]), t[large] / t[small]
 
 
-def measure(engine, batches: Sequence[int], steps: int = 16, repeats: int = 3, prompt_len: int = 32,
-            device: str = "cpu") -> DecodeTimings:
+def measure(
+    engine, batches: Sequence[int], steps: int = 16, repeats: int = 3, prompt_len: int = 32, device: str = "cpu"
+) -> DecodeTimings:
     """Time decode steps at each batch size in ``batches``: ``repeats`` interleaved rounds of
     ``steps`` decode steps each, after one warm-up run (on a GPU it compiles the kernels). On the
     CPU with one torch thread, timed in CPU time (see the module's docstring).
@@ -123,7 +127,7 @@ def measure(engine, batches: Sequence[int], steps: int = 16, repeats: int = 3, p
         raise ValueError(f"batches go up to {max(batches)} but max_num_seqs is {engine.config.max_num_seqs}")
     with one_torch_thread(device):
         clock, name = clock_for(device)
-        decode_steps(engine, min(4, max(batches)), 2, prompt_len, clock)        # warm-up
+        decode_steps(engine, min(4, max(batches)), 2, prompt_len, clock)  # warm-up
         out = DecodeTimings(list(batches), {b: [] for b in batches}, name)
         for _ in range(repeats):
             for b in batches:

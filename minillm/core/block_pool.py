@@ -30,8 +30,8 @@ class Block:
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
-        self.block_hash: Optional[int] = None     # set once the block is full (prefix caching)
-        self.token_ids: Optional[tuple] = None    # kept to guard against hash collisions
+        self.block_hash: Optional[int] = None  # set once the block is full (prefix caching)
+        self.token_ids: Optional[tuple] = None  # kept to guard against hash collisions
         self.parent_hash: Optional[int] = None
 
     def __repr__(self) -> str:
@@ -40,7 +40,8 @@ class Block:
 
 class BlockPool:
     """Owns every block; hands them out and takes them back."""
-    hash_block = staticmethod(hash_block)     # the prefix-cache key (a subclass may bring its own)
+
+    hash_block = staticmethod(hash_block)  # the prefix-cache key (a subclass may bring its own)
 
     def __init__(self, num_blocks: int, enable_caching: bool = False):
         self.num_blocks = num_blocks
@@ -48,11 +49,11 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Free blocks in eviction order (front = evicted first). Cached-free blocks are here too.
         self.free_queue: "OrderedDict[int, Block]" = OrderedDict((b.block_id, b) for b in self.blocks)
-        self.cached: dict[int, Block] = {}        # block hash -> block holding that prefix
+        self.cached: dict[int, Block] = {}  # block hash -> block holding that prefix
         self.stats = dict(lookups=0, queried_blocks=0, hit_blocks=0, evictions=0)
 
     @property
-    def num_free(self) -> int:     # blocks that can be handed out now (cached-free ones count: they can be evicted)
+    def num_free(self) -> int:  # blocks that can be handed out now (cached-free ones count: they can be evicted)
         return len(self.free_queue)
 
     @property
@@ -64,7 +65,7 @@ class BlockPool:
     def get_new_blocks(self, num_blocks: int) -> list[Block]:
         """``num_blocks`` fresh blocks, each held once, from the front of the free list (blocks holding
         nothing reusable first, then the least recently freed cached ones, whose prefix is evicted)."""
-        if num_blocks > len(self.free_queue):     # the scheduler checks first: this is a bug
+        if num_blocks > len(self.free_queue):  # the scheduler checks first: this is a bug
             raise RuntimeError(f"BlockPool.get_new_blocks: {num_blocks} blocks asked for, {len(self.free_queue)} free")
         new = [self.free_queue.popitem(last=False)[1] for _ in range(num_blocks)]
         for block in new:
@@ -139,18 +140,24 @@ class BlockPool:
         """The block holding the prefix whose key is ``block_hash``, or None."""
         return self.cached.get(block_hash)
 
-    def cache_full_blocks(self, blocks: Sequence[Block], block_hashes: list[int], token_ids: Sequence[int],
-                          num_full_blocks: int, block_size: int) -> list[Block]:
+    def cache_full_blocks(
+        self,
+        blocks: Sequence[Block],
+        block_hashes: list[int],
+        token_ids: Sequence[int],
+        num_full_blocks: int,
+        block_size: int,
+    ) -> list[Block]:
         """A request's blocks ``len(block_hashes) .. num_full_blocks - 1`` just became full: each gets its
         prefix hash (chained), appended to ``block_hashes``. Returns the blocks that had no hash before."""
         new = []
         for i in range(len(block_hashes), num_full_blocks):
             parent, block = block_hashes[-1] if block_hashes else None, blocks[i]
-            tokens = tuple(token_ids[i * block_size:(i + 1) * block_size])
+            tokens = tuple(token_ids[i * block_size : (i + 1) * block_size])
             h = self.hash_block(parent, tokens)
             if block.block_hash is None:
                 block.block_hash, block.token_ids, block.parent_hash = h, tokens, parent
-                self.cached.setdefault(h, block)          # keep the first copy as the canonical one
+                self.cached.setdefault(h, block)  # keep the first copy as the canonical one
                 new.append(block)
             block_hashes.append(h)
         return new

@@ -28,28 +28,36 @@ from ..step_record import KVSnapshot
 
 class PagedKVCacheManager:
     """Block tables on demand from a ``BlockPool``; admission leaves ``watermark_blocks`` free (kv_manager.py)."""
+
     mode = "paged"
-    supports_prefix_caching = True       # (on when enable_prefix_caching)
+    supports_prefix_caching = True  # (on when enable_prefix_caching)
     supports_swapping = True
     supports_forking = True
     allocates_on_demand = True
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 num_swap_blocks: int = 0, watermark: float = 0.0, block_pool: Optional[Callable] = None):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = False,
+        num_swap_blocks: int = 0,
+        watermark: float = 0.0,
+        block_pool: Optional[Callable] = None,
+    ):
         self.num_blocks = num_blocks
-        self.watermark_blocks = int(watermark * num_blocks)   # headroom a new request must leave free
+        self.watermark_blocks = int(watermark * num_blocks)  # headroom a new request must leave free
         self.block_size = block_size
-        self.attn_block_size = block_size        # the runner's view of the cache
+        self.attn_block_size = block_size  # the runner's view of the cache
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = (block_pool or BlockPool)(num_blocks, enable_prefix_caching)   # EngineConfig.block_pool
-        self.req_blocks: dict[str, list[Block]] = {}    # block table of each request
-        self.req_hashes: dict[str, list[int]] = {}      # prefix hashes of its full blocks
+        self.pool = (block_pool or BlockPool)(num_blocks, enable_prefix_caching)  # EngineConfig.block_pool
+        self.req_blocks: dict[str, list[Block]] = {}  # block table of each request
+        self.req_hashes: dict[str, list[int]] = {}  # prefix hashes of its full blocks
         self.num_swap_blocks = num_swap_blocks
         self.swap_free: list[int] = list(range(num_swap_blocks - 1, -1, -1))
-        self.swapped: dict[str, list[int]] = {}         # request -> host-pool block ids
+        self.swapped: dict[str, list[int]] = {}  # request -> host-pool block ids
         self.prefill_tokens_saved = 0
-        self.copies: list[tuple[str, int, int]] = []    # copy-on-write this pass: (request, src, dst)
-        self._journal: Optional[KVStepJournal] = None   # the step in progress (see begin_step)
+        self.copies: list[tuple[str, int, int]] = []  # copy-on-write this pass: (request, src, dst)
+        self._journal: Optional[KVStepJournal] = None  # the step in progress (see begin_step)
 
     # --- sizes ---------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -74,10 +82,10 @@ class PagedKVCacheManager:
         parent = None
         unsafe = self._journal.unshared if self._journal is not None else ()
         for i in range((len(tokens) - 1) // bs):
-            chunk = tuple(tokens[i * bs:(i + 1) * bs])
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
             block = self.pool.get_cached_block(self.pool.hash_block(parent, chunk))
             if block is None or block.token_ids != chunk or block.parent_hash != parent or block.block_id in unsafe:
-                break                                     # a miss (or a hash collision)
+                break  # a miss (or a hash collision)
             hits.append(block)
             parent = block.block_hash
         return hits
@@ -113,8 +121,9 @@ class PagedKVCacheManager:
             return
         rid = req.request_id
         self._save_table(rid)
-        new = self.pool.cache_full_blocks(self.req_blocks[rid], self.req_hashes.setdefault(rid, []),
-                                          req.all_token_ids, num_full, self.block_size)
+        new = self.pool.cache_full_blocks(
+            self.req_blocks[rid], self.req_hashes.setdefault(rid, []), req.all_token_ids, num_full, self.block_size
+        )
         j = self._journal
         if j is not None:
             for block in new:
@@ -159,7 +168,7 @@ class PagedKVCacheManager:
         shared = blocks[i]
         fresh = self._new_block()
         blocks[i] = fresh
-        self.pool.free_blocks([shared])       # one reference less; others still hold it
+        self.pool.free_blocks([shared])  # one reference less; others still hold it
         self.copies.append((req.request_id, shared.block_id, fresh.block_id))
 
     def take_copies(self) -> list[tuple[str, int, int]]:
@@ -184,8 +193,9 @@ class PagedKVCacheManager:
         watermark's headroom plus ``reserve_blocks`` (a parallel-sampling group's other samples)."""
         return reserve_blocks + (self.watermark_blocks if req.request_id not in self.req_blocks else 0)
 
-    def can_allocate(self, req: Request, num_new_tokens: int, cached: Sequence[Block] = (),
-                     reserve_blocks: int = 0) -> tuple[bool, int, int]:
+    def can_allocate(
+        self, req: Request, num_new_tokens: int, cached: Sequence[Block] = (), reserve_blocks: int = 0
+    ) -> tuple[bool, int, int]:
         """(fits, blocks needed, blocks free) for ``num_new_tokens`` more positions after the
         ``cached`` prefix; a new request must also leave the headroom (``headroom``) free."""
         need = self.num_blocks_needed(req, num_new_tokens, cached)
@@ -195,7 +205,7 @@ class PagedKVCacheManager:
     def allocate(self, req: Request, num_new_tokens: int, cached: Sequence[Block] = ()) -> bool:
         """Give the request blocks for ``num_new_tokens`` more positions (after its cached prefix)."""
         if not cached and self.num_blocks_needed(req, num_new_tokens) == 0:
-            return True                  # the positions fit in blocks it holds, its own: nothing changes
+            return True  # the positions fit in blocks it holds, its own: nothing changes
         ok, need, _ = self.can_allocate(req, num_new_tokens, cached)
         if not ok:
             return False
@@ -209,11 +219,11 @@ class PagedKVCacheManager:
             self.pool.touch(cached)
             blocks.extend(cached)
             hashes: list[int] = []
-            for b in cached:                # prefix-cache hits: each carries its prefix's hash
+            for b in cached:  # prefix-cache hits: each carries its prefix's hash
                 assert b.block_hash is not None, f"cached prefix block {b.block_id} has no hash"
                 hashes.append(b.block_hash)
             self.req_hashes[req.request_id] = hashes
-        blocks += self._new_blocks(need)   # (one pool call for a whole prefill's blocks)
+        blocks += self._new_blocks(need)  # (one pool call for a whole prefill's blocks)
         return True
 
     def _new_block(self) -> Block:
@@ -250,7 +260,7 @@ class PagedKVCacheManager:
                 self.pool.forget_hash(b)
                 del j.hashed[b.block_id]
 
-    def _free_host(self, host: list[int]) -> None:      # inside a step: reused after the step's copies
+    def _free_host(self, host: list[int]) -> None:  # inside a step: reused after the step's copies
         (self._journal.host_pending if self._journal is not None else self.swap_free).extend(reversed(host))
 
     def truncate(self, req: Request, num_tokens: int) -> None:
@@ -267,7 +277,7 @@ class PagedKVCacheManager:
             self.pool.free_blocks(blocks[keep:])
             del blocks[keep:]
         if cut_hashes:
-            del hashes[num_tokens // self.block_size:]
+            del hashes[num_tokens // self.block_size :]
 
     # --- one step, all or nothing (the journal: step_journal.KVStepJournal) ---------------------------
     def begin_step(self) -> None:
@@ -333,7 +343,7 @@ class PagedKVCacheManager:
         host = self.swapped.pop(req.request_id)
         blocks = [self._new_block() for _ in host]
         self.req_blocks[req.request_id] = blocks
-        self._free_host(host)             # not reused before this step's copies have run
+        self._free_host(host)  # not reused before this step's copies have run
         return [(h, b.block_id) for h, b in zip(host, blocks)]
 
     @property
@@ -341,8 +351,14 @@ class PagedKVCacheManager:
         return self.num_swap_blocks - len(self.swap_free)
 
     # --- explaining ----------------------------------------------------------------------------
-    def explain_wait(self, req: Request, num_new_tokens: int, cached: Sequence[Block] = (),
-                     reserve_blocks: int = 0, requests: Optional[dict] = None) -> str:
+    def explain_wait(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        cached: Sequence[Block] = (),
+        reserve_blocks: int = 0,
+        requests: Optional[dict] = None,
+    ) -> str:
         return paged_wait_reason(self, req, num_new_tokens, cached, reserve_blocks)
 
     def stats(self) -> dict:
@@ -361,5 +377,11 @@ def make_kv_manager(config, num_blocks: int):
     """The built-in KV manager of an ``EngineConfig`` (the default of ``EngineConfig.kv_manager``)."""
     if config.kv_allocation == "reserved":
         return ReservedKVCacheManager(num_blocks, config.block_size, config.max_model_len, config.watermark)
-    return PagedKVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                               config.num_swap_blocks, config.watermark, config.block_pool)
+    return PagedKVCacheManager(
+        num_blocks,
+        config.block_size,
+        config.enable_prefix_caching,
+        config.num_swap_blocks,
+        config.watermark,
+        config.block_pool,
+    )

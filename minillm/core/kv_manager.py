@@ -34,17 +34,18 @@ class KVCacheManager(Protocol):
     ``totals`` are what a ``StepRecord`` carries; ``stats`` the prefix cache's counters (zero without one).
     """
 
-    num_blocks: int              # capacity, in blocks of block_size positions
-    block_size: int              # token positions per block
-    attn_block_size: int         # the runner's view of a block (1: position-granular regions)
-    watermark_blocks: int        # headroom a new request must leave free
-    supports_prefix_caching: bool   # keeps PrefixCaching below
-    supports_swapping: bool         # keeps Swapping below
-    supports_forking: bool          # keeps Forking below
-    allocates_on_demand: bool       # keeps OnDemandBlocks below
+    num_blocks: int  # capacity, in blocks of block_size positions
+    block_size: int  # token positions per block
+    attn_block_size: int  # the runner's view of a block (1: position-granular regions)
+    watermark_blocks: int  # headroom a new request must leave free
+    supports_prefix_caching: bool  # keeps PrefixCaching below
+    supports_swapping: bool  # keeps Swapping below
+    supports_forking: bool  # keeps Forking below
+    allocates_on_demand: bool  # keeps OnDemandBlocks below
 
-    def can_allocate(self, req: Request, num_new_tokens: int, cached: Sequence = (),
-                     reserve_blocks: int = 0) -> tuple[bool, int, int]:
+    def can_allocate(
+        self, req: Request, num_new_tokens: int, cached: Sequence = (), reserve_blocks: int = 0
+    ) -> tuple[bool, int, int]:
         """(fits, needed, free) for ``num_new_tokens`` more positions after the ``cached`` prefix; a new
         request must also leave the watermark's headroom and ``reserve_blocks`` free."""
 
@@ -69,8 +70,14 @@ class KVCacheManager(Protocol):
     def rollback(self) -> dict[str, int]:
         """Undo the step; per request whose KV may have been written over, the first untrusted position."""
 
-    def explain_wait(self, req: Request, num_new_tokens: int, cached: Sequence = (), reserve_blocks: int = 0,
-                     requests: Optional[dict] = None) -> str:
+    def explain_wait(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        cached: Sequence = (),
+        reserve_blocks: int = 0,
+        requests: Optional[dict] = None,
+    ) -> str:
         """Why ``can_allocate`` said no, in a sentence a person can read."""
 
     def snapshot(self, requests: dict[str, Request], detail: bool = True) -> KVSnapshot:
@@ -145,8 +152,12 @@ class OnDemandBlocks(Protocol):
 
 
 # Each declared capability and the protocol it promises.
-CAPABILITIES = {"supports_prefix_caching": PrefixCaching, "supports_swapping": Swapping,
-                "supports_forking": Forking, "allocates_on_demand": OnDemandBlocks}
+CAPABILITIES = {
+    "supports_prefix_caching": PrefixCaching,
+    "supports_swapping": Swapping,
+    "supports_forking": Forking,
+    "allocates_on_demand": OnDemandBlocks,
+}
 
 
 def check_kv_manager(kv, cfg, num_blocks: int):
@@ -156,16 +167,19 @@ def check_kv_manager(kv, cfg, num_blocks: int):
     who = f"EngineConfig.kv_manager={cfg.kv_manager!r}"
     check_protocol(kv, KVCacheManager, who)
     for flag, protocol in CAPABILITIES.items():
-        declared = getattr(kv, flag)             # (check_protocol found every flag)
+        declared = getattr(kv, flag)  # (check_protocol found every flag)
         if not isinstance(declared, bool):
             raise TypeError(f"{who}: {type(kv).__name__}.{flag}={declared!r}: must be True or False")
         if declared:
             check_protocol(kv, protocol, f"{who} (it declares {flag})")
     if kv.num_blocks != num_blocks or kv.block_size != cfg.block_size:
-        raise ValueError(f"{who}: built a manager of "
-                         f"{kv.num_blocks} blocks of {kv.block_size} tokens; the engine has "
-                         f"{num_blocks} blocks of {cfg.block_size}")
+        raise ValueError(
+            f"{who}: built a manager of "
+            f"{kv.num_blocks} blocks of {kv.block_size} tokens; the engine has "
+            f"{num_blocks} blocks of {cfg.block_size}"
+        )
     if kv.watermark_blocks != int(cfg.watermark * num_blocks):
-        raise ValueError(f"{who}: built a manager without the "
-                         f"watermark={cfg.watermark} (pass the config's watermark to it)")
+        raise ValueError(
+            f"{who}: built a manager without the watermark={cfg.watermark} (pass the config's watermark to it)"
+        )
     return kv

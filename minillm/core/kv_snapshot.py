@@ -21,19 +21,18 @@ def may_share_blocks(kv) -> bool:
 def paged_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
     """The snapshot of a ``PagedKVCacheManager``; ``detail`` adds the per-block map (O(blocks))."""
     bs = kv.block_size
-    filled = [0] * kv.num_blocks if detail else []     # (read with detail only)
+    filled = [0] * kv.num_blocks if detail else []  # (read with detail only)
     owners: dict[int, list[str]] = {}
     per_request = {}
     used = partial = 0
     seen: set[int] = set()
-    shared = detail or may_share_blocks(kv)         # else no block has two owners
+    shared = detail or may_share_blocks(kv)  # else no block has two owners
     for rid, blocks in kv.req_blocks.items():
         req = requests.get(rid)
         n = req.num_computed_tokens if req is not None else 0
-        per_request[rid] = RequestKV(used=n, num_blocks=len(blocks),
-                                     cached_prefix=req.num_cached_tokens if req else 0)
+        per_request[rid] = RequestKV(used=n, num_blocks=len(blocks), cached_prefix=req.num_cached_tokens if req else 0)
         partial += len(blocks) * bs - n
-        if not shared:                   # fast path (long simulations): O(requests), not O(blocks)
+        if not shared:  # fast path (long simulations): O(requests), not O(blocks)
             used += max(0, min(n, len(blocks) * bs))
             continue
         for i, b in enumerate(blocks):
@@ -48,17 +47,31 @@ def paged_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
                 owners.setdefault(b.block_id, []).append(rid)
     cached_free = kv.pool.num_cached_free
     blocks_used = kv.num_blocks - kv.pool.num_free
-    snap = KVSnapshot(total=kv.num_blocks * bs, used=used, free=kv.pool.num_free * bs,
-                      blocks_total=kv.num_blocks, blocks_used=blocks_used,
-                      blocks_free=kv.pool.num_free, block_size=bs, cached=cached_free * bs,
-                      partial_waste=partial, per_request=per_request,
-                      swap_used_blocks=kv.swap_used, swap_total_blocks=kv.num_swap_blocks)
+    snap = KVSnapshot(
+        total=kv.num_blocks * bs,
+        used=used,
+        free=kv.pool.num_free * bs,
+        blocks_total=kv.num_blocks,
+        blocks_used=blocks_used,
+        blocks_free=kv.pool.num_free,
+        block_size=bs,
+        cached=cached_free * bs,
+        partial_waste=partial,
+        per_request=per_request,
+        swap_used_blocks=kv.swap_used,
+        swap_total_blocks=kv.num_swap_blocks,
+    )
     if detail:
         for b in kv.pool.blocks:
-            snap.blocks.append(BlockInfo(block_id=b.block_id, owners=owners.get(b.block_id, []),
-                                         num_filled=filled[b.block_id] if b.ref_count else
-                                         (bs if b.block_hash is not None else 0),
-                                         ref_count=b.ref_count, cached=b.block_hash is not None))
+            snap.blocks.append(
+                BlockInfo(
+                    block_id=b.block_id,
+                    owners=owners.get(b.block_id, []),
+                    num_filled=filled[b.block_id] if b.ref_count else (bs if b.block_hash is not None else 0),
+                    ref_count=b.ref_count,
+                    cached=b.block_hash is not None,
+                )
+            )
     return snap
 
 
@@ -72,15 +85,22 @@ def reserved_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
         n = req.num_computed_tokens if req else 0
         used += n
         reserved_unused += length - n
-        per_request[rid] = RequestKV(used=n, reserved_unused=length - n,
-                                     num_blocks=math.ceil(length / bs))
+        per_request[rid] = RequestKV(used=n, reserved_unused=length - n, num_blocks=math.ceil(length / bs))
     free = kv.capacity - used - reserved_unused
     largest = kv.largest_gap()
     blocks_free = kv.num_gap_blocks()
-    snap = KVSnapshot(total=kv.capacity, used=used, free=free, blocks_total=kv.num_blocks,
-                      blocks_used=kv.num_blocks - blocks_free, blocks_free=blocks_free,
-                      block_size=bs, reserved_unused=reserved_unused,
-                      fragmentation=free - largest, per_request=per_request)
+    snap = KVSnapshot(
+        total=kv.capacity,
+        used=used,
+        free=free,
+        blocks_total=kv.num_blocks,
+        blocks_used=kv.num_blocks - blocks_free,
+        blocks_free=blocks_free,
+        block_size=bs,
+        reserved_unused=reserved_unused,
+        fragmentation=free - largest,
+        per_request=per_request,
+    )
     if detail:
         for blk in range(kv.num_blocks):
             lo, hi = blk * bs, (blk + 1) * bs
@@ -94,8 +114,9 @@ def reserved_snapshot(kv, requests: dict, detail: bool = True) -> KVSnapshot:
                     f = max(0, min(b, start + n) - a)
                     filled += f
                     reserved += (b - a) - f
-            snap.blocks.append(BlockInfo(block_id=blk, owners=owners, num_filled=filled,
-                                         ref_count=len(owners), reserved=reserved))
+            snap.blocks.append(
+                BlockInfo(block_id=blk, owners=owners, num_filled=filled, ref_count=len(owners), reserved=reserved)
+            )
     return snap
 
 
@@ -110,7 +131,7 @@ def paged_totals(kv, requests: dict) -> KVSnapshot:
     repeated full block."""
     bs = kv.block_size
     used = held = computed = repeats = 0
-    shared = may_share_blocks(kv)            # else no block has two owners
+    shared = may_share_blocks(kv)  # else no block has two owners
     seen: set[int] = set()
     for rid, blocks in kv.req_blocks.items():
         req = requests.get(rid)
@@ -119,7 +140,7 @@ def paged_totals(kv, requests: dict) -> KVSnapshot:
         computed += n
         used += min(n, len(blocks) * bs)
         if shared:
-            for i in range(n // bs, len(blocks)):          # its blocks that are not full
+            for i in range(n // bs, len(blocks)):  # its blocks that are not full
                 b = blocks[i]
                 if b.ref_count > 1:
                     if b.block_id in seen:
@@ -130,19 +151,28 @@ def paged_totals(kv, requests: dict) -> KVSnapshot:
     if shared:
         used -= bs * (held - (kv.num_blocks - kv.pool.num_free) - repeats)
     num_free = kv.pool.num_free
-    return KVSnapshot(total=kv.num_blocks * bs, used=used, free=num_free * bs,
-                      blocks_total=kv.num_blocks, blocks_used=kv.num_blocks - num_free,
-                      blocks_free=num_free, block_size=bs, cached=kv.pool.num_cached_free * bs,
-                      partial_waste=held * bs - computed, swap_used_blocks=kv.swap_used,
-                      swap_total_blocks=kv.num_swap_blocks)
+    return KVSnapshot(
+        total=kv.num_blocks * bs,
+        used=used,
+        free=num_free * bs,
+        blocks_total=kv.num_blocks,
+        blocks_used=kv.num_blocks - num_free,
+        blocks_free=num_free,
+        block_size=bs,
+        cached=kv.pool.num_cached_free * bs,
+        partial_waste=held * bs - computed,
+        swap_used_blocks=kv.swap_used,
+        swap_total_blocks=kv.num_swap_blocks,
+    )
 
 
 def paged_wait_reason(kv, req, num_new_tokens: int, cached=(), reserve_blocks: int = 0) -> str:
     """Why a ``PagedKVCacheManager`` cannot take ``req`` now (``explain_wait``): "needs 3 blocks, 1 free"."""
     ok, need, free = kv.can_allocate(req, num_new_tokens, cached)
     headroom = kv.headroom(req, reserve_blocks)
-    return (f"needs {need} block{'s' if need != 1 else ''}, {free} free"
-            + (f" ({headroom} kept as headroom)" if headroom else ""))
+    return f"needs {need} block{'s' if need != 1 else ''}, {free} free" + (
+        f" ({headroom} kept as headroom)" if headroom else ""
+    )
 
 
 def prefix_cache_stats(kv) -> dict:

@@ -60,13 +60,18 @@ def id_clash(request_id: str, n: int, requests, parents) -> Optional[str]:
     """Why a new request with ``n`` samples cannot be called ``request_id`` (None if it can): that id,
     or one its samples would get, is a request's or a sequence's (``requests``), a group's
     (``parents``: id -> ``ParentRequest``), or the id a group gives a sample at its fork."""
+
     def taken(seq_id: str) -> bool:
         if seq_id in requests or seq_id in parents:
             return True
         group, sep, index = seq_id.rpartition("#")
         parent = parents.get(group) if sep else None
-        return parent is not None and index.isdigit() and completion_id(group, int(index)) == seq_id \
+        return (
+            parent is not None
+            and index.isdigit()
+            and completion_id(group, int(index)) == seq_id
             and int(index) < parent.n
+        )
 
     if taken(request_id):
         return "already used"
@@ -83,10 +88,9 @@ class ParentRequest:
         self.request_id = request_id
         self.n = params.n
         # Completion i samples with its own seed and counts only itself (n=1).
-        self.params = [dataclasses.replace(params, n=1, seed=completion_seed(params.seed, i))
-                       for i in range(self.n)]
-        self.members: list = []          # the sequences (Request), by completion index
-        self.forked = False              # have the n - 1 other sequences been created?
+        self.params = [dataclasses.replace(params, n=1, seed=completion_seed(params.seed, i)) for i in range(self.n)]
+        self.members: list = []  # the sequences (Request), by completion index
+        self.forked = False  # have the n - 1 other sequences been created?
 
     def fork(self) -> None:
         """The prompt is computed: the other n - 1 sequences are created (``Scheduler.fork``)."""

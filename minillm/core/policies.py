@@ -39,9 +39,21 @@ from typing import Any, Callable, Optional, Protocol, Sequence, Union, runtime_c
 from .request import Request
 from ..checks import check_protocol
 
-__all__ = ["Policy", "FCFS", "SJF", "Priority", "MLFQ", "Fair", "POLICIES", "make_policy",
-           "LengthPredictor", "OraclePredictor", "HistoryPredictor", "PromptPredictor",
-           "make_predictor"]
+__all__ = [
+    "Policy",
+    "FCFS",
+    "SJF",
+    "Priority",
+    "MLFQ",
+    "Fair",
+    "POLICIES",
+    "make_policy",
+    "LengthPredictor",
+    "OraclePredictor",
+    "HistoryPredictor",
+    "PromptPredictor",
+    "make_predictor",
+]
 
 
 @runtime_checkable
@@ -51,13 +63,14 @@ class Policy(Protocol):
     A class that subclasses ``Policy`` inherits the defaults and overrides what it changes (FCFS changes
     nothing); any object with the four hooks keeps the contract too. ``make_policy`` checks a policy
     object against it when the engine is built, naming a missing hook."""
+
     name: str = "base"
 
     def order_waiting(self, waiting: list[Request], now: float) -> list[Request]:
         return waiting
 
     def pick_victim(self, candidates: list[Request], now: float) -> Request:
-        return max(candidates, key=lambda r: r.admit_seq)      # the most recently admitted
+        return max(candidates, key=lambda r: r.admit_seq)  # the most recently admitted
 
     def preempt_for(self, request: Request, running: list[Request], now: float) -> Optional[Request]:
         return None
@@ -84,18 +97,21 @@ def _is_done(req: Request) -> bool:
 # FCFS
 # =====================================================================================
 
+
 class FCFS(Policy):
     """First come, first served: arrival order (preempted requests go back to the front).
 
     Fair by construction and free of starvation, but short requests queue behind long ones
     (head-of-line blocking).
     """
+
     name = "fcfs"
 
 
 # =====================================================================================
 # SJF and its output-length predictors
 # =====================================================================================
+
 
 @runtime_checkable
 class LengthPredictor(Protocol):
@@ -105,6 +121,7 @@ class LengthPredictor(Protocol):
     ``observe(request)`` is told about every finished request (its true length is known). Subclass it
     to inherit ``observe`` (which learns nothing); ``make_predictor`` checks an object against it.
     """
+
     name: str = "predictor"
 
     def predict(self, request: Request) -> float:
@@ -123,6 +140,7 @@ class OraclePredictor(LengthPredictor):
     Only a simulation knows this; it gives SJF's best case (SJF minimises the mean
     completion time when all job lengths are known).
     """
+
     name = "oracle"
 
     def predict(self, request: Request) -> float:
@@ -138,6 +156,7 @@ class HistoryPredictor(LengthPredictor):
     An unseen class falls back to the mean over all classes, then to ``prior`` tokens.
     It never reads ``max_tokens`` (in a simulation that would be the oracle's answer).
     """
+
     name = "history"
 
     def __init__(self, key: Union[str, Callable[[Request], Any]] = "tenant", prior: float = 128.0):
@@ -145,7 +164,7 @@ class HistoryPredictor(LengthPredictor):
             if key not in ("tenant", "priority"):
                 raise ValueError(f"HistoryPredictor(key={key!r}): 'tenant', 'priority' or a function")
             attr = key
-            key = lambda r: getattr(r, attr)                      # noqa: E731
+            key = lambda r: getattr(r, attr)  # noqa: E731
         self.key = key
         self.prior = float(prior)
         self.sums: dict[Any, float] = defaultdict(float)
@@ -171,11 +190,29 @@ class PromptPredictor(LengthPredictor):
     times ``long_factor`` if a long hint appears. Without text (token ids only) it has no
     signal and predicts ``base`` for everyone (SJF then degenerates to aged FCFS).
     """
+
     name = "prompt"
-    SHORT_HINTS = ("brief", "briefly", "short answer", "one word", "one sentence", "yes or no",
-                   "tl;dr", "concise", "in a few words")
-    LONG_HINTS = ("explain in detail", "in detail", "step by step", "essay", "write a story",
-                  "comprehensive", "elaborate", "long")
+    SHORT_HINTS = (
+        "brief",
+        "briefly",
+        "short answer",
+        "one word",
+        "one sentence",
+        "yes or no",
+        "tl;dr",
+        "concise",
+        "in a few words",
+    )
+    LONG_HINTS = (
+        "explain in detail",
+        "in detail",
+        "step by step",
+        "essay",
+        "write a story",
+        "comprehensive",
+        "elaborate",
+        "long",
+    )
 
     def __init__(self, base: float = 128.0, short_factor: float = 0.25, long_factor: float = 4.0):
         self.base, self.short_factor, self.long_factor = float(base), float(short_factor), float(long_factor)
@@ -223,6 +260,7 @@ class SJF(Policy):
     (hints in the text), or a ``LengthPredictor``. Non-preemptive: a victim under memory
     pressure is the running request with the longest predicted remaining output.
     """
+
     name = "sjf"
 
     def __init__(self, predictor: Union[str, LengthPredictor] = "oracle", aging: float = 100.0):
@@ -264,6 +302,7 @@ class SJF(Policy):
 # Priority classes
 # =====================================================================================
 
+
 class Priority(Policy):
     """Priority classes: lower ``request.priority`` first (vLLM's convention), FCFS inside a class.
 
@@ -271,6 +310,7 @@ class Priority(Policy):
     pushes out a running request of a *lower* class: the lowest class, most recently
     admitted first. The same rule picks the victim when a running request needs a block.
     """
+
     name = "priority"
 
     def __init__(self, preempt: bool = True):
@@ -296,6 +336,7 @@ class Priority(Policy):
 # Multi-level feedback queue
 # =====================================================================================
 
+
 class MLFQ(Policy):
     """Multi-level feedback queue, with tokens generated as the time slice (as in FastServe, Wu et al., 2023).
 
@@ -317,10 +358,16 @@ class MLFQ(Policy):
     slot finishes, then its re-prefill yields a token). Without boosting it waits as long
     as the stream lasts.
     """
+
     name = "mlfq"
 
-    def __init__(self, quanta: Sequence[int] = (16, 64, 256), boost_interval: Optional[float] = 30.0,
-                 boost_unit: str = "seconds", preempt: bool = True):
+    def __init__(
+        self,
+        quanta: Sequence[int] = (16, 64, 256),
+        boost_interval: Optional[float] = 30.0,
+        boost_unit: str = "seconds",
+        preempt: bool = True,
+    ):
         quanta = tuple(int(q) for q in quanta)
         if not quanta or any(q < 1 for q in quanta):
             raise ValueError(f"MLFQ(quanta={quanta!r}): need at least one quantum, each >= 1 token")
@@ -333,7 +380,7 @@ class MLFQ(Policy):
         self.boost_interval = boost_interval
         self.boost_unit = boost_unit
         self.preempt = bool(preempt)
-        self.epoch = 0              # bumped by each boost; a request from an older epoch is at level 0
+        self.epoch = 0  # bumped by each boost; a request from an older epoch is at level 0
         self.num_boosts = 0
         self._last_boost: Optional[float] = None
         self._steps = 0
@@ -341,7 +388,7 @@ class MLFQ(Policy):
     def _state(self, req: Request) -> list:
         st = req.policy_state.get("mlfq")
         if st is None or st[2] != self.epoch:
-            st = req.policy_state["mlfq"] = [0, 0, self.epoch]   # level, tokens at this level, epoch
+            st = req.policy_state["mlfq"] = [0, 0, self.epoch]  # level, tokens at this level, epoch
         return st
 
     def level(self, req: Request) -> int:
@@ -367,7 +414,7 @@ class MLFQ(Policy):
             st = self._state(r)
             st[1] += _generated_since_last_look(r, "mlfq_seen")
             while st[0] < len(self.quanta) and st[1] >= self.quanta[st[0]]:
-                st[1] -= self.quanta[st[0]]       # quantum used up: demote
+                st[1] -= self.quanta[st[0]]  # quantum used up: demote
                 st[0] += 1
         if self.boost_interval is None:
             return
@@ -375,18 +422,21 @@ class MLFQ(Policy):
         if self._last_boost is None:
             self._last_boost = 0.0 if self.boost_unit == "steps" else now
         if clock - self._last_boost >= self.boost_interval:
-            self.epoch += 1                       # everyone back to level 0 (lazily, per request)
+            self.epoch += 1  # everyone back to level 0 (lazily, per request)
             self.num_boosts += 1
             self._last_boost = clock
 
     def __repr__(self) -> str:
-        return (f"MLFQ(quanta={self.quanta}, boost_interval={self.boost_interval}, "
-                f"boost_unit={self.boost_unit!r}, preempt={self.preempt})")
+        return (
+            f"MLFQ(quanta={self.quanta}, boost_interval={self.boost_interval}, "
+            f"boost_unit={self.boost_unit!r}, preempt={self.preempt})"
+        )
 
 
 # =====================================================================================
 # Fair queuing across tenants: the virtual token counter (VTC)
 # =====================================================================================
+
 
 class Fair(Policy):
     """Per-tenant fair queuing with virtual token counters (VTC, Sheng et al., OSDI 2024).
@@ -407,13 +457,12 @@ class Fair(Policy):
     is admitted only when its counter is the smallest, and after that it can gain at
     most what its requests in flight (at most ``max_num_seqs``) still have to receive.
     """
+
     name = "fair"
 
-    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0,
-                 tenant_weights: Optional[dict] = None):
+    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0, tenant_weights: Optional[dict] = None):
         if input_weight < 0 or output_weight < 0:
-            raise ValueError(f"Fair(input_weight={input_weight!r}, output_weight={output_weight!r}): "
-                             "must be >= 0")
+            raise ValueError(f"Fair(input_weight={input_weight!r}, output_weight={output_weight!r}): must be >= 0")
         self.input_weight = float(input_weight)
         self.output_weight = float(output_weight)
         self.tenant_weights = dict(tenant_weights or {})
@@ -421,7 +470,7 @@ class Fair(Policy):
             if not w > 0:
                 raise ValueError(f"Fair(tenant_weights[{t!r}]={w!r}): must be > 0")
         self.counters: dict[Any, float] = defaultdict(float)
-        self._active: set = set()          # tenants with requests waiting or running at the last look
+        self._active: set = set()  # tenants with requests waiting or running at the last look
         self._running_tenants: set = set()  # tenants with requests in the last step's batch
 
     def weight(self, tenant: Any) -> float:
@@ -440,7 +489,7 @@ class Fair(Policy):
         if self._active:
             floor = min(self.counters[t] for t in self._active)
             for t in queues:
-                if t not in self._active:                          # back from idle: no banked credit
+                if t not in self._active:  # back from idle: no banked credit
                     self.counters[t] = max(self.counters[t], floor)
         self._active = set(queues) | self._running_tenants
         # Merge the tenants' FIFO queues by (provisionally charged) counter.
@@ -474,8 +523,10 @@ class Fair(Policy):
         self._running_tenants = running
 
     def __repr__(self) -> str:
-        return (f"Fair(input_weight={self.input_weight:g}, output_weight={self.output_weight:g}, "
-                f"tenant_weights={self.tenant_weights})")
+        return (
+            f"Fair(input_weight={self.input_weight:g}, output_weight={self.output_weight:g}, "
+            f"tenant_weights={self.tenant_weights})"
+        )
 
 
 # =====================================================================================
@@ -497,5 +548,6 @@ def make_policy(spec, **kwargs) -> Policy:
         spec = spec(**kwargs)
     elif kwargs:
         raise ValueError(f"make_policy({spec!r}, ...): keyword arguments need a policy name or class")
-    return check_protocol(spec, Policy, "EngineConfig.policy (subclass minillm.core.policies.Policy to inherit "
-                                        "the defaults)")
+    return check_protocol(
+        spec, Policy, "EngineConfig.policy (subclass minillm.core.policies.Policy to inherit the defaults)"
+    )

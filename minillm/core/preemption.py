@@ -19,6 +19,7 @@ from ..step_record import WaitingEntry
 
 class Recompute:
     """Drop the KV: the victim waits again at the front of the queue and computes it again later."""
+
     name = "recompute"
 
     def possible(self, sched, victim: Request) -> bool:
@@ -27,12 +28,13 @@ class Recompute:
     def evict(self, sched, victim: Request, out) -> tuple[RequestStatus, bool]:
         sched.kv.free(victim)
         sched.counters["recomputed_tokens"] += victim.num_computed_tokens
-        sched.writable_waiting().insert(0, victim)      # back to the front of the queue
+        sched.writable_waiting().insert(0, victim)  # back to the front of the queue
         return RequestStatus.PREEMPTED, False
 
 
 class Swap:
     """Copy the KV to host memory (``out.swap_out``): the victim waits in ``sched.swapped``."""
+
     name = "swap"
 
     def possible(self, sched, victim: Request) -> bool:
@@ -60,7 +62,7 @@ def choose_mode(sched, victim: Request) -> str:
             return "recompute"
         mode = cm.preemption_mode(victim.num_computed_tokens)
     if not PREEMPTION_MODES[mode].possible(sched, victim):
-        return "recompute"            # e.g. swap pool full: fall back
+        return "recompute"  # e.g. swap pool full: fall back
     return mode
 
 
@@ -70,13 +72,15 @@ def preempt_group(sched, victim: Request, out, reason: str) -> int:
     group = [victim]
     p = victim.parent
     if p is not None and p.forked:
-        group += [m for m in p.members if m is not victim and m.status is RequestStatus.RUNNING
-                  and m in sched.running]
+        group += [m for m in p.members if m is not victim and m.status is RequestStatus.RUNNING and m in sched.running]
     budget = 0
     for m in group:
         budget += unschedule(m, out)
-        sched.preempt(m, out, reason if m is victim else
-                      f"{reason}; preempted with {victim.request_id}, its parallel-sampling group")
+        sched.preempt(
+            m,
+            out,
+            reason if m is victim else f"{reason}; preempted with {victim.request_id}, its parallel-sampling group",
+        )
     return budget
 
 
@@ -109,12 +113,12 @@ def schedule_swapped(sched, out, budget: int) -> int:
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         ok, need, free = sched.kv.can_swap_in(req, n)
         if not ok:
-            out.waiting.append(WaitingEntry(req.request_id, f"swapped out: needs {need} blocks "
-                                            f"to come back, {free} free"))
+            out.waiting.append(
+                WaitingEntry(req.request_id, f"swapped out: needs {need} blocks to come back, {free} free")
+            )
             break
         sched.swap_in(req, n, out)
         budget -= n
     for req in sched.swapped[1:]:
-        out.waiting.append(WaitingEntry(req.request_id, "swapped out: queued behind "
-                                        f"{sched.swapped[0].request_id}"))
+        out.waiting.append(WaitingEntry(req.request_id, f"swapped out: queued behind {sched.swapped[0].request_id}"))
     return budget

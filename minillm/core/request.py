@@ -24,10 +24,10 @@ from ..sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"        # in the queue, no KV yet
-    RUNNING = "running"        # admitted: holds KV blocks, scheduled each step
-    PREEMPTED = "preempted"    # KV dropped (recompute): back in the queue
-    SWAPPED = "swapped"        # KV copied to host memory: waiting to be swapped in
+    WAITING = "waiting"  # in the queue, no KV yet
+    RUNNING = "running"  # admitted: holds KV blocks, scheduled each step
+    PREEMPTED = "preempted"  # KV dropped (recompute): back in the queue
+    SWAPPED = "swapped"  # KV copied to host memory: waiting to be swapped in
     FINISHED = "finished"
 
 
@@ -41,14 +41,15 @@ _UNFINISHED = (RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEM
 @dataclass(slots=True)
 class RequestMetrics:
     """Timestamps (seconds, on the engine's clock) and counters of one request."""
+
     arrival_time: float
     first_scheduled_time: Optional[float] = None
     first_token_time: Optional[float] = None
     finish_time: Optional[float] = None
-    token_times: list[float] = field(default_factory=list)   # one per output token
+    token_times: list[float] = field(default_factory=list)  # one per output token
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
-    num_cached_tokens: int = 0          # prompt tokens served from the prefix cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_preemptions: int = 0
     num_recomputed_tokens: int = 0
     num_spec_proposed: int = 0
@@ -92,16 +93,52 @@ class RequestMetrics:
 
 class Request:
     """One generation request, as the scheduler sees it."""
-    __slots__ = ("request_id", "prompt", "prompt_token_ids", "sampling_params", "priority", "tenant",
-                 "eos_token_id", "expected_output_len", "output_token_ids", "status", "num_computed_tokens",
-                 "num_cached_tokens", "finish_reason", "finish_detail", "stop_reason", "stop_text", "detokenizer",
-                 "output_logprobs", "prompt_logprobs", "parent", "index", "pending_finish_reason", "metrics",
-                 "admit_seq", "num_preemptions", "spec_token_ids", "policy_state")
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 arrival_time: float, priority: int = 0, tenant: Optional[str] = None,
-                 eos_token_id: Optional[int] = None, expected_output_len: Optional[int] = None,
-                 prompt: Optional[str] = None, parent=None, index: int = 0, clock: str = "wall"):
+    __slots__ = (
+        "request_id",
+        "prompt",
+        "prompt_token_ids",
+        "sampling_params",
+        "priority",
+        "tenant",
+        "eos_token_id",
+        "expected_output_len",
+        "output_token_ids",
+        "status",
+        "num_computed_tokens",
+        "num_cached_tokens",
+        "finish_reason",
+        "finish_detail",
+        "stop_reason",
+        "stop_text",
+        "detokenizer",
+        "output_logprobs",
+        "prompt_logprobs",
+        "parent",
+        "index",
+        "pending_finish_reason",
+        "metrics",
+        "admit_seq",
+        "num_preemptions",
+        "spec_token_ids",
+        "policy_state",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float,
+        priority: int = 0,
+        tenant: Optional[str] = None,
+        eos_token_id: Optional[int] = None,
+        expected_output_len: Optional[int] = None,
+        prompt: Optional[str] = None,
+        parent=None,
+        index: int = 0,
+        clock: str = "wall",
+    ):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -109,32 +146,38 @@ class Request:
         self.priority = priority
         self.tenant = tenant
         self.eos_token_id = eos_token_id
-        self.expected_output_len = expected_output_len   # the trace's true length (oracle / simulator)
+        self.expected_output_len = expected_output_len  # the trace's true length (oracle / simulator)
         self.output_token_ids: list[int] = []
         self.status = RequestStatus.WAITING
-        self.num_computed_tokens = 0      # positions whose KV is in the cache
-        self.num_cached_tokens = 0        # of those, how many came from the prefix cache
+        self.num_computed_tokens = 0  # positions whose KV is in the cache
+        self.num_cached_tokens = 0  # of those, how many came from the prefix cache
         self.finish_reason: Optional[str] = None
         self.finish_detail: Optional[str] = None
-        self.stop_reason: Union[str, int, None] = None   # the stop string or stop token id that ended it (None: EOS)
-        self.stop_text: Optional[str] = None   # the output text, cut where a stop string matched
-        self.detokenizer: Any = None      # incremental text of the output (stop strings, streamed text)
+        self.stop_reason: Union[str, int, None] = None  # the stop string or stop token id that ended it (None: EOS)
+        self.stop_text: Optional[str] = None  # the output text, cut where a stop string matched
+        self.detokenizer: Any = None  # incremental text of the output (stop strings, streamed text)
         # Log-probabilities (SamplingParams.logprobs / prompt_logprobs): one dict per output token,
         # and one per prompt token (None for the first, which nothing predicts).
         self.output_logprobs: Optional[list] = [] if sampling_params.logprobs is not None else None
-        self.prompt_logprobs: Optional[list] = ([None] * len(self.prompt_token_ids)
-                                                if sampling_params.prompt_logprobs is not None else None)
+        self.prompt_logprobs: Optional[list] = (
+            [None] * len(self.prompt_token_ids) if sampling_params.prompt_logprobs is not None else None
+        )
         # Parallel sampling (SamplingParams.n > 1): the group this sequence belongs to, and which
         # completion it is. The first sequence runs the prompt alone and forks the others.
-        self.parent = parent              # minillm.core.parallel_sampling.ParentRequest, or None
+        self.parent = parent  # minillm.core.parallel_sampling.ParentRequest, or None
         self.index = index
-        self.pending_finish_reason: Optional[str] = None   # done, but returned later (static / every-N)
-        self.metrics = RequestMetrics(arrival_time=arrival_time, num_prompt_tokens=len(prompt_token_ids),
-                                      priority=priority, tenant=tenant, clock=clock)
-        self.admit_seq = -1               # order of (last) admission: recency for victim choice
+        self.pending_finish_reason: Optional[str] = None  # done, but returned later (static / every-N)
+        self.metrics = RequestMetrics(
+            arrival_time=arrival_time,
+            num_prompt_tokens=len(prompt_token_ids),
+            priority=priority,
+            tenant=tenant,
+            clock=clock,
+        )
+        self.admit_seq = -1  # order of (last) admission: recency for victim choice
         self.num_preemptions = 0
-        self.spec_token_ids: list[int] = []   # this step's draft (speculative decoding; a draft model's: slots)
-        self.policy_state: dict = {}      # scratch space a scheduling policy may use
+        self.spec_token_ids: list[int] = []  # this step's draft (speculative decoding; a draft model's: slots)
+        self.policy_state: dict = {}  # scratch space a scheduling policy may use
 
     # --- sizes -----------------------------------------------------------------
     @property
@@ -163,8 +206,9 @@ class Request:
         """The most output tokens: ``SamplingParams.max_tokens``, which the engine resolves when the
         request is added (vLLM's None, "until the context ends", becomes the positions left)."""
         max_tokens = self.sampling_params.max_tokens
-        assert max_tokens is not None, \
+        assert max_tokens is not None, (
             f"Request {self.request_id!r}: sampling_params.max_tokens is None (LLMEngine.add_request resolves it)"
+        )
         return max_tokens
 
     @property
@@ -200,8 +244,10 @@ class Request:
     # Each refuses a request in a state it does not start from (a bug in the caller), naming both.
     def _require(self, transition: str, allowed: tuple[RequestStatus, ...]) -> None:
         if self.status not in allowed:
-            raise RuntimeError(f"Request {self.request_id!r}: {transition} from {self.status.value}; only from "
-                               + " or ".join(s.value for s in allowed))
+            raise RuntimeError(
+                f"Request {self.request_id!r}: {transition} from {self.status.value}; only from "
+                + " or ".join(s.value for s in allowed)
+            )
 
     def admit(self, num_cached_tokens: int, admit_seq: int, now: float) -> None:
         """WAITING or PREEMPTED -> RUNNING, holding KV for its first ``num_cached_tokens`` positions
@@ -296,8 +342,12 @@ class Request:
         """Every field in ``__slots__`` and every field of its metrics, and the lengths of the lists a
         step appends to: what ``restore`` puts back (the step journal saves this)."""
         m = self.metrics
-        return (tuple(getattr(self, f) for f in Request.__slots__),
-                tuple(getattr(m, f) for f in RequestMetrics.__slots__), len(self.output_token_ids), len(m.token_times))
+        return (
+            tuple(getattr(self, f) for f in Request.__slots__),
+            tuple(getattr(m, f) for f in RequestMetrics.__slots__),
+            len(self.output_token_ids),
+            len(m.token_times),
+        )
 
     def restore(self, snapshot: tuple) -> None:
         """Back to a ``snapshot()``: every field, and the output (its times, logprobs and decoded text)
@@ -327,7 +377,7 @@ class Request:
             del self.output_logprobs[num_output_tokens:]
         if self.detokenizer is not None and self.detokenizer.num_tokens > num_output_tokens:
             self.detokenizer.rewind(self.output_token_ids)
-        self.stop_reason = self.stop_text = None       # only a stop in those tokens sets them
+        self.stop_reason = self.stop_text = None  # only a stop in those tokens sets them
         if num_output_tokens == 0:
             self.metrics.first_token_time = None
 
@@ -340,9 +390,20 @@ class Request:
     def fork(self, request_id: str, params: SamplingParams, index: int) -> "Request":
         """Parallel sampling: sample ``index`` of this request's group, sharing everything computed
         so far (the caller shares its KV blocks); RUNNING from the start."""
-        seq = Request(request_id, self.prompt_token_ids, params, self.arrival_time, self.priority, self.tenant,
-                      self.eos_token_id, self.expected_output_len, prompt=self.prompt, parent=self.parent,
-                      index=index, clock=self.metrics.clock)
+        seq = Request(
+            request_id,
+            self.prompt_token_ids,
+            params,
+            self.arrival_time,
+            self.priority,
+            self.tenant,
+            self.eos_token_id,
+            self.expected_output_len,
+            prompt=self.prompt,
+            parent=self.parent,
+            index=index,
+            clock=self.metrics.clock,
+        )
         seq.status = RequestStatus.RUNNING
         seq.num_computed_tokens, seq.num_cached_tokens = self.num_computed_tokens, self.num_cached_tokens
         seq.admit_seq = self.admit_seq
@@ -353,5 +414,7 @@ class Request:
         return seq
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
-                f"out={self.num_output_tokens}, computed={self.num_computed_tokens})")
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+            f"out={self.num_output_tokens}, computed={self.num_computed_tokens})"
+        )

@@ -20,24 +20,25 @@ from ..step_record import KVSnapshot
 
 class ReservedKVCacheManager:
     """Max-length reservation in one contiguous address space (first fit)."""
+
     mode = "reserved"
     supports_prefix_caching = False
     supports_swapping = False
     supports_forking = False
-    allocates_on_demand = False          # the whole reservation at admission
+    allocates_on_demand = False  # the whole reservation at admission
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, watermark: float = 0.0):
         self.num_blocks = num_blocks
-        self.watermark_blocks = int(watermark * num_blocks)   # headroom a new request must leave free
+        self.watermark_blocks = int(watermark * num_blocks)  # headroom a new request must leave free
         self.block_size = block_size
         self.capacity = num_blocks * block_size
-        self.attn_block_size = 1                 # regions need not start on a block boundary
+        self.attn_block_size = 1  # regions need not start on a block boundary
         self.max_model_len = max_model_len
         self.enable_prefix_caching = False
-        self.regions: dict[str, tuple[int, int]] = {}    # request -> (start position, length)
+        self.regions: dict[str, tuple[int, int]] = {}  # request -> (start position, length)
         self.num_swap_blocks = 0
         self.swapped: dict[str, list[int]] = {}
-        self._saved_regions: Optional[dict] = None       # the regions before the step in progress
+        self._saved_regions: Optional[dict] = None  # the regions before the step in progress
 
     def reservation_len(self, req: Request) -> int:
         return min(req.max_len, self.max_model_len)
@@ -121,7 +122,7 @@ class ReservedKVCacheManager:
         damaged: dict[str, int] = {}
         for rid, (start, length) in saved.items():
             for s, n in new:
-                if s < start + length and start < s + n:     # handed to another request meanwhile
+                if s < start + length and start < s + n:  # handed to another request meanwhile
                     damaged[rid] = min(damaged.get(rid, length), max(0, s - start))
         return damaged
 
@@ -130,13 +131,16 @@ class ReservedKVCacheManager:
         start, length = self.regions[request_id]
         return list(range(start, start + length))
 
-    def explain_wait(self, req: Request, num_new_tokens: int, cached=(), reserve_blocks: int = 0,
-                     requests: Optional[dict] = None) -> str:
+    def explain_wait(
+        self, req: Request, num_new_tokens: int, cached=(), reserve_blocks: int = 0, requests: Optional[dict] = None
+    ) -> str:
         need = self.reservation_len(req)
         free = self.num_free_positions
         largest = self.largest_gap()
-        s = (f"needs {num_new_tokens} positions for its prefill, inside a {need}-position reservation "
-             f"(prompt + max_tokens); {free} free")
+        s = (
+            f"needs {num_new_tokens} positions for its prefill, inside a {need}-position reservation "
+            f"(prompt + max_tokens); {free} free"
+        )
         if largest < free:
             s += f" but the largest gap is {largest} (fragmentation)"
         unused = []
@@ -150,8 +154,7 @@ class ReservedKVCacheManager:
 
     def stats(self) -> dict:
         """No prefix cache: every counter is zero."""
-        return dict(lookups=0, queried_blocks=0, hit_blocks=0, evictions=0, hit_rate=0.0,
-                    prefill_tokens_saved=0)
+        return dict(lookups=0, queried_blocks=0, hit_blocks=0, evictions=0, hit_rate=0.0, prefill_tokens_saved=0)
 
     def snapshot(self, requests: dict[str, Request], detail: bool = True) -> KVSnapshot:
         return reserved_snapshot(self, requests, detail)

@@ -54,31 +54,36 @@ from ..step_record import BatchEntry, BlockCopy, ForkEvent, PreemptionEvent, Wai
 class Scheduler:
     def __init__(self, config, kv, policy, cost_model=None, tokenizer=None):
         self.config = config
-        self.kv = kv                     # a KVCacheManager (kv_manager.py): paged, reserved or a student's
+        self.kv = kv  # a KVCacheManager (kv_manager.py): paged, reserved or a student's
         self.prefix_caching = kv.supports_prefix_caching and kv.enable_prefix_caching
         self.policy = policy
-        self.cost_model = cost_model     # for preemption_mode="auto"
-        self.waiting: list[Request] = []     # arrived, not running: new, or preempted (recompute)
-        self._shared_waiting: Optional[list] = None   # the queue list a checkpoint or a pass still reads
-        self.incoming: list = []             # heap of (arrival_time, seq, request): not arrived yet
-        self.now = 0.0                       # the clock at the last pass
-        self._add_seq = 0                    # ties in ``incoming`` keep submission order
+        self.cost_model = cost_model  # for preemption_mode="auto"
+        self.waiting: list[Request] = []  # arrived, not running: new, or preempted (recompute)
+        self._shared_waiting: Optional[list] = None  # the queue list a checkpoint or a pass still reads
+        self.incoming: list = []  # heap of (arrival_time, seq, request): not arrived yet
+        self.now = 0.0  # the clock at the last pass
+        self._add_seq = 0  # ties in ``incoming`` keep submission order
         # Cap on StepRecord.waiting (record="none": only the request that stopped admission)
         self.max_waiting_entries: Optional[int] = 0 if config.record == "none" else config.record_max_waiting
-        self.running: list[Request] = []     # holds KV; scheduled every step
-        self.swapped: list[Request] = []     # KV sits in host memory
-        self.held: list[Request] = []        # done generating, waiting to be returned (static / every-N)
+        self.running: list[Request] = []  # holds KV; scheduled every step
+        self.swapped: list[Request] = []  # KV sits in host memory
+        self.held: list[Request] = []  # done generating, waiting to be returned (static / every-N)
         self.num_passes = 0
         self._admit_counter = 0
-        self.counters = dict(**{f"preemptions_{mode}": 0 for mode in PREEMPTION_MODES}, swapped_out_blocks=0,
-                             swapped_in_blocks=0, recomputed_tokens=0, rejected=0)
-        self.stops = StopChecker(config, tokenizer)   # when a request ends (stop strings need the tokenizer)
-        self.journal = StepJournal()        # what the step in progress changed (see checkpoint)
+        self.counters = dict(
+            **{f"preemptions_{mode}": 0 for mode in PREEMPTION_MODES},
+            swapped_out_blocks=0,
+            swapped_in_blocks=0,
+            recomputed_tokens=0,
+            rejected=0,
+        )
+        self.stops = StopChecker(config, tokenizer)  # when a request ends (stop strings need the tokenizer)
+        self.journal = StepJournal()  # what the step in progress changed (see checkpoint)
         # An entry per grant (StepUpdate.batch) and per running request given none (not_scheduled)
         self.record_batch = config.record not in ("totals", "none")
-        self._arrivals: list = []           # (time, seq, request) released from ``incoming`` this step
-        self._forked: list = []             # parents whose groups forked this step (undone on rollback)
-        self.has_groups = False             # was any request with n > 1 ever added? (seat counting)
+        self._arrivals: list = []  # (time, seq, request) released from ``incoming`` this step
+        self._forked: list = []  # parents whose groups forked this step (undone on rollback)
+        self.has_groups = False  # was any request with n > 1 ever added? (seat counting)
 
     # --- bookkeeping ------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -230,8 +235,16 @@ class Scheduler:
         # The waiting queue is not copied (it may be long): the step copies it before its first
         # change other than arrivals appended at the end (``writable_waiting``).
         self._shared_waiting = self.waiting
-        return ((self.waiting, len(self.waiting)), list(self.running), list(self.swapped), list(self.held),
-                dict(self.counters), self.num_passes, self._admit_counter, self.now)
+        return (
+            (self.waiting, len(self.waiting)),
+            list(self.running),
+            list(self.swapped),
+            list(self.held),
+            dict(self.counters),
+            self.num_passes,
+            self._admit_counter,
+            self.now,
+        )
 
     def commit(self) -> None:
         """The step is done (its copies and forward ran): forget the undo log."""
@@ -244,12 +257,20 @@ class Scheduler:
     def rollback(self, checkpoint: tuple) -> None:
         """The step raised: put the queues, the requests and the KV tables back. A request whose
         KV blocks another request wrote into during the step recomputes from that position."""
-        ((self.waiting, num_waiting), self.running, self.swapped, self.held, self.counters, self.num_passes,
-         self._admit_counter, self.now) = checkpoint
-        del self.waiting[num_waiting:]       # arrivals appended to the checkpoint's own list
+        (
+            (self.waiting, num_waiting),
+            self.running,
+            self.swapped,
+            self.held,
+            self.counters,
+            self.num_passes,
+            self._admit_counter,
+            self.now,
+        ) = checkpoint
+        del self.waiting[num_waiting:]  # arrivals appended to the checkpoint's own list
         self._shared_waiting = None
         self.journal.restore()
-        for parent in self._forked:          # the forked sequences never existed
+        for parent in self._forked:  # the forked sequences never existed
             parent.unfork()
         self._forked = []
         for item in self._arrivals:
@@ -272,10 +293,10 @@ class Scheduler:
         """Apply what the executor returned (``result.sampled``, ``result.spec_accepted``) at
         clock time ``t``: each scheduled request advances, rejected guesses give back their
         KV, stops finish requests, and held requests are returned when their batch is done."""
-        if len(result.sampled) != len(out.scheduled):       # one token list per grant, in the grants' order
+        if len(result.sampled) != len(out.scheduled):  # one token list per grant, in the grants' order
             raise RuntimeError(f"executor: {len(result.sampled)} token lists for {len(out.scheduled)} grants")
         finished: list[Request] = []
-        for req in out.released:                 # held back until this pass (static / every-N)
+        for req in out.released:  # held back until this pass (static / every-N)
             self._return_held(req, self.now)
             finished.append(req)
         for req, w in zip(out.rejected_requests, out.rejected):
@@ -284,7 +305,7 @@ class Scheduler:
 
         upd = StepUpdate(batch=[], finished=finished)
         self.journal.save_progress(out.scheduled)
-        for s, new in zip(out.scheduled, result.sampled):   # each grant with its new tokens (empty: none)
+        for s, new in zip(out.scheduled, result.sampled):  # each grant with its new tokens (empty: none)
             req = s.request
             req.advance(s.num_new_tokens)
             self._settle_guesses(s, result, upd)
@@ -303,12 +324,16 @@ class Scheduler:
             if reason and self.finish(req, reason, t, failed):
                 finished.append(req)
         if self.config.batching == "static" and not self.running and self.held:
-            finished += self._release_held(t)    # the whole static batch is done: return it now
-        if self.record_batch:                    # the sequences forked now had no grant in this step
+            finished += self._release_held(t)  # the whole static batch is done: return it now
+        if self.record_batch:  # the sequences forked now had no grant in this step
             out.not_scheduled.extend(
-                WaitingEntry(seq.request_id, f"forked from {seq.parent.request_id} at the end of this step: "
-                                             "it decodes from the next step")
-                for seq in upd.forked if seq.status is RequestStatus.RUNNING)
+                WaitingEntry(
+                    seq.request_id,
+                    f"forked from {seq.parent.request_id} at the end of this step: it decodes from the next step",
+                )
+                for seq in upd.forked
+                if seq.status is RequestStatus.RUNNING
+            )
         self.policy.on_step(out.scheduled, t)
         return upd
 
@@ -347,8 +372,18 @@ class Scheduler:
             self._keep_logprobs(req, appended, result.logprobs, result.prompt_logprobs)
         if self.record_batch:
             accepted = result.spec_accepted.get(req.request_id, 0) if result.spec_accepted else 0
-            upd.batch.append(BatchEntry(req.request_id, s.phase, s.num_new_tokens, s.num_computed_before,
-                                        req.num_computed_tokens, len(s.spec_token_ids), accepted, appended))
+            upd.batch.append(
+                BatchEntry(
+                    req.request_id,
+                    s.phase,
+                    s.num_new_tokens,
+                    s.num_computed_before,
+                    req.num_computed_tokens,
+                    len(s.spec_token_ids),
+                    accepted,
+                    appended,
+                )
+            )
         if appended and req.parent is not None and not req.parent.forked:
             self.fork(req, result, t, upd)
 
@@ -361,14 +396,14 @@ class Scheduler:
             kept = req.prompt_logprobs
             assert kept is not None, f"prompt logprobs for {req.request_id}, which asked for none"
             for pos, lp in prompt_logprobs[req.request_id]:
-                if kept[pos] is None:      # recomputed after a preemption: kept
+                if kept[pos] is None:  # recomputed after a preemption: kept
                     kept[pos] = lp
 
     # --- the pass ----------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
         out = self._schedule_pass(now)
-        cap_queue(self, now, out)        # after admission: a free slot never turns a request away
-        if self.kv.supports_forking:     # copy-on-write, before the forward
+        cap_queue(self, now, out)  # after admission: a free slot never turns a request away
+        if self.kv.supports_forking:  # copy-on-write, before the forward
             out.copies.extend(BlockCopy(*c) for c in self.kv.take_copies())
         return out
 
@@ -392,18 +427,21 @@ class Scheduler:
         prefill_first = cfg.interference == "prefill-priority"
         if prefill_first and reform and not static_blocked and self._admissible_head(now):
             budget = self._admit_waiting(now, out, budget, allow_chunk=False)
-            if out.admitted:               # a prefill step: running decodes stall this step
+            if out.admitted:  # a prefill step: running decodes stall this step
                 if self.record_batch:
                     out.not_scheduled.extend(
-                        WaitingEntry(r.request_id, "prefill-priority: this step runs a new prompt's prefill, "
-                                                   "decodes wait")
-                        for r in self.running if r.request_id not in out.admitted)
+                        WaitingEntry(
+                            r.request_id, "prefill-priority: this step runs a new prompt's prefill, decodes wait"
+                        )
+                        for r in self.running
+                        if r.request_id not in out.admitted
+                    )
                 return out
 
-        budget = self._schedule_running(now, out, budget)     # 1. running requests
+        budget = self._schedule_running(now, out, budget)  # 1. running requests
         if not reform:
             return out
-        budget = schedule_swapped(self, out, budget)          # 2. swapped-out requests come back
+        budget = schedule_swapped(self, out, budget)  # 2. swapped-out requests come back
         why = self._no_admission_reason(now, static_blocked)  # 3. waiting requests, unless ...
         if why is not None:
             out.waiting.extend(WaitingEntry(req.request_id, why) for req in self._arrived(now))
@@ -417,23 +455,26 @@ class Scheduler:
         # Speculative tokens never crowd out another running request's next token.
         guesses = self.config.speculative_model is not None and any(r.spec_token_ids for r in self.running)
         decodes_left = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1) if guesses else 0
-        spare = self._spare_blocks() if decodes_left else 0      # blocks the drafts may take
+        spare = self._spare_blocks() if decodes_left else 0  # blocks the drafts may take
         for req in list(self.running):
-            if req.status is not RequestStatus.RUNNING:   # preempted above
+            if req.status is not RequestStatus.RUNNING:  # preempted above
                 continue
             if budget <= 0:
                 if self.record_batch:
-                    out.not_scheduled.append(WaitingEntry(
-                        req.request_id, f"the token budget of {self.config.max_num_batched_tokens} was spent "
-                                        "before its turn"))
+                    out.not_scheduled.append(
+                        WaitingEntry(
+                            req.request_id,
+                            f"the token budget of {self.config.max_num_batched_tokens} was spent before its turn",
+                        )
+                    )
                 continue
-            n = req.num_tokens - req.num_computed_tokens      # known tokens without KV yet
+            n = req.num_tokens - req.num_computed_tokens  # known tokens without KV yet
             if n == 1 and decodes_left:
-                decodes_left -= 1                             # this one's own next token
+                decodes_left -= 1  # this one's own next token
             # Speculative tokens count against the budget: keep as many as fit after the known
             # ones (and the later decodes'), and as many as the spare blocks hold (a draft never
             # preempts anyone): the scheduler allocates their lookahead slots here.
-            spec = req.spec_token_ids[:max(0, budget - n - decodes_left)]
+            spec = req.spec_token_ids[: max(0, budget - n - decodes_left)]
             if spec:
                 spec, spare = self._allocate_lookahead(req, n, spec, spare)
             n = min(n + len(spec), budget)
@@ -442,7 +483,7 @@ class Scheduler:
                 # this pass gives them back.
                 victim = self.policy.pick_victim(list(self.running), now)
                 budget += preempt_group(self, victim, out, f"{req.request_id} needed a KV block and none was free")
-                if req.status is not RequestStatus.RUNNING:     # the victim, or in its group
+                if req.status is not RequestStatus.RUNNING:  # the victim, or in its group
                     break
             if req.status is not RequestStatus.RUNNING:
                 continue
@@ -455,10 +496,11 @@ class Scheduler:
     def _spare_blocks(self) -> int:
         """Free blocks no running request needs for its plain next step: what drafts may take."""
         kv = self.kv
-        if not kv.allocates_on_demand:          # a reservation: its region has room or not
+        if not kv.allocates_on_demand:  # a reservation: its region has room or not
             return 0
-        return kv.num_free_blocks - sum(kv.num_blocks_needed(r, r.num_tokens - r.num_computed_tokens)
-                                        for r in self.running)
+        return kv.num_free_blocks - sum(
+            kv.num_blocks_needed(r, r.num_tokens - r.num_computed_tokens) for r in self.running
+        )
 
     def _allocate_lookahead(self, req: Request, n: int, spec: list, spare: int) -> tuple[list, int]:
         """Speculative decoding: the KV slots of ``n`` known tokens plus the draft ``spec`` (1 + k
@@ -515,7 +557,7 @@ class Scheduler:
         for req in order:
             if blocker is not None:
                 if cap is not None and len(out.waiting) >= cap:
-                    break                               # long queue: record only the first entries
+                    break  # long queue: record only the first entries
                 out.waiting.append(WaitingEntry(req.request_id, f"queued behind {blocker}"))
                 continue
             seats, extra_blocks = group_need(req)
@@ -525,9 +567,9 @@ class Scheduler:
                     break
                 budget += preempt_group(self, victim, out, f"{req.request_id} has higher priority")
             if self.num_seqs() + seats > cfg.max_num_seqs:
-                out.waiting.append(WaitingEntry(
-                    req.request_id, f"max_num_seqs={cfg.max_num_seqs} requests already running"
-                    + (f" (it needs {seats} for its parallel samples)" if seats > 1 else "")))
+                group = f" (it needs {seats} for its parallel samples)" if seats > 1 else ""
+                full = f"max_num_seqs={cfg.max_num_seqs} requests already running{group}"
+                out.waiting.append(WaitingEntry(req.request_id, full))
                 blocker = req.request_id
                 continue
             cached = self.kv.find_cached_prefix(req) if self.prefix_caching and req.prompt_logprobs is None else []
@@ -535,24 +577,23 @@ class Scheduler:
             n = req.num_tokens - computed
             if n > budget:
                 if not allow_chunk or budget <= 0:
-                    out.waiting.append(WaitingEntry(
-                        req.request_id, f"prefill of {n} tokens does not fit the {budget} tokens left "
-                        f"in the budget of {cfg.max_num_batched_tokens}"
-                        + ("" if allow_chunk else " (chunked prefill is off)")))
+                    off = "" if allow_chunk else " (chunked prefill is off)"
+                    fit = f"does not fit the {budget} tokens left in the budget of {cfg.max_num_batched_tokens}{off}"
+                    out.waiting.append(WaitingEntry(req.request_id, f"prefill of {n} tokens {fit}"))
                     blocker = req.request_id
                     continue
-                n = budget                              # chunked prefill: take what fits
+                n = budget  # chunked prefill: take what fits
             ok, need, free = self.kv.can_allocate(req, n, cached, extra_blocks)
-            while not ok:                               # priority: push lower classes out until it fits
+            while not ok:  # priority: push lower classes out until it fits
                 victim = self.policy.preempt_for(req, self.running, now)
                 if victim is None or just_placed(victim, out):
                     break
-                budget += preempt_group(self, victim, out,
-                                              f"{req.request_id} has higher priority and needs its memory")
+                budget += preempt_group(self, victim, out, f"{req.request_id} has higher priority and needs its memory")
                 ok, need, free = self.kv.can_allocate(req, n, cached, extra_blocks)
             if not ok:
-                reason = self.kv.explain_wait(req, n, cached, extra_blocks,
-                                              requests={r.request_id: r for r in self.running})
+                reason = self.kv.explain_wait(
+                    req, n, cached, extra_blocks, requests={r.request_id: r for r in self.running}
+                )
                 if extra_blocks:
                     reason += f" ({extra_blocks} more for its parallel samples)"
                 out.waiting.append(WaitingEntry(req.request_id, reason))

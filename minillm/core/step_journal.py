@@ -52,12 +52,12 @@ class KVStepJournal:
     """What one step changed in a ``PagedKVCacheManager`` (``kv``), so that ``undo`` can put it back."""
 
     def __init__(self, kv):
-        self.tables: dict[str, tuple] = {}   # request -> (block table, prefix hashes, host blocks) before the step
-        self.fresh: set[int] = set()         # blocks handed out during the step
-        self.hashed: dict[int, str] = {}     # block -> request: prefixes the step registered
-        self.unshared: set[int] = set()      # of those, ones not offered to lookups this pass (preemptable owner)
-        self.host_pending: list[int] = []    # host blocks freed in the step: reused after its copies have run
-        self.computed = False                # has the forward written the step's KV?
+        self.tables: dict[str, tuple] = {}  # request -> (block table, prefix hashes, host blocks) before the step
+        self.fresh: set[int] = set()  # blocks handed out during the step
+        self.hashed: dict[int, str] = {}  # block -> request: prefixes the step registered
+        self.unshared: set[int] = set()  # of those, ones not offered to lookups this pass (preemptable owner)
+        self.host_pending: list[int] = []  # host blocks freed in the step: reused after its copies have run
+        self.computed = False  # has the forward written the step's KV?
         self.stats = (dict(kv.pool.stats), kv.prefill_tokens_saved)
 
     def forward_done(self) -> None:
@@ -68,10 +68,13 @@ class KVStepJournal:
 
     def save_table(self, kv, rid: str) -> None:
         """Before the step's first change to a request's tables, keep a copy."""
-        if rid not in self.tables:     # (written out, no generator: a decode at a block boundary runs this)
+        if rid not in self.tables:  # (written out, no generator: a decode at a block boundary runs this)
             blocks, hashes, host = kv.req_blocks.get(rid), kv.req_hashes.get(rid), kv.swapped.get(rid)
-            self.tables[rid] = (None if blocks is None else list(blocks), None if hashes is None else list(hashes),
-                                None if host is None else list(host))
+            self.tables[rid] = (
+                None if blocks is None else list(blocks),
+                None if hashes is None else list(hashes),
+                None if host is None else list(host),
+            )
 
     def undo(self, kv) -> dict[str, int]:
         """Every table the step changed goes back to how it was. Returns, for a request whose blocks
@@ -83,7 +86,7 @@ class KVStepJournal:
         for bid in self.hashed:
             pool.forget_hash(pool.blocks[bid])
         affected: dict = {}
-        depth: dict[int, int] = {}                     # a block's position in a table the step made
+        depth: dict[int, int] = {}  # a block's position in a table the step made
         for rid, (blocks, hashes, host) in self.tables.items():
             for i, b in enumerate(kv.req_blocks.get(rid, ())):
                 affected[b.block_id] = b

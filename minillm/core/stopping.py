@@ -40,7 +40,7 @@ class StopChecker:
         if n_out >= max_tokens or len(req.prompt_token_ids) + n_out >= self.max_model_len:
             return "length"
         if self.simulated and req.expected_output_len is not None and n_out >= req.expected_output_len:
-            return "stop"       # the simulator's stand-in for the model emitting EOS at the trace length
+            return "stop"  # the simulator's stand-in for the model emitting EOS at the trace length
         return None
 
     def _stop_string(self, req: Request, early: bool) -> bool:
@@ -52,7 +52,7 @@ class StopChecker:
         if hit is None:
             return False
         i, stop = hit
-        req.stopped_by(stop, d.text[:i + len(stop)] if req.sampling_params.include_stop_str_in_output else d.text[:i])
+        req.stopped_by(stop, d.text[: i + len(stop)] if req.sampling_params.include_stop_str_in_output else d.text[:i])
         return True
 
     def num_tokens_before_stop(self, req: Request, tok: int) -> int:
@@ -62,8 +62,11 @@ class StopChecker:
         matched. The simulator's fast-forward (``minillm/sim/fast_forward.py``) advances that far
         without a check per token."""
         sp = req.sampling_params
-        if (sp.stop and self.tokenizer is not None) or tok in sp.stop_token_ids \
-                or (tok == req.eos_token_id and not sp.ignore_eos):
+        if (
+            (sp.stop and self.tokenizer is not None)
+            or tok in sp.stop_token_ids
+            or (tok == req.eos_token_id and not sp.ignore_eos)
+        ):
             return 0
         limit = min(req.max_tokens, self.max_model_len - len(req.prompt_token_ids))
         if self.simulated and req.expected_output_len is not None:

@@ -30,8 +30,8 @@ from torch import nn
 from .llama import DecoderLayer, rotate_half
 
 try:
-    _linear = torch.ops.mkldnn._linear_pointwise            # x @ W.T + b on a packed W (cpu_linear.py)
-except (AttributeError, RuntimeError):                     # a torch without oneDNN: can_pack() says no
+    _linear = torch.ops.mkldnn._linear_pointwise  # x @ W.T + b on a packed W (cpu_linear.py)
+except (AttributeError, RuntimeError):  # a torch without oneDNN: can_pack() says no
     _linear = None
 
 
@@ -48,14 +48,16 @@ def can_fuse(layer: nn.Module) -> bool:
         return False
     a, m = layer.self_attn, layer.mlp
     linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-    return all(type(lin) is nn.Linear and lin.weight.dtype == torch.float32 and lin.weight.device.type == "cpu"
-               for lin in linears)
+    return all(
+        type(lin) is nn.Linear and lin.weight.dtype == torch.float32 and lin.weight.device.type == "cpu"
+        for lin in linears
+    )
 
 
 class FusedDecoderLayer(nn.Module):
     """``DecoderLayer``'s forward with fused projections (float32, CPU, ``attention_backend="cpu"``)."""
 
-    packs_its_weights = True          # cpu_linear.pack_linears leaves its (unused) nn.Linear modules alone
+    packs_its_weights = True  # cpu_linear.pack_linears leaves its (unused) nn.Linear modules alone
 
     def __init__(self, layer: DecoderLayer, batch_hint: int):
         super().__init__()
@@ -77,23 +79,24 @@ class FusedDecoderLayer(nn.Module):
         a, ln1, ln2 = self.self_attn, self.input_layernorm, self.post_attention_layernorm
         T, H, Hkv, D = x.shape[0], a.num_heads, a.num_kv_heads, a.head_dim
         h = F.rms_norm(x, (x.shape[-1],), ln1.weight, ln1.eps)
-        qkv = _linear(h, *self.qkv, "none", [], "")                 # [T, (H + 2 Hkv) D]
-        v = qkv[:, self.q_width + self.kv_width:].view(T, Hkv, D)
+        qkv = _linear(h, *self.qkv, "none", [], "")  # [T, (H + 2 Hkv) D]
+        v = qkv[:, self.q_width + self.kv_width :].view(T, Hkv, D)
         if a.qk_norm:
-            q = a.q_norm(qkv[:, :self.q_width].view(T, H, D))
-            k = a.k_norm(qkv[:, self.q_width:self.q_width + self.kv_width].view(T, Hkv, D))
+            q = a.q_norm(qkv[:, : self.q_width].view(T, H, D))
+            k = a.k_norm(qkv[:, self.q_width : self.q_width + self.kv_width].view(T, Hkv, D))
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-        else:                                                        # q and k turned together
-            qk = qkv[:, :self.q_width + self.kv_width].view(T, H + Hkv, D)
+        else:  # q and k turned together
+            qk = qkv[:, : self.q_width + self.kv_width].view(T, H + Hkv, D)
             qk = qk * cos + rotate_half(qk) * sin
             q, k = qk[:, :H], qk[:, H:]
         k_cache, v_cache = kv_cache
-        k_cache.view(-1, Hkv, D).index_copy_(0, meta.slot_mapping, k)   # the engine's slots are all >= 0
+        k_cache.view(-1, Hkv, D).index_copy_(0, meta.slot_mapping, k)  # the engine's slots are all >= 0
         v_cache.view(-1, Hkv, D).index_copy_(0, meta.slot_mapping, v)
-        o = cpu_attention.paged_attention_cpu(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
-                                              meta.context_lens, a.scale)
-        x = torch.ops.mkldnn._linear_pointwise.binary(o.view(T, H * D), x, *self.o, "add")   # x + o_proj(o)
+        o = cpu_attention.paged_attention_cpu(
+            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, a.scale
+        )
+        x = torch.ops.mkldnn._linear_pointwise.binary(o.view(T, H * D), x, *self.o, "add")  # x + o_proj(o)
         h = F.rms_norm(x, (x.shape[-1],), ln2.weight, ln2.eps)
         gate, up = _linear(h, *self.gate_up, "none", [], "").split(self.intermediate, dim=-1)
         return torch.ops.mkldnn._linear_pointwise.binary(F.silu(gate) * up, x, *self.down, "add")

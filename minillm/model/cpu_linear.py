@@ -33,7 +33,7 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear, batch_hint: int):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias      # the same parameters, shared
+        self.weight, self.bias = linear.weight, linear.bias  # the same parameters, shared
         # The blocked copy, tuned for about batch_hint rows (any number works).
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_hint)
 
@@ -47,7 +47,7 @@ def pack_linears(model: nn.Module, batch_hint: int = 32) -> int:
     """Replace every float32 CPU ``nn.Linear`` in ``model`` by a :class:`PackedLinear`; returns how many.
     A module with ``packs_its_weights = True`` (``cpu_fused.FusedDecoderLayer``) is left as it is."""
     swaps, stack = [], [model]
-    while stack:                      # every module, except inside one that packs its own weights
+    while stack:  # every module, except inside one that packs its own weights
         parent = stack.pop()
         for name, child in parent.named_children():
             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":

@@ -17,22 +17,24 @@ from typing import Any, Optional
 @dataclass(frozen=True)
 class ModelFamily:
     model_type: str
-    qkv_bias: Optional[bool] = None   # q, k and v projections have a bias; None: as config.attention_bias
-    o_bias: Optional[bool] = None     # the output projection has a bias; None: as config.attention_bias
-    qk_norm: bool = False             # an RMSNorm of q and of k per head, before RoPE
+    qkv_bias: Optional[bool] = None  # q, k and v projections have a bias; None: as config.attention_bias
+    o_bias: Optional[bool] = None  # the output projection has a bias; None: as config.attention_bias
+    qk_norm: bool = False  # an RMSNorm of q and of k per head, before RoPE
 
     def biases(self, cfg: Any) -> tuple[bool, bool]:
         """(q/k/v bias, output bias) of a model with config ``cfg``."""
         declared = bool(getattr(cfg, "attention_bias", False))
-        return (declared if self.qkv_bias is None else self.qkv_bias,
-                declared if self.o_bias is None else self.o_bias)
+        return (declared if self.qkv_bias is None else self.qkv_bias, declared if self.o_bias is None else self.o_bias)
 
 
-MODEL_FAMILIES = {f.model_type: f for f in (
-    ModelFamily("llama"),
-    ModelFamily("qwen2", qkv_bias=True, o_bias=False),   # Qwen2: biased q/k/v, unbiased output
-    ModelFamily("qwen3", qk_norm=True),                  # Qwen3: q and k normalised per head
-)}
+MODEL_FAMILIES = {
+    f.model_type: f
+    for f in (
+        ModelFamily("llama"),
+        ModelFamily("qwen2", qkv_bias=True, o_bias=False),  # Qwen2: biased q/k/v, unbiased output
+        ModelFamily("qwen3", qk_norm=True),  # Qwen3: q and k normalised per head
+    )
+}
 
 
 def model_family(cfg: Any, model: str = "") -> ModelFamily:

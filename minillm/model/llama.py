@@ -26,15 +26,16 @@ from torch import nn
 @dataclass
 class AttentionMetadata:
     """Where each request's tokens sit in the flat batch and in the paged cache."""
-    slot_mapping: torch.Tensor      # int64 [T]: cache slot (block * block_size + offset) for each new token
-    block_tables: torch.Tensor      # int32 [B, max_blocks]: each request's blocks, in order
-    cu_seqlens_q: torch.Tensor      # int32 [B + 1]: request i's new tokens are rows cu[i]:cu[i+1]
-    context_lens: torch.Tensor      # int32 [B]: KV positions of request i after this step
+
+    slot_mapping: torch.Tensor  # int64 [T]: cache slot (block * block_size + offset) for each new token
+    block_tables: torch.Tensor  # int32 [B, max_blocks]: each request's blocks, in order
+    cu_seqlens_q: torch.Tensor  # int32 [B + 1]: request i's new tokens are rows cu[i]:cu[i+1]
+    context_lens: torch.Tensor  # int32 [B]: KV positions of request i after this step
     max_q_len: int
-    backend: str = "torch"          # "torch" reference, "triton" kernel or "cpu" kernel (in place on the CPU)
-    plan: Optional[list] = None     # torch backend: the step's attention plan, shared by all layers
-    kv_quantizer: Optional[object] = None   # int8/fp8 cache, torch backend: the store's arithmetic
-                                            # (EngineConfig.kv_quantizer; None = minillm_kernels.kv_quant)
+    backend: str = "torch"  # "torch" reference, "triton" kernel or "cpu" kernel (in place on the CPU)
+    plan: Optional[list] = None  # torch backend: the step's attention plan, shared by all layers
+    kv_quantizer: Optional[object] = None  # int8/fp8 cache, torch backend: the store's arithmetic
+    # (EngineConfig.kv_quantizer; None = minillm_kernels.kv_quant)
 
 
 class RMSNorm(nn.Module):
@@ -63,15 +64,15 @@ class Attention(nn.Module):
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.scale = self.head_dim ** -0.5
-        family = model_family(cfg)                          # the family's switches (families.py)
+        self.scale = self.head_dim**-0.5
+        family = model_family(cfg)  # the family's switches (families.py)
         bias, o_bias = family.biases(cfg)
         h = cfg.hidden_size
         self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=o_bias)
-        self.qk_norm = family.qk_norm                       # e.g. Qwen3 normalises q and k per head
+        self.qk_norm = family.qk_norm  # e.g. Qwen3 normalises q and k per head
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -84,18 +85,38 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin                  # RoPE at each token's own position
+        q = q * cos + rotate_half(q) * sin  # RoPE at each token's own position
         k = k * cos + rotate_half(k) * sin
         # (k, v), or (k, v, k_scale, v_scale) for an int8/fp8 cache (quantized on store,
         # dequantized on load, one scale per block and KV head).
         k_cache, v_cache, *scales = kv_cache
         k_scale, v_scale = scales or (None, None)
         # 1) write this step's K/V into the paged cache, 2) attend over the cache.
-        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale,
-                         backend=meta.backend, quantizer=meta.kv_quantizer)
-        o = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
-                                    meta.context_lens, self.scale, max_q_len=meta.max_q_len,
-                                    backend=meta.backend, plan=meta.plan, k_scale=k_scale, v_scale=v_scale)
+        ops.store_kv(
+            k,
+            v,
+            k_cache,
+            v_cache,
+            meta.slot_mapping,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            backend=meta.backend,
+            quantizer=meta.kv_quantizer,
+        )
+        o = ops.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.cu_seqlens_q,
+            meta.context_lens,
+            self.scale,
+            max_q_len=meta.max_q_len,
+            backend=meta.backend,
+            plan=meta.plan,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
         return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
 
 
@@ -109,7 +130,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(m, h, bias=bias)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))   # SwiGLU
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
 
 
 class DecoderLayer(nn.Module):
@@ -148,6 +169,7 @@ class LlamaModel(nn.Module):
         # RoPE frequencies (with the config's theta and scaling) come from transformers'
         # own rotary-embedding class, so every rope_type it knows is handled identically.
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
         rope = LlamaRotaryEmbedding(config=cfg)
         self.register_buffer("inv_freq", rope.inv_freq.float().clone(), persistent=False)
         self.attention_scaling = float(getattr(rope, "attention_scaling", 1.0))
@@ -159,13 +181,19 @@ class LlamaModel(nn.Module):
     def rope(self, positions: torch.Tensor, dtype: torch.dtype):
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.attention_scaling).to(dtype)[:, None, :]   # [T, 1, head_dim]
+        cos = (emb.cos() * self.attention_scaling).to(dtype)[:, None, :]  # [T, 1, head_dim]
         sin = (emb.sin() * self.attention_scaling).to(dtype)[:, None, :]
         return cos, sin
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list,
-                meta: AttentionMetadata, logits_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list,
+        meta: AttentionMetadata,
+        logits_indices: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """input_ids, positions: [T]. kv_caches[layer] = (k_cache, v_cache), or
         (k_cache, v_cache, k_scale, v_scale) for a quantized cache.
         Returns float32 logits [len(logits_indices), vocab] (all rows if None)."""
@@ -174,11 +202,16 @@ class LlamaModel(nn.Module):
         if meta.backend == "torch" and meta.plan is None and kv_caches:
             # Which requests pad together, and the gather indices and masks: the same in
             # every layer, so computed once per forward (the runner usually did it already).
-            meta.plan = ops.plan_attention_ref(meta.block_tables, meta.cu_seqlens_q, meta.context_lens,
-                                                   kv_caches[0][0].shape[1], self.num_heads // self.num_kv_heads)
+            meta.plan = ops.plan_attention_ref(
+                meta.block_tables,
+                meta.cu_seqlens_q,
+                meta.context_lens,
+                kv_caches[0][0].shape[1],
+                self.num_heads // self.num_kv_heads,
+            )
         for layer, kv in zip(self.model.layers, kv_caches):
             x = layer(x, cos, sin, kv, meta)
         if logits_indices is not None:
-            x = x[logits_indices]            # only rows that sample a token need the LM head
+            x = x[logits_indices]  # only rows that sample a token need the LM head
         x = self.model.norm(x)
         return self.lm_head(x).float()

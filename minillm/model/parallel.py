@@ -55,10 +55,11 @@ COMM: dict[str, int] = {"all_reduce": 0, "all_reduce_bytes": 0, "gather": 0, "ga
 def _all_reduce(t: torch.Tensor) -> None:
     COMM["all_reduce"] += 1
     COMM["all_reduce_bytes"] += t.numel() * t.element_size()
-    dist.all_reduce(t)                               # in place: the sum over every rank
+    dist.all_reduce(t)  # in place: the sum over every rank
 
 
 # --- how a dimension is split ----------------------------------------------------------
+
 
 def split(n: int, rank: int, world: int) -> tuple[int, int]:
     """Rank ``rank``'s range ``[a, b)`` of ``n`` items split as evenly as possible (the first
@@ -85,6 +86,7 @@ def rank_config(cfg, rank: int, world: int):
 
 # --- the sharded layers -----------------------------------------------------------------
 
+
 class ColumnParallelLinear(nn.Linear):
     """``y[:, a:b] = x @ W[a:b].T + bias[a:b]``: rank ``rank`` holds output features ``[a, b)``.
     The forward is a plain ``nn.Linear`` (no communication); only loading differs."""
@@ -94,14 +96,15 @@ class ColumnParallelLinear(nn.Linear):
         self.a, self.b = a, b
 
     def shard(self, name: str, full) -> torch.Tensor:
-        return full[self.a:self.b]                 # weight [out, in] and bias [out] alike
+        return full[self.a : self.b]  # weight [out, in] and bias [out] alike
 
 
 def column_parallel_heads(linear: nn.Linear, total_heads: int, head_dim: int, rank: int, world: int):
     """The column-parallel twin of a q/k/v projection: this rank's whole heads."""
     per = total_heads // world
-    return ColumnParallelLinear(linear.in_features, rank * per * head_dim, (rank + 1) * per * head_dim,
-                                linear.bias is not None)
+    return ColumnParallelLinear(
+        linear.in_features, rank * per * head_dim, (rank + 1) * per * head_dim, linear.bias is not None
+    )
 
 
 class RowParallelLinear(nn.Linear):
@@ -113,11 +116,11 @@ class RowParallelLinear(nn.Linear):
         self.a, self.b = a, b
 
     def shard(self, name: str, full) -> torch.Tensor:
-        return full[:, self.a:self.b] if name.endswith("weight") else full[:]
+        return full[:, self.a : self.b] if name.endswith("weight") else full[:]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)               # this rank's partial sum
-        _all_reduce(y)                             # + every other rank's: the whole output
+        y = F.linear(x, self.weight)  # this rank's partial sum
+        _all_reduce(y)  # + every other rank's: the whole output
         return y + self.bias if self.bias is not None else y
 
 
@@ -133,14 +136,14 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.per_rank, hidden))
 
     def shard(self, name: str, full) -> torch.Tensor:
-        rows = full[self.start:min(self.start + self.per_rank, self.vocab_size)]
+        rows = full[self.start : min(self.start + self.per_rank, self.vocab_size)]
         return F.pad(rows, (0, 0, 0, self.per_rank - rows.shape[0]))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
         mine = (local >= 0) & (local < self.per_rank)
         y = F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * mine[:, None]
-        _all_reduce(y)                             # exactly one rank contributes each row
+        _all_reduce(y)  # exactly one rank contributes each row
         return y
 
 
@@ -156,12 +159,13 @@ class ParallelLMHead(VocabParallelEmbedding):
         if dist.get_rank() == 0:
             parts = [torch.empty_like(logits) for _ in range(world)]
             dist.gather(logits, parts, dst=0)
-            return torch.cat(parts, dim=-1)[:, :self.vocab_size]
+            return torch.cat(parts, dim=-1)[:, : self.vocab_size]
         dist.gather(logits, None, dst=0)
         return logits
 
 
 # --- one rank's shard ---------------------------------------------------------------------
+
 
 def build_shard(cfg, rank: int, world: int) -> LlamaModel:
     """Rank ``rank``'s shard of the model described by ``cfg`` (weights uninitialised, on the
@@ -170,7 +174,7 @@ def build_shard(cfg, rank: int, world: int) -> LlamaModel:
     hd = rc.head_dim
     with torch.device("meta"):
         m = LlamaModel(rc)
-        m.config = cfg                               # the whole model's config, for the reader
+        m.config = cfg  # the whole model's config, for the reader
         a, b = split(cfg.intermediate_size, rank, world)
         for layer in m.model.layers:
             at, mlp = layer.self_attn, layer.mlp
@@ -179,15 +183,16 @@ def build_shard(cfg, rank: int, world: int) -> LlamaModel:
             at.k_proj = column_parallel_heads(at.k_proj, kv_heads, hd, rank, world)
             at.v_proj = column_parallel_heads(at.v_proj, kv_heads, hd, rank, world)
             heads_a = rank * rc.num_attention_heads * hd
-            at.o_proj = RowParallelLinear(heads_a, heads_a + rc.num_attention_heads * hd, cfg.hidden_size,
-                                          at.o_proj.bias is not None)
+            at.o_proj = RowParallelLinear(
+                heads_a, heads_a + rc.num_attention_heads * hd, cfg.hidden_size, at.o_proj.bias is not None
+            )
             mlp.gate_proj = ColumnParallelLinear(cfg.hidden_size, a, b, mlp.gate_proj.bias is not None)
             mlp.up_proj = ColumnParallelLinear(cfg.hidden_size, a, b, mlp.up_proj.bias is not None)
             mlp.down_proj = RowParallelLinear(a, b, cfg.hidden_size, mlp.down_proj.bias is not None)
         m.model.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, rank, world)
         m.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, rank, world)
         if getattr(cfg, "tie_word_embeddings", False):
-            m.lm_head.weight = m.model.embed_tokens.weight   # same vocabulary rows on this rank
+            m.lm_head.weight = m.model.embed_tokens.weight  # same vocabulary rows on this rank
     return m
 
 
@@ -206,8 +211,10 @@ def load_shard(model: LlamaModel, names: list[str], get: Callable[[str], object]
     want = {n for n, _ in model.named_parameters(remove_duplicate=False) if not (tied and n == "lm_head.weight")}
     have = {n for n in names if "rotary_emb" not in n and not (tied and n == "lm_head.weight")}
     if want != have:
-        raise ValueError(f"model={source!r}: checkpoint does not match the architecture; "
-                         f"missing={sorted(want - have)[:5]} unexpected={sorted(have - want)[:5]}")
+        raise ValueError(
+            f"model={source!r}: checkpoint does not match the architecture; "
+            f"missing={sorted(want - have)[:5]} unexpected={sorted(have - want)[:5]}"
+        )
     model.to_empty(device="cpu")
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -217,25 +224,29 @@ def load_shard(model: LlamaModel, names: list[str], get: Callable[[str], object]
             p = params[n]
             part = _shard_of(model, n, get(n))
             if tuple(part.shape) != tuple(p.shape):
-                raise ValueError(f"model={source!r}: {n} has shape {tuple(part.shape)} on this rank, "
-                                 f"expected {tuple(p.shape)}")
+                raise ValueError(
+                    f"model={source!r}: {n} has shape {tuple(part.shape)} on this rank, expected {tuple(p.shape)}"
+                )
             p.copy_(part)
 
 
-def load_shard_model(model: str, cfg, rank: int, world: int, dtype: torch.dtype, device: str,
-                     seed: int = 0, random_overrides=None) -> LlamaModel:
+def load_shard_model(
+    model: str, cfg, rank: int, world: int, dtype: torch.dtype, device: str, seed: int = 0, random_overrides=None
+) -> LlamaModel:
     """Rank ``rank``'s shard of ``model``: a checkpoint directory (only this rank's slice of each
     tensor is read from the safetensors files) or "random" (the same seeded random model as
     ``load_model``, built whole, then sliced)."""
-    choose_triton_mode()                  # (a rank process: before its first import of transformers)
+    choose_triton_mode()  # (a rank process: before its first import of transformers)
     shard = build_shard(cfg, rank, world)
     if model == "random":
         from .loader import load_model
+
         full, _ = load_model("random", "float32", "cpu", seed, random_overrides)
         state = full.state_dict()
         load_shard(shard, list(state), state.__getitem__, model)
     else:
         from safetensors import safe_open
+
         files = sorted(glob.glob(os.path.join(model, "*.safetensors")))
         if not files:
             raise ValueError(f"model={model!r}: no *.safetensors weights found")
@@ -243,7 +254,8 @@ def load_shard_model(model: str, cfg, rank: int, world: int, dtype: torch.dtype,
         where = {name: h for h in handles for name in h.keys()}
         load_shard(shard, list(where), lambda n: where[n].get_slice(n), model)
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-    shard.inv_freq = LlamaRotaryEmbedding(config=cfg).inv_freq.float().clone()   # to_empty left it unset
+
+    shard.inv_freq = LlamaRotaryEmbedding(config=cfg).inv_freq.float().clone()  # to_empty left it unset
     shard = shard.to(device=device, dtype=dtype)
     shard.inv_freq = shard.inv_freq.float()
     return shard.eval()

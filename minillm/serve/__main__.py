@@ -27,6 +27,7 @@ def default_model_name(model_path: str) -> str:
 def _none_or(kind):
     def parse(s: str):
         return None if s.lower() in ("none", "null") else kind(s)
+
     parse.__name__ = kind.__name__
     return parse
 
@@ -41,14 +42,12 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         ann = str(f.type)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if ann == "bool":
-            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                           help=f"(default {default})")
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f"(default {default})")
             continue
         kind = int if "int" in ann else float if "float" in ann else str
         if "Optional" in ann or default is None:
             kind = _none_or(kind)
-        g.add_argument(flag, type=kind, default=None, metavar=kind.__name__.upper(),
-                       help=f"(default {default})")
+        g.add_argument(flag, type=kind, default=None, metavar=kind.__name__.upper(), help=f"(default {default})")
 
 
 def engine_config_fields(args: argparse.Namespace) -> dict:
@@ -62,17 +61,28 @@ def engine_config_fields(args: argparse.Namespace) -> dict:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m minillm.serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m minillm.serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped Shakespeare model)")
-    p.add_argument("--served-model-name", default=None,
-                   help="the name clients send as 'model' (default: the checkpoint's directory name)")
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the name clients send as 'model' (default: the checkpoint's directory name)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("MINILLM_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $MINILLM_API_KEY, else none)")
-    p.add_argument("--max-request-bytes", type=int, default=None,
-                   help="refuse a request body over this many bytes with 413 (default: 4 MiB)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("MINILLM_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 (default: $MINILLM_API_KEY, else none)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=None,
+        help="refuse a request body over this many bytes with 413 (default: 4 MiB)",
+    )
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     add_engine_options(p)
     return p
@@ -86,18 +96,27 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     from ..async_llm import AsyncLLM
     from .api_server import DEFAULT_MAX_REQUEST_BYTES, build_app
+
     try:
         llm = AsyncLLM.from_config(args.model, **engine_config_fields(args))
     except (ValueError, TypeError) as e:
         raise SystemExit(f"minillm.serve: {e}")
     name = args.served_model_name or default_model_name(llm.engine.model_path)
-    app = build_app(llm, name, llm.engine.model_path, api_key=args.api_key,
-                    max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES)
+    app = build_app(
+        llm,
+        name,
+        llm.engine.model_path,
+        api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
+    )
     cfg = llm.engine.config
-    print(f"minillm: serving '{name}' ({llm.engine.model_path}) on http://{args.host}:{args.port}/v1 "
-          f"(device {llm.engine.device}, {llm.engine.num_kv_blocks} KV blocks of {cfg.block_size}, "
-          f"max_num_seqs {cfg.max_num_seqs}, policy {cfg.policy}"
-          f"{', API key required' if args.api_key else ''})", flush=True)
+    print(
+        f"minillm: serving '{name}' ({llm.engine.model_path}) on http://{args.host}:{args.port}/v1 "
+        f"(device {llm.engine.device}, {llm.engine.num_kv_blocks} KV blocks of {cfg.block_size}, "
+        f"max_num_seqs {cfg.max_num_seqs}, policy {cfg.policy}"
+        f"{', API key required' if args.api_key else ''})",
+        flush=True,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 

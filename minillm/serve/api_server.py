@@ -36,11 +36,34 @@ from ..async_llm import AsyncLLM, EngineDeadError, StreamOutput
 from ..sampling_params import SamplingParams
 from . import chat
 from .metrics import PrometheusStatLogger
-from .protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
-                       ChatMessage, ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob, CompletionChoice,
-                       CompletionLogprobs, CompletionRequest, CompletionResponse, DeltaMessage, DetokenizeRequest,
-                       DetokenizeResponse, ErrorInfo, ErrorResponse, ModelCard, ModelList, TokenizeChatRequest,
-                       TokenizeCompletionRequest, TokenizeResponse, TopLogprob, UsageInfo, VersionResponse)
+from .protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatMessage,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    ChatTokenLogprob,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+    TopLogprob,
+    UsageInfo,
+    VersionResponse,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,16 +75,28 @@ DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
 class APIError(Exception):
     """An error answered with OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None, headers: Optional[dict] = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: Optional[str] = None,
+        code: Optional[str] = None,
+        headers: Optional[dict] = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers
 
 
-def error_response(status: int, message: str, type: str = "invalid_request_error",
-                   param: Optional[str] = None, code: Optional[Union[str, int]] = None,
-                   headers: Optional[dict] = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    type: str = "invalid_request_error",
+    param: Optional[str] = None,
+    code: Optional[Union[str, int]] = None,
+    headers: Optional[dict] = None,
+) -> JSONResponse:
     body = ErrorResponse(error=ErrorInfo(message=message, type=type, param=param, code=code))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
@@ -94,8 +129,12 @@ class APIKeyMiddleware:
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(given, self.expected):
-                resp = error_response(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'",
-                                      "authentication_error", code="invalid_api_key")
+                resp = error_response(
+                    401,
+                    "Incorrect or missing API key: send 'Authorization: Bearer KEY'",
+                    "authentication_error",
+                    code="invalid_api_key",
+                )
                 await resp(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -110,8 +149,11 @@ class BodySizeLimitMiddleware:
         self.max_bytes = max_bytes
 
     def refusal(self, size: str) -> JSONResponse:
-        return error_response(413, f"Request body of {size} bytes is over this server's limit of {self.max_bytes} "
-                              "bytes (--max-request-bytes)", code="request_too_large")
+        return error_response(
+            413,
+            f"Request body of {size} bytes is over this server's limit of {self.max_bytes} bytes (--max-request-bytes)",
+            code="request_too_large",
+        )
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -128,7 +170,7 @@ class BodySizeLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request" and not over:
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:       # the app gets an empty end of body; its answer is replaced
+                if seen > self.max_bytes:  # the app gets an empty end of body; its answer is replaced
                     over = True
                     return {"type": "http.request", "body": b"", "more_body": False}
             return message
@@ -138,6 +180,7 @@ class BodySizeLimitMiddleware:
                 await send(message)
             elif message["type"] == "http.response.start":
                 await self.refusal(f"more than {self.max_bytes}")(scope, receive, send)
+
         await self.app(scope, counted_receive, guarded_send)
 
 
@@ -171,9 +214,13 @@ class OpenAIServing:
 
     def check_model(self, model: Optional[str]) -> None:
         if model is not None and model not in (self.model_name, self.model_path):
-            raise APIError(404, f"The model '{model}' does not exist; this server serves "
-                           f"'{self.model_name}' (GET /v1/models)", "not_found_error", "model",
-                           "model_not_found")
+            raise APIError(
+                404,
+                f"The model '{model}' does not exist; this server serves '{self.model_name}' (GET /v1/models)",
+                "not_found_error",
+                "model",
+                "model_not_found",
+            )
 
     @staticmethod
     def warn_ignored(req: Any) -> None:
@@ -189,17 +236,22 @@ class OpenAIServing:
         """OpenAI's chat fields at a value this server cannot honour: a 400 that says so.
         Neutral values (no tools or tool_choice "none", response_format text, store false, text
         modality) are what the server does anyway."""
+
         def refuse(param: str, why: str):
             value = getattr(req, param)
             shown = f" type {value.type!r}" if param == "response_format" else f"={value!r}"
             raise APIError(400, f"{param}{shown}: {why}", param=param)
+
         for tools_field, choice_field in (("tools", "tool_choice"), ("functions", "function_call")):
             choice = getattr(req, choice_field)
             if isinstance(choice, dict) or choice == "required":
                 refuse(choice_field, "this server does not call tools (no tool-call parser); send 'none' or 'auto'")
             if getattr(req, tools_field) and choice != "none":
-                refuse(tools_field, "this server does not call tools (no tool-call parser); with "
-                       f"{choice_field}='none' the tools are ignored")
+                refuse(
+                    tools_field,
+                    "this server does not call tools (no tool-call parser); with "
+                    f"{choice_field}='none' the tools are ignored",
+                )
         if req.response_format is not None and req.response_format.type != "text":
             refuse("response_format", "structured output (JSON) is not served; only {'type': 'text'}")
         if req.store:
@@ -213,24 +265,34 @@ class OpenAIServing:
             refuse("service_tier", "this server has one tier; send 'auto' or 'default'")
 
     @staticmethod
-    def sampling_params(req: Any, max_tokens: int, stop: list[str],
-                        logprobs: Optional[int] = None) -> SamplingParams:
+    def sampling_params(req: Any, max_tokens: int, stop: list[str], logprobs: Optional[int] = None) -> SamplingParams:
         """The request's ``SamplingParams`` (OpenAI's null is the default; vLLM's top_k=-1 is all
         tokens); ``stop``: its stop strings (the engine ends the text there)."""
+
         def given(value, default):
             return default if value is None else value
+
         try:
-            return SamplingParams(temperature=given(req.temperature, 1.0), top_k=max(0, given(req.top_k, 0)),
-                                  top_p=given(req.top_p, 1.0), max_tokens=max_tokens, seed=req.seed,
-                                  ignore_eos=req.ignore_eos, stop=stop,
-                                  include_stop_str_in_output=req.include_stop_str_in_output,
-                                  stop_token_ids=list(req.stop_token_ids or ()), n=given(req.n, 1),
-                                  presence_penalty=given(req.presence_penalty, 0.0),
-                                  frequency_penalty=given(req.frequency_penalty, 0.0),
-                                  repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens,
-                                  min_p=given(req.min_p, 0.0), skip_special_tokens=req.skip_special_tokens,
-                                  logprobs=logprobs,
-                                  logit_bias={int(t): b for t, b in req.logit_bias.items()} if req.logit_bias else None)
+            return SamplingParams(
+                temperature=given(req.temperature, 1.0),
+                top_k=max(0, given(req.top_k, 0)),
+                top_p=given(req.top_p, 1.0),
+                max_tokens=max_tokens,
+                seed=req.seed,
+                ignore_eos=req.ignore_eos,
+                stop=stop,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                stop_token_ids=list(req.stop_token_ids or ()),
+                n=given(req.n, 1),
+                presence_penalty=given(req.presence_penalty, 0.0),
+                frequency_penalty=given(req.frequency_penalty, 0.0),
+                repetition_penalty=req.repetition_penalty,
+                min_tokens=req.min_tokens,
+                min_p=given(req.min_p, 0.0),
+                skip_special_tokens=req.skip_special_tokens,
+                logprobs=logprobs,
+                logit_bias={int(t): b for t, b in req.logit_bias.items()} if req.logit_bias else None,
+            )
         except (ValueError, TypeError) as e:
             raise bad_request(e) from None
 
@@ -260,12 +322,15 @@ class OpenAIServing:
         content = []
         for out in outs:
             for tok, pos in zip(out.token_ids, out.logprobs or ()):
+
                 def entry(t, v):
                     text = self.token_text(t)
                     return dict(token=text, logprob=v.logprob, bytes=list(text.encode()))
+
                 best = sorted(pos.items(), key=lambda kv: kv[1].rank)[:top]
-                content.append(ChatTokenLogprob(**entry(tok, pos[tok]),
-                                                top_logprobs=[TopLogprob(**entry(t, v)) for t, v in best]))
+                content.append(
+                    ChatTokenLogprob(**entry(tok, pos[tok]), top_logprobs=[TopLogprob(**entry(t, v)) for t, v in best])
+                )
         return ChatLogprobs(content=content)
 
     @staticmethod
@@ -273,8 +338,9 @@ class OpenAIServing:
         stop = req.stop
         return [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
 
-    async def start(self, prompt: list[int], sp: SamplingParams, priority: int,
-                    request_id: str) -> tuple[AsyncIterator[StreamOutput], StreamOutput]:
+    async def start(
+        self, prompt: list[int], sp: SamplingParams, priority: int, request_id: str
+    ) -> tuple[AsyncIterator[StreamOutput], StreamOutput]:
         """Add the request; wait for its first output (a token, or a rejection).
         Returns (the rest of the stream, the first output)."""
         gen = self.llm.generate(prompt, sp, request_id, priority=priority)
@@ -286,8 +352,13 @@ class OpenAIServing:
             raise APIError(500, str(e), "server_error") from None
         if first.finish_reason == "rejected":
             await gen.aclose()
-            raise APIError(503, f"Server overloaded, request rejected: {first.finish_detail}",
-                           "server_overloaded", code="queue_full", headers={"Retry-After": "1"})
+            raise APIError(
+                503,
+                f"Server overloaded, request rejected: {first.finish_detail}",
+                "server_overloaded",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            )
         return gen, first
 
     def max_tokens(self, requested: Optional[int], num_prompt_tokens: int, what: str) -> int:
@@ -296,30 +367,42 @@ class OpenAIServing:
         limit = self.max_model_len
         param = "prompt" if what == "prompt" else "messages"
         if num_prompt_tokens >= limit:
-            raise APIError(400, f"This model's maximum context length is {limit} tokens (max_model_len). "
-                           f"However, your {what} has {num_prompt_tokens} tokens, which leaves no room for "
-                           "an output token. Please reduce its length.", param=param)
-        if requested is None:   # the engine says if even the KV cache cannot hold it
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens (max_model_len). "
+                f"However, your {what} has {num_prompt_tokens} tokens, which leaves no room for "
+                "an output token. Please reduce its length.",
+                param=param,
+            )
+        if requested is None:  # the engine says if even the KV cache cannot hold it
             return max(1, self.default_len - num_prompt_tokens)
         if num_prompt_tokens + requested > limit:
-            raise APIError(400, f"This model's maximum context length is {limit} tokens (max_model_len). "
-                           f"However, you requested {num_prompt_tokens + requested} tokens ({num_prompt_tokens} "
-                           f"in the {what}, {requested} in the completion). Please reduce the length of the "
-                           f"{what} or completion.", param="max_tokens")
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens (max_model_len). "
+                f"However, you requested {num_prompt_tokens + requested} tokens ({num_prompt_tokens} "
+                f"in the {what}, {requested} in the completion). Please reduce the length of the "
+                f"{what} or completion.",
+                param="max_tokens",
+            )
         return requested
 
     def check_chars(self, num_chars: int, param: str) -> None:
         """Refuse, before tokenizing, a text too long to fit the context in any tokenization."""
         if num_chars > self.max_prompt_chars:
-            raise APIError(400, f"{param}: {num_chars} characters cannot fit this model's maximum context "
-                           f"length of {self.max_model_len} tokens (max_model_len): no token is longer than "
-                           f"{self.longest_token_chars} characters; at most {self.max_prompt_chars} characters "
-                           "are read", param=param, code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"{param}: {num_chars} characters cannot fit this model's maximum context "
+                f"length of {self.max_model_len} tokens (max_model_len): no token is longer than "
+                f"{self.longest_token_chars} characters; at most {self.max_prompt_chars} characters "
+                "are read",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     def tokenizer(self, param: str):
         if self.llm.tokenizer is None:
-            raise APIError(400, f"{param}: text needs a tokenizer and this model has none; send token ids",
-                           param=param)
+            raise APIError(400, f"{param}: text needs a tokenizer and this model has none; send token ids", param=param)
         return self.llm.tokenizer
 
     async def off_loop(self, fn, *args):
@@ -337,12 +420,14 @@ class OpenAIServing:
             return await self.encode(prompt)
         for i, t in enumerate(prompt):
             if t >= self.vocab_size:
-                raise APIError(400, f"prompt[{i}]={t}: token id outside the vocabulary [0, {self.vocab_size})",
-                               param="prompt")
+                raise APIError(
+                    400, f"prompt[{i}]={t}: token id outside the vocabulary [0, {self.vocab_size})", param="prompt"
+                )
         return prompt
 
-    async def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool
-                          ) -> tuple[list[int], Optional[list[str]]]:
+    async def render_chat(
+        self, messages: list[ChatMessage], add_generation_prompt: bool
+    ) -> tuple[list[int], Optional[list[str]]]:
         """The conversation's prompt as token ids and its default stop strings, on the tokenizer's thread."""
         tok = self.tokenizer("messages")
         dicts = [m.model_dump(exclude_none=True) for m in messages]
@@ -352,6 +437,7 @@ class OpenAIServing:
             text, stop = chat.render(tok, dicts, add_generation_prompt)
             self.check_chars(len(text), "messages")
             return tok.encode(text, add_special_tokens=False), stop
+
         try:
             return await self.off_loop(render)
         except (ValueError, TypeError) as e:
@@ -398,18 +484,20 @@ async def _collect(first: StreamOutput, gen: AsyncIterator[StreamOutput]) -> lis
     """Every output of the request, gathered per completion (``StreamOutput.index``), by index."""
     got: dict[int, _Completion] = {}
     got.setdefault(first.index, _Completion()).add(first)
-    async for out in gen:        # the generator ends when every completion has finished
+    async for out in gen:  # the generator ends when every completion has finished
         got.setdefault(out.index, _Completion()).add(out)
     return [got[i] for i in sorted(got)]
 
 
 async def _until_disconnect(request: Request, coro):
     """Run ``coro``; if the client goes away first, cancel it (its request is aborted)."""
+
     async def disconnected():
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
                 return
+
     work = asyncio.ensure_future(coro)
     watch = asyncio.ensure_future(disconnected())
     try:
@@ -418,26 +506,38 @@ async def _until_disconnect(request: Request, coro):
         watch.cancel()
     if work not in done:
         work.cancel()
-        return Response(status_code=499)       # nobody is listening
+        return Response(status_code=499)  # nobody is listening
     return work.result()
 
 
 # The error answers each route may give, for the OpenAPI schema (a bad body is 400, never 422).
 def _errors(*statuses: int) -> dict:
-    words = {400: "A bad request: malformed JSON, a wrong field, a value the engine refuses",
-             401: "A wrong or missing API key (--api-key)", 404: "An unknown model",
-             413: "A body over --max-request-bytes", 500: "The engine failed",
-             503: "Overloaded: the engine's admission control rejected the request"}
+    words = {
+        400: "A bad request: malformed JSON, a wrong field, a value the engine refuses",
+        401: "A wrong or missing API key (--api-key)",
+        404: "An unknown model",
+        413: "A body over --max-request-bytes",
+        500: "The engine failed",
+        503: "Overloaded: the engine's admission control rejected the request",
+    }
     return {code: {"model": ErrorResponse, "description": words[code]} for code in statuses}
 
 
 # stream=true: server-sent events, each 'data: {chunk as JSON}', the last 'data: [DONE]'
-_SSE = {"text/event-stream": {"schema": {"type": "object", "properties": {"data": {"type": "string"}},
-                                         "required": ["data"]}}}
+_SSE = {
+    "text/event-stream": {
+        "schema": {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
+    }
+}
 
 
-def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
-              api_key: Optional[str] = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+def build_app(
+    llm: AsyncLLM,
+    model_name: str,
+    model_path: Optional[str] = None,
+    api_key: Optional[str] = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> FastAPI:
     """The FastAPI application. Its lifespan starts and stops ``llm``'s step loop."""
     serving = OpenAIServing(llm, model_name, model_path)
     stats = PrometheusStatLogger(model_name)
@@ -469,16 +569,22 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
         first = errors[0] if errors else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         if first.get("type") == "json_invalid":
-            return error_response(400, f"Malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}",
-                                  code="invalid_json")
-        def one(err: dict) -> str:       # "field=value: why", the value when it is short
+            return error_response(
+                400, f"Malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", code="invalid_json"
+            )
+
+        def one(err: dict) -> str:  # "field=value: why", the value when it is short
             where = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
             value = err.get("input")
-            shown = f"={value!r}" if isinstance(value, (int, float, bool)) or (
-                isinstance(value, str) and len(value) <= 40) else ""
+            shown = (
+                f"={value!r}"
+                if isinstance(value, (int, float, bool)) or (isinstance(value, str) and len(value) <= 40)
+                else ""
+            )
             return f"{where}{shown}: {err.get('msg')}"
+
         msg = "; ".join(one(err) for err in errors[:5])
-        return error_response(400, msg, param=loc[0] if loc else None)   # the request's field
+        return error_response(400, msg, param=loc[0] if loc else None)  # the request's field
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
@@ -497,9 +603,16 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
             return error_response(503, "the engine is not running", "server_error")
         return {"status": "ok"}
 
-    @app.get("/metrics", response_class=PlainTextResponse, responses={200: {
-        "content": {"text/plain": {"schema": {"type": "string"}}},
-        "description": "Prometheus' text format (version 0.0.4)"}})
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={
+            200: {
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+                "description": "Prometheus' text format (version 0.0.4)",
+            }
+        },
+    )
     async def metrics():
         if llm.is_running:
             stats.set_load(await llm.load())
@@ -541,8 +654,9 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
         tok = serving.tokenizer("tokens")
         for i, t in enumerate(req.tokens):
             if t >= serving.vocab_size:
-                raise APIError(400, f"tokens[{i}]={t}: token id outside the vocabulary [0, {serving.vocab_size})",
-                               param="tokens")
+                raise APIError(
+                    400, f"tokens[{i}]={t}: token id outside the vocabulary [0, {serving.vocab_size})", param="tokens"
+                )
         return DetokenizeResponse(prompt=await serving.off_loop(tok.decode, req.tokens))
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=v1 | {200: {"content": _SSE}})
@@ -555,27 +669,73 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
         prompts = [await serving.prompt_ids(p) for p in given]
         n = req.n or 1
         stop = serving.stop_strings(req)
-        sps = [serving.sampling_params(req, serving.max_tokens(req.max_tokens, len(ids), "prompt"), stop,
-                                       logprobs=req.logprobs) for ids in prompts]
+        sps = [
+            serving.sampling_params(
+                req, serving.max_tokens(req.max_tokens, len(ids), "prompt"), stop, logprobs=req.logprobs
+            )
+            for ids in prompts
+        ]
         # echo: the prompt's text starts each of its choices' text
-        echoed = [p if isinstance(p, str) else await serving.off_loop(serving.tokenizer("prompt").decode, p)
-                  for p in given] if req.echo else [""] * len(prompts)
+        echoed = (
+            [p if isinstance(p, str) else await serving.off_loop(serving.tokenizer("prompt").decode, p) for p in given]
+            if req.echo
+            else [""] * len(prompts)
+        )
 
         def choice(index: int, text: str, out: StreamOutput, ids, logprobs) -> CompletionChoice:
-            return CompletionChoice(index=index, text=text, finish_reason=out.finish_reason, token_ids=ids,
-                                    stop_reason=out.stop_reason, logprobs=logprobs)
+            return CompletionChoice(
+                index=index,
+                text=text,
+                finish_reason=out.finish_reason,
+                token_ids=ids,
+                stop_reason=out.stop_reason,
+                logprobs=logprobs,
+            )
+
         return await _respond(
-            serving, request, req, prompts, sps, "cmpl",
-            first_chunks=lambda rid: [CompletionResponse(id=rid, model=model_name, choices=[
-                CompletionChoice(index=i * n + j, text=echoed[i]) for i in range(len(prompts)) for j in range(n)])]
-            if req.echo else [],
-            chunk=lambda rid, index, out, ids: CompletionResponse(id=rid, model=model_name, choices=[
-                choice(index, out.text, out, ids, serving.completion_logprobs([out]))]),
+            serving,
+            request,
+            req,
+            prompts,
+            sps,
+            "cmpl",
+            first_chunks=lambda rid: (
+                [
+                    CompletionResponse(
+                        id=rid,
+                        model=model_name,
+                        choices=[
+                            CompletionChoice(index=i * n + j, text=echoed[i])
+                            for i in range(len(prompts))
+                            for j in range(n)
+                        ],
+                    )
+                ]
+                if req.echo
+                else []
+            ),
+            chunk=lambda rid, index, out, ids: CompletionResponse(
+                id=rid,
+                model=model_name,
+                choices=[choice(index, out.text, out, ids, serving.completion_logprobs([out]))],
+            ),
             usage_chunk=lambda rid, usage: CompletionResponse(id=rid, model=model_name, choices=[], usage=usage),
-            whole=lambda rid, done, keep_ids, usage: CompletionResponse(id=rid, model=model_name, choices=[
-                choice(i, echoed[i // n] + c.text, c.last, c.ids if keep_ids else None,
-                       serving.completion_logprobs(c.outs))
-                for i, c in enumerate(done)], usage=usage))
+            whole=lambda rid, done, keep_ids, usage: CompletionResponse(
+                id=rid,
+                model=model_name,
+                choices=[
+                    choice(
+                        i,
+                        echoed[i // n] + c.text,
+                        c.last,
+                        c.ids if keep_ids else None,
+                        serving.completion_logprobs(c.outs),
+                    )
+                    for i, c in enumerate(done)
+                ],
+                usage=usage,
+            ),
+        )
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=v1 | {200: {"content": _SSE}})
     async def chat_completions(req: ChatCompletionRequest, request: Request):
@@ -586,26 +746,60 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
             raise APIError(400, f"top_logprobs={req.top_logprobs} needs logprobs=true", param="top_logprobs")
         top = req.top_logprobs or 0
         ids, default_stop = await serving.render_chat(req.messages, req.add_generation_prompt)
-        if req.max_completion_tokens is not None and req.max_tokens is not None:   # both must fit
+        if req.max_completion_tokens is not None and req.max_tokens is not None:  # both must fit
             serving.max_tokens(req.max_tokens, len(ids), "messages")
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = serving.max_tokens(requested, len(ids), "messages")
         stop = serving.stop_strings(req) if req.stop is not None else (default_stop or [])
         sp = serving.sampling_params(req, max_tokens, stop, logprobs=top if req.logprobs else None)
         return await _respond(
-            serving, request, req, [ids], [sp], "chatcmpl",
-            first_chunks=lambda rid: [ChatCompletionChunk(id=rid, model=model_name, choices=[
-                ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(sp.n)])],
-            chunk=lambda rid, index, out, ids: ChatCompletionChunk(id=rid, model=model_name, choices=[
-                ChatStreamChoice(index=index, delta=DeltaMessage(content=out.text),
-                                 finish_reason=out.finish_reason, stop_reason=out.stop_reason, token_ids=ids,
-                                 logprobs=serving.chat_logprobs([out], top))]),
+            serving,
+            request,
+            req,
+            [ids],
+            [sp],
+            "chatcmpl",
+            first_chunks=lambda rid: [
+                ChatCompletionChunk(
+                    id=rid,
+                    model=model_name,
+                    choices=[
+                        ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(sp.n)
+                    ],
+                )
+            ],
+            chunk=lambda rid, index, out, ids: ChatCompletionChunk(
+                id=rid,
+                model=model_name,
+                choices=[
+                    ChatStreamChoice(
+                        index=index,
+                        delta=DeltaMessage(content=out.text),
+                        finish_reason=out.finish_reason,
+                        stop_reason=out.stop_reason,
+                        token_ids=ids,
+                        logprobs=serving.chat_logprobs([out], top),
+                    )
+                ],
+            ),
             usage_chunk=lambda rid, usage: ChatCompletionChunk(id=rid, model=model_name, choices=[], usage=usage),
-            whole=lambda rid, done, keep_ids, usage: ChatCompletionResponse(id=rid, model=model_name, choices=[
-                ChatChoice(index=i, message=ChatResponseMessage(content=c.text), finish_reason=c.last.finish_reason,
-                           stop_reason=c.last.stop_reason, token_ids=c.ids if keep_ids else None,
-                           logprobs=serving.chat_logprobs(c.outs, top))
-                for i, c in enumerate(done)], usage=usage))
+            whole=lambda rid, done, keep_ids, usage: ChatCompletionResponse(
+                id=rid,
+                model=model_name,
+                choices=[
+                    ChatChoice(
+                        index=i,
+                        message=ChatResponseMessage(content=c.text),
+                        finish_reason=c.last.finish_reason,
+                        stop_reason=c.last.stop_reason,
+                        token_ids=c.ids if keep_ids else None,
+                        logprobs=serving.chat_logprobs(c.outs, top),
+                    )
+                    for i, c in enumerate(done)
+                ],
+                usage=usage,
+            ),
+        )
 
     def openapi() -> dict:
         """FastAPI's schema, less the 422 it documents for every body: this server answers 400."""
@@ -619,6 +813,7 @@ def build_app(llm: AsyncLLM, model_name: str, model_path: Optional[str] = None,
             document_limits(schema, serving)
             app.openapi_schema = schema
         return app.openapi_schema
+
     app.openapi = openapi
     return app
 
@@ -628,7 +823,7 @@ def integer_pattern(n: int) -> str:
     ``^(?:0|[1-9][0-9]{0,2}|[1-9]...|1023)$``, digit by digit."""
     digits = str(n)
     alts = ["0"] + ([f"[1-9][0-9]{{0,{len(digits) - 2}}}"] if len(digits) > 1 else [])
-    for i, c in enumerate(digits):       # the same length as n: equal up to i, smaller at i
+    for i, c in enumerate(digits):  # the same length as n: equal up to i, smaller at i
         low = 1 if i == 0 else 0
         if int(c) > low:
             alts.append(digits[:i] + f"[{low}-{int(c) - 1}]" + "[0-9]" * (len(digits) - i - 1))
@@ -641,12 +836,14 @@ def document_limits(schema: Any, serving: OpenAIServing) -> None:
     a token id below the vocabulary size, n up to max_num_seqs, a prompt and an output shorter than
     the context, a text no longer than ``max_prompt_chars``. What JSON Schema cannot say (a
     prompt's token count plus max_tokens within the context, min_tokens <= max_tokens) is a 400."""
-    bounds = {"token_id": ("maximum", serving.vocab_size - 1),
-              "token_id_key": ("pattern", integer_pattern(serving.vocab_size - 1)),   # logit_bias's keys
-              "max_num_seqs": ("maximum", serving.llm.engine.config.max_num_seqs),
-              "max_output_tokens": ("maximum", serving.max_model_len - 1),
-              "prompt_tokens": ("maxItems", serving.max_model_len - 1),
-              "prompt_chars": ("maxLength", serving.max_prompt_chars)}
+    bounds = {
+        "token_id": ("maximum", serving.vocab_size - 1),
+        "token_id_key": ("pattern", integer_pattern(serving.vocab_size - 1)),  # logit_bias's keys
+        "max_num_seqs": ("maximum", serving.llm.engine.config.max_num_seqs),
+        "max_output_tokens": ("maximum", serving.max_model_len - 1),
+        "prompt_tokens": ("maxItems", serving.max_model_len - 1),
+        "prompt_chars": ("maxLength", serving.max_prompt_chars),
+    }
     if isinstance(schema, dict):
         name = schema.pop("x-limit", None)
         if name is not None:
@@ -659,11 +856,13 @@ def document_limits(schema: Any, serving: OpenAIServing) -> None:
             document_limits(value, serving)
 
 
-async def _start_all(serving: OpenAIServing, prompts: list[list[int]], sps: list[SamplingParams], priority: int,
-                     request_ids: list[str]) -> list[tuple[AsyncIterator[StreamOutput], StreamOutput]]:
+async def _start_all(
+    serving: OpenAIServing, prompts: list[list[int]], sps: list[SamplingParams], priority: int, request_ids: list[str]
+) -> list[tuple[AsyncIterator[StreamOutput], StreamOutput]]:
     """Start every prompt's request; if one is refused, the others are aborted and its error raised."""
-    started = await asyncio.gather(*(serving.start(p, sp, priority, rid)
-                                     for p, sp, rid in zip(prompts, sps, request_ids)), return_exceptions=True)
+    started = await asyncio.gather(
+        *(serving.start(p, sp, priority, rid) for p, sp, rid in zip(prompts, sps, request_ids)), return_exceptions=True
+    )
     errors = [r for r in started if isinstance(r, BaseException)]
     if errors:
         for r in started:
@@ -689,6 +888,7 @@ async def _merge(streams: list[AsyncIterator[StreamOutput]]) -> AsyncIterator[tu
             await queue.put((i, None))
         except Exception as e:
             await queue.put((i, e))
+
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
     try:
         left = len(streams)
@@ -706,8 +906,19 @@ async def _merge(streams: list[AsyncIterator[StreamOutput]]) -> AsyncIterator[tu
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _respond(serving: OpenAIServing, request: Request, req: Any, prompts: list[list[int]],
-                   sps: list[SamplingParams], id_prefix: str, *, chunk, usage_chunk, whole, first_chunks):
+async def _respond(
+    serving: OpenAIServing,
+    request: Request,
+    req: Any,
+    prompts: list[list[int]],
+    sps: list[SamplingParams],
+    id_prefix: str,
+    *,
+    chunk,
+    usage_chunk,
+    whole,
+    first_chunks,
+):
     """One request (one or more prompts, each with ``n`` completions), streamed as server-sent events
     or answered whole. The builders make the endpoint's bodies: ``chunk(id, choice index, output,
     token_ids)``, ``usage_chunk(id, usage)``, ``whole(id, completions, keep_token_ids, usage)``,
@@ -723,15 +934,20 @@ async def _respond(serving: OpenAIServing, request: Request, req: Any, prompts: 
 
     def usage(completion_tokens: int) -> UsageInfo:
         prompt_tokens = sum(len(p) for p in prompts)
-        return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                         total_tokens=prompt_tokens + completion_tokens)
+        return UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
 
     if not req.stream:
+
         async def answer():
             started = await _start_all(serving, prompts, sps, req.priority, request_ids)
             results = await asyncio.gather(*(_collect(first, gen) for gen, first in started))
             done = [c for completions in results for c in completions]
             return whole(response_id, done, keep_ids, usage(sum(c.last.num_output_tokens for c in done)))
+
         return await _until_disconnect(request, answer())
 
     started = await _start_all(serving, prompts, sps, req.priority, request_ids)
@@ -748,8 +964,10 @@ async def _respond(serving: OpenAIServing, request: Request, req: Any, prompts: 
         if include_usage and last:
             yield _sse(usage_chunk(response_id, usage(sum(out.num_output_tokens for out in last.values()))))
         yield "data: [DONE]\n\n"
-    return StreamingResponse(sse_stream(events()), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+
+    return StreamingResponse(
+        sse_stream(events()), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 async def _achain(first: StreamOutput, gen: AsyncIterator[StreamOutput]) -> AsyncIterator[StreamOutput]:
@@ -757,7 +975,7 @@ async def _achain(first: StreamOutput, gen: AsyncIterator[StreamOutput]) -> Asyn
     If the engine fails mid-stream, the stream ends with an error event (the status is sent)."""
     try:
         yield first
-        async for out in gen:        # ends when every completion has finished
+        async for out in gen:  # ends when every completion has finished
             yield out
     except EngineDeadError as e:
         raise _StreamError(str(e)) from None

@@ -1,9 +1,9 @@
 """A server running in a background thread of this process: for a notebook, a test, a benchmark.
 
-    with BackgroundServer(block_size=16, num_kv_blocks=256) as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
-        ...
-        server.call(server.llm.engine_call(lambda e: e.stats()))   # read the same engine
+with BackgroundServer(block_size=16, num_kv_blocks=256) as server:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    ...
+    server.call(server.llm.engine_call(lambda e: e.stats()))   # read the same engine
 """
 
 from __future__ import annotations
@@ -22,18 +22,29 @@ class BackgroundServer:
 
     ``model`` / ``**config_fields`` build the engine like ``LLM(...)``; or pass ``llm=AsyncLLM(...)``."""
 
-    def __init__(self, model: Optional[str] = None, *, llm: Optional[AsyncLLM] = None, host: str = "127.0.0.1",
-                 port: int = 0, api_key: Optional[str] = None, model_name: Optional[str] = None,
-                 log_level: str = "warning", max_request_bytes: Optional[int] = None, **config_fields):
+    def __init__(
+        self,
+        model: Optional[str] = None,
+        *,
+        llm: Optional[AsyncLLM] = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: Optional[str] = None,
+        model_name: Optional[str] = None,
+        log_level: str = "warning",
+        max_request_bytes: Optional[int] = None,
+        **config_fields,
+    ):
         from .__main__ import default_model_name
+
         self.llm = llm if llm is not None else AsyncLLM.from_config(model, **config_fields)
         self.model_path = self.llm.engine.model_path
         self.model_name = model_name or default_model_name(self.model_path)
         self.host, self.port, self.api_key, self.log_level = host, port, api_key, log_level
-        self.max_request_bytes = max_request_bytes      # None: the server's default
+        self.max_request_bytes = max_request_bytes  # None: the server's default
         self._server = None
         self._thread: Optional[threading.Thread] = None
-        self._stopped = False                        # stop() shuts the engine down with the server
+        self._stopped = False  # stop() shuts the engine down with the server
         self.loop: Optional[asyncio.AbstractEventLoop] = None
 
     @property
@@ -47,14 +58,22 @@ class BackgroundServer:
 
     def start(self, timeout: float = 60.0) -> "BackgroundServer":
         if self._stopped:
-            raise RuntimeError("BackgroundServer.start: this server was stopped, and its engine shut down with "
-                               "it; build a new BackgroundServer to serve again")
+            raise RuntimeError(
+                "BackgroundServer.start: this server was stopped, and its engine shut down with "
+                "it; build a new BackgroundServer to serve again"
+            )
         if self.running:
             raise RuntimeError(f"BackgroundServer.start: already serving on {self.url}")
         import uvicorn
         from .api_server import DEFAULT_MAX_REQUEST_BYTES, build_app
-        app = build_app(self.llm, self.model_name, self.model_path, api_key=self.api_key,
-                        max_request_bytes=self.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES)
+
+        app = build_app(
+            self.llm,
+            self.model_name,
+            self.model_path,
+            api_key=self.api_key,
+            max_request_bytes=self.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
+        )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))

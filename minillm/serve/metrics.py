@@ -11,11 +11,34 @@ from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
-disable_created_metrics()   # no "*_created" timestamp series beside each counter (as vLLM does)
+disable_created_metrics()  # no "*_created" timestamp series beside each counter (as vLLM does)
 
 # Seconds; fine at the low end, where a small model on a CPU lives.
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-                   0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 class PrometheusStatLogger:
@@ -26,37 +49,69 @@ class PrometheusStatLogger:
         r, labels = self.registry, ["model_name"]
         self.labels = {"model_name": model_name}
         # --- load, set when /metrics is read ---
-        self.running = Gauge("minillm:num_requests_running", "Requests in the running batch",
-                             labels, registry=r)
-        self.waiting = Gauge("minillm:num_requests_waiting", "Requests in the queue (not running)",
-                             labels, registry=r)
-        self.swapped = Gauge("minillm:num_requests_swapped", "Requests whose KV sits in host memory",
-                             labels, registry=r)
-        self.kv_usage = Gauge("minillm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)",
-                              labels, registry=r)
+        self.running = Gauge("minillm:num_requests_running", "Requests in the running batch", labels, registry=r)
+        self.waiting = Gauge("minillm:num_requests_waiting", "Requests in the queue (not running)", labels, registry=r)
+        self.swapped = Gauge(
+            "minillm:num_requests_swapped", "Requests whose KV sits in host memory", labels, registry=r
+        )
+        self.kv_usage = Gauge(
+            "minillm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)", labels, registry=r
+        )
         # --- per step ---
         self.steps = Counter("minillm:num_steps", "Engine steps", labels, registry=r)
-        self.preemptions = Counter("minillm:num_preemptions", "Preemptions (recompute or swap)",
-                                   labels, registry=r)
-        self.prompt_tokens = Counter("minillm:prompt_tokens", "Prompt tokens of finished requests",
-                                     labels, registry=r)
-        self.generation_tokens = Counter("minillm:generation_tokens", "Generated tokens",
-                                         labels, registry=r)
-        self.finished = Counter("minillm:request_finished", "Finished requests by finish reason (n>1: one)",
-                                labels + ["finished_reason"], registry=r)
+        self.preemptions = Counter("minillm:num_preemptions", "Preemptions (recompute or swap)", labels, registry=r)
+        self.prompt_tokens = Counter("minillm:prompt_tokens", "Prompt tokens of finished requests", labels, registry=r)
+        self.generation_tokens = Counter("minillm:generation_tokens", "Generated tokens", labels, registry=r)
+        self.finished = Counter(
+            "minillm:request_finished",
+            "Finished requests by finish reason (n>1: one)",
+            labels + ["finished_reason"],
+            registry=r,
+        )
         # --- per finished request (the engine's clock) ---
-        self.ttft = Histogram("minillm:time_to_first_token_seconds", "Time to first token (engine)",
-                              labels, buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("minillm:time_per_output_token_seconds",
-                              "Time per output token after the first (engine)", labels,
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("minillm:e2e_request_latency_seconds", "Arrival to last token (engine)",
-                             labels, buckets=LATENCY_BUCKETS, registry=r)
-        self.queue = Histogram("minillm:request_queue_time_seconds", "Arrival to first scheduled (engine)",
-                               labels, buckets=LATENCY_BUCKETS, registry=r)
-        for metric in (self.running, self.waiting, self.swapped, self.kv_usage, self.steps, self.preemptions,
-                       self.prompt_tokens, self.generation_tokens, self.ttft, self.tpot, self.e2e, self.queue):
-            metric.labels(**self.labels)        # every series exists from the start, at 0
+        self.ttft = Histogram(
+            "minillm:time_to_first_token_seconds",
+            "Time to first token (engine)",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "minillm:time_per_output_token_seconds",
+            "Time per output token after the first (engine)",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "minillm:e2e_request_latency_seconds",
+            "Arrival to last token (engine)",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "minillm:request_queue_time_seconds",
+            "Arrival to first scheduled (engine)",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        for metric in (
+            self.running,
+            self.waiting,
+            self.swapped,
+            self.kv_usage,
+            self.steps,
+            self.preemptions,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.ttft,
+            self.tpot,
+            self.e2e,
+            self.queue,
+        ):
+            metric.labels(**self.labels)  # every series exists from the start, at 0
 
     def record(self, record: Optional[Any], stats: Any) -> None:
         """One pass of ``AsyncLLM``'s step loop: its StepRecord (None when it only applied aborts)
@@ -75,8 +130,12 @@ class PrometheusStatLogger:
             if m.finish_reason in ("rejected", "abort"):
                 continue
             self.prompt_tokens.labels(**lab).inc(m.num_prompt_tokens)
-            for hist, value in ((self.ttft, m.ttft), (self.tpot, m.tpot), (self.e2e, m.e2e_latency),
-                                (self.queue, m.queue_wait)):
+            for hist, value in (
+                (self.ttft, m.ttft),
+                (self.tpot, m.tpot),
+                (self.e2e, m.e2e_latency),
+                (self.queue, m.queue_wait),
+            ):
                 if value is not None:
                     hist.labels(**lab).observe(value)
 

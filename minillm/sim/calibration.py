@@ -44,14 +44,24 @@ import numpy as np
 from .costmodel import STEP_TERMS, LinearStepCost, batch_terms
 from .simulated import gc_paused
 
-__all__ = ["StepSample", "measure_steps", "fit_step_cost", "held_out_errors", "validation_trace", "validation_traces",
-           "compare_on_trace", "calibrate", "machine_name"]
+__all__ = [
+    "StepSample",
+    "measure_steps",
+    "fit_step_cost",
+    "held_out_errors",
+    "validation_trace",
+    "validation_traces",
+    "compare_on_trace",
+    "calibrate",
+    "machine_name",
+]
 
 
 @dataclass(frozen=True)
 class StepSample:
     """One measured step: each request's new tokens and KV length after the step, the seconds it took,
     whether the engine sat idle before it (waiting for an arrival), and the workload it came from."""
+
     num_new_tokens: tuple[int, ...]
     context_lens: tuple[int, ...]
     seconds: float
@@ -72,17 +82,28 @@ def machine_name() -> str:
 # (requests, prompt length range, output tokens, token budget): decodes at every batch size up to 64,
 # long contexts, prefills whole and chunked, and decodes mixed with chunks of a new prompt.
 GRID = (
-    (1, (8, 32), 24, 2048), (2, (8, 32), 24, 2048), (4, (8, 64), 24, 2048), (8, (8, 64), 24, 2048),
-    (16, (8, 64), 24, 2048), (32, (8, 64), 20, 2048), (64, (8, 48), 16, 2048),
-    (4, (300, 700), 16, 2048), (16, (200, 500), 12, 4096),
-    (1, (16, 900), 1, 2048), (1, (400, 900), 1, 2048), (1, (100, 300), 1, 2048),
-    (12, (8, 32), 24, 96), (24, (64, 400), 12, 256), (6, (400, 800), 8, 128),
+    (1, (8, 32), 24, 2048),
+    (2, (8, 32), 24, 2048),
+    (4, (8, 64), 24, 2048),
+    (8, (8, 64), 24, 2048),
+    (16, (8, 64), 24, 2048),
+    (32, (8, 64), 20, 2048),
+    (64, (8, 48), 16, 2048),
+    (4, (300, 700), 16, 2048),
+    (16, (200, 500), 12, 4096),
+    (1, (16, 900), 1, 2048),
+    (1, (400, 900), 1, 2048),
+    (1, (100, 300), 1, 2048),
+    (12, (8, 32), 24, 96),
+    (24, (64, 400), 12, 256),
+    (6, (400, 800), 8, 128),
 )
 
 
 def _engine(model: Optional[str], **config):
     from ..config import EngineConfig
     from ..engine import LLMEngine
+
     config.setdefault("record", "summary")
     config.setdefault("record_history", None)
     return LLMEngine(model, EngineConfig.from_fields("calibrate", **config))
@@ -92,6 +113,7 @@ def _warm_up(engine) -> None:
     """Steps of many shapes first: torch's first forward at each new batch shape allocates, and is
     slower than every later one. Greedy requests of prompts from 3 to 600 tokens, at once."""
     from ..sampling_params import SamplingParams
+
     sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     for n in (600, 300, 150, 80, 40, 20, 10, 3, 5, 7, 9, 12, 16, 24, 32, 48):
         engine.add_request(list(range(10, 10 + n)), sp)
@@ -123,9 +145,15 @@ def _timed_steps(engine, workload: str = "") -> list[StepSample]:
         rec = engine.step()
         seconds = time.perf_counter() - t0
         if rec.batch:
-            samples.append(StepSample(tuple(e.num_new_tokens for e in rec.batch),
-                                      tuple(e.context_len for e in rec.batch), seconds + max(late, 0.0),
-                                      after_idle=late >= 0, workload=workload))
+            samples.append(
+                StepSample(
+                    tuple(e.num_new_tokens for e in rec.batch),
+                    tuple(e.context_len for e in rec.batch),
+                    seconds + max(late, 0.0),
+                    after_idle=late >= 0,
+                    workload=workload,
+                )
+            )
     return samples
 
 
@@ -150,9 +178,16 @@ def quiet_heap():
 TRACES = ((60, 10.0, 48, 4), (120, 8.0, 48, 40), (120, 16.0, 96, 64), (160, 24.0, 48, 40))
 
 
-def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: int = 0, grid=GRID,
-                  traces=TRACES, progress: Optional[Callable[[int, int], None]] = None,
-                  **config) -> list[StepSample]:
+def measure_steps(
+    model: Optional[str] = None,
+    *,
+    budget_s: float = 40.0,
+    seed: int = 0,
+    grid=GRID,
+    traces=TRACES,
+    progress: Optional[Callable[[int, int], None]] = None,
+    **config,
+) -> list[StepSample]:
     """Run the real engine over ``grid`` (every request arriving at once, greedy, exactly its output
     length), then replay ``traces`` (Poisson arrivals in real time, log-normal lengths; seeds 1000 and
     up, never those of ``validation_trace``'s defaults), and return every step as a ``StepSample``.
@@ -161,10 +196,10 @@ def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: 
 
     from ..analysis.workloads import submit_trace
     from ..sampling_params import SamplingParams
+
     rng = np.random.default_rng(seed)
     config.setdefault("max_model_len", 1024)
     samples: list[StepSample] = []
-    t_start = time.perf_counter()
     engines: dict[int, Any] = {}
 
     def engine_with_budget(budget):
@@ -174,6 +209,8 @@ def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: 
         return engines[budget]
 
     work = len(grid) + len(traces)
+    engine_with_budget(2048)  # loading the model and warming up are not part of the budget
+    t_start = time.perf_counter()
     with quiet_heap():
         for i, (n, (lo, hi), out_len, budget) in enumerate(grid):
             if time.perf_counter() - t_start > budget_s:
@@ -183,18 +220,25 @@ def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: 
             for _ in range(n):
                 length = int(rng.integers(lo, hi + 1))
                 engine.add_request(rng.integers(10, engine.vocab_size, length).tolist(), sp)
-            samples += _timed_steps(engine, f"grid {i}")[1:]   # the first: a new batch shape's allocations
+            samples += _timed_steps(engine, f"grid {i}")[1:]  # the first: a new batch shape's allocations
             if progress is not None:
                 progress(i + 1, work)
         for k, (n, rate, prompt_median, output_median) in enumerate(traces):
             if time.perf_counter() - t_start > budget_s:
                 break
             engine = engine_with_budget(2048)
-            trace = validation_trace(n, rate=rate, seed=1000 + seed * len(traces) + k, prompt_median=prompt_median,
-                                     output_median=output_median)
+            trace = validation_trace(
+                n,
+                rate=rate,
+                seed=1000 + seed * len(traces) + k,
+                prompt_median=prompt_median,
+                output_median=output_median,
+            )
             start = engine.clock.now() + 0.02
-            trace = [replace_field(r, arrival_time=r.arrival_time + start, request_id=f"cal{k}-{r.request_id}")
-                     for r in trace]
+            trace = [
+                replace_field(r, arrival_time=r.arrival_time + start, request_id=f"cal{k}-{r.request_id}")
+                for r in trace
+            ]
             submit_trace(engine, trace, vocab_size=engine.vocab_size, seed=seed + k)
             samples += _timed_steps(engine, f"trace {k}")
             if progress is not None:
@@ -205,6 +249,7 @@ def measure_steps(model: Optional[str] = None, *, budget_s: float = 40.0, seed: 
 # ---------------------------------------------------------------------------------------------------------
 # 2. Fitting the terms
 # ---------------------------------------------------------------------------------------------------------
+
 
 def step_terms(sample: StepSample) -> tuple:
     """A sample's row of the fit: its ``batch_terms`` and 1 if it followed an idle wait (``STEP_TERMS``)."""
@@ -227,11 +272,18 @@ def fit_step_cost(samples: Sequence[StepSample], *, info: Optional[dict] = None)
     y = np.array([s.seconds for s in samples], dtype=float)
     if not np.all(np.isfinite(y)) or np.any(y <= 0):
         raise ValueError("fit_step_cost: every step time must be a positive number of seconds")
-    w = np.ones_like(y)                                      # one weight per step: see the docstring
+    w = np.ones_like(y)  # one weight per step: see the docstring
     active = [a for a in range(len(STEP_TERMS)) if np.any(x[:, a])]
+    if np.linalg.matrix_rank(x[:, active] / np.abs(x[:, active]).max(axis=0)) < len(active):
+        shapes = len({(s.num_new_tokens, s.context_lens) for s in samples})
+        raise ValueError(
+            f"fit_step_cost: {len(samples)} steps of {shapes} batch shapes cannot tell the terms "
+            f"{[STEP_TERMS[a] for a in active]} apart (every step alike in some of them): time more "
+            "batch shapes (measure_steps with a larger budget_s, on a machine not busy with other work)"
+        )
     while True:
         xa = x[:, active] * w[:, None]
-        scale = np.abs(xa).max(axis=0)                      # columns of very different sizes: rescale
+        scale = np.abs(xa).max(axis=0)  # columns of very different sizes: rescale
         scale[scale == 0] = 1.0
         coef, *_ = np.linalg.lstsq(xa / scale, y * w, rcond=None)
         coef = coef / scale
@@ -250,8 +302,9 @@ def fit_step_cost(samples: Sequence[StepSample], *, info: Optional[dict] = None)
         stderr[STEP_TERMS[a]] = float(np.sqrt(max(cov[j, j], 0.0)))
     rel = np.abs(residual) / y
     info = dict(info or {})
-    info.update(num_steps=len(samples), fit_median_rel_err=float(np.median(rel)),
-                fit_p90_rel_err=float(np.percentile(rel, 90)))
+    info.update(
+        num_steps=len(samples), fit_median_rel_err=float(np.median(rel)), fit_p90_rel_err=float(np.percentile(rel, 90))
+    )
     return LinearStepCost(seconds, stderr, info=info)
 
 
@@ -267,8 +320,12 @@ def held_out_errors(samples: Sequence[StepSample]) -> dict:
         modeled = np.array([predicted_seconds(cost, s) for s in test])
         y = np.array([s.seconds for s in test])
         rel = np.abs(modeled - y) / y
-        out[name] = {"num_steps": len(test), "total_rel_err": float(modeled.sum() / y.sum() - 1.0),
-                     "median_rel_err": float(np.median(rel)), "p90_rel_err": float(np.percentile(rel, 90))}
+        out[name] = {
+            "num_steps": len(test),
+            "total_rel_err": float(modeled.sum() / y.sum() - 1.0),
+            "median_rel_err": float(np.median(rel)),
+            "p90_rel_err": float(np.percentile(rel, 90)),
+        }
     return out
 
 
@@ -282,12 +339,20 @@ def predicted_seconds(cost: LinearStepCost, sample: StepSample) -> float:
 # 3. The same trace on the real engine and on the simulator
 # ---------------------------------------------------------------------------------------------------------
 
-def validation_trace(n: int = 300, rate: float = 12.0, seed: int = 1, *, prompt_median: int = 48,
-                     output_median: int = 40) -> list:
+
+def validation_trace(
+    n: int = 300, rate: float = 12.0, seed: int = 1, *, prompt_median: int = 48, output_median: int = 40
+) -> list:
     """``n`` requests, Poisson arrivals at ``rate`` per second, log-normal prompt and output lengths."""
     from ..analysis.workloads import LogNormal, synthetic_trace
-    return synthetic_trace(n, rate=rate, prompt_len=LogNormal(prompt_median, 0.8, 4, 600),
-                           output_len=LogNormal(output_median, 0.8, 2, 300), seed=seed)
+
+    return synthetic_trace(
+        n,
+        rate=rate,
+        prompt_len=LogNormal(prompt_median, 0.8, 4, 600),
+        output_len=LogNormal(output_median, 0.8, 2, 300),
+        seed=seed,
+    )
 
 
 def validation_traces(seed: int = 0, sizes: tuple[int, int] = (300, 240)) -> dict:
@@ -301,9 +366,13 @@ def validation_traces(seed: int = 0, sizes: tuple[int, int] = (300, 240)) -> dic
     earlier profile of a quiet 2-core machine (about 20 preemptions, few requests waiting, for the
     second), never from how well the simulator matched the real engine on them."""
     n1, n2 = sizes
-    return {"poisson": (validation_trace(n1, rate=12.0, seed=seed + 1), {}),
-            "preempting": (validation_trace(n2, rate=4.0, seed=seed + 2, prompt_median=96, output_median=64),
-                           {"num_kv_blocks": 64})}
+    return {
+        "poisson": (validation_trace(n1, rate=12.0, seed=seed + 1), {}),
+        "preempting": (
+            validation_trace(n2, rate=4.0, seed=seed + 2, prompt_median=96, output_median=64),
+            {"num_kv_blocks": 64},
+        ),
+    }
 
 
 def _latencies(metrics) -> dict[str, Optional[float]]:
@@ -319,8 +388,9 @@ def _relative_errors(measured: dict, modeled: dict, metric: str) -> np.ndarray:
     return np.array([abs(b - a) / a for a, b in pairs])
 
 
-def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optional[str] = None, *,
-                     rounds: int = 1, **config) -> dict:
+def compare_on_trace(
+    cost_model: LinearStepCost, trace: Sequence, model: Optional[str] = None, *, rounds: int = 1, **config
+) -> dict:
     """Run ``trace`` on the real engine (wall clock) ``rounds`` times, each on a fresh engine, and once
     on the simulator (``cost_model``). A request's measured TTFT, TPOT and end-to-end latency are the
     median over the rounds (a single run's noise, a collection or another program taking the core,
@@ -336,13 +406,14 @@ def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optiona
     is what saturation looks like."""
     from ..model.loader import resolve_model_path
     from .simulated import simulate
+
     if rounds < 1:
         raise ValueError(f"compare_on_trace: rounds={rounds!r}; need at least 1")
     config.setdefault("max_num_seqs", 64)
     config.setdefault("max_num_batched_tokens", 2048)
     config.setdefault("max_model_len", 1024)
     config.setdefault("preemption_mode", "recompute")
-    config.setdefault("record_max_waiting", 64)   # the same cap on both sides (``mean_waiting``)
+    config.setdefault("record_max_waiting", 64)  # the same cap on both sides (``mean_waiting``)
 
     runs = [_real_run(trace, model, config) for _ in range(rounds)]
     ids = [r.request_id for r in trace]
@@ -356,22 +427,39 @@ def compare_on_trace(cost_model: LinearStepCost, trace: Sequence, model: Optiona
     report: dict[str, Any] = {}
     for metric in METRICS:
         err = _relative_errors(measured, modeled, metric)
-        values = [(measured[r][metric], modeled[r][metric]) for r in ids
-                  if measured[r][metric] is not None and modeled[r][metric] is not None]
-        noise = [_round_differences(a["latencies"], b["latencies"], measured, metric)
-                 for i, a in enumerate(runs) for b in runs[i + 1:]]
-        report[metric] = {"median_rel_err": float(np.median(err)), "p90_rel_err": float(np.percentile(err, 90)),
-                          "median_measured_s": float(np.median([a for a, _ in values])),
-                          "median_modeled_s": float(np.median([b for _, b in values])), "num_requests": len(err),
-                          "noise": float(np.median(np.concatenate(noise))) if noise else 0.0}
-    report["steps"] = {"measured": int(np.median([run["steps"] for run in runs])), "modeled": len(busy),
-                       "measured_each_round": [run["steps"] for run in runs]}
+        values = [
+            (measured[r][metric], modeled[r][metric])
+            for r in ids
+            if measured[r][metric] is not None and modeled[r][metric] is not None
+        ]
+        noise = [
+            _round_differences(a["latencies"], b["latencies"], measured, metric)
+            for i, a in enumerate(runs)
+            for b in runs[i + 1 :]
+        ]
+        report[metric] = {
+            "median_rel_err": float(np.median(err)),
+            "p90_rel_err": float(np.percentile(err, 90)),
+            "median_measured_s": float(np.median([a for a, _ in values])),
+            "median_modeled_s": float(np.median([b for _, b in values])),
+            "num_requests": len(err),
+            "noise": float(np.median(np.concatenate(noise))) if noise else 0.0,
+        }
+    report["steps"] = {
+        "measured": int(np.median([run["steps"] for run in runs])),
+        "modeled": len(busy),
+        "measured_each_round": [run["steps"] for run in runs],
+    }
     report["preemptions"] = int(np.median([run["preemptions"] for run in runs]))
     report["preemptions_modeled"] = sum(sim.requests[rid].metrics.num_preemptions for rid in ids)
-    report["utilisation"] = {"measured": float(np.median([run["utilisation"] for run in runs])),
-                             "modeled": sum(rec.duration for rec in busy) / span if span > 0 else 0.0}
-    report["mean_waiting"] = {"measured": float(np.median([run["mean_waiting"] for run in runs])),
-                              "modeled": _mean_waiting(busy)}
+    report["utilisation"] = {
+        "measured": float(np.median([run["utilisation"] for run in runs])),
+        "modeled": sum(rec.duration for rec in busy) / span if span > 0 else 0.0,
+    }
+    report["mean_waiting"] = {
+        "measured": float(np.median([run["mean_waiting"] for run in runs])),
+        "modeled": _mean_waiting(busy),
+    }
     report["rounds"] = rounds
     report["num_requests"] = len(ids)
     report["per_request"] = {rid: {"measured": measured[rid], "modeled": modeled[rid]} for rid in ids}
@@ -396,13 +484,15 @@ def _real_run(trace: Sequence, model: Optional[str], config: dict) -> dict:
     the steps with work, the preemptions, and the fraction of the span the engine was busy (the span
     less the idle waits for an arrival)."""
     from ..analysis.workloads import submit_trace
-    with quiet_heap():                            # a clean heap, as a fresh server's; no collection inside
+
+    with quiet_heap():  # a clean heap, as a fresh server's; no collection inside
         engine = _engine(model, **config)
         _warm_up(engine)
         engine.step_records.clear()
         start = engine.clock.now() + 0.05
-        ids = submit_trace(engine, [replace(r, arrival_time=r.arrival_time + start) for r in trace],
-                           vocab_size=engine.vocab_size)
+        ids = submit_trace(
+            engine, [replace(r, arrival_time=r.arrival_time + start) for r in trace], vocab_size=engine.vocab_size
+        )
         idle, first = 0.0, min(r.arrival_time for r in trace) + start
         while engine.has_unfinished_requests():
             t = engine.clock.now()
@@ -410,11 +500,13 @@ def _real_run(trace: Sequence, model: Optional[str], config: dict) -> dict:
                 idle += engine.clock.now() - max(t, first)
             engine.step()
         span = engine.clock.now() - first
-    return {"latencies": {rid: _latencies(engine.requests[rid].metrics) for rid in ids},
-            "steps": sum(1 for rec in engine.step_records if rec.batch_size),
-            "preemptions": sum(engine.requests[rid].metrics.num_preemptions for rid in ids),
-            "utilisation": 1.0 - idle / span if span > 0 else 0.0,
-            "mean_waiting": _mean_waiting([rec for rec in engine.step_records if rec.batch_size])}
+    return {
+        "latencies": {rid: _latencies(engine.requests[rid].metrics) for rid in ids},
+        "steps": sum(1 for rec in engine.step_records if rec.batch_size),
+        "preemptions": sum(engine.requests[rid].metrics.num_preemptions for rid in ids),
+        "utilisation": 1.0 - idle / span if span > 0 else 0.0,
+        "mean_waiting": _mean_waiting([rec for rec in engine.step_records if rec.batch_size]),
+    }
 
 
 def _mean_waiting(records) -> float:
@@ -425,10 +517,21 @@ def _mean_waiting(records) -> float:
 # All three: the command
 # ---------------------------------------------------------------------------------------------------------
 
-def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_s: float = 40.0,
-              validate: bool = True, traces: Optional[dict] = None, seed: int = 0, grid=GRID,
-              calibration_traces=TRACES, rounds: int = 3, progress: Optional[Callable[[str], None]] = print,
-              **config) -> tuple[LinearStepCost, dict]:
+
+def calibrate(
+    out: Optional[str] = None,
+    model: Optional[str] = None,
+    *,
+    budget_s: float = 40.0,
+    validate: bool = True,
+    traces: Optional[dict] = None,
+    seed: int = 0,
+    grid=GRID,
+    calibration_traces=TRACES,
+    rounds: int = 3,
+    progress: Optional[Callable[[str], None]] = print,
+    **config,
+) -> tuple[LinearStepCost, dict]:
     """Measure, fit, and (``validate``) compare on ``traces`` ({name: (trace, engine settings)}; default
     ``validation_traces(seed)``), each run ``rounds`` times on the real engine; ``grid`` and
     ``calibration_traces`` are what ``measure_steps`` times. ``config``:
@@ -437,10 +540,16 @@ def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_
     by a fit without it) and, per trace, ``compare_on_trace``'s report.
     Returns ``(cost_model, report)``; with ``out``, writes the profile and the report there."""
     import torch
+
     say = progress or (lambda _msg: None)
-    info = {"machine": machine_name(), "processor": platform.processor() or platform.machine(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "model": model or "shipped",
-            "date": time.strftime("%Y-%m-%d")}
+    info = {
+        "machine": machine_name(),
+        "processor": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "model": model or "shipped",
+        "date": time.strftime("%Y-%m-%d"),
+    }
     t0 = time.perf_counter()
     say(f"calibrate: timing the real engine's steps on {info['machine']} (at most {budget_s:.0f} s)")
     samples = measure_steps(model, budget_s=budget_s, seed=seed, grid=grid, traces=calibration_traces, **config)
@@ -448,30 +557,42 @@ def calibrate(out: Optional[str] = None, model: Optional[str] = None, *, budget_
     info["steps_after_idle"] = sum(s.after_idle for s in samples)
     cost = fit_step_cost(samples, info=info)
     held_out = held_out_errors(samples)
-    del samples                                   # thousands of objects the garbage collector would walk
-    say(f"calibrate: {cost.info['num_steps']} steps in {info['calibration_s']:.1f} s; fit within "
-        f"{cost.info['fit_median_rel_err']:.1%} (median), {cost.info['fit_p90_rel_err']:.1%} (p90) per step")
+    del samples  # thousands of objects the garbage collector would walk
+    say(
+        f"calibrate: {cost.info['num_steps']} steps in {info['calibration_s']:.1f} s; fit within "
+        f"{cost.info['fit_median_rel_err']:.1%} (median), {cost.info['fit_p90_rel_err']:.1%} (p90) per step"
+    )
     for term in STEP_TERMS:
         say(f"    {term:<16} {cost.seconds[term] * 1e6:12.4f} us  (+/- {cost.stderr.get(term, 0) * 1e6:.4f})")
     for name, h in held_out.items():
-        say(f"    {name} left out of the fit: its {h['num_steps']} steps modeled {h['total_rel_err']:+.1%} in total, "
-            f"{h['median_rel_err']:.1%} (median) / {h['p90_rel_err']:.1%} (p90) per step")
-    report: dict[str, Any] = {"calibration_s": info["calibration_s"], "profile": cost.to_profile(),
-                              "held_out": held_out, "traces": {}}
+        say(
+            f"    {name} left out of the fit: its {h['num_steps']} steps modeled {h['total_rel_err']:+.1%} in total, "
+            f"{h['median_rel_err']:.1%} (median) / {h['p90_rel_err']:.1%} (p90) per step"
+        )
+    report: dict[str, Any] = {
+        "calibration_s": info["calibration_s"],
+        "profile": cost.to_profile(),
+        "held_out": held_out,
+        "traces": {},
+    }
     if validate:
         for name, (trace, settings) in (validation_traces(seed) if traces is None else traces).items():
-            say(f"calibrate: trace '{name}' ({len(trace)} requests) on the real engine ({rounds} rounds), "
-                f"then the simulator")
+            say(
+                f"calibrate: trace '{name}' ({len(trace)} requests) on the real engine ({rounds} rounds), "
+                f"then the simulator"
+            )
             r = compare_on_trace(cost, trace, model, rounds=rounds, **{**config, **settings})
             report["traces"][name] = r
-            say(f"    {name}: e2e {r['e2e']['median_rel_err']:.1%} median / {r['e2e']['p90_rel_err']:.1%} p90, "
+            say(
+                f"    {name}: e2e {r['e2e']['median_rel_err']:.1%} median / {r['e2e']['p90_rel_err']:.1%} p90, "
                 f"TTFT {r['ttft']['median_rel_err']:.1%} / {r['ttft']['p90_rel_err']:.1%}, "
                 f"TPOT {r['tpot']['median_rel_err']:.1%} / {r['tpot']['p90_rel_err']:.1%}; steps "
                 f"{r['steps']['measured']} measured, {r['steps']['modeled']} modeled; {r['preemptions']} "
                 f"preemptions measured, {r['preemptions_modeled']} modeled; busy "
                 f"{r['utilisation']['measured']:.0%} measured, {r['utilisation']['modeled']:.0%} modeled, "
                 f"{r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f} requests waiting; "
-                f"two rounds' e2e differ by {r['e2e']['noise']:.1%} (median)")
+                f"two rounds' e2e differ by {r['e2e']['noise']:.1%} (median)"
+            )
     if out is not None:
         path = Path(out)
         path.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ class WallClock:
         return time.perf_counter() - self.t0
 
     def advance(self, seconds: float) -> None:
-        pass                      # real time advances by itself
+        pass  # real time advances by itself
 
     def wait_until(self, t: float) -> None:
         delay = t - self.now()
@@ -29,7 +29,7 @@ class WallClock:
             time.sleep(min(delay, 1.0))
 
     def reset(self, t: float) -> None:
-        pass                      # a failed step cannot take back real time
+        pass  # a failed step cannot take back real time
 
 
 class ModeledClock:
@@ -45,10 +45,10 @@ class ModeledClock:
         self.t += seconds
 
     def wait_until(self, t: float) -> None:
-        self.t = max(self.t, t)   # an idle modeled clock jumps to the next arrival
+        self.t = max(self.t, t)  # an idle modeled clock jumps to the next arrival
 
     def reset(self, t: float) -> None:
-        self.t = t                # a failed step takes no modeled time
+        self.t = t  # a failed step takes no modeled time
 
 
 def make_clock(name: str):

@@ -44,24 +44,42 @@ from typing import Any, NamedTuple, Optional, Sequence, Union
 
 from .costmodel import CostModel, LinkSpec, get_link
 
-__all__ = ["Load", "Router", "RoundRobinRouter", "LeastOutstandingTokensRouter", "PrefixAwareRouter",
-           "ROUTERS", "make_router", "stable_hash", "prefix_key", "ring_points", "route_on_ring",
-           "kv_transfer_time", "KVArrivedCostModel", "Instance", "run_replicas", "run_colocated",
-           "run_disaggregated"]
+__all__ = [
+    "Load",
+    "Router",
+    "RoundRobinRouter",
+    "LeastOutstandingTokensRouter",
+    "PrefixAwareRouter",
+    "ROUTERS",
+    "make_router",
+    "stable_hash",
+    "prefix_key",
+    "ring_points",
+    "route_on_ring",
+    "kv_transfer_time",
+    "KVArrivedCostModel",
+    "Instance",
+    "run_replicas",
+    "run_colocated",
+    "run_disaggregated",
+]
 
 
 # =====================================================================================
 # Routers
 # =====================================================================================
 
+
 class Load(NamedTuple):
     """What a router sees of one replica: requests it holds and tokens it still has to compute."""
+
     requests: int
     tokens: int
 
 
 class Router:
     """Picks a replica for each request: ``route(prompt_token_ids, loads) -> index`` (0..N-1)."""
+
     name = "router"
 
     def route(self, prompt_token_ids: Sequence[int], loads: Sequence[Load]) -> int:
@@ -73,6 +91,7 @@ class Router:
 
 class RoundRobinRouter(Router):
     """Replica 0, 1, ..., N-1, 0, ...: spreads requests evenly by count, blind to everything else."""
+
     name = "round-robin"
 
     def __init__(self) -> None:
@@ -86,6 +105,7 @@ class RoundRobinRouter(Router):
 
 class LeastOutstandingTokensRouter(Router):
     """The replica with the fewest outstanding tokens (ties: the lowest index)."""
+
     name = "least-tokens"
 
     def route(self, prompt_token_ids, loads):
@@ -104,19 +124,17 @@ def prefix_key(prompt_token_ids: Sequence[int], block_size: int = 16, prefix_blo
     (fewer if the prompt has fewer; the whole prompt if it has no full block). Two prompts that
     share those blocks share the key, so they go where those blocks are cached."""
     full = min(prefix_blocks, len(prompt_token_ids) // block_size)
-    head = prompt_token_ids[:full * block_size] if full else prompt_token_ids
+    head = prompt_token_ids[: full * block_size] if full else prompt_token_ids
     return stable_hash(head)
 
 
 def ring_points(num_replicas: int, virtual_nodes: int = 64) -> list[tuple[int, int]]:
     """The hash ring: ``virtual_nodes`` points per replica, ``(stable_hash("replica-i-vnode-v"), i)``,
     sorted. More virtual nodes spread the key space more evenly among replicas."""
-    return sorted((stable_hash(f"replica-{i}-vnode-{v}"), i)
-                  for i in range(num_replicas) for v in range(virtual_nodes))
+    return sorted((stable_hash(f"replica-{i}-vnode-{v}"), i) for i in range(num_replicas) for v in range(virtual_nodes))
 
 
-def route_on_ring(key: int, ring: Sequence[tuple[int, int]], loads: Sequence[float],
-                  load_factor: float = 1.25) -> int:
+def route_on_ring(key: int, ring: Sequence[tuple[int, int]], loads: Sequence[float], load_factor: float = 1.25) -> int:
     """Consistent hashing with bounded loads: walk the ring clockwise from the first point at or
     after ``key`` (wrapping past the end), and take the first replica whose load is at most
     ``load_factor`` x the mean load. One replica is always at most the mean, so this ends."""
@@ -130,17 +148,19 @@ def route_on_ring(key: int, ring: Sequence[tuple[int, int]], loads: Sequence[flo
         seen.add(replica)
         if loads[replica] <= bound:
             return replica
-    return min(range(len(loads)), key=lambda i: (loads[i], i))   # unreachable for load_factor >= 1
+    return min(range(len(loads)), key=lambda i: (loads[i], i))  # unreachable for load_factor >= 1
 
 
 class PrefixAwareRouter(Router):
     """Consistent hashing on the prompt's first ``prefix_blocks`` KV blocks, bounded at
     ``load_factor`` x the mean outstanding tokens. ``load_factor=math.inf`` is plain consistent
     hashing (best cache affinity, no protection against a hot prefix)."""
+
     name = "prefix-aware"
 
-    def __init__(self, block_size: int = 16, prefix_blocks: int = 4, load_factor: float = 1.25,
-                 virtual_nodes: int = 64):
+    def __init__(
+        self, block_size: int = 16, prefix_blocks: int = 4, load_factor: float = 1.25, virtual_nodes: int = 64
+    ):
         if load_factor < 1:
             raise ValueError(f"PrefixAwareRouter.load_factor={load_factor!r}: must be >= 1")
         self.block_size, self.prefix_blocks = block_size, prefix_blocks
@@ -154,8 +174,11 @@ class PrefixAwareRouter(Router):
         return route_on_ring(key, self._ring, [ld.tokens for ld in loads], self.load_factor)
 
 
-ROUTERS = {"round-robin": RoundRobinRouter, "least-tokens": LeastOutstandingTokensRouter,
-           "prefix-aware": PrefixAwareRouter}
+ROUTERS = {
+    "round-robin": RoundRobinRouter,
+    "least-tokens": LeastOutstandingTokensRouter,
+    "prefix-aware": PrefixAwareRouter,
+}
 
 
 def make_router(router: Union[str, Router], **kwargs) -> Router:
@@ -170,6 +193,7 @@ def make_router(router: Union[str, Router], **kwargs) -> Router:
 # =====================================================================================
 # KV transfer and the decode pool's cost model
 # =====================================================================================
+
 
 def kv_transfer_time(num_tokens: int, kv_bytes_per_token: int, link: Union[str, LinkSpec]) -> float:
     """Seconds to move ``num_tokens`` positions of KV from a prefill to a decode instance:
@@ -197,7 +221,7 @@ class KVArrivedCostModel(CostModel):
     def schedule_time(self, num_running, num_waiting):
         return self.inner.schedule_time(num_running, num_waiting)
 
-    def __getattr__(self, name):          # kv_capacity_tokens, hardware, model, ...
+    def __getattr__(self, name):  # kv_capacity_tokens, hardware, model, ...
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
@@ -207,6 +231,7 @@ class KVArrivedCostModel(CostModel):
 # Instances and the event loop
 # =====================================================================================
 
+
 class Instance:
     """One simulated engine (one model copy on ``num_gpus`` tensor-parallel GPUs) and its
     outstanding load, kept up to date as its steps finish requests."""
@@ -214,7 +239,7 @@ class Instance:
     def __init__(self, engine, name: str):
         self.engine = engine
         self.name = name
-        self.outstanding: dict[str, int] = {}   # request id -> tokens it brought
+        self.outstanding: dict[str, int] = {}  # request id -> tokens it brought
         self.tokens = 0
         self.num_routed = 0
 
@@ -225,9 +250,15 @@ class Instance:
 
     def add(self, prompt_token_ids, max_tokens: int, request_id: str, arrival_time: float) -> None:
         from ..sampling_params import SamplingParams
+
         sp = SamplingParams(temperature=0.0, max_tokens=int(max_tokens), ignore_eos=True)
-        self.engine.add_request(list(prompt_token_ids), sp, request_id=request_id, arrival_time=arrival_time,
-                                expected_output_len=int(max_tokens))
+        self.engine.add_request(
+            list(prompt_token_ids),
+            sp,
+            request_id=request_id,
+            arrival_time=arrival_time,
+            expected_output_len=int(max_tokens),
+        )
         n = len(prompt_token_ids) + int(max_tokens)
         self.outstanding[request_id] = n
         self.tokens += n
@@ -251,6 +282,7 @@ class Instance:
 def _cost_model(model, hardware, num_gpus, link):
     from .costmodel import MODELS, RooflineCostModel
     from .simulated import gpus_needed, tensor_parallel
+
     num_gpus = num_gpus or gpus_needed(hardware, model)
     return RooflineCostModel(tensor_parallel(hardware, num_gpus, link), MODELS[model]), num_gpus
 
@@ -258,6 +290,7 @@ def _cost_model(model, hardware, num_gpus, link):
 def _make_instances(n: int, cost_model, model: str, longest: int, name: str, **config) -> list[Instance]:
     from ..config import EngineConfig
     from ..engine import LLMEngine
+
     config.setdefault("max_num_seqs", 256)
     config.setdefault("max_num_batched_tokens", 8192)
     config.setdefault("max_model_len", max(2048, longest + 2))
@@ -284,6 +317,7 @@ def _advance(instances: Sequence[Instance], until, on_finish=None) -> None:
 
 def _summary(metrics: dict, instances: Sequence[Instance], slo_ttft, slo_tpot) -> dict:
     from ..analysis.metrics import summarize
+
     hit = queried = 0
     for inst in instances:
         st = inst.engine.kv.stats()
@@ -293,16 +327,27 @@ def _summary(metrics: dict, instances: Sequence[Instance], slo_ttft, slo_tpot) -
     s = summarize(metrics, None, slo_ttft=slo_ttft, slo_tpot=slo_tpot, prefix_cache_stats=stats)
     s["requests_per_instance"] = [inst.num_routed for inst in instances]
     s["steps"] = sum(inst.engine.step_count for inst in instances)
-    s["preemptions"] = sum(n for inst in instances for k, n in inst.engine.stats().items()
-                           if k.startswith("preemptions_"))
+    s["preemptions"] = sum(
+        n for inst in instances for k, n in inst.engine.stats().items() if k.startswith("preemptions_")
+    )
     return s
 
 
-def run_replicas(trace: Sequence, router: Union[str, Router] = "round-robin", num_replicas: int = 4, *,
-                 model: str = "llama-2-7b", hardware: Any = "H100-SXM", num_gpus: Optional[int] = None,
-                 link: Any = None, slo_ttft: Optional[float] = None, slo_tpot: Optional[float] = None,
-                 enable_prefix_caching: bool = True, keep_metrics: bool = False,
-                 **config) -> tuple[list[Instance], dict]:
+def run_replicas(
+    trace: Sequence,
+    router: Union[str, Router] = "round-robin",
+    num_replicas: int = 4,
+    *,
+    model: str = "llama-2-7b",
+    hardware: Any = "H100-SXM",
+    num_gpus: Optional[int] = None,
+    link: Any = None,
+    slo_ttft: Optional[float] = None,
+    slo_tpot: Optional[float] = None,
+    enable_prefix_caching: bool = True,
+    keep_metrics: bool = False,
+    **config,
+) -> tuple[list[Instance], dict]:
     """Replay ``trace`` (``workloads.TraceRequest`` with ``prompt_token_ids``) on ``num_replicas``
     data-parallel replicas, each ``num_gpus`` GPUs (default ``gpus_needed``) of ``hardware``
     joined over ``link`` (None: ideal TP), behind ``router``. Returns ``(instances, summary)``:
@@ -315,8 +360,9 @@ def run_replicas(trace: Sequence, router: Union[str, Router] = "round-robin", nu
     router = make_router(router)
     cm, num_gpus = _cost_model(model, hardware, num_gpus, link)
     longest = max((r.prompt_len + r.output_len for r in trace), default=0)
-    insts = _make_instances(num_replicas, cm, model, longest, "replica",
-                            enable_prefix_caching=enable_prefix_caching, **config)
+    insts = _make_instances(
+        num_replicas, cm, model, longest, "replica", enable_prefix_caching=enable_prefix_caching, **config
+    )
     for r in trace:
         _advance(insts, r.arrival_time)
         i = router.route(r.prompt_token_ids, [inst.load() for inst in insts])
@@ -324,27 +370,39 @@ def run_replicas(trace: Sequence, router: Union[str, Router] = "round-robin", nu
     _advance(insts, math.inf)
     metrics = {rid: req.metrics for inst in insts for rid, req in inst.engine.requests.items()}
     s = _summary(metrics, insts, slo_ttft, slo_tpot)
-    s.update(router=router.name, num_replicas=num_replicas, gpus_per_replica=num_gpus,
-             wall_time=time.perf_counter() - t0)
+    s.update(
+        router=router.name, num_replicas=num_replicas, gpus_per_replica=num_gpus, wall_time=time.perf_counter() - t0
+    )
     if keep_metrics:
         s["metrics"] = metrics
     return insts, s
 
 
-def run_colocated(trace: Sequence, num_instances: int, *, router: Union[str, Router] = "least-tokens",
-                  **kwargs) -> tuple[list[Instance], dict]:
+def run_colocated(
+    trace: Sequence, num_instances: int, *, router: Union[str, Router] = "least-tokens", **kwargs
+) -> tuple[list[Instance], dict]:
     """The disaggregation baseline: ``num_instances`` instances each doing prefill and decode with
     chunked prefill (the engine's default), behind ``router``; no prefix caching."""
     kwargs.setdefault("enable_prefix_caching", False)
     return run_replicas(trace, router, num_instances, **kwargs)
 
 
-def run_disaggregated(trace: Sequence, num_prefill: int, num_decode: int, *, model: str = "llama-2-7b",
-                      hardware: Any = "H100-SXM", num_gpus: Optional[int] = None, link: Any = None,
-                      kv_link: Any = "InfiniBand", slo_ttft: Optional[float] = None,
-                      slo_tpot: Optional[float] = None, prefill_config: Optional[dict] = None,
-                      decode_config: Optional[dict] = None,
-                      keep_metrics: bool = False) -> tuple[list[Instance], list[Instance], dict]:
+def run_disaggregated(
+    trace: Sequence,
+    num_prefill: int,
+    num_decode: int,
+    *,
+    model: str = "llama-2-7b",
+    hardware: Any = "H100-SXM",
+    num_gpus: Optional[int] = None,
+    link: Any = None,
+    kv_link: Any = "InfiniBand",
+    slo_ttft: Optional[float] = None,
+    slo_tpot: Optional[float] = None,
+    prefill_config: Optional[dict] = None,
+    decode_config: Optional[dict] = None,
+    keep_metrics: bool = False,
+) -> tuple[list[Instance], list[Instance], dict]:
     """Replay ``trace`` on ``num_prefill`` prefill instances and ``num_decode`` decode instances
     (each ``num_gpus`` GPUs joined over ``link``); the KV of each prefilled prompt crosses
     ``kv_link`` to the decode instance with the fewest outstanding tokens. Both pools route by
@@ -353,6 +411,7 @@ def run_disaggregated(trace: Sequence, num_prefill: int, num_decode: int, *, mod
     (``keep_metrics``: the joined ``RequestMetrics`` in ``summary["metrics"]``).
     """
     from ..core.request import RequestMetrics
+
     t0 = time.perf_counter()
     trace = sorted(trace, key=lambda r: r.arrival_time)
     cm, num_gpus = _cost_model(model, hardware, num_gpus, link)
@@ -363,18 +422,19 @@ def run_disaggregated(trace: Sequence, num_prefill: int, num_decode: int, *, mod
     dec = _make_instances(num_decode, KVArrivedCostModel(cm), model, longest, "decode", **dcfg)
     lk = get_link(kv_link)
     by_id = {r.request_id: r for r in trace}
-    handoffs: list = []                  # (time the KV lands, seq, request id, prefill instance)
+    handoffs: list = []  # (time the KV lands, seq, request id, prefill instance)
     seq = itertools.count()
 
     def on_prefilled(inst, ids):
         if not inst.name.startswith("prefill"):
-            return                       # a decode instance finished these: they are done
+            return  # a decode instance finished these: they are done
         for rid in ids:
             r = by_id[rid]
             if r.output_len > 1:
                 t = inst.engine.requests[rid].metrics.finish_time
-                heapq.heappush(handoffs, (t + kv_transfer_time(r.prompt_len, cm.kv_bytes_per_token, lk),
-                                          next(seq), rid))
+                heapq.heappush(
+                    handoffs, (t + kv_transfer_time(r.prompt_len, cm.kv_bytes_per_token, lk), next(seq), rid)
+                )
 
     lot = LeastOutstandingTokensRouter()
     arrivals = iter(trace)
@@ -385,7 +445,7 @@ def run_disaggregated(trace: Sequence, num_prefill: int, num_decode: int, *, mod
         t_kv = handoffs[0][0] if handoffs else math.inf
         t = min(t_arr, t_kv)
         _advance(everyone, lambda: min(t, handoffs[0][0]) if handoffs else t, on_prefilled)
-        if handoffs and handoffs[0][0] < t:          # a prefill finished while advancing
+        if handoffs and handoffs[0][0] < t:  # a prefill finished while advancing
             continue
         if t == math.inf:
             break
@@ -407,17 +467,28 @@ def run_disaggregated(trace: Sequence, num_prefill: int, num_decode: int, *, mod
         a, b = pm[r.request_id], dm.get(r.request_id)
         token_times = list(a.token_times) + (list(b.token_times) if b else [])
         metrics[r.request_id] = RequestMetrics(
-            arrival_time=a.arrival_time, first_scheduled_time=a.first_scheduled_time,
-            first_token_time=a.first_token_time, num_prompt_tokens=a.num_prompt_tokens,
-            num_cached_tokens=a.num_cached_tokens, clock="modeled", token_times=token_times,
-            num_output_tokens=len(token_times), finish_time=b.finish_time if b else a.finish_time,
+            arrival_time=a.arrival_time,
+            first_scheduled_time=a.first_scheduled_time,
+            first_token_time=a.first_token_time,
+            num_prompt_tokens=a.num_prompt_tokens,
+            num_cached_tokens=a.num_cached_tokens,
+            clock="modeled",
+            token_times=token_times,
+            num_output_tokens=len(token_times),
+            finish_time=b.finish_time if b else a.finish_time,
             finish_reason=b.finish_reason if b else a.finish_reason,
-            num_preemptions=a.num_preemptions + (b.num_preemptions if b else 0))
+            num_preemptions=a.num_preemptions + (b.num_preemptions if b else 0),
+        )
     s = _summary(metrics, pre, slo_ttft, slo_tpot)
     s["requests_per_instance"] = [p.num_routed for p in pre] + [d.num_routed for d in dec]
     s["steps"] = sum(x.engine.step_count for x in everyone)
-    s.update(num_prefill=num_prefill, num_decode=num_decode, gpus_per_instance=num_gpus,
-             kv_link=lk.name, wall_time=time.perf_counter() - t0)
+    s.update(
+        num_prefill=num_prefill,
+        num_decode=num_decode,
+        gpus_per_instance=num_gpus,
+        kv_link=lk.name,
+        wall_time=time.perf_counter() - t0,
+    )
     if keep_metrics:
         s["metrics"] = metrics
     return pre, dec, s

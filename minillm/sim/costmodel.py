@@ -61,33 +61,53 @@ from minillm_kernels.kv_formats import KV_FORMATS, SCALE_BYTES as KV_SCALE_BYTES
 from ..model.families import MODEL_FAMILIES
 
 __all__ = [
-    "HardwareSpec", "HARDWARE", "ModelSpec", "MODELS", "LinkSpec", "LINKS", "get_link",
-    "CostModel", "ConstantStepTime", "LinearStepCost", "RooflineCostModel", "get_cost_model", "batch_terms",
-    "get_hardware", "get_model_spec",
-    "kv_cache_bytes", "max_kv_tokens", "bytes_per_generated_token", "max_batch_size",
-    "decode_step_time_vs_batch", "swap_or_recompute", "kv_block_bytes", "kv_element_bytes",
+    "HardwareSpec",
+    "HARDWARE",
+    "ModelSpec",
+    "MODELS",
+    "LinkSpec",
+    "LINKS",
+    "get_link",
+    "CostModel",
+    "ConstantStepTime",
+    "LinearStepCost",
+    "RooflineCostModel",
+    "get_cost_model",
+    "batch_terms",
+    "get_hardware",
+    "get_model_spec",
+    "kv_cache_bytes",
+    "max_kv_tokens",
+    "bytes_per_generated_token",
+    "max_batch_size",
+    "decode_step_time_vs_batch",
+    "swap_or_recompute",
+    "kv_block_bytes",
+    "kv_element_bytes",
 ]
 
-GB = 1e9    # datasheets quote decimal gigabytes (and GB/s, TFLOP/s)
+GB = 1e9  # datasheets quote decimal gigabytes (and GB/s, TFLOP/s)
 
 
 # =====================================================================================
 # Hardware
 # =====================================================================================
 
+
 @dataclass(frozen=True)
 class HardwareSpec:
     """One accelerator, as the roofline sees it. Peak figures are *dense* (no sparsity)."""
+
     name: str
-    peak_flops: float                 # dense bf16 tensor-core FLOP/s
-    hbm_bandwidth: float              # device memory bandwidth, bytes/s
-    hbm_bytes: float                  # device memory capacity, bytes
-    pcie_bandwidth: float             # host <-> device, one direction, bytes/s (swap)
-    step_overhead: float = 3e-4       # s: fixed cost of one forward (launches, sampling, sync)
-    schedule_overhead_base: float = 1e-4         # s: one scheduling pass, fixed part
+    peak_flops: float  # dense bf16 tensor-core FLOP/s
+    hbm_bandwidth: float  # device memory bandwidth, bytes/s
+    hbm_bytes: float  # device memory capacity, bytes
+    pcie_bandwidth: float  # host <-> device, one direction, bytes/s (swap)
+    step_overhead: float = 3e-4  # s: fixed cost of one forward (launches, sampling, sync)
+    schedule_overhead_base: float = 1e-4  # s: one scheduling pass, fixed part
     schedule_overhead_per_request: float = 5e-6  # s: per running request per pass
     schedule_overhead_per_waiting: float = 5e-7  # s: per queued request per pass (queue upkeep)
-    tp_size: int = 1                  # GPUs joined by tensor parallelism (simulated.tensor_parallel)
+    tp_size: int = 1  # GPUs joined by tensor parallelism (simulated.tensor_parallel)
     link: Optional["LinkSpec"] = None  # their interconnect; None = ideal TP (no all-reduce cost)
 
     def __post_init__(self) -> None:
@@ -96,8 +116,12 @@ class HardwareSpec:
         for f in ("peak_flops", "hbm_bandwidth", "hbm_bytes", "pcie_bandwidth"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"HardwareSpec.{f}={getattr(self, f)!r}: must be > 0")
-        for f in ("step_overhead", "schedule_overhead_base", "schedule_overhead_per_request",
-                  "schedule_overhead_per_waiting"):
+        for f in (
+            "step_overhead",
+            "schedule_overhead_base",
+            "schedule_overhead_per_request",
+            "schedule_overhead_per_waiting",
+        ):
             if getattr(self, f) < 0:
                 raise ValueError(f"HardwareSpec.{f}={getattr(self, f)!r}: must be >= 0")
 
@@ -114,24 +138,27 @@ class HardwareSpec:
 HARDWARE: dict[str, HardwareSpec] = {
     # NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): BF16 312 TFLOPS dense (624 sparse),
     # HBM2e 2,039 GB/s, 80 GB; PCIe Gen4 x16 64 GB/s bidirectional -> 32 GB/s each way
-    "A100-80GB": HardwareSpec("A100-80GB", peak_flops=312e12, hbm_bandwidth=2039 * GB,
-                              hbm_bytes=80 * GB, pcie_bandwidth=32 * GB),
+    "A100-80GB": HardwareSpec(
+        "A100-80GB", peak_flops=312e12, hbm_bandwidth=2039 * GB, hbm_bytes=80 * GB, pcie_bandwidth=32 * GB
+    ),
     # NVIDIA H100 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity -> 989 dense,
     # HBM3 3.35 TB/s, 80 GB; PCIe Gen5 x16 128 GB/s bidirectional -> 64 GB/s each way.
-    "H100-SXM": HardwareSpec("H100-SXM", peak_flops=989e12, hbm_bandwidth=3350 * GB,
-                             hbm_bytes=80 * GB, pcie_bandwidth=64 * GB),
+    "H100-SXM": HardwareSpec(
+        "H100-SXM", peak_flops=989e12, hbm_bandwidth=3350 * GB, hbm_bytes=80 * GB, pcie_bandwidth=64 * GB
+    ),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity -> 989 dense,
     # HBM3e 4.8 TB/s, 141 GB; PCIe Gen5 x16 128 GB/s bidirectional -> 64 GB/s each way.
-    "H200": HardwareSpec("H200", peak_flops=989e12, hbm_bandwidth=4800 * GB,
-                         hbm_bytes=141 * GB, pcie_bandwidth=64 * GB),
+    "H200": HardwareSpec(
+        "H200", peak_flops=989e12, hbm_bandwidth=4800 * GB, hbm_bytes=141 * GB, pcie_bandwidth=64 * GB
+    ),
     # NVIDIA L4 Tensor Core GPU datasheet: BF16 242 TFLOPS with sparsity -> 121 dense,
     # GDDR6 300 GB/s, 24 GB; PCIe Gen4 x16 64 GB/s bidirectional -> 32 GB/s each way.
-    "L4": HardwareSpec("L4", peak_flops=121e12, hbm_bandwidth=300 * GB,
-                       hbm_bytes=24 * GB, pcie_bandwidth=32 * GB),
+    "L4": HardwareSpec("L4", peak_flops=121e12, hbm_bandwidth=300 * GB, hbm_bytes=24 * GB, pcie_bandwidth=32 * GB),
     # Not a datasheet: a rough laptop/desktop CPU (a few hundred GFLOP/s of vector math,
     # ~50 GB/s DRAM; "swap" is a memcpy within the same DRAM). For orders of magnitude only.
-    "cpu": HardwareSpec("cpu", peak_flops=0.5e12, hbm_bandwidth=50 * GB, hbm_bytes=16 * GB,
-                        pcie_bandwidth=20 * GB, step_overhead=1e-3),
+    "cpu": HardwareSpec(
+        "cpu", peak_flops=0.5e12, hbm_bandwidth=50 * GB, hbm_bytes=16 * GB, pcie_bandwidth=20 * GB, step_overhead=1e-3
+    ),
 }
 
 
@@ -139,6 +166,7 @@ HARDWARE: dict[str, HardwareSpec] = {
 class LinkSpec:
     """The interconnect tensor-parallel GPUs all-reduce over: one direction's bandwidth per GPU
     (bytes/s) and a fixed cost per collective (s: launch and synchronisation)."""
+
     name: str
     bandwidth: float
     latency: float
@@ -203,9 +231,18 @@ def get_hardware(hw: Union[str, HardwareSpec]) -> HardwareSpec:
 # Model
 # =====================================================================================
 
-_DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
-                "bfloat16": 2, "bf16": 2, "float8": 1,
-                **{name: f.bytes_per_value for name, f in KV_FORMATS.items()}}
+_DTYPE_BYTES = {
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float8": 1,
+    **{name: f.bytes_per_value for name, f in KV_FORMATS.items()},
+}
 
 # A quantized KV cache (EngineConfig.kv_cache_dtype: a format of kernels/kv_formats.py) stores
 # bytes_per_value per value plus one float32 scale per (block, KV head), for K and for V.
@@ -219,13 +256,21 @@ def kv_element_bytes(kv_cache_dtype: Optional[str], dtype_bytes: int) -> int:
         return int(dtype_bytes)
     key = str(kv_cache_dtype).replace("torch.", "").lower()
     if key not in _DTYPE_BYTES:
-        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: unknown; expected 'auto', one of "
-                         f"{sorted(KV_FORMATS)} or a float dtype name")
+        raise ValueError(
+            f"kv_cache_dtype={kv_cache_dtype!r}: unknown; expected 'auto', one of "
+            f"{sorted(KV_FORMATS)} or a float dtype name"
+        )
     return _DTYPE_BYTES[key]
 
 
-def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                   dtype_bytes: int, kv_cache_dtype: Optional[str] = "auto") -> int:
+def kv_block_bytes(
+    num_layers: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    kv_cache_dtype: Optional[str] = "auto",
+) -> int:
     """Bytes one KV block takes over all layers: K and V values (``2 x layers x block_size x
     kv_heads x head_dim x sizeof``) and, for an int8/fp8 cache, their scales (``2 x layers x
     kv_heads x 4``). With head_dim 64 and blocks of 16 the scales add 0.4%, so int8 gives
@@ -238,30 +283,39 @@ def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim
 @dataclass(frozen=True)
 class ModelSpec:
     """The sizes of a decoder-only transformer that set its compute and memory cost."""
+
     name: str
-    num_params: int                  # all parameters (embeddings included)
-    num_layers: int                  # n_layer
-    hidden_size: int                 # d_model
-    num_heads: int                   # query heads
-    num_kv_heads: int                # key/value heads (< num_heads under GQA, 1 under MQA)
-    head_dim: int                    # d_head
-    dtype_bytes: int = 2             # sizeof(dtype): 2 for bf16/fp16 weights and KV
+    num_params: int  # all parameters (embeddings included)
+    num_layers: int  # n_layer
+    hidden_size: int  # d_model
+    num_heads: int  # query heads
+    num_kv_heads: int  # key/value heads (< num_heads under GQA, 1 under MQA)
+    head_dim: int  # d_head
+    dtype_bytes: int = 2  # sizeof(dtype): 2 for bf16/fp16 weights and KV
     vocab_size: int = 32000
-    intermediate_size: Optional[int] = None   # MLP width (informational)
-    kv_dtype_bytes: Optional[int] = None      # sizeof a stored K/V value if not dtype_bytes (int8/fp8 KV: 1)
+    intermediate_size: Optional[int] = None  # MLP width (informational)
+    kv_dtype_bytes: Optional[int] = None  # sizeof a stored K/V value if not dtype_bytes (int8/fp8 KV: 1)
 
     def __post_init__(self) -> None:
-        for f in ("num_params", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
-                  "head_dim", "dtype_bytes", "vocab_size"):
+        for f in (
+            "num_params",
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "dtype_bytes",
+            "vocab_size",
+        ):
             v = getattr(self, f)
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"ModelSpec.{f}={v!r}: must be an integer >= 1")
-        if self.kv_dtype_bytes is not None and (not isinstance(self.kv_dtype_bytes, (int, np.integer))
-                                                or self.kv_dtype_bytes < 1):
+        if self.kv_dtype_bytes is not None and (
+            not isinstance(self.kv_dtype_bytes, (int, np.integer)) or self.kv_dtype_bytes < 1
+        ):
             raise ValueError(f"ModelSpec.kv_dtype_bytes={self.kv_dtype_bytes!r}: must be an integer >= 1 or None")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"ModelSpec.num_kv_heads={self.num_kv_heads}: must divide "
-                             f"num_heads={self.num_heads}")
+            raise ValueError(f"ModelSpec.num_kv_heads={self.num_kv_heads}: must divide num_heads={self.num_heads}")
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -273,8 +327,9 @@ class ModelSpec:
 
     def kv_block_bytes(self, block_size: int, dtype_bytes: int, kv_cache_dtype: Optional[str] = "auto") -> int:
         """``kv_block_bytes`` for this shape: the bytes one KV block of ``block_size`` positions takes."""
-        return kv_block_bytes(self.num_layers, block_size, self.num_kv_heads, self.head_dim, dtype_bytes,
-                              kv_cache_dtype)
+        return kv_block_bytes(
+            self.num_layers, block_size, self.num_kv_heads, self.head_dim, dtype_bytes, kv_cache_dtype
+        )
 
     def with_kv_cache_dtype(self, kv_cache_dtype: Optional[str]) -> "ModelSpec":
         """The same model with its KV stored as ``kv_cache_dtype`` ("auto" | "int8" | "fp8" | a
@@ -289,9 +344,14 @@ class ModelSpec:
         return self.num_params * self.dtype_bytes
 
     @classmethod
-    def from_hf_config(cls, cfg: Any, name: Optional[str] = None, *,
-                       num_params: Optional[int] = None,
-                       dtype_bytes: Optional[int] = None) -> "ModelSpec":
+    def from_hf_config(
+        cls,
+        cfg: Any,
+        name: Optional[str] = None,
+        *,
+        num_params: Optional[int] = None,
+        dtype_bytes: Optional[int] = None,
+    ) -> "ModelSpec":
         """Build from a Hugging Face config: a ``transformers`` config object or a config.json dict.
 
         Reads Llama-style names (``num_hidden_layers``, ``num_attention_heads``,
@@ -300,6 +360,7 @@ class ModelSpec:
         gated-MLP (Llama/Qwen) decoder unless given; ``dtype_bytes`` comes from
         ``dtype``/``torch_dtype`` (default 2).
         """
+
         def get(*keys, default=None):
             for k in keys:
                 v = cfg.get(k) if isinstance(cfg, Mapping) else getattr(cfg, k, None)
@@ -311,8 +372,10 @@ class ModelSpec:
         hidden = get("hidden_size", "n_embd", "d_model")
         heads = get("num_attention_heads", "n_head", "num_heads")
         if layers is None or hidden is None or heads is None:
-            raise ValueError("config lacks num_hidden_layers / hidden_size / num_attention_heads "
-                             f"(got {layers!r}, {hidden!r}, {heads!r})")
+            raise ValueError(
+                "config lacks num_hidden_layers / hidden_size / num_attention_heads "
+                f"(got {layers!r}, {hidden!r}, {heads!r})"
+            )
         kv_heads = get("num_key_value_heads", "num_kv_heads", default=heads)
         head_dim = get("head_dim", default=hidden // heads)
         vocab = get("vocab_size", default=32000)
@@ -320,53 +383,101 @@ class ModelSpec:
         model_type = str(get("model_type", default="") or "")
         if dtype_bytes is None:
             # (config objects: read only `dtype`; transformers warns on `torch_dtype`)
-            dt = get("dtype", "torch_dtype", default="bfloat16") if isinstance(cfg, Mapping) \
+            dt = (
+                get("dtype", "torch_dtype", default="bfloat16")
+                if isinstance(cfg, Mapping)
                 else (getattr(cfg, "dtype", None) or vars(cfg).get("torch_dtype") or "bfloat16")
+            )
             dtype_bytes = _DTYPE_BYTES.get(str(dt).replace("torch.", "").lower(), 2)
         if num_params is None:
             q_out, kv_out = heads * head_dim, kv_heads * head_dim
-            attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden       # Wq, Wk, Wv, Wo
-            family = MODEL_FAMILIES.get(model_type or "llama", MODEL_FAMILIES["llama"])   # (model/families.py)
+            attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden  # Wq, Wk, Wv, Wo
+            family = MODEL_FAMILIES.get(model_type or "llama", MODEL_FAMILIES["llama"])  # (model/families.py)
             qkv_bias = family.qkv_bias if family.qkv_bias is not None else bool(get("attention_bias", default=False))
             if qkv_bias:
-                attn += q_out + 2 * kv_out                                       # q/k/v biases
+                attn += q_out + 2 * kv_out  # q/k/v biases
             if family.qk_norm:
-                attn += 2 * head_dim                                             # q_norm, k_norm
-            mlp = 3 * hidden * inter                                             # gate, up, down
-            per_layer = attn + mlp + 2 * hidden                                  # two RMSNorms
+                attn += 2 * head_dim  # q_norm, k_norm
+            mlp = 3 * hidden * inter  # gate, up, down
+            per_layer = attn + mlp + 2 * hidden  # two RMSNorms
             tied = bool(get("tie_word_embeddings", default=False))
             num_params = layers * per_layer + hidden + vocab * hidden * (1 if tied else 2)
         if name is None:
             name = str(get("_name_or_path", "name_or_path", default="") or model_type or "hf-model")
-        return cls(name=name, num_params=int(num_params), num_layers=int(layers),
-                   hidden_size=int(hidden), num_heads=int(heads), num_kv_heads=int(kv_heads),
-                   head_dim=int(head_dim), dtype_bytes=int(dtype_bytes), vocab_size=int(vocab),
-                   intermediate_size=int(inter))
+        return cls(
+            name=name,
+            num_params=int(num_params),
+            num_layers=int(layers),
+            hidden_size=int(hidden),
+            num_heads=int(heads),
+            num_kv_heads=int(kv_heads),
+            head_dim=int(head_dim),
+            dtype_bytes=int(dtype_bytes),
+            vocab_size=int(vocab),
+            intermediate_size=int(inter),
+        )
 
 
 # The presets are built from the shapes in each model's config.json on the Hugging Face Hub,
 # so their parameter counts are derived, not typed in (tests check them by hand).
 _HF_CONFIGS: dict[str, dict] = {
-    "llama-2-7b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
-                       num_key_value_heads=32, intermediate_size=11008, vocab_size=32000,
-                       tie_word_embeddings=False, model_type="llama"),
-    "llama-2-13b": dict(num_hidden_layers=40, hidden_size=5120, num_attention_heads=40,
-                        num_key_value_heads=40, intermediate_size=13824, vocab_size=32000,
-                        tie_word_embeddings=False, model_type="llama"),
+    "llama-2-7b": dict(
+        num_hidden_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        intermediate_size=11008,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        model_type="llama",
+    ),
+    "llama-2-13b": dict(
+        num_hidden_layers=40,
+        hidden_size=5120,
+        num_attention_heads=40,
+        num_key_value_heads=40,
+        intermediate_size=13824,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        model_type="llama",
+    ),
     # Llama-2-70B uses grouped-query attention: 64 query heads share 8 KV heads.
-    "llama-2-70b": dict(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64,
-                        num_key_value_heads=8, intermediate_size=28672, vocab_size=32000,
-                        tie_word_embeddings=False, model_type="llama"),
-    "llama-3-8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
-                       num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
-                       tie_word_embeddings=False, model_type="llama"),
+    "llama-2-70b": dict(
+        num_hidden_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        intermediate_size=28672,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        model_type="llama",
+    ),
+    "llama-3-8b": dict(
+        num_hidden_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        model_type="llama",
+    ),
     # Qwen3-0.6B: head_dim 128 although hidden/heads = 64; tied embeddings; q/k RMSNorm.
-    "qwen3-0.6b": dict(num_hidden_layers=28, hidden_size=1024, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, intermediate_size=3072,
-                       vocab_size=151936, tie_word_embeddings=True, model_type="qwen3"),
+    "qwen3-0.6b": dict(
+        num_hidden_layers=28,
+        hidden_size=1024,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        model_type="qwen3",
+    ),
 }
-MODELS: dict[str, ModelSpec] = {name: ModelSpec.from_hf_config(cfg, name=name, dtype_bytes=2)
-                                for name, cfg in _HF_CONFIGS.items()}
+MODELS: dict[str, ModelSpec] = {
+    name: ModelSpec.from_hf_config(cfg, name=name, dtype_bytes=2) for name, cfg in _HF_CONFIGS.items()
+}
 
 
 def get_model_spec(model: Union[str, ModelSpec, Mapping, Any]) -> ModelSpec:
@@ -382,6 +493,7 @@ def get_model_spec(model: Union[str, ModelSpec, Mapping, Any]) -> ModelSpec:
 # The interface the engine calls
 # =====================================================================================
 
+
 class CostModel:
     """What the modeled clock asks. Subclasses override ``step_time`` at least.
 
@@ -392,8 +504,9 @@ class CostModel:
     Only cost models that know a memory size (``RooflineCostModel``) have
     ``kv_capacity_tokens(memory_fraction)``; test for it with ``hasattr``.
     """
+
     name: str = "cost-model"
-    kv_bytes_per_token: int = 0       # M_KV per position (0 if the model is unknown)
+    kv_bytes_per_token: int = 0  # M_KV per position (0 if the model is unknown)
 
     def step_time(self, num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
         raise NotImplementedError
@@ -432,12 +545,13 @@ class CostModel:
 
 def _check_batch(num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> None:
     if len(num_new_tokens) != len(context_lens):
-        raise ValueError(f"step_time: {len(num_new_tokens)} num_new_tokens but "
-                         f"{len(context_lens)} context_lens")
+        raise ValueError(f"step_time: {len(num_new_tokens)} num_new_tokens but {len(context_lens)} context_lens")
     for q, c in zip(num_new_tokens, context_lens):
         if q < 0 or c < q:
-            raise ValueError(f"step_time: need 0 <= num_new_tokens <= context_len (KV after the "
-                             f"step), got num_new_tokens={q}, context_len={c}")
+            raise ValueError(
+                f"step_time: need 0 <= num_new_tokens <= context_len (KV after the "
+                f"step), got num_new_tokens={q}, context_len={c}"
+            )
 
 
 class ConstantStepTime(CostModel):
@@ -447,12 +561,19 @@ class ConstantStepTime(CostModel):
     ``kv_bytes_per_token`` lets ``preemption_mode`` price a swap; 0 (default) means unknown.
     """
 
-    def __init__(self, seconds: float = 0.010, schedule_overhead: float = 0.0, *,
-                 swap_bandwidth: Optional[float] = None, kv_bytes_per_token: int = 0,
-                 name: Optional[str] = None):
+    def __init__(
+        self,
+        seconds: float = 0.010,
+        schedule_overhead: float = 0.0,
+        *,
+        swap_bandwidth: Optional[float] = None,
+        kv_bytes_per_token: int = 0,
+        name: Optional[str] = None,
+    ):
         if seconds < 0 or schedule_overhead < 0:
-            raise ValueError(f"ConstantStepTime: seconds={seconds!r} and "
-                             f"schedule_overhead={schedule_overhead!r} must be >= 0")
+            raise ValueError(
+                f"ConstantStepTime: seconds={seconds!r} and schedule_overhead={schedule_overhead!r} must be >= 0"
+            )
         if swap_bandwidth is not None and swap_bandwidth <= 0:
             raise ValueError(f"ConstantStepTime.swap_bandwidth={swap_bandwidth!r}: must be > 0 or None")
         self.seconds = float(seconds)
@@ -474,7 +595,7 @@ class ConstantStepTime(CostModel):
 
 BATCH_TERMS = ("fixed", "new_tokens", "sequences", "context_tokens", "attention_pairs")
 STEP_TERMS = BATCH_TERMS + ("after_idle",)
-OPTIONAL_TERMS = ("after_idle",)      # a profile without it: 0 (one saved before the term existed)
+OPTIONAL_TERMS = ("after_idle",)  # a profile without it: 0 (one saved before the term existed)
 
 
 def batch_terms(num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> tuple[int, int, int, int, int]:
@@ -496,10 +617,17 @@ class LinearStepCost(CostModel):
     ``stderr``: each one's standard error from the fit; ``info``: where it was measured (machine,
     model, threads, ...). A profile is this as JSON (``to_profile`` / ``from_profile``).
     """
+
     PROFILE_FORMAT = "minillm-step-cost/1"
 
-    def __init__(self, seconds: Mapping[str, float], stderr: Optional[Mapping[str, float]] = None, *,
-                 info: Optional[Mapping[str, Any]] = None, name: Optional[str] = None):
+    def __init__(
+        self,
+        seconds: Mapping[str, float],
+        stderr: Optional[Mapping[str, float]] = None,
+        *,
+        info: Optional[Mapping[str, Any]] = None,
+        name: Optional[str] = None,
+    ):
         self.seconds = {t: _profile_number("terms", t, seconds) for t in STEP_TERMS}
         self.stderr = {t: _profile_number("stderr", t, stderr) for t in STEP_TERMS} if stderr else {}
         unknown = sorted(set(seconds) - set(STEP_TERMS))
@@ -519,12 +647,17 @@ class LinearStepCost(CostModel):
         return self.seconds["after_idle"]
 
     def to_profile(self) -> dict:
-        return {"format": self.PROFILE_FORMAT, "terms": dict(self.seconds), "stderr": dict(self.stderr),
-                **{k: v for k, v in self.info.items() if k not in ("format", "terms", "stderr")}}
+        return {
+            "format": self.PROFILE_FORMAT,
+            "terms": dict(self.seconds),
+            "stderr": dict(self.stderr),
+            **{k: v for k, v in self.info.items() if k not in ("format", "terms", "stderr")},
+        }
 
     def save(self, path) -> None:
         import json
         from pathlib import Path
+
         Path(path).write_text(json.dumps(self.to_profile(), indent=2) + "\n")
 
     @classmethod
@@ -532,6 +665,7 @@ class LinearStepCost(CostModel):
         """Load a profile saved by ``save``; a malformed one is refused naming the field."""
         import json
         from pathlib import Path
+
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as e:
@@ -572,14 +706,22 @@ class RooflineCostModel(CostModel):
     in that type: KV read and written per step and KV capacity follow it, weights do not.
     """
 
-    def __init__(self, hardware: Union[str, HardwareSpec] = "H100-SXM",
-                 model: Union[str, ModelSpec, Mapping, Any] = "llama-2-7b", *,
-                 flops_efficiency: float = 0.7, bandwidth_efficiency: float = 0.8,
-                 pcie_efficiency: float = 1.0, step_overhead: Optional[float] = None,
-                 kv_cache_dtype: Optional[str] = None):
-        for k, v in (("flops_efficiency", flops_efficiency),
-                     ("bandwidth_efficiency", bandwidth_efficiency),
-                     ("pcie_efficiency", pcie_efficiency)):
+    def __init__(
+        self,
+        hardware: Union[str, HardwareSpec] = "H100-SXM",
+        model: Union[str, ModelSpec, Mapping, Any] = "llama-2-7b",
+        *,
+        flops_efficiency: float = 0.7,
+        bandwidth_efficiency: float = 0.8,
+        pcie_efficiency: float = 1.0,
+        step_overhead: Optional[float] = None,
+        kv_cache_dtype: Optional[str] = None,
+    ):
+        for k, v in (
+            ("flops_efficiency", flops_efficiency),
+            ("bandwidth_efficiency", bandwidth_efficiency),
+            ("pcie_efficiency", pcie_efficiency),
+        ):
             if not 0 < v <= 1:
                 raise ValueError(f"RooflineCostModel.{k}={v!r}: must be in (0, 1]")
         self.hardware = get_hardware(hardware)
@@ -631,12 +773,17 @@ class RooflineCostModel(CostModel):
         compute, memory = flops / self.flops_per_s, nbytes / self.bytes_per_s
         empty = sum(num_new_tokens) == 0
         comm = 0.0 if empty else self.allreduce_time(sum(num_new_tokens))
-        return {"flops": flops, "bytes": nbytes, "compute_time": compute, "memory_time": memory,
-                "overhead": 0.0 if empty else self.hardware.step_overhead,
-                "bound": "idle" if empty else ("compute" if compute > memory else "memory"),
-                "arithmetic_intensity": flops / nbytes if nbytes else 0.0,
-                "allreduce_time": comm,
-                "time": 0.0 if empty else max(compute, memory) + comm + self.hardware.step_overhead}
+        return {
+            "flops": flops,
+            "bytes": nbytes,
+            "compute_time": compute,
+            "memory_time": memory,
+            "overhead": 0.0 if empty else self.hardware.step_overhead,
+            "bound": "idle" if empty else ("compute" if compute > memory else "memory"),
+            "arithmetic_intensity": flops / nbytes if nbytes else 0.0,
+            "allreduce_time": comm,
+            "time": 0.0 if empty else max(compute, memory) + comm + self.hardware.step_overhead,
+        }
 
     def allreduce_time(self, num_tokens: int) -> float:
         """Tensor parallelism's communication in one step of ``num_tokens`` new tokens: two
@@ -660,19 +807,24 @@ class RooflineCostModel(CostModel):
         # The attention pairs, sum of q (c - q) + q (q + 1) / 2, as sum(q c) - (sum(q^2) - sum(q)) / 2:
         # sums the interpreter's built-ins run (exact: integers).
         n = len(num_new_tokens)
-        if n and countOf(num_new_tokens, 1) == n:    # decodes only (most steps): every q is 1
+        if n and countOf(num_new_tokens, 1) == n:  # decodes only (most steps): every q is 1
             if n != len(context_lens) or min(context_lens) < 1:
-                _check_batch(num_new_tokens, context_lens)          # raises, naming the pair
+                _check_batch(num_new_tokens, context_lens)  # raises, naming the pair
             context = sum(context_lens)
-            return self.batch_time(n, context, context)           # pairs: sum(c) - (n - n) / 2
-        if n != len(context_lens) or min(num_new_tokens, default=0) < 0 \
-                or any(map(operator.lt, context_lens, num_new_tokens)):
+            return self.batch_time(n, context, context)  # pairs: sum(c) - (n - n) / 2
+        if (
+            n != len(context_lens)
+            or min(num_new_tokens, default=0) < 0
+            or any(map(operator.lt, context_lens, num_new_tokens))
+        ):
             _check_batch(num_new_tokens, context_lens)
         tokens = sum(num_new_tokens)
         if tokens == 0:
             return 0.0
-        pairs = sum(map(operator.mul, num_new_tokens, context_lens)) \
+        pairs = (
+            sum(map(operator.mul, num_new_tokens, context_lens))
             - (sum(map(operator.mul, num_new_tokens, num_new_tokens)) - tokens) / 2
+        )
         return self.batch_time(tokens, sum(context_lens), pairs)
 
     def decode_step_time(self, num_decodes: int, total_context: int) -> Optional[float]:
@@ -685,8 +837,10 @@ class RooflineCostModel(CostModel):
         if type(self).step_time is not RooflineCostModel.step_time:
             return None
         if num_decodes < 0 or total_context < num_decodes:
-            raise ValueError(f"decode_step_time: need 0 <= num_decodes <= total_context, got "
-                             f"num_decodes={num_decodes}, total_context={total_context}")
+            raise ValueError(
+                f"decode_step_time: need 0 <= num_decodes <= total_context, got "
+                f"num_decodes={num_decodes}, total_context={total_context}"
+            )
         return self.batch_time(num_decodes, total_context, total_context) if num_decodes else 0.0
 
     def batch_time(self, tokens: int, context: int, pairs: float) -> float:
@@ -705,16 +859,20 @@ class RooflineCostModel(CostModel):
     def schedule_time(self, num_running: int, num_waiting: int) -> float:
         """One scheduling pass: a fixed part plus a part linear in the requests it looks at."""
         hw = self.hardware
-        return (hw.schedule_overhead_base + hw.schedule_overhead_per_request * num_running
-                + hw.schedule_overhead_per_waiting * num_waiting)
+        return (
+            hw.schedule_overhead_base
+            + hw.schedule_overhead_per_request * num_running
+            + hw.schedule_overhead_per_waiting * num_waiting
+        )
 
     def kv_capacity_tokens(self, memory_fraction: float = 0.9) -> int:
         """(HBM * memory_fraction - weights) / KV bytes per position, at least 0."""
         return max_kv_tokens(self.hardware, self.model, memory_fraction)
 
 
-def get_cost_model(spec: Any, model_spec: Union[str, ModelSpec, None] = None,
-                   kv_cache_dtype: Optional[str] = None) -> Optional[CostModel]:
+def get_cost_model(
+    spec: Any, model_spec: Union[str, ModelSpec, None] = None, kv_cache_dtype: Optional[str] = None
+) -> Optional[CostModel]:
     """Resolve ``EngineConfig.cost_model``.
 
     * a ``CostModel`` (anything with ``step_time``): returned as is;
@@ -726,20 +884,24 @@ def get_cost_model(spec: Any, model_spec: Union[str, ModelSpec, None] = None,
     """
     if spec is None:
         return None
-    if isinstance(spec, CostModel) or (callable(getattr(spec, "step_time", None))
-                                       and not isinstance(spec, type)):
+    if isinstance(spec, CostModel) or (callable(getattr(spec, "step_time", None)) and not isinstance(spec, type)):
         return spec
     if isinstance(spec, (int, float)) and not isinstance(spec, bool):
         return ConstantStepTime(float(spec))
     if isinstance(spec, (str, HardwareSpec)):
         if isinstance(spec, str) and not any(k.lower() == spec.lower() for k in HARDWARE):
-            raise ValueError(f"cost_model={spec!r}: unknown hardware preset; choose one of "
-                             f"{sorted(HARDWARE)}, a CostModel object, a number of seconds per "
-                             f"step, or None")
-        return RooflineCostModel(spec, model_spec if model_spec is not None else "llama-2-7b",
-                                 kv_cache_dtype=kv_cache_dtype)
-    raise ValueError(f"cost_model={spec!r}: expected a CostModel, a hardware preset name "
-                     f"({sorted(HARDWARE)}), a number of seconds per step, or None")
+            raise ValueError(
+                f"cost_model={spec!r}: unknown hardware preset; choose one of "
+                f"{sorted(HARDWARE)}, a CostModel object, a number of seconds per "
+                f"step, or None"
+            )
+        return RooflineCostModel(
+            spec, model_spec if model_spec is not None else "llama-2-7b", kv_cache_dtype=kv_cache_dtype
+        )
+    raise ValueError(
+        f"cost_model={spec!r}: expected a CostModel, a hardware preset name "
+        f"({sorted(HARDWARE)}), a number of seconds per step, or None"
+    )
 
 
 def engine_cost_model(config, model_spec: ModelSpec) -> Optional[CostModel]:
@@ -754,19 +916,20 @@ def engine_cost_model(config, model_spec: ModelSpec) -> Optional[CostModel]:
 _num_new_tokens, _num_computed_before = attrgetter("num_new_tokens"), attrgetter("num_computed_before")
 
 
-def modeled_step_time(cm, out, num_running: int, num_waiting: int, swap_bytes: int,
-                      after_idle: bool = False) -> tuple[float, float, float]:
+def modeled_step_time(
+    cm, out, num_running: int, num_waiting: int, swap_bytes: int, after_idle: bool = False
+) -> tuple[float, float, float]:
     """(duration, schedule time, swap time) of one engine step under cost model ``cm``: the forward of
     ``out``'s grants (a ``SchedulerOutput``; ``after_idle``: the engine waited for an arrival before
     it, ``cm.after_idle_time()`` more), the pass that formed it (when it re-formed the batch, over
     ``num_running`` and ``num_waiting`` requests) and the KV copied to or from host memory."""
     grants = out.scheduled
     n = len(grants)
-    num_new = list(map(_num_new_tokens, grants))     # each grant's new tokens (map: the reads run in C)
+    num_new = list(map(_num_new_tokens, grants))  # each grant's new tokens (map: the reads run in C)
     step, decode_step_time = None, getattr(cm, "decode_step_time", None)
     if decode_step_time is not None and n and countOf(num_new, 1) == n:
-        step = decode_step_time(n, sum(map(_num_computed_before, grants)) + n)   # decodes only: two totals
-    if step is None:          # and each one's KV length after the step
+        step = decode_step_time(n, sum(map(_num_computed_before, grants)) + n)  # decodes only: two totals
+    if step is None:  # and each one's KV length after the step
         step = cm.step_time(num_new, list(map(add, map(_num_computed_before, grants), num_new))) if n else 0.0
     if after_idle and n:
         step += cm.after_idle_time()
@@ -779,14 +942,16 @@ def modeled_step_time(cm, out, num_running: int, num_waiting: int, swap_bytes: i
 # The batching-math formulas
 # =====================================================================================
 
+
 def kv_cache_bytes(model: Union[str, ModelSpec], num_tokens: int, batch: int = 1) -> int:
     """M_KV = 2 x n_layer x d_head x n_kv_head x n_max x b x sizeof(dtype)."""
     m = get_model_spec(model)
     return m.kv_bytes_per_token * int(num_tokens) * int(batch)
 
 
-def max_kv_tokens(hardware: Union[str, HardwareSpec], model: Union[str, ModelSpec],
-                  memory_fraction: float = 0.9, num_gpus: int = 1) -> int:
+def max_kv_tokens(
+    hardware: Union[str, HardwareSpec], model: Union[str, ModelSpec], memory_fraction: float = 0.9, num_gpus: int = 1
+) -> int:
     """KV positions that fit beside the weights: (HBM x fraction - weights) / M_KV per token."""
     if not 0 < memory_fraction <= 1:
         raise ValueError(f"memory_fraction={memory_fraction!r}: must be in (0, 1]")
@@ -795,8 +960,13 @@ def max_kv_tokens(hardware: Union[str, HardwareSpec], model: Union[str, ModelSpe
     return max(0, int(free // m.kv_bytes_per_token))
 
 
-def max_batch_size(hardware: Union[str, HardwareSpec], model: Union[str, ModelSpec],
-                   max_len: int, memory_fraction: float = 0.9, num_gpus: int = 1) -> int:
+def max_batch_size(
+    hardware: Union[str, HardwareSpec],
+    model: Union[str, ModelSpec],
+    max_len: int,
+    memory_fraction: float = 0.9,
+    num_gpus: int = 1,
+) -> int:
     """How many requests of ``max_len`` positions each fit at once (reserving the full length).
 
     0 means the weights alone do not fit (Llama-2-70B in bf16 on one 80 GB GPU).
@@ -819,20 +989,19 @@ def bytes_per_generated_token(model: Union[str, ModelSpec], batch: int, context_
     return m.weight_bytes / batch + m.kv_bytes_per_token * context_len
 
 
-def decode_step_time_vs_batch(cost_model: CostModel, batch_sizes: Sequence[int],
-                              context_len: int = 512) -> tuple[np.ndarray, np.ndarray]:
+def decode_step_time_vs_batch(
+    cost_model: CostModel, batch_sizes: Sequence[int], context_len: int = 512
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-step latency (s) and throughput (generated tokens/s) of decode at each batch size.
 
     Every request decodes one token with ``context_len`` positions of KV after the step.
     """
-    lat = np.array([cost_model.step_time([1] * int(b), [int(context_len)] * int(b))
-                    for b in batch_sizes], dtype=float)
+    lat = np.array([cost_model.step_time([1] * int(b), [int(context_len)] * int(b)) for b in batch_sizes], dtype=float)
     thr = np.array(batch_sizes, dtype=float) / lat
     return lat, thr
 
 
-def swap_or_recompute(kv_bytes: float, num_tokens: int, pcie_bandwidth: float,
-                      prefill_tokens_per_s: float) -> str:
+def swap_or_recompute(kv_bytes: float, num_tokens: int, pcie_bandwidth: float, prefill_tokens_per_s: float) -> str:
     """The preemption cost rule: swap when M_KV / B_PCIe < (n_input + n_generated) / S_prefill.
 
     ``num_tokens`` is n_input + n_generated, what a recompute must prefill again.

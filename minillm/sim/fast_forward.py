@@ -51,6 +51,7 @@ class _Lazy:
     """A decoding request's steps not yet applied: tokens are applied up to step ``tokens_at`` and
     computed positions up to ``computed_at`` (exclusive); it next needs a block at step ``block_at``
     and its token of step ``check_at`` may stop it."""
+
     __slots__ = ("tokens_at", "computed_at", "block_at", "check_at")
 
     def __init__(self, step: int):
@@ -66,21 +67,23 @@ class FastForward:
 
     def __init__(self, engine):
         if not self.covers(engine):
-            raise ValueError("FastForward: the engine's configuration is not the one fast-forward covers "
-                             "(FastForward.covers says which)")
+            raise ValueError(
+                "FastForward: the engine's configuration is not the one fast-forward covers "
+                "(FastForward.covers says which)"
+            )
         self.engine = engine
         self.s, self.kv, self.cm, self.clock = engine.scheduler, engine.kv, engine.cost_model, engine.clock
         self.config = engine.config
         self.lazy: dict[Request, _Lazy] = {}
-        self.rank: dict[Request, int] = {}           # a running request's place in the running order
+        self.rank: dict[Request, int] = {}  # a running request's place in the running order
         self.next_rank = 0
-        self.block_due: dict[int, list[Request]] = {}   # step -> lazy requests that need a block then
-        self.check_due: dict[int, list[Request]] = {}   # step -> lazy requests whose token then may stop them
-        self.prefilling: list[Request] = []          # running requests with more than one token to compute
+        self.block_due: dict[int, list[Request]] = {}  # step -> lazy requests that need a block then
+        self.check_due: dict[int, list[Request]] = {}  # step -> lazy requests whose token then may stop them
+        self.prefilling: list[Request] = []  # running requests with more than one token to compute
         self.num_lazy = 0
-        self.lazy_context = 0                        # the lazy requests' computed positions, at the step's start
-        self.base = engine.step_count                # self.times[i]: the clock at the end of step base + i
-        self.times: list[float] = []                 # (from the step the lazy requests were last tracked)
+        self.lazy_context = 0  # the lazy requests' computed positions, at the step's start
+        self.base = engine.step_count  # self.times[i]: the clock at the end of step base + i
+        self.times: list[float] = []  # (from the step the lazy requests were last tracked)
         self.placeholders = [PLACEHOLDER_TOKEN] * (self.config.max_model_len + 1)
         self.steps_taken = self.steps_passed_on = 0  # (how many steps each way: for the tests and the docs)
         self._enter()
@@ -89,13 +92,23 @@ class FastForward:
     def covers(engine) -> bool:
         """Is ``engine`` configured the way this module steps it (see the module's docstring)?"""
         cfg, s = engine.config, engine.scheduler
-        return (type(engine.executor) is SimulatedExecutor and engine.record_mode == "none"
-                and engine.clock.name == "modeled" and engine.speculator is None
-                and type(engine.cost_model) is RooflineCostModel and type(engine.kv) is PagedKVCacheManager
-                and not engine.kv.enable_prefix_caching and type(engine.policy) is FCFS
-                and cfg.batching == "continuous" and cfg.schedule_every == 1 and cfg.interference == "chunked"
-                and cfg.phase_clock is None and cfg.max_queue_len is None and cfg.max_queue_delay is None
-                and s.max_waiting_entries == 0)
+        return (
+            type(engine.executor) is SimulatedExecutor
+            and engine.record_mode == "none"
+            and engine.clock.name == "modeled"
+            and engine.speculator is None
+            and type(engine.cost_model) is RooflineCostModel
+            and type(engine.kv) is PagedKVCacheManager
+            and not engine.kv.enable_prefix_caching
+            and type(engine.policy) is FCFS
+            and cfg.batching == "continuous"
+            and cfg.schedule_every == 1
+            and cfg.interference == "chunked"
+            and cfg.phase_clock is None
+            and cfg.max_queue_len is None
+            and cfg.max_queue_delay is None
+            and s.max_waiting_entries == 0
+        )
 
     # --- the lazy requests ------------------------------------------------------------------------
     def _enter(self) -> None:
@@ -139,7 +152,7 @@ class FastForward:
         k = step - lazy.tokens_at
         if k and tokens:
             i = lazy.tokens_at - self.base
-            req.append_tokens(self.placeholders[:k], self.times[i:i + k])
+            req.append_tokens(self.placeholders[:k], self.times[i : i + k])
             lazy.tokens_at = step
         k = step - lazy.computed_at
         if k:
@@ -170,7 +183,7 @@ class FastForward:
         step = e.step_count
         budget = self.config.max_num_batched_tokens
         # The running requests' part of the pass, unless a request would miss its block or its tokens.
-        due = self._due(self.block_due, step, "block_at")      # (a step passed on tracks everything anew)
+        due = self._due(self.block_due, step, "block_at")  # (a step passed on tracks everything anew)
         if self.prefilling:
             chunks = [r.num_tokens - r.num_computed_tokens for r in self.prefilling]
             need = len(due) + sum(map(kv.num_blocks_needed, self.prefilling, chunks))
@@ -180,22 +193,37 @@ class FastForward:
         if s.swapped or s.held or s.has_groups or demand > budget or need > kv.num_free_blocks:
             return self._pass_on()
         self.steps_taken += 1
-        now, out = self._schedule(step, due, budget - demand)      # 1. who runs, and how many tokens each
+        now, out = self._schedule(step, due, budget - demand)  # 1. who runs, and how many tokens each
         num_running_grants = len(out.scheduled) - len(out.admitted)
-        duration, sched = self._price(out)                         # 2. the step's price on the modeled clock
+        duration, sched = self._price(out)  # 2. the step's price on the modeled clock
         self.clock.advance(duration)
         end = self.clock.now()
         self.times.append(end)
         num_grants = self.num_lazy + len(out.scheduled)
         num_batched = self.num_lazy + sum(g.num_new_tokens for g in out.scheduled)
         finished = self._apply(step, out, num_running_grants, end)  # 3. the results, where the requests live
-        record = StepRecord(                                       # 4. what the step did (record="none")
-            step=step, time=end, duration=duration, batch=[], batch_size=num_grants, num_prefill_tokens=0,
-            num_decode_tokens=0, num_batched_tokens=num_batched, token_budget=budget, admitted=out.admitted,
-            finished=[r.request_id for r in finished], preempted=[], waiting=out.waiting, kv=None,
-            finish_reasons={r.request_id: r.finish_reason for r in finished}, reformed=True,
-            clock=self.clock.name, schedule_time=sched, swap_time=0.0)
-        s.commit()                                                 # 5. the step stands; finished requests leave
+        record = StepRecord(  # 4. what the step did (record="none")
+            step=step,
+            time=end,
+            duration=duration,
+            batch=[],
+            batch_size=num_grants,
+            num_prefill_tokens=0,
+            num_decode_tokens=0,
+            num_batched_tokens=num_batched,
+            token_budget=budget,
+            admitted=out.admitted,
+            finished=[r.request_id for r in finished],
+            preempted=[],
+            waiting=out.waiting,
+            kv=None,
+            finish_reasons={r.request_id: r.finish_reason for r in finished},
+            reformed=True,
+            clock=self.clock.name,
+            schedule_time=sched,
+            swap_time=0.0,
+        )
+        s.commit()  # 5. the step stands; finished requests leave
         for req in finished:
             self.rank.pop(req, None)
             e.active.pop(req.request_id, None)
@@ -209,14 +237,14 @@ class FastForward:
         the lazy ones' token is counted, not granted one by one); then FCFS admission with the ``budget``
         left. Returns the clock at the pass and its output (the chunks', then the admitted requests' grants)."""
         s, kv, lazy = self.s, self.kv, self.lazy
-        if not (s.running or s.waiting):           # nothing can run now: the clock jumps to the next arrival
+        if not (s.running or s.waiting):  # nothing can run now: the clock jumps to the next arrival
             t = s.next_arrival()
             if t is not None and t > self.clock.now():
                 self.clock.wait_until(t)
         now = self.clock.now()
         s.num_passes += 1
         s.now = max(s.now, now)
-        while s.incoming and s.incoming[0][0] <= now:     # arrivals join the queue
+        while s.incoming and s.incoming[0][0] <= now:  # arrivals join the queue
             s.waiting.append(heapq.heappop(s.incoming)[2])
         out = SchedulerOutput(scheduled=[], token_budget=self.config.max_num_batched_tokens)
         for req in sorted(due + self.prefilling, key=self.rank.__getitem__) if self.prefilling else due:
@@ -231,24 +259,25 @@ class FastForward:
             if not kv.allocate(req, 1):
                 raise RuntimeError(f"fast-forward: no KV block for request {req.request_id!r} at step {step}")
             self._due_block(req, entry, step, computed)
-        self._admit(now, out, budget)              # (nothing is swapped out)
+        self._admit(now, out, budget)  # (nothing is swapped out)
         return now, out
 
     def _price(self, out: SchedulerOutput) -> tuple[float, float]:
         """(duration, schedule time) as ``modeled_step_time`` prices the step: the lazy requests' decodes
         from their totals, the other grants one by one; the pass over the running and waiting requests."""
-        grants, lazy_context = out.scheduled, self.lazy_context + self.num_lazy   # the lazy ones' KV after it
+        grants, lazy_context = out.scheduled, self.lazy_context + self.num_lazy  # the lazy ones' KV after it
         if all(g.num_new_tokens == 1 for g in grants):
-            step_time = self.cm.decode_step_time(self.num_lazy + len(grants), lazy_context + sum(
-                g.num_computed_before + 1 for g in grants))
-        else:     # attention pairs: sum(q c) - (sum(q^2) - sum(q)) / 2, as RooflineCostModel.step_time counts them
+            step_time = self.cm.decode_step_time(
+                self.num_lazy + len(grants), lazy_context + sum(g.num_computed_before + 1 for g in grants)
+            )
+        else:  # attention pairs: sum(q c) - (sum(q^2) - sum(q)) / 2, as RooflineCostModel.step_time counts them
             tokens = self.num_lazy + sum(g.num_new_tokens for g in grants)
             context = lazy_context + sum(g.num_computed_before + g.num_new_tokens for g in grants)
             qc = lazy_context + sum(g.num_new_tokens * (g.num_computed_before + g.num_new_tokens) for g in grants)
             q2 = self.num_lazy + sum(g.num_new_tokens * g.num_new_tokens for g in grants)
             step_time = self.cm.batch_time(tokens, context, qc - (q2 - tokens) / 2)
         sched = self.cm.schedule_time(len(self.s.running), len(self.s.waiting))
-        return step_time + sched + 0.0 + 0.0, sched         # no swap, no draft
+        return step_time + sched + 0.0 + 0.0, sched  # no swap, no draft
 
     def _apply(self, step: int, out: SchedulerOutput, num_running_grants: int, end: float) -> list[Request]:
         """``Scheduler.update_from_output`` for this step, in the grants' order: the lazy requests whose
@@ -302,22 +331,30 @@ class FastForward:
         while waiting:
             req = waiting[0]
             if s.num_seqs() + 1 > cfg.max_num_seqs:
-                out.waiting.append(WaitingEntry(req.request_id,
-                                                f"max_num_seqs={cfg.max_num_seqs} requests already running"))
+                out.waiting.append(
+                    WaitingEntry(req.request_id, f"max_num_seqs={cfg.max_num_seqs} requests already running")
+                )
                 return
             n = req.num_tokens
             if n > budget:
                 if not cfg.enable_chunked_prefill or budget <= 0:
-                    out.waiting.append(WaitingEntry(
-                        req.request_id, f"prefill of {n} tokens does not fit the {budget} tokens left "
-                        f"in the budget of {cfg.max_num_batched_tokens}"
-                        + ("" if cfg.enable_chunked_prefill else " (chunked prefill is off)")))
+                    out.waiting.append(
+                        WaitingEntry(
+                            req.request_id,
+                            f"prefill of {n} tokens does not fit the {budget} tokens left "
+                            f"in the budget of {cfg.max_num_batched_tokens}"
+                            + ("" if cfg.enable_chunked_prefill else " (chunked prefill is off)"),
+                        )
+                    )
                     return
                 n = budget
             ok, _, _ = kv.can_allocate(req, n, [], 0)
             if not ok:
-                out.waiting.append(WaitingEntry(req.request_id, kv.explain_wait(
-                    req, n, [], 0, requests={r.request_id: r for r in s.running})))
+                out.waiting.append(
+                    WaitingEntry(
+                        req.request_id, kv.explain_wait(req, n, [], 0, requests={r.request_id: r for r in s.running})
+                    )
+                )
                 return
             s.admit(req, n, [], now, out)
             self._place(req)
@@ -330,4 +367,3 @@ class FastForward:
         record = self.engine.step()
         self._enter()
         return record
-

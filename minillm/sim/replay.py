@@ -20,9 +20,9 @@ ENGINE_DEFAULTS = ("max_num_seqs", "max_num_batched_tokens")
 
 
 class Replay(NamedTuple):
-    engine: Any          # the LLMEngine after the run: engine.step_records, engine.requests
-    metrics: dict        # request id -> RequestMetrics
-    summary: dict        # metrics.summarize's dict (and simulate's additions)
+    engine: Any  # the LLMEngine after the run: engine.step_records, engine.requests
+    metrics: dict  # request id -> RequestMetrics
+    summary: dict  # metrics.summarize's dict (and simulate's additions)
 
 
 def replay(trace: Sequence, *, model: str = "llama-2-7b", cost_model: Any = "H100-SXM", **config) -> Replay:
@@ -33,8 +33,13 @@ def replay(trace: Sequence, *, model: str = "llama-2-7b", cost_model: Any = "H10
     ``max_model_len`` (at least 2048, and long enough for the trace's longest request)."""
     for name in ENGINE_DEFAULTS:
         config.setdefault(name, EngineConfig.__dataclass_fields__[name].default)
-    config.setdefault("record", "summary")          # a StepRecord per step, without the per-block KV map
-    engine, summary = simulate(trace, model=model, cost_model=cost_model, records="full",
-                               max_waiting_entries=EngineConfig.__dataclass_fields__["record_max_waiting"].default,
-                               **config)
+    config.setdefault("record", "summary")  # a StepRecord per step, without the per-block KV map
+    engine, summary = simulate(
+        trace,
+        model=model,
+        cost_model=cost_model,
+        records="full",
+        max_waiting_entries=EngineConfig.__dataclass_fields__["record_max_waiting"].default,
+        **config,
+    )
     return Replay(engine, {rid: r.metrics for rid, r in engine.requests.items()}, summary)

@@ -25,8 +25,10 @@ class SimulatedExecutor:
     def execute(self, out: SchedulerOutput) -> ExecutionResult:
         # A request that reached the end of its known tokens samples one new token. (One tuple
         # shared by all: the scheduler only reads the tokens it is given.)
-        return ExecutionResult(sampled=[_ONE_TOKEN if s.samples else () for s in out.scheduled],
-                               swap_bytes=(len(out.swap_out) + len(out.swap_in)) * self.bytes_per_block)
+        return ExecutionResult(
+            sampled=[_ONE_TOKEN if s.samples else () for s in out.scheduled],
+            swap_bytes=(len(out.swap_out) + len(out.swap_in)) * self.bytes_per_block,
+        )
 
     # Nothing is kept between steps or per request, and nothing lives outside this process.
     def forget(self, request_id: str) -> None:

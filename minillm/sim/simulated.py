@@ -32,12 +32,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
-__all__ = ["simulate", "tensor_parallel", "tp_step_times", "gpus_needed",
-           "StepSummary", "gc_paused"]
+__all__ = ["simulate", "tensor_parallel", "tp_step_times", "gpus_needed", "StepSummary", "gc_paused"]
 
 # =====================================================================================
 # Hardware for a model that does not fit one GPU
 # =====================================================================================
+
 
 def tensor_parallel(hardware, num_gpus: int, link=None):
     """``num_gpus`` GPUs serving one model copy, as one bigger device.
@@ -53,6 +53,7 @@ def tensor_parallel(hardware, num_gpus: int, link=None):
       shrink as 1/N.
     """
     from .costmodel import get_hardware, get_link
+
     hw = get_hardware(hardware)
     if not isinstance(num_gpus, int) or num_gpus < 1:
         raise ValueError(f"num_gpus={num_gpus!r}: must be an integer >= 1")
@@ -60,17 +61,26 @@ def tensor_parallel(hardware, num_gpus: int, link=None):
     if num_gpus == 1:
         return hw
     suffix = "" if link is None else f" over {link.name}"
-    return replace(hw, name=f"{num_gpus}x{hw.name}{suffix}", peak_flops=hw.peak_flops * num_gpus,
-                   hbm_bandwidth=hw.hbm_bandwidth * num_gpus, hbm_bytes=hw.hbm_bytes * num_gpus,
-                   pcie_bandwidth=hw.pcie_bandwidth * num_gpus, tp_size=num_gpus, link=link)
+    return replace(
+        hw,
+        name=f"{num_gpus}x{hw.name}{suffix}",
+        peak_flops=hw.peak_flops * num_gpus,
+        hbm_bandwidth=hw.hbm_bandwidth * num_gpus,
+        hbm_bytes=hw.hbm_bytes * num_gpus,
+        pcie_bandwidth=hw.pcie_bandwidth * num_gpus,
+        tp_size=num_gpus,
+        link=link,
+    )
 
 
-def tp_step_times(hardware, model, sizes=(1, 2, 4, 8), link=None, *, num_new_tokens=(1,),
-                  context_lens=(1024,), **roofline) -> list[float]:
+def tp_step_times(
+    hardware, model, sizes=(1, 2, 4, 8), link=None, *, num_new_tokens=(1,), context_lens=(1024,), **roofline
+) -> list[float]:
     """Modeled seconds of one step (``num_new_tokens`` / ``context_lens`` per request, as
     ``CostModel.step_time``) at each tensor-parallel size in ``sizes`` over ``link``
     (None: ideal). The TP curve of the notebook: speedup = times[0] / times[i]."""
     from .costmodel import RooflineCostModel
+
     out = []
     for n in sizes:
         cm = RooflineCostModel(tensor_parallel(hardware, int(n), link), model, **roofline)
@@ -82,6 +92,7 @@ def gpus_needed(hardware, model, max_weight_fraction: float = 0.5) -> int:
     """The smallest of 1, 2, 4, 8 GPUs on which the weights take at most ``max_weight_fraction``
     of memory (the rest is KV cache): Llama-2-70B (138 GB of bf16) on 80 GB H100s -> 4."""
     from .costmodel import get_hardware, get_model_spec
+
     hw, m = get_hardware(hardware), get_model_spec(model)
     for n in (1, 2, 4, 8):
         if m.weight_bytes <= max_weight_fraction * n * hw.hbm_bytes:
@@ -93,11 +104,12 @@ def gpus_needed(hardware, model, max_weight_fraction: float = 0.5) -> int:
 # A step in a few numbers (long runs keep these instead of full StepRecords)
 # =====================================================================================
 
+
 class KVTotals(NamedTuple):
-    used: int                  # token positions holding KV
-    total: int                 # capacity in token positions
+    used: int  # token positions holding KV
+    total: int  # capacity in token positions
     free: int
-    held: int = 0              # positions in the blocks handed out (used + the unfilled tails)
+    held: int = 0  # positions in the blocks handed out (used + the unfilled tails)
 
 
 @dataclass(slots=True)
@@ -108,6 +120,7 @@ class StepSummary:
     and tens of thousands of steps that is gigabytes. ``metrics.summarize`` accepts these
     too (it reads ``batch_size`` and ``kv.used / kv.total``).
     """
+
     step: int
     time: float
     duration: float
@@ -128,12 +141,25 @@ class StepSummary:
 
     @classmethod
     def from_record(cls, rec, num_waiting: int) -> "StepSummary":
-        return cls(rec.step, rec.time, rec.duration, rec.batch_size, rec.num_batched_tokens, rec.num_prefill_tokens,
-                   rec.num_decode_tokens,
-                   len(rec.running), num_waiting, len(rec.admitted), len(rec.finished), len(rec.preempted),
-                   len(rec.rejected),
-                   KVTotals(rec.kv.used, rec.kv.total, rec.kv.free, rec.kv.blocks_used * rec.kv.block_size),
-                   rec.schedule_time, rec.swap_time, rec.clock)
+        return cls(
+            rec.step,
+            rec.time,
+            rec.duration,
+            rec.batch_size,
+            rec.num_batched_tokens,
+            rec.num_prefill_tokens,
+            rec.num_decode_tokens,
+            len(rec.running),
+            num_waiting,
+            len(rec.admitted),
+            len(rec.finished),
+            len(rec.preempted),
+            len(rec.rejected),
+            KVTotals(rec.kv.used, rec.kv.total, rec.kv.free, rec.kv.blocks_used * rec.kv.block_size),
+            rec.schedule_time,
+            rec.swap_time,
+            rec.clock,
+        )
 
 
 @contextmanager
@@ -158,11 +184,22 @@ def gc_paused():
 # simulate(): a trace in, (engine, summary) out
 # =====================================================================================
 
-def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H100-SXM",
-             num_gpus: Optional[int] = None, cost_model: Any = None,
-             records: Union[str, bool] = "auto", progress: Optional[Callable] = None,
-             slo_ttft: Optional[float] = None, slo_tpot: Optional[float] = None,
-             max_waiting_entries: Optional[int] = 32, fast_forward: bool = True, **config) -> tuple:
+
+def simulate(
+    trace: Sequence,
+    *,
+    model: str = "llama-2-70b",
+    hardware: Any = "H100-SXM",
+    num_gpus: Optional[int] = None,
+    cost_model: Any = None,
+    records: Union[str, bool] = "auto",
+    progress: Optional[Callable] = None,
+    slo_ttft: Optional[float] = None,
+    slo_tpot: Optional[float] = None,
+    max_waiting_entries: Optional[int] = 32,
+    fast_forward: bool = True,
+    **config,
+) -> tuple:
     """Replay ``trace`` (a list of ``workloads.TraceRequest``) on the simulated executor with a
     modeled clock; returns ``(engine, summary)``, ``summary`` being ``metrics.summarize``'s dict
     plus ``wall_time`` (seconds this call took), ``cpu_time`` (its CPU seconds), ``step_cpu_time`` (the
@@ -202,7 +239,7 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
         if model in MODELS:
             num_gpus = num_gpus or gpus_needed(hardware, model)
             cost_model = RooflineCostModel(tensor_parallel(hardware, num_gpus), MODELS[model])
-        else:                     # "random" or a checkpoint: the engine prices its own shape
+        else:  # "random" or a checkpoint: the engine prices its own shape
             num_gpus = num_gpus or 1
             cost_model = tensor_parallel(hardware, num_gpus)
     longest = max((r.prompt_len + r.output_len for r in trace), default=0)
@@ -216,9 +253,9 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
     if mode not in ("full", "summary", True, False, None):
         raise ValueError(f"simulate(records={records!r}): 'auto', 'full', 'summary' or False")
     keep = mode in ("full", True)
-    config.setdefault("record_history", None if keep else 0)          # keep every record, or none
+    config.setdefault("record_history", None if keep else 0)  # keep every record, or none
     config.setdefault("record_max_waiting", max_waiting_entries)
-    if not keep:                  # KV counts only, no per-request entry nobody keeps; records off: no record
+    if not keep:  # KV counts only, no per-request entry nobody keeps; records off: no record
         config.setdefault("record", "totals" if mode == "summary" else "none")
     engine = LLMEngine(model, EngineConfig.from_fields("simulate", **config))
     summaries = engine.step_summaries
@@ -230,7 +267,7 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
         if progress is not None:
             progress(rec)
 
-    with gc_paused():             # submitting, stepping and the metrics make no cycles worth a collection
+    with gc_paused():  # submitting, stepping and the metrics make no cycles worth a collection
         submit_trace(engine, trace, vocab_size=engine.vocab_size)
         c_steps = time.process_time()
         # engine.run() without the list of every record; fast-forward where the configuration is the one it covers
@@ -243,9 +280,14 @@ def simulate(trace: Sequence, *, model: str = "llama-2-70b", hardware: Any = "H1
         recs = engine.step_records if keep else summaries
         stats = engine.stats()
         prefix = stats["prefix_cache"] if engine.config.enable_prefix_caching else None
-        summary = summarize({rid: r.metrics for rid, r in engine.requests.items()}, recs,
-                            slo_ttft=slo_ttft, slo_tpot=slo_tpot, max_num_seqs=engine.config.max_num_seqs,
-                            prefix_cache_stats=prefix)
+        summary = summarize(
+            {rid: r.metrics for rid, r in engine.requests.items()},
+            recs,
+            slo_ttft=slo_ttft,
+            slo_tpot=slo_tpot,
+            max_num_seqs=engine.config.max_num_seqs,
+            prefix_cache_stats=prefix,
+        )
     summary["num_rejected_by_engine"] = stats["rejected"]
     summary["num_gpus"] = num_gpus
     summary["cost_model"] = getattr(engine.cost_model, "name", repr(engine.cost_model))

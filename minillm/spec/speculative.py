@@ -75,8 +75,9 @@ class Proposer(Protocol):
     guesses into what was granted. ``forwards`` lists the shapes of the step's draft forwards, for the
     modeled clock. Subclass it to inherit the defaults; ``make_speculator`` checks a proposer against it.
     """
+
     name: str = "proposer"
-    needs_kv: bool = False       # writes a KV cache, so its look-ahead positions need blocks first
+    needs_kv: bool = False  # writes a KV cache, so its look-ahead positions need blocks first
     forwards: list
 
     def __init__(self):
@@ -109,6 +110,7 @@ class NgramProposer(Proposer):
     The copy may run into the context's end; it then continues over its own output, LZ77 style,
     so a loop of period 2 yields k tokens of that loop, not 2.
     """
+
     name = "ngram"
 
     def __init__(self, n_max: int = 3, n_min: int = 1):
@@ -123,12 +125,12 @@ class NgramProposer(Proposer):
             return []
         arr = np.asarray(tokens, dtype=np.int64)
         for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(arr[:L - 1], n)   # starts 0 .. L-1-n
-            hits = np.flatnonzero((windows == arr[L - n:]).all(axis=1))
+            windows = np.lib.stride_tricks.sliding_window_view(arr[: L - 1], n)  # starts 0 .. L-1-n
+            hits = np.flatnonzero((windows == arr[L - n :]).all(axis=1))
             if hits.size:
-                src = int(hits[-1]) + n             # what followed the most recent match
+                src = int(hits[-1]) + n  # what followed the most recent match
                 ext = list(tokens)
-                for _ in range(k):                  # copy (overlapping the end if need be)
+                for _ in range(k):  # copy (overlapping the end if need be)
                     ext.append(ext[src])
                     src += 1
                 return ext[L:]
@@ -136,17 +138,21 @@ class NgramProposer(Proposer):
 
     def propose(self, requests, k):
         self.forwards = []
-        return {r.request_id: self.propose_tokens(r.all_token_ids, ki)
-                for r, ki in zip(requests, self._per_request(requests, k)) if ki > 0}
+        return {
+            r.request_id: self.propose_tokens(r.all_token_ids, ki)
+            for r, ki in zip(requests, self._per_request(requests, k))
+            if ki > 0
+        }
 
 
 @dataclass
 class _DraftKV:
     """Which positions of a request the draft cache holds: its tokens up to ``num_known`` are the
     request's own, then ``guesses`` (the draft tokens whose KV it wrote last time)."""
+
     num_known: int
     guesses: list[int]
-    num_preemptions: int        # a preemption (recompute or swap) loses the draft's KV
+    num_preemptions: int  # a preemption (recompute or swap) loses the draft's KV
 
 
 class DraftModelProposer(Proposer):
@@ -161,21 +167,34 @@ class DraftModelProposer(Proposer):
     argmax; sampled ones draw from ``q`` (same temperature/top-k/top-p) and ``q`` is kept for
     the rejection rule.
     """
+
     name = "draft"
     needs_kv = True
 
-    def __init__(self, model, kv, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype, backend: str, sampler, name: str = "draft"):
+    def __init__(
+        self,
+        model,
+        kv,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        backend: str,
+        sampler,
+        name: str = "draft",
+    ):
         super().__init__()
         self.model = model
         self.kv = kv
         self.device = device
         self.backend = backend
-        self.sampler = sampler       # the runner's: one random stream per request for draft and verify
+        self.sampler = sampler  # the runner's: one random stream per request for draft and verify
         self.name = name
         shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
-                           torch.zeros(shape, dtype=dtype, device=device)) for _ in range(model.num_layers)]
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(model.num_layers)
+        ]
         self.state: dict[str, _DraftKV] = {}
         self.probs: dict[str, torch.Tensor] = {}
 
@@ -201,8 +220,10 @@ class DraftModelProposer(Proposer):
 
     def _forward(self, ids, q_lens, starts, tables) -> torch.Tensor:
         from ..worker.flat_batch import flat_batch
-        input_ids, positions, meta, cu = flat_batch(ids, q_lens, starts, tables, self.kv.attn_block_size,
-                                                    self.device, self.backend)
+
+        input_ids, positions, meta, cu = flat_batch(
+            ids, q_lens, starts, tables, self.kv.attn_block_size, self.device, self.backend
+        )
         self.forwards.append((list(q_lens), [s + q for s, q in zip(starts, q_lens)]))
         return self.model(input_ids, positions, self._caches(), meta, (cu[1:] - 1).long().to(self.device))
 
@@ -230,7 +251,7 @@ class DraftModelProposer(Proposer):
         # 1) Catch up on the known tokens without draft KV; the last row gives guess 1.
         ids, q_lens, starts = [], [], []
         for r in reqs:
-            v = min(self.num_valid(r), r.num_tokens - 1)     # always feed the newest token
+            v = min(self.num_valid(r), r.num_tokens - 1)  # always feed the newest token
             ids += r.all_token_ids[v:]
             q_lens.append(r.num_tokens - v)
             starts.append(v)
@@ -241,8 +262,12 @@ class DraftModelProposer(Proposer):
         for j in range(1, max(ki for _, ki in work)):
             live = [i for i, (_, ki) in enumerate(work) if ki > j]
             sub = [reqs[i] for i in live]
-            logits = self._forward([guesses[r.request_id][-1] for r in sub], [1] * len(sub),
-                                   [r.num_tokens + j - 1 for r in sub], [tables[i] for i in live])
+            logits = self._forward(
+                [guesses[r.request_id][-1] for r in sub],
+                [1] * len(sub),
+                [r.num_tokens + j - 1 for r in sub],
+                [tables[i] for i in live],
+            )
             toks, q = self._pick(logits, sub)
             for i, (r, t) in enumerate(zip(sub, toks)):
                 guesses[r.request_id].append(t)
@@ -273,8 +298,9 @@ class DraftModelProposer(Proposer):
 def spec_limit(req: Request, k: int, max_model_len: int) -> int:
     """How many tokens to propose: a step emits up to k + 1 tokens, so never past
     ``max_tokens`` nor ``max_model_len``."""
-    return max(0, min(k, req.sampling_params.max_tokens - req.num_output_tokens - 1,
-                      max_model_len - req.num_tokens - 1))
+    return max(
+        0, min(k, req.sampling_params.max_tokens - req.num_output_tokens - 1, max_model_len - req.num_tokens - 1)
+    )
 
 
 # A guess a draft model has yet to make: it asks for k slots (``req.spec_token_ids = [DRAFT_SLOT] * k``),
@@ -288,14 +314,13 @@ class Speculator:
     scheduler has granted and allocated them (``draft``). Either way the scheduler trims the draft to
     what fits the budget and the KV cache, and frees the rejected guesses' slots after the step."""
 
-    def __init__(self, proposer: Proposer, num_speculative_tokens: int, max_model_len: int,
-                 draft_cost_model=None):
+    def __init__(self, proposer: Proposer, num_speculative_tokens: int, max_model_len: int, draft_cost_model=None):
         self.proposer = proposer
         self.k = num_speculative_tokens
         self.max_model_len = max_model_len
         self.draft_cost_model = draft_cost_model
         self.last_draft_time = 0.0
-        self.proposals: dict[str, list[int]] = {}     # this step's drafts by request id (what is verified)
+        self.proposals: dict[str, list[int]] = {}  # this step's drafts by request id (what is verified)
 
     def propose(self, running: list[Request]) -> None:
         """Before scheduling: ``req.spec_token_ids`` for every decoding request, at most ``spec_limit``
@@ -304,7 +329,7 @@ class Speculator:
             r.spec_token_ids = []
         reqs = [r for r in running if r.is_decoding]
         ks = [spec_limit(r, self.k, self.max_model_len) for r in reqs]
-        if self.proposer.needs_kv:                       # the draft writes KV: slots first
+        if self.proposer.needs_kv:  # the draft writes KV: slots first
             for r, ki in zip(reqs, ks):
                 r.spec_token_ids = [DRAFT_SLOT] * ki
             return
@@ -320,7 +345,7 @@ class Speculator:
             granted = [s for s in out.scheduled if s.spec_token_ids]
             guesses = self.proposer.propose([s.request for s in granted], [len(s.spec_token_ids) for s in granted])
             for s in granted:
-                g = list(guesses.get(s.request.request_id, []))[:len(s.spec_token_ids)]
+                g = list(guesses.get(s.request.request_id, []))[: len(s.spec_token_ids)]
                 s.num_new_tokens -= len(s.spec_token_ids) - len(g)
                 s.spec_token_ids = g
         self.proposals = {s.request.request_id: list(s.spec_token_ids) for s in out.scheduled if s.spec_token_ids}
@@ -338,13 +363,18 @@ class Speculator:
 def resolve_draft_path(name: str) -> str:
     if name == "default-draft":
         from ..model.loader import DEFAULT_DRAFT_DIR
+
         if not (DEFAULT_DRAFT_DIR / "config.json").exists():
-            raise ValueError(f"EngineConfig.speculative_model='default-draft': the shipped draft at "
-                             f"{DEFAULT_DRAFT_DIR} has no weights yet (run scripts/train_shakespeare.py)")
+            raise ValueError(
+                f"EngineConfig.speculative_model='default-draft': the shipped draft at "
+                f"{DEFAULT_DRAFT_DIR} has no weights yet (run scripts/train_shakespeare.py)"
+            )
         return str(DEFAULT_DRAFT_DIR)
     if not os.path.isdir(name):
-        raise ValueError(f"EngineConfig.speculative_model={name!r}: expected a checkpoint directory, "
-                         "'default-draft' (the shipped draft) or 'ngram' (prompt lookup)")
+        raise ValueError(
+            f"EngineConfig.speculative_model={name!r}: expected a checkpoint directory, "
+            "'default-draft' (the shipped draft) or 'ngram' (prompt lookup)"
+        )
     return os.fspath(name)
 
 
@@ -354,6 +384,7 @@ def draft_kv_bytes_per_block(config, dtype: torch.dtype) -> int:
         return 0
     from ..sim.costmodel import ModelSpec
     from ..model.loader import load_config
+
     draft = ModelSpec.from_hf_config(load_config(resolve_draft_path(config.speculative_model)))
     return draft.kv_block_bytes(config.block_size, torch.finfo(dtype).bits // 8)
 
@@ -374,18 +405,24 @@ def draft_cost_model(target_cost_model, draft_spec, target_spec):
     """The draft's cost model: the same hardware roofline for the draft's shape, or (for a cost
     model without shapes) the target's scaled by the weight ratio. None without a cost model."""
     from ..sim.costmodel import RooflineCostModel
+
     cm = target_cost_model
     if cm is None:
         return None
     if isinstance(cm, RooflineCostModel):
-        return RooflineCostModel(cm.hardware, draft_spec, flops_efficiency=cm.flops_efficiency,
-                                 bandwidth_efficiency=cm.bandwidth_efficiency,
-                                 pcie_efficiency=cm.pcie_efficiency)
+        return RooflineCostModel(
+            cm.hardware,
+            draft_spec,
+            flops_efficiency=cm.flops_efficiency,
+            bandwidth_efficiency=cm.bandwidth_efficiency,
+            pcie_efficiency=cm.pcie_efficiency,
+        )
     return ScaledCostModel(cm, draft_spec.weight_bytes / target_spec.weight_bytes)
 
 
-def make_speculator(config, kv, target_spec, cost_model, device: torch.device, dtype: torch.dtype,
-                    backend: str, sampler) -> Speculator:
+def make_speculator(
+    config, kv, target_spec, cost_model, device: torch.device, dtype: torch.dtype, backend: str, sampler
+) -> Speculator:
     """The speculator ``EngineConfig.speculative_model`` names, built from the engine's parts: its KV
     manager (a draft model's cache uses the same block tables), the target's shape (``ModelSpec``) and cost
     model (the draft's is priced alike), the device and dtype, and the runner's attention ``backend`` and
@@ -396,15 +433,27 @@ def make_speculator(config, kv, target_spec, cost_model, device: torch.device, d
     else:
         from ..sim.costmodel import ModelSpec
         from ..model.loader import load_model
+
         path = resolve_draft_path(config.speculative_model)
         dtype_name = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
         model, hf = load_model(path, dtype_name, str(device), config.seed)
         if hf.vocab_size != target_spec.vocab_size:
-            raise ValueError(f"EngineConfig.speculative_model={config.speculative_model!r}: vocabulary of "
-                             f"{hf.vocab_size} tokens, the target's has {target_spec.vocab_size} (a draft "
-                             "must share the target's tokenizer)")
-        proposer = DraftModelProposer(model, kv, kv.num_blocks, config.block_size, device, dtype, backend, sampler,
-                                      name=os.path.basename(os.path.normpath(path)))
+            raise ValueError(
+                f"EngineConfig.speculative_model={config.speculative_model!r}: vocabulary of "
+                f"{hf.vocab_size} tokens, the target's has {target_spec.vocab_size} (a draft "
+                "must share the target's tokenizer)"
+            )
+        proposer = DraftModelProposer(
+            model,
+            kv,
+            kv.num_blocks,
+            config.block_size,
+            device,
+            dtype,
+            backend,
+            sampler,
+            name=os.path.basename(os.path.normpath(path)),
+        )
         draft_cm = draft_cost_model(cost_model, ModelSpec.from_hf_config(hf), target_spec)
     check_protocol(proposer, Proposer, f"EngineConfig.speculative_model={config.speculative_model!r}")
     return Speculator(proposer, config.num_speculative_tokens, config.max_model_len, draft_cm)
@@ -448,8 +497,7 @@ def alpha_from_tokens_per_step(tokens_per_step: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-def modeled_speedup(cost_model, draft_cost_model, batch: int, context_len: int, k: int,
-                    alpha: float) -> dict:
+def modeled_speedup(cost_model, draft_cost_model, batch: int, context_len: int, k: int, alpha: float) -> dict:
     """Speculation priced by cost models for ``batch`` requests decoding at ``context_len``.
 
     Plain decode: one target step of ``batch`` x 1 token per token. Speculative: k draft steps
@@ -464,9 +512,18 @@ def modeled_speedup(cost_model, draft_cost_model, batch: int, context_len: int, 
     verify_t = cost_model.step_time([k + 1] * B, [c + k + 1] * B)
     tokens = expected_tokens_per_step(alpha, k)
     spec_per_token = (draft + verify_t) / tokens
-    return dict(batch=B, k=k, alpha=alpha, plain_step=plain, draft_time=draft, verify_time=verify_t,
-                tokens_per_step=tokens, plain_time_per_token=plain, spec_time_per_token=spec_per_token,
-                speedup=plain / spec_per_token)
+    return dict(
+        batch=B,
+        k=k,
+        alpha=alpha,
+        plain_step=plain,
+        draft_time=draft,
+        verify_time=verify_t,
+        tokens_per_step=tokens,
+        plain_time_per_token=plain,
+        spec_time_per_token=spec_per_token,
+        speedup=plain / spec_per_token,
+    )
 
 
 def spec_stats(records) -> dict:
@@ -476,8 +533,11 @@ def spec_stats(records) -> dict:
     accepted = sum(r.spec_accepted for r in records)
     steps = [e for r in records for e in r.batch if e.phase == "decode" and e.num_output_tokens > 0]
     spec_steps = [e for e in steps if e.num_spec_tokens]
-    return dict(proposed=proposed, accepted=accepted,
-                acceptance_rate=accepted / proposed if proposed else None,
-                decode_steps=len(steps), spec_steps=len(spec_steps),
-                tokens_per_target_step=(sum(1 + e.num_spec_accepted for e in steps) / len(steps)
-                                        if steps else None))
+    return dict(
+        proposed=proposed,
+        accepted=accepted,
+        acceptance_rate=accepted / proposed if proposed else None,
+        decode_steps=len(steps),
+        spec_steps=len(spec_steps),
+        tokens_per_target_step=(sum(1 + e.num_spec_accepted for e in steps) / len(steps) if steps else None),
+    )

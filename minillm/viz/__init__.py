@@ -19,5 +19,16 @@ from .monitor import EngineMonitor
 from .panels import metrics_html, queue_html, reasons_html
 from .stepper import Stepper, as_engine, engine_factory
 
-__all__ = ["Stepper", "LockstepStepper", "EngineMonitor", "unused_reservation_engine", "reservation_vs_paging_lockstep",
-           "engine_factory", "as_engine", "LiveFigure", "metrics_html", "queue_html", "reasons_html"]
+__all__ = [
+    "Stepper",
+    "LockstepStepper",
+    "EngineMonitor",
+    "unused_reservation_engine",
+    "reservation_vs_paging_lockstep",
+    "engine_factory",
+    "as_engine",
+    "LiveFigure",
+    "metrics_html",
+    "queue_html",
+    "reasons_html",
+]

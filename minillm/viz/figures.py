@@ -47,11 +47,26 @@ from plotly.subplots import make_subplots
 from ..step_record import BlockInfo, KVSnapshot, StepRecord
 
 __all__ = [
-    "PALETTE", "log_ticks", "ColorMap", "request_color",
-    "KVCells", "kv_cells", "kv_labels", "empty_kv_snapshot", "kv_map_figure", "update_kv_map", "compare_kv_figure",
-    "batch_segments", "batch_figure", "update_batch_figure",
-    "gantt_segments", "gantt_figure", "latency_cdf_figure", "kv_usage_figure",
-    "roofline_figure", "throughput_latency_figure",
+    "PALETTE",
+    "log_ticks",
+    "ColorMap",
+    "request_color",
+    "KVCells",
+    "kv_cells",
+    "kv_labels",
+    "empty_kv_snapshot",
+    "kv_map_figure",
+    "update_kv_map",
+    "compare_kv_figure",
+    "batch_segments",
+    "batch_figure",
+    "update_batch_figure",
+    "gantt_segments",
+    "gantt_figure",
+    "latency_cdf_figure",
+    "kv_usage_figure",
+    "roofline_figure",
+    "throughput_latency_figure",
 ]
 
 # =====================================================================================
@@ -59,22 +74,45 @@ __all__ = [
 # =====================================================================================
 
 # Vega's category10, with its grey swapped for a purple: grey means "free" here.
-PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2",
-           "#FF9DA6", "#9D755D", "#7F3C8D", "#1F9E89", "#D4A017", "#3F51B5", "#C2185B",
-           "#6D8B3A", "#8C6D31"]
+PALETTE = [
+    "#4C78A8",
+    "#F58518",
+    "#54A24B",
+    "#E45756",
+    "#72B7B2",
+    "#EECA3B",
+    "#B279A2",
+    "#FF9DA6",
+    "#9D755D",
+    "#7F3C8D",
+    "#1F9E89",
+    "#D4A017",
+    "#3F51B5",
+    "#C2185B",
+    "#6D8B3A",
+    "#8C6D31",
+]
+
+
 def log_ticks(marks: tuple = (1, 2, 5)) -> dict:
     """Tick labels for a log axis, written out, at ``marks`` of every power of ten (1, 2, 5: 0.01, 0.02,
     0.05, 0.1, ...): an axis spanning less than a decade still has labels, and none are plotly's small
     2-to-9 digits. ``fig.update_yaxes(type="log", **log_ticks())``; ``(1, 3)`` for an axis of many decades."""
-    vals = [m * 10.0 ** e for e in range(-4, 7) for m in marks]
+    vals = [m * 10.0**e for e in range(-4, 7) for m in marks]
     return dict(tickvals=vals, ticktext=[f"{v:g}" for v in vals])
 
 
-FREE_LINE = "#c4c4c4"       # outline of a free cell
-CACHED_FILL = "#dde3ea"     # a free block that still holds a cached prefix (under a dotted pattern)
-UNUSED_BUDGET = "#eeeeee"   # execution-token budget left unused
-PHASE_COLORS = {"queued": "#c9c9c9", "prefill": "#F58518", "decode": "#4C78A8",
-                "stalled": "#EECA3B", "preempted": "#E45756", "swapped": "#B279A2"}
+FREE_LINE = "#c4c4c4"  # outline of a free cell
+CACHED_FILL = "#dde3ea"  # a free block that still holds a cached prefix (under a dotted pattern)
+UNUSED_BUDGET = "#eeeeee"  # execution-token budget left unused
+PHASE_COLORS = {
+    "queued": "#c9c9c9",
+    "prefill": "#F58518",
+    "decode": "#4C78A8",
+    "stalled": "#EECA3B",
+    "preempted": "#E45756",
+    "swapped": "#B279A2",
+}
 
 
 def _extra_color(i: int) -> str:
@@ -128,6 +166,7 @@ def _colors(colors: Optional[ColorMap]) -> ColorMap:
 # The KV memory map
 # =====================================================================================
 
+
 @dataclass
 class KVCells:
     """The KV map as cells, ready to draw. One list entry per cell.
@@ -137,17 +176,18 @@ class KVCells:
     per-block map was recorded: cells are laid out from the per-request totals, not
     from real addresses).
     """
+
     unit: str
     positions_per_cell: int
     blocks_per_cell: int
     x: list[float] = field(default_factory=list)
     y: list[float] = field(default_factory=list)
-    block_ids: list[str] = field(default_factory=list)    # "7", or "12-15" for an aggregate cell
+    block_ids: list[str] = field(default_factory=list)  # "7", or "12-15" for an aggregate cell
     owners: list[list[str]] = field(default_factory=list)  # request ids holding a reference
     owner: list[Optional[str]] = field(default_factory=list)  # the one the cell is coloured by
-    filled: list[float] = field(default_factory=list)      # fraction of the cell holding KV
-    reserved: list[float] = field(default_factory=list)    # fraction reserved for an owner, empty
-    cached: list[float] = field(default_factory=list)      # fraction free but holding a cached prefix
+    filled: list[float] = field(default_factory=list)  # fraction of the cell holding KV
+    reserved: list[float] = field(default_factory=list)  # fraction reserved for an owner, empty
+    cached: list[float] = field(default_factory=list)  # fraction free but holding a cached prefix
     ref_count: list[int] = field(default_factory=list)
     label: list[str] = field(default_factory=list)
     hover: list[str] = field(default_factory=list)
@@ -161,11 +201,17 @@ class KVCells:
 def empty_kv_snapshot(num_blocks: int, block_size: int, detail: bool = True) -> KVSnapshot:
     """The KV cache before the first step: every block free (what the map shows at step 0)."""
     total = num_blocks * block_size
-    snap = KVSnapshot(total=total, used=0, free=total, blocks_total=num_blocks, blocks_used=0,
-                      blocks_free=num_blocks, block_size=block_size)
+    snap = KVSnapshot(
+        total=total,
+        used=0,
+        free=total,
+        blocks_total=num_blocks,
+        blocks_used=0,
+        blocks_free=num_blocks,
+        block_size=block_size,
+    )
     if detail:
-        snap.blocks = [BlockInfo(block_id=i, owners=[], num_filled=0, ref_count=0)
-                       for i in range(num_blocks)]
+        snap.blocks = [BlockInfo(block_id=i, owners=[], num_filled=0, ref_count=0) for i in range(num_blocks)]
     return snap
 
 
@@ -173,8 +219,9 @@ def _looks_reserved(kv: KVSnapshot) -> bool:
     return kv.reserved_unused > 0 or any(b.reserved for b in kv.blocks)
 
 
-def kv_cells(kv: KVSnapshot, *, max_cells: int = 512, per_position_max: int = 64,
-             mode: Optional[str] = None, columns: int = 32) -> KVCells:
+def kv_cells(
+    kv: KVSnapshot, *, max_cells: int = 512, per_position_max: int = 64, mode: Optional[str] = None, columns: int = 32
+) -> KVCells:
     """Turn a ``KVSnapshot`` into drawable cells.
 
     One cell per token position when the capacity is at most ``per_position_max``
@@ -194,7 +241,7 @@ def kv_cells(kv: KVSnapshot, *, max_cells: int = 512, per_position_max: int = 64
     k = max(1, math.ceil(len(blocks) / max_cells))
     cells = KVCells(unit="block" if k == 1 else "blocks", positions_per_cell=bs * k, blocks_per_cell=k)
     for start in range(0, len(blocks), k):
-        group = blocks[start:start + k]
+        group = blocks[start : start + k]
         cap = bs * len(group)
         filled = sum(b.num_filled for b in group if b.ref_count > 0)
         reserved = sum(b.reserved for b in group if b.ref_count > 0)
@@ -209,8 +256,17 @@ def kv_cells(kv: KVSnapshot, *, max_cells: int = 512, per_position_max: int = 64
         owner = max(owners, key=lambda r: weight[r]) if owners else None
         ref = max((b.ref_count for b in group), default=0)
         ids = str(group[0].block_id) if len(group) == 1 else f"{group[0].block_id}-{group[-1].block_id}"
-        _add_cell(cells, ids, owners, owner, filled / cap, reserved / cap, cached / cap, ref,
-                  _block_hover(ids, group, owners, filled, reserved, cached, cap))
+        _add_cell(
+            cells,
+            ids,
+            owners,
+            owner,
+            filled / cap,
+            reserved / cap,
+            cached / cap,
+            ref,
+            _block_hover(ids, group, owners, filled, reserved, cached, cap),
+        )
     _grid(cells, columns)
     return cells
 
@@ -233,8 +289,17 @@ def _block_hover(ids, group, owners, filled, reserved, cached, cap) -> str:
     return "<br>".join(lines)
 
 
-def _add_cell(cells: KVCells, ids: str, owners: list[str], owner: Optional[str], filled: float,
-              reserved: float, cached: float, ref: int, hover: str) -> None:
+def _add_cell(
+    cells: KVCells,
+    ids: str,
+    owners: list[str],
+    owner: Optional[str],
+    filled: float,
+    reserved: float,
+    cached: float,
+    ref: int,
+    hover: str,
+) -> None:
     cells.block_ids.append(ids)
     cells.owners.append(list(owners))
     cells.owner.append(owner)
@@ -286,8 +351,7 @@ def _position_cells(kv: KVSnapshot, columns: int) -> KVCells:
                 hover += "<br>owner: " + ", ".join(b.owners)
             if b.ref_count > 1:
                 hover += f"<br>shared: ref count {b.ref_count}"
-            _add_cell(cells, str(b.block_id), b.owners, owner, filled, reserved, cached, b.ref_count,
-                      hover)
+            _add_cell(cells, str(b.block_id), b.owners, owner, filled, reserved, cached, b.ref_count, hover)
             xs.append(col * (bs + gap) + p)
             ys.append(-float(row))
     cells.x, cells.y = [float(v) for v in xs], ys
@@ -300,9 +364,12 @@ def _aggregate_cells(kv: KVSnapshot, max_cells: int, columns: int) -> KVCells:
     """No block map recorded (very large caches): cells laid out from per-request totals."""
     n = max(1, min(kv.blocks_total, max_cells))
     per_cell = max(1, kv.total / n)
-    cells = KVCells(unit="aggregate", positions_per_cell=int(math.ceil(per_cell)),
-                    blocks_per_cell=max(1, math.ceil(kv.blocks_total / n)))
-    segments: list[tuple[Optional[str], float, float, float]] = []   # owner, filled, reserved, cached
+    cells = KVCells(
+        unit="aggregate",
+        positions_per_cell=int(math.ceil(per_cell)),
+        blocks_per_cell=max(1, math.ceil(kv.blocks_total / n)),
+    )
+    segments: list[tuple[Optional[str], float, float, float]] = []  # owner, filled, reserved, cached
     for rid, rk in kv.per_request.items():
         segments.append((rid, float(rk.used), float(rk.reserved_unused), 0.0))
     if kv.cached:
@@ -317,10 +384,19 @@ def _aggregate_cells(kv: KVSnapshot, max_cells: int, columns: int) -> KVCells:
             f = used / size if size else 0.0
             r = res / size if size else 0.0
             c = cached / size if size else 0.0
-            _add_cell(cells, f"~{i}", [owner] if owner else [], owner, f, r, c, 1 if owner else 0,
-                      (f"{owner}: {int(used)} positions of KV" + (f", {int(res)} reserved unused"
-                                                                  if res else "")) if owner else
-                      f"free, cached prefix: {int(cached)} positions")
+            _add_cell(
+                cells,
+                f"~{i}",
+                [owner] if owner else [],
+                owner,
+                f,
+                r,
+                c,
+                1 if owner else 0,
+                (f"{owner}: {int(used)} positions of KV" + (f", {int(res)} reserved unused" if res else ""))
+                if owner
+                else f"free, cached prefix: {int(cached)} positions",
+            )
             i += 1
     while i < n:
         _add_cell(cells, f"~{i}", [], None, 0.0, 0.0, 0.0, 0, "free")
@@ -330,19 +406,19 @@ def _aggregate_cells(kv: KVSnapshot, max_cells: int, columns: int) -> KVCells:
 
 
 KV_TRACE_NAMES = ("cell", "holds KV", "reserved, unused", "cached prefix, free", "labels")
-_CELL_H = 0.86     # cell height in row units
+_CELL_H = 0.86  # cell height in row units
 _CELL_W = 0.86
-_LABEL_PX = 6.4    # width of one label character at the labels' font size (10 px), with a margin
-_DEFAULT_WIDTH = 600   # the width a map is assumed to get when none is set (label fitting)
+_LABEL_PX = 6.4  # width of one label character at the labels' font size (10 px), with a margin
+_DEFAULT_WIDTH = 600  # the width a map is assumed to get when none is set (label fitting)
 
 
 def _cell_px(cells: KVCells, width: Optional[int]) -> float:
     """Width of one cell on screen, in pixels, for a map ``width`` pixels wide."""
-    plot = max(100, (width or _DEFAULT_WIDTH) - 20)          # less the left and right margins
+    plot = max(100, (width or _DEFAULT_WIDTH) - 20)  # less the left and right margins
     return plot * _CELL_W / (cells.x_max + 1.2)
 
 
-_LABEL_SIZES = ((10, _LABEL_PX), (8, 5.2))     # font size, px per character: normal, then small
+_LABEL_SIZES = ((10, _LABEL_PX), (8, 5.2))  # font size, px per character: normal, then small
 
 
 def _fit(candidates: Sequence[str], px: float, small: Sequence[str] = ()) -> tuple[str, int]:
@@ -370,7 +446,7 @@ def kv_labels(cells: KVCells, width: Optional[int] = None, labels: Optional[bool
     i, n = 0, len(cells)
     while i < n:
         j = i + 1
-        if cells.unit == "position":     # the positions of one block, on one row
+        if cells.unit == "position":  # the positions of one block, on one row
             while j < n and cells.block_ids[j] == cells.block_ids[i] and cells.y[j] == cells.y[i]:
                 j += 1
         o, ref = cells.owner[i], cells.ref_count[i]
@@ -378,11 +454,11 @@ def kv_labels(cells: KVCells, width: Optional[int] = None, labels: Optional[bool
         shared = f"\u00d7{ref}" if ref > 1 else ""
         if o is not None and used:
             if cells.unit == "position" and not shared:
-                for k in used:           # an owner's id in every position cell that fits it
+                for k in used:  # an owner's id in every position cell that fits it
                     t, size = _fit([str(o)] if labels else [], px)
                     if t:
                         xs.append(cells.x[k]), ys.append(cells.y[k]), texts.append(t), sizes.append(size)
-            else:                        # the shared mark always shows, in a smaller font if need be
+            else:  # the shared mark always shows, in a smaller font if need be
                 room = px + (cells.x[used[-1]] - cells.x[used[0]]) * px / _CELL_W
                 t, size = _fit(([f"{o}{shared}"] if labels else []) + [shared], room, [shared])
                 if t:
@@ -392,14 +468,14 @@ def kv_labels(cells: KVCells, width: Optional[int] = None, labels: Optional[bool
     return xs, ys, texts, sizes
 
 
-def _kv_trace_data(cells: KVCells, colors: ColorMap, labels: Optional[bool] = None,
-                   width: Optional[int] = None) -> list[dict]:
+def _kv_trace_data(
+    cells: KVCells, colors: ColorMap, labels: Optional[bool] = None, width: Optional[int] = None
+) -> list[dict]:
     """The five traces of a KV map, as dicts (same order every step)."""
     h = _CELL_H
     bottoms = [y - h / 2 for y in cells.y]
     own_color = [colors[o] if o is not None else FREE_LINE for o in cells.owner]
-    line_color = [CACHED_LINE if o is None and c > 0 else oc
-                  for oc, o, c in zip(own_color, cells.owner, cells.cached)]
+    line_color = [CACHED_LINE if o is None and c > 0 else oc for oc, o, c in zip(own_color, cells.owner, cells.cached)]
     bg_fill = [_tint(c, 0.16) if o is not None else "white" for c, o in zip(own_color, cells.owner)]
     filled_h = [h * f for f in cells.filled]
     res_base = [b + fh for b, fh in zip(bottoms, filled_h)]
@@ -408,13 +484,27 @@ def _kv_trace_data(cells: KVCells, colors: ColorMap, labels: Optional[bool] = No
     customdata = [[ids, ",".join(ow), hv] for ids, ow, hv in zip(cells.block_ids, cells.owners, cells.hover)]
     lx, ly, text, sizes = kv_labels(cells, width, labels)
     return [
-        dict(x=cells.x, y=[h] * len(cells), base=bottoms, customdata=customdata,
-             marker=dict(color=bg_fill, line=dict(color=line_color, width=1))),
-        dict(x=cells.x, y=filled_h, base=bottoms, customdata=customdata,
-             marker=dict(color=own_color, line=dict(width=0))),
-        dict(x=cells.x, y=res_h, base=res_base, customdata=customdata,
-             marker=dict(color="white", line=dict(width=0),
-                         pattern=dict(shape="/", fgcolor=own_color, bgcolor="white", size=6, solidity=0.4))),
+        dict(
+            x=cells.x,
+            y=[h] * len(cells),
+            base=bottoms,
+            customdata=customdata,
+            marker=dict(color=bg_fill, line=dict(color=line_color, width=1)),
+        ),
+        dict(
+            x=cells.x, y=filled_h, base=bottoms, customdata=customdata, marker=dict(color=own_color, line=dict(width=0))
+        ),
+        dict(
+            x=cells.x,
+            y=res_h,
+            base=res_base,
+            customdata=customdata,
+            marker=dict(
+                color="white",
+                line=dict(width=0),
+                pattern=dict(shape="/", fgcolor=own_color, bgcolor="white", size=6, solidity=0.4),
+            ),
+        ),
         dict(x=cells.x, y=cached_h, base=bottoms, customdata=customdata, marker=_CACHED_MARKER),
         dict(x=lx, y=ly, text=text, textfont=dict(size=sizes, color="#222")),
     ]
@@ -423,15 +513,23 @@ def _kv_trace_data(cells: KVCells, colors: ColorMap, labels: Optional[bool] = No
 # A free block that still holds a cached prefix: dotted slate grey on a pale fill, so it reads
 # apart from a free (white) cell and from a request's colour.
 CACHED_LINE = "#7d8b99"
-_CACHED_MARKER = dict(color=CACHED_FILL, line=dict(width=0),
-                      pattern=dict(shape=".", fgcolor="#5f6f80", bgcolor=CACHED_FILL, size=5, solidity=0.45))
+_CACHED_MARKER = dict(
+    color=CACHED_FILL,
+    line=dict(width=0),
+    pattern=dict(shape=".", fgcolor="#5f6f80", bgcolor=CACHED_FILL, size=5, solidity=0.45),
+)
 
 # The map's legend: one entry per cell state, drawn with the cells' own fill and pattern.
 KV_LEGEND_ENTRIES = (
     ("holds KV (owner's colour)", dict(color="#8a8a8a", line=dict(color="#8a8a8a", width=1))),
-    ("reserved, unused", dict(color="white", line=dict(color="#8a8a8a", width=1),
-                              pattern=dict(shape="/", fgcolor="#8a8a8a", bgcolor="white", size=6,
-                                           solidity=0.4))),
+    (
+        "reserved, unused",
+        dict(
+            color="white",
+            line=dict(color="#8a8a8a", width=1),
+            pattern=dict(shape="/", fgcolor="#8a8a8a", bgcolor="white", size=6, solidity=0.4),
+        ),
+    ),
     ("cached prefix, free (reusable)", dict(_CACHED_MARKER, line=dict(color=CACHED_LINE, width=1))),
     ("free", dict(color="white", line=dict(color=FREE_LINE, width=1))),
 )
@@ -442,16 +540,17 @@ def _kv_traces(cells: KVCells, colors: ColorMap, width: Optional[int] = None) ->
     hover = "%{customdata[2]}<extra></extra>"
     traces = []
     for name, d in zip(KV_TRACE_NAMES[:4], data[:4]):
-        traces.append(go.Bar(name=name, width=_CELL_W, orientation="v", showlegend=False,
-                             hovertemplate=hover, **d))
+        traces.append(go.Bar(name=name, width=_CELL_W, orientation="v", showlegend=False, hovertemplate=hover, **d))
     traces.append(go.Scatter(name="labels", mode="text", showlegend=False, hoverinfo="skip", **data[4]))
     return traces
 
 
 def _kv_legend_traces() -> list:
     """Legend-only traces (no data): the cell states with their real fill and pattern."""
-    return [go.Bar(name=name, x=[None], y=[None], marker=marker, hoverinfo="skip", showlegend=True)
-            for name, marker in KV_LEGEND_ENTRIES]
+    return [
+        go.Bar(name=name, x=[None], y=[None], marker=marker, hoverinfo="skip", showlegend=True)
+        for name, marker in KV_LEGEND_ENTRIES
+    ]
 
 
 def _kv_title(kv: KVSnapshot, cells: KVCells, step: Optional[int] = None) -> str:
@@ -466,11 +565,14 @@ def _kv_title(kv: KVSnapshot, cells: KVCells, step: Optional[int] = None) -> str
 
 
 def _kv_unit(kv: KVSnapshot, cells: KVCells) -> str:
-    return {"position": f"one cell = one token position ({kv.block_size} per block)" if kv.block_size > 1
-            else "one cell = one token position",
-            "block": f"one cell = one block of {kv.block_size} positions",
-            "blocks": f"one cell = {cells.blocks_per_cell} blocks of {kv.block_size} positions",
-            "aggregate": "totals only: the engine recorded no block map for this many blocks"}[cells.unit]
+    return {
+        "position": f"one cell = one token position ({kv.block_size} per block)"
+        if kv.block_size > 1
+        else "one cell = one token position",
+        "block": f"one cell = one block of {kv.block_size} positions",
+        "blocks": f"one cell = {cells.blocks_per_cell} blocks of {kv.block_size} positions",
+        "aggregate": "totals only: the engine recorded no block map for this many blocks",
+    }[cells.unit]
 
 
 KV_LEGEND = "\u00d7n: a block shared by n requests"
@@ -480,7 +582,7 @@ def _kv_legend(unit: str) -> str:
     return f"<span style='color:#555'>{unit} \u00b7 {KV_LEGEND}</span>"
 
 
-_LEGEND_H = 62     # px under the map: the unit line and the legend's entries (two rows when narrow)
+_LEGEND_H = 62  # px under the map: the unit line and the legend's entries (two rows when narrow)
 
 
 def _kv_layout(cells: KVCells, title: str, width: Optional[int], legend: Optional[str] = None) -> dict:
@@ -488,31 +590,69 @@ def _kv_layout(cells: KVCells, title: str, width: Optional[int], legend: Optiona
     height = int(min(640 + _LEGEND_H, 70 + 30 * rows + (_LEGEND_H if legend else 8)))
     lay = dict(
         title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left", y=0.97, yanchor="top"),
-        barmode="overlay", bargap=0, height=height,
+        barmode="overlay",
+        bargap=0,
+        height=height,
         margin=dict(l=10, r=10, t=40, b=_LEGEND_H if legend else 8, autoexpand=False),
-        plot_bgcolor="white", paper_bgcolor="white", hovermode="closest", showlegend=bool(legend),
-        legend=dict(orientation="h", x=0, xanchor="left", y=0, yanchor="bottom", yref="container",
-                    font=dict(size=11), itemclick=False, itemdoubleclick=False, tracegroupgap=0),
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+        hovermode="closest",
+        showlegend=bool(legend),
+        legend=dict(
+            orientation="h",
+            x=0,
+            xanchor="left",
+            y=0,
+            yanchor="bottom",
+            yref="container",
+            font=dict(size=11),
+            itemclick=False,
+            itemdoubleclick=False,
+            tracegroupgap=0,
+        ),
         xaxis=dict(visible=False, range=[-0.6, cells.x_max + 0.6], fixedrange=True),
         yaxis=dict(visible=False, range=[-(rows - 1) - 0.6, 0.6], fixedrange=True),
-        annotations=[dict(text=legend, xref="paper", yref="paper", x=0, y=0, yanchor="top", yshift=-2,
-                          align="left", xanchor="left", showarrow=False, font=dict(size=11))] if legend else [],
+        annotations=[
+            dict(
+                text=legend,
+                xref="paper",
+                yref="paper",
+                x=0,
+                y=0,
+                yanchor="top",
+                yshift=-2,
+                align="left",
+                xanchor="left",
+                showarrow=False,
+                font=dict(size=11),
+            )
+        ]
+        if legend
+        else [],
     )
     if width:
         lay["width"] = width
     return lay
 
 
-def kv_map_figure(record: Union[StepRecord, KVSnapshot, None] = None, *, colors: Optional[ColorMap] = None,
-                  max_cells: int = 512, per_position_max: int = 64, mode: Optional[str] = None,
-                  width: Optional[int] = None, title: Optional[str] = None) -> go.Figure:
+def kv_map_figure(
+    record: Union[StepRecord, KVSnapshot, None] = None,
+    *,
+    colors: Optional[ColorMap] = None,
+    max_cells: int = 512,
+    per_position_max: int = 64,
+    mode: Optional[str] = None,
+    width: Optional[int] = None,
+    title: Optional[str] = None,
+) -> go.Figure:
     """The KV memory map after a step (a ``StepRecord`` or its ``kv`` snapshot)."""
     kv, step = _kv_of(record)
     colors = _colors(colors)
     cells = kv_cells(kv, max_cells=max_cells, per_position_max=per_position_max, mode=mode)
-    fig = go.Figure(data=_kv_traces(cells, colors, width) + _kv_legend_traces(),
-                    layout=_kv_layout(cells, title or _kv_title(kv, cells, step), width,
-                                      legend=_kv_legend(_kv_unit(kv, cells))))
+    fig = go.Figure(
+        data=_kv_traces(cells, colors, width) + _kv_legend_traces(),
+        layout=_kv_layout(cells, title or _kv_title(kv, cells, step), width, legend=_kv_legend(_kv_unit(kv, cells))),
+    )
     return fig
 
 
@@ -524,9 +664,16 @@ def _kv_of(record) -> tuple[KVSnapshot, Optional[int]]:
     return record.kv, record.step
 
 
-def update_kv_map(fig: go.Figure, record: Union[StepRecord, KVSnapshot], *, colors: Optional[ColorMap] = None,
-                  max_cells: int = 512, per_position_max: int = 64, mode: Optional[str] = None,
-                  title: Optional[str] = None) -> KVCells:
+def update_kv_map(
+    fig: go.Figure,
+    record: Union[StepRecord, KVSnapshot],
+    *,
+    colors: Optional[ColorMap] = None,
+    max_cells: int = 512,
+    per_position_max: int = 64,
+    mode: Optional[str] = None,
+    title: Optional[str] = None,
+) -> KVCells:
     """Redraw a ``kv_map_figure`` for another step, in place (same traces, new data)."""
     kv, step = _kv_of(record)
     colors = _colors(colors)
@@ -551,9 +698,15 @@ def _batch(fig):
     return fig.batch_update()
 
 
-def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, colors: Optional[ColorMap] = None,
-                      max_cells: int = 512, per_position_max: int = 64, width: Optional[int] = None,
-                      title: Optional[str] = None) -> go.Figure:
+def compare_kv_figure(
+    records: Mapping[str, Union[StepRecord, KVSnapshot]],
+    *,
+    colors: Optional[ColorMap] = None,
+    max_cells: int = 512,
+    per_position_max: int = 64,
+    width: Optional[int] = None,
+    title: Optional[str] = None,
+) -> go.Figure:
     """KV maps of several engines at one step, one above the other (Figure 4 of notebook 02).
 
     ``records``: name -> the StepRecord (or KV snapshot) of that engine at the step to show,
@@ -576,8 +729,13 @@ def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, c
             sub += f"<br><span style='font-size:11px'>{w.request_id} waits: {w.reason}</span>"
         subtitles.append(sub)
     heights = [c.num_rows for c in cells_by.values()]
-    fig = make_subplots(rows=len(names), cols=1, subplot_titles=subtitles, vertical_spacing=0.25 / max(1, len(names)),
-                        row_heights=[h / sum(heights) for h in heights])
+    fig = make_subplots(
+        rows=len(names),
+        cols=1,
+        subplot_titles=subtitles,
+        vertical_spacing=0.25 / max(1, len(names)),
+        row_heights=[h / sum(heights) for h in heights],
+    )
     for i, name in enumerate(names, start=1):
         cells = cells_by[name]
         for tr in _kv_traces(cells, colors, width):
@@ -590,14 +748,39 @@ def compare_kv_figure(records: Mapping[str, Union[StepRecord, KVSnapshot]], *, c
     unit = _kv_unit(_kv_of(records[names[0]])[0], first) if first is not None else ""
     for tr in _kv_legend_traces():
         fig.add_trace(tr, row=1, col=1)
-    fig.add_annotation(text=_kv_legend(unit), xref="paper", yref="paper", x=0, y=0, yanchor="top", yshift=-4,
-                       xanchor="left", align="left", showarrow=False, font=dict(size=11))
-    fig.update_layout(barmode="overlay", bargap=0, plot_bgcolor="white", showlegend=True,
-                      legend=dict(orientation="h", x=0, xanchor="left", y=0, yanchor="bottom", yref="container",
-                                  font=dict(size=11), itemclick=False, itemdoubleclick=False),
-                      height=int(min(900 + _LEGEND_H, 60 + _LEGEND_H + sum(110 + 30 * h for h in heights))),
-                      margin=dict(l=10, r=10, t=70 if title else 50, b=_LEGEND_H + 10, autoexpand=False),
-                      title=dict(text=title, x=0.01) if title else None)
+    fig.add_annotation(
+        text=_kv_legend(unit),
+        xref="paper",
+        yref="paper",
+        x=0,
+        y=0,
+        yanchor="top",
+        yshift=-4,
+        xanchor="left",
+        align="left",
+        showarrow=False,
+        font=dict(size=11),
+    )
+    fig.update_layout(
+        barmode="overlay",
+        bargap=0,
+        plot_bgcolor="white",
+        showlegend=True,
+        legend=dict(
+            orientation="h",
+            x=0,
+            xanchor="left",
+            y=0,
+            yanchor="bottom",
+            yref="container",
+            font=dict(size=11),
+            itemclick=False,
+            itemdoubleclick=False,
+        ),
+        height=int(min(900 + _LEGEND_H, 60 + _LEGEND_H + sum(110 + 30 * h for h in heights))),
+        margin=dict(l=10, r=10, t=70 if title else 50, b=_LEGEND_H + 10, autoexpand=False),
+        title=dict(text=title, x=0.01) if title else None,
+    )
     if width:
         fig.update_layout(width=width)
     return fig
@@ -621,10 +804,17 @@ def batch_segments(record: Optional[StepRecord], token_budget: Optional[int] = N
     num_batched_tokens.
     """
     out: dict[str, list[dict]] = {k: [] for k in SEGMENT_KINDS}
-    if record is None:          # before the first step: the whole budget is unused
+    if record is None:  # before the first step: the whole budget is unused
         if token_budget:
-            out["unused"].append(dict(request_id=None, start=0, tokens=token_budget,
-                                      label=f"budget {token_budget}, nothing ran yet", context=0))
+            out["unused"].append(
+                dict(
+                    request_id=None,
+                    start=0,
+                    tokens=token_budget,
+                    label=f"budget {token_budget}, nothing ran yet",
+                    context=0,
+                )
+            )
         return out
     pos = 0
     for e in record.batch:
@@ -636,31 +826,39 @@ def batch_segments(record: Optional[StepRecord], token_budget: Optional[int] = N
         own = e.num_new_tokens - spec
         label = f"{e.request_id} {'decode' if kind == 'decode' else 'prefill'} {e.num_new_tokens}"
         if spec:
-            label += (f": {own} token{'s' if own != 1 else ''} of its own + {spec} draft guesses, "
-                      f"{kept} accepted, {spec - kept} rejected")
+            label += (
+                f": {own} token{'s' if own != 1 else ''} of its own + {spec} draft guesses, "
+                f"{kept} accepted, {spec - kept} rejected"
+            )
         if own:
-            out[kind].append(dict(request_id=e.request_id, start=pos, tokens=own, label=label,
-                                  context=e.context_len))
+            out[kind].append(dict(request_id=e.request_id, start=pos, tokens=own, label=label, context=e.context_len))
             pos += own
         for part, n in (("accepted", kept), ("rejected", spec - kept)):
             if n:
-                what = ("accepted: their KV stays" if part == "accepted"
-                        else "rejected: their KV is rolled back")
-                out[part].append(dict(request_id=e.request_id, start=pos, tokens=n, context=e.context_len,
-                                      label=f"{e.request_id}: {n} draft guess{'es' if n != 1 else ''} {what}"))
+                what = "accepted: their KV stays" if part == "accepted" else "rejected: their KV is rolled back"
+                out[part].append(
+                    dict(
+                        request_id=e.request_id,
+                        start=pos,
+                        tokens=n,
+                        context=e.context_len,
+                        label=f"{e.request_id}: {n} draft guess{'es' if n != 1 else ''} {what}",
+                    )
+                )
                 pos += n
     unused = max(0, record.token_budget - record.num_batched_tokens)
     if unused:
-        out["unused"].append(dict(request_id=None, start=record.num_batched_tokens, tokens=unused,
-                                  label=f"unused {unused}", context=0))
+        out["unused"].append(
+            dict(request_id=None, start=record.num_batched_tokens, tokens=unused, label=f"unused {unused}", context=0)
+        )
     return out
 
 
 # The bar's traces, in this order on every step (a live figure updates them in place);
 # legend-only traces follow them.
 BATCH_TRACE_NAMES = ("decode", "prefill chunk", "unused budget", "guess accepted", "guess rejected")
-ACCEPTED_LINE = "#2e7d32"      # outline of accepted draft guesses (green)
-REJECTED_COLOR = "#d62728"     # rejected draft guesses: red cross-hatch
+ACCEPTED_LINE = "#2e7d32"  # outline of accepted draft guesses (green)
+REJECTED_COLOR = "#d62728"  # rejected draft guesses: red cross-hatch
 
 
 def _segment_marker(kind: str, own: list[str]) -> tuple[dict, list[str]]:
@@ -669,18 +867,30 @@ def _segment_marker(kind: str, own: list[str]) -> tuple[dict, list[str]]:
         return dict(color=own, line=dict(color="white", width=1.5)), ["white"] * len(own)
     if kind == "prefill":
         return dict(color=[_tint(c, 0.35) for c in own], line=dict(color=own, width=2)), ["#222"] * len(own)
-    if kind == "accepted":      # the request's colour, hatched, with a green outline
-        return (dict(color=own, line=dict(color=ACCEPTED_LINE, width=2.5),
-                     pattern=dict(shape="/", fgcolor="white", size=7, solidity=0.25)), ["white"] * len(own))
-    if kind == "rejected":      # pale, red cross-hatch, red outline: computed, then thrown away
-        return (dict(color="#fdecea", line=dict(color=REJECTED_COLOR, width=2),
-                     pattern=dict(shape="x", fgcolor=REJECTED_COLOR, bgcolor="#fdecea", size=7, solidity=0.2)),
-                [REJECTED_COLOR] * len(own))
+    if kind == "accepted":  # the request's colour, hatched, with a green outline
+        return (
+            dict(
+                color=own,
+                line=dict(color=ACCEPTED_LINE, width=2.5),
+                pattern=dict(shape="/", fgcolor="white", size=7, solidity=0.25),
+            ),
+            ["white"] * len(own),
+        )
+    if kind == "rejected":  # pale, red cross-hatch, red outline: computed, then thrown away
+        return (
+            dict(
+                color="#fdecea",
+                line=dict(color=REJECTED_COLOR, width=2),
+                pattern=dict(shape="x", fgcolor=REJECTED_COLOR, bgcolor="#fdecea", size=7, solidity=0.2),
+            ),
+            [REJECTED_COLOR] * len(own),
+        )
     return dict(color=UNUSED_BUDGET, line=dict(color="#bbbbbb", width=1)), ["#666"] * len(own)
 
 
-def _batch_trace_data(record: Optional[StepRecord], colors: ColorMap,
-                      token_budget: Optional[int] = None, width: Optional[int] = None) -> list[dict]:
+def _batch_trace_data(
+    record: Optional[StepRecord], colors: ColorMap, token_budget: Optional[int] = None, width: Optional[int] = None
+) -> list[dict]:
     """Decode segments solid in the request's colour, prefill chunks a light tint of it with
     an outline, draft guesses marked accepted (hatched, green outline) or rejected (red
     cross-hatch), the unused budget light grey."""
@@ -691,15 +901,23 @@ def _batch_trace_data(record: Optional[StepRecord], colors: ColorMap,
         s = seg[kind]
         own = [colors[d["request_id"]] if d["request_id"] is not None else UNUSED_BUDGET for d in s]
         marker, font = _segment_marker(kind, own)
-        data.append(dict(x=[d["tokens"] for d in s], base=[d["start"] for d in s], y=["tokens"] * len(s),
-                         text=[_short_label(d, kind, budget, width) for d in s], hovertext=[d["label"] for d in s],
-                         customdata=[d["request_id"] or "" for d in s], marker=marker,
-                         textfont=dict(color=font, size=11)))
+        data.append(
+            dict(
+                x=[d["tokens"] for d in s],
+                base=[d["start"] for d in s],
+                y=["tokens"] * len(s),
+                text=[_short_label(d, kind, budget, width) for d in s],
+                hovertext=[d["label"] for d in s],
+                customdata=[d["request_id"] or "" for d in s],
+                marker=marker,
+                textfont=dict(color=font, size=11),
+            )
+        )
     return data
 
 
-_BAR_CHAR_PX = 7.0    # one character of a segment's label (11 px font)
-_BAR_PAD_PX = 6       # room a label leaves at the segment's edges
+_BAR_CHAR_PX = 7.0  # one character of a segment's label (11 px font)
+_BAR_PAD_PX = 6  # room a label leaves at the segment's edges
 
 
 def _short_label(d: dict, kind: str, budget: int = 0, width: Optional[int] = None) -> str:
@@ -724,9 +942,11 @@ def _short_label(d: dict, kind: str, budget: int = 0, width: Optional[int] = Non
 def _batch_title(record: Optional[StepRecord], budget: int) -> str:
     if record is None:
         return f"batch: nothing ran yet (execution-token budget {budget})"
-    head = (f"step {record.step}: {record.num_batched_tokens}/{record.token_budget} tokens "
-            f"(decode {record.num_decode_tokens}, prefill {record.num_prefill_tokens}), "
-            f"{len(record.batch)} request{'s' if len(record.batch) != 1 else ''}")
+    head = (
+        f"step {record.step}: {record.num_batched_tokens}/{record.token_budget} tokens "
+        f"(decode {record.num_decode_tokens}, prefill {record.num_prefill_tokens}), "
+        f"{len(record.batch)} request{'s' if len(record.batch) != 1 else ''}"
+    )
     guessed = sum(e.num_spec_tokens for e in record.batch)
     if guessed:
         kept = sum(e.num_spec_accepted for e in record.batch)
@@ -735,26 +955,50 @@ def _batch_title(record: Optional[StepRecord], budget: int) -> str:
 
 
 def _batch_layout(budget: int, title: str, width: Optional[int]) -> dict:
-    lay = dict(title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
-               barmode="overlay", height=160, margin=dict(l=10, r=10, t=36, b=44),
-               plot_bgcolor="white", paper_bgcolor="white", hovermode="closest",
-               legend=dict(orientation="h", x=0, xanchor="left", y=0, yanchor="bottom", yref="container",
-                           font=dict(size=11), itemclick=False, itemdoubleclick=False),
-               xaxis=dict(range=[0, max(1, budget)], title=None, fixedrange=True, showgrid=False,
-                          tickfont=dict(size=10)),
-               yaxis=dict(visible=False, fixedrange=True))
+    lay = dict(
+        title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
+        barmode="overlay",
+        height=160,
+        margin=dict(l=10, r=10, t=36, b=44),
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+        hovermode="closest",
+        legend=dict(
+            orientation="h",
+            x=0,
+            xanchor="left",
+            y=0,
+            yanchor="bottom",
+            yref="container",
+            font=dict(size=11),
+            itemclick=False,
+            itemdoubleclick=False,
+        ),
+        xaxis=dict(range=[0, max(1, budget)], title=None, fixedrange=True, showgrid=False, tickfont=dict(size=10)),
+        yaxis=dict(visible=False, fixedrange=True),
+    )
     if width:
         lay["width"] = width
     return lay
 
 
-BATCH_LEGEND = ("decode (solid)", "prefill chunk (light, outlined)", "unused budget",
-                "draft guess accepted", "draft guess rejected")
+BATCH_LEGEND = (
+    "decode (solid)",
+    "prefill chunk (light, outlined)",
+    "unused budget",
+    "draft guess accepted",
+    "draft guess rejected",
+)
 
 
-def batch_figure(record: Optional[StepRecord] = None, *, colors: Optional[ColorMap] = None,
-                 token_budget: Optional[int] = None, width: Optional[int] = None,
-                 speculative: Optional[bool] = None) -> go.Figure:
+def batch_figure(
+    record: Optional[StepRecord] = None,
+    *,
+    colors: Optional[ColorMap] = None,
+    token_budget: Optional[int] = None,
+    width: Optional[int] = None,
+    speculative: Optional[bool] = None,
+) -> go.Figure:
     """One step's batch against the execution-token budget: decode | prefill chunk | draft
     guesses accepted / rejected | unused. ``speculative``: list the guesses in the legend
     (default: when the record has any)."""
@@ -763,9 +1007,20 @@ def batch_figure(record: Optional[StepRecord] = None, *, colors: Optional[ColorM
     data = _batch_trace_data(record, colors, budget, width)
     traces = []
     for name, d in zip(BATCH_TRACE_NAMES, data):
-        traces.append(go.Bar(name=name, orientation="h", width=0.6, textposition="inside",
-                             insidetextanchor="middle", constraintext="none", textangle=0, showlegend=False,
-                             hovertemplate="%{hovertext}<extra></extra>", **d))
+        traces.append(
+            go.Bar(
+                name=name,
+                orientation="h",
+                width=0.6,
+                textposition="inside",
+                insidetextanchor="middle",
+                constraintext="none",
+                textangle=0,
+                showlegend=False,
+                hovertemplate="%{hovertext}<extra></extra>",
+                **d,
+            )
+        )
     if speculative is None:
         speculative = record is not None and any(e.num_spec_tokens for e in record.batch)
     # Legend swatches in neutral colours (the bars themselves carry each request's colour).
@@ -780,8 +1035,13 @@ def batch_figure(record: Optional[StepRecord] = None, *, colors: Optional[ColorM
     return go.Figure(data=traces, layout=_batch_layout(budget, _batch_title(record, budget), width))
 
 
-def update_batch_figure(fig: go.Figure, record: Optional[StepRecord], *, colors: Optional[ColorMap] = None,
-                        token_budget: Optional[int] = None) -> None:
+def update_batch_figure(
+    fig: go.Figure,
+    record: Optional[StepRecord],
+    *,
+    colors: Optional[ColorMap] = None,
+    token_budget: Optional[int] = None,
+) -> None:
     """Redraw a ``batch_figure`` for another step, in place."""
     colors = _colors(colors)
     budget = record.token_budget if record is not None else (token_budget or 1)
@@ -796,6 +1056,7 @@ def update_batch_figure(fig: go.Figure, record: Optional[StepRecord], *, colors:
 # =====================================================================================
 # Requests over time: Gantt, latency CDFs, KV use
 # =====================================================================================
+
 
 def _metrics_by_id(requests: Any) -> dict[str, Any]:
     """id -> RequestMetrics from a dict, or a list of requests / outputs / metrics objects."""
@@ -813,9 +1074,14 @@ def _metrics_by_id(requests: Any) -> dict[str, Any]:
 
 
 GANTT_STATES = ("queued", "prefill", "decode", "stalled", "preempted", "swapped")
-GANTT_LABELS = {"queued": "queued", "prefill": "prefill", "decode": "decode",
-                "stalled": "running, not scheduled", "preempted": "preempted (waiting again)",
-                "swapped": "swapped out"}
+GANTT_LABELS = {
+    "queued": "queued",
+    "prefill": "prefill",
+    "decode": "decode",
+    "stalled": "running, not scheduled",
+    "preempted": "preempted (waiting again)",
+    "swapped": "swapped out",
+}
 
 
 def gantt_segments(records: Sequence[StepRecord], requests: Any = None) -> dict[str, list[tuple[str, float, float]]]:
@@ -829,7 +1095,7 @@ def gantt_segments(records: Sequence[StepRecord], requests: Any = None) -> dict[
     """
     metrics = _metrics_by_id(requests)
     out: dict[str, list[tuple[str, float, float]]] = {s: [] for s in GANTT_STATES}
-    open_: dict[str, tuple[str, float, float]] = {}      # rid -> (state, start, end)
+    open_: dict[str, tuple[str, float, float]] = {}  # rid -> (state, start, end)
     started: set[str] = set()
     preempted: set[str] = set()
     done: set[str] = set()
@@ -854,8 +1120,9 @@ def gantt_segments(records: Sequence[StepRecord], requests: Any = None) -> dict[
         for p in rec.preempted:
             preempted.add(p.request_id)
         for w in rec.waiting:
-            states[w.request_id] = "preempted" if w.request_id in preempted else (
-                "swapped" if w.request_id in rec.swapped else "queued")
+            states[w.request_id] = (
+                "preempted" if w.request_id in preempted else ("swapped" if w.request_id in rec.swapped else "queued")
+            )
         for rid in rec.swapped:
             states[rid] = "swapped"
         for rid in rec.running:
@@ -875,7 +1142,7 @@ def gantt_segments(records: Sequence[StepRecord], requests: Any = None) -> dict[
                 if st == "queued":
                     extend(rid, st, arrival, b)
                     continue
-                out["queued"].append((rid, arrival, a))    # arrived while the last step ran
+                out["queued"].append((rid, arrival, a))  # arrived while the last step ran
             extend(rid, st, a, b)
         for rid in list(open_):
             if rid not in states:
@@ -888,8 +1155,14 @@ def gantt_segments(records: Sequence[StepRecord], requests: Any = None) -> dict[
     return out
 
 
-def gantt_figure(records: Sequence[StepRecord], requests: Any = None, *, title: Optional[str] = None,
-                 max_requests: int = 60, width: Optional[int] = None) -> go.Figure:
+def gantt_figure(
+    records: Sequence[StepRecord],
+    requests: Any = None,
+    *,
+    title: Optional[str] = None,
+    max_requests: int = 60,
+    width: Optional[int] = None,
+) -> go.Figure:
     """A timeline per request: queued, prefill, decode, stalled, preempted and swapped stretches,
     with its first token (TTFT) and its finish marked. ``requests``: the engine's requests or
     their RequestMetrics (dict id -> metrics, or a list), for arrival, first-token and finish times.
@@ -906,30 +1179,58 @@ def gantt_figure(records: Sequence[StepRecord], requests: Any = None, *, title: 
     fig = go.Figure()
     for st in GANTT_STATES:
         rows = [s for s in seg[st] if s[0] in keep]
-        fig.add_trace(go.Bar(name=GANTT_LABELS[st], orientation="h", y=[r[0] for r in rows],
-                             x=[r[2] - r[1] for r in rows], base=[r[1] for r in rows],
-                             marker=dict(color=PHASE_COLORS[st],
-                                         pattern=dict(shape="/" if st in ("preempted", "swapped") else "")),
-                             width=0.7, hovertemplate="%{y}: " + GANTT_LABELS[st]
-                             + " %{base:.4f} -> %{x:.4f}s long<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                name=GANTT_LABELS[st],
+                orientation="h",
+                y=[r[0] for r in rows],
+                x=[r[2] - r[1] for r in rows],
+                base=[r[1] for r in rows],
+                marker=dict(color=PHASE_COLORS[st], pattern=dict(shape="/" if st in ("preempted", "swapped") else "")),
+                width=0.7,
+                hovertemplate="%{y}: " + GANTT_LABELS[st] + " %{base:.4f} -> %{x:.4f}s long<extra></extra>",
+            )
+        )
     if metrics:
-        ft = [(rid, metrics[rid].first_token_time) for rid in shown
-              if getattr(metrics.get(rid), "first_token_time", None) is not None]
-        fin = [(rid, metrics[rid].finish_time) for rid in shown
-               if getattr(metrics.get(rid), "finish_time", None) is not None]
-        fig.add_trace(go.Scatter(name="first token", mode="markers", y=[r for r, _ in ft],
-                                 x=[t for _, t in ft], marker=dict(symbol="line-ns-open", size=14,
-                                                                   color="black", line=dict(width=2))))
-        fig.add_trace(go.Scatter(name="finished", mode="markers", y=[r for r, _ in fin],
-                                 x=[t for _, t in fin], marker=dict(symbol="diamond", size=8, color="black")))
+        ft = [
+            (rid, metrics[rid].first_token_time)
+            for rid in shown
+            if getattr(metrics.get(rid), "first_token_time", None) is not None
+        ]
+        fin = [
+            (rid, metrics[rid].finish_time)
+            for rid in shown
+            if getattr(metrics.get(rid), "finish_time", None) is not None
+        ]
+        fig.add_trace(
+            go.Scatter(
+                name="first token",
+                mode="markers",
+                y=[r for r, _ in ft],
+                x=[t for _, t in ft],
+                marker=dict(symbol="line-ns-open", size=14, color="black", line=dict(width=2)),
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                name="finished",
+                mode="markers",
+                y=[r for r, _ in fin],
+                x=[t for _, t in fin],
+                marker=dict(symbol="diamond", size=8, color="black"),
+            )
+        )
     clock = records[0].clock if records else "wall"
-    fig.update_layout(barmode="overlay", title=title or f"request timeline ({len(order)} requests)",
-                      xaxis_title=f"time (s, {clock} clock)", plot_bgcolor="white",
-                      height=int(min(900, 140 + 22 * len(shown))),
-                      yaxis=dict(autorange="reversed", type="category", categoryorder="array",
-                                 categoryarray=shown, title="request"),
-                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
-                      margin=dict(l=10, r=10, t=70, b=40))
+    fig.update_layout(
+        barmode="overlay",
+        title=title or f"request timeline ({len(order)} requests)",
+        xaxis_title=f"time (s, {clock} clock)",
+        plot_bgcolor="white",
+        height=int(min(900, 140 + 22 * len(shown))),
+        yaxis=dict(autorange="reversed", type="category", categoryorder="array", categoryarray=shown, title="request"),
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
+        margin=dict(l=10, r=10, t=70, b=40),
+    )
     fig.update_xaxes(showgrid=True, gridcolor="#eee")
     if width:
         fig.update_layout(width=width)
@@ -944,8 +1245,14 @@ def _ecdf(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([[v[0]], v]), np.concatenate([[0.0], np.arange(1, len(v) + 1) / len(v)])
 
 
-def latency_cdf_figure(configs: Mapping[str, Sequence[Any]], metrics: Sequence[str] = ("ttft", "tpot"), *,
-                       unit: str = "ms", title: Optional[str] = None, width: Optional[int] = None) -> go.Figure:
+def latency_cdf_figure(
+    configs: Mapping[str, Sequence[Any]],
+    metrics: Sequence[str] = ("ttft", "tpot"),
+    *,
+    unit: str = "ms",
+    title: Optional[str] = None,
+    width: Optional[int] = None,
+) -> go.Figure:
     """TTFT and TPOT CDFs, one line per configuration.
 
     ``configs``: name -> list of RequestMetrics (anything with ``.ttft`` / ``.tpot``, or
@@ -953,8 +1260,12 @@ def latency_cdf_figure(configs: Mapping[str, Sequence[Any]], metrics: Sequence[s
     for TPOT) are left out. The p50 and p99 of each line are in its hover text.
     """
     scale = {"ms": 1e3, "s": 1.0}[unit]
-    names = {"ttft": "TTFT (time to first token)", "tpot": "TPOT (time per output token)",
-             "e2e_latency": "end-to-end latency", "queue_wait": "queue wait"}
+    names = {
+        "ttft": "TTFT (time to first token)",
+        "tpot": "TPOT (time per output token)",
+        "e2e_latency": "end-to-end latency",
+        "queue_wait": "queue wait",
+    }
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[names.get(m, m) for m in metrics])
     for i, (cfg, reqs) in enumerate(configs.items()):
         color = PALETTE[i % len(PALETTE)]
@@ -965,24 +1276,49 @@ def latency_cdf_figure(configs: Mapping[str, Sequence[Any]], metrics: Sequence[s
             raw = [v * scale for v in vals if v is not None]
             p50 = np.percentile(raw, 50) if raw else float("nan")
             p99 = np.percentile(raw, 99) if raw else float("nan")
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(shape="hv", color=color, width=2),
-                                     name=cfg, legendgroup=cfg, showlegend=j == 1,
-                                     hovertemplate=f"{cfg}: %{{x:.2f}} {unit} (p%{{y:.0%}})"
-                                     f"<br>p50 {p50:.2f}, p99 {p99:.2f}<extra></extra>"),
-                          row=1, col=j)
-            fig.update_xaxes(title_text=f"{metric.replace('_', ' ')} ({unit})", row=1, col=j, showgrid=True,
-                             gridcolor="#eee", rangemode="tozero")
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    mode="lines",
+                    line=dict(shape="hv", color=color, width=2),
+                    name=cfg,
+                    legendgroup=cfg,
+                    showlegend=j == 1,
+                    hovertemplate=f"{cfg}: %{{x:.2f}} {unit} (p%{{y:.0%}})"
+                    f"<br>p50 {p50:.2f}, p99 {p99:.2f}<extra></extra>",
+                ),
+                row=1,
+                col=j,
+            )
+            fig.update_xaxes(
+                title_text=f"{metric.replace('_', ' ')} ({unit})",
+                row=1,
+                col=j,
+                showgrid=True,
+                gridcolor="#eee",
+                rangemode="tozero",
+            )
     fig.update_yaxes(title_text="fraction of requests", showgrid=True, gridcolor="#eee", range=[0, 1.02])
-    fig.update_layout(title=title or "latency CDF: the share of requests served within each time",
-                      plot_bgcolor="white", height=380, margin=dict(t=80),
-                      legend=dict(orientation="h", y=1.12, yanchor="bottom", x=0))
+    fig.update_layout(
+        title=title or "latency CDF: the share of requests served within each time",
+        plot_bgcolor="white",
+        height=380,
+        margin=dict(t=80),
+        legend=dict(orientation="h", y=1.12, yanchor="bottom", x=0),
+    )
     if width:
         fig.update_layout(width=width)
     return fig
 
 
-def kv_usage_figure(records: Union[Sequence[StepRecord], Mapping[str, Sequence[StepRecord]]], *,
-                    x: str = "time", title: Optional[str] = None, width: Optional[int] = None) -> go.Figure:
+def kv_usage_figure(
+    records: Union[Sequence[StepRecord], Mapping[str, Sequence[StepRecord]]],
+    *,
+    x: str = "time",
+    title: Optional[str] = None,
+    width: Optional[int] = None,
+) -> go.Figure:
     """KV use over time.
 
     One run (a list of records): stacked areas of positions holding KV, reserved but unused,
@@ -990,6 +1326,7 @@ def kv_usage_figure(records: Union[Sequence[StepRecord], Mapping[str, Sequence[S
     run of the fraction of capacity holding KV, dashed for held (KV + reserved).
     ``x``: "time" (the engine's clock) or "step".
     """
+
     def xs(recs):
         return [r.time for r in recs] if x == "time" else [r.step for r in recs]
 
@@ -999,30 +1336,56 @@ def kv_usage_figure(records: Union[Sequence[StepRecord], Mapping[str, Sequence[S
             color = PALETTE[i % len(PALETTE)]
             used = [r.kv.used / r.kv.total if r.kv.total else 0 for r in recs]
             held = [(r.kv.used + r.kv.reserved_unused) / r.kv.total if r.kv.total else 0 for r in recs]
-            fig.add_trace(go.Scatter(x=xs(recs), y=used, name=f"{name}: holds KV", mode="lines",
-                                     line=dict(color=color, shape="hv")))
+            fig.add_trace(
+                go.Scatter(
+                    x=xs(recs), y=used, name=f"{name}: holds KV", mode="lines", line=dict(color=color, shape="hv")
+                )
+            )
             if any(h != u for h, u in zip(held, used)):
-                fig.add_trace(go.Scatter(x=xs(recs), y=held, name=f"{name}: + reserved, unused",
-                                         mode="lines", line=dict(color=color, dash="dash", shape="hv")))
+                fig.add_trace(
+                    go.Scatter(
+                        x=xs(recs),
+                        y=held,
+                        name=f"{name}: + reserved, unused",
+                        mode="lines",
+                        line=dict(color=color, dash="dash", shape="hv"),
+                    )
+                )
         fig.update_yaxes(title_text="fraction of KV capacity", range=[0, 1.05], tickformat=".0%")
     else:
         recs = list(records)
         t = xs(recs)
-        layers = (("holds KV", [r.kv.used for r in recs], "#4C78A8"),
-                  ("reserved, unused", [r.kv.reserved_unused for r in recs], "#F58518"),
-                  ("cached prefix, free", [r.kv.cached for r in recs], "#9aa9b8"))
+        layers = (
+            ("holds KV", [r.kv.used for r in recs], "#4C78A8"),
+            ("reserved, unused", [r.kv.reserved_unused for r in recs], "#F58518"),
+            ("cached prefix, free", [r.kv.cached for r in recs], "#9aa9b8"),
+        )
         for name, ys, color in layers:
             if name != "holds KV" and not any(ys):
                 continue
-            fig.add_trace(go.Scatter(x=t, y=ys, name=name, stackgroup="kv", mode="lines",
-                                     line=dict(color=color, shape="hv", width=1)))
+            fig.add_trace(
+                go.Scatter(
+                    x=t, y=ys, name=name, stackgroup="kv", mode="lines", line=dict(color=color, shape="hv", width=1)
+                )
+            )
         if recs:
-            fig.add_trace(go.Scatter(x=t, y=[r.kv.total for r in recs], name="capacity", mode="lines",
-                                     line=dict(color="black", dash="dot", shape="hv")))
+            fig.add_trace(
+                go.Scatter(
+                    x=t,
+                    y=[r.kv.total for r in recs],
+                    name="capacity",
+                    mode="lines",
+                    line=dict(color="black", dash="dot", shape="hv"),
+                )
+            )
         fig.update_yaxes(title_text="KV token positions", rangemode="tozero")
     fig.update_xaxes(title_text="time (s)" if x == "time" else "step", showgrid=True, gridcolor="#eee")
-    fig.update_layout(title=title or "KV cache use", plot_bgcolor="white", height=340,
-                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0))
+    fig.update_layout(
+        title=title or "KV cache use",
+        plot_bgcolor="white",
+        height=340,
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
+    )
     if width:
         fig.update_layout(width=width)
     return fig
@@ -1032,11 +1395,19 @@ def kv_usage_figure(records: Union[Sequence[StepRecord], Mapping[str, Sequence[S
 # Cost: roofline, throughput and latency vs batch size
 # =====================================================================================
 
-def roofline_figure(cost_model: Any = None, *, peak_flops: Optional[float] = None,
-                    bandwidth: Optional[float] = None, points: Optional[Mapping[str, tuple]] = None,
-                    batch_sizes: Sequence[int] = (1, 4, 16, 64, 256), context_len: int = 512,
-                    prefill_lens: Sequence[int] = (512,), title: Optional[str] = None,
-                    width: Optional[int] = None) -> go.Figure:
+
+def roofline_figure(
+    cost_model: Any = None,
+    *,
+    peak_flops: Optional[float] = None,
+    bandwidth: Optional[float] = None,
+    points: Optional[Mapping[str, tuple]] = None,
+    batch_sizes: Sequence[int] = (1, 4, 16, 64, 256),
+    context_len: int = 512,
+    prefill_lens: Sequence[int] = (512,),
+    title: Optional[str] = None,
+    width: Optional[int] = None,
+) -> go.Figure:
     """The roofline: attainable FLOP/s = min(peak, bandwidth x arithmetic intensity).
 
     Either a ``RooflineCostModel`` (its achievable peak and bandwidth; decode steps of each
@@ -1065,37 +1436,71 @@ def roofline_figure(cost_model: Any = None, *, peak_flops: Optional[float] = Non
     for name, v in (points or {}).items():
         pts[name] = (list(v[0]), list(v[1]), list(v[2]) if len(v) > 2 else [name] * len(v[0]))
     if peak_flops is None or bandwidth is None:
-        raise ValueError("roofline_figure: give a cost model with flops_per_s / bytes_per_s / breakdown, "
-                         "or peak_flops= and bandwidth=")
+        raise ValueError(
+            "roofline_figure: give a cost model with flops_per_s / bytes_per_s / breakdown, "
+            "or peak_flops= and bandwidth="
+        )
     ridge = peak_flops / bandwidth
     all_i = [i for v in pts.values() for i in v[0] if i > 0] + [ridge]
     lo, hi = min(all_i) / 4, max(all_i) * 4
     xi = np.logspace(math.log10(lo), math.log10(hi), 200)
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=xi, y=np.minimum(peak_flops, bandwidth * xi), mode="lines", name="roofline",
-                             line=dict(color="black", width=2)))
-    fig.add_trace(go.Scatter(x=[ridge, ridge], y=[bandwidth * lo, peak_flops], mode="lines",
-                             name=f"ridge point: {ridge:.0f} FLOP/byte", line=dict(color="#999", dash="dot")))
+    fig.add_trace(
+        go.Scatter(
+            x=xi,
+            y=np.minimum(peak_flops, bandwidth * xi),
+            mode="lines",
+            name="roofline",
+            line=dict(color="black", width=2),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[ridge, ridge],
+            y=[bandwidth * lo, peak_flops],
+            mode="lines",
+            name=f"ridge point: {ridge:.0f} FLOP/byte",
+            line=dict(color="#999", dash="dot"),
+        )
+    )
     symbols = ["circle", "diamond", "square", "triangle-up"]
     for k, (name, (i, f, t)) in enumerate(pts.items()):
-        fig.add_trace(go.Scatter(x=i, y=f, mode="markers+lines" if len(i) > 1 else "markers", name=name,
-                                 text=t, hovertemplate="%{text}<extra></extra>",
-                                 marker=dict(size=10, symbol=symbols[k % 4], color=PALETTE[k % len(PALETTE)]),
-                                 line=dict(dash="dot", width=1)))
+        fig.add_trace(
+            go.Scatter(
+                x=i,
+                y=f,
+                mode="markers+lines" if len(i) > 1 else "markers",
+                name=name,
+                text=t,
+                hovertemplate="%{text}<extra></extra>",
+                marker=dict(size=10, symbol=symbols[k % 4], color=PALETTE[k % len(PALETTE)]),
+                line=dict(dash="dot", width=1),
+            )
+        )
     name = getattr(cost_model, "name", "") if cost_model is not None else ""
-    fig.update_layout(title=title or (name or "roofline"), plot_bgcolor="white", height=420,
-                      xaxis=dict(type="log", title="arithmetic intensity (FLOP / byte moved)", gridcolor="#eee"),
-                      yaxis=dict(type="log", title="FLOP/s", gridcolor="#eee"),
-                      legend=dict(orientation="h", y=-0.2, yanchor="top"))
+    fig.update_layout(
+        title=title or (name or "roofline"),
+        plot_bgcolor="white",
+        height=420,
+        xaxis=dict(type="log", title="arithmetic intensity (FLOP / byte moved)", gridcolor="#eee"),
+        yaxis=dict(type="log", title="FLOP/s", gridcolor="#eee"),
+        legend=dict(orientation="h", y=-0.2, yanchor="top"),
+    )
     if width:
         fig.update_layout(width=width)
     return fig
 
 
-def throughput_latency_figure(batch_sizes: Sequence[int], latency: Optional[Sequence[float]] = None,
-                              throughput: Optional[Sequence[float]] = None, *, cost_model: Any = None,
-                              context_len: int = 512, title: Optional[str] = None,
-                              width: Optional[int] = None) -> go.Figure:
+def throughput_latency_figure(
+    batch_sizes: Sequence[int],
+    latency: Optional[Sequence[float]] = None,
+    throughput: Optional[Sequence[float]] = None,
+    *,
+    cost_model: Any = None,
+    context_len: int = 512,
+    title: Optional[str] = None,
+    width: Optional[int] = None,
+) -> go.Figure:
     """Decode step latency (ms) and throughput (tokens/s) vs batch size, on two y axes.
 
     Give measured arrays (``latency`` in seconds per step, ``throughput`` in tokens/s; a
@@ -1110,10 +1515,22 @@ def throughput_latency_figure(batch_sizes: Sequence[int], latency: Optional[Sequ
     lat = np.asarray(latency, dtype=float) if latency is not None else b / np.asarray(throughput, float)
     thr = np.asarray(throughput, dtype=float) if throughput is not None else b / lat
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=b, y=thr, name="throughput (tokens/s)", mode="lines+markers",
-                             line=dict(color=PALETTE[0], width=2)), secondary_y=False)
-    fig.add_trace(go.Scatter(x=b, y=lat * 1e3, name="step latency (ms)", mode="lines+markers",
-                             line=dict(color=PALETTE[1], width=2, dash="dash")), secondary_y=True)
+    fig.add_trace(
+        go.Scatter(
+            x=b, y=thr, name="throughput (tokens/s)", mode="lines+markers", line=dict(color=PALETTE[0], width=2)
+        ),
+        secondary_y=False,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=b,
+            y=lat * 1e3,
+            name="step latency (ms)",
+            mode="lines+markers",
+            line=dict(color=PALETTE[1], width=2, dash="dash"),
+        ),
+        secondary_y=True,
+    )
     if len(b) > 1:
         gain_t, gain_l = thr[-1] / thr[0], lat[-1] / lat[0]
         sub = f"batch {int(b[0])} -> {int(b[-1])}: throughput x{gain_t:.1f}, latency x{gain_l:.2f}"
@@ -1123,9 +1540,12 @@ def throughput_latency_figure(batch_sizes: Sequence[int], latency: Optional[Sequ
     fig.update_yaxes(title_text="tokens / s", secondary_y=False, rangemode="tozero", gridcolor="#eee")
     fig.update_yaxes(title_text="ms per step", secondary_y=True, rangemode="tozero", showgrid=False)
     name = getattr(cost_model, "name", "") if cost_model is not None else ""
-    fig.update_layout(title=title or (f"batching decode {name}<br><sup>{sub}</sup>" if sub else
-                                      f"batching decode {name}"),
-                      plot_bgcolor="white", height=400, legend=dict(orientation="h", y=-0.2, yanchor="top"))
+    fig.update_layout(
+        title=title or (f"batching decode {name}<br><sup>{sub}</sup>" if sub else f"batching decode {name}"),
+        plot_bgcolor="white",
+        height=400,
+        legend=dict(orientation="h", y=-0.2, yanchor="top"),
+    )
     if width:
         fig.update_layout(width=width)
     return fig

@@ -85,6 +85,7 @@ def _plotly_js() -> bytes:
     global _PLOTLY_JS
     if _PLOTLY_JS is None:
         from plotly.offline import get_plotlyjs
+
         _PLOTLY_JS = get_plotlyjs().encode("utf-8")
     return _PLOTLY_JS
 
@@ -92,6 +93,7 @@ def _plotly_js() -> bytes:
 def anywidget_available() -> bool:
     try:
         import anywidget  # noqa: F401
+
         return True
     except ImportError:
         return False
@@ -129,7 +131,7 @@ class LiveFigure(go.Figure):
 
     def __init__(self, data: Any = None, layout: Any = None, **kw):
         super().__init__(data=data, layout=layout, **kw)
-        for i, trace in enumerate(self.data):     # stable ids: Plotly.react updates these traces
+        for i, trace in enumerate(self.data):  # stable ids: Plotly.react updates these traces
             if trace.uid is None:
                 trace.uid = f"trace{i}"
         self._live_view = None
@@ -147,7 +149,7 @@ class LiveFigure(go.Figure):
 
     def _payload(self) -> dict:
         d = json.loads(self.to_json(validate=False))
-        for t, trace in zip(d.get("data", []), self.data):   # to_json leaves uids out
+        for t, trace in zip(d.get("data", []), self.data):  # to_json leaves uids out
             if trace.uid is not None:
                 t["uid"] = trace.uid
         return d
@@ -169,6 +171,7 @@ class LiveFigure(go.Figure):
 
     def _ipython_display_(self):
         from IPython.display import display
+
         w = self.widget
         if w is not None:
             display(w)

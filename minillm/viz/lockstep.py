@@ -37,14 +37,33 @@ class LockstepStepper:
     ``right``), ``records`` (one list per engine), ``kv_figs`` / ``batch_figs``, ``widget``.
     """
 
-    def __init__(self, engine_a: Any, engine_b: Any, *more: Any, names: Optional[Sequence[str]] = None,
-                 run_n: int = 10, speed: float = 2.0, max_cells: int = 512, per_position_max: int = 64,
-                 title: Optional[str] = None, fig_width: int = 480):
+    def __init__(
+        self,
+        engine_a: Any,
+        engine_b: Any,
+        *more: Any,
+        names: Optional[Sequence[str]] = None,
+        run_n: int = 10,
+        speed: float = 2.0,
+        max_cells: int = 512,
+        per_position_max: int = 64,
+        title: Optional[str] = None,
+        fig_width: int = 480,
+    ):
         sources = [engine_a, engine_b, *more]
         self.colors = ColorMap()
-        self.steppers = [Stepper(src, controls=False, compact=True, colors=self.colors, max_cells=max_cells,
-                                 per_position_max=per_position_max, fig_width=fig_width)
-                         for src in sources]
+        self.steppers = [
+            Stepper(
+                src,
+                controls=False,
+                compact=True,
+                colors=self.colors,
+                max_cells=max_cells,
+                per_position_max=per_position_max,
+                fig_width=fig_width,
+            )
+            for src in sources
+        ]
         if names is None:
             modes = [s.engine.config.kv_allocation for s in self.steppers]
             names = modes if len(set(modes)) == len(modes) else [chr(ord("A") + i) for i in range(len(modes))]
@@ -55,39 +74,81 @@ class LockstepStepper:
             s.widget.children = s.layout_children()
         self.title = title
         btn = dict(layout=W.Layout(width="auto"))
-        self.step_button = W.Button(description="Step", icon="step-forward", button_style="primary",
-                                    tooltip="one scheduler iteration in every engine", **btn)
+        self.step_button = W.Button(
+            description="Step",
+            icon="step-forward",
+            button_style="primary",
+            tooltip="one scheduler iteration in every engine",
+            **btn,
+        )
         self.run_button = W.Button(description="Run N", icon="forward", **btn)
-        self.run_n = W.BoundedIntText(value=run_n, min=1, max=100000, description="N",
-                                      layout=W.Layout(width="110px"), style={"description_width": "16px"})
-        self.play = W.Play(value=0, min=0, max=10**9, step=1, interval=int(1000 / max(0.1, speed)),
-                           show_repeat=False, description="Play")
-        self.speed = W.FloatSlider(value=speed, min=0.5, max=20.0, step=0.5, description="steps/s",
-                                   layout=W.Layout(width="230px"), style={"description_width": "55px"})
+        self.run_n = W.BoundedIntText(
+            value=run_n,
+            min=1,
+            max=100000,
+            description="N",
+            layout=W.Layout(width="110px"),
+            style={"description_width": "16px"},
+        )
+        self.play = W.Play(
+            value=0,
+            min=0,
+            max=10**9,
+            step=1,
+            interval=int(1000 / max(0.1, speed)),
+            show_repeat=False,
+            description="Play",
+        )
+        self.speed = W.FloatSlider(
+            value=speed,
+            min=0.5,
+            max=20.0,
+            step=0.5,
+            description="steps/s",
+            layout=W.Layout(width="230px"),
+            style={"description_width": "55px"},
+        )
         self.reset_button = W.Button(description="Reset", icon="undo", button_style="warning", **btn)
-        self.history = W.IntSlider(value=0, min=0, max=0, description="view step", disabled=True,
-                                   continuous_update=False, layout=W.Layout(width="420px"),
-                                   style={"description_width": "70px"})
+        self.history = W.IntSlider(
+            value=0,
+            min=0,
+            max=0,
+            description="view step",
+            disabled=True,
+            continuous_update=False,
+            layout=W.Layout(width="420px"),
+            style={"description_width": "70px"},
+        )
         self.step_button.on_click(lambda _: self.step())
         self.run_button.on_click(lambda _: self.run(self.run_n.value))
         self.reset_button.on_click(lambda _: self.reset())
         self.play.observe(self._on_play, names="value")
-        self.speed.observe(lambda ch: setattr(self.play, "interval", int(1000 / max(0.1, ch["new"]))),
-                           names="value")
+        self.speed.observe(lambda ch: setattr(self.play, "interval", int(1000 / max(0.1, ch["new"]))), names="value")
         self.history.observe(self._on_history, names="value")
         self._syncing = False
         self._last_tick = 0.0
-        controls = W.HBox([self.step_button, self.run_button, self.run_n, self.play, self.speed,
-                           self.reset_button], layout=W.Layout(flex_flow="row wrap", align_items="center"))
+        controls = W.HBox(
+            [self.step_button, self.run_button, self.run_n, self.play, self.speed, self.reset_button],
+            layout=W.Layout(flex_flow="row wrap", align_items="center"),
+        )
         head = [W.HTML(f"<div style='font-size:15px;font-weight:600'>{title}</div>")] if title else []
-        self.finished_html = W.HTML()      # once every engine is done: why Step is off, and Reset
-        self.widget = W.VBox(head + [controls, self.history, self.finished_html,
-                                     W.HBox([s.widget for s in self.steppers],
-                                            layout=W.Layout(align_items="flex-start"))])
+        self.finished_html = W.HTML()  # once every engine is done: why Step is off, and Reset
+        self.widget = W.VBox(
+            head
+            + [
+                controls,
+                self.history,
+                self.finished_html,
+                W.HBox([s.widget for s in self.steppers], layout=W.Layout(align_items="flex-start")),
+            ]
+        )
         self.widget.add_class("minillm-lockstep")
-        for b, cls in ((self.step_button, "mlw-step-button"), (self.run_button, "mlw-run-button"),
-                       (self.reset_button, "mlw-reset-button")):
-            b.add_class(cls)                    # stable hooks for the browser test
+        for b, cls in (
+            (self.step_button, "mlw-step-button"),
+            (self.run_button, "mlw-run-button"),
+            (self.reset_button, "mlw-reset-button"),
+        ):
+            b.add_class(cls)  # stable hooks for the browser test
         self._sync()
 
     # --- handles ----------------------------------------------------------------------------
@@ -157,6 +218,7 @@ class LockstepStepper:
 
     def display(self) -> None:
         from IPython.display import display
+
         display(self.widget)
 
     def _ipython_display_(self) -> None:
@@ -206,6 +268,7 @@ class LockstepStepper:
 # Figure 4 of notebook 02: reservation vs paging
 # =====================================================================================
 
+
 def unused_reservation_engine(kv_allocation: str = "reserved", *, executor: str = "simulated", model: str = "random"):
     """Figure 4's set-up (notebook 02): KV capacity 24 positions (block_size 1), budget 8 tokens,
     at most 2 requests. B (prompt 6, max_tokens 14: a 20-position reservation) arrives first;
@@ -215,20 +278,40 @@ def unused_reservation_engine(kv_allocation: str = "reserved", *, executor: str 
     from ..llm import LLM
     from ..sampling_params import SamplingParams
 
-    llm = LLM(model=model, executor=executor, block_size=1, num_kv_blocks=24, max_num_batched_tokens=8,
-              max_num_seqs=2, kv_allocation=kv_allocation, clock="modeled", cost_model=0.010,
-              max_model_len=64)
+    llm = LLM(
+        model=model,
+        executor=executor,
+        block_size=1,
+        num_kv_blocks=24,
+        max_num_batched_tokens=8,
+        max_num_seqs=2,
+        kv_allocation=kv_allocation,
+        clock="modeled",
+        cost_model=0.010,
+        max_model_len=64,
+    )
     eng = llm.engine
-    eng.add_request(list(range(10, 16)), SamplingParams(max_tokens=14, ignore_eos=True, temperature=0.0),
-                    request_id="B", arrival_time=0.0)
-    eng.add_request(list(range(20, 26)), SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0),
-                    request_id="C", arrival_time=0.005)
+    eng.add_request(
+        list(range(10, 16)),
+        SamplingParams(max_tokens=14, ignore_eos=True, temperature=0.0),
+        request_id="B",
+        arrival_time=0.0,
+    )
+    eng.add_request(
+        list(range(20, 26)),
+        SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0),
+        request_id="C",
+        arrival_time=0.005,
+    )
     return eng
 
 
 def reservation_vs_paging_lockstep(executor: str = "simulated", model: str = "random", **kw) -> LockstepStepper:
     """Reservation (left) vs paging (right) on the Figure 4 trace, stepped in lockstep."""
     kw.setdefault("title", "Figure 4: unused reservations make new requests wait")
-    return LockstepStepper(lambda: unused_reservation_engine("reserved", executor=executor, model=model),
-                           lambda: unused_reservation_engine("paged", executor=executor, model=model),
-                           names=["reserved (max-length reservation)", "paged (blocks on demand)"], **kw)
+    return LockstepStepper(
+        lambda: unused_reservation_engine("reserved", executor=executor, model=model),
+        lambda: unused_reservation_engine("paged", executor=executor, model=model),
+        names=["reserved (max-length reservation)", "paged (blocks on demand)"],
+        **kw,
+    )

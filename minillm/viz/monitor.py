@@ -32,8 +32,9 @@ class EngineMonitor(Stepper):
     while another thread steps it. ``read(fn)`` runs ``fn(engine)`` where reading is safe and
     returns its result (default: call it here, for an engine nothing else touches)."""
 
-    def __init__(self, engine: Any, *, read: Optional[Callable[[Callable], Any]] = None,
-                 title: Optional[str] = None, **kw):
+    def __init__(
+        self, engine: Any, *, read: Optional[Callable[[Callable], Any]] = None, title: Optional[str] = None, **kw
+    ):
         target = as_engine(engine)
         self._read = read if read is not None else (lambda fn: fn(target))
         super().__init__(lambda: target, controls=False, title=title, **kw)
@@ -41,19 +42,24 @@ class EngineMonitor(Stepper):
     def layout_children(self) -> list:
         children = super().layout_children()
         at = 1 if self.title else 0
-        return children[:at] + [self.history] + children[at:]      # no controls, but look back
+        return children[:at] + [self.history] + children[at:]  # no controls, but look back
 
     def _refresh_infos(self) -> None:
         known = set(self._infos)
-        new = self._read(lambda e: [(rid, r.num_prompt_tokens, r.sampling_params.max_tokens, r.arrival_time,
-                                     r.metrics) for rid, r in e.requests.items() if rid not in known])
+        new = self._read(
+            lambda e: [
+                (rid, r.num_prompt_tokens, r.sampling_params.max_tokens, r.arrival_time, r.metrics)
+                for rid, r in e.requests.items()
+                if rid not in known
+            ]
+        )
         for rid, *info in new:
             self._infos[rid] = RequestInfo(rid, *info)
             self.colors[rid]
 
     @property
     def done(self) -> bool:
-        return True          # nothing to step here: the engine belongs to whoever drives it
+        return True  # nothing to step here: the engine belongs to whoever drives it
 
     def step(self):
         raise TypeError("EngineMonitor watches an engine another thread steps; call poll() or follow()")

@@ -43,6 +43,7 @@ __all__ = ["Stepper", "as_engine", "engine_factory"]
 # Engines and how to rebuild them
 # =====================================================================================
 
+
 def as_engine(obj: Any):
     """An ``LLMEngine`` from an engine or an ``LLM``."""
     eng = getattr(obj, "engine", None)
@@ -55,9 +56,15 @@ def as_engine(obj: Any):
 
 def _request_kwargs(req) -> dict:
     """The add_request arguments that recreate an engine's request."""
-    return dict(prompt=list(req.prompt_token_ids), sampling_params=req.sampling_params,
-                request_id=req.request_id, arrival_time=req.arrival_time, priority=req.priority,
-                tenant=req.tenant, expected_output_len=req.expected_output_len)
+    return dict(
+        prompt=list(req.prompt_token_ids),
+        sampling_params=req.sampling_params,
+        request_id=req.request_id,
+        arrival_time=req.arrival_time,
+        priority=req.priority,
+        tenant=req.tenant,
+        expected_output_len=req.expected_output_len,
+    )
 
 
 def engine_factory(engine) -> Callable[[], Any]:
@@ -110,6 +117,7 @@ def _add_requests(engine, requests: Sequence[Any]) -> None:
 # A figure slot: a LiveFigure redrawn in place, or a static figure redrawn into an Output
 # =====================================================================================
 
+
 class FigureSlot:
     """A figure on screen: a ``LiveFigure`` redrawn in place (``Plotly.react``), or, without
     anywidget, a static figure redrawn into an Output."""
@@ -125,6 +133,7 @@ class FigureSlot:
         if self.live:
             return
         from IPython.display import display
+
         with self.view:
             self.view.clear_output(wait=True)
             display(go.Figure(self.fig))
@@ -133,6 +142,7 @@ class FigureSlot:
 # =====================================================================================
 # The Stepper
 # =====================================================================================
+
 
 class Stepper:
     """An ipywidgets control that advances the engine one scheduler iteration per Step.
@@ -151,12 +161,26 @@ class Stepper:
     with ``Plotly.react``); ``widget`` (the root to display).
     """
 
-    def __init__(self, engine_or_factory: Any, requests: Optional[Sequence[Any]] = None, *,
-                 run_n: int = 10, speed: float = 2.0, max_cells: int = 512, per_position_max: int = 64,
-                 title: Optional[str] = None, colors: Optional[ColorMap] = None, compact: bool = False,
-                 controls: bool = True, fig_width: Optional[int] = None):
-        if callable(engine_or_factory) and not hasattr(engine_or_factory, "step") \
-                and not hasattr(engine_or_factory, "engine"):
+    def __init__(
+        self,
+        engine_or_factory: Any,
+        requests: Optional[Sequence[Any]] = None,
+        *,
+        run_n: int = 10,
+        speed: float = 2.0,
+        max_cells: int = 512,
+        per_position_max: int = 64,
+        title: Optional[str] = None,
+        colors: Optional[ColorMap] = None,
+        compact: bool = False,
+        controls: bool = True,
+        fig_width: Optional[int] = None,
+    ):
+        if (
+            callable(engine_or_factory)
+            and not hasattr(engine_or_factory, "step")
+            and not hasattr(engine_or_factory, "engine")
+        ):
             self._factory = engine_or_factory
             engine = as_engine(self._factory())
             self._requests = list(requests or [])
@@ -164,7 +188,7 @@ class Stepper:
         else:
             engine = as_engine(engine_or_factory)
             _add_requests(engine, list(requests or []))
-            self._requests = []                  # already inside the recorded trace
+            self._requests = []  # already inside the recorded trace
             self._factory = engine_factory(engine)
         self.colors = colors if colors is not None else ColorMap()
         self.max_cells = max_cells
@@ -182,44 +206,89 @@ class Stepper:
     # --- wiring ---------------------------------------------------------------------------
     def _build(self, run_n: int, speed: float, controls: bool) -> None:
         btn = dict(layout=W.Layout(width="auto"))
-        self.step_button = W.Button(description="Step", icon="step-forward", button_style="primary",
-                                    tooltip="run exactly one scheduler iteration", **btn)
+        self.step_button = W.Button(
+            description="Step",
+            icon="step-forward",
+            button_style="primary",
+            tooltip="run exactly one scheduler iteration",
+            **btn,
+        )
         self.run_button = W.Button(description="Run N", icon="forward", tooltip="run N steps", **btn)
-        self.run_n = W.BoundedIntText(value=run_n, min=1, max=100000, description="N",
-                                      layout=W.Layout(width="110px"), style={"description_width": "16px"})
-        self.play = W.Play(value=0, min=0, max=10**9, step=1, interval=int(1000 / max(0.1, speed)),
-                           show_repeat=False, description="Play", tooltip="play / pause")
-        self.speed = W.FloatSlider(value=speed, min=0.5, max=20.0, step=0.5, description="steps/s",
-                                   readout_format=".1f", layout=W.Layout(width="230px"),
-                                   style={"description_width": "55px"})
-        self.reset_button = W.Button(description="Reset", icon="undo", button_style="warning",
-                                     tooltip="rebuild the engine from the same config and requests", **btn)
-        self.history = W.IntSlider(value=0, min=0, max=0, description="view step", disabled=True,
-                                   continuous_update=False, layout=W.Layout(width="420px"),
-                                   style={"description_width": "70px"})
-        for b, cls in ((self.step_button, "mlw-step-button"), (self.run_button, "mlw-run-button"),
-                       (self.reset_button, "mlw-reset-button")):
-            b.add_class(cls)                    # stable hooks for the browser test
+        self.run_n = W.BoundedIntText(
+            value=run_n,
+            min=1,
+            max=100000,
+            description="N",
+            layout=W.Layout(width="110px"),
+            style={"description_width": "16px"},
+        )
+        self.play = W.Play(
+            value=0,
+            min=0,
+            max=10**9,
+            step=1,
+            interval=int(1000 / max(0.1, speed)),
+            show_repeat=False,
+            description="Play",
+            tooltip="play / pause",
+        )
+        self.speed = W.FloatSlider(
+            value=speed,
+            min=0.5,
+            max=20.0,
+            step=0.5,
+            description="steps/s",
+            readout_format=".1f",
+            layout=W.Layout(width="230px"),
+            style={"description_width": "55px"},
+        )
+        self.reset_button = W.Button(
+            description="Reset",
+            icon="undo",
+            button_style="warning",
+            tooltip="rebuild the engine from the same config and requests",
+            **btn,
+        )
+        self.history = W.IntSlider(
+            value=0,
+            min=0,
+            max=0,
+            description="view step",
+            disabled=True,
+            continuous_update=False,
+            layout=W.Layout(width="420px"),
+            style={"description_width": "70px"},
+        )
+        for b, cls in (
+            (self.step_button, "mlw-step-button"),
+            (self.run_button, "mlw-run-button"),
+            (self.reset_button, "mlw-reset-button"),
+        ):
+            b.add_class(cls)  # stable hooks for the browser test
         self.step_button.on_click(lambda _: self.step())
         self.run_button.on_click(lambda _: self.run(self.run_n.value))
         self.reset_button.on_click(lambda _: self.reset())
         self.play.observe(self._on_play, names="value")
-        self.speed.observe(lambda ch: setattr(self.play, "interval", int(1000 / max(0.1, ch["new"]))),
-                           names="value")
+        self.speed.observe(lambda ch: setattr(self.play, "interval", int(1000 / max(0.1, ch["new"]))), names="value")
         self.history.observe(self._on_history, names="value")
 
-        self.title_html = W.HTML(f"<div style='font-size:14px;font-weight:600'>{self.title}</div>"
-                                 if self.title else "")
+        self.title_html = W.HTML(
+            f"<div style='font-size:14px;font-weight:600'>{self.title}</div>" if self.title else ""
+        )
         self.metrics_html = W.HTML()
-        self.finished_html = W.HTML()      # once every request is done: why Step is off, and Reset
-        self.queue_html = W.HTML(layout=W.Layout(flex="0 1 400px", min_width="300px", max_width="420px",
-                                                 overflow="auto", margin="0 12px 0 0"))
+        self.finished_html = W.HTML()  # once every request is done: why Step is off, and Reset
+        self.queue_html = W.HTML(
+            layout=W.Layout(
+                flex="0 1 400px", min_width="300px", max_width="420px", overflow="auto", margin="0 12px 0 0"
+            )
+        )
         self.reasons_html = W.HTML()
-        self._batch_slot = None     # made in _attach (its budget comes from the engine)
-        self._kv_slot = None        # made in _attach (its cell count depends on the engine)
-        self.controls = W.HBox([self.step_button, self.run_button, self.run_n, self.play, self.speed,
-                                self.reset_button],
-                               layout=W.Layout(flex_flow="row wrap", align_items="center"))
+        self._batch_slot = None  # made in _attach (its budget comes from the engine)
+        self._kv_slot = None  # made in _attach (its cell count depends on the engine)
+        self.controls = W.HBox(
+            [self.step_button, self.run_button, self.run_n, self.play, self.speed, self.reset_button],
+            layout=W.Layout(flex_flow="row wrap", align_items="center"),
+        )
         self._show_controls = controls
         self.widget = W.VBox(layout=W.Layout(width="100%"))
         self.widget.add_class("minillm-stepper")
@@ -250,13 +319,24 @@ class Stepper:
         detail = engine.record_mode == "full"
         self.empty_kv = F.empty_kv_snapshot(engine.num_kv_blocks, cfg.block_size, detail=detail)
         first = self.records[-1] if self.records else None
-        kv_fig = F.kv_map_figure(first if first is not None else self.empty_kv, colors=self.colors,
-                                 max_cells=self.max_cells, per_position_max=self.per_position_max,
-                                 mode=self._mode, width=self._fig_width)
+        kv_fig = F.kv_map_figure(
+            first if first is not None else self.empty_kv,
+            colors=self.colors,
+            max_cells=self.max_cells,
+            per_position_max=self.per_position_max,
+            mode=self._mode,
+            width=self._fig_width,
+        )
         if self._kv_slot is None:
-            self._batch_slot = FigureSlot(F.batch_figure(
-                first, colors=self.colors, width=self._fig_width, token_budget=cfg.max_num_batched_tokens,
-                speculative=getattr(cfg, "speculative_model", None) is not None))
+            self._batch_slot = FigureSlot(
+                F.batch_figure(
+                    first,
+                    colors=self.colors,
+                    width=self._fig_width,
+                    token_budget=cfg.max_num_batched_tokens,
+                    speculative=getattr(cfg, "speculative_model", None) is not None,
+                )
+            )
             self._kv_slot = FigureSlot(kv_fig)
             self.widget.children = self.layout_children()
         self._sync_history(len(self.records) - 1)
@@ -265,8 +345,9 @@ class Stepper:
     def _refresh_infos(self) -> None:
         for rid, req in self.engine.requests.items():
             if rid not in self._infos:
-                self._infos[rid] = RequestInfo(rid, req.num_prompt_tokens, req.sampling_params.max_tokens,
-                                               req.arrival_time, req.metrics)
+                self._infos[rid] = RequestInfo(
+                    rid, req.num_prompt_tokens, req.sampling_params.max_tokens, req.arrival_time, req.metrics
+                )
                 self.colors[rid]
 
     # --- public handles --------------------------------------------------------------------
@@ -344,7 +425,7 @@ class Stepper:
         self.play.playing = False
         engine = as_engine(self._factory())
         extra = self._requests
-        if engine.clock.name == "wall":      # a request added by hand arrives at once on replay
+        if engine.clock.name == "wall":  # a request added by hand arrives at once on replay
             extra = [dict(r, arrival_time=None) if isinstance(r, dict) else r for r in extra]
         _add_requests(engine, extra)
         self._note = ""
@@ -360,6 +441,7 @@ class Stepper:
 
     def display(self) -> None:
         from IPython.display import display
+
         display(self.widget)
 
     def _ipython_display_(self) -> None:
@@ -412,7 +494,7 @@ class Stepper:
         if index == len(self.records) - 1:
             return self._latest
         p = Progress.empty()
-        for rec in self.records[:index + 1]:
+        for rec in self.records[: index + 1]:
             p.apply(rec)
         return p
 
@@ -424,18 +506,34 @@ class Stepper:
         progress = self._progress(index)
         cfg = self.engine.config
         self.metrics_html.value = metrics_html(
-            rec, progress, self._infos, max_num_seqs=cfg.max_num_seqs, token_budget=cfg.max_num_batched_tokens,
-            num_taken=len(self.records), viewing_history=0 <= index < len(self.records) - 1,
-            kv_total=self.empty_kv.total, note=self._note)
+            rec,
+            progress,
+            self._infos,
+            max_num_seqs=cfg.max_num_seqs,
+            token_budget=cfg.max_num_batched_tokens,
+            num_taken=len(self.records),
+            viewing_history=0 <= index < len(self.records) - 1,
+            kv_total=self.empty_kv.total,
+            note=self._note,
+        )
         self.queue_html.value = queue_html(rec, progress, self._infos, self.colors, max_num_seqs=cfg.max_num_seqs)
         self.reasons_html.value = reasons_html(rec, self._infos, progress=progress)
         F.update_batch_figure(self.batch_fig, rec, colors=self.colors, token_budget=cfg.max_num_batched_tokens)
-        F.update_kv_map(self.kv_fig, rec if rec is not None else self.empty_kv, colors=self.colors,
-                        max_cells=self.max_cells, per_position_max=self.per_position_max, mode=self._mode)
+        F.update_kv_map(
+            self.kv_fig,
+            rec if rec is not None else self.empty_kv,
+            colors=self.colors,
+            max_cells=self.max_cells,
+            per_position_max=self.per_position_max,
+            mode=self._mode,
+        )
         self._batch_slot.refresh()
         self._kv_slot.refresh()
         done = self.done
         self.step_button.disabled = done
         self.run_button.disabled = done
-        self.finished_html.value = finished_html(len(self._infos), self.records[-1].step if self.records
-                                                 else None) if done and self._show_controls else ""
+        self.finished_html.value = (
+            finished_html(len(self._infos), self.records[-1].step if self.records else None)
+            if done and self._show_controls
+            else ""
+        )

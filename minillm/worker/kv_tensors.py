@@ -11,8 +11,17 @@ from __future__ import annotations
 import torch
 
 
-def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                      dtype: torch.dtype, kv_cache_dtype: str = "auto", device="cpu", pin_memory: bool = False):
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    kv_cache_dtype: str = "auto",
+    device="cpu",
+    pin_memory: bool = False,
+):
     """Zeroed KV caches for ``num_layers`` layers: ``(caches, scales)``, where ``caches[layer] =
     (k, v)`` ``[num_blocks, block_size, num_kv_heads, head_dim]`` and ``scales[layer] = (k_scale,
     v_scale)`` ``[num_blocks, num_kv_heads]`` for a quantized cache ("int8" | "fp8"), else ``[]``.
@@ -29,6 +38,9 @@ def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_
         return torch.zeros(shape, dtype=dt, device=device, pin_memory=pin_memory)
 
     caches = [(zeros(shape, elt), zeros(shape, elt)) for _ in range(num_layers)]
-    scales = [(zeros(shape[::2], SCALE_DTYPE), zeros(shape[::2], SCALE_DTYPE))
-              for _ in range(num_layers)] if quantized else []
+    scales = (
+        [(zeros(shape[::2], SCALE_DTYPE), zeros(shape[::2], SCALE_DTYPE)) for _ in range(num_layers)]
+        if quantized
+        else []
+    )
     return caches, scales

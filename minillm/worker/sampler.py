@@ -18,8 +18,13 @@ import torch
 from ..sampling_params import SamplingParams
 
 
-def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor, min_p: Optional[torch.Tensor] = None) -> torch.Tensor:
+def filter_probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Probabilities after temperature, min-p, top-k and top-p, batched over rows. [R, V] float32.
     ``top_k`` <= 0 keeps every token; ``min_p`` (vLLM's, Nguyen et al. 2024) drops the tokens less
     likely than ``min_p`` times the most likely one and renormalizes what is left."""
@@ -31,7 +36,7 @@ def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
     k = torch.where(top_k > 0, top_k, probs.shape[-1])[:, None]
     cum = sorted_p.cumsum(-1)
-    keep = (rank < k) & ((cum - sorted_p) < top_p[:, None])     # always keeps the top token
+    keep = (rank < k) & ((cum - sorted_p) < top_p[:, None])  # always keeps the top token
     sorted_p = sorted_p * keep
     out = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
     return out / out.sum(-1, keepdim=True)
@@ -56,13 +61,15 @@ def apply_penalties(logits: torch.Tensor, requests) -> torch.Tensor:
             ids = torch.tensor(list(sp.logit_bias), dtype=torch.long, device=logits.device)
             row[ids] += torch.tensor(list(sp.logit_bias.values()), dtype=logits.dtype, device=logits.device)
         if sp.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(req.prompt_token_ids) | set(req.output_token_ids)),
-                                dtype=torch.long, device=logits.device)
+            seen = torch.tensor(
+                sorted(set(req.prompt_token_ids) | set(req.output_token_ids)), dtype=torch.long, device=logits.device
+            )
             x = row[seen]
             row[seen] = torch.where(x > 0, x / sp.repetition_penalty, x * sp.repetition_penalty)
         if (sp.frequency_penalty or sp.presence_penalty) and req.output_token_ids:
-            counts = torch.bincount(torch.tensor(req.output_token_ids, dtype=torch.long),
-                                    minlength=vocab).to(device=logits.device, dtype=logits.dtype)
+            counts = torch.bincount(torch.tensor(req.output_token_ids, dtype=torch.long), minlength=vocab).to(
+                device=logits.device, dtype=logits.dtype
+            )
             row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
 
@@ -73,10 +80,10 @@ def unusable(rows: torch.Tensor, probabilities: bool = False) -> list[Optional[s
     tiny repetition penalty), no finite logit left, probabilities negative or all zero."""
     what = "probabilities" if probabilities else "logits"
     if not probabilities and bool(torch.isfinite(rows.amax(-1)).all()):
-        return [None] * len(rows)         # one pass: a row's max is NaN, +inf or -inf only if it is unusable
+        return [None] * len(rows)  # one pass: a row's max is NaN, +inf or -inf only if it is unusable
     nan = torch.isnan(rows).any(-1).tolist()
     posinf = torch.isposinf(rows).any(-1).tolist()
-    if probabilities:                     # a distribution: nothing negative, something to draw
+    if probabilities:  # a distribution: nothing negative, something to draw
         empty = ((rows < 0).any(-1) | ~(rows.sum(-1) > 0)).tolist()
         nothing = "its probabilities are negative or all zero"
     else:
@@ -84,8 +91,15 @@ def unusable(rows: torch.Tensor, probabilities: bool = False) -> list[Optional[s
         nothing = "no logit is finite"
     whys: list[Optional[str]] = []
     for has_nan, has_posinf, is_empty in zip(nan, posinf, empty):
-        whys.append(f"its {what} contain NaN" if has_nan else f"its {what} contain +inf" if has_posinf
-                    else nothing if is_empty else None)
+        whys.append(
+            f"its {what} contain NaN"
+            if has_nan
+            else f"its {what} contain +inf"
+            if has_posinf
+            else nothing
+            if is_empty
+            else None
+        )
     return whys
 
 
@@ -95,7 +109,8 @@ def sample_plain(sampler: "Sampler", logits: torch.Tensor, plain: list, res) -> 
     logprobs. ``plain``: (logits row, grant index, ScheduledRequest). A request whose row (or one of
     its fork's rows) cannot be sampled gets no token and its reason in ``res.failed``."""
     from ..core.parallel_sampling import completion_id
-    rows, params, ids, reqs, grants = [], [], [], [], []   # grants: the grant index, None for a fork's
+
+    rows, params, ids, reqs, grants = [], [], [], [], []  # grants: the grant index, None for a fork's
     for r, g, s in plain:
         req = s.request
         rows.append(r)
@@ -104,12 +119,12 @@ def sample_plain(sampler: "Sampler", logits: torch.Tensor, plain: list, res) -> 
         reqs.append(req)
         grants.append(g)
         parent = req.parent
-        if parent is not None and not parent.forked:      # the fork: n - 1 more first tokens
+        if parent is not None and not parent.forked:  # the fork: n - 1 more first tokens
             for i in range(1, parent.n):
                 rows.append(r)
                 params.append(parent.params[i])
                 ids.append(completion_id(parent.request_id, i))
-                reqs.append(req)                          # same prompt, same (empty) output
+                reqs.append(req)  # same prompt, same (empty) output
                 grants.append(None)
     raw = logits[rows].float()
     adjusted = raw
@@ -118,7 +133,7 @@ def sample_plain(sampler: "Sampler", logits: torch.Tensor, plain: list, res) -> 
     if any(p.min_tokens for p in params):
         adjusted = mask_stop_tokens(adjusted if adjusted is not raw else raw.clone(), reqs)
     toks, failed_rows = sampler.sample(adjusted, params, ids)
-    for j, why in failed_rows.items():           # a fork's row fails its whole group (it has not forked)
+    for j, why in failed_rows.items():  # a fork's row fails its whole group (it has not forked)
         res.failed.setdefault(reqs[j].request_id, f"sampling failed: {why}")
     ok = [j for j in range(len(toks)) if reqs[j].request_id not in res.failed]
     want = [j for j in ok if params[j].logprobs is not None]
@@ -156,6 +171,7 @@ def token_logprobs(logprobs: torch.Tensor, token: int, k: int) -> dict:
     """``{token id: Logprob}`` for one position: the ``k`` most likely tokens and ``token``
     (the one sampled, or the prompt's), from a row of log-probabilities [V]. Rank 1 = most likely."""
     from ..outputs import Logprob
+
     lp = logprobs.float().cpu()
     out = {}
     if k:
@@ -172,7 +188,7 @@ class Sampler:
     def __init__(self, seed: int = 0):
         self.default_gen = torch.Generator().manual_seed(seed)
         self.generators: dict[str, torch.Generator] = {}
-        self._saved: Optional[dict] = None     # random streams as they were when the step began
+        self._saved: Optional[dict] = None  # random streams as they were when the step began
 
     def generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
         if params.seed is None:
@@ -181,7 +197,7 @@ class Sampler:
         if g is None:
             g = self.generators[request_id] = torch.Generator().manual_seed(params.seed)
             if self._saved is not None:
-                self._saved.setdefault(request_id, None)        # new in this step
+                self._saved.setdefault(request_id, None)  # new in this step
         elif self._saved is not None and request_id not in self._saved:
             self._saved[request_id] = g.get_state()
         return g
@@ -206,13 +222,18 @@ class Sampler:
     def probs(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         dev = logits.device
         t = torch.tensor([max(p.temperature, 1e-6) for p in params], device=dev)
-        k = torch.tensor([min(p.top_k, logits.shape[-1]) for p in params], device=dev)   # k >= V: all
+        k = torch.tensor([min(p.top_k, logits.shape[-1]) for p in params], device=dev)  # k >= V: all
         tp = torch.tensor([p.top_p for p in params], device=dev)
         mp = torch.tensor([p.min_p for p in params], device=dev) if any(p.min_p for p in params) else None
         return filter_probs(logits.float(), t, k, tp, mp)
 
-    def sample(self, logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
-               probs: Optional[torch.Tensor] = None) -> tuple[list[Optional[int]], dict[int, str]]:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        request_ids: list[str],
+        probs: Optional[torch.Tensor] = None,
+    ) -> tuple[list[Optional[int]], dict[int, str]]:
         """One token per row of ``logits`` [R, V], and the rows that could not be sampled, each with
         why (``unusable``, or a draw that raised): such a row gets None and draws nothing from any
         random stream, so every other row gets what it would have got without it."""

@@ -48,9 +48,9 @@ import torch
 from .model_runner import LocalModel, ModelRunner, resolve_backend
 from ..core.scheduler_output import SchedulerOutput
 
-START_TIMEOUT = 300.0     # seconds for every rank to load its shard and report ready
-STEP_TIMEOUT = 300.0      # seconds for every rank to answer one step (the first may compile kernels)
-GRACE = 2.0               # seconds, after a rank fails, to hear from the others before reporting
+START_TIMEOUT = 300.0  # seconds for every rank to load its shard and report ready
+STEP_TIMEOUT = 300.0  # seconds for every rank to answer one step (the first may compile kernels)
+GRACE = 2.0  # seconds, after a rank fails, to hear from the others before reporting
 
 
 class TensorParallelError(RuntimeError):
@@ -63,10 +63,12 @@ def _process_context():
     engine start in a fraction of a second), else "spawn". Never a plain fork of the driver,
     whose threads (and CUDA state) a child cannot safely inherit."""
     import multiprocessing
+
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = torch.multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["minillm.worker.tp_executor", "minillm.model.parallel",
-                                    "transformers.models.llama.modeling_llama"])
+        ctx.set_forkserver_preload(
+            ["minillm.worker.tp_executor", "minillm.model.parallel", "transformers.models.llama.modeling_llama"]
+        )
         return ctx
     return torch.multiprocessing.get_context("spawn")
 
@@ -81,6 +83,7 @@ def _free_port() -> int:
 # A rank (runs in its own process)
 # =====================================================================================
 
+
 class Worker:
     """One rank: its shard of the model as a ``LocalModel``, which owns this rank's slice of the KV
     cache (and of the swap space) and does the swaps; batch preparation and sampling stay in the driver."""
@@ -88,6 +91,7 @@ class Worker:
     def __init__(self, rank: int, spec: SimpleNamespace):
         import torch.distributed as dist
         from ..model.parallel import load_shard_model
+
         self.rank, self.world = rank, spec.world
         if spec.device == "cuda":
             self.device = torch.device("cuda", rank)
@@ -95,41 +99,60 @@ class Worker:
         else:
             self.device = torch.device("cpu")
             torch.set_num_threads(spec.threads)
-        dist.init_process_group("nccl" if spec.device == "cuda" else "gloo", init_method=spec.init_method,
-                                rank=rank, world_size=spec.world, timeout=timedelta(seconds=spec.timeout))
-        self.model = load_shard_model(spec.model, spec.hf_config, rank, spec.world, spec.dtype,
-                                      str(self.device), spec.seed, spec.random_overrides)
-        self.local = LocalModel(spec.runner_config, self.model, spec.num_blocks, self.device, spec.dtype,
-                                spec.attn_block_size)
+        dist.init_process_group(
+            "nccl" if spec.device == "cuda" else "gloo",
+            init_method=spec.init_method,
+            rank=rank,
+            world_size=spec.world,
+            timeout=timedelta(seconds=spec.timeout),
+        )
+        self.model = load_shard_model(
+            spec.model, spec.hf_config, rank, spec.world, spec.dtype, str(self.device), spec.seed, spec.random_overrides
+        )
+        self.local = LocalModel(
+            spec.runner_config, self.model, spec.num_blocks, self.device, spec.dtype, spec.attn_block_size
+        )
 
     def step(self, swap_out, copies, swap_in, batch: Optional[dict]):
         """This step's block moves on this rank's slice of the cache, in ``LocalModel.swap``'s
         order (swap-outs, copy-on-write ``copies``, swap-ins), then (if anything is scheduled)
         one forward over this rank's shard. Rank 0 returns the logits (numpy); the others None."""
         from ..model.llama import AttentionMetadata
+
         if swap_out or copies or swap_in:
             self.local.swap(SimpleNamespace(swap_out=swap_out, copies=copies, swap_in=swap_in))
         if batch is None:
             return None
         t = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if isinstance(v, np.ndarray)}
-        meta = AttentionMetadata(slot_mapping=t["slot_mapping"], block_tables=t["block_tables"],
-                                 cu_seqlens_q=t["cu_seqlens_q"], context_lens=t["context_lens"],
-                                 max_q_len=batch["max_q_len"], backend=batch["backend"])
+        meta = AttentionMetadata(
+            slot_mapping=t["slot_mapping"],
+            block_tables=t["block_tables"],
+            cu_seqlens_q=t["cu_seqlens_q"],
+            context_lens=t["context_lens"],
+            max_q_len=batch["max_q_len"],
+            backend=batch["backend"],
+        )
         logits = self.local.forward(t["input_ids"], t["positions"], meta, t["rows"])
         return logits.cpu().numpy() if self.rank == 0 else None
 
     def comm(self) -> dict:
         """This rank's collectives so far: calls and bytes of all-reduce and gather."""
         from ..model.parallel import COMM
+
         return dict(COMM)
 
     def describe(self) -> dict:
         """What this rank holds: its parameters' shapes and its KV cache slice."""
         k = self.local.kv_caches[0][0]
-        return dict(rank=self.rank, device=str(self.device),
-                    params={n: tuple(p.shape) for n, p in self.model.named_parameters()},
-                    num_heads=self.model.num_heads, num_kv_heads=self.model.num_kv_heads,
-                    kv_cache_shape=tuple(k.shape), kv_bytes_per_block=self.local.bytes_per_block)
+        return dict(
+            rank=self.rank,
+            device=str(self.device),
+            params={n: tuple(p.shape) for n, p in self.model.named_parameters()},
+            num_heads=self.model.num_heads,
+            num_kv_heads=self.model.num_kv_heads,
+            kv_cache_shape=tuple(k.shape),
+            kv_bytes_per_block=self.local.bytes_per_block,
+        )
 
 
 def _rank_main(rank: int, spec: SimpleNamespace, conn) -> None:
@@ -147,17 +170,18 @@ def _rank_main(rank: int, spec: SimpleNamespace, conn) -> None:
                 break
             if msg[0] == "step":
                 reply = worker.step(*msg[1:])
-            else:                                    # ("call", fn, args): collective_rpc
+            else:  # ("call", fn, args): collective_rpc
                 reply = msg[1](worker, *msg[2])
             conn.send(("ok", reply))
     except EOFError:
-        os._exit(1)                                  # the driver is gone
-    except BaseException as e:                       # reported, then exit
+        os._exit(1)  # the driver is gone
+    except BaseException as e:  # reported, then exit
         try:
             conn.send(("error", time.time(), f"{type(e).__name__}: {e}", traceback.format_exc()))
         finally:
-            os._exit(1)                              # peers may be stuck in a collective with us
+            os._exit(1)  # peers may be stuck in a collective with us
     import torch.distributed as dist
+
     dist.destroy_process_group()
 
 
@@ -184,7 +208,7 @@ class _DeferredInterrupts:
             signal.signal(signal.SIGINT, self._old)
         if self.count and exc[0] is None:
             if callable(self._old):
-                self._old(signal.SIGINT, None)       # KeyboardInterrupt, now that the step is whole
+                self._old(signal.SIGINT, None)  # KeyboardInterrupt, now that the step is whole
             elif self._old == signal.SIG_DFL:
                 raise KeyboardInterrupt
         return False
@@ -216,16 +240,27 @@ def _shut_down(procs: list, conns: list, grace: float) -> None:
 # The driver's side
 # =====================================================================================
 
+
 class RankGroup:
     """The model split over ``config.tensor_parallel_size`` rank processes, seen from the driver: the
     two verbs of a ``LocalModel`` (``swap``, ``forward``) carried out by the ranks, plus ``close()``,
     ``describe()`` and ``collective_rpc``. A step's swaps and copy-on-write copies travel to the ranks
     with its batch (one message per step); ``flush()`` sends them alone in a step with no forward."""
 
-    def __init__(self, config, model: str, hf_config, num_blocks: int, attn_block_size: int,
-                 device: torch.device, dtype: torch.dtype, step_timeout: float = STEP_TIMEOUT,
-                 start_timeout: float = START_TIMEOUT):
+    def __init__(
+        self,
+        config,
+        model: str,
+        hf_config,
+        num_blocks: int,
+        attn_block_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        step_timeout: float = STEP_TIMEOUT,
+        start_timeout: float = START_TIMEOUT,
+    ):
         from ..model.parallel import check_heads, rank_config
+
         self.world = config.tensor_parallel_size
         check_heads(hf_config, self.world)
         self.config = config
@@ -235,39 +270,55 @@ class RankGroup:
         self.num_heads, self.num_kv_heads = shard.num_attention_heads, shard.num_key_value_heads
         self.attn_block_size = attn_block_size
         self.step_timeout = step_timeout
-        self._swaps = None                           # this step's swaps and copies, sent with its batch
-        self._closed: Optional[str] = None           # why the ranks are gone, once they are
+        self._swaps = None  # this step's swaps and copies, sent with its batch
+        self._closed: Optional[str] = None  # why the ranks are gone, once they are
         self._procs, self._conns = self._start(model, hf_config, num_blocks, device, dtype)
         self._finalizer = weakref.finalize(self, _shut_down, self._procs, self._conns, 5.0)
-        per_rank = self._gather(start_timeout, "start")   # each rank's KV bytes per block
+        per_rank = self._gather(start_timeout, "start")  # each rank's KV bytes per block
         self.bytes_per_block = sum(per_rank)
 
     def _start(self, model, hf_config, num_blocks, device, dtype):
         cuda = device.type == "cuda"
         if cuda:
             if device.index not in (None, 0):
-                raise ValueError(f"EngineConfig.device={str(device)!r}: with tensor_parallel_size="
-                                 f"{self.world}, rank r runs on cuda:r; use device='cuda'")
+                raise ValueError(
+                    f"EngineConfig.device={str(device)!r}: with tensor_parallel_size="
+                    f"{self.world}, rank r runs on cuda:r; use device='cuda'"
+                )
             if torch.cuda.device_count() < self.world:
-                raise ValueError(f"tensor_parallel_size={self.world}: needs {self.world} CUDA devices, "
-                                 f"{torch.cuda.device_count()} visible")
+                raise ValueError(
+                    f"tensor_parallel_size={self.world}: needs {self.world} CUDA devices, "
+                    f"{torch.cuda.device_count()} visible"
+                )
         c = self.config
         spec = SimpleNamespace(
-            world=self.world, device="cuda" if cuda else "cpu", init_method=f"tcp://127.0.0.1:{_free_port()}",
-            timeout=self.step_timeout, threads=max(1, torch.get_num_threads() // self.world),
-            model=model, hf_config=hf_config, dtype=dtype, seed=c.seed, random_overrides=dict(c.random_model),
-            num_blocks=num_blocks, attn_block_size=self.attn_block_size,
-            runner_config=SimpleNamespace(attention_backend=c.attention_backend, kv_cache_dtype=c.kv_cache_dtype,
-                                          block_size=c.block_size, num_swap_blocks=c.num_swap_blocks,
-                                          max_num_seqs=c.max_num_seqs))
+            world=self.world,
+            device="cuda" if cuda else "cpu",
+            init_method=f"tcp://127.0.0.1:{_free_port()}",
+            timeout=self.step_timeout,
+            threads=max(1, torch.get_num_threads() // self.world),
+            model=model,
+            hf_config=hf_config,
+            dtype=dtype,
+            seed=c.seed,
+            random_overrides=dict(c.random_model),
+            num_blocks=num_blocks,
+            attn_block_size=self.attn_block_size,
+            runner_config=SimpleNamespace(
+                attention_backend=c.attention_backend,
+                kv_cache_dtype=c.kv_cache_dtype,
+                block_size=c.block_size,
+                num_swap_blocks=c.num_swap_blocks,
+                max_num_seqs=c.max_num_seqs,
+            ),
+        )
         ctx = _process_context()
         procs, conns = [], []
         for rank in range(self.world):
             mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=_rank_main, args=(rank, spec, theirs), name=f"minillm-tp-rank{rank}",
-                            daemon=True)
+            p = ctx.Process(target=_rank_main, args=(rank, spec, theirs), name=f"minillm-tp-rank{rank}", daemon=True)
             p.start()
-            theirs.close()                           # only the rank holds its end: EOF when it exits
+            theirs.close()  # only the rank holds its end: EOF when it exits
             procs.append(p)
             conns.append(mine)
         return procs, conns
@@ -278,10 +329,9 @@ class RankGroup:
         return [p.pid for p in self._procs]
 
     def _fail(self, why: str):
-        self.close(grace=0.0)                        # a failed rank group: no orderly goodbye
+        self.close(grace=0.0)  # a failed rank group: no orderly goodbye
         self._closed = why
-        raise TensorParallelError(f"tensor parallelism ({self.world} ranks): {why}; every rank has been "
-                                  "shut down")
+        raise TensorParallelError(f"tensor parallelism ({self.world} ranks): {why}; every rank has been shut down")
 
     def _broadcast(self, msg, what: str) -> list:
         """Send ``msg`` to every rank; return their replies (rank order)."""
@@ -292,9 +342,9 @@ class RankGroup:
             for rank, c in enumerate(self._conns):
                 try:
                     c.send(msg)
-                except (OSError, ValueError):        # its end of the pipe is gone: it died
+                except (OSError, ValueError):  # its end of the pipe is gone: it died
                     unreachable.add(rank)
-                    break                            # the others fail anyway (a collective misses it)
+                    break  # the others fail anyway (a collective misses it)
             return self._gather(self.step_timeout, what, unreachable, interrupts)
 
     def _gather(self, timeout: float, what: str, dead=frozenset(), interrupts=None) -> list:
@@ -307,7 +357,7 @@ class RankGroup:
         step back); a second one stops waiting and shuts the ranks down."""
         replies: list = [None] * self.world
         pending = set(range(self.world))
-        errors: dict[int, tuple] = {}               # rank -> (time, message, traceback)
+        errors: dict[int, tuple] = {}  # rank -> (time, message, traceback)
         died = set(dead)
         deadline = time.monotonic() + (GRACE if died else timeout)
         conn_rank = {id(c): r for r, c in enumerate(self._conns)}
@@ -316,17 +366,17 @@ class RankGroup:
             if left <= 0:
                 break
             if interrupts is not None and interrupts.count >= 2:
-                self._fail(f"interrupted (Ctrl-C twice) while waiting for rank(s) {sorted(pending)} "
-                           f"to finish {what!r}")
+                self._fail(f"interrupted (Ctrl-C twice) while waiting for rank(s) {sorted(pending)} to finish {what!r}")
             waiting = pending - died - set(errors)
-            ready = wait([self._conns[r] for r in waiting] + [self._procs[r].sentinel for r in waiting],
-                         min(left, 0.25))
-            for obj in sorted(ready, key=lambda o: isinstance(o, int)):   # messages before deaths
+            ready = wait(
+                [self._conns[r] for r in waiting] + [self._procs[r].sentinel for r in waiting], min(left, 0.25)
+            )
+            for obj in sorted(ready, key=lambda o: isinstance(o, int)):  # messages before deaths
                 rank = conn_rank.get(id(obj))
-                if rank is None:                     # a process ended
+                if rank is None:  # a process ended
                     rank = next(r for r, p in enumerate(self._procs) if p.sentinel == obj)
                     if rank in errors or self._conns[rank].poll():
-                        continue                     # it left a message: read it (next round)
+                        continue  # it left a message: read it (next round)
                     died.add(rank)
                     continue
                 try:
@@ -345,12 +395,14 @@ class RankGroup:
             return replies
         for r in died:
             self._procs[r].join(1.0)
-        causes = [f"rank {r} (pid {self._procs[r].pid}) died during {what!r} (exit code "
-                  f"{self._procs[r].exitcode})" for r in sorted(died - set(errors))]
+        causes = [
+            f"rank {r} (pid {self._procs[r].pid}) died during {what!r} (exit code {self._procs[r].exitcode})"
+            for r in sorted(died - set(errors))
+        ]
         for r, (_, msg, tb) in sorted(errors.items(), key=lambda e: e[1][0]):
-            if causes:                               # a consequence: one line is enough
+            if causes:  # a consequence: one line is enough
                 causes.append(f"rank {r} raised {msg.splitlines()[0][:200]}")
-            else:                                    # the cause: with the rank's own traceback
+            else:  # the cause: with the rank's own traceback
                 causes.append(f"rank {r} raised during {what!r}: {msg}\n--- rank {r}'s traceback ---\n{tb}")
         if not causes:
             causes = [f"no answer from rank(s) {sorted(pending)} to {what!r} within {timeout:g} s"]
@@ -391,10 +443,17 @@ class RankGroup:
 
     def forward(self, input_ids, positions, meta, logits_rows: torch.Tensor) -> torch.Tensor:
         """Send the batch (with the step's block moves), every rank's shard runs, rank 0's logits back."""
-        batch = dict(input_ids=input_ids.numpy(), positions=positions.numpy(),
-                     slot_mapping=meta.slot_mapping.numpy(), block_tables=meta.block_tables.numpy(),
-                     cu_seqlens_q=meta.cu_seqlens_q.numpy(), context_lens=meta.context_lens.numpy(),
-                     max_q_len=meta.max_q_len, backend=meta.backend, rows=logits_rows.numpy())
+        batch = dict(
+            input_ids=input_ids.numpy(),
+            positions=positions.numpy(),
+            slot_mapping=meta.slot_mapping.numpy(),
+            block_tables=meta.block_tables.numpy(),
+            cu_seqlens_q=meta.cu_seqlens_q.numpy(),
+            context_lens=meta.context_lens.numpy(),
+            max_q_len=meta.max_q_len,
+            backend=meta.backend,
+            rows=logits_rows.numpy(),
+        )
         return torch.from_numpy(self._broadcast(self._step_message(batch), "step")[0])
 
     def flush(self) -> None:
@@ -410,18 +469,29 @@ class TPExecutor:
     tokens: the same code as on one device) whose model is a ``RankGroup`` (the swaps and the forward,
     in the ranks). Plus what a group of processes needs: ``close()``, ``describe()``, ``collective_rpc``."""
 
-    def __init__(self, config, model: str, hf_config, kv_manager, num_blocks: int, device: torch.device,
-                 dtype: torch.dtype, step_timeout: float = STEP_TIMEOUT, start_timeout: float = START_TIMEOUT):
-        self.ranks = RankGroup(config, model, hf_config, num_blocks, kv_manager.attn_block_size, device, dtype,
-                               step_timeout, start_timeout)
+    def __init__(
+        self,
+        config,
+        model: str,
+        hf_config,
+        kv_manager,
+        num_blocks: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        step_timeout: float = STEP_TIMEOUT,
+        start_timeout: float = START_TIMEOUT,
+    ):
+        self.ranks = RankGroup(
+            config, model, hf_config, num_blocks, kv_manager.attn_block_size, device, dtype, step_timeout, start_timeout
+        )
         # batches are prepared on the host and sent
         self.runner = ModelRunner(config, kv_manager, self.ranks, torch.device("cpu"))
-        self.backend, self.sampler = self.runner.backend, self.runner.sampler   # (a draft model shares them)
+        self.backend, self.sampler = self.runner.backend, self.runner.sampler  # (a draft model shares them)
         self.bytes_per_block = self.ranks.bytes_per_block
 
     def execute(self, out: SchedulerOutput):
-        res = self.runner.execute(out)               # ranks.swap(), then ranks.forward() if anything is scheduled
-        self.ranks.flush()                           # block moves in a step with no forward
+        res = self.runner.execute(out)  # ranks.swap(), then ranks.forward() if anything is scheduled
+        self.ranks.flush()  # block moves in a step with no forward
         return res
 
     def checkpoint(self) -> None:

@@ -23,8 +23,10 @@ STEP = 0.010
 
 
 def _tripwire(*args, **kwargs):
-    raise AssertionError("your policy called one of the engine's own policies "
-                         "(minillm.core.policies: SJF, MLFQ, Fair); the exercise is to write the rule yourself")
+    raise AssertionError(
+        "your policy called one of the engine's own policies "
+        "(minillm.core.policies: SJF, MLFQ, Fair); the exercise is to write the rule yourself"
+    )
 
 
 @contextlib.contextmanager
@@ -45,10 +47,9 @@ def ex():
 def _engine(policy, **cfg):
     cfg.setdefault("max_model_len", 2048)
     cfg.setdefault("max_num_batched_tokens", 4096)
-    cfg.setdefault("record", "summary")          # per-block maps are for the widgets; not needed here
+    cfg.setdefault("record", "summary")  # per-block maps are for the widgets; not needed here
     cost_model = cfg.pop("cost_model", ConstantStepTime(STEP))
-    eng = LLM(model="random", executor="simulated", clock="modeled", cost_model=cost_model, policy=policy,
-              **cfg).engine
+    eng = LLM(model="random", executor="simulated", clock="modeled", cost_model=cost_model, policy=policy, **cfg).engine
     return eng
 
 
@@ -70,9 +71,11 @@ def _secs(t):
 def _first_difference(want, got):
     for rid in want:
         if want[rid] != got.get(rid):
-            return (f"request {rid}: the engine's policy started it at {want[rid][0]:.3f} s with its last token "
-                    f"at {want[rid][1][-1]:.3f} s; yours at {_secs(got[rid][0])}, last token "
-                    f"{_secs(got[rid][1][-1]) if got[rid][1] else 'none'}")
+            return (
+                f"request {rid}: the engine's policy started it at {want[rid][0]:.3f} s with its last token "
+                f"at {want[rid][1][-1]:.3f} s; yours at {_secs(got[rid][0])}, last token "
+                f"{_secs(got[rid][1][-1]) if got[rid][1] else 'none'}"
+            )
     return "the same"
 
 
@@ -83,6 +86,7 @@ def _mean(xs):
 
 # --- Exercise 1: SJFWithAging ----------------------------------------------------------------------
 
+
 def test_sjf_key_by_hand():
     eng = _engine("fcfs")
     submit_trace(eng, [TraceRequest("a", 0.0, 8, 40), TraceRequest("b", 0.5, 8, 300)], vocab_size=eng.vocab_size)
@@ -90,10 +94,12 @@ def test_sjf_key_by_hand():
     pol = ex().SJFWithAging(aging=10.0)
     for req, now, want in ((a, 0.0, 40.0), (a, 2.0, 40.0 - 20.0), (b, 0.0, 300.0), (b, 3.5, 300.0 - 30.0)):
         got = pol.key(req, now)
-        assert got == pytest.approx(want), (f"key({req.request_id}, now={now}) with aging 10 tokens/s: predicted "
-                                            f"{pol.predicted(req):g} tokens, waited {max(0, now - req.arrival_time)}"
-                                            f" s: expected {want}, got {got}")
-    a.output_token_ids.extend([1] * 45)                    # it outlived its prediction
+        assert got == pytest.approx(want), (
+            f"key({req.request_id}, now={now}) with aging 10 tokens/s: predicted "
+            f"{pol.predicted(req):g} tokens, waited {max(0, now - req.arrival_time)}"
+            f" s: expected {want}, got {got}"
+        )
+    a.output_token_ids.extend([1] * 45)  # it outlived its prediction
     assert pol.remaining(a) == 0.0, f"remaining() never goes below 0: got {pol.remaining(a)}"
     order = pol.order_waiting([b, a], 0.5)
     assert [r.request_id for r in order] == ["a", "b"], f"a (0 left) goes before b: got {[r.request_id for r in order]}"
@@ -121,23 +127,29 @@ def test_sjf_aging_ends_starvation():
     L is passed only by requests that arrived by (200 - 10) / a seconds, so it waits at most
     their service time; without aging it waits for the whole stream."""
     gap, n_short, aging = 0.08, 150, 95.0
-    trace = [TraceRequest("L", 0.0, 8, 200)] + [TraceRequest(f"s{j}", round(gap * j, 10), 8, 10)
-                                                for j in range(n_short)]
+    trace = [TraceRequest("L", 0.0, 8, 200)] + [
+        TraceRequest(f"s{j}", round(gap * j, 10), 8, 10) for j in range(n_short)
+    ]
     horizon = (200 - 10) / aging
     bound = sum(r.output_len * STEP for r in trace[1:] if r.arrival_time <= horizon + 1e-12)
     m = _run(_engine(ex().SJFWithAging(aging=aging), max_num_seqs=1), trace)
-    assert m["L"].queue_wait <= bound + 1e-9, (f"with aging {aging}, L should wait at most {bound:.2f} s (the "
-                                               f"requests that arrived by {horizon:.2f} s); it waited "
-                                               f"{m['L'].queue_wait:.2f} s")
+    assert m["L"].queue_wait <= bound + 1e-9, (
+        f"with aging {aging}, L should wait at most {bound:.2f} s (the "
+        f"requests that arrived by {horizon:.2f} s); it waited "
+        f"{m['L'].queue_wait:.2f} s"
+    )
     m0 = _run(_engine(ex().SJFWithAging(aging=0.0), max_num_seqs=1), trace)
-    assert m0["L"].queue_wait > 5 * bound, ("without aging the stream of short requests should starve L; it waited "
-                                            f"only {m0['L'].queue_wait:.2f} s")
+    assert m0["L"].queue_wait > 5 * bound, (
+        f"without aging the stream of short requests should starve L; it waited only {m0['L'].queue_wait:.2f} s"
+    )
     short = [f"s{j}" for j in range(n_short)]
     assert _mean(m0[r].e2e_latency for r in short) <= _mean(m[r].e2e_latency for r in short), (
-        "aging costs the short requests a little: their mean latency should not improve with it")
+        "aging costs the short requests a little: their mean latency should not improve with it"
+    )
 
 
 # --- Exercise 2: MLFQPolicy --------------------------------------------------------------------------
+
 
 def test_mlfq_levels_by_hand():
     """One request of 40 tokens alone, quanta (4, 8), boost_interval 0.145 s: the timer starts
@@ -151,9 +163,10 @@ def test_mlfq_levels_by_hand():
         eng.step()
         levels.append(pol.level(eng.requests["r"]))
 
-    def expected(k):          # k tokens generated after step k (1-based); boosts after steps 16, 31
+    def expected(k):  # k tokens generated after step k (1-based); boosts after steps 16, 31
         j = k if k <= 15 else (k - 16 if k <= 30 else k - 31)
         return 0 if j < 4 else 1 if j < 12 else 2
+
     want = [expected(k) for k in range(1, 41)]
     assert levels == want, f"levels after each step: expected {want}, got {levels}"
     assert pol.num_boosts == 2, f"two boosts (after steps 16 and 31) in 40 steps, got {pol.num_boosts}"
@@ -180,11 +193,13 @@ def test_mlfq_on_step_demotes_through_several_levels_in_one_step():
     assert got == [[0, 1], [3, 2], [3, 7]], (
         f"quanta (2, 3, 4), steps of 1, 10, then 5 tokens: 1 token stays at level 0; 1 + 10 = 11 tokens use up "
         f"2 + 3 + 4 and leave 2 at level 3 (the last, no quantum); 5 more counted there: expected [level, count] "
-        f"after each step [[0, 1], [3, 2], [3, 7]], got {got}")
+        f"after each step [[0, 1], [3, 2], [3, 7]], got {got}"
+    )
     got = [step(b, 3), step(b, 4)]
     assert got == [[1, 1], [2, 2]], (
         f"steps of 3 then 4 tokens: 3 = 2 (level 0's quantum) + 1 counted at level 1; then 1 + 4 = 5 = 3 (level 1's "
-        f"quantum) + 2 at level 2: expected [[1, 1], [2, 2]], got {got}")
+        f"quantum) + 2 at level 2: expected [[1, 1], [2, 2]], got {got}"
+    )
 
 
 def test_mlfq_victims_come_from_the_deepest_level():
@@ -195,13 +210,17 @@ def test_mlfq_victims_come_from_the_deepest_level():
         st[0] = level
         req.admit_seq = seq
     got = pol.pick_victim(r, 0.0)
-    assert got is r[3], (f"levels {[pol.level(q) for q in r]}, admit_seq {[q.admit_seq for q in r]}: the victim is "
-                         f"the deepest level (2), most recently admitted there: r3; got {got.request_id}")
+    assert got is r[3], (
+        f"levels {[pol.level(q) for q in r]}, admit_seq {[q.admit_seq for q in r]}: the victim is "
+        f"the deepest level (2), most recently admitted there: r3; got {got.request_id}"
+    )
     got = pol.pick_victim([r[0], r[2], r[4]], 0.0)
     assert got is r[4], f"levels 0, 1, 1: the deepest is 1, r4 admitted after r2; got {got.request_id}"
     got = pol.preempt_for(r[2], [r[0], r[1], r[3], r[4]], 0.0)
-    assert got is r[3], (f"a waiting request at level 1 may push out only a deeper one (r1, r3 at level 2), the most "
-                         f"recently admitted: r3; got {got and got.request_id}")
+    assert got is r[3], (
+        f"a waiting request at level 1 may push out only a deeper one (r1, r3 at level 2), the most "
+        f"recently admitted: r3; got {got and got.request_id}"
+    )
     got = pol.preempt_for(r[1], [r[0], r[2], r[3]], 0.0)
     assert got is None, f"a level-2 request may not push out requests at level 2 or above; got {got and got.request_id}"
 
@@ -209,8 +228,11 @@ def test_mlfq_victims_come_from_the_deepest_level():
 def test_mlfq_matches_the_engines_mlfq():
     trace = [TraceRequest(f"long{i}", 0.0, 16, 300) for i in range(6)]
     trace += [TraceRequest(f"s{j}", 0.1 + 0.15 * j, 16, 20) for j in range(25)]
-    for kw in (dict(quanta=(16, 64), boost_interval=1.0), dict(quanta=(8,), boost_interval=None),
-               dict(quanta=(16, 64), boost_interval=1.0, preempt=False)):
+    for kw in (
+        dict(quanta=(16, 64), boost_interval=1.0),
+        dict(quanta=(8,), boost_interval=None),
+        dict(quanta=(16, 64), boost_interval=1.0, preempt=False),
+    ):
         want = _schedule(_run(_engine(MLFQ(boost_unit="seconds", **kw), max_num_seqs=4), trace))
         got = _schedule(_run(_engine(ex().MLFQPolicy(**kw), max_num_seqs=4), trace))
         assert got == want, f"MLFQ {kw}: {_first_difference(want, got)}"
@@ -246,17 +268,20 @@ def test_mlfq_boost_bounds_the_gap_of_a_demoted_request():
 
 
 def _pressure_trace():
-    return synthetic_trace(40, rate=60, prompt_len=Uniform(16, 200), output_len=Uniform(8, 120),
-                           tenant_mix={"a": 0.5, "b": 0.5}, seed=4)
+    return synthetic_trace(
+        40, rate=60, prompt_len=Uniform(16, 200), output_len=Uniform(8, 120), tenant_mix={"a": 0.5, "b": 0.5}, seed=4
+    )
 
 
 @pytest.mark.parametrize("policy", ["SJFWithAging", "MLFQPolicy", "FairPolicy"])
 def test_your_policy_is_your_own(policy):
     """Your policy runs a trace under memory pressure (every hook is asked) with the engine's own
     policies switched off: an answer that hands the rule to minillm.core.policies fails here."""
-    pol = {"SJFWithAging": lambda: ex().SJFWithAging(aging=50.0),
-           "MLFQPolicy": lambda: ex().MLFQPolicy(quanta=(8, 32), boost_interval=0.3),
-           "FairPolicy": lambda: ex().FairPolicy()}[policy]()
+    pol = {
+        "SJFWithAging": lambda: ex().SJFWithAging(aging=50.0),
+        "MLFQPolicy": lambda: ex().MLFQPolicy(quanta=(8, 32), boost_interval=0.3),
+        "FairPolicy": lambda: ex().FairPolicy(),
+    }[policy]()
     eng = _engine(pol, max_num_seqs=6, num_kv_blocks=40, block_size=16, max_num_batched_tokens=256)
     with _engine_policies_switched_off():
         m = _run(eng, _pressure_trace())
@@ -266,6 +291,7 @@ def test_your_policy_is_your_own(policy):
 
 # --- Exercise 3: FairPolicy ---------------------------------------------------------------------------
 
+
 def _flood():
     flood = [TraceRequest(f"flood-{i}", 0.0, 32, 32, tenant="flood") for i in range(60)]
     return flood + [TraceRequest(f"b-{i}", 0.0, 32, 32, tenant="b") for i in range(15)]
@@ -273,16 +299,24 @@ def _flood():
 
 def test_fair_order_by_hand():
     eng = _engine("fcfs")
-    submit_trace(eng, [TraceRequest("x1", 0.0, 10, 4, tenant="x"), TraceRequest("x2", 0.1, 10, 4, tenant="x"),
-                       TraceRequest("y1", 0.2, 30, 4, tenant="y"), TraceRequest("y2", 0.3, 5, 4, tenant="y")],
-                 vocab_size=eng.vocab_size)
+    submit_trace(
+        eng,
+        [
+            TraceRequest("x1", 0.0, 10, 4, tenant="x"),
+            TraceRequest("x2", 0.1, 10, 4, tenant="x"),
+            TraceRequest("y1", 0.2, 30, 4, tenant="y"),
+            TraceRequest("y2", 0.3, 5, 4, tenant="y"),
+        ],
+        vocab_size=eng.vocab_size,
+    )
     r = eng.requests
     pol = ex().FairPolicy()
     got = [q.request_id for q in pol.order_waiting([r["y2"], r["x2"], r["y1"], r["x1"]], 1.0)]
     # x and y at 0: x first (oldest); x is charged 10 -> y1 (0); y charged 30 -> x2 (10); x at 20 -> y2 (30)
     assert got == ["x1", "y1", "x2", "y2"], f"expected ['x1', 'y1', 'x2', 'y2'], got {got}"
     assert dict(pol.counters) in ({}, {"x": 0.0, "y": 0.0}), (
-        f"order_waiting must not change the counters (its charges are provisional): {dict(pol.counters)}")
+        f"order_waiting must not change the counters (its charges are provisional): {dict(pol.counters)}"
+    )
     pol.counters["x"] = 100.0
     got = [q.request_id for q in pol.order_waiting([r["x1"], r["x2"], r["y1"], r["y2"]], 1.0)]
     assert got == ["y1", "y2", "x1", "x2"], f"x has been served 100, y 0: expected y's requests first, got {got}"
@@ -293,7 +327,8 @@ def test_fair_charges_what_ran():
     eng = _engine(pol, max_num_seqs=4)
     _run(eng, [TraceRequest("a", 0.0, 12, 5, tenant="a"), TraceRequest("b", 0.0, 20, 3, tenant="b")])
     assert pol.counters["a"] == pytest.approx(12 + 2 * 5) and pol.counters["b"] == pytest.approx(20 + 2 * 3), (
-        f"a prefilled 12 tokens and generated 5, b 20 and 3: expected counters a=22, b=26, got {dict(pol.counters)}")
+        f"a prefilled 12 tokens and generated 5, b 20 and 3: expected counters a=22, b=26, got {dict(pol.counters)}"
+    )
 
 
 def test_fair_matches_the_engines_vtc_on_a_flood():

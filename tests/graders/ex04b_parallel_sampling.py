@@ -27,6 +27,7 @@ def no_new_block():
 
 # --- Exercise 1: fork ------------------------------------------------------------------------------
 
+
 def test_fork_by_hand():
     counts = {3: 1, 7: 1, 9: 1, 5: 1}
     table = [3, 7, 9]
@@ -42,21 +43,26 @@ def test_fork_by_hand():
 
 # --- Exercise 2: block_to_write ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("computed, size, held, want", [
-    (10, 4, 3, 2),        # positions 8, 9 of the third block hold KV: the next one, 10, goes there too
-    (8, 4, 3, 2),         # the third block is empty so far
-    (8, 4, 2, None),      # two full blocks: the next position needs a new block
-    (12, 4, 3, None),
-    (7, 4, 2, 1),
-    (0, 16, 0, None),
-    (0, 16, 1, 0),
-    (511, 16, 32, 31),
-])
+
+@pytest.mark.parametrize(
+    "computed, size, held, want",
+    [
+        (10, 4, 3, 2),  # positions 8, 9 of the third block hold KV: the next one, 10, goes there too
+        (8, 4, 3, 2),  # the third block is empty so far
+        (8, 4, 2, None),  # two full blocks: the next position needs a new block
+        (12, 4, 3, None),
+        (7, 4, 2, 1),
+        (0, 16, 0, None),
+        (0, 16, 1, 0),
+        (511, 16, 32, 31),
+    ],
+)
 def test_block_to_write_by_hand(computed, size, held, want):
     assert ex().block_to_write(computed, size, held) == want
 
 
 # --- Exercise 3: copy_on_write ---------------------------------------------------------------------------
+
 
 def test_copy_on_write_four_samples_by_hand():
     # A 10-token prompt in blocks of 4 (blocks 0, 1 full; block 2 holds 2 positions), forked 4 ways.
@@ -67,6 +73,7 @@ def test_copy_on_write_four_samples_by_hand():
         b = next(fresh)
         counts[b] = 1
         return b
+
     tables = [[0, 1, 2] for _ in range(4)]
     assert ex().copy_on_write(tables[0], 10, 4, counts, new_block) == (2, 5)
     assert tables[0] == [0, 1, 5] and counts == {0: 4, 1: 4, 2: 3, 5: 1}
@@ -89,36 +96,53 @@ def test_copy_on_write_into_a_shared_block_at_its_first_position():
     def new_block():
         counts[9] = 1
         return 9
-    assert ex().copy_on_write(table, 8, 4, counts, new_block) == (2, 9), \
+
+    assert ex().copy_on_write(table, 8, 4, counts, new_block) == (2, 9), (
         "position 8 is block 2's first position, and block 2 is shared: copy it"
+    )
     assert table == [0, 1, 9] and counts == {0: 2, 1: 2, 2: 1, 9: 1}
 
 
 def test_copy_on_write_when_the_prompt_fills_its_blocks():
     counts = {0: 3, 1: 3}
     table = [0, 1]
-    assert ex().copy_on_write(table, 8, 4, counts, no_new_block) is None, \
+    assert ex().copy_on_write(table, 8, 4, counts, no_new_block) is None, (
         "position 8 starts a new block: the shared full blocks are never written"
+    )
     assert table == [0, 1] and counts == {0: 3, 1: 3}
 
 
 # --- In the engine -------------------------------------------------------------------------------------
 
+
 def _run(kv_manager, prompt_len, n, block_size=16, **kw):
     kw.setdefault("num_kv_blocks", 120)
-    llm = LLM("random", executor="simulated", block_size=block_size, max_model_len=700,
-              max_num_batched_tokens=700, kv_manager=kv_manager, **kw)
+    llm = LLM(
+        "random",
+        executor="simulated",
+        block_size=block_size,
+        max_model_len=700,
+        max_num_batched_tokens=700,
+        kv_manager=kv_manager,
+        **kw,
+    )
     e = llm.engine
-    e.add_request([1 + i % 300 for i in range(prompt_len)], SamplingParams(n=n, max_tokens=20, ignore_eos=True),
-                  request_id="g")
+    e.add_request(
+        [1 + i % 300 for i in range(prompt_len)], SamplingParams(n=n, max_tokens=20, ignore_eos=True), request_id="g"
+    )
     e.add_request([2] * 40, SamplingParams(n=3, max_tokens=30, ignore_eos=True), request_id="h")
     steps = []
     while e.has_unfinished_requests():
         rec = e.step()
         check_invariants(e, rec)
-        steps.append(([(f.request_id, f.sequences, f.shared_blocks) for f in rec.forks],
-                      [(c.request_id, c.src_block, c.dst_block) for c in rec.copies], rec.kv.blocks_used,
-                      [p.request_id for p in rec.preempted]))
+        steps.append(
+            (
+                [(f.request_id, f.sequences, f.shared_blocks) for f in rec.forks],
+                [(c.request_id, c.src_block, c.dst_block) for c in rec.copies],
+                rec.kv.blocks_used,
+                [p.request_id for p in rec.preempted],
+            )
+        )
         assert len(steps) < 2000, "no progress"
     check_all_free(e)
     return steps, e
@@ -144,8 +168,9 @@ def test_engine_with_preemption_keeps_its_invariants():
 def test_real_model_samples_equal_separate_requests():
     """The copies carry the right KV: on a real (tiny, random) model, n seeded samples equal
     separate requests seeded as the engine derives each sample's seed."""
-    llm = LLM("random", dtype="float32", block_size=4, num_kv_blocks=40, max_model_len=64,
-              kv_manager=ex().cow_kv_manager)
+    llm = LLM(
+        "random", dtype="float32", block_size=4, num_kv_blocks=40, max_model_len=64, kv_manager=ex().cow_kv_manager
+    )
     e = llm.engine
     prompt = [5, 9, 2, 7, 3, 8, 4, 1, 6, 11]
     sp = dict(temperature=1.0, max_tokens=6, ignore_eos=True)

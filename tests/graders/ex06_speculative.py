@@ -37,6 +37,7 @@ def _draft_dir(vocab_size: int = 512) -> str:
     once per process to a temporary directory (a plain function: graders are collected without
     their module's fixtures)."""
     from safetensors.torch import save_file
+
     path = tempfile.mkdtemp(prefix="minillm_ex06_draft_")
     m, cfg = load_model("random", "float32", "cpu", 0, {"vocab_size": vocab_size})
     state = {k: v.contiguous() for k, v in m.state_dict().items() if not k.startswith("model.layers.1.")}
@@ -48,10 +49,16 @@ def _draft_dir(vocab_size: int = 512) -> str:
 
 # --- Exercise 1: accept_greedy ------------------------------------------------------------------------
 
+
 def test_accept_greedy_by_hand():
-    cases = [(([5, 7, 9], [5, 7, 2, 4]), [5, 7, 2]), (([5, 7], [5, 7, 8]), [5, 7, 8]),
-             (([1, 2, 3], [4, 2, 3, 9]), [4]), (([], [6]), [6]), (([3, 3, 3, 3], [3, 3, 3, 3, 1]), [3, 3, 3, 3, 1]),
-             (([3, 1], [3, 2, 1]), [3, 2])]
+    cases = [
+        (([5, 7, 9], [5, 7, 2, 4]), [5, 7, 2]),
+        (([5, 7], [5, 7, 8]), [5, 7, 8]),
+        (([1, 2, 3], [4, 2, 3, 9]), [4]),
+        (([], [6]), [6]),
+        (([3, 3, 3, 3], [3, 3, 3, 3, 1]), [3, 3, 3, 3, 1]),
+        (([3, 1], [3, 2, 1]), [3, 2]),
+    ]
     for (draft, target), want in cases:
         got = ex().accept_greedy(draft, target)
         assert list(got) == want, f"accept_greedy(draft={draft}, target={target}): expected {want}, got {got}"
@@ -71,17 +78,20 @@ def test_greedy_speculation_reproduces_plain_decoding(proposer):
     cfg = dict(block_size=4, max_model_len=64, num_kv_blocks=40)
     sp = SamplingParams(max_tokens=16, **GREEDY)
     want = _tokens(LLM("random", **cfg), PROMPTS, sp)
-    llm = ex().speculative_engine("random", speculative_model="ngram" if proposer == "ngram" else _draft_dir(),
-                                  num_speculative_tokens=3, **cfg)
+    llm = ex().speculative_engine(
+        "random", speculative_model="ngram" if proposer == "ngram" else _draft_dir(), num_speculative_tokens=3, **cfg
+    )
     got = _tokens(llm, PROMPTS, sp)
     assert got == want, f"greedy with {proposer} speculation and your rule: {got}\nplain decoding: {want}"
     ms = llm.engine.request_metrics()
     proposed, accepted = sum(m.num_spec_proposed for m in ms), sum(m.num_spec_accepted for m in ms)
     assert proposed > 0 and 0 < accepted < proposed, (
-        f"the run should accept some guesses and reject others: {accepted} of {proposed} accepted")
+        f"the run should accept some guesses and reject others: {accepted} of {proposed} accepted"
+    )
 
 
 # --- Exercise 2: accept_sampled ------------------------------------------------------------------------
+
 
 class _FixedSampler:
     def __init__(self, g):
@@ -107,14 +117,17 @@ def test_accept_sampled_replays_the_engines_draws():
         gen = torch.Generator().manual_seed(seed)
         draft = [int(torch.multinomial(q[j], 1, generator=gen)) for j in range(k)]
         if seed % 3 == 0:
-            draft[-1] = int(p[k - 1].argmax())                 # a likely guess too
+            draft[-1] = int(p[k - 1].argmax())  # a likely guess too
         for use_q in (True, False):
             g_ref, g_you = torch.Generator().manual_seed(1000 + seed), torch.Generator().manual_seed(1000 + seed)
-            want = engine_verify(torch.zeros(k + 1, V), draft, q if use_q else None, params, _FixedSampler(g_ref),
-                                 "r", target_probs=p)
+            want = engine_verify(
+                torch.zeros(k + 1, V), draft, q if use_q else None, params, _FixedSampler(g_ref), "r", target_probs=p
+            )
             got = ex().accept_sampled(list(draft), p, q if use_q else None, g_you)
-            assert list(got) == want, (f"seed {seed}, k={k}, draft={draft}, q {'given' if use_q else 'None (one-hot)'}:"
-                                       f" minillm's verify emits {want} with the same random draws, yours {got}")
+            assert list(got) == want, (
+                f"seed {seed}, k={k}, draft={draft}, q {'given' if use_q else 'None (one-hot)'}:"
+                f" minillm's verify emits {want} with the same random draws, yours {got}"
+            )
             nxt_ref, nxt_you = torch.rand((), generator=g_ref), torch.rand((), generator=g_you)
             assert nxt_ref == nxt_you, "your rule took a different number of random draws than the docstring's order"
 
@@ -124,7 +137,7 @@ def _chi2(counts, p):
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-CHI2_CRIT_3DF = 16.27          # 0.999 quantile of chi-square(3): a false alarm 1 time in 1000
+CHI2_CRIT_3DF = 16.27  # 0.999 quantile of chi-square(3): a false alarm 1 time in 1000
 
 
 @pytest.mark.parametrize("use_q", [True, False])
@@ -132,7 +145,7 @@ def test_accept_sampled_emits_the_target_distribution(use_q):
     """Whatever the draft proposes, the first token a verification emits is distributed as p[0]."""
     V, k, n = 4, 2, 4000
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
-    q = torch.tensor([[0.05, 0.15, 0.3, 0.5], [0.7, 0.1, 0.1, 0.1]])       # a poor draft: far from p
+    q = torch.tensor([[0.05, 0.15, 0.3, 0.5], [0.7, 0.1, 0.1, 0.1]])  # a poor draft: far from p
     g = torch.Generator().manual_seed(7)
     counts = torch.zeros(V, dtype=torch.float64)
     for _ in range(n):
@@ -141,10 +154,16 @@ def test_accept_sampled_emits_the_target_distribution(use_q):
         assert 1 <= len(out) <= k + 1, f"a step emits between 1 and k + 1 = {k + 1} tokens, got {out}"
         counts[out[0]] += 1
     stat = _chi2(counts, p[0].double())
-    assert stat < CHI2_CRIT_3DF, (f"the first emitted token should follow p[0] = {p[0].tolist()}; over {n} steps "
-                                  f"it came out {counts.tolist()} (chi-square {stat:.1f} > {CHI2_CRIT_3DF})")
-    shown = _chi2(torch.bincount(torch.tensor([int(torch.multinomial(q[0], 1, generator=g)) for _ in range(n)]),
-                                 minlength=V).double(), p[0].double())
+    assert stat < CHI2_CRIT_3DF, (
+        f"the first emitted token should follow p[0] = {p[0].tolist()}; over {n} steps "
+        f"it came out {counts.tolist()} (chi-square {stat:.1f} > {CHI2_CRIT_3DF})"
+    )
+    shown = _chi2(
+        torch.bincount(
+            torch.tensor([int(torch.multinomial(q[0], 1, generator=g)) for _ in range(n)]), minlength=V
+        ).double(),
+        p[0].double(),
+    )
     assert shown > 10 * CHI2_CRIT_3DF, "(the test has power: the draft's own guesses are far from p)"
 
 
@@ -152,11 +171,19 @@ def test_accept_sampled_emits_the_target_distribution(use_q):
 def test_seeded_sampling_reproduces_the_engines_speculation(proposer):
     """A 16-token vocabulary, so sampled text repeats and the n-gram lookup finds guesses too."""
     V = 16
-    cfg = dict(random_model=dict(vocab_size=V), block_size=4, max_model_len=64, num_kv_blocks=48,
-               speculative_model="ngram" if proposer == "ngram" else _draft_dir(V), num_speculative_tokens=3)
+    cfg = dict(
+        random_model=dict(vocab_size=V),
+        block_size=4,
+        max_model_len=64,
+        num_kv_blocks=48,
+        speculative_model="ngram" if proposer == "ngram" else _draft_dir(V),
+        num_speculative_tokens=3,
+    )
     prompts = [[p % V for p in prompt] for prompt in PROMPTS]
-    sps = [SamplingParams(max_tokens=14, temperature=t, top_k=k, seed=s, ignore_eos=True)
-           for t, k, s in ((0.7, 0, 1), (1.0, 8, 2), (0.3, 0, 3))]
+    sps = [
+        SamplingParams(max_tokens=14, temperature=t, top_k=k, seed=s, ignore_eos=True)
+        for t, k, s in ((0.7, 0, 1), (1.0, 8, 2), (0.3, 0, 3))
+    ]
     ref = LLM("random", **cfg)
     want = [o.token_ids for o in ref.generate(prompts, sps)]
     assert sum(m.num_spec_proposed for m in ref.engine.request_metrics()) > 0, "(the run must speculate)"
@@ -166,10 +193,13 @@ def test_seeded_sampling_reproduces_the_engines_speculation(proposer):
 
 # --- Exercise 3: tokens_per_step and speculative_speedup ----------------------------------------------
 
+
 def _tripwire(*args, **kwargs):
-    raise AssertionError("your answer called the engine's own formula "
-                         "(minillm.spec.speculative.expected_tokens_per_step, expected_speedup or modeled_speedup); "
-                         "the exercise is to write it yourself")
+    raise AssertionError(
+        "your answer called the engine's own formula "
+        "(minillm.spec.speculative.expected_tokens_per_step, expected_speedup or modeled_speedup); "
+        "the exercise is to write it yourself"
+    )
 
 
 @contextlib.contextmanager
@@ -181,8 +211,16 @@ def _engine_formula_switched_off():
 
 
 # (alpha, k): the expected tokens per verification, summed by hand: 1 + alpha + ... + alpha^k
-TOKENS_BY_HAND = [((0.8, 4), 1 + 0.8 + 0.64 + 0.512 + 0.4096), ((0.6, 3), 1 + 0.6 + 0.36 + 0.216), ((0.5, 1), 1.5),
-                  ((0.5, 0), 1.0), ((0.0, 4), 1.0), ((1.0, 4), 5.0), ((1.0, 1), 2.0), ((0.9, 8), 6.12579511)]
+TOKENS_BY_HAND = [
+    ((0.8, 4), 1 + 0.8 + 0.64 + 0.512 + 0.4096),
+    ((0.6, 3), 1 + 0.6 + 0.36 + 0.216),
+    ((0.5, 1), 1.5),
+    ((0.5, 0), 1.0),
+    ((0.0, 4), 1.0),
+    ((1.0, 4), 5.0),
+    ((1.0, 1), 2.0),
+    ((0.9, 8), 6.12579511),
+]
 
 
 def test_tokens_per_step_by_hand():
@@ -190,7 +228,8 @@ def test_tokens_per_step_by_hand():
         for (alpha, k), want in TOKENS_BY_HAND:
             got = ex().tokens_per_step(alpha, k)
             assert got == pytest.approx(want, abs=1e-6), (
-                f"alpha={alpha}, k={k}: 1 + alpha + ... + alpha^k = {want:.6g} tokens per step, got {got}")
+                f"alpha={alpha}, k={k}: 1 + alpha + ... + alpha^k = {want:.6g} tokens per step, got {got}"
+            )
 
 
 def test_tokens_per_step_is_the_mean_over_outcomes():
@@ -199,15 +238,23 @@ def test_tokens_per_step_is_the_mean_over_outcomes():
     with _engine_formula_switched_off():
         for alpha in (0.05, 0.3, 0.47, 0.55, 0.75, 0.99):
             for k in (1, 2, 4, 6, 10):
-                want = sum((i + 1) * alpha ** i * (1 - alpha) for i in range(k)) + (k + 1) * alpha ** k
+                want = sum((i + 1) * alpha**i * (1 - alpha) for i in range(k)) + (k + 1) * alpha**k
                 got = ex().tokens_per_step(alpha, k)
                 assert got == pytest.approx(want, rel=1e-9), (
-                    f"alpha={alpha}, k={k}: the mean over outcomes is {want:.6f} tokens per step, got {got}")
+                    f"alpha={alpha}, k={k}: the mean over outcomes is {want:.6f} tokens per step, got {got}"
+                )
 
 
 # (alpha, k, c): the speed-up, worked by hand: tokens per step / (k c + 1)
-SPEEDUP_BY_HAND = [((0.8, 4, 0.05), 3.3616 / 1.2), ((0.5, 4, 0.36), 1.9375 / 2.44), ((1.0, 4, 0.0), 5.0),
-                   ((0.0, 4, 0.1), 1 / 1.4), ((0.6, 3, 0.2), 2.176 / 1.6), ((0.5, 1, 1.0), 0.75), ((0.7, 0, 0.3), 1.0)]
+SPEEDUP_BY_HAND = [
+    ((0.8, 4, 0.05), 3.3616 / 1.2),
+    ((0.5, 4, 0.36), 1.9375 / 2.44),
+    ((1.0, 4, 0.0), 5.0),
+    ((0.0, 4, 0.1), 1 / 1.4),
+    ((0.6, 3, 0.2), 2.176 / 1.6),
+    ((0.5, 1, 1.0), 0.75),
+    ((0.7, 0, 0.3), 1.0),
+]
 
 
 def test_speculative_speedup_by_hand():
@@ -216,13 +263,17 @@ def test_speculative_speedup_by_hand():
             got = ex().speculative_speedup(alpha, k, c)
             assert got == pytest.approx(want, rel=1e-9), (
                 f"alpha={alpha}, k={k}, draft cost c={c}: {ex().tokens_per_step(alpha, k):.4g} tokens for "
-                f"k c + 1 = {k * c + 1:.4g} target forwards: expected {want:.4f}x, got {got}")
+                f"k c + 1 = {k * c + 1:.4g} target forwards: expected {want:.4f}x, got {got}"
+            )
     got = [ex().speculative_speedup(a, 4, 0.36) for a in (0.3, 0.5, 0.8)]
-    assert got[0] < 1 < got[2], (f"the shipped pair's draft costs c = 0.36: at alpha 0.3 speculation must be slower "
-                                 f"(< 1x), at 0.8 faster; got {[round(x, 3) for x in got]}")
+    assert got[0] < 1 < got[2], (
+        f"the shipped pair's draft costs c = 0.36: at alpha 0.3 speculation must be slower "
+        f"(< 1x), at 0.8 faster; got {[round(x, 3) for x in got]}"
+    )
 
 
 # --- Exercise 4 (judgement): the draft length at which the pair stops paying --------------------------------
+
 
 class _Measured:
     """A stand-in for runs of the engine: the speed-up at each k (a table or a formula), and the k asked for."""
@@ -242,17 +293,22 @@ def _check_first_losing_k(speedup, max_k, want, what):
     shown = [round(speedup(k), 4) for k in range(1, max_k + 1)]
     assert got == want, f"{what}: speed-ups {shown} for k = 1..{max_k}: expected {want}, got {got}"
     last = max_k if want is None else want
-    assert runs.asked == list(range(1, last + 1)), (f"{what}: each k is a run of the engine: ask for 1 to {last} once "
-                                                    f"each, in order, then stop; you asked for {runs.asked}")
+    assert runs.asked == list(range(1, last + 1)), (
+        f"{what}: each k is a run of the engine: ask for 1 to {last} once "
+        f"each, in order, then stop; you asked for {runs.asked}"
+    )
 
 
-@pytest.mark.parametrize("table, want", [
-    ([1.11, 1.10, 0.93, 0.81], 3),                # the docstring's table
-    ([1.4, 1.6, 1.5, 1.2, 1.0, 0.9], 5),          # a speed-up of exactly 1 gains nothing
-    ([0.8, 0.7, 0.6], 1),                         # a draft that never pays
-    ([1.3, 1.2, 1.1, 1.05], None),                # every k tried pays
-    ([1.2, 0.99, 1.3, 0.5], 2),                   # the first k that loses, not the last
-])
+@pytest.mark.parametrize(
+    "table, want",
+    [
+        ([1.11, 1.10, 0.93, 0.81], 3),  # the docstring's table
+        ([1.4, 1.6, 1.5, 1.2, 1.0, 0.9], 5),  # a speed-up of exactly 1 gains nothing
+        ([0.8, 0.7, 0.6], 1),  # a draft that never pays
+        ([1.3, 1.2, 1.1, 1.05], None),  # every k tried pays
+        ([1.2, 0.99, 1.3, 0.5], 2),  # the first k that loses, not the last
+    ],
+)
 def test_first_losing_k_by_hand(table, want):
     _check_first_losing_k(lambda k: table[k - 1], len(table), want, "by hand")
 

@@ -25,13 +25,14 @@ def ex():
 
 # --- Exercise 1: prefix_key ---------------------------------------------------------------------------
 
+
 def test_prefix_key_by_hand():
     f, h = ex().prefix_key, cluster.stable_hash
-    a = list(range(100, 180))                                  # 5 full blocks of 16
-    assert f(a, 16, 4) == h(a[:64])                            # the first 4 blocks only
+    a = list(range(100, 180))  # 5 full blocks of 16
+    assert f(a, 16, 4) == h(a[:64])  # the first 4 blocks only
     assert f(a, 16, 2) == h(a[:32])
-    assert f(a[:40], 16, 4) == h(a[:32])                       # 2 full blocks; the partial one left out
-    assert f(a[:5], 16, 4) == h(a[:5])                         # no full block: the whole prompt
+    assert f(a[:40], 16, 4) == h(a[:32])  # 2 full blocks; the partial one left out
+    assert f(a[:5], 16, 4) == h(a[:5])  # no full block: the whole prompt
     assert f(a[:16], 16, 4) == h(a[:16])
     assert f(a, 8, 3) == h(a[:24])
     b = a[:64] + [1] * 16
@@ -49,23 +50,24 @@ def test_prefix_key_matches_minillm_on_random_prompts():
 
 # --- Exercise 2: route_on_ring -----------------------------------------------------------------------
 
+
 def test_route_on_ring_by_hand():
     f = ex().route_on_ring
     ring = [(10, 0), (20, 1), (30, 2), (40, 1)]
     idle = [0, 0, 0]
     assert f(15, ring, idle) == 1
-    assert f(20, ring, idle) == 1                   # a point equal to the key counts
+    assert f(20, ring, idle) == 1  # a point equal to the key counts
     assert f(21, ring, idle) == 2
-    assert f(41, ring, idle) == 0                   # past the last point: wrap around
+    assert f(41, ring, idle) == 0  # past the last point: wrap around
     assert f(3, ring, idle) == 0
-    assert f(15, ring, [0, 10, 2]) == 2             # mean 4, bound 5: replica 1 passed over
-    assert f(15, ring, [0, 10, 8]) == 0             # 1 and 2 over 7.5: 1 met again, then wrap to 0
-    assert f(15, ring, [0, 5, 7]) == 1              # exactly at the bound: taken
+    assert f(15, ring, [0, 10, 2]) == 2  # mean 4, bound 5: replica 1 passed over
+    assert f(15, ring, [0, 10, 8]) == 0  # 1 and 2 over 7.5: 1 met again, then wrap to 0
+    assert f(15, ring, [0, 5, 7]) == 1  # exactly at the bound: taken
     assert f(35, ring, [9, 0, 0], load_factor=1.0) == 1
     assert f(15, ring, [0, 10, 2], load_factor=math.inf) == 1
-    assert f(25, ring, [0, 0, 0], load_factor=math.inf) == 2        # unbounded, on an idle fleet
-    assert f(45, ring, [30, 1, 1]) == 1             # wrap lands on 0 (over 13.3), next is 1
-    assert f(15, ring, [3, 3, 3]) == 1              # equal loads: all within the bound
+    assert f(25, ring, [0, 0, 0], load_factor=math.inf) == 2  # unbounded, on an idle fleet
+    assert f(45, ring, [30, 1, 1]) == 1  # wrap lands on 0 (over 13.3), next is 1
+    assert f(15, ring, [3, 3, 3]) == 1  # equal loads: all within the bound
 
 
 def test_route_on_ring_matches_minillm_at_random():
@@ -74,26 +76,40 @@ def test_route_on_ring_matches_minillm_at_random():
         n = rng.randrange(2, 7)
         ring = cluster.ring_points(n, rng.randrange(1, 6))
         loads = [rng.choice([0, 0, 1, 5, 20, 100]) * rng.random() for _ in range(n)]
-        key = rng.choice([rng.randrange(2 ** 64), ring[rng.randrange(len(ring))][0], 0, 2 ** 64 - 1])
+        key = rng.choice([rng.randrange(2**64), ring[rng.randrange(len(ring))][0], 0, 2**64 - 1])
         lf = rng.choice([1.0, 1.25, 2.0, math.inf])
-        assert ex().route_on_ring(key, ring, loads, lf) == cluster.route_on_ring(key, ring, loads, lf), \
-            (trial, key, loads, lf)
+        assert ex().route_on_ring(key, ring, loads, lf) == cluster.route_on_ring(key, ring, loads, lf), (
+            trial,
+            key,
+            loads,
+            lf,
+        )
 
 
 def test_router_sends_every_request_where_minillm_does():
-    trace = shared_prefix_trace(120, prefix_len=96, suffix_len=Fixed(20), output_len=Fixed(6), vocab_size=32000,
-                                rate=80.0, num_prefixes=9, seed=5)
+    trace = shared_prefix_trace(
+        120,
+        prefix_len=96,
+        suffix_len=Fixed(20),
+        output_len=Fixed(6),
+        vocab_size=32000,
+        rate=80.0,
+        num_prefixes=9,
+        seed=5,
+    )
     mine, s_mine = cluster.run_replicas(trace, ex().ExerciseRouter(), 3, model="llama-2-7b")
     ref, s_ref = cluster.run_replicas(trace, cluster.PrefixAwareRouter(), 3, model="llama-2-7b")
     for a, b in zip(mine, ref):
         assert sorted(a.engine.requests) == sorted(b.engine.requests), (
-            "your router must send each request to the replica PrefixAwareRouter picks")
+            "your router must send each request to the replica PrefixAwareRouter picks"
+        )
     assert s_mine["prefix_cache_hit_rate"] == s_ref["prefix_cache_hit_rate"], (
-        f"prefix-cache hit rate {s_mine['prefix_cache_hit_rate']}, "
-        f"PrefixAwareRouter's {s_ref['prefix_cache_hit_rate']}")
+        f"prefix-cache hit rate {s_mine['prefix_cache_hit_rate']}, PrefixAwareRouter's {s_ref['prefix_cache_hit_rate']}"
+    )
 
 
 # --- Exercise 3: the KV transfer ----------------------------------------------------------------------
+
 
 def test_kv_transfer_time_by_hand():
     f = ex().kv_transfer_time
@@ -111,7 +127,7 @@ def test_max_prompt_for_transfer_by_hand_and_by_its_definition():
     assert f(0.016413, 819_200, 50e9, 30e-6) == 999
     assert f(1.0, 100, 1000.0, 0.0) == 10
     assert f(1.05, 100, 1000.0, 0.0) == 10
-    assert f(20e-6, 819_200, 50e9, 30e-6) == 0              # the latency alone does not fit
+    assert f(20e-6, 819_200, 50e9, 30e-6) == 0  # the latency alone does not fit
     # A budget that is exactly the time of 7 positions (NVLink, 128 KiB each): (budget - latency) x
     # bandwidth / bytes comes out a hair under 7 in floating point; the answer is still 7.
     budget7 = 10e-6 + 7 * 131_072 / 450e9
