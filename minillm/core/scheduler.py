@@ -407,11 +407,17 @@ class Scheduler:
             out.copies.extend(BlockCopy(*c) for c in self.kv.take_copies())
         return out
 
-    def _schedule_pass(self, now: float) -> SchedulerOutput:
-        cfg = self.config
-        reform = self.num_passes % cfg.schedule_every == 0
+    def begin_pass(self, now: float) -> bool:
+        """A pass starts at ``now``: it is counted, the clock moves, the requests that have arrived join
+        the queue. Returns whether this pass re-forms the batch (one pass in ``schedule_every``)."""
+        reform = self.num_passes % self.config.schedule_every == 0
         self.num_passes += 1
         self._release_arrivals(now)
+        return reform
+
+    def _schedule_pass(self, now: float) -> SchedulerOutput:
+        cfg = self.config
+        reform = self.begin_pass(now)
         budget = cfg.max_num_batched_tokens
         out = SchedulerOutput(scheduled=[], token_budget=budget, reformed=reform)
 

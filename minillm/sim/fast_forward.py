@@ -34,7 +34,6 @@ that uses this one stops on an exception).
 
 from __future__ import annotations
 
-import heapq
 
 from ..core.kv_cache import PagedKVCacheManager
 from ..core.policies import FCFS
@@ -242,10 +241,7 @@ class FastForward:
             if t is not None and t > self.clock.now():
                 self.clock.wait_until(t)
         now = self.clock.now()
-        s.num_passes += 1
-        s.now = max(s.now, now)
-        while s.incoming and s.incoming[0][0] <= now:  # arrivals join the queue
-            s.waiting.append(heapq.heappop(s.incoming)[2])
+        s.begin_pass(now)  # counted, the clock moved, arrivals join the queue
         out = SchedulerOutput(scheduled=[], token_budget=self.config.max_num_batched_tokens)
         for req in sorted(due + self.prefilling, key=self.rank.__getitem__) if self.prefilling else due:
             entry = lazy.get(req)
