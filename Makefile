@@ -121,6 +121,7 @@ lab: $(STAMP)
 		--LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
 		--LabApp.extension_manager=readonly \
 		'--ContentsManager.hide_globs=$(HIDE_GLOBS)' \
+		--ContentsManager.post_save_hook=minillm.lab_hooks.refresh_git_index \
 		$(LAB_ARGS)
 
 test: $(STAMP)

@@ -145,6 +145,48 @@ def test_running_a_notebook_does_not_dirty_a_commit(tmp_path):
     assert _git("diff", "--quiet", cwd=repo).returncode == 0, "`git diff` shows no change for outputs alone"
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_notebook_saved_after_a_run_leaves_git_status_clean(tmp_path):
+    """``make lab``'s save hook (minillm/lab_hooks.py): git lists a run notebook as modified (its size
+    changed), the hook finds no change through the filter and refreshes git's record; a notebook
+    whose cells changed stays modified."""
+    from minillm.lab_hooks import refresh_git_index
+
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    shutil.copy(ROOT / ".gitattributes", repo / ".gitattributes")
+    path = repo / "notebooks" / NOTEBOOKS[0].name
+    committed = staged_text(NOTEBOOKS[0])
+    path.write_text(committed if committed is not None else NOTEBOOKS[0].read_text())
+    venv = Path(sys.executable).parent.parent
+    assert _git("init", "-q", cwd=repo).returncode == 0
+    make = ["make", "-s", "-f", str(ROOT / "Makefile"), "git-filter", f"VENV={venv}"]
+    proc = subprocess.run(make, cwd=repo, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for args in (["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
+        assert _git(*args, cwd=repo).returncode == 0, args
+
+    def status() -> str:
+        return _git("status", "--porcelain", cwd=repo).stdout.strip()
+
+    nb = nbformat.read(path, as_version=4)
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.execution_count = 1
+    code.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n")]
+    nb.metadata["language_info"] = dict(JUPYTERLAB_LANGUAGE_INFO)
+    nbformat.write(nb, path)
+    assert status() == f"M notebooks/{path.name}", "without the hook, git lists a notebook that was only run"
+    assert refresh_git_index(os_path=str(path), model={"type": "notebook"})
+    assert status() == "", "after the hook a run notebook leaves git status clean"
+    assert cells_with_outputs(nbformat.read(path, as_version=4)), "the working file keeps its outputs"
+
+    code.source += "\n# the student's change"
+    nbformat.write(nb, path)
+    assert not refresh_git_index(os_path=str(path), model={"type": "notebook"})
+    assert status() == f"M notebooks/{path.name}", "a notebook with changed cells stays modified"
+    assert not refresh_git_index(os_path=str(tmp_path / "elsewhere.ipynb"), model={"type": "notebook"})
+
+
 # The clean filter `make install` sets (see the Makefile): outputs, and the kernel's details in language_info.
 LANGUAGE_INFO_KEYS = (
     "codemirror_mode",
