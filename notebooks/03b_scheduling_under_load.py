@@ -488,8 +488,8 @@ with impl.attempt("ex03b.goodput"):
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Keep an invariant while you bisect: one cap known to meet the target (0 meets it trivially: nobody waits) and
-# one known to miss it (treat `max_cap + 1` as missing, without running it). The graders count the runs.
+# Before any simulation, which cap do you already know meets the target, and which can you treat as missing
+# it without running it? Bisection keeps one of each. The graders count the runs.
 #
 # </details>
 
