@@ -27,7 +27,6 @@ __all__ = ["kv_cache_bytes", "max_batch_size", "decode_step_time", "completion_t
 # Exercise 1: the KV-cache memory formula
 # =====================================================================================
 
-
 def kv_cache_bytes(model: ModelSpec, num_tokens: int, batch: int = 1) -> int:
     """Bytes of KV cache that ``batch`` requests of ``num_tokens`` positions each occupy: M_KV,
     the formula of notebook 01, section 3.
@@ -54,8 +53,8 @@ def kv_cache_bytes(model: ModelSpec, num_tokens: int, batch: int = 1) -> int:
 # Exercise 2: what that does to the maximum batch
 # =====================================================================================
 
-
-def max_batch_size(hardware: HardwareSpec, model: ModelSpec, max_len: int, memory_fraction: float = 0.9) -> int:
+def max_batch_size(hardware: HardwareSpec, model: ModelSpec, max_len: int,
+                   memory_fraction: float = 0.9) -> int:
     """How many requests of ``max_len`` positions fit in the KV cache at once, each given room
     for all ``max_len`` positions up front (no paging yet). ("In practice, the batch size is
     rarely limited by how many compute units can be filled; its upper bound is typically
@@ -85,16 +84,8 @@ def max_batch_size(hardware: HardwareSpec, model: ModelSpec, max_len: int, memor
 # Exercise 3: one decode step on the roofline
 # =====================================================================================
 
-
-def decode_step_time(
-    model: ModelSpec,
-    hardware: HardwareSpec,
-    batch: int,
-    context_len: int,
-    *,
-    flops_efficiency: float = 0.7,
-    bandwidth_efficiency: float = 0.8,
-) -> float:
+def decode_step_time(model: ModelSpec, hardware: HardwareSpec, batch: int, context_len: int, *,
+                     flops_efficiency: float = 0.7, bandwidth_efficiency: float = 0.8) -> float:
     """Seconds for one decode step on the roofline: ``batch`` requests each generate one token
     and hold ``context_len`` positions of KV *after* the step (the new token's included).
 
@@ -135,10 +126,8 @@ def decode_step_time(
 # Exercise 4: static vs continuous batching, a worked example
 # =====================================================================================
 
-
-def completion_times(
-    output_lens: Sequence[int], max_num_seqs: int, step_time: float = 0.010, batching: str = "continuous"
-) -> list[float]:
+def completion_times(output_lens: Sequence[int], max_num_seqs: int, step_time: float = 0.010,
+                     batching: str = "continuous") -> list[float]:
     """When each request is returned, in seconds, under ``batching`` ("static" or "continuous").
 
     The worked example of notebook 01: 10 requests arrive together, 8 generate 100 tokens and 2
@@ -176,7 +165,7 @@ def completion_times(
                 steps[i] = end
             start = end
     else:
-        free_at = [0] * min(max_num_seqs, len(n))  # the step from which each slot is free
+        free_at = [0] * min(max_num_seqs, len(n))      # the step from which each slot is free
         heapq.heapify(free_at)
         for i, length in enumerate(n):
             start = heapq.heappop(free_at)
@@ -190,14 +179,8 @@ def completion_times(
 # Exercise 5: forming one step's batch (Figures 2 and 3)
 # =====================================================================================
 
-
-def plan_step(
-    running: Sequence[tuple[str, int, int]],
-    waiting: Sequence[tuple[str, int]],
-    token_budget: int,
-    free_kv_positions: int,
-    max_num_seqs: int,
-) -> dict[str, int]:
+def plan_step(running: Sequence[tuple[str, int, int]], waiting: Sequence[tuple[str, int]],
+              token_budget: int, free_kv_positions: int, max_num_seqs: int) -> dict[str, int]:
     """Which requests run in the next step, and how many new tokens each processes:
     Figure 2 of notebook 01 (how the scheduler forms a batch) with Figure 3's two checks, tokens processed
     in this execution (the *execution-token budget*) and KV retained after it.

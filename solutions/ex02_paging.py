@@ -23,22 +23,13 @@ from minillm.core.block_pool import Block
 from minillm.core.kv_cache import PagedKVCacheManager
 from minillm.core.reserved_kv_cache import ReservedKVCacheManager
 
-__all__ = [
-    "blocks_needed",
-    "partial_block_waste",
-    "BlockAllocator",
-    "FirstFitAllocator",
-    "YourPagedKVCacheManager",
-    "YourReservedKVCacheManager",
-    "paged_engine",
-    "reserved_engine",
-]
+__all__ = ["blocks_needed", "partial_block_waste", "BlockAllocator", "FirstFitAllocator",
+           "YourPagedKVCacheManager", "YourReservedKVCacheManager", "paged_engine", "reserved_engine"]
 
 
 # =====================================================================================
 # Exercise 1: how many blocks a request needs
 # =====================================================================================
-
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks of ``block_size`` positions that hold ``num_tokens`` positions of KV.
@@ -57,7 +48,6 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 # =====================================================================================
 # Exercise 2: the only waste paging leaves
 # =====================================================================================
-
 
 def partial_block_waste(context_lens: Sequence[int], block_size: int) -> int:
     """Empty positions in the last, partly filled block of each request, summed.
@@ -78,7 +68,6 @@ def partial_block_waste(context_lens: Sequence[int], block_size: int) -> int:
 # =====================================================================================
 # Exercise 3: the block allocator of a paged cache
 # =====================================================================================
-
 
 class BlockAllocator:
     """Hands out fixed-size KV blocks and takes them back (PagedAttention's allocator).
@@ -157,7 +146,6 @@ class BlockAllocator:
 # Exercise 4: max-length reservation, first fit
 # =====================================================================================
 
-
 class FirstFitAllocator:
     """One contiguous region per request in an address space of ``capacity`` KV positions.
 
@@ -228,7 +216,6 @@ class FirstFitAllocator:
 # Given: how your allocators plug into minillm (nothing to write below)
 # =====================================================================================
 
-
 class YourPagedKVCacheManager(PagedKVCacheManager):
     """minillm's paged KV manager, counting blocks with your ``blocks_needed`` and taking
     them from your ``BlockAllocator`` (prefix caching and swapping stay off)."""
@@ -247,13 +234,13 @@ class YourReservedKVCacheManager(ReservedKVCacheManager):
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, watermark: float = 0.0):
         super().__init__(num_blocks, block_size, max_model_len, watermark)
         self.fit = FirstFitAllocator(self.capacity)
-        self.regions = self.fit.regions  # one dict: the engine reads what your code writes
+        self.regions = self.fit.regions          # one dict: the engine reads what your code writes
 
     def _gaps(self) -> list[tuple[int, int]]:
         return self.fit.gaps()
 
     def allocate(self, req, num_new_tokens: int, cached=()) -> bool:
-        if req.request_id in self.regions:  # a running request grows inside its own region
+        if req.request_id in self.regions:       # a running request grows inside its own region
             return super().allocate(req, num_new_tokens)
         ok, _, _ = self.can_allocate(req, num_new_tokens)
         return ok and self.fit.reserve(req.request_id, self.reservation_len(req)) is not None
@@ -270,23 +257,15 @@ def paged_engine(model: str = "random", **config):
     for knob in ("enable_prefix_caching", "num_swap_blocks"):
         if config.get(knob):
             raise ValueError(f"paged_engine: {knob} is not supported by this exercise's allocator")
-    return LLM(
-        model=model,
-        kv_allocation="paged",
-        **config,
-        kv_manager=lambda cfg, num_blocks: YourPagedKVCacheManager(num_blocks, cfg.block_size, cfg.watermark),
-    )
+    return LLM(model=model, kv_allocation="paged", **config,
+               kv_manager=lambda cfg, num_blocks: YourPagedKVCacheManager(num_blocks, cfg.block_size,
+                                                                          cfg.watermark))
 
 
 def reserved_engine(model: str = "random", **config):
     """An ``LLM`` with ``kv_allocation="reserved"`` whose regions your code places."""
     from minillm import LLM
 
-    return LLM(
-        model=model,
-        kv_allocation="reserved",
-        **config,
-        kv_manager=lambda cfg, num_blocks: YourReservedKVCacheManager(
-            num_blocks, cfg.block_size, cfg.max_model_len, cfg.watermark
-        ),
-    )
+    return LLM(model=model, kv_allocation="reserved", **config,
+               kv_manager=lambda cfg, num_blocks: YourReservedKVCacheManager(num_blocks, cfg.block_size,
+                                                                             cfg.max_model_len, cfg.watermark))

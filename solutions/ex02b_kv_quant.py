@@ -28,14 +28,13 @@ import torch
 
 __all__ = ["QMAX", "STORAGE", "new_scale", "quantize", "dequantize", "quantize_block", "ExerciseQuantizer"]
 
-QMAX = {"int8": 127.0, "fp8": 448.0}  # the largest magnitude a stored number may take
-STORAGE = {"int8": torch.int8, "fp8": getattr(torch, "float8_e4m3fn", None)}  # the cache's element dtype
+QMAX = {"int8": 127.0, "fp8": 448.0}            # the largest magnitude a stored number may take
+STORAGE = {"int8": torch.int8, "fp8": getattr(torch, "float8_e4m3fn", None)}   # the cache's element dtype
 
 
 # =====================================================================================
 # Exercise 1: the scale
 # =====================================================================================
-
 
 def new_scale(old: torch.Tensor, amax: torch.Tensor, kind: str) -> torch.Tensor:
     """The scale of each head after a write whose largest ``|x|`` per head is ``amax`` (float32,
@@ -56,7 +55,6 @@ def new_scale(old: torch.Tensor, amax: torch.Tensor, kind: str) -> torch.Tensor:
 # =====================================================================================
 # Exercise 2: quantize
 # =====================================================================================
-
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, kind: str) -> torch.Tensor:
     """``x`` (float32) stored with ``scale`` (broadcast against ``x``) as ``STORAGE[kind]``:
@@ -84,7 +82,6 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, kind: str) -> torch.Tensor:
 # Exercise 3: dequantize
 # =====================================================================================
 
-
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The float32 values the stored numbers ``q`` (int8 or fp8) stand for, with ``scale``
     broadcast against ``q``.
@@ -100,7 +97,6 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 # =====================================================================================
 # Exercise 4: one block
 # =====================================================================================
-
 
 def quantize_block(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """One fresh block ``x`` ``[block_size, num_kv_heads, head_dim]`` written at once: its scales
@@ -121,7 +117,6 @@ def quantize_block(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tens
 # =====================================================================================
 # Given: your functions as the engine's quantizer
 # =====================================================================================
-
 
 class ExerciseQuantizer:
     """The int8/fp8 format's arithmetic from this module's functions, for

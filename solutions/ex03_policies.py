@@ -46,7 +46,6 @@ __all__ = ["SJFWithAging", "MLFQPolicy", "FairPolicy"]
 # Exercise 1: shortest job first, with aging
 # =====================================================================================
 
-
 class SJFWithAging(Policy):
     """Shortest (predicted) job first, with aging so that long requests cannot starve.
 
@@ -60,7 +59,6 @@ class SJFWithAging(Policy):
     Non-preemptive: ``pick_victim`` (given) gives up the running request with the longest
     predicted remaining output.
     """
-
     name = "sjf-aging"
 
     def __init__(self, predictor: Union[str, LengthPredictor] = "oracle", aging: float = 100.0):
@@ -116,7 +114,7 @@ class SJFWithAging(Policy):
         return max(candidates, key=lambda r: (self.remaining(r), r.admit_seq))
 
     def on_step(self, scheduled: list, now: float) -> None:
-        for s in scheduled:  # teach a history predictor the true length of finished requests
+        for s in scheduled:            # teach a history predictor the true length of finished requests
             r = s.request
             done = r.is_finished or r.pending_finish_reason is not None
             if done and not r.policy_state.get("sjf_observed"):
@@ -130,7 +128,6 @@ class SJFWithAging(Policy):
 # =====================================================================================
 # Exercise 2: multi-level feedback queue, with tokens as the time slice
 # =====================================================================================
-
 
 class MLFQPolicy(Policy):
     """MLFQ for LLM serving (as in FastServe, Wu et al., 2023): new requests enter the top queue,
@@ -151,12 +148,10 @@ class MLFQPolicy(Policy):
     level, epoch]``. A boost only increments ``self.epoch``: a request whose state is from an
     older epoch is lazily reset to ``[0, 0, epoch]`` the next time it is looked at.
     """
-
     name = "mlfq-yours"
 
-    def __init__(
-        self, quanta: Sequence[int] = (16, 64, 256), boost_interval: Optional[float] = 30.0, preempt: bool = True
-    ):
+    def __init__(self, quanta: Sequence[int] = (16, 64, 256), boost_interval: Optional[float] = 30.0,
+                 preempt: bool = True):
         quanta = tuple(int(q) for q in quanta)
         if not quanta or any(q < 1 for q in quanta):
             raise ValueError(f"MLFQPolicy(quanta={quanta!r}): need at least one quantum, each >= 1 token")
@@ -165,7 +160,7 @@ class MLFQPolicy(Policy):
         self.quanta = quanta
         self.boost_interval = boost_interval
         self.preempt = bool(preempt)
-        self.epoch = 0  # bumped by each boost
+        self.epoch = 0                       # bumped by each boost
         self.num_boosts = 0
         self.last_boost: Optional[float] = None
 
@@ -261,7 +256,6 @@ class MLFQPolicy(Policy):
 # Exercise 3: fair queuing across tenants (virtual token counters)
 # =====================================================================================
 
-
 class FairPolicy(Policy):
     """Fair queuing across tenants: an equal share of service per tenant, for multi-tenant systems
     (at the price of more bookkeeping); the virtual token counter of VTC (Sheng et al., OSDI 2024).
@@ -274,14 +268,12 @@ class FairPolicy(Policy):
     refinements (the engine's ``minillm.core.policies.Fair`` adds tenant weights, and lifts a tenant
     returning from idleness to the others' level so idle time is not banked as credit).
     """
-
     name = "fair-yours"
 
     def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0):
         if input_weight < 0 or output_weight < 0:
-            raise ValueError(
-                f"FairPolicy(input_weight={input_weight!r}, output_weight={output_weight!r}): must be >= 0"
-            )
+            raise ValueError(f"FairPolicy(input_weight={input_weight!r}, output_weight={output_weight!r}): "
+                             "must be >= 0")
         self.input_weight = float(input_weight)
         self.output_weight = float(output_weight)
         self.counters: dict[Any, float] = defaultdict(float)

@@ -26,7 +26,6 @@ __all__ = ["chunk_sizes", "worst_decode_stall", "schedule_every_tradeoff", "good
 # Exercise 1: chunked prefill, the worst decode stall
 # =====================================================================================
 
-
 def chunk_sizes(prompt_len: int, num_decoding: int, token_budget: int) -> list[int]:
     """The chunks a prompt of ``prompt_len`` tokens is prefilled in, step by step, beside
     ``num_decoding`` requests that decode throughout (section 1, chunked prefill).
@@ -41,9 +40,8 @@ def chunk_sizes(prompt_len: int, num_decoding: int, token_budget: int) -> list[i
     ### BEGIN SOLUTION
     room = token_budget - num_decoding
     if room < 1:
-        raise ValueError(
-            f"token_budget={token_budget!r}: no room for a prompt chunk beside {num_decoding} decoding requests"
-        )
+        raise ValueError(f"token_budget={token_budget!r}: no room for a prompt chunk beside "
+                         f"{num_decoding} decoding requests")
     full, rest = divmod(prompt_len, room)
     return [room] * full + ([rest] if rest else [])
     ### END SOLUTION
@@ -80,7 +78,6 @@ def worst_decode_stall(step_time, prompt_len: int, decode_context_lens: Sequence
 # Exercise 2: scheduling every N steps
 # =====================================================================================
 
-
 def schedule_every_tradeoff(n: int, step_time: float, pass_time: float) -> dict:
     """What re-forming the batch only every ``n`` steps saves, and what it costs (section 2).
 
@@ -104,18 +101,15 @@ def schedule_every_tradeoff(n: int, step_time: float, pass_time: float) -> dict:
     ### BEGIN SOLUTION
     if n < 1:
         raise ValueError(f"n={n!r}: schedule every n >= 1 steps")
-    return dict(
-        overhead=pass_time / (n * step_time),
-        longest_hold=(n - 1) * step_time,
-        longest_admission_wait=n * step_time + pass_time,
-    )
+    return dict(overhead=pass_time / (n * step_time),
+                longest_hold=(n - 1) * step_time,
+                longest_admission_wait=n * step_time + pass_time)
     ### END SOLUTION
 
 
 # =====================================================================================
 # Exercise 3: goodput under SLOs, with load shedding
 # =====================================================================================
-
 
 def goodput(requests: Sequence[tuple[float, Sequence[float]]], slo_ttft: float, slo_tpot: float) -> dict:
     """Goodput as the notebooks measure it (SLO-meeting throughput) of one run: how many requests
@@ -155,7 +149,6 @@ def goodput(requests: Sequence[tuple[float, Sequence[float]]], slo_ttft: float, 
 # Exercise 4 (judgement): the largest queue cap for a TTFT target
 # =====================================================================================
 
-
 def largest_queue_cap(run: Callable[[int], Mapping[str, Any]], slo_ttft: float, max_cap: int) -> int:
     """The largest queue cap (``max_queue_len``, 1 to ``max_cap``) at which the requests the
     engine accepts still get their first token within ``slo_ttft`` seconds at the 99th
@@ -173,7 +166,7 @@ def largest_queue_cap(run: Callable[[int], Mapping[str, Any]], slo_ttft: float, 
     3
     """
     ### BEGIN SOLUTION
-    lo, hi = 0, max_cap + 1  # invariant: cap lo meets the target (0: vacuously), cap hi does not
+    lo, hi = 0, max_cap + 1             # invariant: cap lo meets the target (0: vacuously), cap hi does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if run(mid)["ttft_p99"] <= slo_ttft:

@@ -27,21 +27,13 @@ from typing import Mapping, Optional, Sequence
 from minillm.core.block_pool import Block, BlockPool
 from minillm.core.kv_cache import PagedKVCacheManager
 
-__all__ = [
-    "hash_block",
-    "block_hashes",
-    "longest_prefix_match",
-    "EvictingBlockPool",
-    "tokens_reused_after_edit",
-    "YourPrefixCachingKVCacheManager",
-    "prefix_engine",
-]
+__all__ = ["hash_block", "block_hashes", "longest_prefix_match", "EvictingBlockPool", "tokens_reused_after_edit",
+           "YourPrefixCachingKVCacheManager", "prefix_engine"]
 
 
 # =====================================================================================
 # Exercise 1: the block hash, a chain
 # =====================================================================================
-
 
 def hash_block(parent_hash: Optional[int], token_ids: Sequence[int]) -> int:
     """The prefix-cache key of one full block of tokens: Python's ``hash`` of the pair
@@ -72,7 +64,7 @@ def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     out: list[int] = []
     parent = None
     for i in range(len(token_ids) // block_size):
-        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size])
+        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size])
         out.append(parent)
     return out
     ### END SOLUTION
@@ -81,7 +73,6 @@ def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
 # =====================================================================================
 # Exercise 2: the longest cached prefix
 # =====================================================================================
-
 
 def longest_prefix_match(token_ids: Sequence[int], block_size: int, cached: Mapping[int, Block]) -> list[Block]:
     """The cached blocks a request with prompt ``token_ids`` can reuse, in order: the longest
@@ -104,7 +95,7 @@ def longest_prefix_match(token_ids: Sequence[int], block_size: int, cached: Mapp
     hits: list[Block] = []
     parent = None
     for i in range((len(token_ids) - 1) // block_size):
-        tokens = tuple(token_ids[i * block_size : (i + 1) * block_size])
+        tokens = tuple(token_ids[i * block_size:(i + 1) * block_size])
         h = hash_block(parent, tokens)
         block = cached.get(h)
         if block is None or block.token_ids != tokens or block.parent_hash != parent:
@@ -118,7 +109,6 @@ def longest_prefix_match(token_ids: Sequence[int], block_size: int, cached: Mapp
 # =====================================================================================
 # Exercise 3: reference counts and LRU eviction
 # =====================================================================================
-
 
 class EvictingBlockPool(BlockPool):
     """minillm's block pool (``minillm.core.block_pool.BlockPool``) with its four moving parts written
@@ -139,7 +129,7 @@ class EvictingBlockPool(BlockPool):
     table when it finishes or is preempted (vLLM's names for the three moves).
     """
 
-    hash_block = staticmethod(hash_block)  # given: the pool's keys are your hash_block's
+    hash_block = staticmethod(hash_block)      # given: the pool's keys are your hash_block's
 
     def __init__(self, num_blocks: int, enable_caching: bool = True):
         super().__init__(num_blocks, enable_caching)
@@ -214,7 +204,6 @@ class EvictingBlockPool(BlockPool):
 # Exercise 5: what an edit invalidates
 # =====================================================================================
 
-
 def tokens_reused_after_edit(num_tokens: int, edited_positions: Sequence[int], block_size: int) -> int:
     """How many prompt tokens the prefix cache serves when a prompt of ``num_tokens`` tokens,
     cached in full (every full block of it), is sent again with the tokens at
@@ -245,21 +234,14 @@ def tokens_reused_after_edit(num_tokens: int, edited_positions: Sequence[int], b
 # Given: how your code plugs into minillm (nothing to write below)
 # =====================================================================================
 
-
 class YourPrefixCachingKVCacheManager(PagedKVCacheManager):
     """minillm's paged KV manager with prefix caching, whose blocks come from your
     ``EvictingBlockPool`` (hashed with your ``hash_block``) and whose prefix lookups are your
     ``longest_prefix_match``."""
 
     def __init__(self, num_blocks: int, block_size: int, num_swap_blocks: int = 0, watermark: float = 0.0):
-        super().__init__(
-            num_blocks,
-            block_size,
-            enable_prefix_caching=True,
-            num_swap_blocks=num_swap_blocks,
-            watermark=watermark,
-            block_pool=EvictingBlockPool,
-        )
+        super().__init__(num_blocks, block_size, enable_prefix_caching=True, num_swap_blocks=num_swap_blocks,
+                         watermark=watermark, block_pool=EvictingBlockPool)
 
     def find_cached_prefix(self, req) -> list[Block]:
         return longest_prefix_match(req.all_token_ids, self.block_size, self.pool.cached)
@@ -272,10 +254,6 @@ def prefix_engine(model: str = "random", **config):
     if config.get("kv_allocation", "paged") != "paged":
         raise ValueError("prefix_engine: prefix caching needs kv_allocation='paged'")
     config["enable_prefix_caching"] = True
-    return LLM(
-        model=model,
-        **config,
-        kv_manager=lambda cfg, num_blocks: YourPrefixCachingKVCacheManager(
-            num_blocks, cfg.block_size, cfg.num_swap_blocks, cfg.watermark
-        ),
-    )
+    return LLM(model=model, **config,
+               kv_manager=lambda cfg, num_blocks: YourPrefixCachingKVCacheManager(num_blocks, cfg.block_size,
+                                                                                  cfg.num_swap_blocks, cfg.watermark))

@@ -37,7 +37,6 @@ __all__ = ["fork", "block_to_write", "copy_on_write", "CopyOnWriteKVCacheManager
 # Exercise 1: the fork
 # =====================================================================================
 
-
 def fork(table: list[int], ref_counts: MutableMapping[int, int]) -> list[int]:
     """A new sequence shares every block of ``table`` (the block ids of the sequence that ran the
     prompt). Returns the new sequence's block table: the same ids, in the same order, but a *new
@@ -59,7 +58,6 @@ def fork(table: list[int], ref_counts: MutableMapping[int, int]) -> list[int]:
 # Exercise 2: where the next position goes
 # =====================================================================================
 
-
 def block_to_write(num_computed_tokens: int, block_size: int, num_blocks_held: int) -> Optional[int]:
     """The index, in a table of ``num_blocks_held`` blocks, of the block the sequence's next KV
     position falls in. Positions ``0 .. num_computed_tokens - 1`` hold KV already, so the next one
@@ -80,14 +78,8 @@ def block_to_write(num_computed_tokens: int, block_size: int, num_blocks_held: i
 # Exercise 3: copy-on-write
 # =====================================================================================
 
-
-def copy_on_write(
-    table: list[int],
-    num_computed_tokens: int,
-    block_size: int,
-    ref_counts: MutableMapping[int, int],
-    new_block: Callable[[], int],
-) -> Optional[tuple[int, int]]:
+def copy_on_write(table: list[int], num_computed_tokens: int, block_size: int,
+                  ref_counts: MutableMapping[int, int], new_block: Callable[[], int]) -> Optional[tuple[int, int]]:
     """Called before a sequence writes its next position's KV (``block_to_write``). If that
     position falls in a block of ``table`` that other sequences also hold (reference count above
     1), the sequence gets its own copy:
@@ -118,7 +110,6 @@ def copy_on_write(
 # Given: your functions inside the engine
 # =====================================================================================
 
-
 class _RefCounts(MutableMapping):
     """The block pool's reference counts, as a mapping from block id to count."""
 
@@ -129,7 +120,7 @@ class _RefCounts(MutableMapping):
         return self.pool.blocks[block_id].ref_count
 
     def __setitem__(self, block_id: int, count: int) -> None:
-        self.pool.set_ref_count(self.pool.blocks[block_id], count)  # a block at 0 goes to the free list
+        self.pool.set_ref_count(self.pool.blocks[block_id], count)   # a block at 0 goes to the free list
 
     def __delitem__(self, block_id: int) -> None:
         raise TypeError("a block's reference count cannot be deleted")
@@ -162,9 +153,8 @@ class CopyOnWriteKVCacheManager(PagedKVCacheManager):
 
     def _copy_on_write(self, req, blocks) -> None:
         table = [b.block_id for b in blocks]
-        copy = copy_on_write(
-            table, req.num_computed_tokens, self.block_size, _RefCounts(self.pool), lambda: self._new_block().block_id
-        )
+        copy = copy_on_write(table, req.num_computed_tokens, self.block_size, _RefCounts(self.pool),
+                             lambda: self._new_block().block_id)
         blocks[:] = [self.pool.blocks[b] for b in table]
         if copy is not None:
             self.copies.append((req.request_id, *copy))
@@ -172,6 +162,5 @@ class CopyOnWriteKVCacheManager(PagedKVCacheManager):
 
 def cow_kv_manager(config, num_blocks: int) -> CopyOnWriteKVCacheManager:
     """An ``EngineConfig.kv_manager`` factory: ``LLM(kv_manager=cow_kv_manager, ...)``."""
-    return CopyOnWriteKVCacheManager(
-        num_blocks, config.block_size, config.enable_prefix_caching, config.num_swap_blocks, config.watermark
-    )
+    return CopyOnWriteKVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                     config.num_swap_blocks, config.watermark)

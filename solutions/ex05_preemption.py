@@ -30,22 +30,13 @@ from minillm.sim.costmodel import CostModel, RooflineCostModel
 from minillm.core.policies import Policy
 from minillm.core.request import Request
 
-__all__ = [
-    "swap_time",
-    "recompute_time",
-    "swap_or_recompute",
-    "YourCostModel",
-    "LeastProgressVictim",
-    "PriorityPreemption",
-    "headroom_blocks",
-    "swap_recompute_crossover",
-]
+__all__ = ["swap_time", "recompute_time", "swap_or_recompute", "YourCostModel", "LeastProgressVictim",
+           "PriorityPreemption", "headroom_blocks", "swap_recompute_crossover"]
 
 
 # =====================================================================================
 # Exercise 1: recompute or swap
 # =====================================================================================
-
 
 def swap_time(kv_bytes: float, pcie_bandwidth: float) -> float:
     """Seconds to bring a swapped-out request back: its KV (``kv_bytes``) copied over the
@@ -72,7 +63,8 @@ def recompute_time(num_tokens: int, prefill_tokens_per_s: float) -> float:
     ### END SOLUTION
 
 
-def swap_or_recompute(kv_bytes: float, num_tokens: int, pcie_bandwidth: float, prefill_tokens_per_s: float) -> str:
+def swap_or_recompute(kv_bytes: float, num_tokens: int, pcie_bandwidth: float,
+                      prefill_tokens_per_s: float) -> str:
     """The cost rule: ``"swap"`` when bringing the request back by copying its KV
     (``swap_time``) is strictly faster than prefilling its ``num_tokens`` again
     (``recompute_time``), else ``"recompute"``. A tie goes to recompute: it needs no host
@@ -99,18 +91,13 @@ class YourCostModel(RooflineCostModel):
     """
 
     def preemption_mode(self, num_tokens: int) -> str:
-        return swap_or_recompute(
-            num_tokens * self.kv_bytes_per_token,
-            num_tokens,
-            self.hardware.pcie_bandwidth * self.pcie_efficiency,
-            self.prefill_tokens_per_s(),
-        )
+        return swap_or_recompute(num_tokens * self.kv_bytes_per_token, num_tokens,
+                                 self.hardware.pcie_bandwidth * self.pcie_efficiency, self.prefill_tokens_per_s())
 
 
 # =====================================================================================
 # Exercise 2: the victim under memory pressure
 # =====================================================================================
-
 
 class LeastProgressVictim(Policy):
     """First come, first served, except for the choice of victim.
@@ -120,7 +107,6 @@ class LeastProgressVictim(Policy):
     the one that needs the block). minillm's default gives up the most recently admitted
     request. This policy gives up the one that has made the least progress.
     """
-
     name = "least-progress"
 
     def pick_victim(self, candidates: list[Request], now: float) -> Request:
@@ -136,7 +122,6 @@ class LeastProgressVictim(Policy):
 # Exercise 3: priority classes that preempt
 # =====================================================================================
 
-
 class PriorityPreemption(Policy):
     """Priority classes: higher-priority requests enter the batch first. A smaller
     ``request.priority`` is more urgent (vLLM's convention: 0 before 1).
@@ -145,7 +130,6 @@ class PriorityPreemption(Policy):
     and a high-priority request arrives that cannot obtain resources at once, the low-priority
     request must be preempted and its resources released.
     """
-
     name = "priority-preemption"
 
     def order_waiting(self, waiting: list[Request], now: float) -> list[Request]:
@@ -177,7 +161,6 @@ class PriorityPreemption(Policy):
 # Exercise 4: headroom against thrashing
 # =====================================================================================
 
-
 def headroom_blocks(context_lens: Sequence[int], block_size: int, num_steps: int) -> int:
     """The free KV blocks a batch needs to decode ``num_steps`` more steps without a preemption:
     the headroom admission must leave it (section 4: a cache filled to 100% thrashes).
@@ -193,8 +176,8 @@ def headroom_blocks(context_lens: Sequence[int], block_size: int, num_steps: int
     ### BEGIN SOLUTION
     need = 0
     for c in context_lens:
-        held = -(-c // block_size)  # ceil(c / block_size)
-        after = -(-(c + num_steps) // block_size)  # the blocks it holds num_steps later
+        held = -(-c // block_size)                          # ceil(c / block_size)
+        after = -(-(c + num_steps) // block_size)           # the blocks it holds num_steps later
         need += after - held
     return need
     ### END SOLUTION
@@ -204,10 +187,8 @@ def headroom_blocks(context_lens: Sequence[int], block_size: int, num_steps: int
 # Exercise 5 (judgement): where the rule flips on a given link
 # =====================================================================================
 
-
-def swap_recompute_crossover(
-    cost_model: CostModel, pcie_bandwidth: float, block_size: int = 16, max_tokens: int = 16384
-) -> Optional[int]:
+def swap_recompute_crossover(cost_model: CostModel, pcie_bandwidth: float, block_size: int = 16,
+                             max_tokens: int = 16384) -> Optional[int]:
     """The shortest victim, in positions of KV, that your ``swap_or_recompute`` sends to
     recompute on a host link of ``pcie_bandwidth`` bytes/s: where a model's line crosses the
     boundary in section 2's figure.

@@ -32,21 +32,13 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-__all__ = [
-    "accept_greedy",
-    "accept_sampled",
-    "tokens_per_step",
-    "speculative_speedup",
-    "first_losing_k",
-    "verify",
-    "speculative_engine",
-]
+__all__ = ["accept_greedy", "accept_sampled", "tokens_per_step", "speculative_speedup", "first_losing_k",
+           "verify", "speculative_engine"]
 
 
 # =====================================================================================
 # Exercise 1: greedy acceptance
 # =====================================================================================
-
 
 def accept_greedy(draft: Sequence[int], target: Sequence[int]) -> list[int]:
     """The tokens a greedy verification step emits.
@@ -78,10 +70,8 @@ def accept_greedy(draft: Sequence[int], target: Sequence[int]) -> list[int]:
 # Exercise 2: rejection sampling
 # =====================================================================================
 
-
-def accept_sampled(
-    draft: Sequence[int], p: torch.Tensor, q: Optional[torch.Tensor], generator: torch.Generator
-) -> list[int]:
+def accept_sampled(draft: Sequence[int], p: torch.Tensor, q: Optional[torch.Tensor],
+                   generator: torch.Generator) -> list[int]:
     """The tokens a sampled verification step emits (Leviathan et al. 2023, Chen et al. 2023).
 
     ``p`` [k + 1, V]: the target's probabilities at each row. ``q`` [k, V]: the draft's
@@ -130,7 +120,6 @@ def accept_sampled(
 # Exercise 3: the expected speed-up
 # =====================================================================================
 
-
 def tokens_per_step(alpha: float, k: int) -> float:
     """Expected tokens one verification step emits (Leviathan et al. 2023, eq. 1).
 
@@ -171,7 +160,6 @@ def speculative_speedup(alpha: float, k: int, draft_cost_ratio: float) -> float:
 # Exercise 4 (judgement): the draft length at which speculation stops paying
 # =====================================================================================
 
-
 def first_losing_k(speedup_at: Callable[[int], float], max_k: int = 8) -> Optional[int]:
     """The smallest draft length k (1 to ``max_k``) at which speculation stops paying: its
     speed-up over plain decoding, ``speedup_at(k)``, is at most 1 (a speed-up of exactly 1 gains
@@ -197,16 +185,8 @@ def first_losing_k(speedup_at: Callable[[int], float], max_k: int = 8) -> Option
 # Given: how your rule plugs into minillm (nothing to write below)
 # =====================================================================================
 
-
-def verify(
-    logits: torch.Tensor,
-    draft: Sequence[int],
-    draft_probs: Optional[torch.Tensor],
-    params,
-    sampler,
-    request_id: str,
-    target_probs: Optional[torch.Tensor] = None,
-) -> list[int]:
+def verify(logits: torch.Tensor, draft: Sequence[int], draft_probs: Optional[torch.Tensor], params,
+           sampler, request_id: str, target_probs: Optional[torch.Tensor] = None) -> list[int]:
     """The engine's ``minillm.spec.acceptance.verify``, calling your two functions: greedy requests
     compare with the target's argmax, sampled ones get p (temperature, top-k, top-p applied)."""
     k = len(draft)

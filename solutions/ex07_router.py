@@ -36,7 +36,6 @@ __all__ = ["prefix_key", "route_on_ring", "kv_transfer_time", "max_prompt_for_tr
 # Exercise 1: the key of a prompt
 # =====================================================================================
 
-
 def prefix_key(prompt_token_ids: Sequence[int], block_size: int = 16, prefix_blocks: int = 4) -> int:
     """``stable_hash`` (given, from ``minillm.sim.cluster``) of the prompt's first ``prefix_blocks``
     *full* KV blocks of ``block_size`` tokens, as a list of token ids.
@@ -51,7 +50,7 @@ def prefix_key(prompt_token_ids: Sequence[int], block_size: int = 16, prefix_blo
     """
     ### BEGIN SOLUTION
     full = min(prefix_blocks, len(prompt_token_ids) // block_size)
-    head = list(prompt_token_ids[: full * block_size]) if full else list(prompt_token_ids)
+    head = list(prompt_token_ids[:full * block_size]) if full else list(prompt_token_ids)
     return stable_hash(head)
     ### END SOLUTION
 
@@ -60,8 +59,8 @@ def prefix_key(prompt_token_ids: Sequence[int], block_size: int = 16, prefix_blo
 # Exercise 2: consistent hashing with bounded loads
 # =====================================================================================
 
-
-def route_on_ring(key: int, ring: Sequence[tuple[int, int]], loads: Sequence[float], load_factor: float = 1.25) -> int:
+def route_on_ring(key: int, ring: Sequence[tuple[int, int]], loads: Sequence[float],
+                  load_factor: float = 1.25) -> int:
     """The replica for ``key``.
 
     ``ring``: ``(point, replica)`` pairs sorted by point (several points per replica: its
@@ -97,7 +96,6 @@ def route_on_ring(key: int, ring: Sequence[tuple[int, int]], loads: Sequence[flo
 # Exercise 3: the KV transfer of disaggregated serving
 # =====================================================================================
 
-
 def kv_transfer_time(num_tokens: int, kv_bytes_per_token: int, bandwidth: float, latency: float) -> float:
     """Seconds to copy ``num_tokens`` positions of KV (``kv_bytes_per_token`` bytes each: M_KV per
     position) over a link of ``bandwidth`` bytes/s with a fixed ``latency`` (s) per copy.
@@ -121,7 +119,7 @@ def max_prompt_for_transfer(budget: float, kv_bytes_per_token: int, bandwidth: f
     if budget < latency:
         return 0
     n = int((budget - latency) * bandwidth // kv_bytes_per_token)
-    while kv_transfer_time(n + 1, kv_bytes_per_token, bandwidth, latency) <= budget:  # float rounding
+    while kv_transfer_time(n + 1, kv_bytes_per_token, bandwidth, latency) <= budget:   # float rounding
         n += 1
     while n > 0 and kv_transfer_time(n, kv_bytes_per_token, bandwidth, latency) > budget:
         n -= 1
@@ -133,15 +131,12 @@ def max_prompt_for_transfer(budget: float, kv_bytes_per_token: int, bandwidth: f
 # Given: your functions as a router of minillm.sim.cluster
 # =====================================================================================
 
-
 class ExerciseRouter(Router):
     """``PrefixAwareRouter`` built from this module's ``prefix_key`` and ``route_on_ring``."""
-
     name = "prefix-aware (ex07)"
 
-    def __init__(
-        self, block_size: int = 16, prefix_blocks: int = 4, load_factor: float = 1.25, virtual_nodes: int = 64
-    ):
+    def __init__(self, block_size: int = 16, prefix_blocks: int = 4, load_factor: float = 1.25,
+                 virtual_nodes: int = 64):
         self.block_size, self.prefix_blocks = block_size, prefix_blocks
         self.load_factor, self.virtual_nodes = load_factor, virtual_nodes
         self._ring = None
