@@ -35,7 +35,7 @@
 # - compute the bytes a decode step reads per generated token, and place a step on the roofline (memory or compute bound);
 # - compute the KV-cache bytes of a request and the largest batch of a given length that fits beside the weights;
 # - predict a decode step's time from the batch size and the context on a modeled GPU;
-# - compute when each request finishes under static and continuous batching, and why continuous batching keeps the batch full;
+# - compute when each request finishes under static and continuous batching, and why continuous batching leaves no slot held by a finished request;
 # - plan one step under the execution-token budget: which running and waiting requests get how many tokens.
 
 # %%
@@ -197,9 +197,9 @@ print(f"the step time doubles (the batch stops being nearly free) at batch {doub
 # step is dominated by fixed costs (Python, the engine's bookkeeping, many small kernel calls) rather
 # than by a weight read. The batch shares those costs too, so on one quiet CPU core the curve has the
 # H100's shape for a different reason: from batch 1 to 32 the throughput grows more than tenfold while
-# the step time grows a few times (measured with one torch thread on a 2-core machine: about x14 and
-# x2.3). If that cell said its repeats were too noisy, its ratios describe the other work on the machine,
-# not the model: re-run it when the machine is quiet. The lesson carries over: as long as the step is
+# the step time grows a few times (section 2's cell printed this machine's two ratios). If that cell
+# said its repeats were too noisy, its ratios describe the other work on the machine, not the model:
+# re-run it when the machine is quiet. The lesson carries over: as long as the step is
 # bound by something the batch shares, more requests are nearly free.
 #
 # The price is latency: every request in a batch waits for the whole step. Real-time chat favours small
@@ -474,7 +474,7 @@ print(check_paged_attention(fig23.engine))   # the Triton kernel against its tor
 # section 2, measures what it costs). The rest of this run, step by step:
 
 # %%
-fig23.engine.run()
+fig23.run(100)   # through the widget, so its view-step slider reaches the last step too
 for r in fig23.engine.step_records:
     print(f"step {r.step}: batch of {len(r.batch)}: " + ", ".join(
         f"{e.request_id} {e.phase} {e.num_new_tokens} new of {e.context_len}" for e in r.batch))
