@@ -46,7 +46,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from minillm import LLM, SamplingParams, impl
-from minillm.viz import printouts
+from minillm.viz import figures, printouts
 from minillm.sim import cluster
 from minillm.analysis import metrics
 from minillm.sim.costmodel import LINKS, MODELS
@@ -213,7 +213,7 @@ def deployment_panels(panels, title):
 
 fig = deployment_panels((("TTFT p99", "ttft_p99", 1, "TTFT p99 (s)"), ("TPOT p99", "tpot_p99", 1e3, "TPOT p99 (ms)")),
                         "4 x A100, Llama-2-13B: latency tails, disaggregated vs colocated")
-fig.update_yaxes(type="log", tickvals=[0.2, 0.5, 1, 2, 5, 10, 20, 50], row=1, col=1)   # labelled in seconds, no bare "2" for 20
+fig.update_yaxes(type="log", row=1, col=1, **figures.log_ticks())   # ticks written out: 0.5, 1, 2, 5, 10, 20
 fig.show()
 
 # %% [markdown]
