@@ -443,11 +443,13 @@ fig23
 # %% [markdown]
 # Step 0 prefills A and B (2 + 5 = 7 tokens). Step 1 decodes both; A reaches its stopping condition and
 # its KV is freed, while C and D wait (two requests already run). Step 2 is Figure 3: B's decode and C's
-# prefill. Three clicks, in code:
+# prefill. The same three steps in code, on the cells' own copy of the engine (`fig23_run`), so the
+# widget above stays where you left it, ready to step:
 
 # %%
+fig23_run = figure2_engine().engine      # the cells' own copy: the widget above stays yours to step
 for _ in range(3):
-    rec = fig23.step()
+    rec = fig23_run.step()
     print(rec.summary())
 print()
 print("tokens processed: " + " + ".join(str(e.num_new_tokens) for e in rec.batch)
@@ -463,7 +465,7 @@ print("KV retained:      " + " + ".join(str(rec.kv.per_request[e.request_id].use
 # The kernel, checked on this engine's cache after Figure 3's step:
 
 # %%
-print(check_paged_attention(fig23.engine))   # the Triton kernel against its torch reference
+print(check_paged_attention(fig23_run))   # the Triton kernel against its torch reference
 
 # %% [markdown]
 # Deciding at every step, rather than once per batch, has three consequences an engine is built around.
@@ -474,12 +476,12 @@ print(check_paged_attention(fig23.engine))   # the Triton kernel against its tor
 # section 2, measures what it costs). The rest of this run, step by step:
 
 # %%
-fig23.run(100)   # through the widget, so its view-step slider reaches the last step too
-for r in fig23.engine.step_records:
+fig23_run.run()
+for r in fig23_run.step_records:
     print(f"step {r.step}: batch of {len(r.batch)}: " + ", ".join(
         f"{e.request_id} {e.phase} {e.num_new_tokens} new of {e.context_len}" for e in r.batch))
-sizes = {len(r.batch) for r in fig23.engine.step_records}
-ragged = [r.step for r in fig23.engine.step_records if len({e.context_len for e in r.batch}) > 1]
+sizes = {len(r.batch) for r in fig23_run.step_records}
+ragged = [r.step for r in fig23_run.step_records if len({e.context_len for e in r.batch}) > 1]
 print(f"batch sizes seen: {sorted(sizes)}; steps whose requests have different context lengths: {ragged}")
 
 # %% [markdown]
