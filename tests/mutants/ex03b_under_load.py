@@ -8,29 +8,29 @@ MUTANTS = [
     # schedule_every_tradeoff
     (
         "every-N: overhead per step, n ignored",
-        "        overhead=pass_time / (n * step_time),\n",
-        "        overhead=pass_time / step_time,\n",
+        "dict(overhead=pass_time / (n * step_time),",
+        "dict(overhead=pass_time / step_time,",
     ),
     (
         "every-N: overhead as a share of all time, pass included",
-        "        overhead=pass_time / (n * step_time),\n",
-        "        overhead=pass_time / (n * step_time + pass_time),\n",
+        "dict(overhead=pass_time / (n * step_time),",
+        "dict(overhead=pass_time / (n * step_time + pass_time),",
     ),
     ("every-N: a finished request held n steps", "longest_hold=(n - 1) * step_time,", "longest_hold=n * step_time,"),
     (
         "every-N: a newcomer waits n - 1 steps",
-        "longest_admission_wait=n * step_time + pass_time,",
-        "longest_admission_wait=(n - 1) * step_time + pass_time,",
+        "longest_admission_wait=n * step_time + pass_time)",
+        "longest_admission_wait=(n - 1) * step_time + pass_time)",
     ),
     (
         "every-N: the pass's own time forgotten in the wait",
-        "longest_admission_wait=n * step_time + pass_time,",
-        "longest_admission_wait=n * step_time,",
+        "longest_admission_wait=n * step_time + pass_time)",
+        "longest_admission_wait=n * step_time)",
     ),
     (
         "every-N: a pass counted in every step of the wait",
-        "longest_admission_wait=n * step_time + pass_time,",
-        "longest_admission_wait=n * (step_time + pass_time),",
+        "longest_admission_wait=n * step_time + pass_time)",
+        "longest_admission_wait=n * (step_time + pass_time))",
     ),
     ("every-N: n = 0 accepted", "    if n < 1:\n        raise ValueError", "    if n < 0:\n        raise ValueError"),
     # chunk_sizes

@@ -28,8 +28,8 @@ MUTANTS = [
     ),
     (
         "hashes: every block hashed after no parent",
-        "        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size])",
-        "        parent = hash_block(None, token_ids[i * block_size : (i + 1) * block_size])",
+        "        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size])",
+        "        parent = hash_block(None, token_ids[i * block_size:(i + 1) * block_size])",
     ),
     # longest_prefix_match
     (

@@ -119,8 +119,8 @@ MUTANTS = [
     ),
     (
         "headroom: floor in place of ceiling",
-        "        held = -(-c // block_size)  # ceil(c / block_size)\n"
-        "        after = -(-(c + num_steps) // block_size)  # the blocks it holds num_steps later\n",
+        "        held = -(-c // block_size)                          # ceil(c / block_size)\n"
+        "        after = -(-(c + num_steps) // block_size)           # the blocks it holds num_steps later\n",
         "        held = c // block_size\n        after = (c + num_steps) // block_size\n",
     ),
     (

@@ -13,12 +13,12 @@ MUTANTS = [
     ),
     (
         "key: a trailing partial block included",
-        "    head = list(prompt_token_ids[: full * block_size]) if full else list(prompt_token_ids)\n",
+        "    head = list(prompt_token_ids[:full * block_size]) if full else list(prompt_token_ids)\n",
         "    head = list(prompt_token_ids[:prefix_blocks * block_size])\n",
     ),
     (
         "key: the last blocks, not the first",
-        "    head = list(prompt_token_ids[: full * block_size]) if full else list(prompt_token_ids)\n",
+        "    head = list(prompt_token_ids[:full * block_size]) if full else list(prompt_token_ids)\n",
         "    head = list(prompt_token_ids[-full * block_size:]) if full else list(prompt_token_ids)\n",
     ),
     (
@@ -81,7 +81,7 @@ MUTANTS = [
     ),
     (
         "break-even: the float quotient truncated, never checked against the definition",
-        "    while kv_transfer_time(n + 1, kv_bytes_per_token, bandwidth, latency) <= budget:  # float rounding\n",
+        "    while kv_transfer_time(n + 1, kv_bytes_per_token, bandwidth, latency) <= budget:   # float rounding\n",
         "    while False:\n",
     ),
     (
