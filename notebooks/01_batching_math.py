@@ -35,7 +35,7 @@
 # - compute the bytes a decode step reads per generated token, and place a step on the roofline (memory or compute bound);
 # - compute the KV-cache bytes of a request and the largest batch of a given length that fits beside the weights;
 # - predict a decode step's time from the batch size and the context on a modeled GPU;
-# - compute when each request finishes under static and continuous batching, and why continuous batching keeps the batch full;
+# - compute when each request finishes under static and continuous batching, and why continuous batching leaves no slot held by a finished request;
 # - plan one step under the execution-token budget: which running and waiting requests get how many tokens.
 
 # %%
@@ -197,9 +197,9 @@ print(f"the step time doubles (the batch stops being nearly free) at batch {doub
 # step is dominated by fixed costs (Python, the engine's bookkeeping, many small kernel calls) rather
 # than by a weight read. The batch shares those costs too, so on one quiet CPU core the curve has the
 # H100's shape for a different reason: from batch 1 to 32 the throughput grows more than tenfold while
-# the step time grows a few times (measured with one torch thread on a 2-core machine: about x14 and
-# x2.3). If that cell said its repeats were too noisy, its ratios describe the other work on the machine,
-# not the model: re-run it when the machine is quiet. The lesson carries over: as long as the step is
+# the step time grows a few times (section 2's cell printed this machine's two ratios). If that cell
+# said its repeats were too noisy, its ratios describe the other work on the machine, not the model:
+# re-run it when the machine is quiet. The lesson carries over: as long as the step is
 # bound by something the batch shares, more requests are nearly free.
 #
 # The price is latency: every request in a batch waits for the whole step. Real-time chat favours small
@@ -443,11 +443,13 @@ fig23
 # %% [markdown]
 # Step 0 prefills A and B (2 + 5 = 7 tokens). Step 1 decodes both; A reaches its stopping condition and
 # its KV is freed, while C and D wait (two requests already run). Step 2 is Figure 3: B's decode and C's
-# prefill. Three clicks, in code:
+# prefill. The same three steps in code, on the cells' own copy of the engine (`fig23_run`), so the
+# widget above stays where you left it, ready to step:
 
 # %%
+fig23_run = figure2_engine().engine      # the cells' own copy: the widget above stays yours to step
 for _ in range(3):
-    rec = fig23.step()
+    rec = fig23_run.step()
     print(rec.summary())
 print()
 print("tokens processed: " + " + ".join(str(e.num_new_tokens) for e in rec.batch)
@@ -463,7 +465,7 @@ print("KV retained:      " + " + ".join(str(rec.kv.per_request[e.request_id].use
 # The kernel, checked on this engine's cache after Figure 3's step:
 
 # %%
-print(check_paged_attention(fig23.engine))   # the Triton kernel against its torch reference
+print(check_paged_attention(fig23_run))   # the Triton kernel against its torch reference
 
 # %% [markdown]
 # Deciding at every step, rather than once per batch, has three consequences an engine is built around.
@@ -474,12 +476,12 @@ print(check_paged_attention(fig23.engine))   # the Triton kernel against its tor
 # section 2, measures what it costs). The rest of this run, step by step:
 
 # %%
-fig23.engine.run()
-for r in fig23.engine.step_records:
+fig23_run.run()
+for r in fig23_run.step_records:
     print(f"step {r.step}: batch of {len(r.batch)}: " + ", ".join(
         f"{e.request_id} {e.phase} {e.num_new_tokens} new of {e.context_len}" for e in r.batch))
-sizes = {len(r.batch) for r in fig23.engine.step_records}
-ragged = [r.step for r in fig23.engine.step_records if len({e.context_len for e in r.batch}) > 1]
+sizes = {len(r.batch) for r in fig23_run.step_records}
+ragged = [r.step for r in fig23_run.step_records if len({e.context_len for e in r.batch}) > 1]
 print(f"batch sizes seen: {sorted(sizes)}; steps whose requests have different context lengths: {ragged}")
 
 # %% [markdown]

@@ -273,10 +273,11 @@ printouts.speculation_by_k(printed)     # per k: tokens per target step, alpha, 
 #
 # ## 4. When speculation makes things slower
 #
-# When speculative decoding is slower, the usual cause is a draft that is rarely right (a low α), and
-# the fix a better draft model, or none. A low α is one cause (the curves above fall below 1 on the left). The other is
-# the assumption behind "nearly free": verification of k + 1 positions costs one plain step only while
-# the verification step is memory bound, that is, while the batch is small. Verifying k + 1 positions
+# Section 3 showed two ways to lose time: a draft that is rarely right (a low α: the curves fall below 1
+# on the left) and a draft that costs too much per forward (the shipped pair, dashed); the fix is a better
+# or cheaper draft, or none. The third is the assumption behind "nearly free": verification of k + 1
+# positions costs one plain step only while the verification step is memory bound, that is, while the
+# batch is small. Verifying k + 1 positions
 # multiplies a step's arithmetic by k + 1 without adding weight reads, so the verification step crosses
 # the roofline's ridge long before a plain decode step would (the cell prints which bound each is in);
 # past it, k + 1 positions per request cost up to k + 1 times as much. The roofline cost
@@ -295,8 +296,8 @@ for k, ctx, dash in ((2, 256, "solid"), (4, 256, "solid"), (8, 256, "solid"), (4
                              name=f"k = {k}, {ctx} positions", mode="lines+markers", line=dict(dash=dash)))
 fig.add_hline(y=1.0, line_dash="dot", annotation_text="no gain")
 fig.update_layout(title="speculation on a modeled H100: the gain shrinks as the batch grows", height=380,
-                  xaxis=dict(title="batch size (requests decoding together)", type="log"), yaxis_title="speed-up (x)",
-                  plot_bgcolor="white")
+                  xaxis=dict(title="batch size (requests decoding together)", type="log"),
+                  yaxis_title="speed-up over plain decoding (times)", plot_bgcolor="white")
 printouts.verification_costs((b, modeled_speedup(target, draft, b, 256, 4, 0.8),      # plain step: 1 position, verify: 5
                               *(target.breakdown([n] * b, [256] * b)["bound"] for n in (1, 5))) for b in (1, 64, 512))
 assert target.breakdown([1] * 512, [256] * 512)["bound"] == "memory" and target.breakdown([5] * 64, [256] * 64)["bound"] == "compute"

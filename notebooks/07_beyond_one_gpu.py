@@ -46,7 +46,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from minillm import LLM, SamplingParams, impl
-from minillm.viz import printouts
+from minillm.viz import figures, printouts
 from minillm.sim import cluster
 from minillm.analysis import metrics
 from minillm.sim.costmodel import LINKS, MODELS
@@ -213,7 +213,7 @@ def deployment_panels(panels, title):
 
 fig = deployment_panels((("TTFT p99", "ttft_p99", 1, "TTFT p99 (s)"), ("TPOT p99", "tpot_p99", 1e3, "TPOT p99 (ms)")),
                         "4 x A100, Llama-2-13B: latency tails, disaggregated vs colocated")
-fig.update_yaxes(type="log", row=1, col=1)
+fig.update_yaxes(type="log", row=1, col=1, **figures.log_ticks())   # ticks written out: 0.5, 1, 2, 5, 10, 20
 fig.show()
 
 # %% [markdown]
@@ -428,7 +428,8 @@ with impl.attempt("ex07.kv_transfer_time / max_prompt_for_transfer"):
 #
 # 1. Heads are independent: each rank computes its own heads' attention on its own KV heads; only `o_proj`'s partial sums need adding.
 # 2. Each GPU must still send and receive about 2 (N - 1) / N of the activations, plus a fixed latency per all-reduce: more GPUs, not less data.
-# 3. The prompt's KV cache; its transfer time (KV bytes over the link's bandwidth, plus latency) must fit the TTFT budget left after the prefill.
+# 3. The prompt's KV cache. The first token comes from the prefill instance; the transfer (KV bytes over the link's
+#    bandwidth, plus latency) delays the second, so it must fit a TPOT budget (the exercise's 25 ms).
 # 4. A popular prefix would send all its traffic to one replica; a load bound passes an overloaded replica over for the next one on the ring.
 #
 # </details>

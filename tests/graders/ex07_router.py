@@ -123,22 +123,50 @@ def test_kv_transfer_time_by_hand():
 
 def test_max_prompt_for_transfer_by_hand_and_by_its_definition():
     f, t = ex().max_prompt_for_transfer, cluster.kv_transfer_time
-    assert f(0.016414, 819_200, 50e9, 30e-6) == 1000
-    assert f(0.016413, 819_200, 50e9, 30e-6) == 999
-    assert f(1.0, 100, 1000.0, 0.0) == 10
-    assert f(1.05, 100, 1000.0, 0.0) == 10
-    assert f(20e-6, 819_200, 50e9, 30e-6) == 0  # the latency alone does not fit
+    # By hand: Llama-2-13B over InfiniBand, 30 us + 1,000 x 819,200 B / 50 GB/s = 16.414 ms
+    # (kv_transfer_time's example).
+    for budget, want in ((0.016414, 1000), (0.016413, 999)):
+        got = f(budget, 819_200, 50e9, 30e-6)
+        assert got == want, (
+            f"a budget of {budget * 1e3:.3f} ms over InfiniBand (50 GB/s, 30 us) fits {want} positions of "
+            f"Llama-2-13B's KV (30 us + {want} x 819,200 B / 50 GB/s <= the budget, worked by hand); yours says "
+            f"{got}. Does your answer leave the fixed latency out of the budget, or round up?"
+        )
+    for budget in (1.0, 1.05):
+        got = f(budget, 100, 1000.0, 0.0)
+        assert got == 10, (
+            f"a budget of {budget} s at 1,000 B/s, no latency, 100 B per position fits 10 positions (an 11th "
+            f"needs 1.1 s); yours says {got}"
+        )
+    got = f(20e-6, 819_200, 50e9, 30e-6)
+    assert got == 0, (
+        f"a budget of 20 us is below the link's 30 us latency: nothing crosses, the answer is 0; yours says {got}"
+    )
     # A budget that is exactly the time of 7 positions (NVLink, 128 KiB each): (budget - latency) x
     # bandwidth / bytes comes out a hair under 7 in floating point; the answer is still 7.
     budget7 = 10e-6 + 7 * 131_072 / 450e9
-    assert f(budget7, 131_072, 450e9, 10e-6) == 7
-    assert isinstance(f(0.05, 524_288, 64e9, 20e-6), int)
+    got = f(budget7, 131_072, 450e9, 10e-6)
+    assert got == 7, (
+        f"the budget is exactly the transfer time of 7 positions (10 us + 7 x 131,072 B / 450 GB/s), so the "
+        f"answer is 7; yours says {got} (the division lands a hair under 7 in floating point: check n + 1 with "
+        "kv_transfer_time before you trust a floor)"
+    )
+    got = f(0.05, 524_288, 64e9, 20e-6)
+    assert isinstance(got, int), (
+        f"the answer is a number of positions, an int; yours returned {type(got).__name__} {got!r}"
+    )
     link = cluster.LinkSpec("x", bandwidth=64e9, latency=20e-6)
     rng = random.Random(3)
     for _ in range(200):
         budget = rng.uniform(1e-5, 0.2)
         n = f(budget, 524_288, 64e9, 20e-6)
-        assert n >= 0
+        assert n >= 0, f"budget {budget * 1e3:.4f} ms: a count of positions is never negative; yours says {n}"
         if n:
-            assert t(n, 524_288, link) <= budget * (1 + 1e-12)
-        assert t(n + 1, 524_288, link) > budget * (1 - 1e-12)
+            assert t(n, 524_288, link) <= budget * (1 + 1e-12), (
+                f"budget {budget * 1e3:.4f} ms over PCIe 5.0 (64 GB/s, 20 us): your {n} positions of Llama-2-7B's KV "
+                f"take {t(n, 524_288, link) * 1e3:.4f} ms by minillm's kv_transfer_time, over the budget"
+            )
+        assert t(n + 1, 524_288, link) > budget * (1 - 1e-12), (
+            f"budget {budget * 1e3:.4f} ms over PCIe 5.0 (64 GB/s, 20 us): {n + 1} positions still fit "
+            f"({t(n + 1, 524_288, link) * 1e3:.4f} ms by minillm's kv_transfer_time), so {n} is not the largest"
+        )
