@@ -29,6 +29,9 @@ UPGRADE_ARGS     ?=
 # make lab: JupyterLab on 127.0.0.1:PORT (the next free port when PORT is taken), extra options in LAB_ARGS.
 PORT     ?= 8888
 LAB_ARGS ?=
+# Torch threads in the notebooks' kernels: one, as the notebook tests and scripts/notebook_times.py run them
+# (the course's tensors are tiny: one thread is as fast, and the recorded times are one thread's).
+LAB_THREADS ?= 1
 # The news pop-up (it covers the widgets) is this JupyterLab plugin, disabled in the environment.
 ANNOUNCEMENTS := @jupyterlab/apputils-extension:announcements
 # The file browser hides each notebook's jupytext source (notebooks/NN_*.py and NNb_*.py, the files authors edit), so a
@@ -115,7 +118,7 @@ lab: $(STAMP)
 	echo ""; \
 	echo "    JupyterLab: http://127.0.0.1:$$port/lab?token=$$token"; \
 	echo ""; \
-	cd notebooks && exec "$(abspath $(PY))" -m jupyter lab $$root \
+	cd notebooks && OMP_NUM_THREADS=$(LAB_THREADS) exec "$(abspath $(PY))" -m jupyter lab $$root \
 		--ServerApp.ip=127.0.0.1 --ServerApp.port=$$port --ServerApp.port_retries=0 \
 		--IdentityProvider.token=$$token \
 		--LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \

@@ -313,7 +313,7 @@ def burst_engine(kind):
     return llm
 
 kv_lockstep = LockstepStepper(*[lambda kind=kind: burst_engine(kind) for kind in KV_KINDS],
-                              names=[f"{kind} KV" for kind in KV_KINDS], fig_width=330,
+                              names=[f"{kind} KV" for kind in KV_KINDS],
                               title="the same 64 KiB of KV memory, the same 12 requests")
 kv_lockstep
 

@@ -10,7 +10,9 @@ runs every cell, then, reading what the page shows:
   in narrow cells) never overlap, and cached free blocks are drawn apart, with a legend entry;
 * the third (speculative decoding): the step's tokens fill a visible part of the batch bar and
   the draft guesses are marked accepted / rejected;
-* the fourth, run to the end by its own cell: a banner says why Step is off; Reset, then Step.
+* the fourth, run to the end by its own cell: a banner says why Step is off; Reset, then Step;
+* with the file browser open, every widget (a four-engine LockstepStepper among them) fits its
+  cell's output in the 1,400 px window.
 
 A full-page screenshot is copied to /tmp/minillm_browser.png and one per widget is kept under
 ``test-artifacts/browser/`` (``MINILLM_ARTIFACTS`` to move it) for CI to keep.
@@ -271,6 +273,7 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
             details = _check_details(page)
             spec = _check_speculative(page)
             finished = _check_finished_then_reset(page)
+            fits = _check_widths(page)
         finally:
             browser.close()
 
@@ -301,6 +304,9 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
     # A widget its own cell ran to the end says why Step is off, and Reset brings it back.
     assert "Press Reset" in finished["banner"] and finished["step_disabled"]
     assert finished["after_reset"] == "step -" and finished["after_step"] == "step 0"
+    # With the file browser open, every widget fits its cell's output: nothing sticks out on the right.
+    assert fits["file_browser_px"] >= 200 and fits["outputs"] >= 5, fits
+    assert fits["too_wide"] == [], fits["too_wide"]
 
 
 ARTIFACTS = Path(os.environ.get("MINILLM_ARTIFACTS", HERE.parent / "test-artifacts")) / "browser"
@@ -419,6 +425,37 @@ def _check_finished_then_reset(page) -> dict:
     return out
 
 
+# Each widget's output against its right edge: every element (a plot counts as its <svg>, not
+# plotly's invisible drag layers) ends inside it, and nothing scrolls sideways.
+_WIDTHS_JS = """() => {
+    const fb = document.querySelector('#filebrowser');
+    const outs = Array.from(document.querySelectorAll('.jp-OutputArea-output'))
+        .filter(o => o.querySelector('.minillm-stepper, .minillm-lockstep'));
+    const tooWide = [];
+    outs.forEach((o, i) => {
+        const edge = o.getBoundingClientRect().right + 1;
+        const parts = Array.from(o.querySelectorAll('*')).filter(e => !(e instanceof SVGElement)
+                                                                   || e.classList.contains('main-svg'));
+        const out = parts.filter(e => { const b = e.getBoundingClientRect(); return b.width > 0 && b.right > edge; });
+        if (out.length || o.scrollWidth > o.clientWidth + 1)
+            tooWide.push({output: i, width: Math.round(o.getBoundingClientRect().width),
+                          right: Math.round(Math.max(...out.map(e => e.getBoundingClientRect().right), 0) - edge),
+                          first: out.slice(0, 3).map(e => e.tagName + '.' + (e.getAttribute('class') || ''))});
+    });
+    return {file_browser_px: fb ? fb.getBoundingClientRect().width : 0, outputs: outs.length, too_wide: tooWide};
+}"""
+
+
+def _check_widths(page) -> dict:
+    """A 1,400 px window with JupyterLab's file browser open (about 970 px for a cell's output):
+    every widget on the page, the four-engine LockstepStepper included, fits its output."""
+    page.evaluate("() => window.jupyterapp.commands.execute('filebrowser:activate')")
+    page.wait_for_timeout(1500)  # the panel opens, the notebook narrows, plotly redraws
+    _keep_artifact(page.locator(".minillm-lockstep").first, "lockstep_four.png")
+    page.screenshot(path=str(ARTIFACTS / "file_browser_open.png"))
+    return page.evaluate(_WIDTHS_JS)
+
+
 def _wait_kernel_idle(page, timeout: float = KERNEL_TIMEOUT) -> None:
     """Until the notebook's kernel reports idle (JupyterLab's execution indicator)."""
     page.wait_for_function(
@@ -517,7 +554,7 @@ def test_browser_notebook_runs_headless(tmp_path):
         out = cell.get("outputs", [])
         assert not [o for o in out if o.get("output_type") == "error"], json.dumps(out)[:800]
         shown += sum("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in out)
-    assert shown == 4  # four Steppers
+    assert shown == 5  # four Steppers and a LockstepStepper
 
 
 def test_missing_browser_skips_or_fails(monkeypatch):

@@ -7,7 +7,8 @@ interfaces, news on) stands in for whatever the user has: ``make lab`` must not 
 
 Checked: the printed URL (host, port, token) is the one served; the server listens on 127.0.0.1
 only; a request without the token gets 403, with it 200; the news pop-up's plugin is disabled and
-the extension manager cannot install; stopping the process group leaves no process behind.
+the extension manager cannot install; JupyterLab (and so every kernel) runs with OMP_NUM_THREADS=1;
+stopping the process group leaves no process behind.
 """
 
 from __future__ import annotations
@@ -182,6 +183,7 @@ def test_make_lab_on_a_fresh_clone(as_user, workdir):
         assert status == 200 and "00_tour.ipynb" in names, names
         assert not any(n.endswith(".py") for n in names), f"the jupytext sources are hidden from the browser: {names}"
         assert ("--allow-root" in _cmdline_of_group(proc.pid)) == (uid == 0), "--allow-root as root only"
+        assert _lab_environ(proc.pid).get("OMP_NUM_THREADS") == "1", "one torch thread, as the recorded times"
     finally:
         _stop(proc)
 
@@ -189,6 +191,14 @@ def test_make_lab_on_a_fresh_clone(as_user, workdir):
 def _cmdline_of_group(pgid: int) -> str:
     """The command lines of the processes started by ``make lab`` (its own session: ``ps -g`` selects it)."""
     return subprocess.run(["ps", "-ww", "-o", "args=", "-g", str(pgid)], capture_output=True, text=True).stdout
+
+
+def _lab_environ(pgid: int) -> dict:
+    """The environment of the JupyterLab process started by ``make lab`` (its kernels inherit it)."""
+    pids = subprocess.run(["ps", "-o", "pid=,args=", "-g", str(pgid)], capture_output=True, text=True).stdout
+    pid = next(ln.split()[0] for ln in pids.splitlines() if "jupyter lab" in ln or "jupyter-lab" in ln)
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 
 
 def _stop(proc: subprocess.Popen) -> None:

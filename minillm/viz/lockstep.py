@@ -21,7 +21,7 @@ from . import figures as F
 from .figures import ColorMap
 from ..step_record import StepRecord
 from .panels import finished_html
-from .stepper import Stepper
+from .stepper import COMPACT_FIG_PX, Stepper
 
 __all__ = ["LockstepStepper", "unused_reservation_engine", "reservation_vs_paging_lockstep"]
 
@@ -48,7 +48,7 @@ class LockstepStepper:
         max_cells: int = 512,
         per_position_max: int = 64,
         title: Optional[str] = None,
-        fig_width: int = 480,
+        fig_width: int = COMPACT_FIG_PX,
     ):
         sources = [engine_a, engine_b, *more]
         self.colors = ColorMap()
@@ -69,6 +69,7 @@ class LockstepStepper:
             names = modes if len(set(modes)) == len(modes) else [chr(ord("A") + i) for i in range(len(modes))]
         self.names = list(names)
         for s, name in zip(self.steppers, self.names):
+            s.widget.layout = W.Layout(width=f"{fig_width + 12}px", margin="0 12px 8px 0")
             s.title = name
             s.title_html.value = f"<div style='font-size:14px;font-weight:600'>{name}</div>"
             s.widget.children = s.layout_children()
@@ -139,7 +140,14 @@ class LockstepStepper:
                 controls,
                 self.history,
                 self.finished_html,
-                W.HBox([s.widget for s in self.steppers], layout=W.Layout(align_items="flex-start")),
+                # Columns of one engine each, at most two to a row (four engines: two rows of two),
+                # one under the other where the notebook is narrower than two.
+                W.HBox(
+                    [s.widget for s in self.steppers],
+                    layout=W.Layout(
+                        align_items="flex-start", flex_flow="row wrap", max_width=f"{2 * (fig_width + 24)}px"
+                    ),
+                ),
             ]
         )
         self.widget.add_class("minillm-lockstep")

@@ -38,6 +38,14 @@ from .panels import Progress, RequestInfo, finished_html, metrics_html, queue_ht
 
 __all__ = ["Stepper", "as_engine", "engine_factory"]
 
+# Widths in pixels. A cell's output in a 1,400 px browser window with JupyterLab's file browser open is
+# about 970 px wide; every widget fits NOTEBOOK_PX: a Stepper's queue beside its figures, two compact
+# Steppers (a LockstepStepper's columns) side by side.
+NOTEBOOK_PX = 900
+QUEUE_PX = 380
+FIG_PX = NOTEBOOK_PX - QUEUE_PX - 20  # the queue's right margin, and room to spare
+COMPACT_FIG_PX = 430
+
 
 # =====================================================================================
 # Engines and how to rebuild them
@@ -195,7 +203,7 @@ class Stepper:
         self.per_position_max = per_position_max
         self.title = title
         self.compact = compact
-        self._fig_width = fig_width or (480 if compact else 560)
+        self._fig_width = fig_width or (COMPACT_FIG_PX if compact else FIG_PX)
         self._busy = False
         self._syncing = False
         self._last_tick = 0.0
@@ -279,7 +287,11 @@ class Stepper:
         self.finished_html = W.HTML()  # once every request is done: why Step is off, and Reset
         self.queue_html = W.HTML(
             layout=W.Layout(
-                flex="0 1 400px", min_width="300px", max_width="420px", overflow="auto", margin="0 12px 0 0"
+                flex=f"0 1 {QUEUE_PX}px",
+                min_width="280px",
+                max_width=f"{QUEUE_PX}px",
+                overflow="auto",
+                margin="0 12px 0 0",
             )
         )
         self.reasons_html = W.HTML()
@@ -300,7 +312,8 @@ class Stepper:
             head += [self.controls, self.history, self.finished_html]
         if self.compact:
             return head + [self.metrics_html, figs, self.reasons_html, self.queue_html]
-        body = W.HBox([self.queue_html, figs], layout=W.Layout(align_items="flex-start"))
+        # The queue beside the figures where the notebook is wide enough, above them where it is not.
+        body = W.HBox([self.queue_html, figs], layout=W.Layout(align_items="flex-start", flex_flow="row wrap"))
         return head + [self.metrics_html, body, self.reasons_html]
 
     def _attach(self, engine) -> None:

@@ -205,7 +205,8 @@ class WhatIf:
         self.kv_fig = FigureSlot(self._empty_kv())
         for c in self.controls:
             c.observe(self._on_change, names="value")
-        rows = [W.HBox(self.controls[i : i + 3]) for i in range(0, len(self.controls), 3)]
+        wrap = W.Layout(flex_flow="row wrap")  # a narrow notebook puts a row's third control under the others
+        rows = [W.HBox(self.controls[i : i + 3], layout=wrap) for i in range(0, len(self.controls), 3)]
         self.widget = W.VBox(
             rows + [W.HBox([self.progress, self.status]), self.goodput_html, self.cdf_fig.view, self.kv_fig.view]
         )
