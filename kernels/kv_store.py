@@ -35,6 +35,7 @@ def _store_kv_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
+    n_tokens,
     stride_kn,
     stride_kh,
     stride_vn,
@@ -50,16 +51,17 @@ def _store_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
-    i = tl.program_id(0)  # one program per token: all its heads at once
-    slot = tl.load(slot_ptr + i).to(tl.int64)
-    if slot < 0:
-        return  # -1: skip this token
-    block = slot // PAGE
-    offset = slot % PAGE
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
+    # One program per BLOCK_T tokens, all their heads at once (BLOCK_T is 1 on a GPU).
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    slot = tl.load(slot_ptr + t, mask=t < n_tokens, other=-1).to(tl.int64)  # -1: skip this token
+    block = (slot // PAGE)[:, None, None]
+    offset = (slot % PAGE)[:, None, None]
+    i = t.to(tl.int64)[:, None, None]
+    h = tl.arange(0, BLOCK_H)[None, :, None]
+    d = tl.arange(0, BLOCK_D)[None, None, :]
+    mask = (slot >= 0)[:, None, None] & (h < NUM_KV_HEADS) & (d < HEAD_DIM)
     k = tl.load(k_ptr + i * stride_kn + h * stride_kh + d, mask=mask)
     v = tl.load(v_ptr + i * stride_vn + h * stride_vh + d, mask=mask)
     tl.store(
@@ -75,8 +77,11 @@ def _store_kv_kernel(
 
 
 @lru_cache(maxsize=None)
-def store_launch(dtype: torch.dtype, cache_dtype: torch.dtype, num_kv_heads: int, head_dim: int, page: int) -> Launch:
-    """The launch of :func:`_store_kv_kernel` for ``dtype`` tokens into a ``cache_dtype`` cache."""
+def store_launch(
+    dtype: torch.dtype, cache_dtype: torch.dtype, num_kv_heads: int, head_dim: int, page: int, tokens: int = 1
+) -> Launch:
+    """The launch of :func:`_store_kv_kernel` for ``dtype`` tokens into a ``cache_dtype`` cache,
+    ``tokens`` (a power of two) to a program."""
     return Launch.of(
         _store_kv_kernel,
         dict(
@@ -92,13 +97,23 @@ def store_launch(dtype: torch.dtype, cache_dtype: torch.dtype, num_kv_heads: int
             BLOCK_H=triton.next_power_of_2(num_kv_heads),
             BLOCK_D=triton.next_power_of_2(head_dim),
             PAGE=page,
+            BLOCK_T=tokens,
         ),
         num_warps=4,
     )
 
 
-def store_kv_triton(k, v, k_cache, v_cache, slot_mapping):
-    """In place: ``cache[slot // block_size, slot % block_size] = k`` for every slot >= 0."""
+def tokens_per_program(n: int) -> int:
+    """How many tokens one program of the store writes: one on a GPU (a program per token, as
+    vLLM's ``reshape_and_cache``); in Triton's interpreter, which runs programs one after another
+    in Python at a fixed cost each, all ``n`` of them at once (up to 64)."""
+    interpreted = type(_store_kv_kernel).__name__ == "InterpretedFunction"
+    return min(64, triton.next_power_of_2(n)) if interpreted else 1
+
+
+def store_kv_triton(k, v, k_cache, v_cache, slot_mapping, tokens=None):
+    """In place: ``cache[slot // block_size, slot % block_size] = k`` for every slot >= 0; ``tokens``
+    to a program (a power of two; default :func:`tokens_per_program`)."""
     n, num_kv_heads, head_dim = k.shape
     if n == 0:
         return
@@ -108,13 +123,15 @@ def store_kv_triton(k, v, k_cache, v_cache, slot_mapping):
     if v.stride(-1) != 1:
         v = v.contiguous()
     slot_mapping = slot_mapping.to(device=k.device, dtype=torch.int64).contiguous()
-    store_launch(k.dtype, k_cache.dtype, num_kv_heads, head_dim, k_cache.shape[1])(
-        (n,),
+    tokens = tokens or tokens_per_program(n)
+    store_launch(k.dtype, k_cache.dtype, num_kv_heads, head_dim, k_cache.shape[1], tokens)(
+        (triton.cdiv(n, tokens),),
         k,
         v,
         k_cache,
         v_cache,
         slot_mapping,
+        n,
         k.stride(0),
         k.stride(1),
         v.stride(0),

@@ -283,6 +283,22 @@ def test_store_kv(backend, dtype, block_size):
     assert torch.equal(k_cache.flatten(0, 1)[untouched.to(DEVICE)], before_k.flatten(0, 1)[untouched.to(DEVICE)])
 
 
+@needs_triton
+@pytest.mark.parametrize("tokens", [1, 2, 8, 16])
+def test_store_kv_tokens_per_program(tokens):
+    """One token to a program (a GPU's launch) or several (the interpreter's): the same cache, the
+    tail program's missing tokens and the -1 slots written nowhere."""
+    from minillm_kernels import kv_store
+
+    caches = [_cache(num_blocks=6, block_size=4, head_dim=80, seed=6) for _ in range(2)]
+    g = torch.Generator().manual_seed(7)
+    slots = torch.tensor([5, -1, 0, 23, -1, 9, 17], device=DEVICE)
+    k = torch.randn(len(slots), 2, 80, generator=g).to(DEVICE)
+    kv_store.store_kv_triton(k, -k, *caches[0], slots, tokens=tokens)
+    ops.store_kv_ref(k, -k, *caches[1], slots)
+    assert all(torch.equal(a, b) for a, b in zip(caches[0], caches[1]))
+
+
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
 def test_copy_blocks(backend):
     k_cache, v_cache = _cache(num_blocks=8, dtype=torch.float16, seed=3)
