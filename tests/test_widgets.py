@@ -842,3 +842,33 @@ def test_the_queue_panel_says_when_the_budget_was_the_reason():
     idle = [rid for rid in rec.running if rec.entry(rid) is None]
     assert idle == ["g#4", "g#5"], idle
     assert {idle_reason(rec, rid) for rid in idle} == {"the token budget of 4 was spent before its turn"}
+
+
+def _px(size: str) -> int:
+    assert size.endswith("px"), size
+    return int(size[:-2])
+
+
+def test_widgets_fit_a_notebook_with_the_file_browser_open():
+    """A 1,400 px window with JupyterLab's file browser open leaves about 970 px for a cell's output
+    (tests/test_browser.py measures it): a Stepper's queue and figures fit side by side, and a
+    LockstepStepper of four engines puts two to a row; both wrap where the notebook is narrower."""
+    import ipywidgets as W
+
+    from minillm.viz.stepper import NOTEBOOK_PX
+
+    assert NOTEBOOK_PX <= 970 - 40  # room for a scroll bar
+    one = Stepper(lambda: sim_engine())
+    body = next(c for c in one.widget.children if isinstance(c, W.HBox) and one.queue_html in c.children)
+    assert body.layout.flex_flow == "row wrap"
+    queue_px = _px(one.queue_html.layout.max_width) + _px(one.queue_html.layout.margin.split()[1])
+    assert queue_px + one.kv_fig.layout.width <= NOTEBOOK_PX and one.batch_fig.layout.width == one.kv_fig.layout.width
+
+    four = LockstepStepper(*[lambda: sim_engine() for _ in range(4)])
+    row = four.widget.children[-1]
+    assert row.layout.flex_flow == "row wrap" and list(row.children) == [s.widget for s in four.steppers]
+    columns = [_px(s.widget.layout.width) + _px(s.widget.layout.margin.split()[1]) for s in four.steppers]
+    assert 2 * columns[0] <= _px(row.layout.max_width) < 3 * columns[0]  # two to a row, never three
+    assert 2 * columns[0] - _px(four.steppers[0].widget.layout.margin.split()[1]) <= NOTEBOOK_PX
+    for s in four.steppers:  # each engine's figures inside its column
+        assert s.kv_fig.layout.width <= _px(s.widget.layout.width) and s.batch_fig.layout.width == s.kv_fig.layout.width
