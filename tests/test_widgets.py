@@ -870,5 +870,6 @@ def test_widgets_fit_a_notebook_with_the_file_browser_open():
     columns = [_px(s.widget.layout.width) + _px(s.widget.layout.margin.split()[1]) for s in four.steppers]
     assert 2 * columns[0] <= _px(row.layout.max_width) < 3 * columns[0]  # two to a row, never three
     assert 2 * columns[0] - _px(four.steppers[0].widget.layout.margin.split()[1]) <= NOTEBOOK_PX
-    for s in four.steppers:  # each engine's figures inside its column
+    for s in four.steppers:  # each engine's figures inside its column, its queue under them as tall as its rows
         assert s.kv_fig.layout.width <= _px(s.widget.layout.width) and s.batch_fig.layout.width == s.kv_fig.layout.width
+        assert s.queue_html.layout.flex is None and s.queue_html.layout.height is None

@@ -285,8 +285,12 @@ class Stepper:
         )
         self.metrics_html = W.HTML()
         self.finished_html = W.HTML()  # once every request is done: why Step is off, and Reset
-        self.queue_html = W.HTML(
-            layout=W.Layout(
+        # Beside the figures: a column QUEUE_PX wide. Under them (compact): the full width, as tall as its rows
+        # (a flex basis there would be a height, and leave a short queue's panel mostly blank).
+        queue_layout = (
+            W.Layout(overflow="auto")
+            if self.compact
+            else W.Layout(
                 flex=f"0 1 {QUEUE_PX}px",
                 min_width="280px",
                 max_width=f"{QUEUE_PX}px",
@@ -294,6 +298,7 @@ class Stepper:
                 margin="0 12px 0 0",
             )
         )
+        self.queue_html = W.HTML(layout=queue_layout)
         self.reasons_html = W.HTML()
         self._batch_slot = None  # made in _attach (its budget comes from the engine)
         self._kv_slot = None  # made in _attach (its cell count depends on the engine)
