@@ -152,7 +152,7 @@ printouts.step_record(eng.step())
 #
 # Here a small trace: 8 requests arriving at random (a Poisson process, about one every 10 ms) with
 # prompts of 4 to 14 tokens and 3 to 10 output tokens. The engine runs the real model with `attention_backend="triton"`: every
-# Step executes the Triton attention kernel (through the interpreter on a CPU, about a second a step).
+# Step executes the Triton attention kernel (through the interpreter on a CPU: about half a second a step on a quiet machine).
 # Time is *modeled*: each step counts 10 ms (a round figure of the order of one decode step of a 7B model on
 # one data-centre GPU), so the arrival pattern is the same on every machine.
 
