@@ -31,7 +31,9 @@ class LockstepStepper:
     exactly one iteration; the history slider shows the same step index in each.
 
     ``engines``: engines, ``LLM``s or factories (as for ``Stepper``). ``names``: a title per
-    engine (default: their ``kv_allocation`` when those differ, else A, B, ...).
+    engine (default: their ``kv_allocation`` when those differ, else A, B, ...). ``fig_width``: each
+    engine's figures in pixels; the engines sit in columns, at most two to a row, so that the widget
+    fits a notebook with JupyterLab's file browser open (``stepper.NOTEBOOK_PX``).
     Handles: ``step_button``, ``run_button``, ``reset_button``, ``history``, ``step()``,
     ``run(n)``, ``reset()``, ``show(i)``, ``steppers`` (one ``Stepper`` each, also ``left`` and
     ``right``), ``records`` (one list per engine), ``kv_figs`` / ``batch_figs``, ``widget``.
