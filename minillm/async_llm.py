@@ -170,16 +170,20 @@ class AsyncLLM:
             )
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.stat_loggers = list(stat_loggers)  # each gets .record(step record or None, IterationStats)
+        self._init_front_end(stat_loggers)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="minillm-engine")
         self._commands: collections.deque[_Command] = collections.deque()
         self._lock = threading.Lock()  # guards _commands between the loop and the engine thread
-        self._streams: dict[str, _Stream] = {}  # sequence id -> stream (event loop side)
         self._sent: dict[str, _Sent] = {}  # sequence id -> what was handed out (engine thread side)
         self._ended: list[_Delta] = []  # final outputs of aborts, for the next dispatch (engine thread)
         self._groups: dict[str, _Group] = {}  # request id -> its completions still streaming (engine thread)
         self._group_of: dict[str, str] = {}  # sequence id -> request id (engine thread)
         self._done: list[FinishedRequestStats] = []  # requests ended since the last stats (engine thread)
+
+    def _init_front_end(self, stat_loggers: Sequence[Any]) -> None:
+        """The event loop's side: the streams, the stat loggers, what the last step was."""
+        self.stat_loggers = list(stat_loggers)  # each gets .record(step record or None, IterationStats)
+        self._streams: dict[str, _Stream] = {}  # sequence id -> stream (event loop side)
         self._ids = itertools.count()
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
@@ -251,7 +255,7 @@ class AsyncLLM:
 
     async def abort(self, request_id: str) -> None:
         """Abort a request in the engine (its KV blocks are freed before the next step)."""
-        await self._submit(lambda e: self._abort_on_engine(e, request_id))
+        await self._abort_soon(request_id)
 
     def _abort_on_engine(self, engine: LLMEngine, request_id: str) -> None:
         """Engine thread: abort the request (every sample for n > 1, or one sample by its id) and
@@ -314,27 +318,17 @@ class AsyncLLM:
         queue: asyncio.Queue = asyncio.Queue()
         streams = [_Stream(queue, rid, i) for i in range(len(keys))]
         self._streams.update(zip(keys, streams))
-        # Arrival: when the front end received it (the command may wait for a step to end).
-        arrival = self.engine.clock.now() if self.engine.clock.name == "wall" else None
-
-        def add(engine: LLMEngine) -> str:
-            out = engine.add_request(prompt, sp, request_id=rid, arrival_time=arrival, priority=priority, tenant=tenant)
-            for k in keys:
-                self._sent[k] = _Sent()
-                self._group_of[k] = rid
-            self._groups[rid] = _Group(left=len(keys))
-            return out
 
         def forget() -> None:
             for k in keys:
                 self._streams.pop(k, None)
 
         try:
-            await self._submit(add)
+            await self._add(prompt, sp, rid, keys, priority, tenant)
         except BaseException as e:
             forget()
             if not isinstance(e, ValueError) and self.is_running:
-                self._submit(lambda e: self._abort_on_engine(e, rid))  # cancelled while being added
+                self._abort_soon(rid)  # cancelled while being added
             raise
         try:
             left = len(keys)
@@ -350,9 +344,28 @@ class AsyncLLM:
             forget()
             if not all(st.finished for st in streams) and self.is_running:
                 try:
-                    self._submit(lambda e: self._abort_on_engine(e, rid))
+                    self._abort_soon(rid)
                 except Exception:  # shutting down: nothing left to free
                     pass
+
+    def _add(self, prompt, sp: SamplingParams, rid: str, keys: list[str], priority: int, tenant) -> asyncio.Future:
+        """Queue the request for the engine thread; the future resolves once the engine has it."""
+        # Arrival: when the front end received it (the command may wait for a step to end).
+        arrival = self.engine.clock.now() if self.engine.clock.name == "wall" else None
+        return self._submit(lambda e: self._add_on_engine(e, prompt, sp, rid, keys, arrival, priority, tenant))
+
+    def _abort_soon(self, rid: str) -> asyncio.Future:
+        """Queue an abort of ``rid`` for the engine thread (callers need not wait for it)."""
+        return self._submit(lambda e: self._abort_on_engine(e, rid))
+
+    def _add_on_engine(self, engine: LLMEngine, prompt, sp, rid, keys, arrival, priority, tenant) -> str:
+        """Engine thread: add the request; its sequences ``keys`` start streaming from nothing sent."""
+        out = engine.add_request(prompt, sp, request_id=rid, arrival_time=arrival, priority=priority, tenant=tenant)
+        for k in keys:
+            self._sent[k] = _Sent()
+            self._group_of[k] = rid
+        self._groups[rid] = _Group(left=len(keys))
+        return out
 
     # --- the step loop -----------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -514,25 +527,26 @@ class AsyncLLM:
     async def load(self) -> dict:
         """Queue length, running and swapped requests and KV use right now (what /metrics shows)."""
 
-        def read(engine: LLMEngine) -> dict:
-            rec = self.last_record
-            ours = set(self._sent)
-            running = [r for r in (rec.running if rec else []) if r in ours]
-            swapped = [r for r in (rec.swapped if rec else []) if r in ours]
-            total = engine.num_kv_blocks
-            free = engine.kv.num_free_blocks
-            return {
-                "running": len(running),
-                "swapped": len(swapped),
-                "waiting": len(ours) - len(running) - len(swapped),
-                "kv_blocks_total": total,
-                "kv_blocks_free": free,
-                "kv_usage": (total - free) / total if total else 0.0,
-                "steps": engine.step_count,
-                "time": time.time(),
-            }
+        return await self.engine_call(self._load_on_engine)
 
-        return await self.engine_call(read)
+    def _load_on_engine(self, engine: LLMEngine) -> dict:
+        """Engine thread: ``load()``'s numbers."""
+        rec = self.last_record
+        ours = set(self._sent)
+        running = [r for r in (rec.running if rec else []) if r in ours]
+        swapped = [r for r in (rec.swapped if rec else []) if r in ours]
+        total = engine.num_kv_blocks
+        free = engine.kv.num_free_blocks
+        return {
+            "running": len(running),
+            "swapped": len(swapped),
+            "waiting": len(ours) - len(running) - len(swapped),
+            "kv_blocks_total": total,
+            "kv_blocks_free": free,
+            "kv_usage": (total - free) / total if total else 0.0,
+            "steps": engine.step_count,
+            "time": time.time(),
+        }
 
 
 def _resolve(fut: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:
