@@ -124,7 +124,7 @@ class _Delta:
 
     request_id: str
     token_ids: list[int]
-    text: str
+    text: Optional[str]  # None: left to the front end to decode (serve/engine_process.py)
     finish_reason: Optional[str]
     finish_detail: Optional[str]
     num_prompt_tokens: int
@@ -458,9 +458,9 @@ class AsyncLLM:
         start = sent.num_tokens
         new = req.output_token_ids[start:]
         done = req.finish_reason is not None
-        text = next_output_text(engine.output_text(rid), sent.num_chars, done, stop_buffer_length(req.sampling_params))
+        text = self._new_text(engine, rid, sent.num_chars, done)
         sent.num_tokens += len(new)
-        sent.num_chars += len(text)
+        sent.num_chars += len(text or "")
         lp = req.output_logprobs[start : start + len(new)] if req.output_logprobs is not None else None
         return _Delta(
             rid,
@@ -474,6 +474,11 @@ class AsyncLLM:
             lp,
             req.stop_reason,
         )
+
+    def _new_text(self, engine: LLMEngine, rid: str, num_sent: int, done: bool) -> Optional[str]:
+        """Engine thread: the text sequence ``rid``'s stream gets now (the engine's, stop strings applied)."""
+        hold_back = stop_buffer_length(engine.requests[rid].sampling_params)
+        return next_output_text(engine.output_text(rid), num_sent, done, hold_back)
 
     def _dispatch(self, deltas: list[_Delta]) -> None:
         """Event loop: turn each delta into a StreamOutput on its request's queue."""

@@ -3,10 +3,12 @@
 ``AsyncLLM`` steps the engine on a thread of the server's own interpreter, so the HTTP handling, the
 server-sent events' JSON and the engine's Python share one GIL. vLLM V1 runs its ``EngineCore`` in a
 process of its own and its API server talks to it over ZMQ (``AsyncMPClient``). ``EngineProcessLLM``
-is that split: an ``AsyncLLM`` whose engine side (the ``LLMEngine``, the detokenizer, the record of
-what each stream was handed) runs in a child process, while the event loop, the streams and the
-HTTP server stay here. The engine process's compute threads can be bound to cores of their own
-(``engine_cores``, vLLM's ``VLLM_CPU_OMP_THREADS_BIND``) and the front end runs on the others.
+is that split: an ``AsyncLLM`` whose engine side (the ``LLMEngine`` and the record of what each
+stream was handed) runs in a child process, while the event loop, the streams and the HTTP server
+stay here. The text is decoded here too (``text_in_front_end``), as vLLM's front end detokenizes,
+except where the engine needs it itself: a request with stop strings gets the engine's text. The
+engine process's compute threads can be bound to cores of their own (``engine_cores``, vLLM's
+``VLLM_CPU_OMP_THREADS_BIND``) and the front end runs on the others.
 
 The engine process is ``python -m minillm.serve.engine_process FD``; the protocol is one socket pair
 (a ``multiprocessing`` ``Connection`` at each end) carrying pickled tuples, after the job (model,
@@ -61,6 +63,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..async_llm import AsyncLLM, EngineDeadError, _resolve
 from ..config import EngineConfig
+from ..detokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +104,31 @@ def parse_cores(spec: Optional[str]) -> Optional[set[int]]:
         except ValueError:
             raise ValueError(f"engine_cores={spec!r}: expected core numbers like '0-3' or '0,2'") from None
     return cores
+
+
+def text_in_front_end(sp, tokenizer) -> bool:
+    """Does the front end decode this sequence's text, as vLLM's front end detokenizes? Yes, unless
+    the engine needs the text itself (stop strings, matched as it steps) or there is none to make."""
+    return tokenizer is not None and sp.detokenize and not sp.stop
+
+
+@dataclass
+class _FrontText:
+    """Front end: one sequence's text, decoded here from the tokens its stream was handed."""
+
+    decoder: IncrementalDetokenizer
+    token_ids: list = field(default_factory=list)
+    num_chars: int = 0  # handed out so far
+
+
+class _EngineSide(AsyncLLM):
+    """``AsyncLLM``'s engine side, in the engine process: it records what each stream was handed and
+    makes the deltas; the text of a sequence ``text_in_front_end`` is left to the front end (None)."""
+
+    def _new_text(self, engine, rid: str, num_sent: int, done: bool) -> Optional[str]:
+        if text_in_front_end(engine.requests[rid].sampling_params, engine.tokenizer):
+            return None
+        return super()._new_text(engine, rid, num_sent, done)
 
 
 # --- functions sent to the engine process ---------------------------------------------------------
@@ -191,7 +219,7 @@ def run_engine_core(conn, model: Optional[str], config_fields: dict, cores: Opti
         from ..engine import LLMEngine
 
         engine = LLMEngine(model, EngineConfig(**config_fields))
-        core = AsyncLLM(engine)  # its engine side: what each stream was handed, the deltas of a step
+        core = _EngineSide(engine)  # what each stream was handed, the deltas of a step
     except Exception as e:
         conn.send(("error", _picklable(e)))
         return
@@ -312,6 +340,7 @@ class EngineProcessLLM(AsyncLLM):
         from ..model.loader import load_tokenizer
 
         self.tokenizer = load_tokenizer(payload.model_path) if payload.model_path != "random" else None
+        self._texts: dict[str, _FrontText] = {}  # sequence id -> its text, for those decoded here
         self._ids_of_calls = itertools.count()
         self._pending: dict[int, asyncio.Future] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -381,6 +410,9 @@ class EngineProcessLLM(AsyncLLM):
         return fut
 
     def _add(self, prompt, sp, rid, keys, priority, tenant) -> asyncio.Future:
+        if text_in_front_end(sp, self.tokenizer):
+            for k in keys:
+                self._texts[k] = _FrontText(IncrementalDetokenizer(self.tokenizer, sp.skip_special_tokens))
         return self._call("add", prompt, sp, rid, keys, time.perf_counter(), priority, tenant)
 
     def _abort_soon(self, rid: str) -> asyncio.Future:
@@ -431,6 +463,32 @@ class EngineProcessLLM(AsyncLLM):
             for seq in open_streams - set(aborted):  # added after the engine aborted its streams
                 self._call("abort", seq)
 
+    def _dispatch(self, deltas: list) -> None:
+        """Event loop: fill in the text left to the front end, then hand the outputs to the streams."""
+        for d in deltas:
+            if d.text is None:
+                d.text = self._decode(d)
+            elif d.finish_reason is not None:
+                self._texts.pop(d.request_id, None)
+        super()._dispatch(deltas)
+
+    def _decode(self, d) -> str:
+        """The new text of a sequence decoded here: what ``LLMEngine.output_text`` gives in the
+        engine, the incremental decoding while it runs and the whole output decoded once it ends."""
+        st = self._texts.get(d.request_id)
+        if st is None:  # its stream already failed
+            return ""
+        st.token_ids += d.token_ids
+        if d.finish_reason is not None:
+            del self._texts[d.request_id]
+            text = self.tokenizer.decode(st.token_ids, skip_special_tokens=st.decoder.skip_special_tokens)
+        else:
+            st.decoder.update(st.token_ids)
+            text = st.decoder.text
+        new = text[st.num_chars :]
+        st.num_chars += len(new)
+        return new
+
     def _engine_died(self, why: str) -> None:
         if self.dead is not None:
             return
@@ -441,6 +499,7 @@ class EngineProcessLLM(AsyncLLM):
 
     def _end_everything(self, error: EngineDeadError) -> None:
         self._fail_all(error)
+        self._texts.clear()
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             _resolve(fut, None, error)
