@@ -184,3 +184,10 @@ def test_bad_settings_are_refused_before_a_process_starts():
     assert parse_cores("0-2,5") == {0, 1, 2, 5} and parse_cores(None) is None
     with pytest.raises(ValueError, match="engine_cores='x'"):
         parse_cores("x")
+
+
+def test_the_command_line_binds_cores_only_for_an_engine_process():
+    from minillm.serve.__main__ import main
+
+    with pytest.raises(SystemExit, match="--engine-cores binds the engine process"):
+        main(["--model", "random", "--no-engine-process", "--engine-cores", "0"])

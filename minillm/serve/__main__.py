@@ -1,8 +1,10 @@
 """``python -m minillm.serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [engine options]``
 
-Loads the model (default: the shipped Shakespeare checkpoint), then serves the OpenAI API with
-uvicorn. Every ``EngineConfig`` field is an option: ``--block-size 16 --num-kv-blocks 512
---max-num-seqs 32 --max-queue-len 64 --policy fcfs`` (``--help`` lists them).
+Loads the model (default: the shipped Shakespeare checkpoint) in an engine process of its own
+(``--no-engine-process``: on a thread of the server's; ``--engine-cores 0-1`` binds the engine
+process to cores), then serves the OpenAI API with uvicorn. Every ``EngineConfig`` field is an
+option: ``--block-size 16 --num-kv-blocks 512 --max-num-seqs 32 --max-queue-len 64 --policy fcfs``
+(``--help`` lists them).
 """
 
 from __future__ import annotations
