@@ -191,3 +191,31 @@ def test_the_command_line_binds_cores_only_for_an_engine_process():
 
     with pytest.raises(SystemExit, match="--engine-cores binds the engine process"):
         main(["--model", "random", "--no-engine-process", "--engine-cores", "0"])
+
+
+def test_plain_decode_equals_the_tokenizers_decode():
+    """The streams' decoder calls a fast tokenizer's backend straight; it must say what
+    ``tokenizer.decode`` says, special tokens skipped or not, for the shipped tokenizer and the
+    26M model's, and a tokenizer it does not recognise goes through its own ``decode``."""
+    import random
+
+    from minillm.bench import vs_vllm
+    from minillm.detokenizer import plain_decode
+    from minillm.model.loader import load_tokenizer
+
+    rng = random.Random(0)
+    for path in ("minillm/checkpoints/shakespeare", vs_vllm.checkpoint_dir("llama-26m")):
+        tok = load_tokenizer(str(Path(__file__).resolve().parents[1] / path) if "checkpoints" in path else path)
+        fast = plain_decode(tok)
+        assert fast.__code__ is not plain_decode(object()).__code__  # the backend's path is taken
+        special = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        for _ in range(50):
+            ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 12))] + special * rng.randrange(2)
+            for skip in (True, False):
+                assert fast(ids, skip) == tok.decode(ids, skip_special_tokens=skip)
+
+    class Wrapped:  # a tokenizer of another kind: its own decode is called
+        def decode(self, ids, skip_special_tokens):
+            return f"{ids}/{skip_special_tokens}"
+
+    assert plain_decode(Wrapped())([1, 2], False) == "[1, 2]/False"
