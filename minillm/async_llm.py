@@ -221,7 +221,7 @@ class AsyncLLM:
         with self._lock:
             pending, self._commands = list(self._commands), collections.deque()
         for cmd in pending:
-            _resolve(cmd.future, None, error)
+            settle_future(cmd.future, None, error)
         self._executor.shutdown(wait=True)
 
     async def __aenter__(self) -> "AsyncLLM":
@@ -288,7 +288,7 @@ class AsyncLLM:
                 result, error = cmd.fn(self.engine), None
             except Exception as e:  # a bad request: its caller gets the error
                 result, error = None, e
-            cmd.loop.call_soon_threadsafe(_resolve, cmd.future, result, error)
+            cmd.loop.call_soon_threadsafe(settle_future, cmd.future, result, error)
 
     # --- requests --------------------------------------------------------------------------------
     async def generate(
@@ -554,7 +554,8 @@ class AsyncLLM:
         }
 
 
-def _resolve(fut: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:
+def settle_future(fut: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:
+    """Give ``fut`` its result or its error, unless its caller went away (it is done)."""
     if fut.done():  # its caller went away
         return
     if error is not None:

@@ -61,13 +61,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..async_llm import AsyncLLM, EngineDeadError, _resolve
+from ..async_llm import AsyncLLM, EngineDeadError, settle_future
 from ..config import EngineConfig
 from ..detokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineProcessLLM", "EngineDescription", "StepSummary", "parse_cores", "run_engine_core"]
+__all__ = ["EngineProcessLLM", "EngineSide", "EngineDescription", "StepSummary", "parse_cores", "run_engine_core"]
 
 
 @dataclass
@@ -121,14 +121,60 @@ class _FrontText:
     num_chars: int = 0  # handed out so far
 
 
-class _EngineSide(AsyncLLM):
+class EngineSide(AsyncLLM):
     """``AsyncLLM``'s engine side, in the engine process: it records what each stream was handed and
-    makes the deltas; the text of a sequence ``text_in_front_end`` is left to the front end (None)."""
+    makes each step's message; the text of a sequence ``text_in_front_end`` is left to the front end
+    (None)."""
 
     def _new_text(self, engine, rid: str, num_sent: int, done: bool) -> Optional[str]:
         if text_in_front_end(engine.requests[rid].sampling_params, engine.tokenizer):
             return None
         return super()._new_text(engine, rid, num_sent, done)
+
+    def idle(self) -> bool:
+        """Nothing to step and nothing to hand out: the loop waits for a command."""
+        return not self.engine.has_unfinished_requests() and not self._ended and not self._done
+
+    def apply(self, cmd: tuple) -> tuple:
+        """One command on the engine, between two steps: its reply."""
+        kind, call_id, *args = cmd
+        engine = self.engine
+        try:
+            if kind == "add":
+                prompt, sp, rid, keys, sent_at, priority, tenant = args
+                # Arrival on the engine's clock: now, less the time the command spent in the pipe.
+                arrival = engine.clock.now() - (time.perf_counter() - sent_at) if engine.clock.name == "wall" else None
+                result = self._add_on_engine(engine, prompt, sp, rid, keys, arrival, priority, tenant)
+            elif kind == "abort":
+                result = self._abort_on_engine(engine, args[0])
+            elif kind == "call":
+                result = unship(args[0])(engine)
+            elif kind == "load":
+                result = self._load_on_engine(engine)
+            else:
+                raise ValueError(f"engine process: unknown command {kind!r}")
+            return ("reply", call_id, result, None)
+        except Exception as e:  # the caller's error, and only the caller's
+            return ("reply", call_id, None, _picklable(e))
+
+    def step_message(self) -> Optional[tuple]:
+        """One step (if there is work) and the message that carries all it hands the streams;
+        a step that raises ends every stream in flight ("failed")."""
+        try:
+            result = self._iteration()
+        except Exception as e:  # the engine rolled the step back: end what was in flight
+            aborted = list(self._sent)
+            for seq in aborted:
+                self._abort_on_engine(self.engine, seq)
+            return ("failed", repr(e), aborted)
+        if result is None:
+            return None
+        record, deltas, stats = result
+        summary = None
+        if record is not None:
+            self.last_record = record
+            summary = StepSummary(record.step, list(record.preempted), list(record.running), list(record.swapped))
+        return ("step", summary, deltas, stats)
 
 
 # --- functions sent to the engine process ---------------------------------------------------------
@@ -219,7 +265,7 @@ def run_engine_core(conn, model: Optional[str], config_fields: dict, cores: Opti
         from ..engine import LLMEngine
 
         engine = LLMEngine(model, EngineConfig(**config_fields))
-        core = _EngineSide(engine)  # what each stream was handed, the deltas of a step
+        core = EngineSide(engine)  # what each stream was handed, the deltas of a step
     except Exception as e:
         conn.send(("error", _picklable(e)))
         return
@@ -227,8 +273,7 @@ def run_engine_core(conn, model: Optional[str], config_fields: dict, cores: Opti
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read_commands, args=(conn, inbox), name="minillm-commands", daemon=True).start()
     while True:
-        idle = not engine.has_unfinished_requests() and not core._ended and not core._done
-        commands = [inbox.get()] if idle else []  # nothing to step: wait for a command
+        commands = [inbox.get()] if core.idle() else []  # nothing to step: wait for a command
         while True:
             try:
                 commands.append(inbox.get_nowait())
@@ -238,22 +283,10 @@ def run_engine_core(conn, model: Optional[str], config_fields: dict, cores: Opti
             if cmd[0] == "shutdown":
                 conn.close()
                 return
-            _send(conn, _apply(core, cmd))
-        try:
-            result = core._iteration()
-        except Exception as e:  # the engine rolled the step back: end what was in flight
-            aborted = list(core._sent)
-            for seq in aborted:
-                core._abort_on_engine(engine, seq)
-            _send(conn, ("failed", repr(e), aborted))
-            continue
-        if result is not None:
-            record, deltas, stats = result
-            summary = None
-            if record is not None:
-                core.last_record = record
-                summary = StepSummary(record.step, list(record.preempted), list(record.running), list(record.swapped))
-            _send(conn, ("step", summary, deltas, stats))
+            _send(conn, core.apply(cmd))
+        message = core.step_message()
+        if message is not None:
+            _send(conn, message)
 
 
 def _describe(engine) -> EngineDescription:
@@ -269,29 +302,6 @@ def _read_commands(conn, inbox: queue.SimpleQueue) -> None:
             inbox.put(conn.recv())
     except (EOFError, OSError):
         inbox.put(("shutdown",))
-
-
-def _apply(core: AsyncLLM, cmd: tuple) -> tuple:
-    """One command on the engine, between two steps: its reply."""
-    kind, call_id, *args = cmd
-    engine = core.engine
-    try:
-        if kind == "add":
-            prompt, sp, rid, keys, sent_at, priority, tenant = args
-            # Arrival on the engine's clock: now, less the time the command spent in the pipe.
-            arrival = engine.clock.now() - (time.perf_counter() - sent_at) if engine.clock.name == "wall" else None
-            result = core._add_on_engine(engine, prompt, sp, rid, keys, arrival, priority, tenant)
-        elif kind == "abort":
-            result = core._abort_on_engine(engine, args[0])
-        elif kind == "call":
-            result = unship(args[0])(engine)
-        elif kind == "load":
-            result = core._load_on_engine(engine)
-        else:
-            raise ValueError(f"engine process: unknown command {kind!r}")
-        return ("reply", call_id, result, None)
-    except Exception as e:  # the caller's error, and only the caller's
-        return ("reply", call_id, None, _picklable(e))
 
 
 def _send(conn, message: tuple) -> None:
@@ -444,7 +454,7 @@ class EngineProcessLLM(AsyncLLM):
             _, call_id, result, error = msg
             fut = self._pending.pop(call_id, None)
             if fut is not None:
-                _resolve(fut, result, error)
+                settle_future(fut, result, error)
         elif kind == "step":
             _, summary, deltas, stats = msg
             if summary is not None:
@@ -502,7 +512,7 @@ class EngineProcessLLM(AsyncLLM):
         self._texts.clear()
         pending, self._pending = self._pending, {}
         for fut in pending.values():
-            _resolve(fut, None, error)
+            settle_future(fut, None, error)
 
 
 if __name__ == "__main__":  # run by its package name, so what it pickles names this module, not __main__
