@@ -124,7 +124,7 @@ class _Delta:
 
     request_id: str
     token_ids: list[int]
-    text: str
+    text: Optional[str]  # None: left to the front end to decode (serve/engine_process.py)
     finish_reason: Optional[str]
     finish_detail: Optional[str]
     num_prompt_tokens: int
@@ -170,16 +170,20 @@ class AsyncLLM:
             )
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.stat_loggers = list(stat_loggers)  # each gets .record(step record or None, IterationStats)
+        self._init_front_end(stat_loggers)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="minillm-engine")
         self._commands: collections.deque[_Command] = collections.deque()
         self._lock = threading.Lock()  # guards _commands between the loop and the engine thread
-        self._streams: dict[str, _Stream] = {}  # sequence id -> stream (event loop side)
         self._sent: dict[str, _Sent] = {}  # sequence id -> what was handed out (engine thread side)
         self._ended: list[_Delta] = []  # final outputs of aborts, for the next dispatch (engine thread)
         self._groups: dict[str, _Group] = {}  # request id -> its completions still streaming (engine thread)
         self._group_of: dict[str, str] = {}  # sequence id -> request id (engine thread)
         self._done: list[FinishedRequestStats] = []  # requests ended since the last stats (engine thread)
+
+    def _init_front_end(self, stat_loggers: Sequence[Any]) -> None:
+        """The event loop's side: the streams, the stat loggers, what the last step was."""
+        self.stat_loggers = list(stat_loggers)  # each gets .record(step record or None, IterationStats)
+        self._streams: dict[str, _Stream] = {}  # sequence id -> stream (event loop side)
         self._ids = itertools.count()
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
@@ -217,7 +221,7 @@ class AsyncLLM:
         with self._lock:
             pending, self._commands = list(self._commands), collections.deque()
         for cmd in pending:
-            _resolve(cmd.future, None, error)
+            settle_future(cmd.future, None, error)
         self._executor.shutdown(wait=True)
 
     async def __aenter__(self) -> "AsyncLLM":
@@ -251,7 +255,7 @@ class AsyncLLM:
 
     async def abort(self, request_id: str) -> None:
         """Abort a request in the engine (its KV blocks are freed before the next step)."""
-        await self._submit(lambda e: self._abort_on_engine(e, request_id))
+        await self._abort_soon(request_id)
 
     def _abort_on_engine(self, engine: LLMEngine, request_id: str) -> None:
         """Engine thread: abort the request (every sample for n > 1, or one sample by its id) and
@@ -284,7 +288,7 @@ class AsyncLLM:
                 result, error = cmd.fn(self.engine), None
             except Exception as e:  # a bad request: its caller gets the error
                 result, error = None, e
-            cmd.loop.call_soon_threadsafe(_resolve, cmd.future, result, error)
+            cmd.loop.call_soon_threadsafe(settle_future, cmd.future, result, error)
 
     # --- requests --------------------------------------------------------------------------------
     async def generate(
@@ -314,27 +318,17 @@ class AsyncLLM:
         queue: asyncio.Queue = asyncio.Queue()
         streams = [_Stream(queue, rid, i) for i in range(len(keys))]
         self._streams.update(zip(keys, streams))
-        # Arrival: when the front end received it (the command may wait for a step to end).
-        arrival = self.engine.clock.now() if self.engine.clock.name == "wall" else None
-
-        def add(engine: LLMEngine) -> str:
-            out = engine.add_request(prompt, sp, request_id=rid, arrival_time=arrival, priority=priority, tenant=tenant)
-            for k in keys:
-                self._sent[k] = _Sent()
-                self._group_of[k] = rid
-            self._groups[rid] = _Group(left=len(keys))
-            return out
 
         def forget() -> None:
             for k in keys:
                 self._streams.pop(k, None)
 
         try:
-            await self._submit(add)
+            await self._add(prompt, sp, rid, keys, priority, tenant)
         except BaseException as e:
             forget()
             if not isinstance(e, ValueError) and self.is_running:
-                self._submit(lambda e: self._abort_on_engine(e, rid))  # cancelled while being added
+                self._abort_soon(rid)  # cancelled while being added
             raise
         try:
             left = len(keys)
@@ -350,9 +344,28 @@ class AsyncLLM:
             forget()
             if not all(st.finished for st in streams) and self.is_running:
                 try:
-                    self._submit(lambda e: self._abort_on_engine(e, rid))
+                    self._abort_soon(rid)
                 except Exception:  # shutting down: nothing left to free
                     pass
+
+    def _add(self, prompt, sp: SamplingParams, rid: str, keys: list[str], priority: int, tenant) -> asyncio.Future:
+        """Queue the request for the engine thread; the future resolves once the engine has it."""
+        # Arrival: when the front end received it (the command may wait for a step to end).
+        arrival = self.engine.clock.now() if self.engine.clock.name == "wall" else None
+        return self._submit(lambda e: self._add_on_engine(e, prompt, sp, rid, keys, arrival, priority, tenant))
+
+    def _abort_soon(self, rid: str) -> asyncio.Future:
+        """Queue an abort of ``rid`` for the engine thread (callers need not wait for it)."""
+        return self._submit(lambda e: self._abort_on_engine(e, rid))
+
+    def _add_on_engine(self, engine: LLMEngine, prompt, sp, rid, keys, arrival, priority, tenant) -> str:
+        """Engine thread: add the request; its sequences ``keys`` start streaming from nothing sent."""
+        out = engine.add_request(prompt, sp, request_id=rid, arrival_time=arrival, priority=priority, tenant=tenant)
+        for k in keys:
+            self._sent[k] = _Sent()
+            self._group_of[k] = rid
+        self._groups[rid] = _Group(left=len(keys))
+        return out
 
     # --- the step loop -----------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -445,9 +458,9 @@ class AsyncLLM:
         start = sent.num_tokens
         new = req.output_token_ids[start:]
         done = req.finish_reason is not None
-        text = next_output_text(engine.output_text(rid), sent.num_chars, done, stop_buffer_length(req.sampling_params))
+        text = self._new_text(engine, rid, sent.num_chars, done)
         sent.num_tokens += len(new)
-        sent.num_chars += len(text)
+        sent.num_chars += len(text or "")
         lp = req.output_logprobs[start : start + len(new)] if req.output_logprobs is not None else None
         return _Delta(
             rid,
@@ -461,6 +474,11 @@ class AsyncLLM:
             lp,
             req.stop_reason,
         )
+
+    def _new_text(self, engine: LLMEngine, rid: str, num_sent: int, done: bool) -> Optional[str]:
+        """Engine thread: the text sequence ``rid``'s stream gets now (the engine's, stop strings applied)."""
+        hold_back = stop_buffer_length(engine.requests[rid].sampling_params)
+        return next_output_text(engine.output_text(rid), num_sent, done, hold_back)
 
     def _dispatch(self, deltas: list[_Delta]) -> None:
         """Event loop: turn each delta into a StreamOutput on its request's queue."""
@@ -514,28 +532,30 @@ class AsyncLLM:
     async def load(self) -> dict:
         """Queue length, running and swapped requests and KV use right now (what /metrics shows)."""
 
-        def read(engine: LLMEngine) -> dict:
-            rec = self.last_record
-            ours = set(self._sent)
-            running = [r for r in (rec.running if rec else []) if r in ours]
-            swapped = [r for r in (rec.swapped if rec else []) if r in ours]
-            total = engine.num_kv_blocks
-            free = engine.kv.num_free_blocks
-            return {
-                "running": len(running),
-                "swapped": len(swapped),
-                "waiting": len(ours) - len(running) - len(swapped),
-                "kv_blocks_total": total,
-                "kv_blocks_free": free,
-                "kv_usage": (total - free) / total if total else 0.0,
-                "steps": engine.step_count,
-                "time": time.time(),
-            }
+        return await self.engine_call(self._load_on_engine)
 
-        return await self.engine_call(read)
+    def _load_on_engine(self, engine: LLMEngine) -> dict:
+        """Engine thread: ``load()``'s numbers."""
+        rec = self.last_record
+        ours = set(self._sent)
+        running = [r for r in (rec.running if rec else []) if r in ours]
+        swapped = [r for r in (rec.swapped if rec else []) if r in ours]
+        total = engine.num_kv_blocks
+        free = engine.kv.num_free_blocks
+        return {
+            "running": len(running),
+            "swapped": len(swapped),
+            "waiting": len(ours) - len(running) - len(swapped),
+            "kv_blocks_total": total,
+            "kv_blocks_free": free,
+            "kv_usage": (total - free) / total if total else 0.0,
+            "steps": engine.step_count,
+            "time": time.time(),
+        }
 
 
-def _resolve(fut: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:
+def settle_future(fut: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:
+    """Give ``fut`` its result or its error, unless its caller went away (it is done)."""
     if fut.done():  # its caller went away
         return
     if error is not None:

@@ -23,10 +23,22 @@ PROMPTS = ["ROMEO:", "First Citizen:\nBefore we proceed", "To be, or not"]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: starts the HTTP server
 
 
-@pytest.fixture(scope="module")
-def server():
-    with BackgroundServer(**CONFIG) as s:
+@pytest.fixture(scope="module", params=["thread", "process"])
+def server(request):
+    """The server, its engine stepped on a thread of this process or in a process of its own."""
+    with BackgroundServer(engine_process=request.param == "process", **CONFIG) as s:
         yield s
+
+
+def _fail_next_step(engine):
+    """Run on the engine (thread or process): its next step raises, the one after runs as usual."""
+    real_step = engine.step
+
+    def failing_step():
+        engine.step = real_step  # fail once
+        raise RuntimeError("injected failure")
+
+    engine.step = failing_step
 
 
 @pytest.fixture(scope="module")
@@ -352,19 +364,9 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client, ser
 
 
 def test_a_failed_step_ends_the_requests_in_flight_and_serving_goes_on(client, server):
-    engine = server.llm.engine
-    real_step = engine.step
-
-    def failing_step():
-        engine.step = real_step  # fail once
-        raise RuntimeError("injected failure")
-
-    engine.step = failing_step
-    try:
-        with pytest.raises(openai.InternalServerError, match="injected failure"):
-            client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=4)
-    finally:
-        engine.step = real_step
+    server.engine_call(_fail_next_step)
+    with pytest.raises(openai.InternalServerError, match="injected failure"):
+        client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=4)
     assert client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=4).usage.completion_tokens == 4
     # Mid-stream: the stream ends with an error event (the 200 was sent), the request is aborted.
     stream = iter(
@@ -373,12 +375,9 @@ def test_a_failed_step_ends_the_requests_in_flight_and_serving_goes_on(client, s
         )
     )
     rid = next(stream).id.split("-", 1)[1]
-    engine.step = failing_step
-    try:
-        with pytest.raises(openai.APIError, match="injected failure"):
-            list(stream)
-    finally:
-        engine.step = real_step
+    server.engine_call(_fail_next_step)
+    with pytest.raises(openai.APIError, match="injected failure"):
+        list(stream)
     assert server.engine_call(lambda e: e.requests[rid].finish_reason) == "abort"
     assert client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=4).usage.completion_tokens == 4
     assert server.engine_call(lambda e: e.has_unfinished_requests()) is False
@@ -492,6 +491,8 @@ def test_a_monitor_follows_the_served_engine_while_a_background_replay_runs(serv
     from minillm.bench import serve as bench
     from minillm.viz import EngineMonitor
 
+    if server.llm.engine.__class__.__name__ != "LLMEngine":
+        pytest.skip("the monitor draws an engine of this process; the engine process's stays there")
     monitor = EngineMonitor(server.llm.engine, read=server.engine_call)
     before = len(monitor.records)
     requests = [bench.ReplayRequest(f"m{i}", 0.0, PROMPTS[i % 3], 8) for i in range(6)]

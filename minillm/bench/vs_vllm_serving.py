@@ -2,12 +2,17 @@
 
 ``minillm serve`` (``python -m minillm.serve``, the CPU fast path) and ``vllm serve`` (from the vLLM
 virtual environment) each run as their own process on the same checkpoint, float32, with the same
-thread count, both up for the whole run. A round replays the same token-id requests against each
+thread count, both up for the whole run. Both run their engine in a process of its own (vLLM's
+EngineCore, minillm's ``--engine-process``) with its compute threads bound to cores 0 .. threads-1,
+and their HTTP server unbound. A round replays the same token-id requests against each
 server in turn (the order rotating from round to round) with the project's load generator
 (``bench/serve.py``: the ``openai`` client, streaming, ``ignore_eos``), twice:
 
 * **saturation**: every request sent at once; requests/s and output tokens/s over the replay;
 * **latency**: Poisson arrivals at a rate both engines keep up with; TTFT and TPOT medians.
+
+Before the rounds each server gets one untimed saturation replay: the first replay after a start
+pays for new batch shapes (oneDNN primitives) and for what the last server started still runs.
 
 The table gives medians over rounds and minillm's ratio to vLLM (for TTFT and TPOT below 1 is
 better; for throughput above 1).
@@ -25,7 +30,6 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-from . import offline_worker
 from .common import median
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,8 +41,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(side: str, python: str, model: str, port: int, max_model_len: int) -> list[str]:
-    """The command line that serves ``model`` on ``port``: minillm's (the CPU fast path) or vLLM's."""
+def server_command(side: str, python: str, model: str, port: int, max_model_len: int, threads: int = 1) -> list[str]:
+    """The command line that serves ``model`` on ``port``: minillm's (the CPU fast path) or vLLM's.
+    Each binds its engine's compute threads to cores 0 .. threads-1 and leaves its HTTP server
+    unbound: vLLM through ``VLLM_CPU_OMP_THREADS_BIND`` (its EngineCore process's OpenMP threads),
+    minillm through ``--engine-cores`` (its engine process)."""
     if side == "vllm":
         # `vllm serve`'s own module: the `vllm` script looks up the distribution "vllm", and
         # the CPU build is installed as "vllm-cpu".
@@ -79,6 +86,9 @@ def server_command(side: str, python: str, model: str, port: int, max_model_len:
         "bench",
         "--log-level",
         "warning",
+        "--engine-process",
+        "--engine-cores",
+        f"0-{threads - 1}",
     ]
 
 
@@ -98,14 +108,11 @@ class Server:
         self.side, self.port = side, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"{side}-server.log"
-        # minillm's server bound to the cores vLLM binds its threads to (offline_worker.bind_cores)
-        bind = None if side == "vllm" else (lambda: offline_worker.bind_cores(threads))
         self.proc = subprocess.Popen(
-            server_command(side, python, model, self.port, max_model_len),
+            server_command(side, python, model, self.port, max_model_len, threads),
             env=server_env(side, threads),
             stdout=self.log.open("w"),
             stderr=subprocess.STDOUT,
-            preexec_fn=bind,
         )
 
     def wait(self, timeout: float = 600.0) -> "Server":
@@ -168,6 +175,8 @@ def measure(
         for side, python in sides.items():  # one at a time: the loads do not overlap
             servers[side] = Server(side, python, model, threads, workdir).wait()
             replay_once(servers[side].url, prompts[:2], 4, None, seed)  # warm-up
+        for side in sides:  # a full replay each, untimed: every batch shape seen once, start-up work done
+            replay_once(servers[side].url, prompts, max_tokens, None, seed)
         runs = {s: {"saturation": [], "latency": []} for s in sides}
         names = list(sides)
         for r in range(rounds):

@@ -1,8 +1,10 @@
 """``python -m minillm.serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [engine options]``
 
-Loads the model (default: the shipped Shakespeare checkpoint), then serves the OpenAI API with
-uvicorn. Every ``EngineConfig`` field is an option: ``--block-size 16 --num-kv-blocks 512
---max-num-seqs 32 --max-queue-len 64 --policy fcfs`` (``--help`` lists them).
+Loads the model (default: the shipped Shakespeare checkpoint) in an engine process of its own
+(``--no-engine-process``: on a thread of the server's; ``--engine-cores 0-1`` binds the engine
+process to cores), then serves the OpenAI API with uvicorn. Every ``EngineConfig`` field is an
+option: ``--block-size 16 --num-kv-blocks 512 --max-num-seqs 32 --max-queue-len 64 --policy fcfs``
+(``--help`` lists them).
 """
 
 from __future__ import annotations
@@ -83,6 +85,20 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         help="refuse a request body over this many bytes with 413 (default: 4 MiB)",
     )
+    p.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the engine in a process of its own, as vLLM's EngineCore (default); "
+        "--no-engine-process steps it on a thread of the server's process",
+    )
+    p.add_argument(
+        "--engine-cores",
+        default=None,
+        metavar="LIST",
+        help="bind the engine process (and its torch threads) to these cores, e.g. '0-1' or '0,2' "
+        "(vLLM's VLLM_CPU_OMP_THREADS_BIND); the HTTP server runs on any (default: unbound)",
+    )
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     add_engine_options(p)
     return p
@@ -98,7 +114,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from .api_server import DEFAULT_MAX_REQUEST_BYTES, build_app
 
     try:
-        llm = AsyncLLM.from_config(args.model, **engine_config_fields(args))
+        if args.engine_process:
+            from .engine_process import EngineProcessLLM, parse_cores
+
+            llm = EngineProcessLLM(
+                args.model, engine_cores=parse_cores(args.engine_cores), **engine_config_fields(args)
+            )
+        elif args.engine_cores:
+            raise ValueError("--engine-cores binds the engine process: it needs --engine-process")
+        else:
+            llm = AsyncLLM.from_config(args.model, **engine_config_fields(args))
     except (ValueError, TypeError) as e:
         raise SystemExit(f"minillm.serve: {e}")
     name = args.served_model_name or default_model_name(llm.engine.model_path)
@@ -114,6 +139,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         f"minillm: serving '{name}' ({llm.engine.model_path}) on http://{args.host}:{args.port}/v1 "
         f"(device {llm.engine.device}, {llm.engine.num_kv_blocks} KV blocks of {cfg.block_size}, "
         f"max_num_seqs {cfg.max_num_seqs}, policy {cfg.policy}"
+        f"{f', engine process {llm.engine.pid}' if args.engine_process else ''}"
         f"{', API key required' if args.api_key else ''})",
         flush=True,
     )

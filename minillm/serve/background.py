@@ -20,7 +20,11 @@ from ..async_llm import AsyncLLM
 class BackgroundServer:
     """uvicorn on ``host:port`` (port 0: a free one) in a daemon thread, over one ``AsyncLLM``.
 
-    ``model`` / ``**config_fields`` build the engine like ``LLM(...)``; or pass ``llm=AsyncLLM(...)``."""
+    ``model`` / ``**config_fields`` build the engine like ``LLM(...)``; or pass ``llm=AsyncLLM(...)``.
+    ``engine_process=True``: the engine runs in a process of its own (``EngineProcessLLM``, what
+    ``minillm serve`` runs), its compute threads on ``engine_cores`` if given; read it with
+    ``engine_call``. By default it steps on a thread of this process, where ``llm.engine`` is the
+    engine itself (what a notebook draws)."""
 
     def __init__(
         self,
@@ -33,10 +37,16 @@ class BackgroundServer:
         model_name: Optional[str] = None,
         log_level: str = "warning",
         max_request_bytes: Optional[int] = None,
+        engine_process: bool = False,
+        engine_cores: Optional[set[int]] = None,
         **config_fields,
     ):
         from .__main__ import default_model_name
 
+        if llm is None and engine_process:
+            from .engine_process import EngineProcessLLM
+
+            llm = EngineProcessLLM(model, engine_cores=engine_cores, **config_fields)
         self.llm = llm if llm is not None else AsyncLLM.from_config(model, **config_fields)
         self.model_path = self.llm.engine.model_path
         self.model_name = model_name or default_model_name(self.model_path)
@@ -102,7 +112,7 @@ class BackgroundServer:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def engine_call(self, fn, timeout: float = 60.0) -> Any:
-        """``fn(engine)`` on the engine thread, between two steps."""
+        """``fn(engine)`` on the engine thread (or in the engine process), between two steps."""
         return self.call(self.llm.engine_call(fn), timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
