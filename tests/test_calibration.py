@@ -341,3 +341,22 @@ def test_pinned_to_one_core_and_back():
         with pinned_to_one_core(100000):
             pass
     assert os.sched_getaffinity(0) == before
+
+
+def test_timing_stops_at_its_deadline():
+    """Past the deadline the requests left are aborted and the timing returns what it has, so the
+    calibration's budget holds on a machine slower than expected."""
+    import time
+
+    from minillm.sampling_params import SamplingParams
+    from minillm.sim.calibration import _engine, _timed_steps
+
+    engine = _engine("random", max_model_len=128)
+    sp = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    ids = [engine.add_request(list(range(10, 30)), sp) for _ in range(3)]
+    assert len(_timed_steps(engine, "late", deadline=time.perf_counter() - 1.0)) == 0
+    assert not engine.has_unfinished_requests()
+    assert all(engine.requests[str(r)].is_finished for r in ids)
+    engine.add_request(list(range(10, 30)), SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    steps = _timed_steps(engine, "on time")  # no deadline: to the end, every step timed
+    assert [s.num_new_tokens for s in steps] == [(20,), (1,), (1,)] and all(s.seconds > 0 for s in steps)

@@ -1,7 +1,8 @@
 """calibrate: fit the simulator's step cost to this machine, then check it against the real engine.
 
 ``python -m minillm.bench calibrate [--out DIR]`` times the real engine's steps over a grid of batch
-shapes (``minillm.sim.calibration.measure_steps``, at most 60 s), fits ``LinearStepCost``'s terms with
+shapes (``minillm.sim.calibration.measure_steps``: at most 50 s of timing, under 60 s with loading the
+model), fits ``LinearStepCost``'s terms with
 their standard errors, and saves the profile as ``DIR/step-cost-MACHINE.json``
 (``CostModel.from_profile`` loads it). Then the same traces run on the real engine and on the
 simulator with that profile: a Poisson trace, and a second with longer requests on a small KV cache where
@@ -21,7 +22,7 @@ with other work the wall clock measures the other programs too. The goal is the 
 machine; the report names the clock and the load average at the start and the end.
 
 Sizes: ``tiny`` (seconds, the smoke test: a short grid, 40-request traces, one round), ``small`` (30 s
-of timing, 150- and 120-request traces, two rounds), ``full`` (at most 60 s of timing, 300- and
+of timing, 150- and 120-request traces, two rounds), ``full`` (at most 50 s of timing, 300- and
 200-request traces, three rounds; about eight minutes in all on the wall clock, five on the CPU clock,
 which skips the idle waits between arrivals).
 """
@@ -63,7 +64,7 @@ def run(args) -> dict:
 
     threads = set_threads(args)
     size = args.size
-    budget = pick(size, tiny=3.0, small=30.0, full=60.0)
+    budget = pick(size, tiny=3.0, small=30.0, full=50.0)  # timing; loading the model adds a few s
     n1, n2 = pick(size, tiny=(40, 40), small=(150, 120), full=(300, 200))
     rounds = getattr(args, "rounds", None) or pick(size, tiny=1, small=2, full=3)
     grid = cal.GRID[:4] + cal.GRID[9:10] + cal.GRID[12:13] if size == "tiny" else cal.GRID

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import os
 import platform
 import time
@@ -141,14 +142,18 @@ def _wait_if_idle(engine) -> float:
     return max(0.0, engine.clock.now() - t)
 
 
-def _timed_steps(engine, workload: str = "") -> list[StepSample]:
+def _timed_steps(engine, workload: str = "", deadline: float = math.inf) -> list[StepSample]:
     """Step ``engine`` until it is done; every step with work, timed on the engine's own clock (wall or
     CPU time) from just before ``step()`` to just after it. A step after an idle wait counts from the
     moment its request arrived: the time a sleeping process takes to wake is part of what that request
-    sees (``after_idle``)."""
+    sees (``after_idle``). Past ``deadline`` (``time.perf_counter``) the requests left are aborted."""
     samples = []
     clock = engine.clock
     while engine.has_unfinished_requests():
+        if time.perf_counter() > deadline:
+            for request_id in list(engine.active):
+                engine.abort_request(request_id)
+            break
         late = _wait_if_idle(engine)
         t0 = clock.now()
         rec = engine.step()
@@ -220,7 +225,8 @@ def measure_steps(
     """Run the real engine over ``grid`` (every request arriving at once, greedy, exactly its output
     length), then replay ``traces`` (Poisson arrivals in real time, log-normal lengths; seeds 1000 and
     up, never those of ``validation_trace``'s defaults), and return every step as a ``StepSample``.
-    Stops starting new workloads once ``budget_s`` seconds are spent."""
+    Stops once ``budget_s`` seconds are spent, in the middle of a workload if need be (a busy machine
+    is slower; the budget holds anyway)."""
     from dataclasses import replace as replace_field
 
     from ..analysis.workloads import submit_trace
@@ -249,7 +255,8 @@ def measure_steps(
             for _ in range(n):
                 length = int(rng.integers(lo, hi + 1))
                 engine.add_request(rng.integers(10, engine.vocab_size, length).tolist(), sp)
-            samples += _timed_steps(engine, f"grid {i}")[1:]  # the first: a new batch shape's allocations
+            # the first step: a new batch shape's allocations
+            samples += _timed_steps(engine, f"grid {i}", t_start + budget_s)[1:]
             if progress is not None:
                 progress(i + 1, work)
         for k, (n, rate, prompt_median, output_median) in enumerate(traces):
@@ -269,7 +276,7 @@ def measure_steps(
                 for r in trace
             ]
             submit_trace(engine, trace, vocab_size=engine.vocab_size, seed=seed + k)
-            samples += _timed_steps(engine, f"trace {k}")
+            samples += _timed_steps(engine, f"trace {k}", t_start + budget_s)
             if progress is not None:
                 progress(len(grid) + k + 1, work)
     return samples
