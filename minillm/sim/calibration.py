@@ -7,16 +7,17 @@ Three parts, each usable alone:
 1. ``measure_steps``: run the real engine (the shipped model unless told otherwise) over a grid of
    batch shapes (decodes at batch 1 to 64, short and long contexts, whole and chunked prefills, mixed
    batches), then over a few traces replayed in real time (the batches a server really forms), and
-   keep, for every step, each request's new tokens and context, the step's wall time, and whether the
-   engine sat idle before it. Python's garbage collector stays out of the timing (``quiet_heap``).
+   keep, for every step, each request's new tokens and context, the step's time on the engine's clock,
+   and whether the engine sat idle before it. Python's garbage collector stays out of the timing
+   (``quiet_heap``).
 2. ``fit_step_cost``: a least-squares fit of ``LinearStepCost``'s terms (``costmodel.batch_terms``: a
    fixed part, a step of more than one new token, per new token, per sequence, per context token, per
    attention pair; and ``after_idle``, the extra time of a step that follows a wait for an arrival) to
-   those steps; a term the data make
-   negative is dropped (its cost is then 0) and the rest fitted again. Each term keeps its standard
-   error. ``held_out_errors`` predicts each calibration trace with a fit of the rest.
+   those steps; a term the data make negative is dropped (its cost is then 0) and the rest fitted
+   again. Each term keeps its standard error. ``held_out_errors`` predicts each calibration trace with
+   a fit of the rest.
 3. ``compare_on_trace``: the same trace (Poisson arrivals, log-normal lengths) run on the real engine
-   (wall clock, requests arriving in real time; a few rounds, each request's median taken) and on the
+   (its clock, requests arriving in real time; a few rounds, each request's median taken) and on the
    simulator (modeled clock, the calibrated cost model): every request's TTFT, TPOT and end-to-end
    latency side by side, with the median and 90th-percentile relative error, both step counts, how
    far two real rounds differ (the floor under any model's error), how loaded the engine was, and how
