@@ -51,7 +51,8 @@ def test_benchmark_runs_tiny(name, tmp_path, capsys):
         for trace in data["results"]["traces"].values():
             for metric in ("ttft", "tpot", "e2e"):
                 assert {"median_rel_err", "p90_rel_err", "noise", "noise_p90", "sensitivity"} <= set(trace[metric])
-            assert {"utilisation", "steps", "preemptions"} <= set(trace)
+            assert {"utilisation", "steps", "preemptions", "drift", "reference_step_s"} <= set(trace)
+            assert trace["drift"] > -1  # the reference step timed with the calibration and in the round
         assert data["config"]["clock"] == "wall"
     captured = capsys.readouterr()
     if name == "vs-vllm":  # no vLLM at tiny: minillm's sides, offline and served, and the message

@@ -276,6 +276,8 @@ def test_the_real_side_is_the_median_of_its_rounds():
         m = report[metric]
         assert 0 <= m["noise"] <= m["noise_p90"] and m["median_rel_err"] <= m["p90_rel_err"]
         assert m["sensitivity"] > 0  # every step 2% longer: every request later
+    assert len(report["reference_step_s"]) == 2 and min(report["reference_step_s"]) > 0
+    assert report["drift"] is None  # this cost model was not timed here: no reference step to compare
     for load in ("utilisation", "mean_waiting"):
         assert set(report[load]) == {"measured", "modeled"}
     assert 0 < report["utilisation"]["measured"] <= 1 and 0 < report["utilisation"]["modeled"] <= 1
@@ -360,3 +362,12 @@ def test_timing_stops_at_its_deadline():
     engine.add_request(list(range(10, 30)), SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     steps = _timed_steps(engine, "on time")  # no deadline: to the end, every step timed
     assert [s.num_new_tokens for s in steps] == [(20,), (1,), (1,)] and all(s.seconds > 0 for s in steps)
+
+
+def test_the_reference_steps_are_one_request_decoding_alone():
+    from minillm.sim.calibration import _engine, reference_steps
+
+    steps = reference_steps(_engine("random", max_model_len=128))
+    assert [s.num_new_tokens for s in steps] == [(1,)] * 31  # 32 tokens: the prefill's, then 31 decodes
+    assert [s.context_lens for s in steps] == [(25 + i,) for i in range(31)]
+    assert {s.workload for s in steps} == {"reference"}

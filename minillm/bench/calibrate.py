@@ -121,7 +121,7 @@ def run(args) -> dict:
                 pct(r["utilisation"]["modeled"]),
                 "",
                 f"waiting {r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f}",
-                "",
+                "" if r["drift"] is None else f"reference step {r['drift']:+.1%} vs the calibration's",
                 "",
             ]
         )
@@ -154,7 +154,19 @@ def run(args) -> dict:
             }
             for m in ("ttft", "tpot", "e2e")
         }
-        | {k: r[k] for k in ("steps", "preemptions", "preemptions_modeled", "utilisation", "mean_waiting", "rounds")}
+        | {
+            k: r[k]
+            for k in (
+                "steps",
+                "preemptions",
+                "preemptions_modeled",
+                "utilisation",
+                "mean_waiting",
+                "rounds",
+                "reference_step_s",
+                "drift",
+            )
+        }
         for name, r in report["traces"].items()
     }
     command = command_line(NAME, args) + (f" --rounds {args.rounds}" if getattr(args, "rounds", None) else "")

@@ -172,6 +172,17 @@ def _timed_steps(engine, workload: str = "", deadline: float = math.inf) -> list
     return samples
 
 
+def reference_steps(engine) -> list[StepSample]:
+    """The machine's pulse: one request of 24 prompt tokens decoding 32 tokens alone, its decode steps
+    (workload "reference"). Timed at the start of the calibration and before every real round, their
+    median says whether the machine got slower or faster in between (``compare_on_trace``'s ``drift``):
+    the profile cannot know that it did."""
+    from ..sampling_params import SamplingParams
+
+    engine.add_request(list(range(10, 34)), SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
+    return _timed_steps(engine, "reference")[1:]  # not the prefill
+
+
 @contextlib.contextmanager
 def pinned_to_one_core(core: Optional[int] = None):
     """This thread on one core (the last this process may use, or ``core``) for the block, and back
@@ -249,6 +260,7 @@ def measure_steps(
     engine_with_budget(2048)  # loading the model and warming up are not part of the budget
     t_start = time.perf_counter()
     with quiet_heap():
+        samples += reference_steps(engines[2048])
         for i, (n, (lo, hi), out_len, budget) in enumerate(grid):
             engine = engine_with_budget(budget)
             sp = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
@@ -454,7 +466,10 @@ def compare_on_trace(
     busy, and ``mean_waiting``, the requests left waiting at a step (at most ``record_max_waiting``
     counted), measured (the rounds' median) and modeled. A batching engine is busy nearly all the
     time well below its capacity (every step serves whoever is running); a queue that keeps growing
-    is what saturation looks like."""
+    is what saturation looks like. ``reference_step_s``: each round's ``reference_steps`` (median), and
+    ``drift``: their median against the one timed with the calibration (in ``cost_model.info``), less 1
+    (+0.10: the machine's steps 10% slower in the real rounds than when the profile was timed; None for a
+    cost model without it)."""
     from ..model.loader import resolve_model_path
     from .simulated import simulate
 
@@ -518,6 +533,9 @@ def compare_on_trace(
         "modeled": _mean_waiting(busy),
     }
     report["rounds"] = rounds
+    report["reference_step_s"] = [run["reference_step_s"] for run in runs]
+    timed = cost_model.info.get("reference_step_s")
+    report["drift"] = float(np.median(report["reference_step_s"]) / timed - 1.0) if timed else None
     report["num_requests"] = len(ids)
     report["per_request"] = {rid: {"measured": measured[rid], "modeled": modeled[rid]} for rid in ids}
     return report
@@ -546,6 +564,7 @@ def _real_run(trace: Sequence, model: Optional[str], config: dict) -> dict:
     with quiet_heap():  # a clean heap, as a fresh server's; no collection inside
         engine = _engine(model, **config)
         _warm_up(engine)
+        reference = float(np.median([s.seconds for s in reference_steps(engine)]))
         engine.step_records.clear()
         start = engine.clock.now() + 0.05
         ids = submit_trace(
@@ -564,6 +583,7 @@ def _real_run(trace: Sequence, model: Optional[str], config: dict) -> dict:
         "preemptions": sum(engine.requests[rid].metrics.num_preemptions for rid in ids),
         "utilisation": 1.0 - idle / span if span > 0 else 0.0,
         "mean_waiting": _mean_waiting([rec for rec in engine.step_records if rec.batch_size]),
+        "reference_step_s": reference,
     }
 
 
@@ -654,6 +674,7 @@ def _calibrate_here(model, budget_s, seed, grid, calibration_traces, progress, c
     )
     info["calibration_s"] = time.perf_counter() - t0
     info["steps_after_idle"] = sum(s.after_idle for s in samples)
+    info["reference_step_s"] = float(np.median([s.seconds for s in samples if s.workload == "reference"]))
     cost = fit_step_cost(samples, info=info)
     held_out = held_out_errors(samples)
     del samples  # thousands of objects the garbage collector would walk
@@ -699,6 +720,7 @@ def _validate(cost, model, traces, seed, rounds, progress, config) -> dict:
             f"{r['utilisation']['measured']:.0%} measured, {r['utilisation']['modeled']:.0%} modeled, "
             f"{r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f} requests waiting; "
             f"two rounds' e2e differ by {r['e2e']['noise']:.1%} (median) / {r['e2e']['noise_p90']:.1%} (p90); "
-            f"every step 1% longer moves e2e {r['e2e']['sensitivity']:.2f}%"
+            f"every step 1% longer moves e2e {r['e2e']['sensitivity']:.2f}%; the machine's reference step "
+            + (f"{r['drift']:+.1%} against the calibration's" if r["drift"] is not None else "not timed")
         )
     return reports
