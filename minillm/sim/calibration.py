@@ -237,8 +237,8 @@ def measure_steps(
     """Run the real engine over ``grid`` (every request arriving at once, greedy, exactly its output
     length), then replay ``traces`` (Poisson arrivals in real time, log-normal lengths; seeds 1000 and
     up, never those of ``validation_trace``'s defaults), and return every step as a ``StepSample``.
-    The grid always runs whole (about 10 s on a quiet 2-core machine: every batch shape the fit needs
-    to tell its terms apart); the traces fill the rest of ``budget_s`` seconds, the last one stopped in
+    The grid always runs whole (a few seconds on a quiet 2-core machine: every batch shape the fit
+    needs to tell its terms apart); the traces fill the rest of ``budget_s`` seconds, the last one stopped in
     the middle when they run out (a busy machine is slower; the budget holds anyway)."""
     from dataclasses import replace as replace_field
 
