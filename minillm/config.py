@@ -129,7 +129,7 @@ class EngineConfig:
     # logged once)
 
     # --- time --------------------------------------------------------------------------
-    clock: str = "wall"  # "wall" (measured) | "modeled" (cost model)
+    clock: str = "wall"  # "wall" (measured) | "modeled" (cost model) | "cpu" (this process's CPU time)
     cost_model: Any = None  # a CostModel object, a hardware preset name, or None
 
     # --- speculative decoding ------------------------------------------------------------
@@ -187,7 +187,7 @@ class EngineConfig:
             "dtype": ("float32", "float16", "bfloat16", "auto"),
             "kv_cache_dtype": ("auto", *KV_FORMATS),
             "attention_backend": ("torch", "triton", "auto", "cpu"),
-            "clock": ("wall", "modeled"),
+            "clock": ("wall", "modeled", "cpu"),
         }
         for name, allowed in choices.items():
             v = getattr(self, name)

@@ -301,11 +301,12 @@ whatif
 # modeled clock), and compare every request's latency. Only step times are predicted; every scheduling
 # decision is the real scheduler's in both runs.
 #
-# The model of one step (`LinearStepCost`, `minillm/sim/costmodel.py`) is a sum of six terms, each a
-# cost per unit: a fixed part (launching the step, Python, the scheduling pass), per new token (every
-# linear layer), per sequence (sampling and bookkeeping), per context token (the KV each request reads),
-# per attention pair (each new token's products with the keys before it), and the extra time of a step
-# that follows a wait for an arrival (a process woken from sleep, its caches cold). The timing runs a grid of
+# The model of one step (`LinearStepCost`, `minillm/sim/costmodel.py`) is a sum of seven terms, each a
+# cost per unit: a fixed part (launching the step, Python, the scheduling pass), a step of more than one
+# new token (every weight matrix then multiplies a matrix, not one vector: a slower kernel on a CPU), per
+# new token (every linear layer), per sequence (sampling and bookkeeping), per context token (the KV each
+# request reads), per attention pair (each new token's products with the keys before it), and the extra
+# time of a step that follows a wait for an arrival (a process woken from sleep, its caches cold). The timing runs a grid of
 # batch shapes, then replays a few short traces in real time (the batches a server really forms); the
 # fit (`minillm/sim/calibration.py`, least squares) gives each term an uncertainty. About 20 seconds:
 
@@ -356,7 +357,7 @@ fig
 # (cumulative distribution functions: the fraction of requests whose TTFT is at most x) lie on top of
 # each other when the prediction is right for the whole distribution, the tail included. For scale,
 # Vidur (Agrawal et al., MLSys 2024), which profiles every operator of a model on a GPU, predicts request
-# latencies within 9%. Where ours misses, look at what the six terms leave out: a busy machine (another
+# latencies within 9%. Where ours misses, look at what the seven terms leave out: a busy machine (another
 # program taking a core makes the real steps slower, not the modeled ones) and memory allocation the
 # first time a batch shape appears. The garbage collector is kept out of both the timing and the real
 # run. `calibration.held_out_errors(steps)` checks the fit itself: it fits on all but one of the timed

@@ -24,6 +24,7 @@ EXPECTED = {
     "spec": ("acceptance", "modeled", "at_scale"),
     "router": ("shared-prefix", "multi-turn"),
     "vs-vllm": ("median_tok_per_s", "copy_bandwidth_Bps", "decode_bytes_per_step", "serving"),
+    "calibrate": ("calibration_s", "profile", "held_out", "load_average", "traces"),
 }
 
 
@@ -46,6 +47,13 @@ def test_benchmark_runs_tiny(name, tmp_path, capsys):
         res = data["results"]
         assert res["hf_static"]["output_tokens"] == res["minillm"]["output_tokens"]
         assert "tok_per_s" in res["hf_continuous"] or "error" in res["hf_continuous"]
+    if name == "calibrate":  # the figures the report names, per trace and metric
+        for trace in data["results"]["traces"].values():
+            for metric in ("ttft", "tpot", "e2e"):
+                assert {"median_rel_err", "p90_rel_err", "noise", "noise_p90", "sensitivity"} <= set(trace[metric])
+            assert {"utilisation", "steps", "preemptions", "drift", "reference_step_s"} <= set(trace)
+            assert trace["drift"] > -1  # the reference step timed with the calibration and in the round
+        assert data["config"]["clock"] == "wall"
     captured = capsys.readouterr()
     if name == "vs-vllm":  # no vLLM at tiny: minillm's sides, offline and served, and the message
         res = data["results"]

@@ -13,16 +13,24 @@ import pytest
 from minillm.sim.calibration import StepSample, fit_step_cost, held_out_errors, predicted_seconds
 from minillm.sim.costmodel import STEP_TERMS, CostModel, LinearStepCost, batch_terms
 
-TRUE = {"fixed": 2e-3, "new_tokens": 2.5e-5, "sequences": 6e-5, "context_tokens": 4e-7, "attention_pairs": 3e-9}
+TRUE = {
+    "fixed": 2e-3,
+    "multi_token": 5e-4,
+    "new_tokens": 2.5e-5,
+    "sequences": 6e-5,
+    "context_tokens": 4e-7,
+    "attention_pairs": 3e-9,
+}
 IDLE = 1.5e-3  # the first step after an idle wait: this much slower
 
 
 def synthetic_steps(
     truth: dict, n: int = 400, noise: float = 0.02, seed: int = 0, idle_every: int = 0, workload: str = ""
 ) -> list[StepSample]:
-    """Batches like the calibration grid's (decodes, prefills, mixed), timed by ``truth`` with
-    multiplicative noise of ``noise`` (standard deviation); with ``idle_every``, every such step is a
-    lone prefill that follows an idle wait (``truth["after_idle"]`` more)."""
+    """Batches like the calibration grid's (decodes, prefills, mixed, one request decoding alone),
+    timed by ``truth`` with multiplicative noise of ``noise`` (standard deviation); with
+    ``idle_every``, every such step is a lone prefill that follows an idle wait
+    (``truth["after_idle"]`` more)."""
     rng = np.random.default_rng(seed)
     model = LinearStepCost(truth)
     out = []
@@ -33,11 +41,11 @@ def synthetic_steps(
             seconds *= float(np.exp(rng.normal(0.0, noise)))
             out.append(StepSample((prompt,), (prompt,), seconds, after_idle=True, workload=workload))
             continue
-        kind = rng.integers(3)
-        decodes = int(rng.integers(0 if kind == 1 else 1, 64))
+        kind = rng.integers(4)
+        decodes = 1 if kind == 3 else int(rng.integers(0 if kind == 1 else 1, 64))
         q = [1] * decodes
         c = [int(x) for x in rng.integers(8, 900, decodes)]
-        if kind != 0:  # a prefill (chunk) too
+        if kind in (1, 2):  # a prefill (chunk) too
             chunk = int(rng.integers(16, 800))
             q.append(chunk)
             c.append(chunk + int(rng.integers(0, 200)))
@@ -48,9 +56,12 @@ def synthetic_steps(
 
 def test_batch_terms_by_hand():
     # decode at context 10 attends to 10 keys; a 5-token prefill at 5 positions: 1+2+3+4+5 pairs
-    assert batch_terms([1, 5], [10, 5]) == (1, 6, 2, 15, 25)
+    assert batch_terms([1, 5], [10, 5]) == (1, 1, 6, 2, 15, 25)
     # a chunk of 3 after 4 computed positions: 5 + 6 + 7 pairs
-    assert batch_terms([3], [7]) == (1, 3, 1, 7, 18)
+    assert batch_terms([3], [7]) == (1, 1, 3, 1, 7, 18)
+    # one request decoding alone: the only step of one new token (multi_token 0)
+    assert batch_terms([1], [9]) == (1, 0, 1, 1, 9, 9)
+    assert batch_terms([1, 1], [9, 4]) == (1, 1, 2, 2, 13, 13)
 
 
 def test_the_fit_recovers_known_step_costs_from_noisy_steps():
@@ -166,6 +177,8 @@ GOOD = {"format": LinearStepCost.PROFILE_FORMAT, "terms": dict(TRUE)}
         ({**GOOD, "stderr": 3}, "stderr=3"),
         ({**GOOD, "terms": {**TRUE, "after_idle": -2e-3}}, "terms.after_idle=-0.002"),
         ({**GOOD, "terms": {**TRUE, "after_idle": None}}, "terms.after_idle=None"),
+        ({**GOOD, "terms": {**TRUE, "multi_token": -1e-4}}, "terms.multi_token=-0.0001"),
+        ({**GOOD, "terms": {**TRUE, "multi_token": "yes"}}, "terms.multi_token='yes'"),
     ],
 )
 def test_a_bad_profile_is_refused_naming_the_field(tmp_path, data, field):
@@ -178,6 +191,22 @@ def test_the_good_profile_of_those_loads(tmp_path):
     # a profile without the after_idle term (saved before it existed) loads with the term at 0
     loaded = CostModel.from_profile(_write(tmp_path, GOOD))
     assert loaded.seconds == dict(TRUE, after_idle=0.0) and loaded.after_idle_time() == 0.0
+    # one without multi_token either: a lone decode and a batch of two then differ by their units only
+    older = {k: v for k, v in TRUE.items() if k != "multi_token"}
+    loaded = CostModel.from_profile(_write(tmp_path, {**GOOD, "terms": older}))
+    assert loaded.seconds["multi_token"] == 0.0
+    two, one = loaded.step_time([1, 1], [10, 10]), loaded.step_time([1], [10])
+    assert two - one == pytest.approx(TRUE["new_tokens"] + TRUE["sequences"] + 10 * TRUE["context_tokens"] + 10 * 3e-9)
+
+
+def test_a_lone_decode_skips_the_multi_token_term():
+    """By hand: one decode at 10 positions costs fixed + 1 token + 1 sequence + 10 context + 10 pairs;
+    two decodes add the second's units and ``multi_token`` once."""
+    model = LinearStepCost(TRUE)
+    one = TRUE["fixed"] + TRUE["new_tokens"] + TRUE["sequences"] + 10 * TRUE["context_tokens"] + 10 * 3e-9
+    assert model.step_time([1], [10]) == pytest.approx(one)
+    two = one + TRUE["multi_token"] + TRUE["new_tokens"] + TRUE["sequences"] + 10 * TRUE["context_tokens"] + 10 * 3e-9
+    assert model.step_time([1, 1], [10, 10]) == pytest.approx(two)
 
 
 def test_a_calibrated_profile_drives_the_simulator(tmp_path):
@@ -245,9 +274,100 @@ def test_the_real_side_is_the_median_of_its_rounds():
     assert len(report["steps"]["measured_each_round"]) == 2
     for metric in ("ttft", "tpot", "e2e"):
         m = report[metric]
-        assert m["noise"] >= 0 and m["median_rel_err"] <= m["p90_rel_err"]
+        assert 0 <= m["noise"] <= m["noise_p90"] and m["median_rel_err"] <= m["p90_rel_err"]
+        assert m["sensitivity"] > 0  # every step 2% longer: every request later
+    assert len(report["reference_step_s"]) == 2 and min(report["reference_step_s"]) > 0
+    assert report["drift"] is None  # this cost model was not timed here: no reference step to compare
     for load in ("utilisation", "mean_waiting"):
         assert set(report[load]) == {"measured", "modeled"}
     assert 0 < report["utilisation"]["measured"] <= 1 and 0 < report["utilisation"]["modeled"] <= 1
     with pytest.raises(ValueError, match="rounds=0"):
         compare_on_trace(LinearStepCost(TRUE), trace, rounds=0)
+
+
+def test_the_cpu_clock_counts_work_and_skips_waits():
+    """``ProcessClock``: a sleep (another program's turn on the core) adds nothing, work adds its CPU
+    time, and a wait for an arrival jumps there at once."""
+    import time
+
+    from minillm.sim.clock import ProcessClock, make_clock
+
+    clock = make_clock("cpu")
+    assert isinstance(clock, ProcessClock) and clock.name == "cpu"
+    t = clock.now()
+    time.sleep(0.2)
+    assert clock.now() - t < 0.1  # asleep: (almost) no CPU time
+    t = clock.now()
+    x = 0
+    while clock.now() - t < 0.01:  # work: the clock moves (the loop would never end otherwise)
+        x += 1
+    target = clock.now() + 30.0
+    clock.wait_until(target)
+    assert target <= clock.now() < target + 0.1
+    clock.wait_until(target - 5.0)  # already past: nothing to wait for
+    assert clock.now() >= target
+
+
+def test_the_real_engine_runs_on_the_cpu_clock():
+    """A request that arrives 5 s after the first is served without sleeping: the idle wait is skipped,
+    its TTFT is the CPU time of its own step, and every step's duration is CPU time (> 0)."""
+    import time
+
+    from minillm.analysis.workloads import TraceRequest, submit_trace
+    from minillm.config import EngineConfig
+    from minillm.engine import LLMEngine
+
+    engine = LLMEngine("random", EngineConfig.from_fields("test", clock="cpu", max_model_len=64))
+    submit_trace(engine, [TraceRequest("a", 0.0, 8, 3), TraceRequest("b", 5.0, 8, 3)], vocab_size=engine.vocab_size)
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert time.perf_counter() - t0 < 4.0  # did not sleep the 5 s
+    b = engine.requests["b"].metrics
+    assert b.arrival_time == 5.0 and b.first_token_time > 5.0 and b.clock == "cpu"
+    assert all(rec.duration > 0 for rec in engine.step_records if rec.batch_size)
+
+
+def test_pinned_to_one_core_and_back():
+    import os
+
+    from minillm.sim.calibration import pinned_to_one_core
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this system")
+    before = os.sched_getaffinity(0)
+    with pinned_to_one_core() as core:
+        assert os.sched_getaffinity(0) == {core} and core == max(before)
+    assert os.sched_getaffinity(0) == before
+    with pytest.raises(ValueError, match="core=100000"):
+        with pinned_to_one_core(100000):
+            pass
+    assert os.sched_getaffinity(0) == before
+
+
+def test_timing_stops_at_its_deadline():
+    """Past the deadline the requests left are aborted and the timing returns what it has, so the
+    calibration's budget holds on a machine slower than expected."""
+    import time
+
+    from minillm.sampling_params import SamplingParams
+    from minillm.sim.calibration import _engine, _timed_steps
+
+    engine = _engine("random", max_model_len=128)
+    sp = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    ids = [engine.add_request(list(range(10, 30)), sp) for _ in range(3)]
+    assert len(_timed_steps(engine, "late", deadline=time.perf_counter() - 1.0)) == 0
+    assert not engine.has_unfinished_requests()
+    assert all(engine.requests[str(r)].is_finished for r in ids)
+    engine.add_request(list(range(10, 30)), SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    steps = _timed_steps(engine, "on time")  # no deadline: to the end, every step timed
+    assert [s.num_new_tokens for s in steps] == [(20,), (1,), (1,)] and all(s.seconds > 0 for s in steps)
+
+
+def test_the_reference_steps_are_one_request_decoding_alone():
+    from minillm.sim.calibration import _engine, reference_steps
+
+    steps = reference_steps(_engine("random", max_model_len=128))
+    assert [s.num_new_tokens for s in steps] == [(1,)] * 31  # 32 tokens: the prefill's, then 31 decodes
+    assert [s.context_lens for s in steps] == [(25 + i,) for i in range(31)]
+    assert {s.workload for s in steps} == {"reference"}

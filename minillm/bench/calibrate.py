@@ -1,7 +1,8 @@
 """calibrate: fit the simulator's step cost to this machine, then check it against the real engine.
 
 ``python -m minillm.bench calibrate [--out DIR]`` times the real engine's steps over a grid of batch
-shapes (``minillm.sim.calibration.measure_steps``, at most 60 s), fits ``LinearStepCost``'s terms with
+shapes (``minillm.sim.calibration.measure_steps``: at most 50 s of timing, under 60 s with loading the
+model), fits ``LinearStepCost``'s terms with
 their standard errors, and saves the profile as ``DIR/step-cost-MACHINE.json``
 (``CostModel.from_profile`` loads it). Then the same traces run on the real engine and on the
 simulator with that profile: a Poisson trace, and a second with longer requests on a small KV cache where
@@ -10,11 +11,20 @@ median and p90 relative error of each (``median_rel_err``, ``p90_rel_err``, frac
 counts go into ``DIR/calibration-MACHINE.json`` and the benchmark's own JSON.
 
 Each trace runs ``--rounds`` times on the real engine and a request's measured latency is the median
-of its rounds (one run's scatter is the machine's, not the model's; the report says how large it was).
+of its rounds (one run's scatter is the machine's, not the model's; the report gives it beside the error:
+``noise``, how far two rounds differ, is the floor under any model's error). The traces run at a load
+where a request's latency is its own steps (busy about two thirds of the time; ``sensitivity``: a 1%
+longer step moves a request's latency about 1%), so an error per step does not compound.
+
+Everything runs on one core (``--no-pin`` to let the system move it) and, with ``--clock cpu``, on the
+process's own CPU time (``minillm.sim.clock.ProcessClock``) instead of the wall clock: on a machine shared
+with other work the wall clock measures the other programs too. The goal is the wall clock's on a quiet
+machine; the report names the clock and the load average at the start and the end.
 
 Sizes: ``tiny`` (seconds, the smoke test: a short grid, 40-request traces, one round), ``small`` (30 s
-of timing, 150- and 120-request traces, two rounds), ``full`` (at most 60 s of timing, 300- and
-240-request traces, three rounds; about five minutes in all).
+of timing, 150- and 120-request traces, two rounds), ``full`` (at most 50 s of timing, 300- and
+200-request traces, three rounds; about eight minutes in all on the wall clock, five on the CPU clock,
+which skips the idle waits between arrivals).
 """
 
 from __future__ import annotations
@@ -34,6 +44,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="real-engine runs of each validation trace, medians compared (default: the size's)",
     )
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="the real engine's clock: wall (the goal's, on a quiet machine) or cpu (this process's CPU time, "
+        "for a machine shared with other work)",
+    )
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run on one core (default; --no-pin lets the system move the process)",
+    )
 
 
 def run(args) -> dict:
@@ -41,8 +64,8 @@ def run(args) -> dict:
 
     threads = set_threads(args)
     size = args.size
-    budget = pick(size, tiny=3.0, small=30.0, full=60.0)
-    n1, n2 = pick(size, tiny=(40, 40), small=(150, 120), full=(300, 240))
+    budget = pick(size, tiny=3.0, small=30.0, full=50.0)  # timing; loading the model adds a few s
+    n1, n2 = pick(size, tiny=(40, 40), small=(150, 120), full=(300, 200))
     rounds = getattr(args, "rounds", None) or pick(size, tiny=1, small=2, full=3)
     grid = cal.GRID[:4] + cal.GRID[9:10] + cal.GRID[12:13] if size == "tiny" else cal.GRID
     calibration_traces = cal.TRACES[:1] if size == "tiny" else cal.TRACES
@@ -56,6 +79,8 @@ def run(args) -> dict:
         grid=grid,
         calibration_traces=calibration_traces,
         rounds=rounds,
+        clock=getattr(args, "clock", "wall"),
+        pin=getattr(args, "pin", True),
         **device,
     )
 
@@ -72,6 +97,8 @@ def run(args) -> dict:
                     f"{m['median_modeled_s'] * 1e3:.1f}",
                     pct(m["median_rel_err"]),
                     pct(m["p90_rel_err"]),
+                    f"{pct(m['noise'])} / {pct(m['noise_p90'])}",
+                    f"{m['sensitivity']:.2f}",
                 ]
             )
         rows.append(
@@ -82,6 +109,8 @@ def run(args) -> dict:
                 r["steps"]["modeled"],
                 pct(abs(r["steps"]["modeled"] - r["steps"]["measured"]) / max(1, r["steps"]["measured"])),
                 f"{r['preemptions']} / {r['preemptions_modeled']} preemptions",
+                "",
+                "",
             ]
         )
         rows.append(
@@ -92,6 +121,8 @@ def run(args) -> dict:
                 pct(r["utilisation"]["modeled"]),
                 "",
                 f"waiting {r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f}",
+                "" if r["drift"] is None else f"reference step {r['drift']:+.1%} vs the calibration's",
+                "",
             ]
         )
     goals = [goal("calibration time", "<= 60 s", f"{report['calibration_s']:.1f} s", report["calibration_s"] <= 60.0)]
@@ -109,13 +140,37 @@ def run(args) -> dict:
         )
     summary = {
         name: {
-            m: {k: r[m][k] for k in ("median_rel_err", "p90_rel_err", "median_measured_s", "median_modeled_s", "noise")}
+            m: {
+                k: r[m][k]
+                for k in (
+                    "median_rel_err",
+                    "p90_rel_err",
+                    "median_measured_s",
+                    "median_modeled_s",
+                    "noise",
+                    "noise_p90",
+                    "sensitivity",
+                )
+            }
             for m in ("ttft", "tpot", "e2e")
         }
-        | {k: r[k] for k in ("steps", "preemptions", "preemptions_modeled", "utilisation", "mean_waiting", "rounds")}
+        | {
+            k: r[k]
+            for k in (
+                "steps",
+                "preemptions",
+                "preemptions_modeled",
+                "utilisation",
+                "mean_waiting",
+                "rounds",
+                "reference_step_s",
+                "drift",
+            )
+        }
         for name, r in report["traces"].items()
     }
     command = command_line(NAME, args) + (f" --rounds {args.rounds}" if getattr(args, "rounds", None) else "")
+    command += f" --clock {report['clock']}" + ("" if report["core"] is not None else " --no-pin")
     return {
         "command": command,
         "config": {
@@ -125,11 +180,14 @@ def run(args) -> dict:
             "seed": seed,
             "rounds": rounds,
             "validation_seeds": [seed + 1, seed + 2],
+            "clock": report["clock"],
+            "core": report["core"],
         },
         "results": {
             "calibration_s": report["calibration_s"],
             "profile": cost.to_profile(),
             "held_out": report["held_out"],
+            "load_average": report["load_average"],
             "traces": summary,
         },
         "goals": goals,
@@ -143,9 +201,13 @@ def run(args) -> dict:
                     "modeled (median, ms)",
                     "median rel. error",
                     "p90 rel. error",
+                    "two real rounds apart (median / p90)",
+                    "sensitivity",
                 ],
                 rows,
-                title=f"modeled vs measured, per request (measured: the median of {rounds} rounds)",
+                title=f"modeled vs measured, per request (measured: the median of {rounds} rounds, "
+                f"{report['clock']} clock, load average {report['load_average']['start']} at the start, "
+                f"{report['load_average']['end']} at the end)",
             ),
         ],
     }

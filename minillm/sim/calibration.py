@@ -7,22 +7,28 @@ Three parts, each usable alone:
 1. ``measure_steps``: run the real engine (the shipped model unless told otherwise) over a grid of
    batch shapes (decodes at batch 1 to 64, short and long contexts, whole and chunked prefills, mixed
    batches), then over a few traces replayed in real time (the batches a server really forms), and
-   keep, for every step, each request's new tokens and context, the step's wall time, and whether the
-   engine sat idle before it. Python's garbage collector stays out of the timing (``quiet_heap``).
+   keep, for every step, each request's new tokens and context, the step's time on the engine's clock,
+   and whether the engine sat idle before it. Python's garbage collector stays out of the timing
+   (``quiet_heap``).
 2. ``fit_step_cost``: a least-squares fit of ``LinearStepCost``'s terms (``costmodel.batch_terms``: a
-   fixed part, per new token, per sequence, per context token, per attention pair; and ``after_idle``,
-   the extra time of a step that follows a wait for an arrival) to those steps; a term the data make
-   negative is dropped (its cost is then 0) and the rest fitted again. Each term keeps its standard
-   error. ``held_out_errors`` predicts each calibration trace with a fit of the rest.
+   fixed part, a step of more than one new token, per new token, per sequence, per context token, per
+   attention pair; and ``after_idle``, the extra time of a step that follows a wait for an arrival) to
+   those steps; a term the data make negative is dropped (its cost is then 0) and the rest fitted
+   again. Each term keeps its standard error. ``held_out_errors`` predicts each calibration trace with
+   a fit of the rest.
 3. ``compare_on_trace``: the same trace (Poisson arrivals, log-normal lengths) run on the real engine
-   (wall clock, requests arriving in real time; a few rounds, each request's median taken) and on the
+   (its clock, requests arriving in real time; a few rounds, each request's median taken) and on the
    simulator (modeled clock, the calibrated cost model): every request's TTFT, TPOT and end-to-end
    latency side by side, with the median and 90th-percentile relative error, both step counts, how
-   far two real rounds differ, and how loaded the engine was.
+   far two real rounds differ (the floor under any model's error), how loaded the engine was, and how
+   much an error in every step moves a request's latency at that load (``sensitivity``).
 
 ``calibrate(out=DIR)`` does all three and writes the profile (``DIR/step-cost-MACHINE.json``, loaded by
 ``CostModel.from_profile``) and the report (``DIR/calibration-MACHINE.json``);
-``python -m minillm.bench calibrate`` is the same from a shell.
+``python -m minillm.bench calibrate`` is the same from a shell. It runs on one core
+(``pinned_to_one_core``), and on the clock you name: ``"wall"`` (what a user would see; the goal's), or
+``"cpu"`` (``sim.clock.ProcessClock``: the process's own CPU time, for a machine shared with other work,
+where the wall clock measures the other programs as much as the engine).
 
 Published simulators, for scale: Vidur (Agrawal et al., MLSys 2024) profiles each operator and predicts
 request latency within 9%; ours predicts only step times, with every decision the real one.
@@ -33,6 +39,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
+import os
 import platform
 import time
 from dataclasses import dataclass, replace
@@ -54,6 +62,7 @@ __all__ = [
     "compare_on_trace",
     "calibrate",
     "machine_name",
+    "pinned_to_one_core",
 ]
 
 
@@ -134,16 +143,22 @@ def _wait_if_idle(engine) -> float:
     return max(0.0, engine.clock.now() - t)
 
 
-def _timed_steps(engine, workload: str = "") -> list[StepSample]:
-    """Step ``engine`` until it is done; every step with work, timed from just before ``step()`` to
-    just after it. A step after an idle wait counts from the moment its request arrived: the time a
-    sleeping process takes to wake is part of what that request sees (``after_idle``)."""
+def _timed_steps(engine, workload: str = "", deadline: float = math.inf) -> list[StepSample]:
+    """Step ``engine`` until it is done; every step with work, timed on the engine's own clock (wall or
+    CPU time) from just before ``step()`` to just after it. A step after an idle wait counts from the
+    moment its request arrived: the time a sleeping process takes to wake is part of what that request
+    sees (``after_idle``). Past ``deadline`` (``time.perf_counter``) the requests left are aborted."""
     samples = []
+    clock = engine.clock
     while engine.has_unfinished_requests():
+        if time.perf_counter() > deadline:
+            for request_id in list(engine.active):
+                engine.abort_request(request_id)
+            break
         late = _wait_if_idle(engine)
-        t0 = time.perf_counter()
+        t0 = clock.now()
         rec = engine.step()
-        seconds = time.perf_counter() - t0
+        seconds = clock.now() - t0
         if rec.batch:
             samples.append(
                 StepSample(
@@ -155,6 +170,37 @@ def _timed_steps(engine, workload: str = "") -> list[StepSample]:
                 )
             )
     return samples
+
+
+def reference_steps(engine) -> list[StepSample]:
+    """The machine's pulse: one request of 24 prompt tokens decoding 32 tokens alone, its decode steps
+    (workload "reference"). Timed at the start of the calibration and before every real round, their
+    median says whether the machine got slower or faster in between (``compare_on_trace``'s ``drift``):
+    the profile cannot know that it did."""
+    from ..sampling_params import SamplingParams
+
+    engine.add_request(list(range(10, 34)), SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
+    return _timed_steps(engine, "reference")[1:]  # not the prefill
+
+
+@contextlib.contextmanager
+def pinned_to_one_core(core: Optional[int] = None):
+    """This thread on one core (the last this process may use, or ``core``) for the block, and back
+    to its cores after; yields the core, or None where the system cannot pin (not Linux). The engine's
+    steps then never move between cores mid-run (a move costs the caches); with one torch thread all
+    of a step's work runs on this thread."""
+    if not hasattr(os, "sched_setaffinity"):
+        yield None
+        return
+    before = os.sched_getaffinity(0)
+    core = max(before) if core is None else core
+    if core not in before:
+        raise ValueError(f"pinned_to_one_core: core={core!r}; this process may use {sorted(before)}")
+    os.sched_setaffinity(0, {core})
+    try:
+        yield core
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 @contextlib.contextmanager
@@ -191,7 +237,9 @@ def measure_steps(
     """Run the real engine over ``grid`` (every request arriving at once, greedy, exactly its output
     length), then replay ``traces`` (Poisson arrivals in real time, log-normal lengths; seeds 1000 and
     up, never those of ``validation_trace``'s defaults), and return every step as a ``StepSample``.
-    Stops starting new workloads once ``budget_s`` seconds are spent."""
+    The grid always runs whole (a few seconds on a quiet 2-core machine: every batch shape the fit
+    needs to tell its terms apart); the traces fill the rest of ``budget_s`` seconds, the last one stopped in
+    the middle when they run out (a busy machine is slower; the budget holds anyway)."""
     from dataclasses import replace as replace_field
 
     from ..analysis.workloads import submit_trace
@@ -212,15 +260,16 @@ def measure_steps(
     engine_with_budget(2048)  # loading the model and warming up are not part of the budget
     t_start = time.perf_counter()
     with quiet_heap():
+        samples += reference_steps(engines[2048])
         for i, (n, (lo, hi), out_len, budget) in enumerate(grid):
-            if time.perf_counter() - t_start > budget_s:
-                break
             engine = engine_with_budget(budget)
             sp = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
             for _ in range(n):
                 length = int(rng.integers(lo, hi + 1))
                 engine.add_request(rng.integers(10, engine.vocab_size, length).tolist(), sp)
-            samples += _timed_steps(engine, f"grid {i}")[1:]  # the first: a new batch shape's allocations
+            # Decodes: not their first step (the prompts' prefill, a new batch shape's allocations). A lone
+            # prefill (one output token) is that step alone, of a shape the warm-up ran: kept.
+            samples += _timed_steps(engine, f"grid {i}")[1 if out_len > 1 else 0 :]
             if progress is not None:
                 progress(i + 1, work)
         for k, (n, rate, prompt_median, output_median) in enumerate(traces):
@@ -240,7 +289,7 @@ def measure_steps(
                 for r in trace
             ]
             submit_trace(engine, trace, vocab_size=engine.vocab_size, seed=seed + k)
-            samples += _timed_steps(engine, f"trace {k}")
+            samples += _timed_steps(engine, f"trace {k}", t_start + budget_s)
             if progress is not None:
                 progress(len(grid) + k + 1, work)
     return samples
@@ -341,7 +390,7 @@ def predicted_seconds(cost: LinearStepCost, sample: StepSample) -> float:
 
 
 def validation_trace(
-    n: int = 300, rate: float = 12.0, seed: int = 1, *, prompt_median: int = 48, output_median: int = 40
+    n: int = 300, rate: float = 5.0, seed: int = 1, *, prompt_median: int = 48, output_median: int = 40
 ) -> list:
     """``n`` requests, Poisson arrivals at ``rate`` per second, log-normal prompt and output lengths."""
     from ..analysis.workloads import LogNormal, synthetic_trace
@@ -355,21 +404,31 @@ def validation_trace(
     )
 
 
-def validation_traces(seed: int = 0, sizes: tuple[int, int] = (300, 240)) -> dict:
+def validation_traces(seed: int = 0, sizes: tuple[int, int] = (300, 200)) -> dict:
     """The two traces ``calibrate`` checks, {name: (trace, engine settings)}, seeds ``seed + 1`` and
-    ``seed + 2`` (the calibration's own traces use 1000 and up): "poisson", Poisson arrivals at 12 per
-    second, prompts of median 48 tokens and answers of median 40, on a KV cache that never runs out;
-    "preempting", longer requests (prompts of median 96, answers of median 64) at 4 per second on 64
-    blocks of 16 positions, so that bursts preempt requests (recompute). Both below the machine's
-    capacity: the queue empties between bursts (past capacity it grows without bound, and any error in
-    a step compounds into every later request's wait). Their load was chosen with the simulator and an
-    earlier profile of a quiet 2-core machine (about 20 preemptions, few requests waiting, for the
-    second), never from how well the simulator matched the real engine on them."""
+    ``seed + 2`` (the calibration's own traces use 1000 and up):
+
+    * "poisson": Poisson arrivals at 5 per second, prompts of median 48 tokens and answers of median
+      40, on a KV cache that never runs out;
+    * "preempting": longer requests (prompts of median 96, answers of median 64) at 3 per second on
+      64 blocks of 16 positions: when a few long requests overlap the cache runs out and one is
+      preempted (recompute); about 10 preemptions in 200 requests.
+
+    Both at a load where a request's latency is made of its own steps, not of waiting behind others:
+    the engine busy about two thirds of the time, about 1.6 requests in a batch, nobody left waiting.
+    There a step that the model prices 1% too long makes a request about 1% too late
+    (``compare_on_trace``'s ``sensitivity``, about 1.05). Nearer the machine's capacity the engine is
+    busy all the time, an error in one step delays every request behind it and batches grow, and two
+    real runs of the same trace differ from each other more than the goal allows any model (at 12
+    per second: sensitivity 1.3 for end-to-end latency and 3 for TTFT, the real rounds 28% apart per
+    request on a quiet machine). The rates were chosen with the simulator and a profile of this
+    machine, for their load alone (busy, sensitivity, preemptions), never from how well the simulator
+    matched the real engine on them."""
     n1, n2 = sizes
     return {
-        "poisson": (validation_trace(n1, rate=12.0, seed=seed + 1), {}),
+        "poisson": (validation_trace(n1, rate=5.0, seed=seed + 1), {}),
         "preempting": (
-            validation_trace(n2, rate=4.0, seed=seed + 2, prompt_median=96, output_median=64),
+            validation_trace(n2, rate=3.0, seed=seed + 2, prompt_median=96, output_median=64),
             {"num_kv_blocks": 64},
         ),
     }
@@ -395,15 +454,22 @@ def compare_on_trace(
     on the simulator (``cost_model``). A request's measured TTFT, TPOT and end-to-end latency are the
     median over the rounds (a single run's noise, a collection or another program taking the core,
     is the machine's, not the model's); per metric (``ttft``, ``tpot``, ``e2e``) the median and
-    90th-percentile relative error of modeled against measured, both medians, and ``noise``: the
-    median over requests and pairs of rounds of |one round - another| / the rounds' median (how far
-    two runs of the same trace on the same engine differ; 0 for one round). Also every request's pair
+    90th-percentile relative error of modeled against measured, both medians, ``noise`` and
+    ``noise_p90``: the median and 90th percentile over requests and pairs of rounds of |one round -
+    another| / the rounds' median (how far two runs of the same trace on the same engine differ: no
+    model can be checked closer than that; 0 for one round), and ``sensitivity``: how far a request's
+    modeled latency moves when every step is ``SENSITIVITY_STEP`` (2%) longer, over 2% (the median over
+    requests; about 1 where latency is a request's own steps, above 1 where it waits behind others, so
+    that an error per step grows into a larger error per request). Also every request's pair
     (``per_request``), the step counts (measured: the rounds' median), preemptions, and the load:
     ``utilisation``, the fraction of the trace's span (first arrival to last finish) the engine was
     busy, and ``mean_waiting``, the requests left waiting at a step (at most ``record_max_waiting``
     counted), measured (the rounds' median) and modeled. A batching engine is busy nearly all the
     time well below its capacity (every step serves whoever is running); a queue that keeps growing
-    is what saturation looks like."""
+    is what saturation looks like. ``reference_step_s``: each round's ``reference_steps`` (median), and
+    ``drift``: their median against the one timed with the calibration (in ``cost_model.info``), less 1
+    (+0.10: the machine's steps 10% slower in the real rounds than when the profile was timed; None for a
+    cost model without it)."""
     from ..model.loader import resolve_model_path
     from .simulated import simulate
 
@@ -421,6 +487,9 @@ def compare_on_trace(
 
     sim, _ = simulate(trace, model=resolve_model_path(model), cost_model=cost_model, records="full", **config)
     modeled = {rid: _latencies(sim.requests[rid].metrics) for rid in ids}
+    longer = LinearStepCost({t: v * (1 + SENSITIVITY_STEP) for t, v in cost_model.seconds.items()})
+    slower, _ = simulate(trace, model=resolve_model_path(model), cost_model=longer, **config)
+    shifted = {rid: _latencies(slower.requests[rid].metrics) for rid in ids}
     busy = [rec for rec in sim.step_records if rec.batch_size]
     span = max(r["e2e"] + t.arrival_time for r, t in zip(modeled.values(), trace)) - min(t.arrival_time for t in trace)
 
@@ -437,13 +506,16 @@ def compare_on_trace(
             for i, a in enumerate(runs)
             for b in runs[i + 1 :]
         ]
+        noise = np.concatenate(noise) if noise else np.zeros(1)
         report[metric] = {
             "median_rel_err": float(np.median(err)),
             "p90_rel_err": float(np.percentile(err, 90)),
             "median_measured_s": float(np.median([a for a, _ in values])),
             "median_modeled_s": float(np.median([b for _, b in values])),
             "num_requests": len(err),
-            "noise": float(np.median(np.concatenate(noise))) if noise else 0.0,
+            "noise": float(np.median(noise)),
+            "noise_p90": float(np.percentile(noise, 90)),
+            "sensitivity": float(np.median(_relative_errors(modeled, shifted, metric))) / SENSITIVITY_STEP,
         }
     report["steps"] = {
         "measured": int(np.median([run["steps"] for run in runs])),
@@ -461,12 +533,16 @@ def compare_on_trace(
         "modeled": _mean_waiting(busy),
     }
     report["rounds"] = rounds
+    report["reference_step_s"] = [run["reference_step_s"] for run in runs]
+    timed = cost_model.info.get("reference_step_s")
+    report["drift"] = float(np.median(report["reference_step_s"]) / timed - 1.0) if timed else None
     report["num_requests"] = len(ids)
     report["per_request"] = {rid: {"measured": measured[rid], "modeled": modeled[rid]} for rid in ids}
     return report
 
 
 METRICS = ("ttft", "tpot", "e2e")
+SENSITIVITY_STEP = 0.02  # every step this much longer: how far does a request's latency move?
 
 
 def _median(values: list) -> Optional[float]:
@@ -488,6 +564,7 @@ def _real_run(trace: Sequence, model: Optional[str], config: dict) -> dict:
     with quiet_heap():  # a clean heap, as a fresh server's; no collection inside
         engine = _engine(model, **config)
         _warm_up(engine)
+        reference = float(np.median([s.seconds for s in reference_steps(engine)]))
         engine.step_records.clear()
         start = engine.clock.now() + 0.05
         ids = submit_trace(
@@ -506,7 +583,16 @@ def _real_run(trace: Sequence, model: Optional[str], config: dict) -> dict:
         "preemptions": sum(engine.requests[rid].metrics.num_preemptions for rid in ids),
         "utilisation": 1.0 - idle / span if span > 0 else 0.0,
         "mean_waiting": _mean_waiting([rec for rec in engine.step_records if rec.batch_size]),
+        "reference_step_s": reference,
     }
+
+
+def _load_average() -> Optional[list]:
+    """The machine's load average over 1, 5 and 15 minutes (None where the system does not say)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def _mean_waiting(records) -> float:
@@ -529,16 +615,41 @@ def calibrate(
     grid=GRID,
     calibration_traces=TRACES,
     rounds: int = 3,
+    clock: str = "wall",
+    pin: bool = True,
     progress: Optional[Callable[[str], None]] = print,
     **config,
 ) -> tuple[LinearStepCost, dict]:
     """Measure, fit, and (``validate``) compare on ``traces`` ({name: (trace, engine settings)}; default
     ``validation_traces(seed)``), each run ``rounds`` times on the real engine; ``grid`` and
-    ``calibration_traces`` are what ``measure_steps`` times. ``config``:
-    ``EngineConfig`` fields for every engine (``device="cuda"`` calibrates a GPU). The report holds
+    ``calibration_traces`` are what ``measure_steps`` times. ``clock``: the real engine's clock for the
+    timing and the real runs alike, "wall" or "cpu" (``ProcessClock``, a CPU engine on a shared machine);
+    ``pin``: all of it on one core (``pinned_to_one_core``). ``config``: ``EngineConfig`` fields for
+    every engine (``device="cuda"`` calibrates a GPU, on the wall clock). The report holds
     ``calibration_s``, the profile, ``held_out`` (``held_out_errors``: each calibration trace predicted
-    by a fit without it) and, per trace, ``compare_on_trace``'s report.
+    by a fit without it), the machine's load average when it started and ended (``load_average``), and,
+    per trace, ``compare_on_trace``'s report.
     Returns ``(cost_model, report)``; with ``out``, writes the profile and the report there."""
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"calibrate: clock={clock!r}; the real engine runs on 'wall' or 'cpu'")
+    with pinned_to_one_core() if pin else contextlib.nullcontext() as core:
+        cost, report = _calibrate_here(model, budget_s, seed, grid, calibration_traces, progress, core, clock, config)
+        if validate:
+            report["traces"] = _validate(cost, model, traces, seed, rounds, progress, dict(config, clock=clock))
+    report["load_average"]["end"] = _load_average()
+    if out is not None:
+        path = Path(out)
+        path.mkdir(parents=True, exist_ok=True)
+        profile = path / f"step-cost-{cost.info['machine']}.json"
+        cost.save(profile)
+        (path / f"calibration-{cost.info['machine']}.json").write_text(json.dumps(report, indent=1) + "\n")
+        if progress is not None:
+            progress(f"calibrate: wrote {profile} (CostModel.from_profile loads it) and the report beside it")
+    return cost, report
+
+
+def _calibrate_here(model, budget_s, seed, grid, calibration_traces, progress, core, clock, config):
+    """``calibrate``'s first two parts: the steps timed and the terms fitted; (cost model, report)."""
     import torch
 
     say = progress or (lambda _msg: None)
@@ -547,14 +658,23 @@ def calibrate(
         "processor": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "clock": clock,
+        "core": core,
         "model": model or "shipped",
         "date": time.strftime("%Y-%m-%d"),
     }
+    load_start = _load_average()
     t0 = time.perf_counter()
-    say(f"calibrate: timing the real engine's steps on {info['machine']} (at most {budget_s:.0f} s)")
-    samples = measure_steps(model, budget_s=budget_s, seed=seed, grid=grid, traces=calibration_traces, **config)
+    say(
+        f"calibrate: timing the real engine's steps on {info['machine']} (at most {budget_s:.0f} s; "
+        f"{info['clock']} clock, core {core}, load average {load_start})"
+    )
+    samples = measure_steps(
+        model, budget_s=budget_s, seed=seed, grid=grid, traces=calibration_traces, clock=clock, **config
+    )
     info["calibration_s"] = time.perf_counter() - t0
     info["steps_after_idle"] = sum(s.after_idle for s in samples)
+    info["reference_step_s"] = float(np.median([s.seconds for s in samples if s.workload == "reference"]))
     cost = fit_step_cost(samples, info=info)
     held_out = held_out_errors(samples)
     del samples  # thousands of objects the garbage collector would walk
@@ -573,31 +693,34 @@ def calibrate(
         "calibration_s": info["calibration_s"],
         "profile": cost.to_profile(),
         "held_out": held_out,
+        "clock": info["clock"],
+        "core": core,
+        "load_average": {"start": load_start},
         "traces": {},
     }
-    if validate:
-        for name, (trace, settings) in (validation_traces(seed) if traces is None else traces).items():
-            say(
-                f"calibrate: trace '{name}' ({len(trace)} requests) on the real engine ({rounds} rounds), "
-                f"then the simulator"
-            )
-            r = compare_on_trace(cost, trace, model, rounds=rounds, **{**config, **settings})
-            report["traces"][name] = r
-            say(
-                f"    {name}: e2e {r['e2e']['median_rel_err']:.1%} median / {r['e2e']['p90_rel_err']:.1%} p90, "
-                f"TTFT {r['ttft']['median_rel_err']:.1%} / {r['ttft']['p90_rel_err']:.1%}, "
-                f"TPOT {r['tpot']['median_rel_err']:.1%} / {r['tpot']['p90_rel_err']:.1%}; steps "
-                f"{r['steps']['measured']} measured, {r['steps']['modeled']} modeled; {r['preemptions']} "
-                f"preemptions measured, {r['preemptions_modeled']} modeled; busy "
-                f"{r['utilisation']['measured']:.0%} measured, {r['utilisation']['modeled']:.0%} modeled, "
-                f"{r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f} requests waiting; "
-                f"two rounds' e2e differ by {r['e2e']['noise']:.1%} (median)"
-            )
-    if out is not None:
-        path = Path(out)
-        path.mkdir(parents=True, exist_ok=True)
-        profile = path / f"step-cost-{info['machine']}.json"
-        cost.save(profile)
-        (path / f"calibration-{info['machine']}.json").write_text(json.dumps(report, indent=1) + "\n")
-        say(f"calibrate: wrote {profile} (CostModel.from_profile loads it) and the report beside it")
     return cost, report
+
+
+def _validate(cost, model, traces, seed, rounds, progress, config) -> dict:
+    """``calibrate``'s third part: every validation trace on the real engine and on the simulator."""
+    say = progress or (lambda _msg: None)
+    reports = {}
+    for name, (trace, settings) in (validation_traces(seed) if traces is None else traces).items():
+        say(
+            f"calibrate: trace '{name}' ({len(trace)} requests) on the real engine ({rounds} rounds), "
+            "then on the simulator"
+        )
+        r = reports[name] = compare_on_trace(cost, trace, model, rounds=rounds, **{**config, **settings})
+        say(
+            f"    {name}: e2e {r['e2e']['median_rel_err']:.1%} median / {r['e2e']['p90_rel_err']:.1%} p90, "
+            f"TTFT {r['ttft']['median_rel_err']:.1%} / {r['ttft']['p90_rel_err']:.1%}, "
+            f"TPOT {r['tpot']['median_rel_err']:.1%} / {r['tpot']['p90_rel_err']:.1%}; steps "
+            f"{r['steps']['measured']} measured, {r['steps']['modeled']} modeled; {r['preemptions']} "
+            f"preemptions measured, {r['preemptions_modeled']} modeled; busy "
+            f"{r['utilisation']['measured']:.0%} measured, {r['utilisation']['modeled']:.0%} modeled, "
+            f"{r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f} requests waiting; "
+            f"two rounds' e2e differ by {r['e2e']['noise']:.1%} (median) / {r['e2e']['noise_p90']:.1%} (p90); "
+            f"every step 1% longer moves e2e {r['e2e']['sensitivity']:.2f}%; the machine's reference step "
+            + (f"{r['drift']:+.1%} against the calibration's" if r["drift"] is not None else "not timed")
+        )
+    return reports

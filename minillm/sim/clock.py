@@ -1,8 +1,12 @@
-"""The engine's clock: measured wall time, or modeled time advanced by a cost model.
+"""The engine's clock: measured wall time, the process's own CPU time, or modeled time advanced by a cost model.
 
 With ``clock="modeled"`` a step takes as long as the cost model says (a roofline
 of the GPU you name), so a laptop can tell you what an H100 would do; the run is
 deterministic. With ``clock="wall"`` the step takes as long as it really took.
+With ``clock="cpu"`` it takes the CPU time this process spent on it: the real engine
+on a CPU, timed as if it had the core to itself (what other programs take of the
+core is not counted; an idle wait for the next arrival is skipped, as on the
+modeled clock).
 """
 
 from __future__ import annotations
@@ -51,8 +55,36 @@ class ModeledClock:
         self.t = t  # a failed step takes no modeled time
 
 
+class ProcessClock:
+    """The CPU time this process has used (``time.process_time``), plus every idle wait skipped.
+
+    For the real engine on a machine shared with other work: a step's time is the CPU time its
+    forward and bookkeeping used, so another program taking the core for a while does not make the
+    step look slower (it still shares the caches). Nothing runs while the engine waits for an arrival,
+    so ``wait_until`` moves the clock to that time at once, as the modeled clock does. On a GPU the
+    device's time is not the process's: use the wall clock there."""
+
+    name = "cpu"
+
+    def __init__(self):
+        self.t0 = time.process_time()
+        self.skipped = 0.0  # idle waits jumped over
+
+    def now(self) -> float:
+        return time.process_time() - self.t0 + self.skipped
+
+    def advance(self, seconds: float) -> None:
+        pass  # CPU time advances as the process works
+
+    def wait_until(self, t: float) -> None:
+        self.skipped += max(0.0, t - self.now())
+
+    def reset(self, t: float) -> None:
+        pass  # a failed step cannot take back the CPU time it used
+
+
 def make_clock(name: str):
-    return ModeledClock() if name == "modeled" else WallClock()
+    return {"modeled": ModeledClock, "cpu": ProcessClock}.get(name, WallClock)()
 
 
 class PhaseTimes:

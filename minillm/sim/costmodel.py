@@ -1,10 +1,10 @@
 """The modeled GPU clock: how long one forward step, one swap, one scheduling pass take.
 
-The engine can run on two clocks (``EngineConfig.clock``): "wall" measures what the
-CPU actually spent, "modeled" advances by what a cost model says the step *would*
-cost on a real accelerator. The cost model is what lets a laptop show the batching
-math (from batch 1 to 32, about 20x the throughput for about 1.5x the step time) and the
-swap-vs-recompute rule with the numbers of an H100 serving Llama-2-7B.
+The engine can run on three clocks (``EngineConfig.clock``): "wall" measures what the
+step actually took, "cpu" the CPU time this process spent on it, "modeled" advances by
+what a cost model says the step *would* cost on a real accelerator. The cost model is
+what lets a laptop show the batching math (from batch 1 to 32, about 20x the throughput
+for about 1.5x the step time) and the swap-vs-recompute rule with the numbers of an H100 serving Llama-2-7B.
 
 Three cost models implement one interface (``CostModel``):
 
@@ -593,27 +593,31 @@ class ConstantStepTime(CostModel):
         return self.schedule_overhead
 
 
-BATCH_TERMS = ("fixed", "new_tokens", "sequences", "context_tokens", "attention_pairs")
+BATCH_TERMS = ("fixed", "multi_token", "new_tokens", "sequences", "context_tokens", "attention_pairs")
 STEP_TERMS = BATCH_TERMS + ("after_idle",)
-OPTIONAL_TERMS = ("after_idle",)  # a profile without it: 0 (one saved before the term existed)
+OPTIONAL_TERMS = ("multi_token", "after_idle")  # a profile without one: 0 (saved before the term existed)
 
 
-def batch_terms(num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> tuple[int, int, int, int, int]:
+def batch_terms(num_new_tokens: Sequence[int], context_lens: Sequence[int]) -> tuple[int, int, int, int, int, int]:
     """What a step's time is made of, counted for one batch (``LinearStepCost``'s batch terms, in
-    ``BATCH_TERMS``' order): 1 (the fixed part), new tokens (every linear layer runs once per
-    new token), sequences (sampling and bookkeeping per request), context tokens (the KV each
-    request reads) and attention pairs (query-key products: new token j of a request with
-    ``c`` positions after the step and ``q`` new ones attends to ``c - q + j + 1`` keys)."""
+    ``BATCH_TERMS``' order): 1 (the fixed part), 1 if the step has more than one new token
+    (``multi_token``: every weight matrix multiplies a matrix of token vectors instead of one
+    vector, a slower kernel to start on a CPU), new tokens (every linear layer runs once per new
+    token), sequences (sampling and bookkeeping per request), context tokens (the KV each request
+    reads) and attention pairs (query-key products: new token j of a request with ``c`` positions
+    after the step and ``q`` new ones attends to ``c - q + j + 1`` keys)."""
     pairs = sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(num_new_tokens, context_lens))
-    return 1, sum(num_new_tokens), len(num_new_tokens), sum(context_lens), pairs
+    new_tokens = sum(num_new_tokens)
+    return 1, int(new_tokens > 1), new_tokens, len(num_new_tokens), sum(context_lens), pairs
 
 
 class LinearStepCost(CostModel):
     """A step's time as a sum of per-unit costs, fitted to measured steps of the real engine.
 
-    ``seconds``: one number per term of ``STEP_TERMS`` (seconds per step, per new token, per
-    sequence, per context token, per attention pair: ``BATCH_TERMS``; and ``after_idle``, added to
-    a step that follows a wait for an arrival, ``after_idle_time``; optional, 0 when left out);
+    ``seconds``: one number per term of ``STEP_TERMS`` (seconds per step, per step of more than one
+    new token, per new token, per sequence, per context token, per attention pair: ``BATCH_TERMS``;
+    and ``after_idle``, added to a step that follows a wait for an arrival, ``after_idle_time``;
+    ``multi_token`` and ``after_idle`` are optional, 0 when left out);
     ``stderr``: each one's standard error from the fit; ``info``: where it was measured (machine,
     model, threads, ...). A profile is this as JSON (``to_profile`` / ``from_profile``).
     """
