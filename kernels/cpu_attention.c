@@ -199,3 +199,38 @@ int paged_attention_f32(const float *q, int64_t sq_t, int64_t sq_h, const float 
     free(items);
     return failed ? -1 : 0;
 }
+
+/* Before attention reads the cache: RoPE on the step's new queries and keys, and the keys and values
+ * written to their cache slots (llama.py's q * cos + rotate_half(q) * sin, the same for k, then
+ * k_cache[slot] = k and v_cache[slot] = v; vLLM's rotary embedding and reshape_and_cache), in one pass
+ * over the rows of the fused q/k/v projection's output ``qkv`` [T, (H + 2 Hkv) D], row stride s_t;
+ * queries rotated in place. cos/sin: [T, D] rows of stride s_cs; the caches: contiguous
+ * [slots, Hkv, D]. Rounded as torch rounds it (each product, then their sum: no fused multiply-add),
+ * so the results are the reference's bit for bit. */
+__attribute__((optimize("fp-contract=off"))) void rope_and_cache_f32(float *qkv, int64_t s_t, int T, int H, int Hkv,
+                                                                     int D, const float *cos, const float *sin,
+                                                                     int64_t s_cs, float *kc, float *vc,
+                                                                     const int64_t *slots) {
+    const int half = D / 2;
+    for (int t = 0; t < T; t++) {
+        float *row = qkv + (int64_t)t * s_t;
+        const float *c = cos + (int64_t)t * s_cs, *s = sin + (int64_t)t * s_cs;
+        float *k_dst = kc + slots[t] * Hkv * D, *v_dst = vc + slots[t] * Hkv * D;
+        for (int h = 0; h < H + Hkv; h++) {
+            float *x = row + (int64_t)h * D;
+            float *dst = h < H ? x : k_dst + (int64_t)(h - H) * D;
+            float r[512]; /* the rotated row (head_dim <= 512, checked by the caller) */
+            for (int d = 0; d < half; d++) {
+                float a = x[d] * c[d], b = x[d + half] * s[d];
+                r[d] = a - b;
+            }
+            for (int d = half; d < D; d++) {
+                float a = x[d] * c[d], b = x[d - half] * s[d];
+                r[d] = a + b;
+            }
+            for (int d = 0; d < D; d++) dst[d] = r[d];
+        }
+        const float *v = row + (int64_t)(H + Hkv) * D;
+        for (int d = 0; d < Hkv * D; d++) v_dst[d] = v[d];
+    }
+}
