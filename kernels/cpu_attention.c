@@ -55,7 +55,8 @@ static inline __attribute__((always_inline)) void attend_item(const Item *it, co
                         const float *vc, int64_t sk_b, int64_t sk_s, int64_t sk_h, int64_t sv_b,
                         int64_t sv_s, int64_t sv_h, float *out, int64_t so_t, int64_t so_h,
                         const int32_t *block_tables, int64_t s_bt, const int32_t *cu_q, const int32_t *ctx,
-                        int group, int D, int page, float scale, float *scratch) {
+                        int group, int D, int page, float scale, float *scratch,
+                        const float *k_after, const float *v_after) {
     const int req = it->req, h = it->kv_head;
     const int q_start = cu_q[req], q_len = cu_q[req + 1] - q_start;
     const int first_pos = ctx[req] - q_len;           /* position of the request's first new token */
@@ -81,12 +82,29 @@ static inline __attribute__((always_inline)) void attend_item(const Item *it, co
         const int nn = kv_end - n0 < page ? kv_end - n0 : page;
         const float *K = kc + block * sk_b + (int64_t)h * sk_h;
         const float *V = vc + block * sv_b + (int64_t)h * sv_h;
+        /* The next block's rows of this KV head (after the last block: the next item's first) are asked
+         * for while this block is computed: the blocks of a table lie anywhere in the cache, where the
+         * hardware's stream prefetchers cannot follow. */
+        const int last = n0 + page >= kv_end;
+        const float *Kn = last ? k_after : kc + (int64_t)table[n0 / page + 1] * sk_b + (int64_t)h * sk_h;
+        const float *Vn = last ? v_after : vc + (int64_t)table[n0 / page + 1] * sv_b + (int64_t)h * sv_h;
+        int ask = Kn != NULL;
         for (int m = 0; m < M; m++) {
             int seen = q_pos[m] - n0 + 1;              /* keys of this block row m may see */
             if (seen <= 0) continue;
             if (seen > nn) seen = nn;
             const float *qm = Q + (size_t)m * D;
-            for (int j = 0; j < seen; j++) s[j] = dot(qm, K + j * sk_s, D);
+            if (ask) { /* the first row of the block: the asks spread between its dot products */
+                ask = 0;
+                for (int j = 0; j < page; j++) {
+                    for (int d = 0; d < D; d += 16) {
+                        __builtin_prefetch(Kn + j * sk_s + d, 0, 3);
+                        __builtin_prefetch(Vn + j * sv_s + d, 0, 3);
+                    }
+                    if (j < seen) s[j] = dot(qm, K + j * sk_s, D);
+                }
+            } else
+                for (int j = 0; j < seen; j++) s[j] = dot(qm, K + j * sk_s, D);
             float mx = m_i[m];
 #pragma omp simd reduction(max : mx)
             for (int j = 0; j < seen; j++) mx = s[j] > mx ? s[j] : mx;
@@ -159,10 +177,17 @@ int paged_attention_f32(const float *q, int64_t sq_t, int64_t sq_h, const float 
         }
 #define ATTEND(HEAD_DIM)                                                                                     \
     attend_item(&items[i], q, sq_t, sq_h, kc, vc, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, out, so_t, so_h,       \
-                block_tables, s_bt, cu_q, ctx, group, HEAD_DIM, page, scale, scratch)
+                block_tables, s_bt, cu_q, ctx, group, HEAD_DIM, page, scale, scratch, k_after, v_after)
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < n_items; i++) {
             if (!scratch) continue;
+            const float *k_after = NULL, *v_after = NULL; /* the first block of the item after this one */
+            if (i + 1 < n_items) {
+                const Item *nx = &items[i + 1];
+                const int64_t b0 = block_tables[(int64_t)nx->req * s_bt];
+                k_after = kc + b0 * sk_b + (int64_t)nx->kv_head * sk_h;
+                v_after = vc + b0 * sv_b + (int64_t)nx->kv_head * sv_h;
+            }
             switch (D) {
             case 64: ATTEND(64); break;
             case 128: ATTEND(128); break;
@@ -173,4 +198,39 @@ int paged_attention_f32(const float *q, int64_t sq_t, int64_t sq_h, const float 
     }
     free(items);
     return failed ? -1 : 0;
+}
+
+/* Before attention reads the cache: RoPE on the step's new queries and keys, and the keys and values
+ * written to their cache slots (llama.py's q * cos + rotate_half(q) * sin, the same for k, then
+ * k_cache[slot] = k and v_cache[slot] = v; vLLM's rotary embedding and reshape_and_cache), in one pass
+ * over the rows of the fused q/k/v projection's output ``qkv`` [T, (H + 2 Hkv) D], row stride s_t;
+ * queries rotated in place. cos/sin: [T, D] rows of stride s_cs; the caches: contiguous
+ * [slots, Hkv, D]. Rounded as torch rounds it (each product, then their sum: no fused multiply-add),
+ * so the results are the reference's bit for bit. */
+__attribute__((optimize("fp-contract=off"))) void rope_and_cache_f32(float *qkv, int64_t s_t, int T, int H, int Hkv,
+                                                                     int D, const float *cos, const float *sin,
+                                                                     int64_t s_cs, float *kc, float *vc,
+                                                                     const int64_t *slots) {
+    const int half = D / 2;
+    for (int t = 0; t < T; t++) {
+        float *row = qkv + (int64_t)t * s_t;
+        const float *c = cos + (int64_t)t * s_cs, *s = sin + (int64_t)t * s_cs;
+        float *k_dst = kc + slots[t] * Hkv * D, *v_dst = vc + slots[t] * Hkv * D;
+        for (int h = 0; h < H + Hkv; h++) {
+            float *x = row + (int64_t)h * D;
+            float *dst = h < H ? x : k_dst + (int64_t)(h - H) * D;
+            float r[512]; /* the rotated row (head_dim <= 512, checked by the caller) */
+            for (int d = 0; d < half; d++) {
+                float a = x[d] * c[d], b = x[d + half] * s[d];
+                r[d] = a - b;
+            }
+            for (int d = half; d < D; d++) {
+                float a = x[d] * c[d], b = x[d - half] * s[d];
+                r[d] = a + b;
+            }
+            for (int d = 0; d < D; d++) dst[d] = r[d];
+        }
+        const float *v = row + (int64_t)(H + Hkv) * D;
+        for (int d = 0; d < Hkv * D; d++) v_dst[d] = v[d];
+    }
 }

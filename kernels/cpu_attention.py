@@ -108,6 +108,8 @@ def _library() -> ctypes.CDLL:
         ctypes.c_float,
         i32,
     ]
+    dll.rope_and_cache_f32.restype = None
+    dll.rope_and_cache_f32.argtypes = [ptr, i64, i32, i32, i32, i32, ptr, ptr, i64, ptr, ptr, ptr]
     return dll
 
 
@@ -171,3 +173,48 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, cu_seqlens_q, context
     if rc != 0:
         raise MemoryError("paged_attention_cpu: the kernel could not allocate its scratch memory")
     return out
+
+
+def rope_and_cache(qkv, num_heads, num_kv_heads, cos, sin, k_cache, v_cache, slot_mapping):
+    """RoPE and the cache write of one layer's new tokens, in place: ``qkv`` float32 ``[T, (H + 2 Hkv) D]``
+    (the fused q/k/v projection's output) has its queries rotated where they lie; the rotated keys and the
+    values go to ``k_cache``/``v_cache`` (contiguous ``[num_blocks, block_size, Hkv, D]``) at
+    ``slot_mapping`` (int64 ``[T]``, every slot >= 0). ``cos``/``sin``: ``[T, 1, D]`` (``LlamaModel.rope``).
+    Bit for bit what ``q * cos + rotate_half(q) * sin`` (the same for k) and two ``index_copy_`` give."""
+    T, head_dim = qkv.shape[0], k_cache.shape[-1]
+    tensors = (qkv, cos, sin, k_cache, v_cache)
+    if (
+        any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors)
+        or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim
+        or qkv.stride(1) != 1
+        or cos.stride(-1) != 1
+        or sin.stride(-1) != 1
+        or cos.stride(0) != sin.stride(0)
+        or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+        or head_dim % 2
+        or head_dim > 512
+        or slot_mapping.dtype != torch.int64
+        or not slot_mapping.is_contiguous()
+        or len(slot_mapping) != T
+    ):
+        raise ValueError(
+            "rope_and_cache: float32 CPU tensors, qkv [T, (H + 2 Hkv) D] with rows of stride 1, contiguous "
+            f"caches, an even head_dim <= 512 and T int64 slots; got qkv {tuple(qkv.shape)} {qkv.dtype}, "
+            f"cache {tuple(k_cache.shape)} {k_cache.dtype}, slots {tuple(slot_mapping.shape)} {slot_mapping.dtype}"
+        )
+    if T == 0:
+        return
+    _library().rope_and_cache_f32(
+        qkv.data_ptr(),
+        qkv.stride(0),
+        T,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        cos.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        slot_mapping.data_ptr(),
+    )

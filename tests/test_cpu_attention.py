@@ -231,3 +231,36 @@ def test_fused_layer_equals_plain_layer():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(caches[1][0], caches[0][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(caches[1][1], caches[0][1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 2, 16), (8, 4, 64), (3, 1, 128)])
+def test_rope_and_cache_equals_torch_bit_for_bit(num_heads, num_kv_heads, head_dim):
+    """RoPE and the cache write in C against llama.py's torch operations (rotate_half, index_copy_):
+    the rotated queries and the cache equal bit for bit; slots not written keep their NaN."""
+    from minillm.model.llama import rotate_half
+
+    torch.manual_seed(head_dim)
+    T, H, Hkv, D = 9, num_heads, num_kv_heads, head_dim
+    qkv = torch.randn(T, (H + 2 * Hkv) * D)
+    angles = torch.randn(T, 1, D // 2) * 10
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    slots = torch.randperm(6 * 4)[:T]
+    want_k, want_v = torch.full((6, 4, Hkv, D), float("nan")), torch.full((6, 4, Hkv, D), float("nan"))
+    q, k, v = qkv.view(T, H + 2 * Hkv, D).split([H, Hkv, Hkv], dim=1)
+    want_q = q * cos + rotate_half(q) * sin
+    want_k.view(-1, Hkv, D).index_copy_(0, slots, k * cos + rotate_half(k) * sin)
+    want_v.view(-1, Hkv, D).index_copy_(0, slots, v)
+    got_k, got_v = torch.full_like(want_k, float("nan")), torch.full_like(want_v, float("nan"))
+    cpu_attention.rope_and_cache(qkv, H, Hkv, cos, sin, got_k, got_v, slots)
+    assert torch.equal(qkv[:, : H * D].view(T, H, D), want_q)
+    torch.testing.assert_close(got_k, want_k, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(got_v, want_v, rtol=0, atol=0, equal_nan=True)
+
+
+def test_rope_and_cache_rejects_what_it_cannot_take():
+    qkv, cache = torch.randn(2, 4 * 16), torch.zeros(2, 4, 1, 16)
+    cos = torch.ones(2, 1, 16)
+    with pytest.raises(ValueError, match="rope_and_cache"):
+        cpu_attention.rope_and_cache(qkv.double(), 2, 1, cos, cos, cache, cache, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="int64"):
+        cpu_attention.rope_and_cache(qkv, 2, 1, cos, cos, cache, cache, torch.tensor([0, 1], dtype=torch.int32))

@@ -7,10 +7,13 @@
   (``cpu_linear.py`` says why packing pays);
 * the residual adds ride on the output projections (oneDNN's ``add`` post-op: ``x + o_proj(o)``
   is one call, as is ``x + down_proj(...)``);
-* RMSNorm is torch's fused ``F.rms_norm``, and RoPE turns q and k in one pass when no per-head
-  norm sits between the projection and the rotation;
-* the new K/V go into the cache with one ``index_copy_`` each and attention is the C kernel that
-  reads the paged cache in place (``minillm_kernels.cpu_attention``), called directly.
+* RMSNorm is torch's fused ``F.rms_norm``; when no per-head norm sits between the projection and
+  the rotation, RoPE and the cache write are one C call over the projection's output
+  (``cpu_attention.rope_and_cache``: q rotated in place, k rotated into its cache slots, v copied
+  to its slots; bit for bit what the torch operations give), else torch's operations and one
+  ``index_copy_`` each for K and V;
+* attention is the C kernel that reads the paged cache in place (``minillm_kernels.cpu_attention``),
+  called directly.
 
 Per layer that is 5 matrix multiplies where the plain layer has 7 plus two adds, and about a
 third of the small tensor operations, which on a CPU cost microseconds each whatever their size.
@@ -80,19 +83,18 @@ class FusedDecoderLayer(nn.Module):
         T, H, Hkv, D = x.shape[0], a.num_heads, a.num_kv_heads, a.head_dim
         h = F.rms_norm(x, (x.shape[-1],), ln1.weight, ln1.eps)
         qkv = _linear(h, *self.qkv, "none", [], "")  # [T, (H + 2 Hkv) D]
-        v = qkv[:, self.q_width + self.kv_width :].view(T, Hkv, D)
+        k_cache, v_cache = kv_cache
         if a.qk_norm:
             q = a.q_norm(qkv[:, : self.q_width].view(T, H, D))
             k = a.k_norm(qkv[:, self.q_width : self.q_width + self.kv_width].view(T, Hkv, D))
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-        else:  # q and k turned together
-            qk = qkv[:, : self.q_width + self.kv_width].view(T, H + Hkv, D)
-            qk = qk * cos + rotate_half(qk) * sin
-            q, k = qk[:, :H], qk[:, H:]
-        k_cache, v_cache = kv_cache
-        k_cache.view(-1, Hkv, D).index_copy_(0, meta.slot_mapping, k)  # the engine's slots are all >= 0
-        v_cache.view(-1, Hkv, D).index_copy_(0, meta.slot_mapping, v)
+            v = qkv[:, self.q_width + self.kv_width :].view(T, Hkv, D)
+            k_cache.view(-1, Hkv, D).index_copy_(0, meta.slot_mapping, k)  # the engine's slots are all >= 0
+            v_cache.view(-1, Hkv, D).index_copy_(0, meta.slot_mapping, v)
+        else:  # q rotated in place, k rotated into the cache, v copied there: one pass in C
+            cpu_attention.rope_and_cache(qkv, H, Hkv, cos, sin, k_cache, v_cache, meta.slot_mapping)
+            q = qkv[:, : self.q_width].view(T, H, D)
         o = cpu_attention.paged_attention_cpu(
             q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, a.scale
         )

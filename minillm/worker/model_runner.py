@@ -159,6 +159,13 @@ class ModelRunner:
         self.backend = model.backend
         self.bytes_per_block = model.bytes_per_block
         self.sampler = Sampler(config.seed)
+        # How the batch's tensors are built and plain rows sampled: the references, or on the CPU fast
+        # path the same results with less work per step (cpu_step.py: reused buffers, one argmax).
+        self.flat_batch, self.sample_plain = flat_batch, sample_plain
+        if self.backend == "cpu" and device.type == "cpu":
+            from . import cpu_step
+
+            self.flat_batch, self.sample_plain = cpu_step.InputBuffers().flat_batch, cpu_step.sample_plain
         self.proposer = None  # speculative decoding: the engine's set_proposer (draft probabilities q)
         # The acceptance rule applied to each verified request: EngineConfig.acceptance_rule, by
         # default minillm.spec.acceptance.verify (notebook 06's exercise plugs its own in there).
@@ -209,7 +216,7 @@ class ModelRunner:
                 if end > known:  # speculative tokens to verify
                     ids += s.spec_token_ids[: end - known]
             tables.append(block_table(r.request_id))
-        batch = flat_batch(
+        batch = self.flat_batch(
             ids,
             [s.num_new_tokens for s in reqs],
             [s.num_computed_before for s in reqs],
@@ -279,7 +286,7 @@ class ModelRunner:
             self._prompt_logprobs(logits[len(rows) :], prompt_rows, res)
             logits = logits[: len(rows)]
         if plain:
-            sample_plain(self.sampler, logits, plain, res)
+            self.sample_plain(self.sampler, logits, plain, res)
         if spec:
             # The target's distributions p (temperature, top-k/p) for every row of every sampled
             # (non-greedy) verifying request, in one batched call.
