@@ -13,6 +13,7 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.sim.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
 from minillm.analysis.metrics import summarize
+from minillm.core.policies import SJF
 from minillm.sim.sim_executor import PLACEHOLDER_TOKEN
 from minillm.sim.simulated import StepSummary, gpus_needed, simulate, tensor_parallel
 from minillm.analysis.workloads import (
@@ -216,7 +217,11 @@ def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
     one's lazy requests brought up to date first), then the clock and the counters. Returns the fast stepper."""
     from minillm.sim.fast_forward import FastForward
 
-    fast, plain = _engine(trace, **cfg), _engine(trace, **cfg)
+    def build():  # (a policy given as a factory: one object per engine)
+        policy = cfg.get("policy")
+        return _engine(trace, **{**cfg, "policy": policy()} if callable(policy) else cfg)
+
+    fast, plain = build(), build()
     ff = (stepper or FastForward)(fast)
     totals = fast.record_mode == "totals"
     i = 0
@@ -261,8 +266,21 @@ FF_TRACE = dict(
         dict(enable_chunked_prefill=False, num_kv_blocks=400, max_num_batched_tokens=4096),
         dict(watermark=0.3, num_kv_blocks=500, block_size=8),  # admission's headroom, other blocks
         dict(max_model_len=600),  # max_model_len ends requests
+        dict(policy="sjf", max_num_seqs=8),  # SJF: the queue in its order, with aging
+        dict(policy=lambda: SJF(predictor="history"), num_kv_blocks=300),  # it learns from finishes; preemption
     ],
-    ids=["seats", "queue", "preempt", "swap", "chunks", "no-chunking", "watermark", "max-model-len"],
+    ids=[
+        "seats",
+        "queue",
+        "preempt",
+        "swap",
+        "chunks",
+        "no-chunking",
+        "watermark",
+        "max-model-len",
+        "sjf",
+        "sjf-history",
+    ],
 )
 @pytest.mark.parametrize("record", ["none", "totals"])
 def test_fast_forward_changes_no_decision(cfg, record):
@@ -270,7 +288,8 @@ def test_fast_forward_changes_no_decision(cfg, record):
     records step by step, the same block tables and free list after every step (so the same blocks in
     the same order), every request's tokens, token times and metrics, the same clock and counters; with
     arrivals, a queue behind full seats, prompt chunks, admission blocked by memory, the watermark,
-    length limits, and (passed on to ``engine.step()``) preemption by recompute and by swapping. In both
+    length limits, SJF's order (its predictor learning from what finishes), and (passed on to
+    ``engine.step()``) preemption by recompute and by swapping. In both
     record modes it covers: "none" (``simulate(records=False)``) and "totals" (``records="summary"``:
     the step's token and request counts, the KV totals, and up to 16 waiting reasons)."""
     cfg = {"max_model_len": 4096, "record": record, "record_max_waiting": 16, **cfg}
@@ -304,10 +323,20 @@ def test_the_fast_forward_check_catches_a_planted_bug():
             kv = super()._kv_totals()
             return dataclasses.replace(kv, used=kv.used - self.num_lazy)
 
+    class ArrivalOrder(FastForward):  # SJF's queue admitted in arrival order
+        def __init__(self, engine):
+            super().__init__(engine)
+            self.keeps_order = True
+
     trace = synthetic_trace(**{**FF_TRACE, "n": 40})
-    for planted, record in ((ReversedBlocks, "none"), (LateTimes, "none"), (KVBehind, "totals")):
+    for planted, cfg in (
+        (ReversedBlocks, dict(record="none")),
+        (LateTimes, dict(record="none")),
+        (KVBehind, dict(record="totals")),
+        (ArrivalOrder, dict(record="none", policy=lambda: SJF(aging=0.0), max_num_seqs=8)),
+    ):
         with pytest.raises(AssertionError):
-            _lockstep(trace, stepper=planted, sync_every=10, max_model_len=4096, record=record)
+            _lockstep(trace, stepper=planted, sync_every=10, max_model_len=4096, **cfg)
 
 
 def test_fast_forward_counts_a_prompts_last_token_as_prefill():
@@ -367,10 +396,11 @@ def test_fast_forward_covers_only_its_configuration():
     from minillm.sim.fast_forward import FastForward
 
     trace = synthetic_trace(**{**FF_TRACE, "n": 10})
-    assert FastForward.covers(_engine(trace)) and FastForward.covers(_engine(trace, record="totals"))
+    for covered in (dict(), dict(record="totals"), dict(policy="sjf")):
+        assert FastForward.covers(_engine(trace, **covered)), covered
     for other in (
         dict(policy="priority"),
-        dict(policy="sjf"),
+        dict(policy="mlfq"),
         dict(enable_prefix_caching=True),
         dict(interference="decode-priority"),
         dict(max_queue_len=5),

@@ -13,20 +13,21 @@ steps an engine exactly as ``engine.step()`` would, but does per-request work on
   says which), before a step this module does not take, and at the end (``sync``);
 * the step's price comes from totals kept as the batch changes (``RooflineCostModel.decode_step_time``
   / ``batch_time``, the same arithmetic ``modeled_step_time`` does over the grants);
-* arrivals, the FCFS admission pass (``Scheduler.admit``, ``kv.can_allocate`` / ``kv.explain_wait``
-  and the same waiting reasons), prompt chunks and finishes (``Scheduler.finish``) go through the
-  scheduler's and the KV manager's own methods, in the order the scheduler's pass takes them.
+* arrivals, the admission pass in the policy's order (``Scheduler.admit``, ``kv.can_allocate`` /
+  ``kv.explain_wait`` and the same waiting reasons), prompt chunks and finishes (``Scheduler.finish``,
+  then the policy's ``on_step`` over the finished requests' grants) go through the scheduler's, the KV
+  manager's and the policy's own methods, in the order the scheduler's pass takes them.
 
 It covers one configuration, the one long simulations run (``simulate(records=False)`` and
 ``simulate(records="summary")``): the simulated executor on a modeled clock priced by the roofline,
-the paged KV manager without prefix caching, FCFS, continuous batching re-formed every step, chunked
-prefill (on or off), no speculation, no parallel sampling, no load shedding, and nothing recorded per
-request: ``record="none"``, or ``record="totals"``, whose records add the step's counts (its prefill
-and decode tokens, the running requests' ids, the KV cache's totals: ``kv.totals``'s counts, taken
-from the pool's counters and the computed positions kept as the batch changes) and the waiting
-requests behind the one that stops admission ("queued behind ...", up to ``record_max_waiting``).
-A step it cannot take the same way (a running request would not get its
-block or its tokens: preemption or a budget cut; a swapped-out request) is taken by
+the paged KV manager without prefix caching, FCFS or SJF (neither preempts to admit), continuous
+batching re-formed every step, chunked prefill (on or off), no speculation, no parallel sampling, no
+load shedding, and nothing recorded per request: ``record="none"``, or ``record="totals"``, whose
+records add the step's counts (its prefill and decode tokens, the running requests' ids, the KV
+cache's totals: ``kv.totals``'s counts, taken from the pool's counters and the computed positions
+kept as the batch changes) and the waiting requests behind the one that stops admission ("queued
+behind ...", up to ``record_max_waiting``). A step it cannot take the same way (a running request
+would not get its block or its tokens: preemption or a budget cut; a swapped-out request) is taken by
 ``engine.step()`` itself, with every lazy request brought up to date first. ``FastForward.covers``
 says whether an engine is one it can step at all; ``tests/test_simulated.py`` and
 ``scripts/sim_fingerprint.py`` hold it to ``engine.step()`` in both record modes: the same records,
@@ -41,7 +42,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 from ..core.kv_cache import PagedKVCacheManager
-from ..core.policies import FCFS
+from ..core.policies import FCFS, SJF
 from ..core.request import Request, RequestStatus
 from ..core.scheduler_output import SchedulerOutput, grant
 from ..step_record import KVSnapshot, StepRecord, WaitingEntry
@@ -88,6 +89,7 @@ class FastForward:
         self.num_lazy_prefill = 0  # lazy requests whose token ends their prompt (no output yet): a prefill
         self.lazy_context = 0  # the lazy requests' computed positions, at the step's start
         self.totals = engine.record_mode == "totals"  # records with the step's counts (else record="none")
+        self.keeps_order = type(engine.policy) is FCFS  # admission walks the queue itself (SJF: its order)
         self.base = engine.step_count  # self.times[i]: the clock at the end of step base + i
         self.times: list[float] = []  # (from the step the lazy requests were last tracked)
         self.placeholders = [PLACEHOLDER_TOKEN] * (self.config.max_model_len + 1)
@@ -106,7 +108,7 @@ class FastForward:
             and type(engine.cost_model) is RooflineCostModel
             and type(engine.kv) is PagedKVCacheManager
             and not engine.kv.enable_prefix_caching
-            and type(engine.policy) is FCFS
+            and type(engine.policy) in (FCFS, SJF)
             and cfg.batching == "continuous"
             and cfg.schedule_every == 1
             and cfg.interference == "chunked"
@@ -266,7 +268,7 @@ class FastForward:
     def _schedule(self, step: int, due: list[Request], budget: int) -> tuple[float, SchedulerOutput]:
         """The pass (``Scheduler.schedule``): arrivals join the queue; the running requests in the running
         order (a new block for each lazy one ``due`` one, the next chunk for each one computing its prompt;
-        the lazy ones' token is counted, not granted one by one); then FCFS admission with the ``budget``
+        the lazy ones' token is counted, not granted one by one); then admission with the ``budget``
         left. Returns the clock at the pass and its output (the chunks', then the admitted requests' grants)."""
         s, kv, lazy = self.s, self.kv, self.lazy
         if not (s.running or s.waiting):  # nothing can run now: the clock jumps to the next arrival
@@ -311,7 +313,8 @@ class FastForward:
     def _apply(self, step: int, out: SchedulerOutput, num_running_grants: int, end: float) -> list[Request]:
         """``Scheduler.update_from_output`` for this step, in the grants' order: the lazy requests whose
         token may stop them and the running prompt chunks (the running order), then the admitted requests;
-        every other lazy request's token is counted. Returns the requests that finished, in that order."""
+        every other lazy request's token is counted; then the policy's ``on_step``. Returns the requests that
+        finished, in that order."""
         s, lazy = self.s, self.lazy
         checks = self._due(self.check_due, step, "check_at")
         chunks = out.scheduled[:num_running_grants]
@@ -351,16 +354,22 @@ class FastForward:
         for req in prefilling:
             if req.status is RequestStatus.RUNNING:
                 self._track(req, step + 1)
+        # The policy's look at the step: the grants of the requests that finished, in the grants' order
+        # (what SJF reads: its predictor observes each finished request; FCFS reads nothing).
+        s.policy.on_step([by_req.get(r) or grant(r, 1) for r in finished], end)
         return finished
 
     def _admit(self, now: float, out: SchedulerOutput, budget: int) -> None:
-        """3. The FCFS admission pass: the queue's head while it fits (a seat, the budget, KV memory
-        beside the watermark's headroom); the first that does not gets the waiting reason, and the ones
-        behind it are queued behind it."""
+        """3. The admission pass in the policy's order (FCFS: the queue itself, whose head leaves as it is
+        admitted; SJF: ``order_waiting``'s sorted copy): each request while it fits (a seat, the budget, KV
+        memory beside the watermark's headroom); the first that does not gets the waiting reason, and the
+        ones after it are queued behind it."""
         s, kv, cfg = self.s, self.kv, self.config
-        waiting = s.waiting
-        while waiting:
-            req = waiting[0]
+        order = None if self.keeps_order else s.policy.order_waiting(list(s.waiting), now)
+        i = 0  # order[i] is next (the FCFS queue: its head)
+        while i < len(s.waiting if order is None else order):
+            queue = s.waiting if order is None else order
+            req = queue[i]
             n = req.num_tokens
             if s.num_seqs() + 1 > cfg.max_num_seqs:
                 reason = f"max_num_seqs={cfg.max_num_seqs} requests already running"
@@ -376,20 +385,21 @@ class FastForward:
                     s.admit(req, n, [], now, out)
                     self._place(req)
                     budget -= n
+                    i += order is not None
                     continue
                 reason = kv.explain_wait(req, n, [], 0, requests={r.request_id: r for r in s.running})
-            self._waiting_entries(out, reason)
+            self._waiting_entries(out, queue, i, reason)
             return
 
-    def _waiting_entries(self, out: SchedulerOutput, reason: str) -> None:
-        """The queue's head waits for ``reason``; the requests behind it are "queued behind" it, as many as
-        the record takes (``Scheduler.max_waiting_entries``, None: all; record="none": none)."""
-        waiting, cap = self.s.waiting, self.s.max_waiting_entries
-        head = waiting[0].request_id
+    def _waiting_entries(self, out: SchedulerOutput, queue: list[Request], i: int, reason: str) -> None:
+        """``queue[i]`` waits for ``reason``; the requests after it are "queued behind" it, as many as the
+        record takes (``Scheduler.max_waiting_entries``, None: all; record="none": none)."""
+        cap = self.s.max_waiting_entries
+        head = queue[i].request_id
         out.waiting.append(WaitingEntry(head, reason))
-        more = len(waiting) - 1 if cap is None else max(0, cap - len(out.waiting))
+        more = len(queue) - i - 1 if cap is None else max(0, cap - len(out.waiting))
         behind = f"queued behind {head}"
-        out.waiting.extend(WaitingEntry(r.request_id, behind) for r in waiting[1 : 1 + more])
+        out.waiting.extend(WaitingEntry(r.request_id, behind) for r in queue[i + 1 : i + 1 + more])
 
     def _pass_on(self) -> StepRecord:
         """A step this module does not take: ``engine.step()`` takes it, every lazy request up to date."""
