@@ -246,6 +246,7 @@ def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
     assert _requests(fast) == _requests(plain)
     assert fast.step_count == plain.step_count and fast.clock.now() == plain.clock.now()
     assert fast.stats() == plain.stats() and fast.scheduler.num_passes == plain.scheduler.num_passes
+    assert [dataclasses.asdict(r) for r in fast.step_records] == [dataclasses.asdict(r) for r in plain.step_records]
     assert list(fast.active) == list(plain.active) == []
     return ff
 
@@ -292,7 +293,7 @@ def test_fast_forward_changes_no_decision(cfg, record):
     ``engine.step()``) preemption by recompute and by swapping. In both
     record modes it covers: "none" (``simulate(records=False)``) and "totals" (``records="summary"``:
     the step's token and request counts, the KV totals, and up to 16 waiting reasons)."""
-    cfg = {"max_model_len": 4096, "record": record, "record_max_waiting": 16, **cfg}
+    cfg = {"max_model_len": 4096, "record": record, "record_max_waiting": 16, "record_history": 0, **cfg}
     trace = synthetic_trace(**FF_TRACE)
     if cfg["max_model_len"] < 4096:
         trace = [r for r in trace if r.prompt_len < cfg["max_model_len"] - 100]
@@ -332,7 +333,7 @@ def test_the_fast_forward_check_catches_a_planted_bug():
     for planted, cfg in (
         (ReversedBlocks, dict(record="none")),
         (LateTimes, dict(record="none")),
-        (KVBehind, dict(record="totals")),
+        (KVBehind, dict(record="totals", record_history=0)),
         (ArrivalOrder, dict(record="none", policy=lambda: SJF(aging=0.0), max_num_seqs=8)),
     ):
         with pytest.raises(AssertionError):
@@ -352,7 +353,7 @@ def test_fast_forward_counts_a_prompts_last_token_as_prefill():
         TraceRequest("b", 0.0, 300, 3),
         TraceRequest("c", 30.0, 257, 2),
     ]
-    cfg = dict(max_num_batched_tokens=256, max_model_len=4096, record="totals")
+    cfg = dict(max_num_batched_tokens=256, max_model_len=4096, record="totals", record_history=0)
     eng = _engine(trace, **cfg)
     ff, recs = FastForward(eng), []
     while eng.has_unfinished_requests():
@@ -396,7 +397,7 @@ def test_fast_forward_covers_only_its_configuration():
     from minillm.sim.fast_forward import FastForward
 
     trace = synthetic_trace(**{**FF_TRACE, "n": 10})
-    for covered in (dict(), dict(record="totals"), dict(policy="sjf")):
+    for covered in (dict(), dict(record="totals", record_history=0), dict(policy="sjf")):
         assert FastForward.covers(_engine(trace, **covered)), covered
     for other in (
         dict(policy="priority"),
@@ -406,6 +407,7 @@ def test_fast_forward_covers_only_its_configuration():
         dict(max_queue_len=5),
         dict(record="summary"),
         dict(record="full"),
+        dict(record="totals"),  # (its records kept in engine.step_records)
     ):
         assert not FastForward.covers(_engine(trace, **other)), other
     const = LLM("random", executor="simulated", clock="modeled", record="none", cost_model=0.01).engine

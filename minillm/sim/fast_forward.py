@@ -26,7 +26,8 @@ load shedding, and nothing recorded per request: ``record="none"``, or ``record=
 records add the step's counts (its prefill and decode tokens, the running requests' ids, the KV
 cache's totals: ``kv.totals``'s counts, taken from the pool's counters and the computed positions
 kept as the batch changes) and the waiting requests behind the one that stops admission ("queued
-behind ...", up to ``record_max_waiting``). A step it cannot take the same way (a running request
+behind ...", up to ``record_max_waiting``; none kept in ``engine.step_records``: ``record_history=0``, as
+``simulate`` sets it). A step it cannot take the same way (a running request
 would not get its block or its tokens: preemption or a budget cut; a swapped-out request) is taken by
 ``engine.step()`` itself, with every lazy request brought up to date first. ``FastForward.covers``
 says whether an engine is one it can step at all; ``tests/test_simulated.py`` and
@@ -103,6 +104,7 @@ class FastForward:
         return (
             type(engine.executor) is SimulatedExecutor
             and engine.record_mode in ("none", "totals")
+            and (engine.record_mode == "none" or cfg.record_history == 0)  # no record kept in step_records
             and engine.clock.name == "modeled"
             and engine.speculator is None
             and type(engine.cost_model) is RooflineCostModel
