@@ -8,7 +8,7 @@ in order, measured in CPU seconds of this process (``time.process_time``), split
 * trace: building the trace (only when the rate moves; other knobs reuse it);
 * engine: ``simulate``'s loop over the engine's steps (scheduler, KV manager, modeled
   clock, one ``StepSummary`` per step; the simulator's fast path, ``sim/fast_forward.py``,
-  where ``FastForward.covers`` the setting: FCFS without prefix caching);
+  where ``FastForward.covers`` the setting: FCFS or SJF without prefix caching);
 * metrics: ``metrics.summarize`` over the requests and the step summaries (timed again on
   the same run, and taken out of ``simulate``'s share);
 * figures: the CDFs, the KV series and the goodput line handed to plotly.
