@@ -26,10 +26,10 @@ load shedding, and nothing recorded per request: ``record="none"``, or ``record=
 records add the step's counts (its prefill and decode tokens, the running requests' ids, the KV
 cache's totals: ``kv.totals``'s counts, taken from the pool's counters and the computed positions
 kept as the batch changes) and the waiting requests behind the one that stops admission ("queued
-behind ...", up to ``record_max_waiting``; none kept in ``engine.step_records``: ``record_history=0``, as
-``simulate`` sets it). A step it cannot take the same way (a running request
-would not get its block or its tokens: preemption or a budget cut; a swapped-out request) is taken by
-``engine.step()`` itself, with every lazy request brought up to date first. ``FastForward.covers``
+behind ...", up to ``record_max_waiting``), none of them kept in ``engine.step_records``
+(``record_history=0``, as ``simulate`` sets it). A step it cannot take the same way (a running
+request would not get its block or its tokens: preemption or a budget cut; a swapped-out request) is
+taken by ``engine.step()`` itself, with every lazy request brought up to date first. ``FastForward.covers``
 says whether an engine is one it can step at all; ``tests/test_simulated.py`` and
 ``scripts/sim_fingerprint.py`` hold it to ``engine.step()`` in both record modes: the same records,
 block tables, free list, tokens, token times and metrics.
@@ -54,9 +54,10 @@ __all__ = ["FastForward"]
 
 
 class _Lazy:
-    """A running request's steps of one token each not yet applied: tokens are applied up to step ``tokens_at`` and
-    computed positions up to ``computed_at`` (exclusive); it next needs a block at step ``block_at``
-    and its token of step ``check_at`` may stop it."""
+    """A running request that computes one token a step (it decodes; or, for one step, its prompt's last
+    token), its steps not yet applied: tokens are applied up to step ``tokens_at`` and computed positions
+    up to ``computed_at`` (exclusive); it next needs a block at step ``block_at`` and its token of step
+    ``check_at`` may stop it."""
 
     __slots__ = ("tokens_at", "computed_at", "block_at", "check_at")
 
@@ -368,9 +369,11 @@ class FastForward:
         ones after it are queued behind it."""
         s, kv, cfg = self.s, self.kv, self.config
         order = None if self.keeps_order else s.policy.order_waiting(list(s.waiting), now)
-        i = 0  # order[i] is next (the FCFS queue: its head)
-        while i < len(s.waiting if order is None else order):
+        i = 0  # queue[i] is next (the FCFS queue: its head)
+        while True:
             queue = s.waiting if order is None else order
+            if i >= len(queue):
+                return
             req = queue[i]
             n = req.num_tokens
             if s.num_seqs() + 1 > cfg.max_num_seqs:
