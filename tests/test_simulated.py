@@ -13,6 +13,7 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.sim.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
 from minillm.analysis.metrics import summarize
+from minillm.core.policies import SJF
 from minillm.sim.sim_executor import PLACEHOLDER_TOKEN
 from minillm.sim.simulated import StepSummary, gpus_needed, simulate, tensor_parallel
 from minillm.analysis.workloads import (
@@ -210,17 +211,28 @@ def _requests(eng):
 
 def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
     """Two engines alike, one stepped by ``FastForward`` (or ``stepper``, a subclass), one by ``engine.step()``,
-    compared after every step: the records, every block table and the free list; every request's tokens,
-    token times, computed positions and metrics every ``sync_every`` steps and at the end (the fast one's
-    lazy requests brought up to date first), then the clock and the counters. Returns the fast stepper."""
+    compared after every step: the records (and with record="totals" the ``StepSummary`` that
+    ``simulate(records="summary")`` keeps of each), every block table and the free list; every request's
+    tokens, token times, computed positions and metrics every ``sync_every`` steps and at the end (the fast
+    one's lazy requests brought up to date first), then the clock and the counters. Returns the fast stepper."""
     from minillm.sim.fast_forward import FastForward
 
-    fast, plain = _engine(trace, **cfg), _engine(trace, **cfg)
+    def build():  # (a policy given as a factory: one object per engine)
+        policy = cfg.get("policy")
+        return _engine(trace, **{**cfg, "policy": policy()} if callable(policy) else cfg)
+
+    fast, plain = build(), build()
     ff = (stepper or FastForward)(fast)
+    totals = fast.record_mode == "totals"
     i = 0
     while plain.has_unfinished_requests():
         assert fast.has_unfinished_requests(), i
-        assert dataclasses.asdict(ff.step()) == dataclasses.asdict(plain.step()), (cfg, i)
+        rec, want = ff.step(), plain.step()
+        assert dataclasses.asdict(rec) == dataclasses.asdict(want), (cfg, i)
+        if totals:
+            assert StepSummary.from_record(rec, len(fast.scheduler.waiting)) == StepSummary.from_record(
+                want, len(plain.scheduler.waiting)
+            ), (cfg, i)
         assert {r: [b.block_id for b in bl] for r, bl in fast.kv.req_blocks.items()} == {
             r: [b.block_id for b in bl] for r, bl in plain.kv.req_blocks.items()
         }, (cfg, i)
@@ -234,6 +246,7 @@ def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
     assert _requests(fast) == _requests(plain)
     assert fast.step_count == plain.step_count and fast.clock.now() == plain.clock.now()
     assert fast.stats() == plain.stats() and fast.scheduler.num_passes == plain.scheduler.num_passes
+    assert [dataclasses.asdict(r) for r in fast.step_records] == [dataclasses.asdict(r) for r in plain.step_records]
     assert list(fast.active) == list(plain.active) == []
     return ff
 
@@ -254,16 +267,33 @@ FF_TRACE = dict(
         dict(enable_chunked_prefill=False, num_kv_blocks=400, max_num_batched_tokens=4096),
         dict(watermark=0.3, num_kv_blocks=500, block_size=8),  # admission's headroom, other blocks
         dict(max_model_len=600),  # max_model_len ends requests
+        dict(policy="sjf", max_num_seqs=8),  # SJF: the queue in its order, with aging
+        dict(policy=lambda: SJF(predictor="history"), num_kv_blocks=300),  # it learns from finishes; preemption
     ],
-    ids=["seats", "queue", "preempt", "swap", "chunks", "no-chunking", "watermark", "max-model-len"],
+    ids=[
+        "seats",
+        "queue",
+        "preempt",
+        "swap",
+        "chunks",
+        "no-chunking",
+        "watermark",
+        "max-model-len",
+        "sjf",
+        "sjf-history",
+    ],
 )
-def test_fast_forward_changes_no_decision(cfg):
+@pytest.mark.parametrize("record", ["none", "totals"])
+def test_fast_forward_changes_no_decision(cfg, record):
     """``minillm/sim/fast_forward.py`` against the same engine stepped by ``engine.step()``: the same
     records step by step, the same block tables and free list after every step (so the same blocks in
     the same order), every request's tokens, token times and metrics, the same clock and counters; with
     arrivals, a queue behind full seats, prompt chunks, admission blocked by memory, the watermark,
-    length limits, and (passed on to ``engine.step()``) preemption by recompute and by swapping."""
-    cfg = {"max_model_len": 4096, **cfg}
+    length limits, SJF's order (its predictor learning from what finishes), and (passed on to
+    ``engine.step()``) preemption by recompute and by swapping. In both
+    record modes it covers: "none" (``simulate(records=False)``) and "totals" (``records="summary"``:
+    the step's token and request counts, the KV totals, and up to 16 waiting reasons)."""
+    cfg = {"max_model_len": 4096, "record": record, "record_max_waiting": 16, "record_history": 0, **cfg}
     trace = synthetic_trace(**FF_TRACE)
     if cfg["max_model_len"] < 4096:
         trace = [r for r in trace if r.prompt_len < cfg["max_model_len"] - 100]
@@ -289,10 +319,58 @@ def test_the_fast_forward_check_catches_a_planted_bug():
             if tokens and req.metrics.token_times:
                 req.metrics.token_times[-1] += 1e-9
 
+    class KVBehind(FastForward):  # record="totals": the KV used as if the lazy requests' step were not taken
+        def _kv_totals(self):
+            kv = super()._kv_totals()
+            return dataclasses.replace(kv, used=kv.used - self.num_lazy)
+
+    class ArrivalOrder(FastForward):  # SJF's queue admitted in arrival order
+        def __init__(self, engine):
+            super().__init__(engine)
+            self.keeps_order = True
+
     trace = synthetic_trace(**{**FF_TRACE, "n": 40})
-    for planted in (ReversedBlocks, LateTimes):
+    for planted, cfg in (
+        (ReversedBlocks, dict(record="none")),
+        (LateTimes, dict(record="none")),
+        (KVBehind, dict(record="totals", record_history=0)),
+        (ArrivalOrder, dict(record="none", policy=lambda: SJF(aging=0.0), max_num_seqs=8)),
+    ):
         with pytest.raises(AssertionError):
-            _lockstep(trace, stepper=planted, sync_every=10, max_model_len=4096)
+            _lockstep(trace, stepper=planted, sync_every=10, max_model_len=4096, **cfg)
+
+
+def test_fast_forward_counts_a_prompts_last_token_as_prefill():
+    """record="totals": a prompt chunked so that one token is left computes it alone in the next step, where
+    fast-forward counts one token for it as for a decode; that token is a prefill (the request has no output
+    yet). Hand-derived with a budget of 256: "a" (257 tokens) takes 256 in step 0; in step 1 its last prompt
+    token and 255 of "b"'s 300 are prefill, nothing decodes; "c" comes alone later, the same way. A stepper
+    that counts every one-token grant as a decode is caught."""
+    from minillm.sim.fast_forward import FastForward
+
+    trace = [
+        TraceRequest("a", 0.0, 257, 4),
+        TraceRequest("b", 0.0, 300, 3),
+        TraceRequest("c", 30.0, 257, 2),
+    ]
+    cfg = dict(max_num_batched_tokens=256, max_model_len=4096, record="totals", record_history=0)
+    eng = _engine(trace, **cfg)
+    ff, recs = FastForward(eng), []
+    while eng.has_unfinished_requests():
+        recs.append(ff.step())
+    step1 = recs[1]
+    assert (step1.num_prefill_tokens, step1.num_decode_tokens, step1.admitted) == (256, 0, ["b"])
+    c_last = next(r for r in recs if r.time > 30.0 and r.num_batched_tokens == 1)  # "c"'s last prompt token
+    assert (c_last.num_prefill_tokens, c_last.num_decode_tokens) == (1, 0)
+    _lockstep(trace, sync_every=1, **cfg)
+
+    class PromptEndsAsDecode(FastForward):
+        def _track(self, req, step):
+            super()._track(req, step)
+            self.num_lazy_prefill = 0
+
+    with pytest.raises(AssertionError):
+        _lockstep(trace, stepper=PromptEndsAsDecode, **cfg)
 
 
 def test_append_tokens_is_append_token_for_each():
@@ -313,19 +391,23 @@ def test_append_tokens_is_append_token_for_each():
 
 
 def test_fast_forward_covers_only_its_configuration():
-    """``FastForward.covers``: the long-simulation configuration; another policy, prefix caching, a constant
-    cost model or recorded steps are stepped by ``engine.step()`` (``simulate`` checks before it uses it)."""
+    """``FastForward.covers``: the long-simulation configuration (records of counts or none); another policy,
+    prefix caching, a constant cost model or an entry per request in the records are stepped by
+    ``engine.step()`` (``simulate`` checks before it uses it)."""
     from minillm.sim.fast_forward import FastForward
 
     trace = synthetic_trace(**{**FF_TRACE, "n": 10})
-    assert FastForward.covers(_engine(trace))
+    for covered in (dict(), dict(record="totals", record_history=0), dict(policy="sjf")):
+        assert FastForward.covers(_engine(trace, **covered)), covered
     for other in (
         dict(policy="priority"),
-        dict(policy="sjf"),
+        dict(policy="mlfq"),
         dict(enable_prefix_caching=True),
         dict(interference="decode-priority"),
         dict(max_queue_len=5),
-        dict(record="totals"),
+        dict(record="summary"),
+        dict(record="full"),
+        dict(record="totals"),  # (its records kept in engine.step_records)
     ):
         assert not FastForward.covers(_engine(trace, **other)), other
     const = LLM("random", executor="simulated", clock="modeled", record="none", cost_model=0.01).engine
@@ -334,17 +416,22 @@ def test_fast_forward_covers_only_its_configuration():
         FastForward(const)
 
 
-def test_simulate_with_and_without_fast_forward():
-    """``simulate(records=False)`` with and without fast-forward: the same metrics, summary and records
-    passed to ``progress``."""
+@pytest.mark.parametrize("records", [False, "summary"])
+def test_simulate_with_and_without_fast_forward(records):
+    """``simulate(records=False)`` and ``simulate(records="summary")`` with and without fast-forward: the
+    same metrics, summary, step summaries and records passed to ``progress``."""
+    from minillm.sim.fast_forward import FastForward
+
     trace = synthetic_trace(**{**FF_TRACE, "n": 120, "rate": 4.0})
     runs = []
     for ff in (True, False):
         recs: list = []
-        eng, summ = simulate(trace, records=False, fast_forward=ff, num_kv_blocks=400, progress=recs.append)
+        eng, summ = simulate(trace, records=records, fast_forward=ff, num_kv_blocks=400, progress=recs.append)
         runs.append((eng, summ, [dataclasses.asdict(r) for r in recs]))
     (a, sa, ra), (b, sb, rb) = runs
+    assert FastForward.covers(a)  # (the configuration fast-forward steps)
     assert ra == rb and len(ra) == a.step_count
+    assert a.step_summaries == b.step_summaries and len(a.step_summaries) == (a.step_count if records else 0)
     assert {k: r.metrics for k, r in a.requests.items()} == {k: r.metrics for k, r in b.requests.items()}
     timings = ("wall_time", "cpu_time", "step_cpu_time")
     assert {k: v for k, v in sa.items() if k not in timings} == {k: v for k, v in sb.items() if k not in timings}

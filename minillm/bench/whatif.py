@@ -7,7 +7,8 @@ in order, measured in CPU seconds of this process (``time.process_time``), split
 
 * trace: building the trace (only when the rate moves; other knobs reuse it);
 * engine: ``simulate``'s loop over the engine's steps (scheduler, KV manager, modeled
-  clock, one ``StepSummary`` per step);
+  clock, one ``StepSummary`` per step; the simulator's fast path, ``sim/fast_forward.py``,
+  where ``FastForward.covers`` the setting: FCFS or SJF without prefix caching);
 * metrics: ``metrics.summarize`` over the requests and the step summaries (timed again on
   the same run, and taken out of ``simulate``'s share);
 * figures: the CDFs, the KV series and the goodput line handed to plotly.
@@ -15,7 +16,7 @@ in order, measured in CPU seconds of this process (``time.process_time``), split
 Then the KV record side by side, on the default setting in alternating rounds: the engine's
 ``record="totals"`` (the KV counts a ``StepSummary`` keeps, which ``simulate(records=
 "summary")`` runs with) against ``record="summary"`` (a KV snapshot with an entry per
-request every step, which nobody reads there).
+request every step, which nobody reads there), both stepped by ``engine.step()``.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def run(args) -> dict:
         for record in ("totals", "summary"):
             gc.collect()
             c0 = time.process_time()
-            eng, _ = simulate(trace, record=record, **kw)
+            eng, _ = simulate(trace, record=record, fast_forward=False, **kw)
             cpu[record].append(time.process_time() - c0)
             assert eng.record_mode == record
             del eng  # freed outside the timed part
@@ -113,7 +114,7 @@ def run(args) -> dict:
             ['"totals" (KV counts only; what simulate(records="summary") runs)', kv_side["totals"], P["rounds"]],
             ['"summary" (KV snapshot with an entry per request)', kv_side["summary"], P["rounds"]],
         ],
-        title="one simulate() of the default setting, by what each step records of the KV cache",
+        title="one simulate() of the default setting through engine.step(), by what each step records of the KV cache",
     )
     worst = max(p["total_s"] for p in per_change)
     res = dict(

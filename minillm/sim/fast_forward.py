@@ -13,20 +13,26 @@ steps an engine exactly as ``engine.step()`` would, but does per-request work on
   says which), before a step this module does not take, and at the end (``sync``);
 * the step's price comes from totals kept as the batch changes (``RooflineCostModel.decode_step_time``
   / ``batch_time``, the same arithmetic ``modeled_step_time`` does over the grants);
-* arrivals, the FCFS admission pass (``Scheduler.admit``, ``kv.can_allocate`` / ``kv.explain_wait``
-  and the same waiting reasons), prompt chunks and finishes (``Scheduler.finish``) go through the
-  scheduler's and the KV manager's own methods, in the order the scheduler's pass takes them.
+* arrivals, the admission pass in the policy's order (``Scheduler.admit``, ``kv.can_allocate`` /
+  ``kv.explain_wait`` and the same waiting reasons), prompt chunks and finishes (``Scheduler.finish``,
+  then the policy's ``on_step`` over the finished requests' grants) go through the scheduler's, the KV
+  manager's and the policy's own methods, in the order the scheduler's pass takes them.
 
-It covers one configuration, the one long simulations run (``simulate(records=False)``): the
-simulated executor on a modeled clock priced by the roofline, the paged KV manager without prefix
-caching, FCFS, continuous batching re-formed every step, chunked prefill (on or off), no
-speculation, no parallel sampling, no load shedding, and nothing recorded per request
-(``record="none"``). A step it cannot take the same way (a running request would not get its
-block or its tokens: preemption or a budget cut; a swapped-out request) is taken by
-``engine.step()`` itself, with every lazy request brought up to date first. ``FastForward.covers``
+It covers one configuration, the one long simulations run (``simulate(records=False)`` and
+``simulate(records="summary")``): the simulated executor on a modeled clock priced by the roofline,
+the paged KV manager without prefix caching, FCFS or SJF (neither preempts to admit), continuous
+batching re-formed every step, chunked prefill (on or off), no speculation, no parallel sampling, no
+load shedding, and nothing recorded per request: ``record="none"``, or ``record="totals"``, whose
+records add the step's counts (its prefill and decode tokens, the running requests' ids, the KV
+cache's totals: ``kv.totals``'s counts, taken from the pool's counters and the computed positions
+kept as the batch changes) and the waiting requests behind the one that stops admission ("queued
+behind ...", up to ``record_max_waiting``), none of them kept in ``engine.step_records``
+(``record_history=0``, as ``simulate`` sets it). A step it cannot take the same way (a running
+request would not get its block or its tokens: preemption or a budget cut; a swapped-out request) is
+taken by ``engine.step()`` itself, with every lazy request brought up to date first. ``FastForward.covers``
 says whether an engine is one it can step at all; ``tests/test_simulated.py`` and
-``scripts/sim_fingerprint.py`` hold it to ``engine.step()``: the same records, block tables, free
-list, tokens, token times and metrics.
+``scripts/sim_fingerprint.py`` hold it to ``engine.step()`` in both record modes: the same records,
+block tables, free list, tokens, token times and metrics.
 
 A fast step is not undone if it raises (``engine.step()`` is all or nothing; the simulation loop
 that uses this one stops on an exception).
@@ -34,12 +40,13 @@ that uses this one stops on an exception).
 
 from __future__ import annotations
 
+from operator import attrgetter
 
 from ..core.kv_cache import PagedKVCacheManager
-from ..core.policies import FCFS
+from ..core.policies import FCFS, SJF
 from ..core.request import Request, RequestStatus
 from ..core.scheduler_output import SchedulerOutput, grant
-from ..step_record import StepRecord, WaitingEntry
+from ..step_record import KVSnapshot, StepRecord, WaitingEntry
 from .costmodel import RooflineCostModel
 from .sim_executor import PLACEHOLDER_TOKEN, SimulatedExecutor
 
@@ -47,9 +54,10 @@ __all__ = ["FastForward"]
 
 
 class _Lazy:
-    """A decoding request's steps not yet applied: tokens are applied up to step ``tokens_at`` and
-    computed positions up to ``computed_at`` (exclusive); it next needs a block at step ``block_at``
-    and its token of step ``check_at`` may stop it."""
+    """A running request that computes one token a step (it decodes; or, for one step, its prompt's last
+    token), its steps not yet applied: tokens are applied up to step ``tokens_at`` and computed positions
+    up to ``computed_at`` (exclusive); it next needs a block at step ``block_at`` and its token of step
+    ``check_at`` may stop it."""
 
     __slots__ = ("tokens_at", "computed_at", "block_at", "check_at")
 
@@ -80,7 +88,10 @@ class FastForward:
         self.check_due: dict[int, list[Request]] = {}  # step -> lazy requests whose token then may stop them
         self.prefilling: list[Request] = []  # running requests with more than one token to compute
         self.num_lazy = 0
+        self.num_lazy_prefill = 0  # lazy requests whose token ends their prompt (no output yet): a prefill
         self.lazy_context = 0  # the lazy requests' computed positions, at the step's start
+        self.totals = engine.record_mode == "totals"  # records with the step's counts (else record="none")
+        self.keeps_order = type(engine.policy) is FCFS  # admission walks the queue itself (SJF: its order)
         self.base = engine.step_count  # self.times[i]: the clock at the end of step base + i
         self.times: list[float] = []  # (from the step the lazy requests were last tracked)
         self.placeholders = [PLACEHOLDER_TOKEN] * (self.config.max_model_len + 1)
@@ -90,23 +101,23 @@ class FastForward:
     @staticmethod
     def covers(engine) -> bool:
         """Is ``engine`` configured the way this module steps it (see the module's docstring)?"""
-        cfg, s = engine.config, engine.scheduler
+        cfg = engine.config
         return (
             type(engine.executor) is SimulatedExecutor
-            and engine.record_mode == "none"
+            and engine.record_mode in ("none", "totals")
+            and (engine.record_mode == "none" or cfg.record_history == 0)  # no record kept in step_records
             and engine.clock.name == "modeled"
             and engine.speculator is None
             and type(engine.cost_model) is RooflineCostModel
             and type(engine.kv) is PagedKVCacheManager
             and not engine.kv.enable_prefix_caching
-            and type(engine.policy) is FCFS
+            and type(engine.policy) in (FCFS, SJF)
             and cfg.batching == "continuous"
             and cfg.schedule_every == 1
             and cfg.interference == "chunked"
             and cfg.phase_clock is None
             and cfg.max_queue_len is None
             and cfg.max_queue_delay is None
-            and s.max_waiting_entries == 0
         )
 
     # --- the lazy requests ------------------------------------------------------------------------
@@ -115,7 +126,7 @@ class FastForward:
         step = self.base = self.engine.step_count
         self.times = []
         self.lazy, self.block_due, self.check_due, self.prefilling = {}, {}, {}, []
-        self.num_lazy = self.lazy_context = 0
+        self.num_lazy = self.num_lazy_prefill = self.lazy_context = 0
         self.rank = {}
         for req in self.s.running:
             self._place(req)
@@ -126,12 +137,14 @@ class FastForward:
         self.next_rank += 1
 
     def _track(self, req: Request, step: int) -> None:
-        """``req`` (running, everything applied before ``step``) from ``step`` on: lazy when it decodes."""
+        """``req`` (running, everything applied before ``step``) from ``step`` on: lazy when one token is left
+        to compute (it decodes, or its prompt's last token is a prefill of one token at ``step``)."""
         if req.num_tokens - req.num_computed_tokens != 1 or req.spec_token_ids:
             self.prefilling.append(req)
             return
         lazy = self.lazy[req] = _Lazy(step)
         self.num_lazy += 1
+        self.num_lazy_prefill += req.num_output_tokens == 0
         self.lazy_context += req.num_computed_tokens
         self._due_block(req, lazy, step, req.num_computed_tokens)
         self._due_check(req, lazy, step)
@@ -200,22 +213,26 @@ class FastForward:
         self.times.append(end)
         num_grants = self.num_lazy + len(out.scheduled)
         num_batched = self.num_lazy + sum(g.num_new_tokens for g in out.scheduled)
+        num_decode = (
+            self.num_lazy - self.num_lazy_prefill + sum(g.num_new_tokens for g in out.scheduled if g.phase == "decode")
+        )
         finished = self._apply(step, out, num_running_grants, end)  # 3. the results, where the requests live
-        record = StepRecord(  # 4. what the step did (record="none")
+        record = StepRecord(  # 4. what the step did (record="none", or "totals": its counts too)
             step=step,
             time=end,
             duration=duration,
             batch=[],
             batch_size=num_grants,
-            num_prefill_tokens=0,
-            num_decode_tokens=0,
+            num_prefill_tokens=num_batched - num_decode if self.totals else 0,
+            num_decode_tokens=num_decode if self.totals else 0,
             num_batched_tokens=num_batched,
             token_budget=budget,
             admitted=out.admitted,
             finished=[r.request_id for r in finished],
             preempted=[],
             waiting=out.waiting,
-            kv=None,
+            kv=self._kv_totals() if self.totals else None,
+            running=list(map(attrgetter("request_id"), s.running)) if self.totals else [],
             finish_reasons={r.request_id: r.finish_reason for r in finished},
             reformed=True,
             clock=self.clock.name,
@@ -230,10 +247,31 @@ class FastForward:
         e.step_count += 1
         return record
 
+    def _kv_totals(self) -> KVSnapshot:
+        """``kv.totals`` after the step's results: the pool's counters, and the positions holding KV (each
+        running request's computed ones; no block has two holders) from the lazy requests' total."""
+        kv, bs = self.kv, self.kv.block_size
+        computed = self.lazy_context + sum(r.num_computed_tokens for r in self.prefilling)
+        num_free = kv.pool.num_free
+        blocks_used = kv.num_blocks - num_free
+        return KVSnapshot(
+            total=kv.num_blocks * bs,
+            used=computed,
+            free=num_free * bs,
+            blocks_total=kv.num_blocks,
+            blocks_used=blocks_used,
+            blocks_free=num_free,
+            block_size=bs,
+            cached=kv.pool.num_cached_free * bs,
+            partial_waste=blocks_used * bs - computed,
+            swap_used_blocks=kv.swap_used,
+            swap_total_blocks=kv.num_swap_blocks,
+        )
+
     def _schedule(self, step: int, due: list[Request], budget: int) -> tuple[float, SchedulerOutput]:
         """The pass (``Scheduler.schedule``): arrivals join the queue; the running requests in the running
         order (a new block for each lazy one ``due`` one, the next chunk for each one computing its prompt;
-        the lazy ones' token is counted, not granted one by one); then FCFS admission with the ``budget``
+        the lazy ones' token is counted, not granted one by one); then admission with the ``budget``
         left. Returns the clock at the pass and its output (the chunks', then the admitted requests' grants)."""
         s, kv, lazy = self.s, self.kv, self.lazy
         if not (s.running or s.waiting):  # nothing can run now: the clock jumps to the next arrival
@@ -278,7 +316,8 @@ class FastForward:
     def _apply(self, step: int, out: SchedulerOutput, num_running_grants: int, end: float) -> list[Request]:
         """``Scheduler.update_from_output`` for this step, in the grants' order: the lazy requests whose
         token may stop them and the running prompt chunks (the running order), then the admitted requests;
-        every other lazy request's token is counted. Returns the requests that finished, in that order."""
+        every other lazy request's token is counted; then the policy's ``on_step``. Returns the requests that
+        finished, in that order."""
         s, lazy = self.s, self.lazy
         checks = self._due(self.check_due, step, "check_at")
         chunks = out.scheduled[:num_running_grants]
@@ -314,47 +353,58 @@ class FastForward:
             finished.append(req)
         # Who computes a prompt next step, who decodes (lazy from the next step on).
         prefilling, self.prefilling = self.prefilling + admitted, []
+        self.num_lazy_prefill = 0  # (every lazy request has output now)
         for req in prefilling:
             if req.status is RequestStatus.RUNNING:
                 self._track(req, step + 1)
+        # The policy's look at the step: the grants of the requests that finished, in the grants' order
+        # (what SJF reads: its predictor observes each finished request; FCFS reads nothing).
+        s.policy.on_step([by_req.get(r) or grant(r, 1) for r in finished], end)
         return finished
 
     def _admit(self, now: float, out: SchedulerOutput, budget: int) -> None:
-        """3. The FCFS admission pass: the queue's head while it fits (a seat, the budget, KV memory
-        beside the watermark's headroom); the first that does not is the one waiting reason recorded."""
+        """3. The admission pass in the policy's order (FCFS: the queue itself, whose head leaves as it is
+        admitted; SJF: ``order_waiting``'s sorted copy): each request while it fits (a seat, the budget, KV
+        memory beside the watermark's headroom); the first that does not gets the waiting reason, and the
+        ones after it are queued behind it."""
         s, kv, cfg = self.s, self.kv, self.config
-        waiting = s.waiting
-        while waiting:
-            req = waiting[0]
-            if s.num_seqs() + 1 > cfg.max_num_seqs:
-                out.waiting.append(
-                    WaitingEntry(req.request_id, f"max_num_seqs={cfg.max_num_seqs} requests already running")
-                )
+        order = None if self.keeps_order else s.policy.order_waiting(list(s.waiting), now)
+        i = 0  # queue[i] is next (the FCFS queue: its head)
+        while True:
+            queue = s.waiting if order is None else order
+            if i >= len(queue):
                 return
+            req = queue[i]
             n = req.num_tokens
-            if n > budget:
-                if not cfg.enable_chunked_prefill or budget <= 0:
-                    out.waiting.append(
-                        WaitingEntry(
-                            req.request_id,
-                            f"prefill of {n} tokens does not fit the {budget} tokens left "
-                            f"in the budget of {cfg.max_num_batched_tokens}"
-                            + ("" if cfg.enable_chunked_prefill else " (chunked prefill is off)"),
-                        )
-                    )
-                    return
-                n = budget
-            ok, _, _ = kv.can_allocate(req, n, [], 0)
-            if not ok:
-                out.waiting.append(
-                    WaitingEntry(
-                        req.request_id, kv.explain_wait(req, n, [], 0, requests={r.request_id: r for r in s.running})
-                    )
+            if s.num_seqs() + 1 > cfg.max_num_seqs:
+                reason = f"max_num_seqs={cfg.max_num_seqs} requests already running"
+            elif n > budget and (not cfg.enable_chunked_prefill or budget <= 0):
+                reason = (
+                    f"prefill of {n} tokens does not fit the {budget} tokens left "
+                    f"in the budget of {cfg.max_num_batched_tokens}"
+                    + ("" if cfg.enable_chunked_prefill else " (chunked prefill is off)")
                 )
-                return
-            s.admit(req, n, [], now, out)
-            self._place(req)
-            budget -= n
+            else:
+                n = min(n, budget)  # chunked prefill: take what fits
+                if kv.can_allocate(req, n, [], 0)[0]:
+                    s.admit(req, n, [], now, out)
+                    self._place(req)
+                    budget -= n
+                    i += order is not None
+                    continue
+                reason = kv.explain_wait(req, n, [], 0, requests={r.request_id: r for r in s.running})
+            self._waiting_entries(out, queue, i, reason)
+            return
+
+    def _waiting_entries(self, out: SchedulerOutput, queue: list[Request], i: int, reason: str) -> None:
+        """``queue[i]`` waits for ``reason``; the requests after it are "queued behind" it, as many as the
+        record takes (``Scheduler.max_waiting_entries``, None: all; record="none": none)."""
+        cap = self.s.max_waiting_entries
+        head = queue[i].request_id
+        out.waiting.append(WaitingEntry(head, reason))
+        more = len(queue) - i - 1 if cap is None else max(0, cap - len(out.waiting))
+        behind = f"queued behind {head}"
+        out.waiting.extend(WaitingEntry(r.request_id, behind) for r in queue[i + 1 : i + 1 + more])
 
     def _pass_on(self) -> StepRecord:
         """A step this module does not take: ``engine.step()`` takes it, every lazy request up to date."""

@@ -218,10 +218,11 @@ def simulate(
       runs with ``record="none"``: no KV snapshot, no batch entries; the metrics are the same).
     * ``max_waiting_entries``: at most this many waiting requests get a reason in each
       record (a queue of thousands would otherwise cost O(queue) objects per step).
-    * ``fast_forward``: with ``records=False``, step the engine with ``minillm/sim/fast_forward.py``
-      (per-request work only at events: a block boundary, a possible stop, a prompt chunk, an
-      admission) where the configuration is the one it covers: the same decisions, clock, metrics and
-      records passed to ``progress``; ``False`` calls ``engine.step()`` for every step.
+    * ``fast_forward``: with ``records=False`` or ``"summary"``, step the engine with
+      ``minillm/sim/fast_forward.py`` (per-request work only at events: a block boundary, a possible
+      stop, a prompt chunk, an admission) where the configuration is the one it covers: the same
+      decisions, clock, metrics, step summaries and records passed to ``progress``; ``False`` calls
+      ``engine.step()`` for every step.
     * every other keyword is an ``EngineConfig`` field (``policy="sjf"``,
       ``max_num_seqs=...``); defaults here: ``max_num_seqs=256``,
       ``max_num_batched_tokens=8192``, ``max_model_len`` long enough for the trace.
