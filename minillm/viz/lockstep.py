@@ -21,7 +21,7 @@ from . import figures as F
 from .figures import ColorMap
 from ..step_record import StepRecord
 from .panels import finished_html
-from .stepper import COMPACT_FIG_PX, Stepper
+from .stepper import COMPACT_FIG_PX, Stepper, add_step_controls
 
 __all__ = ["LockstepStepper", "unused_reservation_engine", "reservation_vs_paging_lockstep"]
 
@@ -76,51 +76,12 @@ class LockstepStepper:
             s.title_html.value = f"<div style='font-size:14px;font-weight:600'>{name}</div>"
             s.widget.children = s.layout_children()
         self.title = title
-        btn = dict(layout=W.Layout(width="auto"))
-        self.step_button = W.Button(
-            description="Step",
-            icon="step-forward",
-            button_style="primary",
-            tooltip="one scheduler iteration in every engine",
-            **btn,
-        )
-        self.run_button = W.Button(description="Run N", icon="forward", **btn)
-        self.run_n = W.BoundedIntText(
-            value=run_n,
-            min=1,
-            max=100000,
-            description="N",
-            layout=W.Layout(width="110px"),
-            style={"description_width": "16px"},
-        )
-        self.play = W.Play(
-            value=0,
-            min=0,
-            max=10**9,
-            step=1,
-            interval=int(1000 / max(0.1, speed)),
-            show_repeat=False,
-            description="Play",
-        )
-        self.speed = W.FloatSlider(
-            value=speed,
-            min=0.5,
-            max=20.0,
-            step=0.5,
-            description="steps/s",
-            layout=W.Layout(width="230px"),
-            style={"description_width": "55px"},
-        )
-        self.reset_button = W.Button(description="Reset", icon="undo", button_style="warning", **btn)
-        self.history = W.IntSlider(
-            value=0,
-            min=0,
-            max=0,
-            description="view step",
-            disabled=True,
-            continuous_update=False,
-            layout=W.Layout(width="420px"),
-            style={"description_width": "70px"},
+        add_step_controls(
+            self,
+            run_n,
+            speed,
+            "one scheduler iteration in every engine",
+            "rebuild every engine from its config and requests",
         )
         self.step_button.on_click(lambda _: self.step())
         self.run_button.on_click(lambda _: self.run(self.run_n.value))

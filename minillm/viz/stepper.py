@@ -152,6 +152,66 @@ class FigureSlot:
 # =====================================================================================
 
 
+def add_step_controls(owner, run_n: int, speed: float, step_tooltip: str, reset_tooltip: str) -> None:
+    """The controls a ``Stepper`` and a ``LockstepStepper`` share, set on ``owner``: ``step_button``,
+    ``run_button`` with ``run_n``, ``play`` with its ``speed`` slider, ``reset_button`` and the
+    ``history`` slider (disabled until there is a step to view)."""
+    btn = dict(layout=W.Layout(width="auto"))
+    owner.step_button = W.Button(
+        description="Step",
+        icon="step-forward",
+        button_style="primary",
+        tooltip=step_tooltip,
+        **btn,
+    )
+    owner.run_button = W.Button(description="Run N", icon="forward", tooltip="run N steps", **btn)
+    owner.run_n = W.BoundedIntText(
+        value=run_n,
+        min=1,
+        max=100000,
+        description="N",
+        layout=W.Layout(width="110px"),
+        style={"description_width": "16px"},
+    )
+    owner.play = W.Play(
+        value=0,
+        min=0,
+        max=10**9,
+        step=1,
+        interval=int(1000 / max(0.1, speed)),
+        show_repeat=False,
+        description="Play",
+        tooltip="play / pause",
+    )
+    owner.speed = W.FloatSlider(
+        value=speed,
+        min=0.5,
+        max=20.0,
+        step=0.5,
+        description="steps/s",
+        readout_format=".1f",
+        layout=W.Layout(width="230px"),
+        style={"description_width": "55px"},
+    )
+    owner.reset_button = W.Button(
+        description="Reset",
+        icon="undo",
+        button_style="warning",
+        tooltip=reset_tooltip,
+        **btn,
+    )
+    owner.history = W.IntSlider(
+        value=0,
+        min=0,
+        max=0,
+        description="view step",
+        disabled=True,
+        continuous_update=False,
+        layout=W.Layout(width="420px"),
+        style={"description_width": "70px"},
+    )
+
+
 class Stepper:
     """An ipywidgets control that advances the engine one scheduler iteration per Step.
 
@@ -213,59 +273,12 @@ class Stepper:
 
     # --- wiring ---------------------------------------------------------------------------
     def _build(self, run_n: int, speed: float, controls: bool) -> None:
-        btn = dict(layout=W.Layout(width="auto"))
-        self.step_button = W.Button(
-            description="Step",
-            icon="step-forward",
-            button_style="primary",
-            tooltip="run exactly one scheduler iteration",
-            **btn,
-        )
-        self.run_button = W.Button(description="Run N", icon="forward", tooltip="run N steps", **btn)
-        self.run_n = W.BoundedIntText(
-            value=run_n,
-            min=1,
-            max=100000,
-            description="N",
-            layout=W.Layout(width="110px"),
-            style={"description_width": "16px"},
-        )
-        self.play = W.Play(
-            value=0,
-            min=0,
-            max=10**9,
-            step=1,
-            interval=int(1000 / max(0.1, speed)),
-            show_repeat=False,
-            description="Play",
-            tooltip="play / pause",
-        )
-        self.speed = W.FloatSlider(
-            value=speed,
-            min=0.5,
-            max=20.0,
-            step=0.5,
-            description="steps/s",
-            readout_format=".1f",
-            layout=W.Layout(width="230px"),
-            style={"description_width": "55px"},
-        )
-        self.reset_button = W.Button(
-            description="Reset",
-            icon="undo",
-            button_style="warning",
-            tooltip="rebuild the engine from the same config and requests",
-            **btn,
-        )
-        self.history = W.IntSlider(
-            value=0,
-            min=0,
-            max=0,
-            description="view step",
-            disabled=True,
-            continuous_update=False,
-            layout=W.Layout(width="420px"),
-            style={"description_width": "70px"},
+        add_step_controls(
+            self,
+            run_n,
+            speed,
+            "run exactly one scheduler iteration",
+            "rebuild the engine from the same config and requests",
         )
         for b, cls in (
             (self.step_button, "mlw-step-button"),
