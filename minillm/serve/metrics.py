@@ -42,94 +42,60 @@ LATENCY_BUCKETS = (
 
 
 class PrometheusStatLogger:
-    """Counters and histograms fed by every step (``record``); gauges set at each scrape."""
+    """Counters and histograms fed by every step (``record``); gauges set at each scrape.
+
+    Every series carries one label, the model's name, so each is bound to it once here and the
+    step loop only adds to it (``finished`` has a second label, the finish reason)."""
 
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
-        r, labels = self.registry, ["model_name"]
-        self.labels = {"model_name": model_name}
+        self.model_name = model_name
+
+        def series(kind: type, name: str, doc: str, **kwargs: Any) -> Any:
+            family = kind(name, doc, ["model_name"], registry=self.registry, **kwargs)
+            return family.labels(model_name=model_name)  # exists from the start, at 0
+
+        def latency(name: str, doc: str) -> Any:
+            return series(Histogram, name, doc, buckets=LATENCY_BUCKETS)
+
         # --- load, set when /metrics is read ---
-        self.running = Gauge("minillm:num_requests_running", "Requests in the running batch", labels, registry=r)
-        self.waiting = Gauge("minillm:num_requests_waiting", "Requests in the queue (not running)", labels, registry=r)
-        self.swapped = Gauge(
-            "minillm:num_requests_swapped", "Requests whose KV sits in host memory", labels, registry=r
-        )
-        self.kv_usage = Gauge(
-            "minillm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)", labels, registry=r
-        )
+        self.running = series(Gauge, "minillm:num_requests_running", "Requests in the running batch")
+        self.waiting = series(Gauge, "minillm:num_requests_waiting", "Requests in the queue (not running)")
+        self.swapped = series(Gauge, "minillm:num_requests_swapped", "Requests whose KV sits in host memory")
+        self.kv_usage = series(Gauge, "minillm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)")
         # --- per step ---
-        self.steps = Counter("minillm:num_steps", "Engine steps", labels, registry=r)
-        self.preemptions = Counter("minillm:num_preemptions", "Preemptions (recompute or swap)", labels, registry=r)
-        self.prompt_tokens = Counter("minillm:prompt_tokens", "Prompt tokens of finished requests", labels, registry=r)
-        self.generation_tokens = Counter("minillm:generation_tokens", "Generated tokens", labels, registry=r)
+        self.steps = series(Counter, "minillm:num_steps", "Engine steps")
+        self.preemptions = series(Counter, "minillm:num_preemptions", "Preemptions (recompute or swap)")
+        self.prompt_tokens = series(Counter, "minillm:prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = series(Counter, "minillm:generation_tokens", "Generated tokens")
         self.finished = Counter(
             "minillm:request_finished",
             "Finished requests by finish reason (n>1: one)",
-            labels + ["finished_reason"],
-            registry=r,
+            ["model_name", "finished_reason"],
+            registry=self.registry,
         )
         # --- per finished request (the engine's clock) ---
-        self.ttft = Histogram(
-            "minillm:time_to_first_token_seconds",
-            "Time to first token (engine)",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.tpot = Histogram(
-            "minillm:time_per_output_token_seconds",
-            "Time per output token after the first (engine)",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "minillm:e2e_request_latency_seconds",
-            "Arrival to last token (engine)",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.queue = Histogram(
-            "minillm:request_queue_time_seconds",
-            "Arrival to first scheduled (engine)",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        for metric in (
-            self.running,
-            self.waiting,
-            self.swapped,
-            self.kv_usage,
-            self.steps,
-            self.preemptions,
-            self.prompt_tokens,
-            self.generation_tokens,
-            self.ttft,
-            self.tpot,
-            self.e2e,
-            self.queue,
-        ):
-            metric.labels(**self.labels)  # every series exists from the start, at 0
+        self.ttft = latency("minillm:time_to_first_token_seconds", "Time to first token (engine)")
+        self.tpot = latency("minillm:time_per_output_token_seconds", "Time per output token after the first (engine)")
+        self.e2e = latency("minillm:e2e_request_latency_seconds", "Arrival to last token (engine)")
+        self.queue = latency("minillm:request_queue_time_seconds", "Arrival to first scheduled (engine)")
 
     def record(self, record: Optional[Any], stats: Any) -> None:
         """One pass of ``AsyncLLM``'s step loop: its StepRecord (None when it only applied aborts)
         and its ``IterationStats``. A request counts once, when it ends, however many completions
         (``n``) it has; generated tokens are those handed to the streams, so their total is the sum
         of the responses' ``usage.completion_tokens``."""
-        lab = self.labels
         if record is not None:
-            self.steps.labels(**lab).inc()
+            self.steps.inc()
             if record.preempted:
-                self.preemptions.labels(**lab).inc(len(record.preempted))
+                self.preemptions.inc(len(record.preempted))
         if stats.num_generation_tokens:
-            self.generation_tokens.labels(**lab).inc(stats.num_generation_tokens)
+            self.generation_tokens.inc(stats.num_generation_tokens)
         for m in stats.finished_requests:
-            self.finished.labels(**lab, finished_reason=m.finish_reason).inc()
+            self.finished.labels(model_name=self.model_name, finished_reason=m.finish_reason).inc()
             if m.finish_reason in ("rejected", "abort"):
                 continue
-            self.prompt_tokens.labels(**lab).inc(m.num_prompt_tokens)
+            self.prompt_tokens.inc(m.num_prompt_tokens)
             for hist, value in (
                 (self.ttft, m.ttft),
                 (self.tpot, m.tpot),
@@ -137,15 +103,14 @@ class PrometheusStatLogger:
                 (self.queue, m.queue_wait),
             ):
                 if value is not None:
-                    hist.labels(**lab).observe(value)
+                    hist.observe(value)
 
     def set_load(self, load: dict) -> None:
         """The gauges, from ``AsyncLLM.load()``."""
-        lab = self.labels
-        self.running.labels(**lab).set(load["running"])
-        self.waiting.labels(**lab).set(load["waiting"])
-        self.swapped.labels(**lab).set(load["swapped"])
-        self.kv_usage.labels(**lab).set(load["kv_usage"])
+        self.running.set(load["running"])
+        self.waiting.set(load["waiting"])
+        self.swapped.set(load["swapped"])
+        self.kv_usage.set(load["kv_usage"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
