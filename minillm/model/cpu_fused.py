@@ -100,8 +100,9 @@ class FusedDecoderLayer(nn.Module):
         )
         x = torch.ops.mkldnn._linear_pointwise.binary(o.view(T, H * D), x, *self.o, "add")  # x + o_proj(o)
         h = F.rms_norm(x, (x.shape[-1],), ln2.weight, ln2.eps)
-        gate, up = _linear(h, *self.gate_up, "none", [], "").split(self.intermediate, dim=-1)
-        return torch.ops.mkldnn._linear_pointwise.binary(F.silu(gate) * up, x, *self.down, "add")
+        gate_up = _linear(h, *self.gate_up, "none", [], "")
+        act = F.silu(gate_up[:, : self.intermediate], inplace=True) * gate_up[:, self.intermediate :]  # contiguous
+        return torch.ops.mkldnn._linear_pointwise.binary(act, x, *self.down, "add")  # x + down(silu(gate) * up)
 
 
 def fuse_layers(model: nn.Module, batch_hint: int = 32) -> int:
