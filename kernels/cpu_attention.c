@@ -337,3 +337,19 @@ __attribute__((optimize("fp-contract=off"))) void rope_and_cache_f32(float *qkv,
         for (int d = 0; d < Hkv * D; d++) v_dst[d] = v[d];
     }
 }
+
+/* RMSNorm of T rows of n floats (llama.py's RMSNorm, torch's F.rms_norm): out = x / sqrt(mean(x^2) + eps) * w,
+ * the mean summed in float32 (in another order than torch's: equal within float32 rounding). x: rows of
+ * stride s_x; out: contiguous [T, n]. */
+void rms_norm_f32(const float *x, int64_t s_x, int T, int n, const float *w, float eps, float *out) {
+    for (int t = 0; t < T; t++) {
+        const float *r = x + (int64_t)t * s_x;
+        float *o = out + (int64_t)t * n;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int d = 0; d < n; d++) ss += r[d] * r[d];
+        const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma omp simd
+        for (int d = 0; d < n; d++) o[d] = (r[d] * inv) * w[d];
+    }
+}
