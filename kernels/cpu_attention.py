@@ -18,6 +18,11 @@ How it runs. The C file is compiled on first use with the machine's C compiler (
 ``ctypes`` (which releases the GIL). Float32 queries and caches only; :func:`supports` says
 whether a call qualifies, and ``ops.paged_attention(backend="cpu")`` sends any other call (a
 float16/bfloat16 model, an int8/fp8 cache, CUDA tensors) to the torch reference.
+
+The same C file serves the fused decoder layers (``minillm/model/cpu_fused.py``) with the small
+passes around attention: :func:`rope_and_cache` (RoPE and the cache write) and :func:`rms_norm`;
+:class:`StepCalls` makes a step's RoPE and attention calls for every layer with what the layers
+share checked and converted once.
 """
 
 from __future__ import annotations
