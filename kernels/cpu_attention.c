@@ -49,6 +49,80 @@ static inline __attribute__((always_inline)) float exp_nonpositive(float x) {
     return under ? 0.0f : p * scale.f;
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* With AVX-512 and a head dim of 16 * NV (64: NV = 4, 128: NV = 8), one row's work on one block is
+ * done in registers: the query and the row's accumulator in NV registers each, the block's scores
+ * 16 at a time. The same arithmetic as the plain loops below, in another order of summation. */
+
+/* exp_nonpositive on 16 lanes (the same steps, one vector instruction each). */
+static inline __attribute__((always_inline)) __m512 exp16_nonpositive(__m512 x) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 r =
+        _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
+}
+
+/* One row (query qm, accumulator a, running max *m_i and sum *l_i) folded over the `seen` keys of one
+ * block (K, V: its rows of this KV head); s: scratch for the block's scores. Kn/Vn, when not NULL: the
+ * next block's rows, asked for between the dot products. */
+static inline __attribute__((always_inline)) void row_block_avx512(const float *qm, float *a, float *m_i, float *l_i,
+                                                                   const float *K, int64_t sk_s, const float *V,
+                                                                   int64_t sv_s, int seen, int page, float *s,
+                                                                   const float *Kn, const float *Vn, const int NV) {
+    __m512 q[8], acc[8];
+    for (int k = 0; k < NV; k++) q[k] = _mm512_loadu_ps(qm + 16 * k);
+    if (Kn != NULL)
+        for (int j = 0; j < page; j++)
+            for (int k = 0; k < NV; k++) {
+                _mm_prefetch((const char *)(Kn + j * sk_s + 16 * k), _MM_HINT_T0);
+                _mm_prefetch((const char *)(Vn + j * sv_s + 16 * k), _MM_HINT_T0);
+            }
+    for (int j = 0; j < seen; j++) {
+        const float *kj = K + j * sk_s;
+        __m512 d = _mm512_mul_ps(q[0], _mm512_loadu_ps(kj));
+        for (int k = 1; k < NV; k++) d = _mm512_fmadd_ps(q[k], _mm512_loadu_ps(kj + 16 * k), d);
+        s[j] = _mm512_reduce_add_ps(d);
+    }
+    __m512 mx16 = _mm512_set1_ps(*m_i);
+    for (int j0 = 0; j0 < seen; j0 += 16) {
+        const __mmask16 in = seen - j0 >= 16 ? 0xFFFF : (__mmask16)((1u << (seen - j0)) - 1);
+        mx16 = _mm512_mask_max_ps(mx16, in, mx16, _mm512_maskz_loadu_ps(in, s + j0));
+    }
+    const float mx = _mm512_reduce_max_ps(mx16);
+    const float alpha = expf(*m_i - mx); /* rescales what was summed under the old max */
+    __m512 sum16 = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < seen; j0 += 16) {
+        const __mmask16 in = seen - j0 >= 16 ? 0xFFFF : (__mmask16)((1u << (seen - j0)) - 1);
+        const __m512 p = _mm512_maskz_mov_ps(in, exp16_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, s + j0),
+                                                                                  _mm512_set1_ps(mx))));
+        _mm512_mask_storeu_ps(s + j0, in, p);
+        sum16 = _mm512_add_ps(sum16, p);
+    }
+    *l_i = *l_i * alpha + _mm512_reduce_add_ps(sum16);
+    *m_i = mx;
+    const __m512 al = _mm512_set1_ps(alpha);
+    for (int k = 0; k < NV; k++) acc[k] = _mm512_mul_ps(_mm512_loadu_ps(a + 16 * k), al);
+    for (int j = 0; j < seen; j++) {
+        const __m512 p = _mm512_set1_ps(s[j]);
+        const float *vj = V + j * sv_s;
+        for (int k = 0; k < NV; k++) acc[k] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * k), acc[k]);
+    }
+    for (int k = 0; k < NV; k++) _mm512_storeu_ps(a + 16 * k, acc[k]);
+}
+#endif
+
 /* Inlined into one copy per common head dim (a constant D lets the compiler keep a row's
  * accumulator in vector registers and unroll the dot products) and one for any other D. */
 static inline __attribute__((always_inline)) void attend_item(const Item *it, const float *q, int64_t sq_t, int64_t sq_h, const float *kc,
@@ -94,6 +168,14 @@ static inline __attribute__((always_inline)) void attend_item(const Item *it, co
             if (seen <= 0) continue;
             if (seen > nn) seen = nn;
             const float *qm = Q + (size_t)m * D;
+#if defined(__AVX512F__)
+            if (D == 64 || D == 128) {
+                row_block_avx512(qm, acc + (size_t)m * D, m_i + m, l_i + m, K, sk_s, V, sv_s, seen, page, s,
+                                 ask ? Kn : NULL, ask ? Vn : NULL, D / 16);
+                ask = 0;
+                continue;
+            }
+#endif
             if (ask) { /* the first row of the block: the asks spread between its dot products */
                 ask = 0;
                 for (int j = 0; j < page; j++) {
@@ -146,6 +228,26 @@ static inline __attribute__((always_inline)) void attend_item(const Item *it, co
     }
 }
 
+/* Every block row the item `it` will read, asked for into the L2 cache (while the item before it is
+ * computed): a whole item ahead, the cache's misses overlap with the arithmetic. */
+static void prefetch_item(const Item *it, const float *kc, const float *vc, int64_t sk_b, int64_t sk_s, int64_t sk_h,
+                          int64_t sv_b, int64_t sv_s, int64_t sv_h, const int32_t *block_tables, int64_t s_bt,
+                          const int32_t *cu_q, const int32_t *ctx, int D, int page) {
+    const int q_len = cu_q[it->req + 1] - cu_q[it->req];
+    const int kv_end = ctx[it->req] - q_len + it->q1;
+    const int32_t *table = block_tables + (int64_t)it->req * s_bt;
+    for (int n0 = 0; n0 < kv_end; n0 += page) {
+        const float *K = kc + (int64_t)table[n0 / page] * sk_b + (int64_t)it->kv_head * sk_h;
+        const float *V = vc + (int64_t)table[n0 / page] * sv_b + (int64_t)it->kv_head * sv_h;
+        const int nn = kv_end - n0 < page ? kv_end - n0 : page;
+        for (int j = 0; j < nn; j++)
+            for (int d = 0; d < D; d += 16) {
+                __builtin_prefetch(K + j * sk_s + d, 0, 2);
+                __builtin_prefetch(V + j * sv_s + d, 0, 2);
+            }
+    }
+}
+
 /* Returns 0, or -1 if scratch memory could not be had. */
 int paged_attention_f32(const float *q, int64_t sq_t, int64_t sq_h, const float *kc, const float *vc,
                         int64_t sk_b, int64_t sk_s, int64_t sk_h, int64_t sv_b, int64_t sv_s, int64_t sv_h,
@@ -187,6 +289,7 @@ int paged_attention_f32(const float *q, int64_t sq_t, int64_t sq_h, const float 
                 const int64_t b0 = block_tables[(int64_t)nx->req * s_bt];
                 k_after = kc + b0 * sk_b + (int64_t)nx->kv_head * sk_h;
                 v_after = vc + b0 * sv_b + (int64_t)nx->kv_head * sv_h;
+                prefetch_item(nx, kc, vc, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, block_tables, s_bt, cu_q, ctx, D, page);
             }
             switch (D) {
             case 64: ATTEND(64); break;
@@ -232,5 +335,21 @@ __attribute__((optimize("fp-contract=off"))) void rope_and_cache_f32(float *qkv,
         }
         const float *v = row + (int64_t)(H + Hkv) * D;
         for (int d = 0; d < Hkv * D; d++) v_dst[d] = v[d];
+    }
+}
+
+/* RMSNorm of T rows of n floats (llama.py's RMSNorm, torch's F.rms_norm): out = x / sqrt(mean(x^2) + eps) * w,
+ * the mean summed in float32 (in another order than torch's: equal within float32 rounding). x: rows of
+ * stride s_x; out: contiguous [T, n]. */
+void rms_norm_f32(const float *x, int64_t s_x, int T, int n, const float *w, float eps, float *out) {
+    for (int t = 0; t < T; t++) {
+        const float *r = x + (int64_t)t * s_x;
+        float *o = out + (int64_t)t * n;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int d = 0; d < n; d++) ss += r[d] * r[d];
+        const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma omp simd
+        for (int d = 0; d < n; d++) o[d] = (r[d] * inv) * w[d];
     }
 }

@@ -264,3 +264,66 @@ def test_rope_and_cache_rejects_what_it_cannot_take():
         cpu_attention.rope_and_cache(qkv.double(), 2, 1, cos, cos, cache, cache, torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="int64"):
         cpu_attention.rope_and_cache(qkv, 2, 1, cos, cos, cache, cache, torch.tensor([0, 1], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("rows,n,stride", [(1, 16, 16), (32, 256, 256), (5, 80, 200)])
+def test_rms_norm_equals_torch(rows, n, stride):
+    """The C RMSNorm against F.rms_norm and against float64 arithmetic (rows of any stride)."""
+    torch.manual_seed(n)
+    x = (torch.randn(rows, stride) * 3)[:, :n]
+    w = torch.randn(n)
+    got = cpu_attention.rms_norm(x, w, 1e-5)
+    torch.testing.assert_close(got, torch.nn.functional.rms_norm(x, (n,), w, 1e-5), atol=1e-6, rtol=1e-5)
+    xd = x.double()
+    want = xd / (xd.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt() * w.double()
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="rms_norm"):
+        cpu_attention.rms_norm(x.double(), w, 1e-5)
+    with pytest.raises(ValueError, match="rms_norm"):
+        cpu_attention.rms_norm(x, w[:-1], 1e-5)
+
+
+def step_inputs(q_lens, ctx_lens, num_heads, num_kv_heads, head_dim, seed):
+    """One step's fused projection output, RoPE tables, paged caches and metadata (its new tokens' slots)."""
+    from minillm.model.llama import AttentionMetadata
+
+    (q, k_cache, v_cache, bt, cu, ctx, scale), _ = cpu_args(
+        q_lens, ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, seed=seed
+    )
+    T, bs = q.shape[0], k_cache.shape[1]
+    qkv = torch.randn(T, (num_heads + 2 * num_kv_heads) * head_dim)
+    angles = torch.randn(T, 1, head_dim // 2) * 10
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    slots = [
+        int(bt[r, p // bs]) * bs + p % bs for r, (n, c) in enumerate(zip(q_lens, ctx_lens)) for p in range(c - n, c)
+    ]
+    meta = AttentionMetadata(torch.tensor(slots), bt, cu, ctx, max(q_lens), backend="cpu")
+    return qkv, cos, sin, k_cache, v_cache, meta, scale
+
+
+@pytest.mark.parametrize("scenario", ["decode", "mixed", "verify"])
+def test_step_calls_equal_rope_and_cache_then_attention(scenario):
+    """StepCalls (checked once a step) gives what the two functions give, bit for bit, layer after layer;
+    a layer of another layout, or another forward's cos, is refused."""
+    H, Hkv, D = 8, 2, 64
+    qkv, cos, sin, k_cache, v_cache, meta, scale = step_inputs(*SCENARIOS[scenario], H, Hkv, D, seed=7)
+    calls = None
+    for layer in range(2):  # a second layer: its own qkv and caches, the step's shared inputs
+        qkv_l, k_l, v_l = qkv + layer, k_cache.clone(), v_cache.clone()
+        want_qkv, want_k, want_v = qkv_l.clone(), k_l.clone(), v_l.clone()
+        cpu_attention.rope_and_cache(want_qkv, H, Hkv, cos, sin, want_k, want_v, meta.slot_mapping)
+        want = cpu_attention.paged_attention_cpu(
+            want_qkv[:, : H * D].view(-1, H, D), want_k, want_v, meta.block_tables, meta.cu_seqlens_q,
+            meta.context_lens, scale,
+        )  # fmt: skip
+        if calls is None:
+            calls = cpu_attention.StepCalls(qkv_l, H, Hkv, cos, sin, k_l, v_l, meta, scale)
+        assert calls.fits(qkv_l, cos, k_l, v_l, scale)
+        got = calls(qkv_l, cos, k_l, v_l, scale)
+        assert torch.equal(got, want) and torch.equal(qkv_l, want_qkv)
+        torch.testing.assert_close(k_l, want_k, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(v_l, want_v, rtol=0, atol=0, equal_nan=True)
+    assert not calls.fits(qkv, cos.clone(), k_cache, v_cache, scale)  # another forward's RoPE tables
+    assert not calls.fits(qkv, cos, k_cache, v_cache, scale * 2)
+    with pytest.raises(ValueError, match="StepCalls"):
+        calls(qkv[:, :-1], cos, k_cache, v_cache, scale)

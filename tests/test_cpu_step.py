@@ -101,6 +101,18 @@ def test_sample_plain_equals_the_reference(others):
     assert all(len(t) == 1 for t in fast.sampled)
 
 
+def test_sample_plain_ties_pick_the_first_maximum():
+    """Equal maxima in a row: the shortcut (numpy's argmax) picks the first, as the reference does."""
+    logits = torch.zeros(3, 40)  # row 0: all equal -> token 0
+    logits[1, [7, 3, 30]] = 2.5  # row 1: three maxima -> token 3
+    logits[2, [39, 12]] = -1e-3  # row 2: the zeros win; the first is token 0
+    logits[2, :12] = -5.0  # ... but only from 12 on -> token 13
+    plain = [(r, r, scheduled(GREEDY, r)) for r in range(3)]
+    fast, ref = both(logits, plain)
+    assert fast == ref
+    assert [t[0] for t in fast.sampled] == [0, 3, 13]
+
+
 def test_sample_plain_shortcut_leaves_a_bad_row_to_the_reference():
     """A NaN row fails with the reference's reason; the other rows get their argmax."""
     logits = torch.randn(4, 30)

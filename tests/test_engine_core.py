@@ -81,6 +81,30 @@ def test_generate_api_and_step_record_contract():
     assert all(b.time - a.time >= b.duration > 0 for a, b in zip(recs, recs[1:]))
 
 
+def test_generate_freezes_the_old_heap_for_its_steps_only():
+    """During generate's steps the objects alive before it are frozen (gc.freeze: full collections skip
+    them, as vLLM's engine core freezes its startup heap); after it, nothing stays frozen; a heap frozen
+    by the caller is left as it was."""
+    import gc
+
+    from minillm.llm import _collector_skips_the_old_heap
+
+    llm = tiny()
+    seen = []
+    step = llm.engine.step
+    llm.engine.step = lambda: (seen.append(gc.get_freeze_count()), step())[1]
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, **GREEDY))
+    assert seen and min(seen) > 0 and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        with _collector_skips_the_old_heap():
+            assert gc.get_freeze_count() == before
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()
+
+
 def test_a_modeled_clock_ends_each_step_its_duration_after_the_last():
     """On the modeled clock (from 0, requests already there: no idle wait) each record's time is the sum
     of the durations so far, and every duration is the cost model's price of a non-empty step."""

@@ -7,13 +7,15 @@
   (``cpu_linear.py`` says why packing pays);
 * the residual adds ride on the output projections (oneDNN's ``add`` post-op: ``x + o_proj(o)``
   is one call, as is ``x + down_proj(...)``);
-* RMSNorm is torch's fused ``F.rms_norm``; when no per-head norm sits between the projection and
-  the rotation, RoPE and the cache write are one C call over the projection's output
-  (``cpu_attention.rope_and_cache``: q rotated in place, k rotated into its cache slots, v copied
-  to its slots; bit for bit what the torch operations give), else torch's operations and one
-  ``index_copy_`` each for K and V;
-* attention is the C kernel that reads the paged cache in place (``minillm_kernels.cpu_attention``),
-  called directly.
+* RMSNorm is one C call (``cpu_attention.rms_norm``; torch's ``F.rms_norm`` is half a dozen
+  operations on the CPU); when no per-head norm sits between the projection and the rotation,
+  RoPE, the cache write and attention are two C calls over the projection's output through the
+  step's ``cpu_attention.StepCalls`` (made at the first layer, which checks and converts what every
+  layer shares: block tables, slots, cos/sin): q rotated in place, k rotated into its cache slots
+  and v copied to its slots (bit for bit what the torch operations give), then the kernel that
+  reads the paged cache in place; else torch's operations, one ``index_copy_`` each for K and V,
+  and the kernel through ``cpu_attention.paged_attention_cpu``;
+* the MLP's SiLU runs in place on the gate half of the fused projection's output.
 
 Per layer that is 5 matrix multiplies where the plain layer has 7 plus two adds, and about a
 third of the small tensor operations, which on a CPU cost microseconds each whatever their size.
@@ -81,10 +83,15 @@ class FusedDecoderLayer(nn.Module):
 
         a, ln1, ln2 = self.self_attn, self.input_layernorm, self.post_attention_layernorm
         T, H, Hkv, D = x.shape[0], a.num_heads, a.num_kv_heads, a.head_dim
-        h = F.rms_norm(x, (x.shape[-1],), ln1.weight, ln1.eps)
+        h = cpu_attention.rms_norm(x, ln1.weight, ln1.eps)
         qkv = _linear(h, *self.qkv, "none", [], "")  # [T, (H + 2 Hkv) D]
         k_cache, v_cache = kv_cache
-        if a.qk_norm:
+        if not a.qk_norm:  # RoPE, the cache write and attention: the step's C calls (checked once a step)
+            calls = meta.cpu_calls
+            if calls is None or not calls.fits(qkv, cos, k_cache, v_cache, a.scale):  # the forward's first layer
+                calls = meta.cpu_calls = cpu_attention.StepCalls(qkv, H, Hkv, cos, sin, k_cache, v_cache, meta, a.scale)
+            o = calls(qkv, cos, k_cache, v_cache, a.scale)
+        else:
             q = a.q_norm(qkv[:, : self.q_width].view(T, H, D))
             k = a.k_norm(qkv[:, self.q_width : self.q_width + self.kv_width].view(T, Hkv, D))
             q = q * cos + rotate_half(q) * sin
@@ -92,16 +99,14 @@ class FusedDecoderLayer(nn.Module):
             v = qkv[:, self.q_width + self.kv_width :].view(T, Hkv, D)
             k_cache.view(-1, Hkv, D).index_copy_(0, meta.slot_mapping, k)  # the engine's slots are all >= 0
             v_cache.view(-1, Hkv, D).index_copy_(0, meta.slot_mapping, v)
-        else:  # q rotated in place, k rotated into the cache, v copied there: one pass in C
-            cpu_attention.rope_and_cache(qkv, H, Hkv, cos, sin, k_cache, v_cache, meta.slot_mapping)
-            q = qkv[:, : self.q_width].view(T, H, D)
-        o = cpu_attention.paged_attention_cpu(
-            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, a.scale
-        )
+            o = cpu_attention.paged_attention_cpu(
+                q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, a.scale
+            )
         x = torch.ops.mkldnn._linear_pointwise.binary(o.view(T, H * D), x, *self.o, "add")  # x + o_proj(o)
-        h = F.rms_norm(x, (x.shape[-1],), ln2.weight, ln2.eps)
-        gate, up = _linear(h, *self.gate_up, "none", [], "").split(self.intermediate, dim=-1)
-        return torch.ops.mkldnn._linear_pointwise.binary(F.silu(gate) * up, x, *self.down, "add")
+        h = cpu_attention.rms_norm(x, ln2.weight, ln2.eps)
+        gate_up = _linear(h, *self.gate_up, "none", [], "")
+        act = F.silu(gate_up[:, : self.intermediate], inplace=True) * gate_up[:, self.intermediate :]  # contiguous
+        return torch.ops.mkldnn._linear_pointwise.binary(act, x, *self.down, "add")  # x + down(silu(gate) * up)
 
 
 def fuse_layers(model: nn.Module, batch_hint: int = 32) -> int:

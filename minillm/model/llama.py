@@ -34,6 +34,7 @@ class AttentionMetadata:
     max_q_len: int
     backend: str = "torch"  # "torch" reference, "triton" kernel or "cpu" kernel (in place on the CPU)
     plan: Optional[list] = None  # torch backend: the step's attention plan, shared by all layers
+    cpu_calls: Optional[object] = None  # cpu backend's fused layers: the step's C calls (cpu_attention.StepCalls)
     kv_quantizer: Optional[object] = None  # int8/fp8 cache, torch backend: the store's arithmetic
     # (EngineConfig.kv_quantizer; None = minillm_kernels.kv_quant)
 
