@@ -113,6 +113,42 @@ def run(args) -> dict:
                 "",
             ]
         )
+        if r["rescaled"] is not None:
+            x = r["rescaled"]
+            for metric in ("ttft", "tpot", "e2e"):
+                rows.append(
+                    [
+                        name,
+                        f"{metric}, rescaled x{x['scale']:.3f}",
+                        f"{r[metric]['median_measured_s'] * 1e3:.1f}",
+                        f"{x[metric]['median_modeled_s'] * 1e3:.1f}",
+                        pct(x[metric]["median_rel_err"]),
+                        pct(x[metric]["p90_rel_err"]),
+                        f"each round alone: {pct(x['each_round'][metric]['median_rel_err'])} / "
+                        f"{pct(x['each_round'][metric]['p90_rel_err'])}",
+                        "",
+                    ]
+                )
+        for label, st in (
+            ("step times", r["step_times"]),
+            ("step times, rescaled", (r["rescaled"] or {}).get("step_times")),
+        ):
+            if st is None:
+                continue
+            rows.append(
+                [
+                    name,
+                    label,
+                    f"total {st['total_rel_err']:+.1%}",
+                    ", ".join(f"{k} {v['total_rel_err']:+.1%}" for k, v in st["by_batch"].items()),
+                    pct(st["median_rel_err"]),
+                    pct(st["p90_rel_err"]),
+                    f"e2e, the real schedule: {pct(st['e2e_same_schedule']['median_rel_err'])} / "
+                    f"{pct(st['e2e_same_schedule']['p90_rel_err'])}; the speed known: "
+                    f"{pct(st['e2e_speed_known']['median_rel_err'])} / {pct(st['e2e_speed_known']['p90_rel_err'])}",
+                    "slowdown by tenth " + " ".join(f"{x:.2f}" for x in st["slowdown_by_tenth"]),
+                ]
+            )
         rows.append(
             [
                 name,
@@ -138,6 +174,24 @@ def run(args) -> dict:
         goals.append(
             goal(f"{name}: e2e p90 rel. error", "<= 12%", pct(r["e2e"]["p90_rel_err"]), r["e2e"]["p90_rel_err"] <= 0.12)
         )
+        if r["rescaled"] is not None:
+            x = r["rescaled"]["e2e"]
+            goals.append(
+                goal(
+                    f"{name}: e2e median rel. error, profile rescaled by the reference step",
+                    "<= 5%",
+                    pct(x["median_rel_err"]),
+                    x["median_rel_err"] <= 0.05,
+                )
+            )
+            goals.append(
+                goal(
+                    f"{name}: e2e p90 rel. error, profile rescaled by the reference step",
+                    "<= 12%",
+                    pct(x["p90_rel_err"]),
+                    x["p90_rel_err"] <= 0.12,
+                )
+            )
     summary = {
         name: {
             m: {
@@ -164,7 +218,11 @@ def run(args) -> dict:
                 "mean_waiting",
                 "rounds",
                 "reference_step_s",
+                "reference_step_after_s",
                 "drift",
+                "rescaled",
+                "single_round",
+                "step_times",
             )
         }
         for name, r in report["traces"].items()
