@@ -132,6 +132,7 @@ def run(args) -> dict:
         for label, st in (
             ("step times", r["step_times"]),
             ("step times, rescaled", (r["rescaled"] or {}).get("step_times")),
+            ("step times, own fit", r["step_times_own_fit"]),
         ):
             if st is None:
                 continue
@@ -146,7 +147,7 @@ def run(args) -> dict:
                     f"e2e, the real schedule: {pct(st['e2e_same_schedule']['median_rel_err'])} / "
                     f"{pct(st['e2e_same_schedule']['p90_rel_err'])}; the speed known: "
                     f"{pct(st['e2e_speed_known']['median_rel_err'])} / {pct(st['e2e_speed_known']['p90_rel_err'])}",
-                    "slowdown by tenth " + " ".join(f"{x:.2f}" for x in st["slowdown_by_tenth"]),
+                    "slowdown by tenth " + " ".join(f"{x:.2f}" for x in st.get("slowdown_by_tenth", [])),
                 ]
             )
         rows.append(
@@ -223,6 +224,7 @@ def run(args) -> dict:
                 "rescaled",
                 "single_round",
                 "step_times",
+                "step_times_own_fit",
             )
         }
         for name, r in report["traces"].items()

@@ -475,7 +475,10 @@ def compare_on_trace(
     None for a cost model without a reference step). ``single_round``: the errors against each round
     alone rather than the rounds' median (``_each_round``). ``step_times``: where the error is made
     (``step_time_errors`` on every round's own steps, the median over rounds): the real batches priced
-    by the profile, and each request's latency had only its step times been modeled."""
+    by the profile, and each request's latency had only its step times been modeled.
+    ``step_times_own_fit``: the same with each round's steps priced by a fit to those very steps (not a
+    prediction: the least error a profile of this form leaves on this run, the machine's own scatter
+    and what the terms cannot express; None where no round's steps can be fitted)."""
     from ..model.loader import resolve_model_path
     from .simulated import simulate
 
@@ -518,6 +521,8 @@ def compare_on_trace(
     report["step_times"] = _median_of(step_times) | {
         "total_rel_err_each_round": [e["total_rel_err"] for e in step_times]
     }
+    own_fit = [e for e in map(_own_fit_errors, runs) if e is not None]
+    report["step_times_own_fit"] = _median_of(own_fit) if own_fit else None
     report["steps"] = {
         "measured": int(np.median([run["steps"] for run in runs])),
         "modeled": len(busy),
@@ -594,11 +599,17 @@ def _rescaled(cost: LinearStepCost, trace: Sequence, model: Optional[str], confi
 
 
 def _median_of(reports: list):
-    """The median, field by field, of reports alike in shape (nested dicts of numbers); a field some
-    report lacks is left out."""
+    """The median, field by field, of reports alike in shape (nested dicts and lists of numbers); a
+    field some report lacks is left out, and so are lists of different lengths."""
     first = reports[0]
     if isinstance(first, dict):
-        return {k: _median_of([r[k] for r in reports]) for k in first if all(k in r for r in reports)}
+        keys = [k for k in first if all(k in r for r in reports)]
+        out = {k: _median_of([r[k] for r in reports]) for k in keys}
+        return {k: v for k, v in out.items() if v is not None}
+    if isinstance(first, (list, tuple)):
+        if any(len(r) != len(first) for r in reports):
+            return None
+        return [_median_of([r[i] for r in reports]) for i in range(len(first))]
     return float(np.median(reports))
 
 
@@ -709,6 +720,15 @@ def step_time_errors(cost: LinearStepCost, run: dict) -> dict:
         "e2e_same_schedule": _same_schedule_errors(pred, meas, starts, run["spans"]),
         "e2e_speed_known": _same_schedule_errors(known, meas, starts, run["spans"]),
     }
+
+
+def _own_fit_errors(run: dict) -> Optional[dict]:
+    """``step_time_errors`` of a run's steps priced by a fit to those same steps; None where they are
+    too few or too alike to fit (``fit_step_cost`` refuses them)."""
+    try:
+        return step_time_errors(fit_step_cost(run["samples"]), run)
+    except ValueError:
+        return None
 
 
 def _same_schedule_errors(pred: np.ndarray, meas: np.ndarray, starts: np.ndarray, spans: dict) -> dict:
