@@ -462,3 +462,12 @@ def test_a_run_priced_by_a_fit_to_its_own_steps():
     assert abs(e["total_rel_err"]) < 1e-9 and e["p90_rel_err"] < 1e-9
     assert e["e2e_same_schedule"]["p90_rel_err"] < 1e-9 and e["slowdown_by_tenth"] == pytest.approx([1.0] * 10)
     assert _own_fit_errors(hand_run()) is None
+
+
+def test_the_reference_baseline_is_the_profiles_price_where_it_has_one():
+    from minillm.sim.calibration import reference_baseline
+
+    priced = {"reference_step_s": 2.4e-3, "reference_step_priced_s": 2.0e-3}
+    assert reference_baseline(LinearStepCost(TRUE, info=priced)) == 2.0e-3
+    assert reference_baseline(LinearStepCost(TRUE, info={"reference_step_s": 2.4e-3})) == 2.4e-3  # an older profile
+    assert reference_baseline(LinearStepCost(TRUE)) is None

@@ -158,7 +158,10 @@ def run(args) -> dict:
                 pct(r["utilisation"]["modeled"]),
                 "",
                 f"waiting {r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f}",
-                "" if r["drift"] is None else f"reference step {r['drift']:+.1%} vs the calibration's",
+                ""
+                if r["drift"] is None
+                else f"reference step {r['drift']:+.1%} vs the calibration's, "
+                f"{r['drift_priced']:+.1%} vs the profile's price",
                 "",
             ]
         )
@@ -221,6 +224,7 @@ def run(args) -> dict:
                 "reference_step_s",
                 "reference_step_after_s",
                 "drift",
+                "drift_priced",
                 "rescaled",
                 "single_round",
                 "step_times",

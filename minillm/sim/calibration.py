@@ -469,10 +469,11 @@ def compare_on_trace(
     is what saturation looks like. ``reference_step_s``: each round's ``reference_steps`` (median), and
     ``drift``: their median against the one timed with the calibration (in ``cost_model.info``), less 1
     (+0.10: the machine's steps 10% slower in the real rounds than when the profile was timed; None for a
-    cost model without it); ``reference_step_after_s``: the same timed right after each round (the drift
-    within a round). ``rescaled``: that drift divided out (``_rescaled``: the profile scaled by the
-    reference step before the rounds over the calibration's, the trace simulated again, the same errors;
-    None for a cost model without a reference step). ``single_round``: the errors against each round
+    cost model without it), and ``drift_priced``, the same against ``reference_baseline`` (the profile's
+    own price of those steps); ``reference_step_after_s``: the same timed right after each round (the
+    drift within a round). ``rescaled``: that drift divided out (``_rescaled``: the profile scaled by the
+    reference step before the rounds over ``reference_baseline``, the trace simulated again, the same
+    errors; None for a cost model without a reference step). ``single_round``: the errors against each round
     alone rather than the rounds' median (``_each_round``). ``step_times``: where the error is made
     (``step_time_errors`` on every round's own steps, the median over rounds): the real batches priced
     by the profile, and each request's latency had only its step times been modeled.
@@ -541,9 +542,10 @@ def compare_on_trace(
     report["rounds"] = rounds
     report["reference_step_s"] = [run["reference_step_s"] for run in runs]
     report["reference_step_after_s"] = [run["reference_step_after_s"] for run in runs]
-    timed = cost_model.info.get("reference_step_s")
+    timed, baseline = cost_model.info.get("reference_step_s"), reference_baseline(cost_model)
     report["drift"] = float(np.median(report["reference_step_s"]) / timed - 1.0) if timed else None
-    report["rescaled"] = _rescaled(cost_model, trace, model, config, runs, measured) if timed else None
+    report["drift_priced"] = float(np.median(report["reference_step_s"]) / baseline - 1.0) if baseline else None
+    report["rescaled"] = _rescaled(cost_model, trace, model, config, runs, measured) if baseline else None
     report["num_requests"] = len(ids)
     report["per_request"] = {rid: {"measured": measured[rid], "modeled": modeled[rid]} for rid in ids}
     return report
@@ -582,14 +584,14 @@ def _each_round(runs: list, modeled: list) -> dict:
 
 def _rescaled(cost: LinearStepCost, trace: Sequence, model: Optional[str], config: dict, runs: list, measured: dict):
     """The machine's drift divided out: the profile ``scaled`` by the rounds' reference step (timed
-    just before each round; their median) over the calibration's, the trace simulated again, and the
+    just before each round; their median) over ``reference_baseline``, the trace simulated again, and the
     same errors as ``compare_on_trace``'s (``scale`` and, per metric, ``median_rel_err``,
     ``p90_rel_err``, ``median_modeled_s``); ``each_round``: every round against a simulation scaled by
     its own reference step (``_each_round``); ``step_times``: ``step_time_errors`` with those profiles."""
-    timed = cost.info["reference_step_s"]
-    factor = float(np.median([run["reference_step_s"] for run in runs])) / timed
+    baseline = reference_baseline(cost)
+    factor = float(np.median([run["reference_step_s"] for run in runs])) / baseline
     modeled = _simulated_latencies(scaled(cost, factor), trace, model, config)
-    own = [scaled(cost, run["reference_step_s"] / timed) for run in runs]
+    own = [scaled(cost, run["reference_step_s"] / baseline) for run in runs]
     return {
         "scale": factor,
         **{m: _errors(measured, modeled, m) for m in METRICS},
@@ -747,6 +749,14 @@ def _same_schedule_errors(pred: np.ndarray, meas: np.ndarray, starts: np.ndarray
     return {"median_rel_err": float(np.median(err)), "p90_rel_err": float(np.percentile(err, 90))}
 
 
+def reference_baseline(cost: LinearStepCost) -> Optional[float]:
+    """What the reference step (``reference_steps``) takes on the machine ``cost`` describes: the
+    profile's own price of the calibration's reference steps (``reference_step_priced_s``: the fit of
+    every step timed, where one timing of 31 steps carries that moment's scatter), or, for a profile
+    without it, their measured median (``reference_step_s``); None for a profile timed without them."""
+    return cost.info.get("reference_step_priced_s") or cost.info.get("reference_step_s")
+
+
 def scaled(cost: LinearStepCost, factor: float) -> LinearStepCost:
     """``cost`` with every term ``factor`` times as long (``info`` kept, with ``scale``: ``factor``):
     the profile of a machine whose every step runs that much slower (``factor`` > 1) or faster."""
@@ -845,6 +855,8 @@ def _calibrate_here(model, budget_s, seed, grid, calibration_traces, progress, c
     info["steps_after_idle"] = sum(s.after_idle for s in samples)
     info["reference_step_s"] = float(np.median([s.seconds for s in samples if s.workload == "reference"]))
     cost = fit_step_cost(samples, info=info)
+    reference = [s for s in samples if s.workload == "reference"]
+    cost.info["reference_step_priced_s"] = float(np.median([predicted_seconds(cost, s) for s in reference]))
     held_out = held_out_errors(samples)
     del samples  # thousands of objects the garbage collector would walk
     say(
@@ -890,6 +902,10 @@ def _validate(cost, model, traces, seed, rounds, progress, config) -> dict:
             f"{r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f} requests waiting; "
             f"two rounds' e2e differ by {r['e2e']['noise']:.1%} (median) / {r['e2e']['noise_p90']:.1%} (p90); "
             f"every step 1% longer moves e2e {r['e2e']['sensitivity']:.2f}%; the machine's reference step "
-            + (f"{r['drift']:+.1%} against the calibration's" if r["drift"] is not None else "not timed")
+            + (
+                f"{r['drift']:+.1%} against the calibration's, {r['drift_priced']:+.1%} against the profile's price"
+                if r["drift"] is not None
+                else "not timed"
+            )
         )
     return reports
