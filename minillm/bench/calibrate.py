@@ -16,6 +16,12 @@ of its rounds (one run's scatter is the machine's, not the model's; the report g
 where a request's latency is its own steps (busy about two thirds of the time; ``sensitivity``: a 1%
 longer step moves a request's latency about 1%), so an error per step does not compound.
 
+Beside the errors: the same with the profile rescaled by the reference step timed before the rounds
+(``rescaled``: a machine that got slower or faster since the timing), against each round alone
+(``single_round``), and where the error is made (``step_times``: the real rounds' own steps priced by
+the profile; ``step_times_own_fit``: priced by a fit to themselves, the least error a profile of this
+form can leave).
+
 Everything runs on one core (``--no-pin`` to let the system move it) and, with ``--clock cpu``, on the
 process's own CPU time (``minillm.sim.clock.ProcessClock``) instead of the wall clock: on a machine shared
 with other work the wall clock measures the other programs too. The goal is the wall clock's on a quiet

@@ -21,7 +21,10 @@ Three parts, each usable alone:
    simulator (modeled clock, the calibrated cost model): every request's TTFT, TPOT and end-to-end
    latency side by side, with the median and 90th-percentile relative error, both step counts, how
    far two real rounds differ (the floor under any model's error), how loaded the engine was, and how
-   much an error in every step moves a request's latency at that load (``sensitivity``).
+   much an error in every step moves a request's latency at that load (``sensitivity``). Where the
+   error is made: ``step_time_errors`` prices each real round's own steps with the profile (the error
+   in the step times alone, the real schedule held), and ``scaled`` by the reference step timed before
+   the rounds the profile follows a machine that got slower or faster since it was timed (``rescaled``).
 
 ``calibrate(out=DIR)`` does all three and writes the profile (``DIR/step-cost-MACHINE.json``, loaded by
 ``CostModel.from_profile``) and the report (``DIR/calibration-MACHINE.json``);
