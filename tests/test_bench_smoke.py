@@ -53,6 +53,10 @@ def test_benchmark_runs_tiny(name, tmp_path, capsys):
                 assert {"median_rel_err", "p90_rel_err", "noise", "noise_p90", "sensitivity"} <= set(trace[metric])
             assert {"utilisation", "steps", "preemptions", "drift", "reference_step_s"} <= set(trace)
             assert trace["drift"] > -1  # the reference step timed with the calibration and in the round
+            x = trace["rescaled"]  # the drift divided out: the profile scaled by the reference step
+            assert x["scale"] == pytest.approx(1 + trace["drift_priced"])  # against the profile's own price
+            assert {"median_rel_err", "p90_rel_err"} <= set(x["e2e"]) | set(x["each_round"]["e2e"])
+            assert {"total_rel_err", "by_batch", "e2e_same_schedule", "slowdown_by_tenth"} <= set(trace["step_times"])
         assert data["config"]["clock"] == "wall"
     captured = capsys.readouterr()
     if name == "vs-vllm":  # no vLLM at tiny: minillm's sides, offline and served, and the message

@@ -278,6 +278,12 @@ def test_the_real_side_is_the_median_of_its_rounds():
         assert m["sensitivity"] > 0  # every step 2% longer: every request later
     assert len(report["reference_step_s"]) == 2 and min(report["reference_step_s"]) > 0
     assert report["drift"] is None  # this cost model was not timed here: no reference step to compare
+    assert report["rescaled"] is None and len(report["reference_step_after_s"]) == 2
+    assert report["step_times"]["num_steps"] == pytest.approx(np.median(report["steps"]["measured_each_round"]))
+    timed = LinearStepCost(TRUE, info={"reference_step_s": 1.0})  # a reference step of 1 s, when timed
+    one = compare_on_trace(timed, trace, rounds=1)
+    assert one["rescaled"]["scale"] == pytest.approx(one["reference_step_s"][0])  # ~ms over 1 s
+    assert one["rescaled"]["e2e"]["median_modeled_s"] < one["e2e"]["median_modeled_s"]  # the steps priced shorter
     for load in ("utilisation", "mean_waiting"):
         assert set(report[load]) == {"measured", "modeled"}
     assert 0 < report["utilisation"]["measured"] <= 1 and 0 < report["utilisation"]["modeled"] <= 1
@@ -371,3 +377,97 @@ def test_the_reference_steps_are_one_request_decoding_alone():
     assert [s.num_new_tokens for s in steps] == [(1,)] * 31  # 32 tokens: the prefill's, then 31 decodes
     assert [s.context_lens for s in steps] == [(25 + i,) for i in range(31)]
     assert {s.workload for s in steps} == {"reference"}
+
+
+def test_a_scaled_profile_prices_every_step_that_much_longer():
+    from minillm.sim.calibration import scaled
+
+    cost = LinearStepCost(dict(TRUE, after_idle=IDLE), {t: 1e-6 for t in TRUE}, info={"machine": "m"})
+    slower = scaled(cost, 1.25)
+    assert slower.step_time([1, 40], [30, 40]) == pytest.approx(1.25 * cost.step_time([1, 40], [30, 40]))
+    assert slower.after_idle_time() == pytest.approx(1.25 * IDLE)
+    assert slower.stderr["fixed"] == pytest.approx(1.25e-6)
+    assert slower.info == {"machine": "m", "scale": 1.25} and cost.info == {"machine": "m"}
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="factor="):
+            scaled(cost, bad)
+
+
+def hand_run() -> dict:
+    """A real run of four steps, by hand: 1, 2, 1 and 1 ms, starting at 0, 1, 3 and 4 ms; "a" in the
+    engine from 0 to 5 ms (all four steps), "b" from 3 to 5 ms (the last two)."""
+    samples = [
+        StepSample((1,), (20,), 1e-3),  # one request decoding alone
+        StepSample((1, 1), (21, 9), 2e-3),  # two decoding
+        StepSample((5,), (5,), 1e-3),  # a prefill
+        StepSample((1,), (22,), 1e-3, after_idle=True),  # alone, after an idle wait
+    ]
+    return {"samples": samples, "starts": [0.0, 1e-3, 3e-3, 4e-3], "spans": {"a": (0.0, 5e-3), "b": (3e-3, 5e-3)}}
+
+
+def test_the_real_runs_steps_priced_by_the_profile():
+    """Every step priced 1 ms (a fixed term alone): 4 ms priced against 5 measured (-20%); the two-request
+    step is the one short (-50%); "a"'s latency loses that 1 ms of its 5 (20% off), "b"'s steps are
+    priced right (0%); each tenth (here each step) measured over priced: 1, 2, 1, 1; priced with those,
+    every latency is right."""
+    from minillm.sim.calibration import step_time_errors
+
+    one_ms = LinearStepCost(dict.fromkeys(STEP_TERMS, 0.0) | {"fixed": 1e-3})
+    e = step_time_errors(one_ms, hand_run())
+    assert e["num_steps"] == 4
+    assert e["total_rel_err"] == pytest.approx(-0.2)
+    assert e["median_rel_err"] == pytest.approx(0.0) and e["p90_rel_err"] == pytest.approx(0.35)  # 0, 0, 0, 0.5
+    assert {k: v["num_steps"] for k, v in e["by_batch"].items()} == {
+        "one decoding alone": 2,
+        "several decoding": 1,
+        "with a prefill": 1,
+        "after idle": 1,
+    }
+    assert e["by_batch"]["several decoding"]["total_rel_err"] == pytest.approx(-0.5)
+    assert e["by_batch"]["one decoding alone"]["total_rel_err"] == pytest.approx(0.0)
+    assert e["slowdown_by_tenth"] == pytest.approx([1.0, 2.0, 1.0, 1.0])
+    assert e["e2e_same_schedule"]["median_rel_err"] == pytest.approx(0.1)  # a 20%, b 0%
+    assert e["e2e_same_schedule"]["p90_rel_err"] == pytest.approx(0.18)
+    assert e["e2e_speed_known"] == pytest.approx({"median_rel_err": 0.0, "p90_rel_err": 0.0})
+    with pytest.raises(ValueError, match="samples"):
+        step_time_errors(one_ms, dict(hand_run(), samples=[]))
+
+
+def test_each_round_alone_and_the_median_of_reports():
+    """Round 1 is matched exactly, round 2 is 10% and 30% off: per metric the median over the rounds of
+    each round's median (0 and 20%: 10%); a field one report lacks is left out of the median."""
+    from minillm.sim.calibration import METRICS, _each_round, _median_of
+
+    def lat(x, y):
+        return {"a": dict.fromkeys(METRICS, x), "b": dict.fromkeys(METRICS, y)}
+
+    runs = [{"latencies": lat(1.0, 2.0)}, {"latencies": lat(1.0, 1.0)}]
+    out = _each_round(runs, [lat(1.0, 2.0), lat(1.1, 1.3)])
+    assert out["e2e"]["median_rel_err"] == pytest.approx(0.1)
+    assert out["ttft"]["p90_rel_err"] == pytest.approx((0.0 + (0.1 + 0.9 * 0.2)) / 2)
+    assert _median_of([{"x": 1, "y": {"z": 3}}, {"x": 3, "y": {"z": 5}, "w": 0}]) == {"x": 2.0, "y": {"z": 4.0}}
+    assert _median_of([{"t": [1, 4]}, {"t": [3, 2]}, {"t": [2, 9]}]) == {"t": [2.0, 4.0]}  # position by position
+    assert _median_of([{"t": [1, 4], "x": 1}, {"t": [3], "x": 2}]) == {"x": 1.5}  # lengths differ: left out
+
+
+def test_a_run_priced_by_a_fit_to_its_own_steps():
+    """Steps timed exactly by a linear cost: a fit to them prices every one right (no error left, any
+    request); four steps are too few to fit (None)."""
+    from minillm.sim.calibration import _own_fit_errors
+
+    samples = synthetic_steps(TRUE, n=60, noise=0.0)
+    starts = np.concatenate(([0.0], np.cumsum([s.seconds for s in samples])[:-1]))
+    run = {"samples": samples, "starts": starts, "spans": {"a": (starts[3], starts[40]), "b": (0.0, starts[-1])}}
+    e = _own_fit_errors(run)
+    assert abs(e["total_rel_err"]) < 1e-9 and e["p90_rel_err"] < 1e-9
+    assert e["e2e_same_schedule"]["p90_rel_err"] < 1e-9 and e["slowdown_by_tenth"] == pytest.approx([1.0] * 10)
+    assert _own_fit_errors(hand_run()) is None
+
+
+def test_the_reference_baseline_is_the_profiles_price_where_it_has_one():
+    from minillm.sim.calibration import reference_baseline
+
+    priced = {"reference_step_s": 2.4e-3, "reference_step_priced_s": 2.0e-3}
+    assert reference_baseline(LinearStepCost(TRUE, info=priced)) == 2.0e-3
+    assert reference_baseline(LinearStepCost(TRUE, info={"reference_step_s": 2.4e-3})) == 2.4e-3  # an older profile
+    assert reference_baseline(LinearStepCost(TRUE)) is None

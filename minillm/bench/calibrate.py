@@ -16,6 +16,12 @@ of its rounds (one run's scatter is the machine's, not the model's; the report g
 where a request's latency is its own steps (busy about two thirds of the time; ``sensitivity``: a 1%
 longer step moves a request's latency about 1%), so an error per step does not compound.
 
+Beside the errors: the same with the profile rescaled by the reference step timed before the rounds
+(``rescaled``: a machine that got slower or faster since the timing), against each round alone
+(``single_round``), and where the error is made (``step_times``: the real rounds' own steps priced by
+the profile; ``step_times_own_fit``: priced by a fit to themselves, the least error a profile of this
+form can leave).
+
 Everything runs on one core (``--no-pin`` to let the system move it) and, with ``--clock cpu``, on the
 process's own CPU time (``minillm.sim.clock.ProcessClock``) instead of the wall clock: on a machine shared
 with other work the wall clock measures the other programs too. The goal is the wall clock's on a quiet
@@ -113,6 +119,43 @@ def run(args) -> dict:
                 "",
             ]
         )
+        if r["rescaled"] is not None:
+            x = r["rescaled"]
+            for metric in ("ttft", "tpot", "e2e"):
+                rows.append(
+                    [
+                        name,
+                        f"{metric}, rescaled x{x['scale']:.3f}",
+                        f"{r[metric]['median_measured_s'] * 1e3:.1f}",
+                        f"{x[metric]['median_modeled_s'] * 1e3:.1f}",
+                        pct(x[metric]["median_rel_err"]),
+                        pct(x[metric]["p90_rel_err"]),
+                        f"each round alone: {pct(x['each_round'][metric]['median_rel_err'])} / "
+                        f"{pct(x['each_round'][metric]['p90_rel_err'])}",
+                        "",
+                    ]
+                )
+        for label, st in (
+            ("step times", r["step_times"]),
+            ("step times, rescaled", (r["rescaled"] or {}).get("step_times")),
+            ("step times, own fit", r["step_times_own_fit"]),
+        ):
+            if st is None:
+                continue
+            rows.append(
+                [
+                    name,
+                    label,
+                    f"total {st['total_rel_err']:+.1%}",
+                    ", ".join(f"{k} {v['total_rel_err']:+.1%}" for k, v in st["by_batch"].items()),
+                    pct(st["median_rel_err"]),
+                    pct(st["p90_rel_err"]),
+                    f"e2e, the real schedule: {pct(st['e2e_same_schedule']['median_rel_err'])} / "
+                    f"{pct(st['e2e_same_schedule']['p90_rel_err'])}; the speed known: "
+                    f"{pct(st['e2e_speed_known']['median_rel_err'])} / {pct(st['e2e_speed_known']['p90_rel_err'])}",
+                    "slowdown by tenth " + " ".join(f"{x:.2f}" for x in st.get("slowdown_by_tenth", [])),
+                ]
+            )
         rows.append(
             [
                 name,
@@ -121,7 +164,10 @@ def run(args) -> dict:
                 pct(r["utilisation"]["modeled"]),
                 "",
                 f"waiting {r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f}",
-                "" if r["drift"] is None else f"reference step {r['drift']:+.1%} vs the calibration's",
+                ""
+                if r["drift"] is None
+                else f"reference step {r['drift']:+.1%} vs the calibration's, "
+                f"{r['drift_priced']:+.1%} vs the profile's price",
                 "",
             ]
         )
@@ -138,6 +184,24 @@ def run(args) -> dict:
         goals.append(
             goal(f"{name}: e2e p90 rel. error", "<= 12%", pct(r["e2e"]["p90_rel_err"]), r["e2e"]["p90_rel_err"] <= 0.12)
         )
+        if r["rescaled"] is not None:
+            x = r["rescaled"]["e2e"]
+            goals.append(
+                goal(
+                    f"{name}: e2e median rel. error, profile rescaled by the reference step",
+                    "<= 5%",
+                    pct(x["median_rel_err"]),
+                    x["median_rel_err"] <= 0.05,
+                )
+            )
+            goals.append(
+                goal(
+                    f"{name}: e2e p90 rel. error, profile rescaled by the reference step",
+                    "<= 12%",
+                    pct(x["p90_rel_err"]),
+                    x["p90_rel_err"] <= 0.12,
+                )
+            )
     summary = {
         name: {
             m: {
@@ -164,7 +228,13 @@ def run(args) -> dict:
                 "mean_waiting",
                 "rounds",
                 "reference_step_s",
+                "reference_step_after_s",
                 "drift",
+                "drift_priced",
+                "rescaled",
+                "single_round",
+                "step_times",
+                "step_times_own_fit",
             )
         }
         for name, r in report["traces"].items()

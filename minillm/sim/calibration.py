@@ -21,7 +21,10 @@ Three parts, each usable alone:
    simulator (modeled clock, the calibrated cost model): every request's TTFT, TPOT and end-to-end
    latency side by side, with the median and 90th-percentile relative error, both step counts, how
    far two real rounds differ (the floor under any model's error), how loaded the engine was, and how
-   much an error in every step moves a request's latency at that load (``sensitivity``).
+   much an error in every step moves a request's latency at that load (``sensitivity``). Where the
+   error is made: ``step_time_errors`` prices each real round's own steps with the profile (the error
+   in the step times alone, the real schedule held), and ``scaled`` by the reference step timed before
+   the rounds the profile follows a machine that got slower or faster since it was timed (``rescaled``).
 
 ``calibrate(out=DIR)`` does all three and writes the profile (``DIR/step-cost-MACHINE.json``, loaded by
 ``CostModel.from_profile``) and the report (``DIR/calibration-MACHINE.json``);
@@ -469,7 +472,17 @@ def compare_on_trace(
     is what saturation looks like. ``reference_step_s``: each round's ``reference_steps`` (median), and
     ``drift``: their median against the one timed with the calibration (in ``cost_model.info``), less 1
     (+0.10: the machine's steps 10% slower in the real rounds than when the profile was timed; None for a
-    cost model without it)."""
+    cost model without it), and ``drift_priced``, the same against ``reference_baseline`` (the profile's
+    own price of those steps); ``reference_step_after_s``: the same timed right after each round (the
+    drift within a round). ``rescaled``: that drift divided out (``_rescaled``: the profile scaled by the
+    reference step before the rounds over ``reference_baseline``, the trace simulated again, the same
+    errors; None for a cost model without a reference step). ``single_round``: the errors against each round
+    alone rather than the rounds' median (``_each_round``). ``step_times``: where the error is made
+    (``step_time_errors`` on every round's own steps, the median over rounds): the real batches priced
+    by the profile, and each request's latency had only its step times been modeled.
+    ``step_times_own_fit``: the same with each round's steps priced by a fit to those very steps (not a
+    prediction: the least error a profile of this form leaves on this run, the machine's own scatter
+    and what the terms cannot express; None where no round's steps can be fitted)."""
     from ..model.loader import resolve_model_path
     from .simulated import simulate
 
@@ -487,20 +500,12 @@ def compare_on_trace(
 
     sim, _ = simulate(trace, model=resolve_model_path(model), cost_model=cost_model, records="full", **config)
     modeled = {rid: _latencies(sim.requests[rid].metrics) for rid in ids}
-    longer = LinearStepCost({t: v * (1 + SENSITIVITY_STEP) for t, v in cost_model.seconds.items()})
-    slower, _ = simulate(trace, model=resolve_model_path(model), cost_model=longer, **config)
-    shifted = {rid: _latencies(slower.requests[rid].metrics) for rid in ids}
+    shifted = _simulated_latencies(scaled(cost_model, 1 + SENSITIVITY_STEP), trace, model, config)
     busy = [rec for rec in sim.step_records if rec.batch_size]
     span = max(r["e2e"] + t.arrival_time for r, t in zip(modeled.values(), trace)) - min(t.arrival_time for t in trace)
 
     report: dict[str, Any] = {}
     for metric in METRICS:
-        err = _relative_errors(measured, modeled, metric)
-        values = [
-            (measured[r][metric], modeled[r][metric])
-            for r in ids
-            if measured[r][metric] is not None and modeled[r][metric] is not None
-        ]
         noise = [
             _round_differences(a["latencies"], b["latencies"], measured, metric)
             for i, a in enumerate(runs)
@@ -508,15 +513,20 @@ def compare_on_trace(
         ]
         noise = np.concatenate(noise) if noise else np.zeros(1)
         report[metric] = {
-            "median_rel_err": float(np.median(err)),
-            "p90_rel_err": float(np.percentile(err, 90)),
-            "median_measured_s": float(np.median([a for a, _ in values])),
-            "median_modeled_s": float(np.median([b for _, b in values])),
-            "num_requests": len(err),
+            **_errors(measured, modeled, metric),
+            "median_measured_s": _median([measured[r][metric] for r in ids]),
+            "num_requests": len(_relative_errors(measured, modeled, metric)),
             "noise": float(np.median(noise)),
             "noise_p90": float(np.percentile(noise, 90)),
             "sensitivity": float(np.median(_relative_errors(modeled, shifted, metric))) / SENSITIVITY_STEP,
         }
+    report["single_round"] = _each_round(runs, [modeled] * len(runs))
+    step_times = [step_time_errors(cost_model, run) for run in runs]
+    report["step_times"] = _median_of(step_times) | {
+        "total_rel_err_each_round": [e["total_rel_err"] for e in step_times]
+    }
+    own_fit = [e for e in map(_own_fit_errors, runs) if e is not None]
+    report["step_times_own_fit"] = _median_of(own_fit) if own_fit else None
     report["steps"] = {
         "measured": int(np.median([run["steps"] for run in runs])),
         "modeled": len(busy),
@@ -534,8 +544,11 @@ def compare_on_trace(
     }
     report["rounds"] = rounds
     report["reference_step_s"] = [run["reference_step_s"] for run in runs]
-    timed = cost_model.info.get("reference_step_s")
+    report["reference_step_after_s"] = [run["reference_step_after_s"] for run in runs]
+    timed, baseline = cost_model.info.get("reference_step_s"), reference_baseline(cost_model)
     report["drift"] = float(np.median(report["reference_step_s"]) / timed - 1.0) if timed else None
+    report["drift_priced"] = float(np.median(report["reference_step_s"]) / baseline - 1.0) if baseline else None
+    report["rescaled"] = _rescaled(cost_model, trace, model, config, runs, measured) if baseline else None
     report["num_requests"] = len(ids)
     report["per_request"] = {rid: {"measured": measured[rid], "modeled": modeled[rid]} for rid in ids}
     return report
@@ -543,6 +556,66 @@ def compare_on_trace(
 
 METRICS = ("ttft", "tpot", "e2e")
 SENSITIVITY_STEP = 0.02  # every step this much longer: how far does a request's latency move?
+
+
+def _simulated_latencies(cost: LinearStepCost, trace: Sequence, model: Optional[str], config: dict) -> dict:
+    """Every request's TTFT, TPOT and end-to-end latency, ``trace`` simulated with ``cost``."""
+    from ..model.loader import resolve_model_path
+    from .simulated import simulate
+
+    sim, _ = simulate(trace, model=resolve_model_path(model), cost_model=cost, **config)
+    return {r.request_id: _latencies(sim.requests[r.request_id].metrics) for r in trace}
+
+
+def _errors(measured: dict, modeled: dict, metric: str) -> dict:
+    """``metric``'s median and p90 relative error of ``modeled`` against ``measured``, and the modeled median."""
+    err = _relative_errors(measured, modeled, metric)
+    return {
+        "median_rel_err": float(np.median(err)),
+        "p90_rel_err": float(np.percentile(err, 90)),
+        "median_modeled_s": _median([modeled[r][metric] for r in measured if r in modeled]),
+    }
+
+
+def _each_round(runs: list, modeled: list) -> dict:
+    """Each real round on its own against its simulation (``modeled[i]`` for ``runs[i]``): per metric
+    the median over the rounds of each round's median and p90 relative error (a single run as the
+    reference, with all its scatter, where the headline figures take the median of the rounds)."""
+    per = [{m: _errors(run["latencies"], sim, m) for m in METRICS} for run, sim in zip(runs, modeled)]
+    return {m: _median_of([{k: p[m][k] for k in ("median_rel_err", "p90_rel_err")} for p in per]) for m in METRICS}
+
+
+def _rescaled(cost: LinearStepCost, trace: Sequence, model: Optional[str], config: dict, runs: list, measured: dict):
+    """The machine's drift divided out: the profile ``scaled`` by the rounds' reference step (timed
+    just before each round; their median) over ``reference_baseline``, the trace simulated again, and the
+    same errors as ``compare_on_trace``'s (``scale`` and, per metric, ``median_rel_err``,
+    ``p90_rel_err``, ``median_modeled_s``); ``each_round``: every round against a simulation scaled by
+    its own reference step (``_each_round``); ``step_times``: ``step_time_errors`` with those profiles."""
+    baseline = reference_baseline(cost)
+    factor = float(np.median([run["reference_step_s"] for run in runs])) / baseline
+    modeled = _simulated_latencies(scaled(cost, factor), trace, model, config)
+    own = [scaled(cost, run["reference_step_s"] / baseline) for run in runs]
+    return {
+        "scale": factor,
+        **{m: _errors(measured, modeled, m) for m in METRICS},
+        "each_round": _each_round(runs, [_simulated_latencies(c, trace, model, config) for c in own]),
+        "step_times": _median_of([step_time_errors(c, run) for c, run in zip(own, runs)]),
+    }
+
+
+def _median_of(reports: list):
+    """The median, field by field, of reports alike in shape (nested dicts and lists of numbers); a
+    field some report lacks is left out, and so are lists of different lengths."""
+    first = reports[0]
+    if isinstance(first, dict):
+        keys = [k for k in first if all(k in r for r in reports)]
+        out = {k: _median_of([r[k] for r in reports]) for k in keys}
+        return {k: v for k, v in out.items() if v is not None}
+    if isinstance(first, (list, tuple)):
+        if any(len(r) != len(first) for r in reports):
+            return None
+        return [_median_of([r[i] for r in reports]) for i in range(len(first))]
+    return float(np.median(reports))
 
 
 def _median(values: list) -> Optional[float]:
@@ -556,9 +629,12 @@ def _round_differences(one: dict, other: dict, median: dict, metric: str) -> np.
 
 
 def _real_run(trace: Sequence, model: Optional[str], config: dict) -> dict:
-    """``trace`` once on a fresh real engine, requests arriving in real time: every request's latencies,
-    the steps with work, the preemptions, and the fraction of the span the engine was busy (the span
-    less the idle waits for an arrival)."""
+    """``trace`` once on a fresh real engine, requests arriving in real time: every request's latencies
+    and (``spans``) its arrival and finish on the engine's clock, every step with work timed as the
+    calibration times it (``samples``, a ``StepSample`` each, and ``starts``, when each began, an idle
+    wait's lateness counted from the arrival as ``_timed_steps`` does), the preemptions, the fraction
+    of the span the engine was busy (the span less the idle waits for an arrival), and the reference
+    step (``reference_steps``' median) timed just before the trace and just after it."""
     from ..analysis.workloads import submit_trace
 
     with quiet_heap():  # a clean heap, as a fresh server's; no collection inside
@@ -571,20 +647,126 @@ def _real_run(trace: Sequence, model: Optional[str], config: dict) -> dict:
             engine, [replace(r, arrival_time=r.arrival_time + start) for r in trace], vocab_size=engine.vocab_size
         )
         idle, first = 0.0, min(r.arrival_time for r in trace) + start
+        samples, starts = [], []
         while engine.has_unfinished_requests():
             t = engine.clock.now()
-            if _wait_if_idle(engine) >= 0:
+            late = _wait_if_idle(engine)
+            if late >= 0:
                 idle += engine.clock.now() - max(t, first)
-            engine.step()
+            t0 = engine.clock.now()
+            rec = engine.step()
+            if rec.batch:
+                seconds = engine.clock.now() - t0 + max(late, 0.0)
+                batch = (tuple(e.num_new_tokens for e in rec.batch), tuple(e.context_len for e in rec.batch))
+                samples.append(StepSample(*batch, seconds, after_idle=late >= 0, workload="validation"))
+                starts.append(t0 - max(late, 0.0))
         span = engine.clock.now() - first
+        records = [rec for rec in engine.step_records if rec.batch_size]
+        after = float(np.median([s.seconds for s in reference_steps(engine)]))
+    metrics = {rid: engine.requests[rid].metrics for rid in ids}
     return {
-        "latencies": {rid: _latencies(engine.requests[rid].metrics) for rid in ids},
-        "steps": sum(1 for rec in engine.step_records if rec.batch_size),
-        "preemptions": sum(engine.requests[rid].metrics.num_preemptions for rid in ids),
+        "latencies": {rid: _latencies(m) for rid, m in metrics.items()},
+        "spans": {rid: (m.arrival_time, m.finish_time) for rid, m in metrics.items()},
+        "samples": samples,
+        "starts": starts,
+        "steps": len(records),
+        "preemptions": sum(m.num_preemptions for m in metrics.values()),
         "utilisation": 1.0 - idle / span if span > 0 else 0.0,
-        "mean_waiting": _mean_waiting([rec for rec in engine.step_records if rec.batch_size]),
+        "mean_waiting": _mean_waiting(records),
         "reference_step_s": reference,
+        "reference_step_after_s": after,
     }
+
+
+def step_time_errors(cost: LinearStepCost, run: dict) -> dict:
+    """The real run's own steps priced by ``cost`` (``predicted_seconds``), against their measured
+    times: is the error in the step times, or in what the simulator does with them? ``total_rel_err``:
+    the priced steps' sum / the measured sum - 1 (signed: a bias every latency carries); the median
+    and p90 relative error of a step; ``by_batch``: the signed total error of the steps of each kind
+    (one request decoding alone, several decoding, a batch with a prefill, a step after an idle wait)
+    and how many there were; ``e2e_same_schedule``: each request's end-to-end latency if only its
+    steps' times were the model's (the real batches, in the real order: the measured latency plus the
+    priced-minus-measured time of every step that started while the request was in the engine), its
+    median and p90 relative error. What the simulator's error has beyond that comes from its schedule
+    parting from the real one (other batches, a queue built or drained differently).
+    ``slowdown_by_tenth``: the run cut into ten runs of consecutive steps, each one's measured time over
+    its priced time (1.0 everywhere: a machine as fast as when it was timed, all along);
+    ``e2e_speed_known``: ``e2e_same_schedule`` again with every step priced times its tenth's slowdown,
+    as if the model knew the machine's speed at every moment (taken from the run itself: not a
+    prediction, the error a profile of the right shape would have left if the speed held still)."""
+    samples = run["samples"]
+    if not samples:
+        raise ValueError("step_time_errors: the run has no timed steps (run['samples'] is empty)")
+    pred = np.array([predicted_seconds(cost, s) for s in samples])
+    meas = np.array([s.seconds for s in samples])
+    starts = np.asarray(run["starts"], dtype=float)
+    rel = np.abs(pred - meas) / meas
+    tenths = np.array_split(np.arange(len(samples)), min(10, len(samples)))
+    slowdown = [float(meas[k].sum() / pred[k].sum()) for k in tenths]
+    known = pred * np.concatenate([np.full(len(k), f) for k, f in zip(tenths, slowdown)])
+    kinds = {
+        "one decoding alone": [s.num_new_tokens == (1,) for s in samples],
+        "several decoding": [len(s.num_new_tokens) > 1 and max(s.num_new_tokens) == 1 for s in samples],
+        "with a prefill": [max(s.num_new_tokens) > 1 for s in samples],
+        "after idle": [s.after_idle for s in samples],
+    }
+    by_batch = {
+        kind: {"num_steps": int(np.sum(m)), "total_rel_err": float(pred[m].sum() / meas[m].sum() - 1.0)}
+        for kind, m in ((k, np.array(v, dtype=bool)) for k, v in kinds.items())
+        if np.any(m)
+    }
+    return {
+        "num_steps": len(samples),
+        "total_rel_err": float(pred.sum() / meas.sum() - 1.0),
+        "median_rel_err": float(np.median(rel)),
+        "p90_rel_err": float(np.percentile(rel, 90)),
+        "by_batch": by_batch,
+        "slowdown_by_tenth": slowdown,
+        "e2e_same_schedule": _same_schedule_errors(pred, meas, starts, run["spans"]),
+        "e2e_speed_known": _same_schedule_errors(known, meas, starts, run["spans"]),
+    }
+
+
+def _own_fit_errors(run: dict) -> Optional[dict]:
+    """``step_time_errors`` of a run's steps priced by a fit to those same steps; None where they are
+    too few or too alike to fit (``fit_step_cost`` refuses them)."""
+    try:
+        return step_time_errors(fit_step_cost(run["samples"]), run)
+    except ValueError:
+        return None
+
+
+def _same_schedule_errors(pred: np.ndarray, meas: np.ndarray, starts: np.ndarray, spans: dict) -> dict:
+    """Each request's end-to-end latency with the steps that started while it was in the engine
+    (arrival to finish, ``spans``) priced at ``pred`` instead of ``meas``: its median and p90 relative
+    error against the measured latency."""
+    shifted = np.concatenate(([0.0], np.cumsum(pred - meas)))  # priced - measured, up to each step
+    err = []
+    for arrival, finish in spans.values():
+        if finish is None or finish <= arrival:
+            continue
+        i, j = np.searchsorted(starts, arrival, "left"), np.searchsorted(starts, finish, "left")
+        err.append(abs(shifted[j] - shifted[i]) / (finish - arrival))
+    if not err:
+        return {"median_rel_err": 0.0, "p90_rel_err": 0.0}
+    return {"median_rel_err": float(np.median(err)), "p90_rel_err": float(np.percentile(err, 90))}
+
+
+def reference_baseline(cost: LinearStepCost) -> Optional[float]:
+    """What the reference step (``reference_steps``) takes on the machine ``cost`` describes: the
+    profile's own price of the calibration's reference steps (``reference_step_priced_s``: the fit of
+    every step timed, where one timing of 31 steps carries that moment's scatter), or, for a profile
+    without it, their measured median (``reference_step_s``); None for a profile timed without them."""
+    return cost.info.get("reference_step_priced_s") or cost.info.get("reference_step_s")
+
+
+def scaled(cost: LinearStepCost, factor: float) -> LinearStepCost:
+    """``cost`` with every term ``factor`` times as long (``info`` kept, with ``scale``: ``factor``):
+    the profile of a machine whose every step runs that much slower (``factor`` > 1) or faster."""
+    if not (factor > 0 and math.isfinite(factor)):
+        raise ValueError(f"scaled: factor={factor!r}; a step's time scales by a positive number")
+    stderr = {t: v * factor for t, v in cost.stderr.items()}
+    return LinearStepCost({t: v * factor for t, v in cost.seconds.items()}, stderr, info=dict(cost.info, scale=factor))
 
 
 def _load_average() -> Optional[list]:
@@ -676,6 +858,8 @@ def _calibrate_here(model, budget_s, seed, grid, calibration_traces, progress, c
     info["steps_after_idle"] = sum(s.after_idle for s in samples)
     info["reference_step_s"] = float(np.median([s.seconds for s in samples if s.workload == "reference"]))
     cost = fit_step_cost(samples, info=info)
+    reference = [s for s in samples if s.workload == "reference"]
+    cost.info["reference_step_priced_s"] = float(np.median([predicted_seconds(cost, s) for s in reference]))
     held_out = held_out_errors(samples)
     del samples  # thousands of objects the garbage collector would walk
     say(
@@ -721,6 +905,10 @@ def _validate(cost, model, traces, seed, rounds, progress, config) -> dict:
             f"{r['mean_waiting']['measured']:.1f} / {r['mean_waiting']['modeled']:.1f} requests waiting; "
             f"two rounds' e2e differ by {r['e2e']['noise']:.1%} (median) / {r['e2e']['noise_p90']:.1%} (p90); "
             f"every step 1% longer moves e2e {r['e2e']['sensitivity']:.2f}%; the machine's reference step "
-            + (f"{r['drift']:+.1%} against the calibration's" if r["drift"] is not None else "not timed")
+            + (
+                f"{r['drift']:+.1%} against the calibration's, {r['drift_priced']:+.1%} against the profile's price"
+                if r["drift"] is not None
+                else "not timed"
+            )
         )
     return reports
