@@ -13,7 +13,7 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.sim.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
 from minillm.analysis.metrics import summarize
-from minillm.core.policies import SJF
+from minillm.core.policies import SJF, Priority
 from minillm.sim.sim_executor import PLACEHOLDER_TOKEN
 from minillm.sim.simulated import StepSummary, gpus_needed, simulate, tensor_parallel
 from minillm.analysis.workloads import (
@@ -252,23 +252,32 @@ def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
 
 
 FF_TRACE = dict(
-    n=150, rate=8.0, prompt_len=LogNormal(300, 1.0, 8, 1500), output_len=LogNormal(150, 1.0, 4, 800), seed=5
+    n=150,
+    rate=8.0,
+    prompt_len=LogNormal(300, 1.0, 8, 1500),
+    output_len=LogNormal(150, 1.0, 4, 800),
+    priority_mix={0: 0.3, 1: 0.7},
+    seed=5,
 )
 
 
 @pytest.mark.parametrize(
-    "cfg",
+    "cfg, passed_on",
     [
-        dict(),  # seats to spare: decodes, arrivals
-        dict(max_num_seqs=4),  # a queue behind full seats
-        dict(num_kv_blocks=300),  # preemption (steps passed on)
-        dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=100),  # swapping out and back
-        dict(max_num_batched_tokens=512),  # prompts in chunks, budget cuts
-        dict(enable_chunked_prefill=False, num_kv_blocks=400, max_num_batched_tokens=4096),
-        dict(watermark=0.3, num_kv_blocks=500, block_size=8),  # admission's headroom, other blocks
-        dict(max_model_len=600),  # max_model_len ends requests
-        dict(policy="sjf", max_num_seqs=8),  # SJF: the queue in its order, with aging
-        dict(policy=lambda: SJF(predictor="history"), num_kv_blocks=300),  # it learns from finishes; preemption
+        (dict(), False),  # seats to spare: decodes, arrivals
+        (dict(max_num_seqs=4), False),  # a queue behind full seats
+        (dict(num_kv_blocks=300), True),  # preemption (steps passed on)
+        (dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=100), True),  # swapping out and back
+        (dict(max_num_batched_tokens=512), False),  # prompts in chunks, capped by the budget left at their turn
+        (dict(max_num_batched_tokens=40, max_num_seqs=48), False),  # a budget as small as the batch
+        (dict(enable_chunked_prefill=False, num_kv_blocks=400, max_num_batched_tokens=4096), True),
+        (dict(watermark=0.3, num_kv_blocks=500, block_size=8), False),  # admission's headroom, other blocks
+        (dict(max_model_len=600), False),  # max_model_len ends requests
+        (dict(policy="sjf", max_num_seqs=8), False),  # SJF: the queue in its order, with aging
+        (dict(policy=lambda: SJF(predictor="history"), num_kv_blocks=300), True),  # it learns from finishes
+        (dict(policy="priority", max_num_seqs=8), True),  # classes: preempting for a seat (undone, passed on)
+        (dict(policy="priority", num_kv_blocks=400, max_num_batched_tokens=1024), True),  # ... for KV memory
+        (dict(policy=lambda: Priority(preempt=False), max_num_seqs=8), False),  # classes, no preemption
     ],
     ids=[
         "seats",
@@ -276,21 +285,26 @@ FF_TRACE = dict(
         "preempt",
         "swap",
         "chunks",
+        "small-budget",
         "no-chunking",
         "watermark",
         "max-model-len",
         "sjf",
         "sjf-history",
+        "priority-seats",
+        "priority-memory",
+        "priority-no-preempt",
     ],
 )
 @pytest.mark.parametrize("record", ["none", "totals"])
-def test_fast_forward_changes_no_decision(cfg, record):
+def test_fast_forward_changes_no_decision(cfg, passed_on, record):
     """``minillm/sim/fast_forward.py`` against the same engine stepped by ``engine.step()``: the same
     records step by step, the same block tables and free list after every step (so the same blocks in
     the same order), every request's tokens, token times and metrics, the same clock and counters; with
-    arrivals, a queue behind full seats, prompt chunks, admission blocked by memory, the watermark,
-    length limits, SJF's order (its predictor learning from what finishes), and (passed on to
-    ``engine.step()``) preemption by recompute and by swapping. In both
+    arrivals, a queue behind full seats, prompt chunks under the budget, admission blocked by memory, the
+    watermark, length limits, SJF's order (its predictor learning from what finishes), priority classes,
+    and (passed on to ``engine.step()``) preemption by recompute and by swapping, and a priority class
+    pushing a running request out (the fast step undone first). In both
     record modes it covers: "none" (``simulate(records=False)``) and "totals" (``records="summary"``:
     the step's token and request counts, the KV totals, and up to 16 waiting reasons)."""
     cfg = {"max_model_len": 4096, "record": record, "record_max_waiting": 16, "record_history": 0, **cfg}
@@ -299,9 +313,46 @@ def test_fast_forward_changes_no_decision(cfg, record):
         trace = [r for r in trace if r.prompt_len < cfg["max_model_len"] - 100]
     ff = _lockstep(trace, **cfg)
     assert ff.steps_taken > ff.steps_passed_on  # most steps fast-forwarded
-    assert (ff.steps_passed_on > 0) == (
-        "num_kv_blocks" in cfg and cfg["num_kv_blocks"] <= 400 or "max_num_batched_tokens" in cfg
-    ), ff.steps_passed_on
+    assert (ff.steps_passed_on > 0) == passed_on, ff.steps_passed_on
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_forward_on_random_settings(seed):
+    """Settings drawn at random (seeded: the same draws every run) from what the what-if widget offers and
+    beyond it: seats, budget, chunking, KV blocks and block size, headroom, preemption mode, policy, and a
+    trace of its own; fast-forward against ``engine.step()`` as above, in both record modes."""
+    import random
+
+    rng = random.Random(seed)
+    budget = rng.choice([64, 256, 512, 2048])
+    block_size = rng.choice([1, 4, 16, 32])
+    cfg = dict(
+        max_num_seqs=rng.choice([2, 8, 32, 128]),
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=budget < 1600 or rng.random() < 0.5,
+        block_size=block_size,
+        num_kv_blocks=rng.choice([3000, 6000, 40000]) // block_size,
+        watermark=rng.choice([0.0, 0.05, 0.2]),
+        policy=rng.choice(["fcfs", "sjf", "priority"]),
+        max_model_len=2048,
+        record=rng.choice(["none", "totals"]),
+        record_max_waiting=rng.choice([0, 4, 16]),
+        record_history=0,
+    )
+    mode = rng.choice(["recompute", "swap"])
+    if mode == "swap":
+        cfg.update(preemption_mode="swap", num_swap_blocks=cfg["num_kv_blocks"])
+    trace = synthetic_trace(
+        n=60,
+        rate=rng.choice([2.0, 8.0, 30.0]),
+        prompt_len=LogNormal(rng.choice([64, 300]), 1.0, 4, 1500),
+        output_len=LogNormal(rng.choice([20, 120]), 1.0, 2, 400),
+        priority_mix={0: 0.3, 1: 0.7},
+        seed=seed,
+    )
+    if not cfg["enable_chunked_prefill"]:
+        trace = [r for r in trace if r.prompt_len <= budget]
+    _lockstep(trace, sync_every=7, **cfg)
 
 
 def test_the_fast_forward_check_catches_a_planted_bug():
@@ -397,10 +448,10 @@ def test_fast_forward_covers_only_its_configuration():
     from minillm.sim.fast_forward import FastForward
 
     trace = synthetic_trace(**{**FF_TRACE, "n": 10})
-    for covered in (dict(), dict(record="totals", record_history=0), dict(policy="sjf")):
+    for covered in (dict(), dict(record="totals", record_history=0), dict(policy="sjf"), dict(policy="priority")):
         assert FastForward.covers(_engine(trace, **covered)), covered
     for other in (
-        dict(policy="priority"),
+        dict(policy="fair"),
         dict(policy="mlfq"),
         dict(enable_prefix_caching=True),
         dict(interference="decode-priority"),

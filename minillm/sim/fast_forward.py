@@ -20,7 +20,8 @@ steps an engine exactly as ``engine.step()`` would, but does per-request work on
 
 It covers one configuration, the one long simulations run (``simulate(records=False)`` and
 ``simulate(records="summary")``): the simulated executor on a modeled clock priced by the roofline,
-the paged KV manager without prefix caching, FCFS or SJF (neither preempts to admit), continuous
+the paged KV manager without prefix caching, FCFS, SJF or priority classes (a step whose admission may
+preempt a running request for a waiting one of a higher class is passed on), continuous
 batching re-formed every step, chunked prefill (on or off), no speculation, no parallel sampling, no
 load shedding, and nothing recorded per request: ``record="none"``, or ``record="totals"``, whose
 records add the step's counts (its prefill and decode tokens, the running requests' ids, the KV
@@ -28,7 +29,8 @@ cache's totals: ``kv.totals``'s counts, taken from the pool's counters and the c
 kept as the batch changes) and the waiting requests behind the one that stops admission ("queued
 behind ...", up to ``record_max_waiting``), none of them kept in ``engine.step_records``
 (``record_history=0``, as ``simulate`` sets it). A step it cannot take the same way (a running
-request would not get its block or its tokens: preemption or a budget cut; a swapped-out request) is
+request would not get its block or its token: preemption, or a budget spent before a decoding request's turn;
+a swapped-out request) is
 taken by ``engine.step()`` itself, with every lazy request brought up to date first. ``FastForward.covers``
 says whether an engine is one it can step at all; ``tests/test_simulated.py`` and
 ``scripts/sim_fingerprint.py`` hold it to ``engine.step()`` in both record modes: the same records,
@@ -41,9 +43,11 @@ that uses this one stops on an exception).
 from __future__ import annotations
 
 from operator import attrgetter
+from typing import Optional
 
 from ..core.kv_cache import PagedKVCacheManager
-from ..core.policies import FCFS, SJF
+from ..core.policies import FCFS, SJF, Priority
+from ..core.preemption import just_placed
 from ..core.request import Request, RequestStatus
 from ..core.scheduler_output import SchedulerOutput, grant
 from ..step_record import KVSnapshot, StepRecord, WaitingEntry
@@ -92,6 +96,8 @@ class FastForward:
         self.lazy_context = 0  # the lazy requests' computed positions, at the step's start
         self.totals = engine.record_mode == "totals"  # records with the step's counts (else record="none")
         self.keeps_order = type(engine.policy) is FCFS  # admission walks the queue itself (SJF: its order)
+        # Priority classes may push a running request of a lower class out to admit a waiting one
+        self.classes_preempt = type(engine.policy) is Priority and engine.policy.preempt
         self.base = engine.step_count  # self.times[i]: the clock at the end of step base + i
         self.times: list[float] = []  # (from the step the lazy requests were last tracked)
         self.placeholders = [PLACEHOLDER_TOKEN] * (self.config.max_model_len + 1)
@@ -111,7 +117,7 @@ class FastForward:
             and type(engine.cost_model) is RooflineCostModel
             and type(engine.kv) is PagedKVCacheManager
             and not engine.kv.enable_prefix_caching
-            and type(engine.policy) in (FCFS, SJF)
+            and type(engine.policy) in (FCFS, SJF, Priority)
             and cfg.batching == "continuous"
             and cfg.schedule_every == 1
             and cfg.interference == "chunked"
@@ -196,16 +202,15 @@ class FastForward:
         budget = self.config.max_num_batched_tokens
         # The running requests' part of the pass, unless a request would miss its block or its tokens.
         due = self._due(self.block_due, step, "block_at")  # (a step passed on tracks everything anew)
-        if self.prefilling:
-            chunks = [r.num_tokens - r.num_computed_tokens for r in self.prefilling]
-            need = len(due) + sum(map(kv.num_blocks_needed, self.prefilling, chunks))
-            demand = self.num_lazy + sum(chunks)
-        else:
-            need, demand = len(due), self.num_lazy
-        if s.swapped or s.held or s.has_groups or demand > budget or need > kv.num_free_blocks:
+        chunks = self._chunks(budget) if self.prefilling else {}
+        if chunks is None or s.swapped or s.held or s.has_groups or self._may_preempt_to_admit():
+            return self._pass_on()
+        need = len(due) + sum(map(kv.num_blocks_needed, chunks, chunks.values()))
+        if need > kv.num_free_blocks:
             return self._pass_on()
         self.steps_taken += 1
-        now, out = self._schedule(step, due, budget - demand)  # 1. who runs, and how many tokens each
+        demand = self.num_lazy + sum(chunks.values())
+        now, out = self._schedule(step, due, chunks, budget - demand)  # 1. who runs, and how many tokens each
         num_running_grants = len(out.scheduled) - len(out.admitted)
         duration, sched = self._price(out)  # 2. the step's price on the modeled clock
         self.clock.advance(duration)
@@ -268,9 +273,48 @@ class FastForward:
             swap_total_blocks=kv.num_swap_blocks,
         )
 
-    def _schedule(self, step: int, due: list[Request], budget: int) -> tuple[float, SchedulerOutput]:
+    def _chunks(self, budget: int) -> Optional[dict]:
+        """The prompt chunks the running part of the pass grants (``Scheduler._schedule_running``): each running
+        request computing its prompt gets the rest of it, capped by the budget left at its turn in the running
+        order, and nothing once the budget is spent. None when a lazy request's turn finds the budget spent
+        (its token is cut: a step passed on)."""
+        rest = [r.num_tokens - r.num_computed_tokens for r in self.prefilling]
+        if self.num_lazy + sum(rest) <= budget:
+            return dict(zip(self.prefilling, rest))
+        chunks, lazy = {}, self.lazy
+        for req in self.s.running:  # (the running order)
+            if budget <= 0:
+                if req in lazy:
+                    return None
+                continue
+            if req in lazy:
+                budget -= 1
+                continue
+            chunks[req] = n = min(req.num_tokens - req.num_computed_tokens, budget)
+            budget -= n
+        return chunks
+
+    def _may_preempt_to_admit(self) -> bool:
+        """Priority classes: could this pass's admission push a running request out (``Priority.preempt_for``)?
+        Only for a request, waiting or arriving now, of a higher class (a smaller ``priority``) than a request
+        running before the pass: one admitted by the pass is never the victim (``preemption.just_placed``), and
+        ``pick_victim`` names it before any older one of its class. Read before the pass changes anything."""
+        s = self.s
+        if not (self.classes_preempt and s.running):
+            return False
+        now, heap = self.clock.now(), s.incoming  # (requests running: the clock does not jump to an arrival)
+        arriving, todo = [], [0]  # the heap's entries due by now: a walk that stops below a later one
+        while todo:
+            i = todo.pop()
+            if i < len(heap) and heap[i][0] <= now:
+                arriving.append(heap[i][2])
+                todo += (2 * i + 1, 2 * i + 2)
+        best = min((r.priority for r in (*s.waiting, *arriving)), default=None)
+        return best is not None and any(r.priority > best for r in s.running)
+
+    def _schedule(self, step: int, due: list[Request], chunks: dict, budget: int) -> tuple[float, SchedulerOutput]:
         """The pass (``Scheduler.schedule``): arrivals join the queue; the running requests in the running
-        order (a new block for each lazy one ``due`` one, the next chunk for each one computing its prompt;
+        order (a new block for each lazy one ``due`` one, its chunk for each one computing its prompt: ``chunks``;
         the lazy ones' token is counted, not granted one by one); then admission with the ``budget``
         left. Returns the clock at the pass and its output (the chunks', then the admitted requests' grants)."""
         s, kv, lazy = self.s, self.kv, self.lazy
@@ -281,10 +325,10 @@ class FastForward:
         now = self.clock.now()
         s.begin_pass(now)  # counted, the clock moved, arrivals join the queue
         out = SchedulerOutput(scheduled=[], token_budget=self.config.max_num_batched_tokens)
-        for req in sorted(due + self.prefilling, key=self.rank.__getitem__) if self.prefilling else due:
+        for req in sorted(due + list(chunks), key=self.rank.__getitem__) if chunks else due:
             entry = lazy.get(req)
             if entry is None:
-                n = req.num_tokens - req.num_computed_tokens
+                n = chunks[req]
                 kv.allocate(req, n)
                 out.scheduled.append(grant(req, n))
                 continue
@@ -364,7 +408,7 @@ class FastForward:
 
     def _admit(self, now: float, out: SchedulerOutput, budget: int) -> None:
         """3. The admission pass in the policy's order (FCFS: the queue itself, whose head leaves as it is
-        admitted; SJF: ``order_waiting``'s sorted copy): each request while it fits (a seat, the budget, KV
+        admitted; SJF, priority: ``order_waiting``'s sorted copy): each request while it fits (a seat, the budget, KV
         memory beside the watermark's headroom); the first that does not gets the waiting reason, and the
         ones after it are queued behind it."""
         s, kv, cfg = self.s, self.kv, self.config
@@ -377,6 +421,7 @@ class FastForward:
             req = queue[i]
             n = req.num_tokens
             if s.num_seqs() + 1 > cfg.max_num_seqs:
+                self._no_preemption_for(req, now, out)
                 reason = f"max_num_seqs={cfg.max_num_seqs} requests already running"
             elif n > budget and (not cfg.enable_chunked_prefill or budget <= 0):
                 reason = (
@@ -392,9 +437,18 @@ class FastForward:
                     budget -= n
                     i += order is not None
                     continue
+                self._no_preemption_for(req, now, out)
                 reason = kv.explain_wait(req, n, [], 0, requests={r.request_id: r for r in s.running})
             self._waiting_entries(out, queue, i, reason)
             return
+
+    def _no_preemption_for(self, req: Request, now: float, out: SchedulerOutput) -> None:
+        """``req`` finds no seat or no KV memory: the scheduler asks the policy for a running request to push
+        out for it (``Policy.preempt_for``); ``_may_preempt_to_admit`` passed this step on if it could name one."""
+        if self.classes_preempt:
+            victim = self.s.policy.preempt_for(req, self.s.running, now)
+            if victim is not None and not just_placed(victim, out):
+                raise RuntimeError(f"fast-forward: admitting {req.request_id!r} would preempt {victim.request_id!r}")
 
     def _waiting_entries(self, out: SchedulerOutput, queue: list[Request], i: int, reason: str) -> None:
         """``queue[i]`` waits for ``reason``; the requests after it are "queued behind" it, as many as the
