@@ -13,7 +13,7 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.sim.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
 from minillm.analysis.metrics import summarize
-from minillm.core.policies import SJF, Priority
+from minillm.core.policies import SJF, Fair, Priority
 from minillm.sim.sim_executor import PLACEHOLDER_TOKEN
 from minillm.sim.simulated import StepSummary, gpus_needed, simulate, tensor_parallel
 from minillm.analysis.workloads import (
@@ -237,6 +237,8 @@ def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
             r: [b.block_id for b in bl] for r, bl in plain.kv.req_blocks.items()
         }, (cfg, i)
         assert list(fast.kv.pool.free_queue) == list(plain.kv.pool.free_queue), (cfg, i)
+        if isinstance(fast.policy, Fair):  # the tenants' counters and who ran, after every step
+            assert vars(fast.policy) == vars(plain.policy), (cfg, i)
         i += 1
         if i % sync_every == 0:
             ff.sync()
@@ -257,6 +259,7 @@ FF_TRACE = dict(
     prompt_len=LogNormal(300, 1.0, 8, 1500),
     output_len=LogNormal(150, 1.0, 4, 800),
     priority_mix={0: 0.3, 1: 0.7},
+    tenant_mix={"a": 0.6, "b": 0.4},
     seed=5,
 )
 
@@ -278,6 +281,8 @@ FF_TRACE = dict(
         (dict(policy="priority", max_num_seqs=8), True),  # classes: preempting for a seat (undone, passed on)
         (dict(policy="priority", num_kv_blocks=400, max_num_batched_tokens=1024), True),  # ... for KV memory
         (dict(policy=lambda: Priority(preempt=False), max_num_seqs=8), False),  # classes, no preemption
+        (dict(policy="fair", max_num_seqs=8, max_num_batched_tokens=512), False),  # tenants' counters, chunks
+        (dict(policy="fair", num_kv_blocks=300), True),  # ... under preemption
     ],
     ids=[
         "seats",
@@ -294,6 +299,8 @@ FF_TRACE = dict(
         "priority-seats",
         "priority-memory",
         "priority-no-preempt",
+        "fair",
+        "fair-preempt",
     ],
 )
 @pytest.mark.parametrize("record", ["none", "totals"])
@@ -333,7 +340,7 @@ def test_fast_forward_on_random_settings(seed):
         block_size=block_size,
         num_kv_blocks=rng.choice([3000, 6000, 40000]) // block_size,
         watermark=rng.choice([0.0, 0.05, 0.2]),
-        policy=rng.choice(["fcfs", "sjf", "priority"]),
+        policy=rng.choice(["fcfs", "sjf", "priority", "fair"]),
         max_model_len=2048,
         record=rng.choice(["none", "totals"]),
         record_max_waiting=rng.choice([0, 4, 16]),
@@ -348,6 +355,7 @@ def test_fast_forward_on_random_settings(seed):
         prompt_len=LogNormal(rng.choice([64, 300]), 1.0, 4, 1500),
         output_len=LogNormal(rng.choice([20, 120]), 1.0, 2, 400),
         priority_mix={0: 0.3, 1: 0.7},
+        tenant_mix={"a": 0.7, "b": 0.2, "c": 0.1},
         seed=seed,
     )
     if not cfg["enable_chunked_prefill"]:
@@ -380,12 +388,17 @@ def test_the_fast_forward_check_catches_a_planted_bug():
             super().__init__(engine)
             self.keeps_order = True
 
+    class TenantsUncharged(FastForward):  # fair queuing: the lazy requests' tokens charged to nobody
+        def _charge_tenants(self, out, end, lazy_by_tenant, lazy_prefill):
+            super()._charge_tenants(out, end, {}, {})
+
     trace = synthetic_trace(**{**FF_TRACE, "n": 40})
     for planted, cfg in (
         (ReversedBlocks, dict(record="none")),
         (LateTimes, dict(record="none")),
         (KVBehind, dict(record="totals", record_history=0)),
         (ArrivalOrder, dict(record="none", policy=lambda: SJF(aging=0.0), max_num_seqs=8)),
+        (TenantsUncharged, dict(record="none", policy="fair", max_num_seqs=8)),
     ):
         with pytest.raises(AssertionError):
             _lockstep(trace, stepper=planted, sync_every=10, max_model_len=4096, **cfg)
@@ -448,10 +461,17 @@ def test_fast_forward_covers_only_its_configuration():
     from minillm.sim.fast_forward import FastForward
 
     trace = synthetic_trace(**{**FF_TRACE, "n": 10})
-    for covered in (dict(), dict(record="totals", record_history=0), dict(policy="sjf"), dict(policy="priority")):
+    for covered in (
+        dict(),
+        dict(record="totals", record_history=0),
+        dict(policy="sjf"),
+        dict(policy="priority"),
+        dict(policy="fair"),
+    ):
         assert FastForward.covers(_engine(trace, **covered)), covered
     for other in (
-        dict(policy="fair"),
+        dict(policy=Fair(tenant_weights={"a": 3.0})),
+        dict(policy=Fair(output_weight=1.5)),
         dict(policy="mlfq"),
         dict(enable_prefix_caching=True),
         dict(interference="decode-priority"),

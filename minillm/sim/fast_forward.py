@@ -20,8 +20,9 @@ steps an engine exactly as ``engine.step()`` would, but does per-request work on
 
 It covers one configuration, the one long simulations run (``simulate(records=False)`` and
 ``simulate(records="summary")``): the simulated executor on a modeled clock priced by the roofline,
-the paged KV manager without prefix caching, FCFS, SJF or priority classes (a step whose admission may
-preempt a running request for a waiting one of a higher class is passed on), continuous
+the paged KV manager without prefix caching, FCFS, SJF, priority classes (a step whose admission may
+preempt a running request for a waiting one of a higher class is passed on) or fair queuing with whole-number
+charges (its counters charged per tenant for the lazy requests), continuous
 batching re-formed every step, chunked prefill (on or off), no speculation, no parallel sampling, no
 load shedding, and nothing recorded per request: ``record="none"``, or ``record="totals"``, whose
 records add the step's counts (its prefill and decode tokens, the running requests' ids, the KV
@@ -46,7 +47,7 @@ from operator import attrgetter
 from typing import Optional
 
 from ..core.kv_cache import PagedKVCacheManager
-from ..core.policies import FCFS, SJF, Priority
+from ..core.policies import FCFS, SJF, Fair, Priority
 from ..core.preemption import just_placed
 from ..core.request import Request, RequestStatus
 from ..core.scheduler_output import SchedulerOutput, grant
@@ -98,6 +99,11 @@ class FastForward:
         self.keeps_order = type(engine.policy) is FCFS  # admission walks the queue itself (SJF: its order)
         # Priority classes may push a running request of a lower class out to admit a waiting one
         self.classes_preempt = type(engine.policy) is Priority and engine.policy.preempt
+        # Fair queuing charges every grant's tokens to its tenant (``Fair.on_step``): the lazy requests' tokens
+        # are charged per tenant from their counts (``_charge_tenants``)
+        self.fair = engine.policy if type(engine.policy) is Fair else None
+        self.lazy_by_tenant: dict = {}  # tenant -> lazy requests
+        self.lazy_prefill_by_tenant: dict = {}  # tenant -> lazy requests whose token ends their prompt
         self.base = engine.step_count  # self.times[i]: the clock at the end of step base + i
         self.times: list[float] = []  # (from the step the lazy requests were last tracked)
         self.placeholders = [PLACEHOLDER_TOKEN] * (self.config.max_model_len + 1)
@@ -117,13 +123,24 @@ class FastForward:
             and type(engine.cost_model) is RooflineCostModel
             and type(engine.kv) is PagedKVCacheManager
             and not engine.kv.enable_prefix_caching
-            and type(engine.policy) in (FCFS, SJF, Priority)
+            and (type(engine.policy) in (FCFS, SJF, Priority) or FastForward._whole_charges(engine.policy))
             and cfg.batching == "continuous"
             and cfg.schedule_every == 1
             and cfg.interference == "chunked"
             and cfg.phase_clock is None
             and cfg.max_queue_len is None
             and cfg.max_queue_delay is None
+        )
+
+    @staticmethod
+    def _whole_charges(policy) -> bool:
+        """Fair queuing whose charges are whole numbers (whole weights, every tenant's weight 1): its counters
+        are then sums of whole numbers, the same whatever order (and grouping) the tokens are added in."""
+        return (
+            type(policy) is Fair
+            and not policy.tenant_weights
+            and policy.input_weight.is_integer()
+            and policy.output_weight.is_integer()
         )
 
     # --- the lazy requests ------------------------------------------------------------------------
@@ -133,6 +150,7 @@ class FastForward:
         self.times = []
         self.lazy, self.block_due, self.check_due, self.prefilling = {}, {}, {}, []
         self.num_lazy = self.num_lazy_prefill = self.lazy_context = 0
+        self.lazy_by_tenant, self.lazy_prefill_by_tenant = {}, {}
         self.rank = {}
         for req in self.s.running:
             self._place(req)
@@ -152,6 +170,11 @@ class FastForward:
         self.num_lazy += 1
         self.num_lazy_prefill += req.num_output_tokens == 0
         self.lazy_context += req.num_computed_tokens
+        if self.fair is not None:
+            t = req.tenant
+            self.lazy_by_tenant[t] = self.lazy_by_tenant.get(t, 0) + 1
+            if req.num_output_tokens == 0:
+                self.lazy_prefill_by_tenant[t] = self.lazy_prefill_by_tenant.get(t, 0) + 1
         self._due_block(req, lazy, step, req.num_computed_tokens)
         self._due_check(req, lazy, step)
 
@@ -183,6 +206,8 @@ class FastForward:
         step = self.engine.step_count
         for req, lazy in self.lazy.items():
             self._catch_up(req, lazy, step)
+            if self.fair is not None:  # its tokens are charged: Fair's next look starts from here
+                req.policy_state["fair_seen"] = req.num_output_tokens
 
     def _due(self, table: dict, step: int, field: str) -> list[Request]:
         """The lazy requests still due at ``step`` in ``table``, in the running order."""
@@ -370,6 +395,7 @@ class FastForward:
         by_req = {g.request: g for g in out.scheduled}
         finished = []
         self.lazy_context += self.num_lazy
+        charges = (dict(self.lazy_by_tenant), self.lazy_prefill_by_tenant) if self.fair is not None else None
         for req in order + admitted:
             entry = lazy.get(req)
             if entry is not None:
@@ -384,6 +410,8 @@ class FastForward:
                 del lazy[req]
                 self.num_lazy -= 1
                 self.lazy_context -= req.num_computed_tokens
+                if self.fair is not None:
+                    self.lazy_by_tenant[req.tenant] -= 1
             else:
                 g = by_req[req]
                 req.advance(g.num_new_tokens)
@@ -398,13 +426,28 @@ class FastForward:
         # Who computes a prompt next step, who decodes (lazy from the next step on).
         prefilling, self.prefilling = self.prefilling + admitted, []
         self.num_lazy_prefill = 0  # (every lazy request has output now)
+        self.lazy_prefill_by_tenant = {}
         for req in prefilling:
             if req.status is RequestStatus.RUNNING:
                 self._track(req, step + 1)
+        if charges is not None:
+            self._charge_tenants(out, end, *charges)
+            return finished
         # The policy's look at the step: the grants of the requests that finished, in the grants' order
         # (what SJF reads: its predictor observes each finished request; FCFS reads nothing).
         s.policy.on_step([by_req.get(r) or grant(r, 1) for r in finished], end)
         return finished
+
+    def _charge_tenants(self, out: SchedulerOutput, end: float, lazy_by_tenant: dict, lazy_prefill: dict) -> None:
+        """``Fair.on_step`` for this step: the grants given one by one (prompt chunks, admissions) through it,
+        then each lazy request's token, charged per tenant as it charges one (``output_weight`` per token
+        generated, ``input_weight`` more when the token ends its prompt), from the counts at the step's start;
+        the tenants whose requests still run are the ones that ran (every lazy request had its token)."""
+        fair = self.fair
+        fair.on_step(out.scheduled, end)
+        for t, n in lazy_by_tenant.items():
+            fair.counters[t] += (fair.output_weight * n + fair.input_weight * lazy_prefill.get(t, 0)) / fair.weight(t)
+        fair._running_tenants |= {t for t, n in self.lazy_by_tenant.items() if n}
 
     def _admit(self, now: float, out: SchedulerOutput, budget: int) -> None:
         """3. The admission pass in the policy's order (FCFS: the queue itself, whose head leaves as it is
