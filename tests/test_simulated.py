@@ -13,7 +13,7 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.sim.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
 from minillm.analysis.metrics import summarize
-from minillm.core.policies import SJF, Fair, Priority
+from minillm.core.policies import MLFQ, SJF, Fair, Priority
 from minillm.sim.sim_executor import PLACEHOLDER_TOKEN
 from minillm.sim.simulated import StepSummary, gpus_needed, simulate, tensor_parallel
 from minillm.analysis.workloads import (
@@ -209,6 +209,10 @@ def _requests(eng):
     }
 
 
+def _policy_states(eng):
+    return {k: r.policy_state for k, r in eng.requests.items()}
+
+
 def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
     """Two engines alike, one stepped by ``FastForward`` (or ``stepper``, a subclass), one by ``engine.step()``,
     compared after every step: the records (and with record="totals" the ``StepSummary`` that
@@ -237,12 +241,14 @@ def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
             r: [b.block_id for b in bl] for r, bl in plain.kv.req_blocks.items()
         }, (cfg, i)
         assert list(fast.kv.pool.free_queue) == list(plain.kv.pool.free_queue), (cfg, i)
-        if isinstance(fast.policy, Fair):  # the tenants' counters and who ran, after every step
+        if isinstance(fast.policy, (Fair, MLFQ)):  # the tenants' counters and who ran; MLFQ's boosts
             assert vars(fast.policy) == vars(plain.policy), (cfg, i)
         i += 1
         if i % sync_every == 0:
             ff.sync()
             assert _requests(fast) == _requests(plain), (cfg, i)
+            if isinstance(fast.policy, MLFQ):  # every request's level and tokens at it
+                assert _policy_states(fast) == _policy_states(plain), (cfg, i)
     assert not fast.has_unfinished_requests()
     ff.sync()
     assert _requests(fast) == _requests(plain)
@@ -283,6 +289,9 @@ FF_TRACE = dict(
         (dict(policy=lambda: Priority(preempt=False), max_num_seqs=8), False),  # classes, no preemption
         (dict(policy="fair", max_num_seqs=8, max_num_batched_tokens=512), False),  # tenants' counters, chunks
         (dict(policy="fair", num_kv_blocks=300), True),  # ... under preemption
+        (dict(policy="mlfq", max_num_seqs=16), "most"),  # levels: preempting for a seat, most steps (passed on)
+        (dict(policy=lambda: MLFQ(quanta=(4, 16), boost_interval=3.0)), False),  # boosts every 3 s
+        (dict(policy=lambda: MLFQ(boost_interval=40, boost_unit="steps"), num_kv_blocks=400), "most"),
     ],
     ids=[
         "seats",
@@ -301,6 +310,9 @@ FF_TRACE = dict(
         "priority-no-preempt",
         "fair",
         "fair-preempt",
+        "mlfq-seats",
+        "mlfq-boosts",
+        "mlfq-step-boosts",
     ],
 )
 @pytest.mark.parametrize("record", ["none", "totals"])
@@ -319,8 +331,8 @@ def test_fast_forward_changes_no_decision(cfg, passed_on, record):
     if cfg["max_model_len"] < 4096:
         trace = [r for r in trace if r.prompt_len < cfg["max_model_len"] - 100]
     ff = _lockstep(trace, **cfg)
-    assert ff.steps_taken > ff.steps_passed_on  # most steps fast-forwarded
-    assert (ff.steps_passed_on > 0) == passed_on, ff.steps_passed_on
+    assert (ff.steps_taken > ff.steps_passed_on) == (passed_on != "most")  # most steps fast-forwarded, or not
+    assert (ff.steps_passed_on > 0) == bool(passed_on), ff.steps_passed_on
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -340,7 +352,7 @@ def test_fast_forward_on_random_settings(seed):
         block_size=block_size,
         num_kv_blocks=rng.choice([3000, 6000, 40000]) // block_size,
         watermark=rng.choice([0.0, 0.05, 0.2]),
-        policy=rng.choice(["fcfs", "sjf", "priority", "fair"]),
+        policy=rng.choice(["fcfs", "sjf", "priority", "fair", "mlfq"]),
         max_model_len=2048,
         record=rng.choice(["none", "totals"]),
         record_max_waiting=rng.choice([0, 4, 16]),
@@ -472,7 +484,6 @@ def test_fast_forward_covers_only_its_configuration():
     for other in (
         dict(policy=Fair(tenant_weights={"a": 3.0})),
         dict(policy=Fair(output_weight=1.5)),
-        dict(policy="mlfq"),
         dict(enable_prefix_caching=True),
         dict(interference="decode-priority"),
         dict(max_queue_len=5),

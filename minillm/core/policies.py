@@ -408,23 +408,38 @@ class MLFQ(Policy):
         return self.pick_victim(lower, now) if lower else None
 
     def on_step(self, scheduled: list, now: float) -> None:
+        boost = self.boost_due(now)
         self._steps += 1
         for s in scheduled:
-            r = s.request
-            st = self._state(r)
-            st[1] += _generated_since_last_look(r, "mlfq_seen")
-            while st[0] < len(self.quanta) and st[1] >= self.quanta[st[0]]:
-                st[1] -= self.quanta[st[0]]  # quantum used up: demote
-                st[0] += 1
+            self.look(s.request)
         if self.boost_interval is None:
             return
-        clock = now if self.boost_unit == "seconds" else float(self._steps)
         if self._last_boost is None:
             self._last_boost = 0.0 if self.boost_unit == "steps" else now
-        if clock - self._last_boost >= self.boost_interval:
+        if boost:
             self.epoch += 1  # everyone back to level 0 (lazily, per request)
             self.num_boosts += 1
-            self._last_boost = clock
+            self._last_boost = now if self.boost_unit == "seconds" else float(self._steps)
+
+    def look(self, req: Request) -> None:
+        """The tokens ``req`` generated since the policy last looked count against its level's quantum;
+        each quantum used up demotes it one level. (No new token: nothing to count.)"""
+        new = _generated_since_last_look(req, "mlfq_seen")
+        if not new:
+            return
+        st = self._state(req)
+        st[1] += new
+        while st[0] < len(self.quanta) and st[1] >= self.quanta[st[0]]:
+            st[1] -= self.quanta[st[0]]  # quantum used up: demote
+            st[0] += 1
+
+    def boost_due(self, now: float) -> bool:
+        """Does the next ``on_step`` (at clock ``now``) send every request back to level 0?"""
+        if self.boost_interval is None:
+            return False
+        if self.boost_unit == "steps":  # (counted from step 0)
+            return self._steps + 1 - (self._last_boost or 0.0) >= self.boost_interval
+        return self._last_boost is not None and now - self._last_boost >= self.boost_interval
 
     def __repr__(self) -> str:
         return (

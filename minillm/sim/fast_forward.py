@@ -21,8 +21,10 @@ steps an engine exactly as ``engine.step()`` would, but does per-request work on
 It covers one configuration, the one long simulations run (``simulate(records=False)`` and
 ``simulate(records="summary")``): the simulated executor on a modeled clock priced by the roofline,
 the paged KV manager without prefix caching, FCFS, SJF, priority classes (a step whose admission may
-preempt a running request for a waiting one of a higher class is passed on) or fair queuing with whole-number
-charges (its counters charged per tenant for the lazy requests), continuous
+preempt a running request for a waiting one of a higher class is passed on) fair queuing with whole-number
+charges (its counters charged per tenant for the lazy requests) or MLFQ (a lazy request's tokens counted against
+its quantum when it is brought up to date, and before a boost; a step whose admission may miss a seat or memory,
+where MLFQ may preempt, is passed on), continuous
 batching re-formed every step, chunked prefill (on or off), no speculation, no parallel sampling, no
 load shedding, and nothing recorded per request: ``record="none"``, or ``record="totals"``, whose
 records add the step's counts (its prefill and decode tokens, the running requests' ids, the KV
@@ -47,7 +49,7 @@ from operator import attrgetter
 from typing import Optional
 
 from ..core.kv_cache import PagedKVCacheManager
-from ..core.policies import FCFS, SJF, Fair, Priority
+from ..core.policies import FCFS, MLFQ, SJF, Fair, Priority
 from ..core.preemption import just_placed
 from ..core.request import Request, RequestStatus
 from ..core.scheduler_output import SchedulerOutput, grant
@@ -97,8 +99,13 @@ class FastForward:
         self.lazy_context = 0  # the lazy requests' computed positions, at the step's start
         self.totals = engine.record_mode == "totals"  # records with the step's counts (else record="none")
         self.keeps_order = type(engine.policy) is FCFS  # admission walks the queue itself (SJF: its order)
-        # Priority classes may push a running request of a lower class out to admit a waiting one
-        self.classes_preempt = type(engine.policy) is Priority and engine.policy.preempt
+        # A policy that may push a running request out to admit a waiting one: priority classes, MLFQ's levels
+        policy = engine.policy
+        kind = {Priority: "classes", MLFQ: "levels"}.get(type(policy))
+        self.preempts_to_admit = kind if kind and policy.preempt else None
+        # MLFQ looks at every grant's new tokens (``MLFQ.look``): a lazy request is looked at when it is brought
+        # up to date, and every running request before a boost sends everyone back to level 0
+        self.mlfq = policy if type(policy) is MLFQ else None
         # Fair queuing charges every grant's tokens to its tenant (``Fair.on_step``): the lazy requests' tokens
         # are charged per tenant from their counts (``_charge_tenants``)
         self.fair = engine.policy if type(engine.policy) is Fair else None
@@ -108,6 +115,9 @@ class FastForward:
         self.times: list[float] = []  # (from the step the lazy requests were last tracked)
         self.placeholders = [PLACEHOLDER_TOKEN] * (self.config.max_model_len + 1)
         self.steps_taken = self.steps_passed_on = 0  # (how many steps each way: for the tests and the docs)
+        # Steps passed on in a row, and how many more go straight to ``engine.step()`` (a run of them, as
+        # under memory pressure, does not pay for tracking the requests anew after each one)
+        self.passed_in_a_row = self.plain_steps = 0
         self._enter()
 
     @staticmethod
@@ -123,7 +133,7 @@ class FastForward:
             and type(engine.cost_model) is RooflineCostModel
             and type(engine.kv) is PagedKVCacheManager
             and not engine.kv.enable_prefix_caching
-            and (type(engine.policy) in (FCFS, SJF, Priority) or FastForward._whole_charges(engine.policy))
+            and (type(engine.policy) in (FCFS, SJF, Priority, MLFQ) or FastForward._whole_charges(engine.policy))
             and cfg.batching == "continuous"
             and cfg.schedule_every == 1
             and cfg.interference == "chunked"
@@ -146,15 +156,19 @@ class FastForward:
     # --- the lazy requests ------------------------------------------------------------------------
     def _enter(self) -> None:
         """Start from the engine as it is: every running request that decodes becomes lazy."""
+        self._leave()
         step = self.base = self.engine.step_count
+        for req in self.s.running:
+            self._place(req)
+            self._track(req, step)
+
+    def _leave(self) -> None:
+        """Track nothing (the engine is up to date): before ``_enter``, or while ``engine.step()`` steps it."""
         self.times = []
         self.lazy, self.block_due, self.check_due, self.prefilling = {}, {}, {}, []
         self.num_lazy = self.num_lazy_prefill = self.lazy_context = 0
         self.lazy_by_tenant, self.lazy_prefill_by_tenant = {}, {}
         self.rank = {}
-        for req in self.s.running:
-            self._place(req)
-            self._track(req, step)
 
     def _place(self, req: Request) -> None:
         self.rank[req] = self.next_rank
@@ -208,6 +222,9 @@ class FastForward:
             self._catch_up(req, lazy, step)
             if self.fair is not None:  # its tokens are charged: Fair's next look starts from here
                 req.policy_state["fair_seen"] = req.num_output_tokens
+        if self.mlfq is not None:
+            for req in self.s.running:
+                self.mlfq.look(req)
 
     def _due(self, table: dict, step: int, field: str) -> list[Request]:
         """The lazy requests still due at ``step`` in ``table``, in the running order."""
@@ -222,18 +239,21 @@ class FastForward:
     def step(self) -> StepRecord:
         """One step, the record ``engine.step()`` would return: schedule, execute (price it), apply, record,
         commit; a step this module does not take is passed on to ``engine.step()``."""
+        if self.plain_steps:
+            return self._plain_step()
         e, s, kv = self.engine, self.s, self.kv
         step = e.step_count
         budget = self.config.max_num_batched_tokens
         # The running requests' part of the pass, unless a request would miss its block or its tokens.
         due = self._due(self.block_due, step, "block_at")  # (a step passed on tracks everything anew)
         chunks = self._chunks(budget) if self.prefilling else {}
-        if chunks is None or s.swapped or s.held or s.has_groups or self._may_preempt_to_admit():
+        if chunks is None or s.swapped or s.held or s.has_groups:
             return self._pass_on()
         need = len(due) + sum(map(kv.num_blocks_needed, chunks, chunks.values()))
-        if need > kv.num_free_blocks:
+        if need > kv.num_free_blocks or self._may_preempt_to_admit(need):
             return self._pass_on()
         self.steps_taken += 1
+        self.passed_in_a_row = 0
         demand = self.num_lazy + sum(chunks.values())
         now, out = self._schedule(step, due, chunks, budget - demand)  # 1. who runs, and how many tokens each
         num_running_grants = len(out.scheduled) - len(out.admitted)
@@ -319,23 +339,36 @@ class FastForward:
             budget -= n
         return chunks
 
-    def _may_preempt_to_admit(self) -> bool:
-        """Priority classes: could this pass's admission push a running request out (``Priority.preempt_for``)?
-        Only for a request, waiting or arriving now, of a higher class (a smaller ``priority``) than a request
-        running before the pass: one admitted by the pass is never the victim (``preemption.just_placed``), and
-        ``pick_victim`` names it before any older one of its class. Read before the pass changes anything."""
-        s = self.s
-        if not (self.classes_preempt and s.running):
+    def _may_preempt_to_admit(self, need: int) -> bool:
+        """Could this pass's admission push a running request out for a waiting one (``Policy.preempt_for``)?
+        Read before the pass changes anything (``need``: the blocks the running requests take first). A request
+        admitted by the pass is never the victim (``preemption.just_placed``). Priority classes: only for a
+        request, waiting or arriving now, of a higher class (a smaller ``priority``) than one running before the
+        pass (``pick_victim`` names a newer one of a class before an older one). MLFQ, whose running requests'
+        levels move with their tokens: only when a request waiting or arriving now could miss a seat or KV
+        memory (every one of them admitted, each with its whole prompt, would not fit)."""
+        s, kv = self.s, self.kv
+        if self.preempts_to_admit is None or not s.running:
             return False
         now, heap = self.clock.now(), s.incoming  # (requests running: the clock does not jump to an arrival)
-        arriving, todo = [], [0]  # the heap's entries due by now: a walk that stops below a later one
+        candidates, todo = (
+            list(s.waiting),
+            [0],
+        )  # and the heap's entries due by now: a walk that stops below a later one
         while todo:
             i = todo.pop()
             if i < len(heap) and heap[i][0] <= now:
-                arriving.append(heap[i][2])
+                candidates.append(heap[i][2])
                 todo += (2 * i + 1, 2 * i + 2)
-        best = min((r.priority for r in (*s.waiting, *arriving)), default=None)
-        return best is not None and any(r.priority > best for r in s.running)
+        if not candidates:
+            return False
+        if self.preempts_to_admit == "classes":
+            best = min(r.priority for r in candidates)
+            return any(r.priority > best for r in s.running)
+        if len(s.running) + len(candidates) > self.config.max_num_seqs:
+            return True
+        blocks = need + sum(kv.blocks_for(r.num_tokens) for r in candidates)
+        return blocks > kv.num_free_blocks - kv.watermark_blocks
 
     def _schedule(self, step: int, due: list[Request], chunks: dict, budget: int) -> tuple[float, SchedulerOutput]:
         """The pass (``Scheduler.schedule``): arrivals join the queue; the running requests in the running
@@ -433,6 +466,11 @@ class FastForward:
         if charges is not None:
             self._charge_tenants(out, end, *charges)
             return finished
+        if self.mlfq is not None and self.mlfq.boost_due(end):  # every running request looked at first
+            for req, entry in lazy.items():
+                self._catch_up(req, entry, step + 1)
+            for req in s.running:
+                self.mlfq.look(req)
         # The policy's look at the step: the grants of the requests that finished, in the grants' order
         # (what SJF reads: its predictor observes each finished request; FCFS reads nothing).
         s.policy.on_step([by_req.get(r) or grant(r, 1) for r in finished], end)
@@ -488,7 +526,7 @@ class FastForward:
     def _no_preemption_for(self, req: Request, now: float, out: SchedulerOutput) -> None:
         """``req`` finds no seat or no KV memory: the scheduler asks the policy for a running request to push
         out for it (``Policy.preempt_for``); ``_may_preempt_to_admit`` passed this step on if it could name one."""
-        if self.classes_preempt:
+        if self.preempts_to_admit is not None:
             victim = self.s.policy.preempt_for(req, self.s.running, now)
             if victim is not None and not just_placed(victim, out):
                 raise RuntimeError(f"fast-forward: admitting {req.request_id!r} would preempt {victim.request_id!r}")
@@ -504,9 +542,24 @@ class FastForward:
         out.waiting.extend(WaitingEntry(r.request_id, behind) for r in queue[i + 1 : i + 1 + more])
 
     def _pass_on(self) -> StepRecord:
-        """A step this module does not take: ``engine.step()`` takes it, every lazy request up to date."""
+        """A step this module does not take: ``engine.step()`` takes it, every lazy request up to date. After
+        two or more in a row, the next 1, 2, 4, ... 32 steps go straight to ``engine.step()`` too."""
         self.steps_passed_on += 1
         self.sync()
         record = self.engine.step()
-        self._enter()
+        self.passed_in_a_row += 1
+        self.plain_steps = min(32, 2 ** (self.passed_in_a_row - 2)) if self.passed_in_a_row > 1 else 0
+        if self.plain_steps:
+            self._leave()
+        else:
+            self._enter()
+        return record
+
+    def _plain_step(self) -> StepRecord:
+        """One of a run of steps passed straight on (nothing is tracked meanwhile); tracking starts again after."""
+        self.steps_passed_on += 1
+        self.plain_steps -= 1
+        record = self.engine.step()
+        if not self.plain_steps:
+            self._enter()
         return record
