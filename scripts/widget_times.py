@@ -4,7 +4,8 @@
     python scripts/widget_times.py notebooks/05_*.py   # the widgets of some notebooks
 
 Each notebook's cells run in this process (``MINILLM_IMPL=solutions``, one torch thread, as the tests run
-them) up to the cell that builds a widget; then, driving the widget objects as a click would:
+them) up to its last cell that builds a widget; after each cell that builds one, driving the widget objects
+as a click would:
 
 * a what-if widget (``WhatIf``): each control set to each value it offers (a rate slider: its lowest,
   starting and highest value), one at a time from the starting setting and back; per change the redraw's
@@ -112,7 +113,9 @@ def run_notebook(path: Path) -> tuple[list[str], list[str]]:
     whatifs, steppers = [], []
     from minillm.viz.whatif import WhatIf
 
-    for src in _cells(path):
+    cells = list(_cells(path))
+    last = max((i for i, src in enumerate(cells) if "WhatIf(" in src or "Stepper(" in src), default=-1)
+    for src in cells[: last + 1]:  # (up to the last cell that builds a widget)
         c0 = time.process_time()
         exec(compile(src, str(path), "exec"), ns)
         cpu = time.process_time() - c0

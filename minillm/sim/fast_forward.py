@@ -20,24 +20,33 @@ steps an engine exactly as ``engine.step()`` would, but does per-request work on
 
 It covers one configuration, the one long simulations run (``simulate(records=False)`` and
 ``simulate(records="summary")``): the simulated executor on a modeled clock priced by the roofline,
-the paged KV manager without prefix caching, FCFS, SJF, priority classes (a step whose admission may
-preempt a running request for a waiting one of a higher class is passed on) fair queuing with whole-number
-charges (its counters charged per tenant for the lazy requests) or MLFQ (a lazy request's tokens counted against
-its quantum when it is brought up to date, and before a boost; a step whose admission may miss a seat or memory,
-where MLFQ may preempt, is passed on), continuous
-batching re-formed every step, chunked prefill (on or off), no speculation, no parallel sampling, no
-load shedding, and nothing recorded per request: ``record="none"``, or ``record="totals"``, whose
+the paged KV manager without prefix caching, continuous batching re-formed every step, chunked prefill
+(on or off; a running prompt's chunk capped by the budget left at its turn), no speculation, no parallel
+sampling, no load shedding, and one of the built-in policies:
+
+* FCFS and SJF (neither preempts to admit; SJF's predictor observes the finished requests' grants);
+* priority classes: a step whose admission may push a running request out for a waiting one of a higher
+  class (``Priority.preempt_for``) is passed on;
+* MLFQ: a lazy request's new tokens are counted against its quantum (``MLFQ.look``) when it is brought up
+  to date and before a boost sends everyone back to level 0 (``MLFQ.boost_due``); a step whose admission
+  may miss a seat or memory, where MLFQ may preempt for it, is passed on;
+* fair queuing with whole-number charges: the grants given one by one go through ``Fair.on_step``, the
+  lazy requests' tokens are charged to their tenants from per-tenant counts (sums of whole numbers: the
+  same counters in any order).
+
+Nothing is recorded per request: ``record="none"``, or ``record="totals"``, whose
 records add the step's counts (its prefill and decode tokens, the running requests' ids, the KV
 cache's totals: ``kv.totals``'s counts, taken from the pool's counters and the computed positions
 kept as the batch changes) and the waiting requests behind the one that stops admission ("queued
 behind ...", up to ``record_max_waiting``), none of them kept in ``engine.step_records``
 (``record_history=0``, as ``simulate`` sets it). A step it cannot take the same way (a running
-request would not get its block or its token: preemption, or a budget spent before a decoding request's turn;
-a swapped-out request) is
-taken by ``engine.step()`` itself, with every lazy request brought up to date first. ``FastForward.covers``
-says whether an engine is one it can step at all; ``tests/test_simulated.py`` and
-``scripts/sim_fingerprint.py`` hold it to ``engine.step()`` in both record modes: the same records,
-block tables, free list, tokens, token times and metrics.
+request would not get its block or its token: preemption, or a budget spent before a decoding request's
+turn; a swapped-out request; a policy that may preempt to admit) is taken by ``engine.step()`` itself, with
+every lazy request brought up to date first (after a few in a row, a run of steps goes to ``engine.step()``
+straight away). ``FastForward.covers`` says whether an engine is one it can step at all;
+``tests/test_simulated.py`` (fixed and random settings) and ``scripts/sim_fingerprint.py`` hold it to
+``engine.step()`` in both record modes: the same records, block tables, free list, tokens, token times,
+metrics and policy state.
 
 A fast step is not undone if it raises (``engine.step()`` is all or nothing; the simulation loop
 that uses this one stops on an exception).
