@@ -230,7 +230,7 @@ class FastForward:
         for req, lazy in self.lazy.items():
             self._catch_up(req, lazy, step)
             if self.fair is not None:  # its tokens are charged: Fair's next look starts from here
-                req.policy_state["fair_seen"] = req.num_output_tokens
+                self.fair.charged(req)
         if self.mlfq is not None:
             for req in self.s.running:
                 self.mlfq.look(req)
@@ -490,11 +490,8 @@ class FastForward:
         then each lazy request's token, charged per tenant as it charges one (``output_weight`` per token
         generated, ``input_weight`` more when the token ends its prompt), from the counts at the step's start;
         the tenants whose requests still run are the ones that ran (every lazy request had its token)."""
-        fair = self.fair
-        fair.on_step(out.scheduled, end)
-        for t, n in lazy_by_tenant.items():
-            fair.counters[t] += (fair.output_weight * n + fair.input_weight * lazy_prefill.get(t, 0)) / fair.weight(t)
-        fair._running_tenants |= {t for t, n in self.lazy_by_tenant.items() if n}
+        self.fair.on_step(out.scheduled, end)
+        self.fair.charge_tenants(lazy_by_tenant, lazy_prefill, {t for t, n in self.lazy_by_tenant.items() if n})
 
     def _admit(self, now: float, out: SchedulerOutput, budget: int) -> None:
         """3. The admission pass in the policy's order (FCFS: the queue itself, whose head leaves as it is
