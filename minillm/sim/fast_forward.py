@@ -68,6 +68,8 @@ from .sim_executor import PLACEHOLDER_TOKEN, SimulatedExecutor
 
 __all__ = ["FastForward"]
 
+_NO_CHUNKS: dict = {}  # (no running request computes its prompt: read, never written)
+
 
 class _Lazy:
     """A running request that computes one token a step (it decodes; or, for one step, its prompt's last
@@ -255,15 +257,17 @@ class FastForward:
         budget = self.config.max_num_batched_tokens
         # The running requests' part of the pass, unless a request would miss its block or its tokens.
         due = self._due(self.block_due, step, "block_at")  # (a step passed on tracks everything anew)
-        chunks = self._chunks(budget) if self.prefilling else {}
+        chunks = self._chunks(budget) if self.prefilling else _NO_CHUNKS
         if chunks is None or s.swapped or s.held or s.has_groups:
             return self._pass_on()
-        need = len(due) + sum(map(kv.num_blocks_needed, chunks, chunks.values()))
-        if need > kv.num_free_blocks or self._may_preempt_to_admit(need):
+        need, demand = len(due), self.num_lazy
+        if chunks:
+            need += sum(map(kv.num_blocks_needed, chunks, chunks.values()))
+            demand += sum(chunks.values())
+        if need > kv.num_free_blocks or (self.preempts_to_admit is not None and self._may_preempt_to_admit(need)):
             return self._pass_on()
         self.steps_taken += 1
         self.passed_in_a_row = 0
-        demand = self.num_lazy + sum(chunks.values())
         now, out = self._schedule(step, due, chunks, budget - demand)  # 1. who runs, and how many tokens each
         num_running_grants = len(out.scheduled) - len(out.admitted)
         duration, sched = self._price(out)  # 2. the step's price on the modeled clock
@@ -357,7 +361,7 @@ class FastForward:
         levels move with their tokens: only when a request waiting or arriving now could miss a seat or KV
         memory (every one of them admitted, each with its whole prompt, would not fit)."""
         s, kv = self.s, self.kv
-        if self.preempts_to_admit is None or not s.running:
+        if not s.running:
             return False
         now, heap = self.clock.now(), s.incoming  # (requests running: the clock does not jump to an arrival)
         candidates, todo = (
