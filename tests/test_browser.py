@@ -254,7 +254,9 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
 
             step_button = page.locator(".minillm-stepper").first.locator("button.mlw-step-button")
             seen = [before]
+            click_seconds = []  # from the click to the new step on screen (printed: a record, not a limit)
             for want in ("step 0", "step 1"):
+                t0 = time.perf_counter()
                 step_button.click()
                 page.wait_for_function(
                     "(want) => { const e = document.querySelector('.minillm-stepper .mlw-step');"
@@ -262,8 +264,11 @@ def test_stepper_in_jupyterlab(chromium, jupyter_lab, tmp_path):
                     arg=want,
                     timeout=STEP_TIMEOUT * 1000,
                 )
+                click_seconds.append(time.perf_counter() - t0)
                 page.wait_for_timeout(600)  # let plotly finish redrawing
                 seen.append(_stepper_state(page))
+            shown = ", ".join(f"{t:.2f}" for t in click_seconds)
+            print(f"\nStep clicks to the step on screen: {shown} s (load {os.getloadavg()[0]:.1f})")
             after = seen[-1]
             page.locator(".minillm-stepper").first.scroll_into_view_if_needed()
             page.screenshot(path=str(shot), full_page=True)
@@ -520,6 +525,7 @@ def test_course_widgets_can_be_stepped_after_run_all(chromium, jupyter_lab, name
             first = page.locator("button.mlw-step-button").first
             first.scroll_into_view_if_needed()
             assert first.is_enabled(), (name, widgets[0])
+            t0 = time.perf_counter()
             first.click()
             page.wait_for_function(
                 """() => { const b = document.querySelector('button.mlw-step-button');
@@ -528,6 +534,8 @@ def test_course_widgets_can_be_stepped_after_run_all(chromium, jupyter_lab, name
                            return s.length && s.every(e => e.textContent.trim() === 'step 0'); }""",
                 timeout=STEP_TIMEOUT * 1000,
             )
+            first_click = time.perf_counter() - t0  # (printed: a record, not a limit)
+            print(f"\n{name}: first Step click to step 0 on screen {first_click:.2f} s (load {os.getloadavg()[0]:.1f})")
             page.wait_for_timeout(600)
             _keep_artifact(
                 page.locator("button.mlw-step-button").first.locator(

@@ -13,7 +13,7 @@ import pytest
 from minillm import LLM, SamplingParams
 from minillm.sim.costmodel import HARDWARE, MODELS, ConstantStepTime, RooflineCostModel
 from minillm.analysis.metrics import summarize
-from minillm.core.policies import SJF
+from minillm.core.policies import MLFQ, SJF, Fair, Priority
 from minillm.sim.sim_executor import PLACEHOLDER_TOKEN
 from minillm.sim.simulated import StepSummary, gpus_needed, simulate, tensor_parallel
 from minillm.analysis.workloads import (
@@ -209,6 +209,10 @@ def _requests(eng):
     }
 
 
+def _policy_states(eng):
+    return {k: r.policy_state for k, r in eng.requests.items()}
+
+
 def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
     """Two engines alike, one stepped by ``FastForward`` (or ``stepper``, a subclass), one by ``engine.step()``,
     compared after every step: the records (and with record="totals" the ``StepSummary`` that
@@ -237,10 +241,14 @@ def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
             r: [b.block_id for b in bl] for r, bl in plain.kv.req_blocks.items()
         }, (cfg, i)
         assert list(fast.kv.pool.free_queue) == list(plain.kv.pool.free_queue), (cfg, i)
+        if isinstance(fast.policy, (Fair, MLFQ)):  # the tenants' counters and who ran; MLFQ's boosts
+            assert vars(fast.policy) == vars(plain.policy), (cfg, i)
         i += 1
         if i % sync_every == 0:
             ff.sync()
             assert _requests(fast) == _requests(plain), (cfg, i)
+            if isinstance(fast.policy, MLFQ):  # every request's level and tokens at it
+                assert _policy_states(fast) == _policy_states(plain), (cfg, i)
     assert not fast.has_unfinished_requests()
     ff.sync()
     assert _requests(fast) == _requests(plain)
@@ -252,23 +260,38 @@ def _lockstep(trace, stepper=None, sync_every: int = 50, **cfg):
 
 
 FF_TRACE = dict(
-    n=150, rate=8.0, prompt_len=LogNormal(300, 1.0, 8, 1500), output_len=LogNormal(150, 1.0, 4, 800), seed=5
+    n=150,
+    rate=8.0,
+    prompt_len=LogNormal(300, 1.0, 8, 1500),
+    output_len=LogNormal(150, 1.0, 4, 800),
+    priority_mix={0: 0.3, 1: 0.7},
+    tenant_mix={"a": 0.6, "b": 0.4},
+    seed=5,
 )
 
 
 @pytest.mark.parametrize(
-    "cfg",
+    "cfg, passed_on",
     [
-        dict(),  # seats to spare: decodes, arrivals
-        dict(max_num_seqs=4),  # a queue behind full seats
-        dict(num_kv_blocks=300),  # preemption (steps passed on)
-        dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=100),  # swapping out and back
-        dict(max_num_batched_tokens=512),  # prompts in chunks, budget cuts
-        dict(enable_chunked_prefill=False, num_kv_blocks=400, max_num_batched_tokens=4096),
-        dict(watermark=0.3, num_kv_blocks=500, block_size=8),  # admission's headroom, other blocks
-        dict(max_model_len=600),  # max_model_len ends requests
-        dict(policy="sjf", max_num_seqs=8),  # SJF: the queue in its order, with aging
-        dict(policy=lambda: SJF(predictor="history"), num_kv_blocks=300),  # it learns from finishes; preemption
+        (dict(), False),  # seats to spare: decodes, arrivals
+        (dict(max_num_seqs=4), False),  # a queue behind full seats
+        (dict(num_kv_blocks=300), True),  # preemption (steps passed on)
+        (dict(num_kv_blocks=300, preemption_mode="swap", num_swap_blocks=100), True),  # swapping out and back
+        (dict(max_num_batched_tokens=512), False),  # prompts in chunks, capped by the budget left at their turn
+        (dict(max_num_batched_tokens=40, max_num_seqs=48), False),  # a budget as small as the batch
+        (dict(enable_chunked_prefill=False, num_kv_blocks=400, max_num_batched_tokens=4096), True),
+        (dict(watermark=0.3, num_kv_blocks=500, block_size=8), False),  # admission's headroom, other blocks
+        (dict(max_model_len=600), False),  # max_model_len ends requests
+        (dict(policy="sjf", max_num_seqs=8), False),  # SJF: the queue in its order, with aging
+        (dict(policy=lambda: SJF(predictor="history"), num_kv_blocks=300), True),  # it learns from finishes
+        (dict(policy="priority", max_num_seqs=8), True),  # classes: preempting for a seat (undone, passed on)
+        (dict(policy="priority", num_kv_blocks=400, max_num_batched_tokens=1024), True),  # ... for KV memory
+        (dict(policy=lambda: Priority(preempt=False), max_num_seqs=8), False),  # classes, no preemption
+        (dict(policy="fair", max_num_seqs=8, max_num_batched_tokens=512), False),  # tenants' counters, chunks
+        (dict(policy="fair", num_kv_blocks=300), True),  # ... under preemption
+        (dict(policy="mlfq", max_num_seqs=16), "most"),  # levels: preempting for a seat, most steps (passed on)
+        (dict(policy=lambda: MLFQ(quanta=(4, 16), boost_interval=3.0)), False),  # boosts every 3 s
+        (dict(policy=lambda: MLFQ(boost_interval=40, boost_unit="steps"), num_kv_blocks=400), "most"),
     ],
     ids=[
         "seats",
@@ -276,21 +299,31 @@ FF_TRACE = dict(
         "preempt",
         "swap",
         "chunks",
+        "small-budget",
         "no-chunking",
         "watermark",
         "max-model-len",
         "sjf",
         "sjf-history",
+        "priority-seats",
+        "priority-memory",
+        "priority-no-preempt",
+        "fair",
+        "fair-preempt",
+        "mlfq-seats",
+        "mlfq-boosts",
+        "mlfq-step-boosts",
     ],
 )
 @pytest.mark.parametrize("record", ["none", "totals"])
-def test_fast_forward_changes_no_decision(cfg, record):
+def test_fast_forward_changes_no_decision(cfg, passed_on, record):
     """``minillm/sim/fast_forward.py`` against the same engine stepped by ``engine.step()``: the same
     records step by step, the same block tables and free list after every step (so the same blocks in
     the same order), every request's tokens, token times and metrics, the same clock and counters; with
-    arrivals, a queue behind full seats, prompt chunks, admission blocked by memory, the watermark,
-    length limits, SJF's order (its predictor learning from what finishes), and (passed on to
-    ``engine.step()``) preemption by recompute and by swapping. In both
+    arrivals, a queue behind full seats, prompt chunks under the budget, admission blocked by memory, the
+    watermark, length limits, SJF's order (its predictor learning from what finishes), priority classes,
+    and (passed on to ``engine.step()``) preemption by recompute and by swapping, and a priority class
+    pushing a running request out (the fast step undone first). In both
     record modes it covers: "none" (``simulate(records=False)``) and "totals" (``records="summary"``:
     the step's token and request counts, the KV totals, and up to 16 waiting reasons)."""
     cfg = {"max_model_len": 4096, "record": record, "record_max_waiting": 16, "record_history": 0, **cfg}
@@ -298,10 +331,48 @@ def test_fast_forward_changes_no_decision(cfg, record):
     if cfg["max_model_len"] < 4096:
         trace = [r for r in trace if r.prompt_len < cfg["max_model_len"] - 100]
     ff = _lockstep(trace, **cfg)
-    assert ff.steps_taken > ff.steps_passed_on  # most steps fast-forwarded
-    assert (ff.steps_passed_on > 0) == (
-        "num_kv_blocks" in cfg and cfg["num_kv_blocks"] <= 400 or "max_num_batched_tokens" in cfg
-    ), ff.steps_passed_on
+    assert (ff.steps_taken > ff.steps_passed_on) == (passed_on != "most")  # most steps fast-forwarded, or not
+    assert (ff.steps_passed_on > 0) == bool(passed_on), ff.steps_passed_on
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_forward_on_random_settings(seed):
+    """Settings drawn at random (seeded: the same draws every run) from what the what-if widget offers and
+    beyond it: seats, budget, chunking, KV blocks and block size, headroom, preemption mode, policy, and a
+    trace of its own; fast-forward against ``engine.step()`` as above, in both record modes."""
+    import random
+
+    rng = random.Random(seed)
+    budget = rng.choice([64, 256, 512, 2048])
+    block_size = rng.choice([1, 4, 16, 32])
+    cfg = dict(
+        max_num_seqs=rng.choice([2, 8, 32, 128]),
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=budget < 1600 or rng.random() < 0.5,
+        block_size=block_size,
+        num_kv_blocks=rng.choice([3000, 6000, 40000]) // block_size,
+        watermark=rng.choice([0.0, 0.05, 0.2]),
+        policy=rng.choice(["fcfs", "sjf", "priority", "fair", "mlfq"]),
+        max_model_len=2048,
+        record=rng.choice(["none", "totals"]),
+        record_max_waiting=rng.choice([0, 4, 16]),
+        record_history=0,
+    )
+    mode = rng.choice(["recompute", "swap"])
+    if mode == "swap":
+        cfg.update(preemption_mode="swap", num_swap_blocks=cfg["num_kv_blocks"])
+    trace = synthetic_trace(
+        n=60,
+        rate=rng.choice([2.0, 8.0, 30.0]),
+        prompt_len=LogNormal(rng.choice([64, 300]), 1.0, 4, 1500),
+        output_len=LogNormal(rng.choice([20, 120]), 1.0, 2, 400),
+        priority_mix={0: 0.3, 1: 0.7},
+        tenant_mix={"a": 0.7, "b": 0.2, "c": 0.1},
+        seed=seed,
+    )
+    if not cfg["enable_chunked_prefill"]:
+        trace = [r for r in trace if r.prompt_len <= budget]
+    _lockstep(trace, sync_every=7, **cfg)
 
 
 def test_the_fast_forward_check_catches_a_planted_bug():
@@ -329,12 +400,17 @@ def test_the_fast_forward_check_catches_a_planted_bug():
             super().__init__(engine)
             self.keeps_order = True
 
+    class TenantsUncharged(FastForward):  # fair queuing: the lazy requests' tokens charged to nobody
+        def _charge_tenants(self, out, end, lazy_by_tenant, lazy_prefill):
+            super()._charge_tenants(out, end, {}, {})
+
     trace = synthetic_trace(**{**FF_TRACE, "n": 40})
     for planted, cfg in (
         (ReversedBlocks, dict(record="none")),
         (LateTimes, dict(record="none")),
         (KVBehind, dict(record="totals", record_history=0)),
         (ArrivalOrder, dict(record="none", policy=lambda: SJF(aging=0.0), max_num_seqs=8)),
+        (TenantsUncharged, dict(record="none", policy="fair", max_num_seqs=8)),
     ):
         with pytest.raises(AssertionError):
             _lockstep(trace, stepper=planted, sync_every=10, max_model_len=4096, **cfg)
@@ -397,11 +473,17 @@ def test_fast_forward_covers_only_its_configuration():
     from minillm.sim.fast_forward import FastForward
 
     trace = synthetic_trace(**{**FF_TRACE, "n": 10})
-    for covered in (dict(), dict(record="totals", record_history=0), dict(policy="sjf")):
+    for covered in (
+        dict(),
+        dict(record="totals", record_history=0),
+        dict(policy="sjf"),
+        dict(policy="priority"),
+        dict(policy="fair"),
+    ):
         assert FastForward.covers(_engine(trace, **covered)), covered
     for other in (
-        dict(policy="priority"),
-        dict(policy="mlfq"),
+        dict(policy=Fair(tenant_weights={"a": 3.0})),
+        dict(policy=Fair(output_weight=1.5)),
         dict(enable_prefix_caching=True),
         dict(interference="decode-priority"),
         dict(max_queue_len=5),

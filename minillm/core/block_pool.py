@@ -50,6 +50,7 @@ class BlockPool:
         # Free blocks in eviction order (front = evicted first). Cached-free blocks are here too.
         self.free_queue: "OrderedDict[int, Block]" = OrderedDict((b.block_id, b) for b in self.blocks)
         self.cached: dict[int, Block] = {}  # block hash -> block holding that prefix
+        self._num_cached_free = 0  # free blocks that still hold a prefix (kept as blocks come and go)
         self.stats = dict(lookups=0, queried_blocks=0, hit_blocks=0, evictions=0)
 
     @property
@@ -58,8 +59,8 @@ class BlockPool:
 
     @property
     def num_cached_free(self) -> int:
-        """Free blocks that still hold a cached prefix (with caching off there are none: no O(blocks) count)."""
-        return sum(b.block_hash is not None for b in self.free_queue.values()) if self.enable_caching else 0
+        """Free blocks that still hold a cached prefix (with caching off there are none)."""
+        return self._num_cached_free
 
     # --- allocation -----------------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[Block]:
@@ -70,6 +71,7 @@ class BlockPool:
         new = [self.free_queue.popitem(last=False)[1] for _ in range(num_blocks)]
         for block in new:
             if block.block_hash is not None:
+                self._num_cached_free -= 1
                 self._evict(block)
             block.ref_count = 1
         return new
@@ -89,7 +91,7 @@ class BlockPool:
         leaves the free list; each gains a reference."""
         for block in blocks:
             if block.ref_count == 0:
-                del self.free_queue[block.block_id]
+                self._take_free(block)
             block.ref_count += 1
 
     def free_blocks(self, blocks: Sequence[Block]) -> None:
@@ -112,6 +114,7 @@ class BlockPool:
             if self.enable_caching:
                 self.free_queue.move_to_end(block.block_id, last=False)
             return
+        self._num_cached_free += 1
         # Its parent in the cache is cached[parent_hash], the first copy of that prefix; its table
         # may hold another (a prompt's last full block is computed again even when cached: its last
         # token must be), so freeing the table last block first does not put that parent behind it.
@@ -133,7 +136,12 @@ class BlockPool:
         if ref_count == 0 and block.block_id not in self.free_queue:
             self._to_free_list(block)
         elif ref_count > 0 and block.block_id in self.free_queue:
-            del self.free_queue[block.block_id]
+            self._take_free(block)
+
+    def _take_free(self, block: Block) -> None:
+        """A free block is held again (its cached prefix, if any, is kept)."""
+        del self.free_queue[block.block_id]
+        self._num_cached_free -= block.block_hash is not None
 
     # --- prefix cache -----------------------------------------------------------------
     def get_cached_block(self, block_hash: int) -> Optional[Block]:
@@ -167,4 +175,5 @@ class BlockPool:
         if block.block_hash is not None:
             self._drop_hash(block)
             if block.ref_count == 0 and self.enable_caching:
+                self._num_cached_free -= 1
                 self.free_queue.move_to_end(block.block_id, last=False)

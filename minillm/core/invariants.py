@@ -36,6 +36,11 @@ def check_paged(kv: PagedKVCacheManager, requests: dict) -> None:
         _check(
             in_free == (b.ref_count == 0), f"block {b.block_id}: ref_count {b.ref_count} but in free list = {in_free}"
         )
+    cached_free = sum(b.block_hash is not None for b in pool.free_queue.values())
+    _check(
+        pool.num_cached_free == cached_free,
+        f"{pool.num_cached_free} cached free blocks counted, {cached_free} in the free list",
+    )
     used = sum(1 for b in pool.blocks if b.ref_count > 0)
     _check(used + pool.num_free == kv.num_blocks, f"free {pool.num_free} + used {used} != total {kv.num_blocks}")
     # Every cached block's hash matches its tokens, and the KV it holds is those tokens'.

@@ -408,23 +408,38 @@ class MLFQ(Policy):
         return self.pick_victim(lower, now) if lower else None
 
     def on_step(self, scheduled: list, now: float) -> None:
+        boost = self.boost_due(now)
         self._steps += 1
         for s in scheduled:
-            r = s.request
-            st = self._state(r)
-            st[1] += _generated_since_last_look(r, "mlfq_seen")
-            while st[0] < len(self.quanta) and st[1] >= self.quanta[st[0]]:
-                st[1] -= self.quanta[st[0]]  # quantum used up: demote
-                st[0] += 1
+            self.look(s.request)
         if self.boost_interval is None:
             return
-        clock = now if self.boost_unit == "seconds" else float(self._steps)
         if self._last_boost is None:
             self._last_boost = 0.0 if self.boost_unit == "steps" else now
-        if clock - self._last_boost >= self.boost_interval:
+        if boost:
             self.epoch += 1  # everyone back to level 0 (lazily, per request)
             self.num_boosts += 1
-            self._last_boost = clock
+            self._last_boost = now if self.boost_unit == "seconds" else float(self._steps)
+
+    def look(self, req: Request) -> None:
+        """The tokens ``req`` generated since the policy last looked count against its level's quantum;
+        each quantum used up demotes it one level. (No new token: nothing to count.)"""
+        new = _generated_since_last_look(req, "mlfq_seen")
+        if not new:
+            return
+        st = self._state(req)
+        st[1] += new
+        while st[0] < len(self.quanta) and st[1] >= self.quanta[st[0]]:
+            st[1] -= self.quanta[st[0]]  # quantum used up: demote
+            st[0] += 1
+
+    def boost_due(self, now: float) -> bool:
+        """Does the next ``on_step`` (at clock ``now``) send every request back to level 0?"""
+        if self.boost_interval is None:
+            return False
+        if self.boost_unit == "steps":  # (counted from step 0)
+            return self._steps + 1 - (self._last_boost or 0.0) >= self.boost_interval
+        return self._last_boost is not None and now - self._last_boost >= self.boost_interval
 
     def __repr__(self) -> str:
         return (
@@ -514,13 +529,31 @@ class Fair(Policy):
         running = set()
         for s in scheduled:
             r = s.request
-            charge = self.output_weight * _generated_since_last_look(r, "fair_seen")
-            if s.phase == "prefill":
-                charge += self.input_weight * s.num_new_tokens
-            self.counters[r.tenant] += charge / self.weight(r.tenant)
+            self.charge(
+                r.tenant, _generated_since_last_look(r, "fair_seen"), s.num_new_tokens if s.phase == "prefill" else 0
+            )
             if not _is_done(r):
                 running.add(r.tenant)
         self._running_tenants = running
+
+    def charge(self, tenant: Any, generated: int, prefilled: int = 0) -> None:
+        """Charge ``tenant`` for ``generated`` output tokens and ``prefilled`` prompt tokens (weighted)."""
+        cost = self.output_weight * generated
+        if prefilled:
+            cost += self.input_weight * prefilled
+        self.counters[tenant] += cost / self.weight(tenant)
+
+    def charge_tenants(self, generated: dict, prefilled: dict, still_running: set) -> None:
+        """``on_step``'s charges given per tenant instead of grant by grant (the simulator's fast path: the same
+        counters when every charge is a whole number): ``generated[t]`` tokens and ``prefilled[t]`` prompt
+        tokens; the tenants in ``still_running`` ran in the step and still have requests running."""
+        for t, n in generated.items():
+            self.charge(t, n, prefilled.get(t, 0))
+        self._running_tenants |= still_running
+
+    def charged(self, req: Request) -> None:
+        """Every token ``req`` has generated so far is charged (``charge_tenants`` charged them)."""
+        _generated_since_last_look(req, "fair_seen")
 
     def __repr__(self) -> str:
         return (

@@ -109,9 +109,16 @@ class PhaseTimes:
         if self.clock is not None:
             self.times[phase] = self.times.get(phase, 0.0) + self.clock() - since
 
-    @contextlib.contextmanager
     def timing(self, phase: str):
-        """Time the ``with`` block as ``phase`` (added to its earlier time in this step)."""
+        """Time the ``with`` block as ``phase`` (added to its earlier time in this step); without a clock,
+        a ``with`` that times nothing."""
+        return self._timed(phase) if self.clock is not None else _UNTIMED
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str):
         since = self.mark()
         yield
         self.add(phase, since)
+
+
+_UNTIMED = contextlib.nullcontext()  # (reusable: it holds nothing)

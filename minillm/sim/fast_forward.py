@@ -20,19 +20,33 @@ steps an engine exactly as ``engine.step()`` would, but does per-request work on
 
 It covers one configuration, the one long simulations run (``simulate(records=False)`` and
 ``simulate(records="summary")``): the simulated executor on a modeled clock priced by the roofline,
-the paged KV manager without prefix caching, FCFS or SJF (neither preempts to admit), continuous
-batching re-formed every step, chunked prefill (on or off), no speculation, no parallel sampling, no
-load shedding, and nothing recorded per request: ``record="none"``, or ``record="totals"``, whose
+the paged KV manager without prefix caching, continuous batching re-formed every step, chunked prefill
+(on or off; a running prompt's chunk capped by the budget left at its turn), no speculation, no parallel
+sampling, no load shedding, and one of the built-in policies:
+
+* FCFS and SJF (neither preempts to admit; SJF's predictor observes the finished requests' grants);
+* priority classes: a step whose admission may push a running request out for a waiting one of a higher
+  class (``Priority.preempt_for``) is passed on;
+* MLFQ: a lazy request's new tokens are counted against its quantum (``MLFQ.look``) when it is brought up
+  to date and before a boost sends everyone back to level 0 (``MLFQ.boost_due``); a step whose admission
+  may miss a seat or memory, where MLFQ may preempt for it, is passed on;
+* fair queuing with whole-number charges: the grants given one by one go through ``Fair.on_step``, the
+  lazy requests' tokens are charged to their tenants from per-tenant counts (sums of whole numbers: the
+  same counters in any order).
+
+Nothing is recorded per request: ``record="none"``, or ``record="totals"``, whose
 records add the step's counts (its prefill and decode tokens, the running requests' ids, the KV
 cache's totals: ``kv.totals``'s counts, taken from the pool's counters and the computed positions
 kept as the batch changes) and the waiting requests behind the one that stops admission ("queued
 behind ...", up to ``record_max_waiting``), none of them kept in ``engine.step_records``
 (``record_history=0``, as ``simulate`` sets it). A step it cannot take the same way (a running
-request would not get its block or its tokens: preemption or a budget cut; a swapped-out request) is
-taken by ``engine.step()`` itself, with every lazy request brought up to date first. ``FastForward.covers``
-says whether an engine is one it can step at all; ``tests/test_simulated.py`` and
-``scripts/sim_fingerprint.py`` hold it to ``engine.step()`` in both record modes: the same records,
-block tables, free list, tokens, token times and metrics.
+request would not get its block or its token: preemption, or a budget spent before a decoding request's
+turn; a swapped-out request; a policy that may preempt to admit) is taken by ``engine.step()`` itself, with
+every lazy request brought up to date first (after a few in a row, a run of steps goes to ``engine.step()``
+straight away). ``FastForward.covers`` says whether an engine is one it can step at all;
+``tests/test_simulated.py`` (fixed and random settings) and ``scripts/sim_fingerprint.py`` hold it to
+``engine.step()`` in both record modes: the same records, block tables, free list, tokens, token times,
+metrics and policy state.
 
 A fast step is not undone if it raises (``engine.step()`` is all or nothing; the simulation loop
 that uses this one stops on an exception).
@@ -41,9 +55,11 @@ that uses this one stops on an exception).
 from __future__ import annotations
 
 from operator import attrgetter
+from typing import Optional
 
 from ..core.kv_cache import PagedKVCacheManager
-from ..core.policies import FCFS, SJF
+from ..core.policies import FCFS, MLFQ, SJF, Fair, Priority
+from ..core.preemption import just_placed
 from ..core.request import Request, RequestStatus
 from ..core.scheduler_output import SchedulerOutput, grant
 from ..step_record import KVSnapshot, StepRecord, WaitingEntry
@@ -51,6 +67,8 @@ from .costmodel import RooflineCostModel
 from .sim_executor import PLACEHOLDER_TOKEN, SimulatedExecutor
 
 __all__ = ["FastForward"]
+
+_NO_CHUNKS: dict = {}  # (no running request computes its prompt: read, never written)
 
 
 class _Lazy:
@@ -92,10 +110,25 @@ class FastForward:
         self.lazy_context = 0  # the lazy requests' computed positions, at the step's start
         self.totals = engine.record_mode == "totals"  # records with the step's counts (else record="none")
         self.keeps_order = type(engine.policy) is FCFS  # admission walks the queue itself (SJF: its order)
+        # A policy that may push a running request out to admit a waiting one: priority classes, MLFQ's levels
+        policy = engine.policy
+        kind = {Priority: "classes", MLFQ: "levels"}.get(type(policy))
+        self.preempts_to_admit = kind if kind and policy.preempt else None
+        # MLFQ looks at every grant's new tokens (``MLFQ.look``): a lazy request is looked at when it is brought
+        # up to date, and every running request before a boost sends everyone back to level 0
+        self.mlfq = policy if type(policy) is MLFQ else None
+        # Fair queuing charges every grant's tokens to its tenant (``Fair.on_step``): the lazy requests' tokens
+        # are charged per tenant from their counts (``_charge_tenants``)
+        self.fair = engine.policy if type(engine.policy) is Fair else None
+        self.lazy_by_tenant: dict = {}  # tenant -> lazy requests
+        self.lazy_prefill_by_tenant: dict = {}  # tenant -> lazy requests whose token ends their prompt
         self.base = engine.step_count  # self.times[i]: the clock at the end of step base + i
         self.times: list[float] = []  # (from the step the lazy requests were last tracked)
         self.placeholders = [PLACEHOLDER_TOKEN] * (self.config.max_model_len + 1)
         self.steps_taken = self.steps_passed_on = 0  # (how many steps each way: for the tests and the docs)
+        # Steps passed on in a row, and how many more go straight to ``engine.step()`` (a run of them, as
+        # under memory pressure, does not pay for tracking the requests anew after each one)
+        self.passed_in_a_row = self.plain_steps = 0
         self._enter()
 
     @staticmethod
@@ -111,7 +144,7 @@ class FastForward:
             and type(engine.cost_model) is RooflineCostModel
             and type(engine.kv) is PagedKVCacheManager
             and not engine.kv.enable_prefix_caching
-            and type(engine.policy) in (FCFS, SJF)
+            and (type(engine.policy) in (FCFS, SJF, Priority, MLFQ) or FastForward._whole_charges(engine.policy))
             and cfg.batching == "continuous"
             and cfg.schedule_every == 1
             and cfg.interference == "chunked"
@@ -120,17 +153,33 @@ class FastForward:
             and cfg.max_queue_delay is None
         )
 
+    @staticmethod
+    def _whole_charges(policy) -> bool:
+        """Fair queuing whose charges are whole numbers (whole weights, every tenant's weight 1): its counters
+        are then sums of whole numbers, the same whatever order (and grouping) the tokens are added in."""
+        return (
+            type(policy) is Fair
+            and not policy.tenant_weights
+            and policy.input_weight.is_integer()
+            and policy.output_weight.is_integer()
+        )
+
     # --- the lazy requests ------------------------------------------------------------------------
     def _enter(self) -> None:
         """Start from the engine as it is: every running request that decodes becomes lazy."""
+        self._leave()
         step = self.base = self.engine.step_count
-        self.times = []
-        self.lazy, self.block_due, self.check_due, self.prefilling = {}, {}, {}, []
-        self.num_lazy = self.num_lazy_prefill = self.lazy_context = 0
-        self.rank = {}
         for req in self.s.running:
             self._place(req)
             self._track(req, step)
+
+    def _leave(self) -> None:
+        """Track nothing (the engine is up to date): before ``_enter``, or while ``engine.step()`` steps it."""
+        self.times = []
+        self.lazy, self.block_due, self.check_due, self.prefilling = {}, {}, {}, []
+        self.num_lazy = self.num_lazy_prefill = self.lazy_context = 0
+        self.lazy_by_tenant, self.lazy_prefill_by_tenant = {}, {}
+        self.rank = {}
 
     def _place(self, req: Request) -> None:
         self.rank[req] = self.next_rank
@@ -146,6 +195,11 @@ class FastForward:
         self.num_lazy += 1
         self.num_lazy_prefill += req.num_output_tokens == 0
         self.lazy_context += req.num_computed_tokens
+        if self.fair is not None:
+            t = req.tenant
+            self.lazy_by_tenant[t] = self.lazy_by_tenant.get(t, 0) + 1
+            if req.num_output_tokens == 0:
+                self.lazy_prefill_by_tenant[t] = self.lazy_prefill_by_tenant.get(t, 0) + 1
         self._due_block(req, lazy, step, req.num_computed_tokens)
         self._due_check(req, lazy, step)
 
@@ -177,6 +231,11 @@ class FastForward:
         step = self.engine.step_count
         for req, lazy in self.lazy.items():
             self._catch_up(req, lazy, step)
+            if self.fair is not None:  # its tokens are charged: Fair's next look starts from here
+                self.fair.charged(req)
+        if self.mlfq is not None:
+            for req in self.s.running:
+                self.mlfq.look(req)
 
     def _due(self, table: dict, step: int, field: str) -> list[Request]:
         """The lazy requests still due at ``step`` in ``table``, in the running order."""
@@ -191,21 +250,25 @@ class FastForward:
     def step(self) -> StepRecord:
         """One step, the record ``engine.step()`` would return: schedule, execute (price it), apply, record,
         commit; a step this module does not take is passed on to ``engine.step()``."""
+        if self.plain_steps:
+            return self._plain_step()
         e, s, kv = self.engine, self.s, self.kv
         step = e.step_count
         budget = self.config.max_num_batched_tokens
         # The running requests' part of the pass, unless a request would miss its block or its tokens.
         due = self._due(self.block_due, step, "block_at")  # (a step passed on tracks everything anew)
-        if self.prefilling:
-            chunks = [r.num_tokens - r.num_computed_tokens for r in self.prefilling]
-            need = len(due) + sum(map(kv.num_blocks_needed, self.prefilling, chunks))
-            demand = self.num_lazy + sum(chunks)
-        else:
-            need, demand = len(due), self.num_lazy
-        if s.swapped or s.held or s.has_groups or demand > budget or need > kv.num_free_blocks:
+        chunks = self._chunks(budget) if self.prefilling else _NO_CHUNKS
+        if chunks is None or s.swapped or s.held or s.has_groups:
+            return self._pass_on()
+        need, demand = len(due), self.num_lazy
+        if chunks:
+            need += sum(map(kv.num_blocks_needed, chunks, chunks.values()))
+            demand += sum(chunks.values())
+        if need > kv.num_free_blocks or (self.preempts_to_admit is not None and self._may_preempt_to_admit(need)):
             return self._pass_on()
         self.steps_taken += 1
-        now, out = self._schedule(step, due, budget - demand)  # 1. who runs, and how many tokens each
+        self.passed_in_a_row = 0
+        now, out = self._schedule(step, due, chunks, budget - demand)  # 1. who runs, and how many tokens each
         num_running_grants = len(out.scheduled) - len(out.admitted)
         duration, sched = self._price(out)  # 2. the step's price on the modeled clock
         self.clock.advance(duration)
@@ -268,9 +331,61 @@ class FastForward:
             swap_total_blocks=kv.num_swap_blocks,
         )
 
-    def _schedule(self, step: int, due: list[Request], budget: int) -> tuple[float, SchedulerOutput]:
+    def _chunks(self, budget: int) -> Optional[dict]:
+        """The prompt chunks the running part of the pass grants (``Scheduler._schedule_running``): each running
+        request computing its prompt gets the rest of it, capped by the budget left at its turn in the running
+        order, and nothing once the budget is spent. None when a lazy request's turn finds the budget spent
+        (its token is cut: a step passed on)."""
+        rest = [r.num_tokens - r.num_computed_tokens for r in self.prefilling]
+        if self.num_lazy + sum(rest) <= budget:
+            return dict(zip(self.prefilling, rest))
+        chunks, lazy = {}, self.lazy
+        for req in self.s.running:  # (the running order)
+            if budget <= 0:
+                if req in lazy:
+                    return None
+                continue
+            if req in lazy:
+                budget -= 1
+                continue
+            chunks[req] = n = min(req.num_tokens - req.num_computed_tokens, budget)
+            budget -= n
+        return chunks
+
+    def _may_preempt_to_admit(self, need: int) -> bool:
+        """Could this pass's admission push a running request out for a waiting one (``Policy.preempt_for``)?
+        Read before the pass changes anything (``need``: the blocks the running requests take first). A request
+        admitted by the pass is never the victim (``preemption.just_placed``). Priority classes: only for a
+        request, waiting or arriving now, of a higher class (a smaller ``priority``) than one running before the
+        pass (``pick_victim`` names a newer one of a class before an older one). MLFQ, whose running requests'
+        levels move with their tokens: only when a request waiting or arriving now could miss a seat or KV
+        memory (every one of them admitted, each with its whole prompt, would not fit)."""
+        s, kv = self.s, self.kv
+        if not s.running:
+            return False
+        now, heap = self.clock.now(), s.incoming  # (requests running: the clock does not jump to an arrival)
+        candidates, todo = (
+            list(s.waiting),
+            [0],
+        )  # and the heap's entries due by now: a walk that stops below a later one
+        while todo:
+            i = todo.pop()
+            if i < len(heap) and heap[i][0] <= now:
+                candidates.append(heap[i][2])
+                todo += (2 * i + 1, 2 * i + 2)
+        if not candidates:
+            return False
+        if self.preempts_to_admit == "classes":
+            best = min(r.priority for r in candidates)
+            return any(r.priority > best for r in s.running)
+        if len(s.running) + len(candidates) > self.config.max_num_seqs:
+            return True
+        blocks = need + sum(kv.blocks_for(r.num_tokens) for r in candidates)
+        return blocks > kv.num_free_blocks - kv.watermark_blocks
+
+    def _schedule(self, step: int, due: list[Request], chunks: dict, budget: int) -> tuple[float, SchedulerOutput]:
         """The pass (``Scheduler.schedule``): arrivals join the queue; the running requests in the running
-        order (a new block for each lazy one ``due`` one, the next chunk for each one computing its prompt;
+        order (a new block for each lazy one ``due`` one, its chunk for each one computing its prompt: ``chunks``;
         the lazy ones' token is counted, not granted one by one); then admission with the ``budget``
         left. Returns the clock at the pass and its output (the chunks', then the admitted requests' grants)."""
         s, kv, lazy = self.s, self.kv, self.lazy
@@ -281,10 +396,10 @@ class FastForward:
         now = self.clock.now()
         s.begin_pass(now)  # counted, the clock moved, arrivals join the queue
         out = SchedulerOutput(scheduled=[], token_budget=self.config.max_num_batched_tokens)
-        for req in sorted(due + self.prefilling, key=self.rank.__getitem__) if self.prefilling else due:
+        for req in sorted(due + list(chunks), key=self.rank.__getitem__) if chunks else due:
             entry = lazy.get(req)
             if entry is None:
-                n = req.num_tokens - req.num_computed_tokens
+                n = chunks[req]
                 kv.allocate(req, n)
                 out.scheduled.append(grant(req, n))
                 continue
@@ -326,6 +441,7 @@ class FastForward:
         by_req = {g.request: g for g in out.scheduled}
         finished = []
         self.lazy_context += self.num_lazy
+        charges = (dict(self.lazy_by_tenant), self.lazy_prefill_by_tenant) if self.fair is not None else None
         for req in order + admitted:
             entry = lazy.get(req)
             if entry is not None:
@@ -340,6 +456,8 @@ class FastForward:
                 del lazy[req]
                 self.num_lazy -= 1
                 self.lazy_context -= req.num_computed_tokens
+                if self.fair is not None:
+                    self.lazy_by_tenant[req.tenant] -= 1
             else:
                 g = by_req[req]
                 req.advance(g.num_new_tokens)
@@ -354,17 +472,34 @@ class FastForward:
         # Who computes a prompt next step, who decodes (lazy from the next step on).
         prefilling, self.prefilling = self.prefilling + admitted, []
         self.num_lazy_prefill = 0  # (every lazy request has output now)
+        self.lazy_prefill_by_tenant = {}
         for req in prefilling:
             if req.status is RequestStatus.RUNNING:
                 self._track(req, step + 1)
+        if charges is not None:
+            self._charge_tenants(out, end, *charges)
+            return finished
+        if self.mlfq is not None and self.mlfq.boost_due(end):  # every running request looked at first
+            for req, entry in lazy.items():
+                self._catch_up(req, entry, step + 1)
+            for req in s.running:
+                self.mlfq.look(req)
         # The policy's look at the step: the grants of the requests that finished, in the grants' order
         # (what SJF reads: its predictor observes each finished request; FCFS reads nothing).
         s.policy.on_step([by_req.get(r) or grant(r, 1) for r in finished], end)
         return finished
 
+    def _charge_tenants(self, out: SchedulerOutput, end: float, lazy_by_tenant: dict, lazy_prefill: dict) -> None:
+        """``Fair.on_step`` for this step: the grants given one by one (prompt chunks, admissions) through it,
+        then each lazy request's token, charged per tenant as it charges one (``output_weight`` per token
+        generated, ``input_weight`` more when the token ends its prompt), from the counts at the step's start;
+        the tenants whose requests still run are the ones that ran (every lazy request had its token)."""
+        self.fair.on_step(out.scheduled, end)
+        self.fair.charge_tenants(lazy_by_tenant, lazy_prefill, {t for t, n in self.lazy_by_tenant.items() if n})
+
     def _admit(self, now: float, out: SchedulerOutput, budget: int) -> None:
         """3. The admission pass in the policy's order (FCFS: the queue itself, whose head leaves as it is
-        admitted; SJF: ``order_waiting``'s sorted copy): each request while it fits (a seat, the budget, KV
+        admitted; SJF, priority: ``order_waiting``'s sorted copy): each request while it fits (a seat, the budget, KV
         memory beside the watermark's headroom); the first that does not gets the waiting reason, and the
         ones after it are queued behind it."""
         s, kv, cfg = self.s, self.kv, self.config
@@ -377,6 +512,7 @@ class FastForward:
             req = queue[i]
             n = req.num_tokens
             if s.num_seqs() + 1 > cfg.max_num_seqs:
+                self._no_preemption_for(req, now, out)
                 reason = f"max_num_seqs={cfg.max_num_seqs} requests already running"
             elif n > budget and (not cfg.enable_chunked_prefill or budget <= 0):
                 reason = (
@@ -392,9 +528,18 @@ class FastForward:
                     budget -= n
                     i += order is not None
                     continue
+                self._no_preemption_for(req, now, out)
                 reason = kv.explain_wait(req, n, [], 0, requests={r.request_id: r for r in s.running})
             self._waiting_entries(out, queue, i, reason)
             return
+
+    def _no_preemption_for(self, req: Request, now: float, out: SchedulerOutput) -> None:
+        """``req`` finds no seat or no KV memory: the scheduler asks the policy for a running request to push
+        out for it (``Policy.preempt_for``); ``_may_preempt_to_admit`` passed this step on if it could name one."""
+        if self.preempts_to_admit is not None:
+            victim = self.s.policy.preempt_for(req, self.s.running, now)
+            if victim is not None and not just_placed(victim, out):
+                raise RuntimeError(f"fast-forward: admitting {req.request_id!r} would preempt {victim.request_id!r}")
 
     def _waiting_entries(self, out: SchedulerOutput, queue: list[Request], i: int, reason: str) -> None:
         """``queue[i]`` waits for ``reason``; the requests after it are "queued behind" it, as many as the
@@ -407,9 +552,24 @@ class FastForward:
         out.waiting.extend(WaitingEntry(r.request_id, behind) for r in queue[i + 1 : i + 1 + more])
 
     def _pass_on(self) -> StepRecord:
-        """A step this module does not take: ``engine.step()`` takes it, every lazy request up to date."""
+        """A step this module does not take: ``engine.step()`` takes it, every lazy request up to date. After
+        two or more in a row, the next 1, 2, 4, ... 32 steps go straight to ``engine.step()`` too."""
         self.steps_passed_on += 1
         self.sync()
         record = self.engine.step()
-        self._enter()
+        self.passed_in_a_row += 1
+        self.plain_steps = min(32, 2 ** (self.passed_in_a_row - 2)) if self.passed_in_a_row > 1 else 0
+        if self.plain_steps:
+            self._leave()
+        else:
+            self._enter()
+        return record
+
+    def _plain_step(self) -> StepRecord:
+        """One of a run of steps passed straight on (nothing is tracked meanwhile); tracking starts again after."""
+        self.steps_passed_on += 1
+        self.plain_steps -= 1
+        record = self.engine.step()
+        if not self.plain_steps:
+            self._enter()
         return record
