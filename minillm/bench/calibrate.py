@@ -184,24 +184,6 @@ def run(args) -> dict:
         goals.append(
             goal(f"{name}: e2e p90 rel. error", "<= 12%", pct(r["e2e"]["p90_rel_err"]), r["e2e"]["p90_rel_err"] <= 0.12)
         )
-        if r["rescaled"] is not None:
-            x = r["rescaled"]["e2e"]
-            goals.append(
-                goal(
-                    f"{name}: e2e median rel. error, profile rescaled by the reference step",
-                    "<= 5%",
-                    pct(x["median_rel_err"]),
-                    x["median_rel_err"] <= 0.05,
-                )
-            )
-            goals.append(
-                goal(
-                    f"{name}: e2e p90 rel. error, profile rescaled by the reference step",
-                    "<= 12%",
-                    pct(x["p90_rel_err"]),
-                    x["p90_rel_err"] <= 0.12,
-                )
-            )
     summary = {
         name: {
             m: {
