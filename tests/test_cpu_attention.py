@@ -149,22 +149,54 @@ def test_engine_with_prefix_cache_hits_matches_transformers(tmp_path):
 
 # --- the CPU fast path's packed linear layers (minillm/model/cpu_linear.py) ---------------------
 
-needs_onednn = pytest.mark.skipif(not cpu_linear.can_pack(), reason="torch without oneDNN prepacking")
+
+LAYOUTS = [
+    pytest.param(
+        layout, marks=pytest.mark.skipif(layout == "onednn" and not cpu_linear.can_use_onednn(), reason="no oneDNN")
+    )
+    for layout in cpu_linear.LAYOUTS
+]
 
 
-@needs_onednn
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 7, 32, 100])
-def test_packed_linear_equals_linear(rows, bias):
+def test_packed_linear_equals_linear(rows, bias, layout):
     torch.manual_seed(rows)
     lin = torch.nn.Linear(96, 200, bias=bias)
-    packed = cpu_linear.PackedLinear(lin, batch_hint=32)
+    packed = cpu_linear.PackedLinear(lin, layout, batch_hint=32)
     x = torch.randn(rows, 96)
-    torch.testing.assert_close(packed(x), lin(x), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(packed(x.view(1, rows, 96)), lin(x).view(1, rows, 200), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x), lin(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packed(x.view(1, rows, 96)), lin(x).view(1, rows, 200), atol=1e-5, rtol=1e-5)
+        # the residual rides on the same call
+        r = torch.randn(rows, 200)
+        got = cpu_linear.linear_add(r, x, packed.packed, None if lin.bias is None else lin.bias.detach())
+        torch.testing.assert_close(got, r + lin(x), atol=1e-5, rtol=1e-5)
 
 
-@needs_onednn
+def test_choose_layout_names_one_and_packed_refuses_another():
+    assert cpu_linear.choose_layout([(64, 32), (32, 64)], rows=4, rounds=1) in cpu_linear.LAYOUTS
+    with pytest.raises(ValueError, match="layout='blocked'"):
+        cpu_linear.packed(torch.zeros(4, 4), "blocked", 4)
+
+
+def test_step_shapes_are_the_fused_forward_s_matrix_multiplies(tmp_path):
+    """The shapes ``choose_layout`` times are those the fused model multiplies by, in order."""
+    tiny_hf_checkpoint(tmp_path, "llama")
+    plain = LLM(str(tmp_path), max_model_len=64, dtype="float32", attention_backend="torch").engine.model
+    shapes = cpu_fused.step_shapes(plain)
+    cfg = plain.model.layers[0].self_attn
+    hidden, head = cfg.q_proj.in_features, cfg.head_dim
+    per_layer = [
+        ((cfg.num_heads + 2 * cfg.num_kv_heads) * head, hidden),
+        (hidden, cfg.num_heads * head),
+        (2 * plain.model.layers[0].mlp.gate_proj.out_features, hidden),
+        (hidden, plain.model.layers[0].mlp.down_proj.in_features),
+    ]
+    assert shapes == per_layer * len(plain.model.layers) + [tuple(plain.lm_head.weight.shape)]
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_engine_fuses_every_layer_and_keeps_the_parameters(tmp_path, family):
     """Every decoder layer fused, every other linear packed (the LM head), the state_dict unchanged,
@@ -190,8 +222,8 @@ def test_engine_fuses_every_layer_and_keeps_the_parameters(tmp_path, family):
                 assert abs(lg[t].logprob - lw[t].logprob) < 1e-4
 
 
-@needs_onednn
-def test_fused_layer_equals_plain_layer():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fused_layer_equals_plain_layer(layout):
     """One FusedDecoderLayer against the DecoderLayer it was built from, on a mixed batch (a prefill
     chunk and two decodes) over a paged cache: the same output and the same K/V written."""
     from types import SimpleNamespace
@@ -211,7 +243,7 @@ def test_fused_layer_equals_plain_layer():
     plain = DecoderLayer(cfg, 0)
     for p in plain.parameters():
         torch.nn.init.normal_(p, std=0.2)
-    fused = cpu_fused.FusedDecoderLayer(plain, batch_hint=8)
+    fused = cpu_fused.FusedDecoderLayer(plain, layout, batch_hint=8)
     T = 7
     x = torch.randn(T, 64)
     cos, sin = torch.randn(T, 1, 16), torch.randn(T, 1, 16)

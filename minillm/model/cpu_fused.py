@@ -3,10 +3,10 @@
 :class:`FusedDecoderLayer` computes what ``llama.DecoderLayer`` computes, with fewer, larger calls:
 
 * q, k and v come out of **one** matrix multiply over the three weights stacked (``[q; k; v]``), and
-  the gate and up projections out of one over ``[gate; up]``, on weights packed once for oneDNN
-  (``cpu_linear.py`` says why packing pays);
-* the residual adds ride on the output projections (oneDNN's ``add`` post-op: ``x + o_proj(o)``
-  is one call, as is ``x + down_proj(...)``);
+  the gate and up projections out of one over ``[gate; up]``, on weights laid out once for the CPU
+  (``cpu_linear.py``: which layout, and why it pays);
+* the residual adds ride on the output projections (``x + o_proj(o)`` is one call, as is
+  ``x + down_proj(...)``);
 * RMSNorm is one C call (``cpu_attention.rms_norm``; torch's ``F.rms_norm`` is half a dozen
   operations on the CPU); when no per-head norm sits between the projection and the rotation,
   RoPE, the cache write and attention are two C calls over the projection's output through the
@@ -21,7 +21,7 @@ Per layer that is 5 matrix multiplies where the plain layer has 7 plus two adds,
 third of the small tensor operations, which on a CPU cost microseconds each whatever their size.
 
 The layer keeps the plain layer's modules under the same names (``self_attn.q_proj`` ...), so
-the parameters and ``state_dict`` are unchanged; the stacked, packed copies are made once, at
+the parameters and ``state_dict`` are unchanged; the stacked, laid-out copies are made once, at
 :func:`fuse_layers` (the engine never changes a weight afterwards). The engine swaps it in for
 each float32 ``DecoderLayer`` when ``attention_backend="cpu"`` (``ModelRunner``'s ``LocalModel``).
 """
@@ -32,19 +32,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_linear
+from .cpu_linear import linear, linear_add, packed
 from .llama import DecoderLayer, rotate_half
 
-try:
-    _linear = torch.ops.mkldnn._linear_pointwise  # x @ W.T + b on a packed W (cpu_linear.py)
-except (AttributeError, RuntimeError):  # a torch without oneDNN: can_pack() says no
-    _linear = None
 
-
-def _stacked(linears: list[nn.Linear], batch_hint: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One oneDNN-packed weight for the linears' weights stacked along the output, and their biases."""
+def _stacked(linears: list[nn.Linear], layout: str, batch_hint: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The linears' weights stacked along the output, as one copy in ``layout``, and their biases."""
     weight = torch.cat([lin.weight.detach() for lin in linears])
     bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
-    return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint), bias
+    return packed(weight, layout, batch_hint), bias
+
+
+def stacked_shapes(layer: DecoderLayer) -> list[tuple[int, int]]:
+    """The ``(out, in)`` shapes of a fused layer's four matrix multiplies, in the order it runs them."""
+    a, m = layer.self_attn, layer.mlp
+    hidden = a.q_proj.in_features
+    return [
+        (a.q_proj.out_features + a.k_proj.out_features + a.v_proj.out_features, hidden),
+        (a.o_proj.out_features, a.o_proj.in_features),
+        (m.gate_proj.out_features + m.up_proj.out_features, hidden),
+        (m.down_proj.out_features, m.down_proj.in_features),
+    ]
 
 
 def can_fuse(layer: nn.Module) -> bool:
@@ -64,7 +73,7 @@ class FusedDecoderLayer(nn.Module):
 
     packs_its_weights = True  # cpu_linear.pack_linears leaves its (unused) nn.Linear modules alone
 
-    def __init__(self, layer: DecoderLayer, batch_hint: int):
+    def __init__(self, layer: DecoderLayer, layout: str = "transposed", batch_hint: int = 32):
         super().__init__()
         # The plain layer's modules, shared: the same parameters under the same names.
         self.self_attn, self.mlp = layer.self_attn, layer.mlp
@@ -73,10 +82,10 @@ class FusedDecoderLayer(nn.Module):
         self.q_width, self.kv_width = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         self.intermediate = m.gate_proj.out_features
         # Plain attributes, not buffers: outside state_dict.
-        self.qkv = _stacked([a.q_proj, a.k_proj, a.v_proj], batch_hint)
-        self.o = _stacked([a.o_proj], batch_hint)
-        self.gate_up = _stacked([m.gate_proj, m.up_proj], batch_hint)
-        self.down = _stacked([m.down_proj], batch_hint)
+        self.qkv = _stacked([a.q_proj, a.k_proj, a.v_proj], layout, batch_hint)
+        self.o = _stacked([a.o_proj], layout, batch_hint)
+        self.gate_up = _stacked([m.gate_proj, m.up_proj], layout, batch_hint)
+        self.down = _stacked([m.down_proj], layout, batch_hint)
 
     def forward(self, x, cos, sin, kv_cache, meta):
         from minillm_kernels import cpu_attention
@@ -84,7 +93,7 @@ class FusedDecoderLayer(nn.Module):
         a, ln1, ln2 = self.self_attn, self.input_layernorm, self.post_attention_layernorm
         T, H, Hkv, D = x.shape[0], a.num_heads, a.num_kv_heads, a.head_dim
         h = cpu_attention.rms_norm(x, ln1.weight, ln1.eps)
-        qkv = _linear(h, *self.qkv, "none", [], "")  # [T, (H + 2 Hkv) D]
+        qkv = linear(h, *self.qkv)  # [T, (H + 2 Hkv) D]
         k_cache, v_cache = kv_cache
         if not a.qk_norm:  # RoPE, the cache write and attention: the step's C calls (checked once a step)
             calls = meta.cpu_calls
@@ -102,20 +111,30 @@ class FusedDecoderLayer(nn.Module):
             o = cpu_attention.paged_attention_cpu(
                 q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, a.scale
             )
-        x = torch.ops.mkldnn._linear_pointwise.binary(o.view(T, H * D), x, *self.o, "add")  # x + o_proj(o)
+        x = linear_add(x, o.view(T, H * D), *self.o)  # x + o_proj(o)
         h = cpu_attention.rms_norm(x, ln2.weight, ln2.eps)
-        gate_up = _linear(h, *self.gate_up, "none", [], "")
+        gate_up = linear(h, *self.gate_up)
         act = F.silu(gate_up[:, : self.intermediate], inplace=True) * gate_up[:, self.intermediate :]  # contiguous
-        return torch.ops.mkldnn._linear_pointwise.binary(act, x, *self.down, "add")  # x + down(silu(gate) * up)
+        return linear_add(x, act, *self.down)  # x + down(silu(gate) * up)
 
 
-def fuse_layers(model: nn.Module, batch_hint: int = 32) -> int:
-    """Replace every fusable ``DecoderLayer`` of ``model.model.layers`` by a :class:`FusedDecoderLayer`;
-    returns how many."""
+def fuse_layers(model: nn.Module, layout: str = "transposed", batch_hint: int = 32) -> int:
+    """Replace every fusable ``DecoderLayer`` of ``model.model.layers`` by a :class:`FusedDecoderLayer`
+    with its weights in ``layout`` (``cpu_linear.packed``); returns how many."""
     layers = model.model.layers
     n = 0
     for i, layer in enumerate(layers):
         if can_fuse(layer):
-            layers[i] = FusedDecoderLayer(layer, batch_hint)
+            layers[i] = FusedDecoderLayer(layer, layout, batch_hint)
             n += 1
     return n
+
+
+def step_shapes(model: nn.Module) -> list[tuple[int, int]]:
+    """The ``(out, in)`` shapes of the matrix multiplies a forward of ``model`` runs once :func:`fuse_layers`
+    and ``cpu_linear.pack_linears`` have run (every fusable layer's four, then the other linears: the LM
+    head), what ``cpu_linear.choose_layout`` times."""
+    fusable = [layer for layer in model.model.layers if can_fuse(layer)]
+    inside = {id(m) for layer in fusable for m in layer.modules()}
+    shapes = [shape for layer in fusable for shape in stacked_shapes(layer)]
+    return shapes + [tuple(lin.weight.shape) for _, _, lin in cpu_linear.packable(model) if id(lin) not in inside]

@@ -64,16 +64,18 @@ class LocalModel:
         self.block_size, self.attn_block_size = config.block_size, attn_block_size
         self.num_heads, self.num_kv_heads = model.num_heads, model.num_kv_heads
         self.backend = resolve_backend(config.attention_backend, device, dtype, config.kv_cache_dtype)
+        self.matmul_layout = None  # the CPU fast path's weight layout (cpu_linear.LAYOUTS)
         if self.backend == "cpu":
             # The CPU fast path: attention reads the paged KV in place (kernels/cpu_attention.py),
-            # each decoder layer runs fused projections (model/cpu_fused.py) and the other matrix
-            # multiplies run on weights packed once for oneDNN (model/cpu_linear.py).
+            # each decoder layer runs fused projections (model/cpu_fused.py) and every matrix
+            # multiply runs on weights laid out once, in the layout timed fastest here (model/cpu_linear.py).
             from ..model import cpu_fused, cpu_linear
 
-            if cpu_linear.can_pack():
-                hint = min(config.max_num_seqs, 64)
-                cpu_fused.fuse_layers(model, batch_hint=hint)
-                cpu_linear.pack_linears(model, batch_hint=hint)
+            hint = min(config.max_num_seqs, 32)  # the rows of a decode batch the layout is timed and tuned for
+            layout = cpu_linear.choose_layout(cpu_fused.step_shapes(model), rows=hint)
+            cpu_fused.fuse_layers(model, layout, hint)
+            cpu_linear.pack_linears(model, layout, hint)
+            self.matmul_layout = layout
         if self.backend == "triton":
             from minillm_kernels import ops
 
