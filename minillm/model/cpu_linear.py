@@ -71,13 +71,13 @@ def linear_add(
 
 def choose_layout(shapes: list[tuple[int, int]], rows: int, rounds: int = 3) -> str:
     """The faster layout for a step's matrix multiplies, ``shapes`` (``(out, in)`` each, in the order a
-    forward runs them) on ``rows`` rows: each layout timed on weights of those shapes (random: only the
-    shapes and the memory they take matter), alternating, the best of ``rounds`` each."""
+    forward runs them) on ``rows`` rows: each layout timed on weights of those shapes (filled with one
+    value: only the shapes and the memory they take matter), the best of ``rounds`` each."""
     if not can_use_onednn():
         return "transposed"
     with torch.no_grad():
-        weights = [torch.randn(shape) for shape in shapes]
-        inputs = [torch.randn(rows, shape[1]) for shape in shapes]
+        weights = [torch.full(shape, 0.01) for shape in shapes]
+        inputs = [torch.full((rows, shape[1]), 0.5) for shape in shapes]
         best = {}
         for layout in LAYOUTS:
             ws = [packed(w, layout, rows) for w in weights]
