@@ -254,6 +254,8 @@ class FastForward:
             return self._plain_step()
         e, s, kv = self.engine, self.s, self.kv
         step = e.step_count
+        if self._is_quiet(step):
+            return self._quiet_step(step)
         budget = self.config.max_num_batched_tokens
         # The running requests' part of the pass, unless a request would miss its block or its tokens.
         due = self._due(self.block_due, step, "block_at")  # (a step passed on tracks everything anew)
@@ -274,13 +276,28 @@ class FastForward:
         self.clock.advance(duration)
         end = self.clock.now()
         self.times.append(end)
-        num_grants = self.num_lazy + len(out.scheduled)
         num_batched = self.num_lazy + sum(g.num_new_tokens for g in out.scheduled)
         num_decode = (
             self.num_lazy - self.num_lazy_prefill + sum(g.num_new_tokens for g in out.scheduled if g.phase == "decode")
         )
+        counts = (self.num_lazy + len(out.scheduled), num_batched, num_decode)
         finished = self._apply(step, out, num_running_grants, end)  # 3. the results, where the requests live
-        record = StepRecord(  # 4. what the step did (record="none", or "totals": its counts too)
+        record = self._record(step, end, duration, sched, counts, out, finished)  # 4. what the step did
+        s.commit()  # 5. the step stands; finished requests leave
+        for req in finished:
+            self.rank.pop(req, None)
+            e.active.pop(req.request_id, None)
+            e.executor.forget(req.request_id)
+        e.step_count += 1
+        return record
+
+    def _record(
+        self, step: int, end: float, duration: float, sched: float, counts: tuple, out: SchedulerOutput, finished: list
+    ) -> StepRecord:
+        """The step's record (record="none", or "totals": its counts too); ``counts``: the requests that ran,
+        the tokens they computed, of which decode tokens."""
+        num_grants, num_batched, num_decode = counts
+        return StepRecord(
             step=step,
             time=end,
             duration=duration,
@@ -289,24 +306,67 @@ class FastForward:
             num_prefill_tokens=num_batched - num_decode if self.totals else 0,
             num_decode_tokens=num_decode if self.totals else 0,
             num_batched_tokens=num_batched,
-            token_budget=budget,
+            token_budget=self.config.max_num_batched_tokens,
             admitted=out.admitted,
             finished=[r.request_id for r in finished],
             preempted=[],
             waiting=out.waiting,
             kv=self._kv_totals() if self.totals else None,
-            running=list(map(attrgetter("request_id"), s.running)) if self.totals else [],
+            running=list(map(attrgetter("request_id"), self.s.running)) if self.totals else [],
             finish_reasons={r.request_id: r.finish_reason for r in finished},
             reformed=True,
             clock=self.clock.name,
             schedule_time=sched,
             swap_time=0.0,
         )
-        s.commit()  # 5. the step stands; finished requests leave
-        for req in finished:
-            self.rank.pop(req, None)
-            e.active.pop(req.request_id, None)
-            e.executor.forget(req.request_id)
+
+    # --- a quiet step: every running request decodes, nothing else happens ----------------------------
+    def _is_quiet(self, step: int) -> bool:
+        """Is ``step`` one where every running request is lazy, no token may stop one, nobody waits and nobody
+        arrives by now? Such a step is the same sums each time: the lazy requests' decodes priced from their
+        totals, an empty admission pass, no result applied one by one; at most a block for the lazy requests
+        whose next position starts one. (MLFQ and fair queuing look at every step's grants: not quiet.)"""
+        s = self.s
+        if (
+            not self.num_lazy
+            or self.prefilling
+            or s.waiting
+            or step in self.check_due
+            or s.swapped
+            or s.held
+            or s.has_groups
+            or self.mlfq is not None
+            or self.fair is not None
+        ):
+            return False
+        return not s.incoming or s.incoming[0][0] > self.clock.now()
+
+    def _quiet_step(self, step: int) -> StepRecord:
+        """``step()`` for a quiet step (``_is_quiet``): what its general path does when the pass grants nothing
+        one by one, admits nobody and no lazy request's token may stop it."""
+        e, s, num_lazy = self.engine, self.s, self.num_lazy
+        due = self._due(self.block_due, step, "block_at") if step in self.block_due else ()
+        if len(due) > self.kv.num_free_blocks:  # a request would miss its block
+            return self._pass_on()
+        self.steps_taken += 1
+        self.passed_in_a_row = 0
+        s.begin_pass(self.clock.now())  # 1. counted, the clock moved (nobody arrives by now)
+        for req in due:  # (in the running order)
+            self._take_block(req, self.lazy[req], step)
+        out = SchedulerOutput(scheduled=[], token_budget=self.config.max_num_batched_tokens)
+        step_time = self.cm.decode_step_time(num_lazy, self.lazy_context + num_lazy)  # 2. as _price prices it
+        sched = self.cm.schedule_time(len(s.running), 0)
+        duration = step_time + sched + 0.0 + 0.0  # no swap, no draft
+        self.clock.advance(duration)
+        end = self.clock.now()
+        self.times.append(end)
+        counts = (num_lazy, num_lazy, num_lazy - self.num_lazy_prefill)
+        self.lazy_context += num_lazy  # 3. as _apply applies it: every token counted
+        self.num_lazy_prefill = 0
+        self.lazy_prefill_by_tenant = {}
+        s.policy.on_step([], end)
+        record = self._record(step, end, duration, sched, counts, out, [])  # 4.
+        s.commit()  # 5.
         e.step_count += 1
         return record
 
@@ -403,13 +463,18 @@ class FastForward:
                 kv.allocate(req, n)
                 out.scheduled.append(grant(req, n))
                 continue
-            self._catch_up(req, entry, step, tokens=False)
-            computed = req.num_computed_tokens
-            if not kv.allocate(req, 1):
-                raise RuntimeError(f"fast-forward: no KV block for request {req.request_id!r} at step {step}")
-            self._due_block(req, entry, step, computed)
+            self._take_block(req, entry, step)
         self._admit(now, out, budget)  # (nothing is swapped out)
         return now, out
+
+    def _take_block(self, req: Request, entry: _Lazy, step: int) -> None:
+        """A lazy request's next position starts a block at ``step``: its computed positions caught up, a block
+        from the pool (``kv.allocate(req, 1)``), and the step it next needs one."""
+        self._catch_up(req, entry, step, tokens=False)
+        computed = req.num_computed_tokens
+        if not self.kv.allocate(req, 1):
+            raise RuntimeError(f"fast-forward: no KV block for request {req.request_id!r} at step {step}")
+        self._due_block(req, entry, step, computed)
 
     def _price(self, out: SchedulerOutput) -> tuple[float, float]:
         """(duration, schedule time) as ``modeled_step_time`` prices the step: the lazy requests' decodes
