@@ -55,7 +55,7 @@ that uses this one stops on an exception).
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Optional
+from typing import Callable, Optional
 
 from ..core.kv_cache import PagedKVCacheManager
 from ..core.policies import FCFS, MLFQ, SJF, Fair, Priority
@@ -65,6 +65,7 @@ from ..core.scheduler_output import SchedulerOutput, grant
 from ..step_record import KVSnapshot, StepRecord, WaitingEntry
 from .costmodel import RooflineCostModel
 from .sim_executor import PLACEHOLDER_TOKEN, SimulatedExecutor
+from .simulated import KVTotals, StepSummary
 
 __all__ = ["FastForward"]
 
@@ -82,6 +83,30 @@ class _Lazy:
     def __init__(self, step: int):
         self.tokens_at = self.computed_at = step
         self.block_at = self.check_at = -1
+
+
+class _DecodePrice:
+    """``RooflineCostModel.decode_step_time(num_decodes, total_context)`` for one ``num_decodes``: ``batch_time``'s
+    arithmetic (tokens = ``num_decodes``, attention pairs = the context) with what depends on ``num_decodes`` alone
+    worked out once. The same operations on the same numbers in the same order: the same float."""
+
+    __slots__ = ("token_flops", "pair_flops", "weight_bytes", "kv_bytes", "token_bytes", "flops_per_s", "bytes_per_s")
+    __slots__ += ("allreduce", "overhead")
+
+    def __init__(self, cm: RooflineCostModel, num_decodes: int):
+        m = cm.model
+        self.token_flops = 2.0 * m.num_params * num_decodes
+        self.pair_flops = 4.0 * m.num_layers * m.num_heads * m.head_dim  # (times the pairs: the context)
+        self.weight_bytes, self.kv_bytes = m.weight_bytes, m.kv_bytes_per_token
+        self.token_bytes = m.kv_bytes_per_token * num_decodes
+        self.flops_per_s, self.bytes_per_s = cm.flops_per_s, cm.bytes_per_s
+        self.allreduce, self.overhead = cm.allreduce_time(num_decodes), cm.hardware.step_overhead
+
+    def __call__(self, total_context: int) -> float:
+        flops = self.token_flops + self.pair_flops * total_context
+        nbytes = float(self.weight_bytes + self.kv_bytes * total_context + self.token_bytes)
+        compute, memory = flops / self.flops_per_s, nbytes / self.bytes_per_s
+        return max(compute, memory) + self.allreduce + self.overhead
 
 
 class FastForward:
@@ -125,6 +150,7 @@ class FastForward:
         self.base = engine.step_count  # self.times[i]: the clock at the end of step base + i
         self.times: list[float] = []  # (from the step the lazy requests were last tracked)
         self.placeholders = [PLACEHOLDER_TOKEN] * (self.config.max_model_len + 1)
+        self.decode_prices: dict[int, _DecodePrice] = {}  # a quiet step's price, by the number of lazy requests
         self.steps_taken = self.steps_passed_on = 0  # (how many steps each way: for the tests and the docs)
         # Steps passed on in a row, and how many more go straight to ``engine.step()`` (a run of them, as
         # under memory pressure, does not pay for tracking the requests anew after each one)
@@ -282,7 +308,7 @@ class FastForward:
         )
         counts = (self.num_lazy + len(out.scheduled), num_batched, num_decode)
         finished = self._apply(step, out, num_running_grants, end)  # 3. the results, where the requests live
-        record = self._record(step, end, duration, sched, counts, out, finished)  # 4. what the step did
+        record = self._record(step, end, duration, sched, counts, out.admitted, out.waiting, finished)  # 4.
         s.commit()  # 5. the step stands; finished requests leave
         for req in finished:
             self.rank.pop(req, None)
@@ -292,10 +318,18 @@ class FastForward:
         return record
 
     def _record(
-        self, step: int, end: float, duration: float, sched: float, counts: tuple, out: SchedulerOutput, finished: list
+        self,
+        step: int,
+        end: float,
+        duration: float,
+        sched: float,
+        counts: tuple,
+        admitted: list[str],
+        waiting: list[WaitingEntry],
+        finished: list[Request],
     ) -> StepRecord:
-        """The step's record (record="none", or "totals": its counts too); ``counts``: the requests that ran,
-        the tokens they computed, of which decode tokens."""
+        """What the step did (record="none", or "totals": its counts too); ``counts``: the requests that ran, the
+        tokens they computed, of which decode tokens."""
         num_grants, num_batched, num_decode = counts
         return StepRecord(
             step=step,
@@ -307,13 +341,13 @@ class FastForward:
             num_decode_tokens=num_decode if self.totals else 0,
             num_batched_tokens=num_batched,
             token_budget=self.config.max_num_batched_tokens,
-            admitted=out.admitted,
-            finished=[r.request_id for r in finished],
+            admitted=admitted,
+            finished=[r.request_id for r in finished] if finished else [],
             preempted=[],
-            waiting=out.waiting,
+            waiting=waiting,
             kv=self._kv_totals() if self.totals else None,
             running=list(map(attrgetter("request_id"), self.s.running)) if self.totals else [],
-            finish_reasons={r.request_id: r.finish_reason for r in finished},
+            finish_reasons={r.request_id: r.finish_reason for r in finished} if finished else {},
             reformed=True,
             clock=self.clock.name,
             schedule_time=sched,
@@ -341,40 +375,113 @@ class FastForward:
             return False
         return not s.incoming or s.incoming[0][0] > self.clock.now()
 
+    def run(self, on_record: Callable[[StepRecord], None], quiet_summaries: Optional[list] = None) -> None:
+        """``engine.run()``'s loop without its list: steps until no request is left unfinished, ``on_record(record)``
+        after each step; a run of quiet steps goes through ``_quiet_steps``. Every lazy request synced at the end.
+
+        With ``quiet_summaries`` (a list; record="totals"), a quiet step makes no record and is not passed to
+        ``on_record``: what ``StepSummary.from_record`` would make of its record is appended to the list instead
+        (``simulate(records="summary")`` with nobody to show each record to)."""
+        e = self.engine
+        if not self.totals:
+            quiet_summaries = None
+        while e.has_unfinished_requests():
+            if not self.plain_steps and self._is_quiet(e.step_count):
+                self._quiet_steps(on_record, quiet_summaries=quiet_summaries)
+            else:
+                on_record(self.step())
+        self.sync()
+
     def _quiet_step(self, step: int) -> StepRecord:
-        """``step()`` for a quiet step (``_is_quiet``): what its general path does when the pass grants nothing
-        one by one, admits nobody and no lazy request's token may stop it."""
-        e, s, num_lazy = self.engine, self.s, self.num_lazy
-        due = self._due(self.block_due, step, "block_at") if step in self.block_due else ()
-        if len(due) > self.kv.num_free_blocks:  # a request would miss its block
-            return self._pass_on()
-        self.steps_taken += 1
-        self.passed_in_a_row = 0
-        s.begin_pass(self.clock.now())  # 1. counted, the clock moved (nobody arrives by now)
-        for req in due:  # (in the running order)
-            self._take_block(req, self.lazy[req], step)
-        out = SchedulerOutput(scheduled=[], token_budget=self.config.max_num_batched_tokens)
-        step_time = self.cm.decode_step_time(num_lazy, self.lazy_context + num_lazy)  # 2. as _price prices it
+        """``step()`` for a quiet step (``_is_quiet``)."""
+        records = []
+        self._quiet_steps(records.append, limit=1)
+        return records[0]
+
+    def _quiet_steps(
+        self,
+        on_record: Callable[[StepRecord], None],
+        limit: Optional[int] = None,
+        quiet_summaries: Optional[list] = None,
+    ) -> None:
+        """Quiet steps (``_is_quiet``) one after another, ``on_record(record)`` after each, while they are quiet (at
+        most ``limit``): what the general path of ``step()`` does when the pass grants nothing one by one, admits
+        nobody and no lazy request's token may stop it. The batch stays the same through the run: its price
+        (``_DecodePrice``) and its schedule time are worked out once. ``quiet_summaries``: see ``run``."""
+        e, s, kv, clock, lazy, num_lazy = self.engine, self.s, self.kv, self.clock, self.lazy, self.num_lazy
+        price = self.decode_prices.get(num_lazy) or self.decode_prices.setdefault(
+            num_lazy, _DecodePrice(self.cm, num_lazy)
+        )
         sched = self.cm.schedule_time(len(s.running), 0)
-        duration = step_time + sched + 0.0 + 0.0  # no swap, no draft
-        self.clock.advance(duration)
-        end = self.clock.now()
-        self.times.append(end)
-        counts = (num_lazy, num_lazy, num_lazy - self.num_lazy_prefill)
-        self.lazy_context += num_lazy  # 3. as _apply applies it: every token counted
-        self.num_lazy_prefill = 0
-        self.lazy_prefill_by_tenant = {}
-        s.policy.on_step([], end)
-        record = self._record(step, end, duration, sched, counts, out, [])  # 4.
-        s.commit()  # 5.
-        e.step_count += 1
-        return record
+        while True:
+            step = e.step_count
+            due = self._due(self.block_due, step, "block_at") if step in self.block_due else ()
+            if len(due) > kv.num_free_blocks:  # a request would miss its block
+                on_record(self._pass_on())
+                return
+            self.steps_taken += 1
+            self.passed_in_a_row = 0
+            s.begin_pass(clock.now())  # 1. counted, the clock moved (nobody arrives by now)
+            for req in due:  # (in the running order)
+                self._take_block(req, lazy[req], step)
+            duration = price(self.lazy_context + num_lazy) + sched + 0.0 + 0.0  # 2. as _price prices it
+            clock.advance(duration)
+            end = clock.now()
+            self.times.append(end)
+            counts = (num_lazy, num_lazy, num_lazy - self.num_lazy_prefill)
+            self.lazy_context += num_lazy  # 3. as _apply applies it: every token counted
+            self.num_lazy_prefill = 0
+            self.lazy_prefill_by_tenant = {}
+            s.policy.on_step([], end)
+            if quiet_summaries is not None:  # 4. what the step did
+                quiet_summaries.append(self._quiet_summary(step, end, duration, sched, counts))
+                record = None
+            else:
+                record = self._record(step, end, duration, sched, counts, [], [], [])
+            s.commit()  # 5. the step stands
+            e.step_count += 1
+            if record is not None:
+                on_record(record)
+            if limit is not None:
+                limit -= 1
+                if not limit:
+                    return
+            if self.plain_steps or not self._is_quiet(e.step_count):
+                return
+
+    def _quiet_summary(self, step: int, end: float, duration: float, sched: float, counts: tuple) -> StepSummary:
+        """``StepSummary.from_record`` of a quiet step's record (record="totals"; nobody waits, nobody admitted,
+        finished, preempted or rejected), made without the record."""
+        num_grants, num_batched, num_decode = counts
+        kv, bs = self.kv, self.kv.block_size
+        num_free = kv.pool.num_free
+        return StepSummary(
+            step=step,
+            time=end,
+            duration=duration,
+            batch_size=num_grants,
+            num_batched_tokens=num_batched,
+            num_prefill_tokens=num_batched - num_decode,
+            num_decode_tokens=num_decode,
+            num_running=len(self.s.running),
+            num_waiting=0,
+            num_admitted=0,
+            num_finished=0,
+            num_preempted=0,
+            num_rejected=0,
+            kv=KVTotals(self.lazy_context, kv.num_blocks * bs, num_free * bs, (kv.num_blocks - num_free) * bs),
+            schedule_time=sched,
+            swap_time=0.0,
+            clock=self.clock.name,
+        )
 
     def _kv_totals(self) -> KVSnapshot:
         """``kv.totals`` after the step's results: the pool's counters, and the positions holding KV (each
         running request's computed ones; no block has two holders) from the lazy requests' total."""
         kv, bs = self.kv, self.kv.block_size
-        computed = self.lazy_context + sum(r.num_computed_tokens for r in self.prefilling)
+        computed = self.lazy_context
+        if self.prefilling:
+            computed += sum(r.num_computed_tokens for r in self.prefilling)
         num_free = kv.pool.num_free
         blocks_used = kv.num_blocks - num_free
         return KVSnapshot(

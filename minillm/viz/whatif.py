@@ -325,17 +325,16 @@ class WhatIf:
         self.status.value = f"<i>simulating {total:,} requests ...</i>"
         finished = shown = 0
 
-        def on_step(rec) -> None:  # the bar moves in steps of 2% (each move is a message)
+        def on_finished(num_finished: int) -> None:  # the bar moves in steps of 2% (each move is a message)
             nonlocal finished, shown
-            if rec.finished:
-                finished += len(rec.finished)
-                if finished - shown >= total / 50:
-                    shown = finished
-                    self.progress.value = finished / total
+            finished += num_finished
+            if finished - shown >= total / 50:
+                shown = finished
+                self.progress.value = finished / total
 
         c1 = time.process_time()
         try:
-            engine, summary = simulate(trace, progress=on_step, **self.simulate_kwargs(settings))
+            engine, summary = simulate(trace, on_finished=on_finished, **self.simulate_kwargs(settings))
         except ValueError as e:  # the engine refuses the setting (e.g. no chunking, budget < a prompt)
             self.progress.description = "refused"
             self.status.value = f"<b>the engine refuses this setting:</b> {html.escape(str(e))}"
