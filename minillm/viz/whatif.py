@@ -25,6 +25,7 @@ from __future__ import annotations
 import html
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable, Optional, Sequence, Union
 
 import ipywidgets as W
@@ -474,9 +475,12 @@ def latency_ecdf(request_metrics: list, metric: str) -> tuple[np.ndarray, np.nda
 def kv_in_use(step_summaries: list, what: str = "used") -> tuple[np.ndarray, np.ndarray]:
     """(modeled time, fraction of the KV capacity holding KV) after each step; ``what="held"``:
     the fraction in blocks handed out (``KVTotals.held``)."""
-    t = np.array([s.time for s in step_summaries], dtype=float)
-    kv = np.array([(getattr(s.kv, what), s.kv.total) for s in step_summaries], dtype=float).reshape(-1, 2)
-    return t, np.divide(kv[:, 0], kv[:, 1], out=np.zeros(len(kv)), where=kv[:, 1] > 0)
+    n = len(step_summaries)
+    t = np.fromiter(map(attrgetter("time"), step_summaries), dtype=float, count=n)
+    kv = list(map(attrgetter("kv"), step_summaries))
+    part = np.fromiter(map(attrgetter(what), kv), dtype=float, count=n)
+    total = np.fromiter(map(attrgetter("total"), kv), dtype=float, count=n)
+    return t, np.divide(part, total, out=np.zeros(n), where=total > 0)
 
 
 def goodput_html(summary: dict, slo_ttft: float, slo_tpot: float, recomputed_tokens: int = 0) -> str:
