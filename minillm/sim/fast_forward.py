@@ -433,14 +433,14 @@ class FastForward:
             self.num_lazy_prefill = 0
             self.lazy_prefill_by_tenant = {}
             s.policy.on_step([], end)
-            if quiet_summaries is not None:  # 4. what the step did
+            # 4. what the step did; 5. it stands (nothing to commit: the pass saved no request and no arrival, and
+            # the KV manager keeps no journal under fast-forward)
+            if quiet_summaries is not None:
                 quiet_summaries.append(self._quiet_summary(step, end, duration, sched, counts))
-                record = None
+                e.step_count += 1
             else:
                 record = self._record(step, end, duration, sched, counts, [], [], [])
-            s.commit()  # 5. the step stands
-            e.step_count += 1
-            if record is not None:
+                e.step_count += 1
                 on_record(record)
             if limit is not None:
                 limit -= 1
@@ -451,28 +451,29 @@ class FastForward:
 
     def _quiet_summary(self, step: int, end: float, duration: float, sched: float, counts: tuple) -> StepSummary:
         """``StepSummary.from_record`` of a quiet step's record (record="totals"; nobody waits, nobody admitted,
-        finished, preempted or rejected), made without the record."""
+        finished, preempted or rejected), made without the record (its fields in from_record's order)."""
         num_grants, num_batched, num_decode = counts
         kv, bs = self.kv, self.kv.block_size
         num_free = kv.pool.num_free
+        kv_totals = KVTotals(self.lazy_context, kv.num_blocks * bs, num_free * bs, (kv.num_blocks - num_free) * bs)
         return StepSummary(
-            step=step,
-            time=end,
-            duration=duration,
-            batch_size=num_grants,
-            num_batched_tokens=num_batched,
-            num_prefill_tokens=num_batched - num_decode,
-            num_decode_tokens=num_decode,
-            num_running=len(self.s.running),
-            num_waiting=0,
-            num_admitted=0,
-            num_finished=0,
-            num_preempted=0,
-            num_rejected=0,
-            kv=KVTotals(self.lazy_context, kv.num_blocks * bs, num_free * bs, (kv.num_blocks - num_free) * bs),
-            schedule_time=sched,
-            swap_time=0.0,
-            clock=self.clock.name,
+            step,
+            end,  # time
+            duration,
+            num_grants,  # batch_size
+            num_batched,  # num_batched_tokens
+            num_batched - num_decode,  # num_prefill_tokens
+            num_decode,  # num_decode_tokens
+            len(self.s.running),  # num_running
+            0,  # num_waiting
+            0,  # num_admitted
+            0,  # num_finished
+            0,  # num_preempted
+            0,  # num_rejected
+            kv_totals,
+            sched,  # schedule_time
+            0.0,  # swap_time
+            self.clock.name,
         )
 
     def _kv_totals(self) -> KVSnapshot:
