@@ -145,6 +145,9 @@ class FastForward:
         # Fair queuing charges every grant's tokens to its tenant (``Fair.on_step``): the lazy requests' tokens
         # are charged per tenant from their counts (``_charge_tenants``)
         self.fair = engine.policy if type(engine.policy) is Fair else None
+        # A step with no grant given one by one can be quiet (``_is_quiet``); not under MLFQ or fair queuing,
+        # which look at every step's grants
+        self.may_be_quiet = self.mlfq is None and self.fair is None
         self.lazy_by_tenant: dict = {}  # tenant -> lazy requests
         self.lazy_prefill_by_tenant: dict = {}  # tenant -> lazy requests whose token ends their prompt
         self.base = engine.step_count  # self.times[i]: the clock at the end of step base + i
@@ -280,7 +283,7 @@ class FastForward:
             return self._plain_step()
         e, s, kv = self.engine, self.s, self.kv
         step = e.step_count
-        if self._is_quiet(step):
+        if self.may_be_quiet and self._is_quiet(step):
             return self._quiet_step(step)
         budget = self.config.max_num_batched_tokens
         # The running requests' part of the pass, unless a request would miss its block or its tokens.
@@ -369,8 +372,7 @@ class FastForward:
             or s.swapped
             or s.held
             or s.has_groups
-            or self.mlfq is not None
-            or self.fair is not None
+            or not self.may_be_quiet
         ):
             return False
         return not s.incoming or s.incoming[0][0] > self.clock.now()
@@ -386,7 +388,7 @@ class FastForward:
         if not self.totals:
             quiet_summaries = None
         while e.has_unfinished_requests():
-            if not self.plain_steps and self._is_quiet(e.step_count):
+            if self.may_be_quiet and not self.plain_steps and self._is_quiet(e.step_count):
                 self._quiet_steps(on_record, quiet_summaries=quiet_summaries)
             else:
                 on_record(self.step())
