@@ -16,7 +16,12 @@ steps an engine exactly as ``engine.step()`` would, but does per-request work on
 * arrivals, the admission pass in the policy's order (``Scheduler.admit``, ``kv.can_allocate`` /
   ``kv.explain_wait`` and the same waiting reasons), prompt chunks and finishes (``Scheduler.finish``,
   then the policy's ``on_step`` over the finished requests' grants) go through the scheduler's, the KV
-  manager's and the policy's own methods, in the order the scheduler's pass takes them.
+  manager's and the policy's own methods, in the order the scheduler's pass takes them;
+* a *quiet* step, where every running request is lazy and none of their tokens may stop one, nobody
+  waits and nobody arrives (at most a lazy request takes a block), is the same few sums each time: a
+  run of them (``run``) prices each from the batch's totals with the parts that depend on its size alone
+  worked out once (``_DecodePrice``), and, for ``simulate(records="summary")`` with no ``progress`` to
+  show records to, keeps each one's ``StepSummary`` without making its record.
 
 It covers one configuration, the one long simulations run (``simulate(records=False)`` and
 ``simulate(records="summary")``): the simulated executor on a modeled clock priced by the roofline,
@@ -90,8 +95,17 @@ class _DecodePrice:
     arithmetic (tokens = ``num_decodes``, attention pairs = the context) with what depends on ``num_decodes`` alone
     worked out once. The same operations on the same numbers in the same order: the same float."""
 
-    __slots__ = ("token_flops", "pair_flops", "weight_bytes", "kv_bytes", "token_bytes", "flops_per_s", "bytes_per_s")
-    __slots__ += ("allreduce", "overhead")
+    __slots__ = (
+        "token_flops",
+        "pair_flops",
+        "weight_bytes",
+        "kv_bytes",
+        "token_bytes",
+        "flops_per_s",
+        "bytes_per_s",
+        "allreduce",
+        "overhead",
+    )
 
     def __init__(self, cm: RooflineCostModel, num_decodes: int):
         m = cm.model
@@ -411,9 +425,9 @@ class FastForward:
         nobody and no lazy request's token may stop it. The batch stays the same through the run: its price
         (``_DecodePrice``) and its schedule time are worked out once. ``quiet_summaries``: see ``run``."""
         e, s, kv, clock, lazy, num_lazy = self.engine, self.s, self.kv, self.clock, self.lazy, self.num_lazy
-        price = self.decode_prices.get(num_lazy) or self.decode_prices.setdefault(
-            num_lazy, _DecodePrice(self.cm, num_lazy)
-        )
+        price = self.decode_prices.get(num_lazy)
+        if price is None:
+            price = self.decode_prices[num_lazy] = _DecodePrice(self.cm, num_lazy)
         sched = self.cm.schedule_time(len(s.running), 0)
         while True:
             step = e.step_count
