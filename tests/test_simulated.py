@@ -517,6 +517,14 @@ def test_simulate_with_and_without_fast_forward(records):
     assert {k: r.metrics for k, r in a.requests.items()} == {k: r.metrics for k, r in b.requests.items()}
     timings = ("wall_time", "cpu_time", "step_cpu_time")
     assert {k: v for k, v in sa.items() if k not in timings} == {k: v for k, v in sb.items() if k not in timings}
+    # No progress (a quiet step then makes no record, only its summary): the same; on_finished hears of every
+    # step that finished requests
+    finished: list = []
+    c, sc = simulate(trace, records=records, num_kv_blocks=400, on_finished=finished.append)
+    assert c.step_summaries == b.step_summaries
+    assert {k: r.metrics for k, r in c.requests.items()} == {k: r.metrics for k, r in b.requests.items()}
+    assert {k: v for k, v in sc.items() if k not in timings} == {k: v for k, v in sb.items() if k not in timings}
+    assert finished == [len(r["finished"]) for r in rb if r["finished"]]
 
 
 @pytest.mark.parametrize("caching", [False, True])

@@ -16,7 +16,12 @@ steps an engine exactly as ``engine.step()`` would, but does per-request work on
 * arrivals, the admission pass in the policy's order (``Scheduler.admit``, ``kv.can_allocate`` /
   ``kv.explain_wait`` and the same waiting reasons), prompt chunks and finishes (``Scheduler.finish``,
   then the policy's ``on_step`` over the finished requests' grants) go through the scheduler's, the KV
-  manager's and the policy's own methods, in the order the scheduler's pass takes them.
+  manager's and the policy's own methods, in the order the scheduler's pass takes them;
+* a *quiet* step, where every running request is lazy and none of their tokens may stop one, nobody
+  waits and nobody arrives (at most a lazy request takes a block), is the same few sums each time: a
+  run of them (``run``) prices each from the batch's totals with the parts that depend on its size alone
+  worked out once (``_DecodePrice``), and, for ``simulate(records="summary")`` with no ``progress`` to
+  show records to, keeps each one's ``StepSummary`` without making its record.
 
 It covers one configuration, the one long simulations run (``simulate(records=False)`` and
 ``simulate(records="summary")``): the simulated executor on a modeled clock priced by the roofline,
@@ -55,7 +60,7 @@ that uses this one stops on an exception).
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Optional
+from typing import Callable, Optional
 
 from ..core.kv_cache import PagedKVCacheManager
 from ..core.policies import FCFS, MLFQ, SJF, Fair, Priority
@@ -65,6 +70,7 @@ from ..core.scheduler_output import SchedulerOutput, grant
 from ..step_record import KVSnapshot, StepRecord, WaitingEntry
 from .costmodel import RooflineCostModel
 from .sim_executor import PLACEHOLDER_TOKEN, SimulatedExecutor
+from .simulated import KVTotals, StepSummary
 
 __all__ = ["FastForward"]
 
@@ -82,6 +88,39 @@ class _Lazy:
     def __init__(self, step: int):
         self.tokens_at = self.computed_at = step
         self.block_at = self.check_at = -1
+
+
+class _DecodePrice:
+    """``RooflineCostModel.decode_step_time(num_decodes, total_context)`` for one ``num_decodes``: ``batch_time``'s
+    arithmetic (tokens = ``num_decodes``, attention pairs = the context) with what depends on ``num_decodes`` alone
+    worked out once. The same operations on the same numbers in the same order: the same float."""
+
+    __slots__ = (
+        "token_flops",
+        "pair_flops",
+        "weight_bytes",
+        "kv_bytes",
+        "token_bytes",
+        "flops_per_s",
+        "bytes_per_s",
+        "allreduce",
+        "overhead",
+    )
+
+    def __init__(self, cm: RooflineCostModel, num_decodes: int):
+        m = cm.model
+        self.token_flops = 2.0 * m.num_params * num_decodes
+        self.pair_flops = 4.0 * m.num_layers * m.num_heads * m.head_dim  # (times the pairs: the context)
+        self.weight_bytes, self.kv_bytes = m.weight_bytes, m.kv_bytes_per_token
+        self.token_bytes = m.kv_bytes_per_token * num_decodes
+        self.flops_per_s, self.bytes_per_s = cm.flops_per_s, cm.bytes_per_s
+        self.allreduce, self.overhead = cm.allreduce_time(num_decodes), cm.hardware.step_overhead
+
+    def __call__(self, total_context: int) -> float:
+        flops = self.token_flops + self.pair_flops * total_context
+        nbytes = float(self.weight_bytes + self.kv_bytes * total_context + self.token_bytes)
+        compute, memory = flops / self.flops_per_s, nbytes / self.bytes_per_s
+        return max(compute, memory) + self.allreduce + self.overhead
 
 
 class FastForward:
@@ -120,11 +159,15 @@ class FastForward:
         # Fair queuing charges every grant's tokens to its tenant (``Fair.on_step``): the lazy requests' tokens
         # are charged per tenant from their counts (``_charge_tenants``)
         self.fair = engine.policy if type(engine.policy) is Fair else None
+        # A step with no grant given one by one can be quiet (``_is_quiet``); not under MLFQ or fair queuing,
+        # which look at every step's grants
+        self.may_be_quiet = self.mlfq is None and self.fair is None
         self.lazy_by_tenant: dict = {}  # tenant -> lazy requests
         self.lazy_prefill_by_tenant: dict = {}  # tenant -> lazy requests whose token ends their prompt
         self.base = engine.step_count  # self.times[i]: the clock at the end of step base + i
         self.times: list[float] = []  # (from the step the lazy requests were last tracked)
         self.placeholders = [PLACEHOLDER_TOKEN] * (self.config.max_model_len + 1)
+        self.decode_prices: dict[int, _DecodePrice] = {}  # a quiet step's price, by the number of lazy requests
         self.steps_taken = self.steps_passed_on = 0  # (how many steps each way: for the tests and the docs)
         # Steps passed on in a row, and how many more go straight to ``engine.step()`` (a run of them, as
         # under memory pressure, does not pay for tracking the requests anew after each one)
@@ -254,6 +297,8 @@ class FastForward:
             return self._plain_step()
         e, s, kv = self.engine, self.s, self.kv
         step = e.step_count
+        if self.may_be_quiet and self._is_quiet(step):
+            return self._quiet_step(step)
         budget = self.config.max_num_batched_tokens
         # The running requests' part of the pass, unless a request would miss its block or its tokens.
         due = self._due(self.block_due, step, "block_at")  # (a step passed on tracks everything anew)
@@ -274,34 +319,13 @@ class FastForward:
         self.clock.advance(duration)
         end = self.clock.now()
         self.times.append(end)
-        num_grants = self.num_lazy + len(out.scheduled)
         num_batched = self.num_lazy + sum(g.num_new_tokens for g in out.scheduled)
         num_decode = (
             self.num_lazy - self.num_lazy_prefill + sum(g.num_new_tokens for g in out.scheduled if g.phase == "decode")
         )
+        counts = (self.num_lazy + len(out.scheduled), num_batched, num_decode)
         finished = self._apply(step, out, num_running_grants, end)  # 3. the results, where the requests live
-        record = StepRecord(  # 4. what the step did (record="none", or "totals": its counts too)
-            step=step,
-            time=end,
-            duration=duration,
-            batch=[],
-            batch_size=num_grants,
-            num_prefill_tokens=num_batched - num_decode if self.totals else 0,
-            num_decode_tokens=num_decode if self.totals else 0,
-            num_batched_tokens=num_batched,
-            token_budget=budget,
-            admitted=out.admitted,
-            finished=[r.request_id for r in finished],
-            preempted=[],
-            waiting=out.waiting,
-            kv=self._kv_totals() if self.totals else None,
-            running=list(map(attrgetter("request_id"), s.running)) if self.totals else [],
-            finish_reasons={r.request_id: r.finish_reason for r in finished},
-            reformed=True,
-            clock=self.clock.name,
-            schedule_time=sched,
-            swap_time=0.0,
-        )
+        record = self._record(step, end, duration, sched, counts, out.admitted, out.waiting, finished)  # 4.
         s.commit()  # 5. the step stands; finished requests leave
         for req in finished:
             self.rank.pop(req, None)
@@ -310,11 +334,171 @@ class FastForward:
         e.step_count += 1
         return record
 
+    def _record(
+        self,
+        step: int,
+        end: float,
+        duration: float,
+        sched: float,
+        counts: tuple,
+        admitted: list[str],
+        waiting: list[WaitingEntry],
+        finished: list[Request],
+    ) -> StepRecord:
+        """What the step did (record="none", or "totals": its counts too); ``counts``: the requests that ran, the
+        tokens they computed, of which decode tokens."""
+        num_grants, num_batched, num_decode = counts
+        return StepRecord(
+            step=step,
+            time=end,
+            duration=duration,
+            batch=[],
+            batch_size=num_grants,
+            num_prefill_tokens=num_batched - num_decode if self.totals else 0,
+            num_decode_tokens=num_decode if self.totals else 0,
+            num_batched_tokens=num_batched,
+            token_budget=self.config.max_num_batched_tokens,
+            admitted=admitted,
+            finished=[r.request_id for r in finished] if finished else [],
+            preempted=[],
+            waiting=waiting,
+            kv=self._kv_totals() if self.totals else None,
+            running=list(map(attrgetter("request_id"), self.s.running)) if self.totals else [],
+            finish_reasons={r.request_id: r.finish_reason for r in finished} if finished else {},
+            reformed=True,
+            clock=self.clock.name,
+            schedule_time=sched,
+            swap_time=0.0,
+        )
+
+    # --- a quiet step: every running request decodes, nothing else happens ----------------------------
+    def _is_quiet(self, step: int) -> bool:
+        """Is ``step`` one where every running request is lazy, no token may stop one, nobody waits and nobody
+        arrives by now? Such a step is the same sums each time: the lazy requests' decodes priced from their
+        totals, an empty admission pass, no result applied one by one; at most a block for the lazy requests
+        whose next position starts one. (MLFQ and fair queuing look at every step's grants: not quiet.)"""
+        s = self.s
+        if (
+            not self.num_lazy
+            or self.prefilling
+            or s.waiting
+            or step in self.check_due
+            or s.swapped
+            or s.held
+            or s.has_groups
+            or not self.may_be_quiet
+        ):
+            return False
+        return not s.incoming or s.incoming[0][0] > self.clock.now()
+
+    def run(self, on_record: Callable[[StepRecord], None], quiet_summaries: Optional[list] = None) -> None:
+        """``engine.run()``'s loop without its list: steps until no request is left unfinished, ``on_record(record)``
+        after each step; a run of quiet steps goes through ``_quiet_steps``. Every lazy request synced at the end.
+
+        With ``quiet_summaries`` (a list; record="totals"), a quiet step makes no record and is not passed to
+        ``on_record``: what ``StepSummary.from_record`` would make of its record is appended to the list instead
+        (``simulate(records="summary")`` with nobody to show each record to)."""
+        e = self.engine
+        if not self.totals:
+            quiet_summaries = None
+        while e.has_unfinished_requests():
+            if self.may_be_quiet and not self.plain_steps and self._is_quiet(e.step_count):
+                self._quiet_steps(on_record, quiet_summaries=quiet_summaries)
+            else:
+                on_record(self.step())
+        self.sync()
+
+    def _quiet_step(self, step: int) -> StepRecord:
+        """``step()`` for a quiet step (``_is_quiet``)."""
+        records = []
+        self._quiet_steps(records.append, limit=1)
+        return records[0]
+
+    def _quiet_steps(
+        self,
+        on_record: Callable[[StepRecord], None],
+        limit: Optional[int] = None,
+        quiet_summaries: Optional[list] = None,
+    ) -> None:
+        """Quiet steps (``_is_quiet``) one after another, ``on_record(record)`` after each, while they are quiet (at
+        most ``limit``): what the general path of ``step()`` does when the pass grants nothing one by one, admits
+        nobody and no lazy request's token may stop it. The batch stays the same through the run: its price
+        (``_DecodePrice``) and its schedule time are worked out once. ``quiet_summaries``: see ``run``."""
+        e, s, kv, clock, lazy, num_lazy = self.engine, self.s, self.kv, self.clock, self.lazy, self.num_lazy
+        price = self.decode_prices.get(num_lazy)
+        if price is None:
+            price = self.decode_prices[num_lazy] = _DecodePrice(self.cm, num_lazy)
+        sched = self.cm.schedule_time(len(s.running), 0)
+        while True:
+            step = e.step_count
+            due = self._due(self.block_due, step, "block_at") if step in self.block_due else ()
+            if len(due) > kv.num_free_blocks:  # a request would miss its block
+                on_record(self._pass_on())
+                return
+            self.steps_taken += 1
+            self.passed_in_a_row = 0
+            s.begin_pass(clock.now())  # 1. counted, the clock moved (nobody arrives by now)
+            for req in due:  # (in the running order)
+                self._take_block(req, lazy[req], step)
+            duration = price(self.lazy_context + num_lazy) + sched + 0.0 + 0.0  # 2. as _price prices it
+            clock.advance(duration)
+            end = clock.now()
+            self.times.append(end)
+            counts = (num_lazy, num_lazy, num_lazy - self.num_lazy_prefill)
+            self.lazy_context += num_lazy  # 3. as _apply applies it: every token counted
+            self.num_lazy_prefill = 0
+            self.lazy_prefill_by_tenant = {}
+            s.policy.on_step([], end)
+            # 4. what the step did; 5. it stands (nothing to commit: the pass saved no request and no arrival, and
+            # the KV manager keeps no journal under fast-forward)
+            if quiet_summaries is not None:
+                quiet_summaries.append(self._quiet_summary(step, end, duration, sched, counts))
+                e.step_count += 1
+            else:
+                record = self._record(step, end, duration, sched, counts, [], [], [])
+                e.step_count += 1
+                on_record(record)
+            if limit is not None:
+                limit -= 1
+                if not limit:
+                    return
+            if self.plain_steps or not self._is_quiet(e.step_count):
+                return
+
+    def _quiet_summary(self, step: int, end: float, duration: float, sched: float, counts: tuple) -> StepSummary:
+        """``StepSummary.from_record`` of a quiet step's record (record="totals"; nobody waits, nobody admitted,
+        finished, preempted or rejected), made without the record (its fields in from_record's order)."""
+        num_grants, num_batched, num_decode = counts
+        kv, bs = self.kv, self.kv.block_size
+        num_free = kv.pool.num_free
+        kv_totals = KVTotals(self.lazy_context, kv.num_blocks * bs, num_free * bs, (kv.num_blocks - num_free) * bs)
+        return StepSummary(
+            step,
+            end,  # time
+            duration,
+            num_grants,  # batch_size
+            num_batched,  # num_batched_tokens
+            num_batched - num_decode,  # num_prefill_tokens
+            num_decode,  # num_decode_tokens
+            len(self.s.running),  # num_running
+            0,  # num_waiting
+            0,  # num_admitted
+            0,  # num_finished
+            0,  # num_preempted
+            0,  # num_rejected
+            kv_totals,
+            sched,  # schedule_time
+            0.0,  # swap_time
+            self.clock.name,
+        )
+
     def _kv_totals(self) -> KVSnapshot:
         """``kv.totals`` after the step's results: the pool's counters, and the positions holding KV (each
         running request's computed ones; no block has two holders) from the lazy requests' total."""
         kv, bs = self.kv, self.kv.block_size
-        computed = self.lazy_context + sum(r.num_computed_tokens for r in self.prefilling)
+        computed = self.lazy_context
+        if self.prefilling:
+            computed += sum(r.num_computed_tokens for r in self.prefilling)
         num_free = kv.pool.num_free
         blocks_used = kv.num_blocks - num_free
         return KVSnapshot(
@@ -403,13 +587,18 @@ class FastForward:
                 kv.allocate(req, n)
                 out.scheduled.append(grant(req, n))
                 continue
-            self._catch_up(req, entry, step, tokens=False)
-            computed = req.num_computed_tokens
-            if not kv.allocate(req, 1):
-                raise RuntimeError(f"fast-forward: no KV block for request {req.request_id!r} at step {step}")
-            self._due_block(req, entry, step, computed)
+            self._take_block(req, entry, step)
         self._admit(now, out, budget)  # (nothing is swapped out)
         return now, out
+
+    def _take_block(self, req: Request, entry: _Lazy, step: int) -> None:
+        """A lazy request's next position starts a block at ``step``: its computed positions caught up, a block
+        from the pool (``kv.allocate(req, 1)``), and the step it next needs one."""
+        self._catch_up(req, entry, step, tokens=False)
+        computed = req.num_computed_tokens
+        if not self.kv.allocate(req, 1):
+            raise RuntimeError(f"fast-forward: no KV block for request {req.request_id!r} at step {step}")
+        self._due_block(req, entry, step, computed)
 
     def _price(self, out: SchedulerOutput) -> tuple[float, float]:
         """(duration, schedule time) as ``modeled_step_time`` prices the step: the lazy requests' decodes

@@ -194,6 +194,7 @@ def simulate(
     cost_model: Any = None,
     records: Union[str, bool] = "auto",
     progress: Optional[Callable] = None,
+    on_finished: Optional[Callable[[int], None]] = None,
     slo_ttft: Optional[float] = None,
     slo_tpot: Optional[float] = None,
     max_waiting_entries: Optional[int] = 32,
@@ -216,6 +217,9 @@ def simulate(
       engine runs with ``record="totals"``: the KV counts, no entry per request),
       "auto" is "full" up to 2,000 requests; ``False`` keeps nothing per step (the engine
       runs with ``record="none"``: no KV snapshot, no batch entries; the metrics are the same).
+    * ``progress``: called with each step's ``StepRecord``; ``on_finished``: called after each step that
+      finished requests, with how many it finished (all a progress bar needs: with no ``progress``,
+      fast-forward makes no record of a step where nothing but decoding happens).
     * ``max_waiting_entries``: at most this many waiting requests get a reason in each
       record (a queue of thousands would otherwise cost O(queue) objects per step).
     * ``fast_forward``: with ``records=False`` or ``"summary"``, step the engine with
@@ -267,16 +271,19 @@ def simulate(
             summaries.append(StepSummary.from_record(rec, len(engine.scheduler.waiting)))
         if progress is not None:
             progress(rec)
+        if on_finished is not None and rec.finished:
+            on_finished(len(rec.finished))
 
     with gc_paused():  # submitting, stepping and the metrics make no cycles worth a collection
         submit_trace(engine, trace, vocab_size=engine.vocab_size)
         c_steps = time.process_time()
         # engine.run() without the list of every record; fast-forward where the configuration is the one it covers
-        stepper = FastForward(engine) if fast_forward and FastForward.covers(engine) else engine
-        while engine.has_unfinished_requests():
-            on_step(stepper.step())
-        if stepper is not engine:
-            stepper.sync()
+        if fast_forward and FastForward.covers(engine):
+            # (with no progress to show each record to, a quiet step's summary is made without one: it finishes nobody)
+            FastForward(engine).run(on_step, summaries if keep_summary and progress is None else None)
+        else:
+            while engine.has_unfinished_requests():
+                on_step(engine.step())
         step_cpu = time.process_time() - c_steps
         recs = engine.step_records if keep else summaries
         stats = engine.stats()

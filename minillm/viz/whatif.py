@@ -25,6 +25,7 @@ from __future__ import annotations
 import html
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable, Optional, Sequence, Union
 
 import ipywidgets as W
@@ -325,17 +326,16 @@ class WhatIf:
         self.status.value = f"<i>simulating {total:,} requests ...</i>"
         finished = shown = 0
 
-        def on_step(rec) -> None:  # the bar moves in steps of 2% (each move is a message)
+        def on_finished(num_finished: int) -> None:  # the bar moves in steps of 2% (each move is a message)
             nonlocal finished, shown
-            if rec.finished:
-                finished += len(rec.finished)
-                if finished - shown >= total / 50:
-                    shown = finished
-                    self.progress.value = finished / total
+            finished += num_finished
+            if finished - shown >= total / 50:
+                shown = finished
+                self.progress.value = finished / total
 
         c1 = time.process_time()
         try:
-            engine, summary = simulate(trace, progress=on_step, **self.simulate_kwargs(settings))
+            engine, summary = simulate(trace, on_finished=on_finished, **self.simulate_kwargs(settings))
         except ValueError as e:  # the engine refuses the setting (e.g. no chunking, budget < a prompt)
             self.progress.description = "refused"
             self.status.value = f"<b>the engine refuses this setting:</b> {html.escape(str(e))}"
@@ -475,9 +475,12 @@ def latency_ecdf(request_metrics: list, metric: str) -> tuple[np.ndarray, np.nda
 def kv_in_use(step_summaries: list, what: str = "used") -> tuple[np.ndarray, np.ndarray]:
     """(modeled time, fraction of the KV capacity holding KV) after each step; ``what="held"``:
     the fraction in blocks handed out (``KVTotals.held``)."""
-    t = np.array([s.time for s in step_summaries], dtype=float)
-    kv = np.array([(getattr(s.kv, what), s.kv.total) for s in step_summaries], dtype=float).reshape(-1, 2)
-    return t, np.divide(kv[:, 0], kv[:, 1], out=np.zeros(len(kv)), where=kv[:, 1] > 0)
+    n = len(step_summaries)
+    t = np.fromiter(map(attrgetter("time"), step_summaries), dtype=float, count=n)
+    kv = list(map(attrgetter("kv"), step_summaries))
+    part = np.fromiter(map(attrgetter(what), kv), dtype=float, count=n)
+    total = np.fromiter(map(attrgetter("total"), kv), dtype=float, count=n)
+    return t, np.divide(part, total, out=np.zeros(n), where=total > 0)
 
 
 def goodput_html(summary: dict, slo_ttft: float, slo_tpot: float, recomputed_tokens: int = 0) -> str:
