@@ -70,7 +70,7 @@ from ..core.scheduler_output import SchedulerOutput, grant
 from ..step_record import KVSnapshot, StepRecord, WaitingEntry
 from .costmodel import RooflineCostModel
 from .sim_executor import PLACEHOLDER_TOKEN, SimulatedExecutor
-from .simulated import KVTotals, StepSummary
+from .step_summary import KVTotals, StepSummary
 
 __all__ = ["FastForward"]
 
@@ -331,7 +331,7 @@ class FastForward:
             self.rank.pop(req, None)
             e.active.pop(req.request_id, None)
             e.executor.forget(req.request_id)
-        e.step_count += 1
+        self._count_step()
         return record
 
     def _record(
@@ -453,10 +453,10 @@ class FastForward:
             # the KV manager keeps no journal under fast-forward)
             if quiet_summaries is not None:
                 quiet_summaries.append(self._quiet_summary(step, end, duration, sched, counts))
-                e.step_count += 1
+                self._count_step()
             else:
                 record = self._record(step, end, duration, sched, counts, [], [], [])
-                e.step_count += 1
+                self._count_step()
                 on_record(record)
             if limit is not None:
                 limit -= 1
@@ -464,6 +464,11 @@ class FastForward:
                     return
             if self.plain_steps or not self._is_quiet(e.step_count):
                 return
+
+    def _count_step(self) -> None:
+        """The step stands: the engine's step count advances, as ``engine.step()`` advances it."""
+        e = self.engine
+        e.step_count += 1
 
     def _quiet_summary(self, step: int, end: float, duration: float, sched: float, counts: tuple) -> StepSummary:
         """``StepSummary.from_record`` of a quiet step's record (record="totals"; nobody waits, nobody admitted,
