@@ -51,6 +51,9 @@ class BlockPool:
         self.free_queue: "OrderedDict[int, Block]" = OrderedDict((b.block_id, b) for b in self.blocks)
         self.cached: dict[int, Block] = {}  # block hash -> block holding that prefix
         self._num_cached_free = 0  # free blocks that still hold a prefix (kept as blocks come and go)
+        # A subclass may hand blocks out and take them back its own way (exercise 04's pool) without keeping
+        # that count: for a subclass, num_cached_free walks the free list.
+        self._keeps_count = type(self) is BlockPool
         self.stats = dict(lookups=0, queried_blocks=0, hit_blocks=0, evictions=0)
 
     @property
@@ -60,7 +63,9 @@ class BlockPool:
     @property
     def num_cached_free(self) -> int:
         """Free blocks that still hold a cached prefix (with caching off there are none)."""
-        return self._num_cached_free
+        if self._keeps_count:
+            return self._num_cached_free
+        return sum(b.block_hash is not None for b in self.free_queue.values())
 
     # --- allocation -----------------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[Block]:
