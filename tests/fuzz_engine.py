@@ -69,6 +69,7 @@ class FuzzStats:
     tp_runs: int = 0  # runs on 2 tensor-parallel ranks
     draft_runs: int = 0  # speculative runs with a draft model (the others: n-gram lookup)
     cpu_attention_runs: int = 0  # runs on the CPU attention kernel (the references: the torch reference)
+    exercise_pool_runs: int = 0  # runs whose blocks live in exercise 04's pool (a subclass that moves them its own way)
     async_runs: int = 0  # AsyncLLM runs
     async_streams: int = 0  # their streams (a group's samples: one each)
     async_cancels: int = 0  # streams cancelled (task.cancel) or aborted (whole request or one sample)
@@ -163,6 +164,18 @@ def draw_kv_cache_dtype(rng: random.Random, cfg: dict, rate: float) -> None:
     the dtype); a quantized cache needs paged KV."""
     if cfg["kv_allocation"] == "paged" and rng.random() < rate:
         cfg["kv_cache_dtype"] = rng.choice(["int8", "fp8"] if fp8_available() is None else ["int8"])
+
+
+def draw_block_pool(rng: random.Random, cfg: dict, rate: float) -> bool:
+    """About ``rate`` of the prefix-caching runs keep their blocks in exercise 04's reference pool
+    (``solutions/ex04_prefix_cache.py``'s ``EvictingBlockPool``), a ``BlockPool`` subclass that hands
+    blocks out and takes them back with its own code, plugged in as a student's is (``block_pool=``)."""
+    if cfg.get("enable_prefix_caching") and rng.random() < rate:
+        from minillm import impl
+
+        cfg["block_pool"] = impl.load("ex04_prefix_cache", "solutions").EvictingBlockPool
+        return True
+    return False
 
 
 def draw_attention_backend(rng: random.Random, cfg: dict, rate: float) -> bool:
@@ -399,13 +412,15 @@ def fuzz_run(
     sampler_fault_rate: float = 0.02,
     draft_rate: float = 0.05,
     cpu_attention_rate: float = 0.2,
+    exercise_pool_rate: float = 0.25,
     tensor_parallel: bool = False,
 ) -> FuzzStats:
     """One run: ``config(rng)`` draws the engine configuration (``random_config`` by default);
     about ``group_rate`` of the requests are parallel-sampling groups, ``feature_rate`` of them get
     each sampling feature (``draw_sampling``, ``draw_stops``), ``quantized_rate`` of the paged runs
     an int8 / fp8 KV cache, ``draft_rate`` of the speculative ones a draft model (``draw_draft_model``),
-    ``cpu_attention_rate`` the CPU attention kernel (``draw_attention_backend``), and each sampling
+    ``cpu_attention_rate`` the CPU attention kernel (``draw_attention_backend``), ``exercise_pool_rate`` of
+    the prefix-caching ones exercise 04's block pool (``draw_block_pool``), and each sampling
     call fails one row with probability ``sampler_fault_rate``; each is drawn from a random stream
     of its own, so the configuration, workload and faults of a seed do not depend on them.
     ``tensor_parallel``: on 2 gloo ranks."""
@@ -418,6 +433,7 @@ def fuzz_run(
     draw_sampling(random.Random(f"sampling {seed}"), reqs, cfg, feature_rate)
     want = references(reqs, cfg)
     cpu_attention = draw_attention_backend(random.Random(f"backend {seed}"), cfg, cpu_attention_rate)
+    exercise_pool = not tensor_parallel and draw_block_pool(random.Random(f"pool {seed}"), cfg, exercise_pool_rate)
     if draw_stops(random.Random(f"stops {seed}"), reqs, want, feature_rate):
         want = references(reqs, cfg)
     if tensor_parallel:
@@ -433,6 +449,7 @@ def fuzz_run(
         tp_runs=int(tensor_parallel),
         draft_runs=int(drafted),
         cpu_attention_runs=int(cpu_attention),
+        exercise_pool_runs=int(exercise_pool),
     )
     for r in reqs:
         p = r.get("params", {})

@@ -66,6 +66,7 @@ def test_the_features_are_exercised_and_compared():
         "aborts",
         "faults",
         "cpu_attention_runs",
+        "exercise_pool_runs",
     ):
         assert getattr(total, name) > 0, f"no {name}: {total.line()}"
 
