@@ -44,27 +44,26 @@ def _stacked(linears: list[nn.Linear], layout: str, batch_hint: int) -> tuple[to
     return packed(weight, layout, batch_hint), bias
 
 
+def stacked_projections(layer: DecoderLayer) -> list[list[nn.Linear]]:
+    """A fused layer's four matrix multiplies, each the linears it stacks, in the order it runs them:
+    ``[q; k; v]``, ``o``, ``[gate; up]``, ``down``."""
+    a, m = layer.self_attn, layer.mlp
+    return [[a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj], [m.down_proj]]
+
+
 def stacked_shapes(layer: DecoderLayer) -> list[tuple[int, int]]:
     """The ``(out, in)`` shapes of a fused layer's four matrix multiplies, in the order it runs them."""
-    a, m = layer.self_attn, layer.mlp
-    hidden = a.q_proj.in_features
-    return [
-        (a.q_proj.out_features + a.k_proj.out_features + a.v_proj.out_features, hidden),
-        (a.o_proj.out_features, a.o_proj.in_features),
-        (m.gate_proj.out_features + m.up_proj.out_features, hidden),
-        (m.down_proj.out_features, m.down_proj.in_features),
-    ]
+    return [(sum(lin.out_features for lin in group), group[0].in_features) for group in stacked_projections(layer)]
 
 
 def can_fuse(layer: nn.Module) -> bool:
     """Whether ``layer`` is a plain float32 CPU ``DecoderLayer`` (not, e.g., a tensor-parallel shard)."""
     if type(layer) is not DecoderLayer:
         return False
-    a, m = layer.self_attn, layer.mlp
-    linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
     return all(
         type(lin) is nn.Linear and lin.weight.dtype == torch.float32 and lin.weight.device.type == "cpu"
-        for lin in linears
+        for group in stacked_projections(layer)
+        for lin in group
     )
 
 
@@ -82,10 +81,9 @@ class FusedDecoderLayer(nn.Module):
         self.q_width, self.kv_width = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         self.intermediate = m.gate_proj.out_features
         # Plain attributes, not buffers: outside state_dict.
-        self.qkv = _stacked([a.q_proj, a.k_proj, a.v_proj], layout, batch_hint)
-        self.o = _stacked([a.o_proj], layout, batch_hint)
-        self.gate_up = _stacked([m.gate_proj, m.up_proj], layout, batch_hint)
-        self.down = _stacked([m.down_proj], layout, batch_hint)
+        self.qkv, self.o, self.gate_up, self.down = (
+            _stacked(group, layout, batch_hint) for group in stacked_projections(layer)
+        )
 
     def forward(self, x, cos, sin, kv_cache, meta):
         from minillm_kernels import cpu_attention

@@ -99,12 +99,13 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same parameters, shared
-        self.packed = packed(linear.weight, layout, batch_hint)  # a plain attribute: outside state_dict
+        # Plain attributes, outside state_dict: the weight's copy, and the bias outside autograd (its storage)
+        self.packed = packed(linear.weight, layout, batch_hint)
+        self.packed_bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        bias = None if self.bias is None else self.bias.detach()
-        return linear(rows, self.packed, bias).view(*x.shape[:-1], self.out_features)
+        return linear(rows, self.packed, self.packed_bias).view(*x.shape[:-1], self.out_features)
 
 
 def packable(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:

@@ -297,7 +297,7 @@ class FastForward:
             return self._plain_step()
         e, s, kv = self.engine, self.s, self.kv
         step = e.step_count
-        if self.may_be_quiet and self._is_quiet(step):
+        if self._is_quiet(step):
             return self._quiet_step(step)
         budget = self.config.max_num_batched_tokens
         # The running requests' part of the pass, unless a request would miss its block or its tokens.
@@ -379,14 +379,14 @@ class FastForward:
         whose next position starts one. (MLFQ and fair queuing look at every step's grants: not quiet.)"""
         s = self.s
         if (
-            not self.num_lazy
+            not self.may_be_quiet
+            or not self.num_lazy
             or self.prefilling
             or s.waiting
             or step in self.check_due
             or s.swapped
             or s.held
             or s.has_groups
-            or not self.may_be_quiet
         ):
             return False
         return not s.incoming or s.incoming[0][0] > self.clock.now()
@@ -402,7 +402,7 @@ class FastForward:
         if not self.totals:
             quiet_summaries = None
         while e.has_unfinished_requests():
-            if self.may_be_quiet and not self.plain_steps and self._is_quiet(e.step_count):
+            if not self.plain_steps and self._is_quiet(e.step_count):
                 self._quiet_steps(on_record, quiet_summaries=quiet_summaries)
             else:
                 on_record(self.step())
