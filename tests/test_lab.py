@@ -188,15 +188,23 @@ def test_make_lab_on_a_fresh_clone(as_user, workdir):
         _stop(proc)
 
 
+def _ps_group(pgid: int, columns: str) -> str:
+    """``ps`` over the processes started by ``make lab`` (its own session: ``ps -g`` selects it), each
+    command line whole (``-ww``: unlimited width, however long the path to the venv)."""
+    return subprocess.run(["ps", "-ww", "-o", columns, "-g", str(pgid)], capture_output=True, text=True).stdout
+
+
 def _cmdline_of_group(pgid: int) -> str:
-    """The command lines of the processes started by ``make lab`` (its own session: ``ps -g`` selects it)."""
-    return subprocess.run(["ps", "-ww", "-o", "args=", "-g", str(pgid)], capture_output=True, text=True).stdout
+    """The command lines of the processes started by ``make lab``."""
+    return _ps_group(pgid, "args=")
 
 
 def _lab_environ(pgid: int) -> dict:
     """The environment of the JupyterLab process started by ``make lab`` (its kernels inherit it)."""
-    pids = subprocess.run(["ps", "-o", "pid=,args=", "-g", str(pgid)], capture_output=True, text=True).stdout
-    pid = next(ln.split()[0] for ln in pids.splitlines() if "jupyter lab" in ln or "jupyter-lab" in ln)
+    pids = _ps_group(pgid, "pid=,args=")
+    lab = [ln.split()[0] for ln in pids.splitlines() if "jupyter lab" in ln or "jupyter-lab" in ln]
+    assert lab, f"no JupyterLab process in make lab's process group {pgid}:\n{pids}"
+    pid = lab[0]
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 

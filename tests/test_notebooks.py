@@ -1,7 +1,10 @@
 """Every notebook in notebooks/ runs top to bottom, headless, on the reference answers.
 
 Each notebook is executed by a fresh Jupyter kernel (nbclient) with ``MINILLM_IMPL=solutions``
-and the Hugging Face hub offline, within ``NOTEBOOK_TIMEOUT`` seconds (120 on a 2-core CPU).
+and the Hugging Face hub offline. A cell that runs past ``CELL_HANG_LIMIT`` seconds is a hang; the
+reader's budget (``NOTEBOOK_BUDGET`` seconds a notebook, ``CELL_LIMIT`` a cell, on a quiet 2-core CPU)
+is printed, and held to with ``MINILLM_NOTEBOOK_LIMITS=1`` on a quiet machine: a verdict that
+depended on the machine's speed would fail a student's busy laptop.
 Widget cells run too: their Python side is exercised by the cells that click in code
 (``stepper.step()``). Notebooks are discovered, so a new one is covered by being added.
 Committed notebooks carry no outputs: the check reads what git holds (the staged notebook), not the
@@ -27,7 +30,8 @@ pytestmark = pytest.mark.slow  # runs every notebook top to bottom
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-NOTEBOOK_TIMEOUT = int(os.environ.get("MINILLM_NOTEBOOK_TIMEOUT", "120"))
+NOTEBOOK_BUDGET = int(os.environ.get("MINILLM_NOTEBOOK_TIMEOUT", "120"))  # seconds, a quiet 2-core machine
+CELL_HANG_LIMIT = 900  # seconds: far past any cell's time on a slow machine, so reaching it means a hang
 
 
 def _ids(paths):
@@ -398,7 +402,7 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
     # when the machine is shared (two torch threads on two busy cores can be 30x slower).
     env.setdefault("OMP_NUM_THREADS", "1")
     client = NotebookClient(
-        nb, timeout=NOTEBOOK_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        nb, timeout=CELL_HANG_LIMIT, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
     )
     t0 = time.monotonic()
     try:
@@ -414,22 +418,19 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
     assert not untitled, f"{path.name}: figures need a title and axis titles with units: {untitled}"
     slowest = max(cell_seconds(nb), default=(0.0, -1))
     print(f"{path.name}: {elapsed:.1f} s, slowest cell {slowest[1]} {slowest[0]:.1f} s")
-    # Opt-in, on a quiet machine (MINILLM_NOTEBOOK_LIMITS=1): every cell within CELL_LIMIT seconds too.
-    # scripts/notebook_times.py prints each notebook's and cell's CPU time, which a busy machine cannot inflate.
+    # The reader's budget, opt-in on a quiet machine (MINILLM_NOTEBOOK_LIMITS=1): the notebook within
+    # NOTEBOOK_BUDGET seconds and every cell within CELL_LIMIT. scripts/notebook_times.py prints each
+    # notebook's and cell's CPU time, which a busy machine cannot inflate.
     if os.environ.get("MINILLM_NOTEBOOK_LIMITS") == "1":
         slow = [(round(t, 1), i) for t, i in cell_seconds(nb) if t > CELL_LIMIT]
         assert not slow, f"{path.name}: cells over {CELL_LIMIT} s (seconds, cell index): {slow}"
-    # The budget is the reader's: a notebook on a 2-core machine doing nothing else. When other work
-    # kept more runnable processes than cores (the 1-minute load average), wall time says nothing about
-    # the notebook, and the overrun is reported instead of failing.
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if elapsed > NOTEBOOK_TIMEOUT and load > cores + 1:
+        assert elapsed <= NOTEBOOK_BUDGET, f"{path.name} took {elapsed:.0f} s (> {NOTEBOOK_BUDGET} s)"
+    elif elapsed > NOTEBOOK_BUDGET:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
         warnings.warn(
-            f"{path.name} took {elapsed:.0f} s (> {NOTEBOOK_TIMEOUT} s) on a busy machine "
-            f"(load {load:.1f} on {cores} cores): not a measurement of the notebook"
+            f"{path.name} took {elapsed:.0f} s (> the {NOTEBOOK_BUDGET} s budget; load {load:.1f} on {cores} cores): "
+            "MINILLM_NOTEBOOK_LIMITS=1 on a quiet machine holds it to the budget"
         )
-        return
-    assert elapsed <= NOTEBOOK_TIMEOUT, f"{path.name} took {elapsed:.0f} s (> {NOTEBOOK_TIMEOUT} s)"
 
 
 PAIRED = sorted((ROOT / "notebooks").glob("*.py"))  # jupytext percent sources, each paired with its .ipynb
