@@ -58,6 +58,7 @@ def test_benchmark_runs_tiny(name, tmp_path, capsys):
             assert {"median_rel_err", "p90_rel_err"} <= set(x["e2e"]) | set(x["each_round"]["e2e"])
             assert {"total_rel_err", "by_batch", "e2e_same_schedule", "slowdown_by_tenth"} <= set(trace["step_times"])
         assert data["config"]["clock"] == "wall"
+        assert data["config"]["threads"] == 1 and data["config"]["core"] is not None  # one thread, its one core
     captured = capsys.readouterr()
     if name == "vs-vllm":  # no vLLM at tiny: minillm's sides, offline and served, and the message
         res = data["results"]

@@ -471,3 +471,17 @@ def test_the_reference_baseline_is_the_profiles_price_where_it_has_one():
     assert reference_baseline(LinearStepCost(TRUE, info=priced)) == 2.0e-3
     assert reference_baseline(LinearStepCost(TRUE, info={"reference_step_s": 2.4e-3})) == 2.4e-3  # an older profile
     assert reference_baseline(LinearStepCost(TRUE)) is None
+
+
+def test_the_default_calibrate_command_runs_one_thread_on_its_one_core():
+    """`python -m minillm.bench calibrate --out DIR` pins the process to one core: its engines then run one
+    torch thread (as many threads as cores it may use), and a thread count the pin cannot hold is refused."""
+    from minillm.bench.__main__ import parse
+    from minillm.bench.calibrate import calibration_threads
+
+    assert calibration_threads(parse(["calibrate", "--out", "x"])) == 1
+    assert calibration_threads(parse(["calibrate", "--out", "x", "--threads", "1"])) == 1
+    assert calibration_threads(parse(["calibrate", "--out", "x", "--no-pin", "--threads", "2"])) == 2
+    assert calibration_threads(parse(["calibrate", "--out", "x", "--no-pin"])) == 0  # torch's default
+    with pytest.raises(ValueError, match="--threads 2 with --pin"):
+        calibration_threads(parse(["calibrate", "--out", "x", "--threads", "2"]))

@@ -22,7 +22,8 @@ Beside the errors: the same with the profile rescaled by the reference step time
 the profile; ``step_times_own_fit``: priced by a fit to themselves, the least error a profile of this
 form can leave).
 
-Everything runs on one core (``--no-pin`` to let the system move it) and, with ``--clock cpu``, on the
+Everything runs on one core with one torch thread (``--no-pin`` to let the system move it, with
+``--threads`` or torch's default threads) and, with ``--clock cpu``, on the
 process's own CPU time (``minillm.sim.clock.ProcessClock``) instead of the wall clock: on a machine shared
 with other work the wall clock measures the other programs too. The goal is the wall clock's on a quiet
 machine; the report names the clock and the load average at the start and the end.
@@ -65,10 +66,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def calibration_threads(args) -> int:
+    """The torch threads the calibration runs with: as many as the cores it may use. Pinned (the default)
+    that is one core, so one thread (two threads on one core would take turns on it, and every step would
+    wait for the other); ``--no-pin``, ``--threads`` or torch's default. ``--threads`` above 1 with the pin
+    is refused, naming both."""
+    threads = getattr(args, "threads", None)
+    if getattr(args, "pin", True):
+        if threads not in (None, 1):
+            raise ValueError(
+                f"calibrate: --threads {threads} with --pin: the pin is one core, so one thread; "
+                f"--no-pin --threads {threads} runs {threads} threads on the cores the system gives"
+            )
+        return 1
+    return threads or 0  # 0: torch's default
+
+
 def run(args) -> dict:
+    import torch
+
     from ..sim import calibration as cal
 
-    threads = set_threads(args)
+    chosen = calibration_threads(args)
+    threads = set_threads(argparse.Namespace(threads=chosen or None))
+    pinned = "pinned to one core" if getattr(args, "pin", True) else "not pinned"
+    print(f"calibrate: {threads} torch thread{'s' if threads != 1 else ''}, {pinned} (torch {torch.__version__})")
     size = args.size
     budget = pick(size, tiny=3.0, small=30.0, full=50.0)  # timing; loading the model adds a few s
     n1, n2 = pick(size, tiny=(40, 40), small=(150, 120), full=(300, 200))
