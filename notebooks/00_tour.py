@@ -279,7 +279,7 @@ fig
 # outside the engine is the printed difference, per request. Here the client, the server, the engine and
 # this view share one Python process (and its interpreter lock) on one machine, so they slow each other
 # down; against a server elsewhere the network adds its round trip instead. This is why load generators
-# (vLLM's `benchmark_serving.py`, `python -m minillm.bench serve` here) measure at the client: that is
+# (vLLM's `vllm bench serve`, `python -m minillm.bench serve` here) measure at the client: that is
 # the latency a user gets. The server is shut down at the end of the section, so nothing keeps running
 # after the notebook.
 

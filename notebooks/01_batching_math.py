@@ -158,8 +158,8 @@ figures.throughput_latency_figure([1, 2, 4, 8, 16, 32, 64, 128], latency=lat,
 # serves one multiply-add (2 operations), so the arithmetic units wait on memory for all but a fraction
 # of a percent of the step. Each request added to the batch reuses the weight already fetched for one
 # more multiply-add, work the idle units absorb at no extra time. Hence
-# the speed-up that is often called superlinear: the throughput gain far outruns the step-time cost
-# (x20 against x1.5 above), although it stays below the batch size itself.
+# the large gain: step time grows *sublinearly* in the batch (x1.5 for x32 the requests above), so
+# throughput grows almost linearly (x20), although it stays below the batch size itself.
 #
 # A common rule of thumb says that by batch 32 decode is approaching the compute bound. The roofline
 # above says otherwise, and the cost model can say by how much: the share of the step the arithmetic
@@ -259,7 +259,8 @@ fig
 # the batch every step (every *iteration* of the model): a finished request leaves at once, and its slot
 # goes to a waiting one.
 #
-# **Figure 1, the classic case.** Two slots (`max_num_seqs=2`), three requests: A generates 2 tokens,
+# **Figure 1, the classic case** (this course's numbering; the mechanism is Orca's iteration-level
+# scheduling, Yu et al., OSDI 2022, section 3.1). Two slots (`max_num_seqs=2`), three requests: A generates 2 tokens,
 # B 5, and C (3 tokens) arrives after the first iteration. Every step costs 10 ms whatever the batch.
 # minillm runs both with its simulated executor (the real scheduler and KV manager, no model) on the
 # modeled clock, `ConstantStepTime(0.010)`:

@@ -27,8 +27,10 @@
 #   the attention kernel reads KV through it.
 #
 # This notebook steps **Figure 4** (the same two requests under reservation and under paging) live, side
-# by side, checks the kernel on both caches, measures the waste and its cost on a realistic trace,
-# weighs the block size, and ends with a quantized KV cache: more positions in the same memory, and what
+# by side. Figure 4 is this course's numbering; the waste it shows is Figures 2 and 3 of the vLLM paper
+# (Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention",
+# SOSP 2023, arXiv:2309.06180). The notebook checks the kernel on both caches, measures the waste and
+# its cost on a realistic trace, weighs the block size, and ends with a quantized KV cache: more positions in the same memory, and what
 # that costs in quality.
 
 # %% [markdown]
@@ -359,8 +361,8 @@ assert abs(quality["int8"]["rel_change_decode"]) < 0.01, "int8 KV within 1% of f
 
 # %% [markdown]
 # Read the printed lines against each other. float16 rounds each value to 11 significant bits, int8 to
-# one of 255 steps across its block's range (half a step, `s / 2`, at its block's final scale), fp8 to 3 mantissa
-# bits (a relative error up to 1/16, whatever the value's size); the cell checks that int8 stays within
+# one of 255 levels (254 steps) across its block's range (half a step, `s / 2`, at its block's final scale), fp8 to 3 mantissa
+# bits (a relative error up to 1/16 for normal values; subnormals, below 2^-6 in e4m3, get an absolute error instead); the cell checks that int8 stays within
 # 1% of float32's loss, the bar tests/test_kv_quant.py holds it to. On this 3.4 M-parameter model the
 # quality cost of float16, int8 and fp8 is below the noise: the loss moves by hundredths of a percent in
 # either direction (a loss slightly *below* float32's is rounding noise, not a gain), and the greedy
@@ -530,14 +532,15 @@ with impl.attempt("ex02b.quantize_block"):
 #
 # 1. Why can't reservation simply reserve less, say the mean answer length?
 # 2. A request of 17 positions in blocks of 16: how many blocks, and how many positions wasted?
-# 3. Why does a block of one position waste nothing, yet nobody uses it?
+# 3. A block of one position wastes nothing, and SGLang's radix cache runs at page size 1 by default. What does a
+#    large block cost prefix caching, which (notebook 04) reuses full blocks only?
 # 4. Paging removes fragmentation between requests. Where is its remaining waste?
 #
 # <details><summary>Answers</summary>
 #
 # 1. A request that outgrows its region cannot grow in place: its region is contiguous. It must be moved or stopped, so reservation must cover the maximum.
 # 2. 2 blocks; 32 - 17 = 15 positions wasted in the second.
-# 3. Every position is then a block-table entry the scheduler maintains and the kernel looks up, and keys no longer sit together in memory: the kernel reads them one by one.
+# 3. Page size 1 costs a block-table entry per position, which the scheduler maintains and the kernel looks up, and keys no longer sit together in memory (SGLang pays this for token-exact prefix matching; vLLM defaults to 16). A large block loses reuse: only full blocks are hashed, so a hit can miss up to `block_size - 1` shared tokens at the end of the shared prefix, and a prefix shorter than one block is not reused at all.
 # 4. In each request's partly filled last block (at most `block_size - 1` positions).
 #
 # </details>

@@ -44,7 +44,7 @@
 # - point to head-of-line blocking in a step record's waiting reasons, and say which policy removes it;
 # - compare FCFS and shortest-first on mean and worst completion time, and say what a length predictor and
 #   aging change (starvation, and who pays for ending it);
-# - explain priority inversion, and why preemption, not the order of the queue, ends it;
+# - explain head-of-line blocking across priority classes, and why preemption, not the order of the queue, ends it;
 # - choose between priority classes, MLFQ and fair queuing for a workload, and write SJF with aging, MLFQ and
 #   fair queuing as policies the scheduler calls every step.
 
@@ -164,8 +164,9 @@ figures.gantt_figure(eng.step_records, eng.requests, title="SJF: the short reque
 # It is the supermarket's express lane: someone buying a bottle of water does not wait behind a full
 # cart. L finishes later under SJF, the three short requests far sooner, and the mean over all
 # six drops. In a
-# real service the blocking request is often a long *prompt*: the prefill of a 2000-token prompt can
-# take hundreds of milliseconds or more, and the requests decoding in the same batch wait for it
+# real service the blocking request is often a long *prompt*: the prefill of a 2000-token prompt takes
+# tens of milliseconds for a 7 B model on one H100 (about 2000 × 14 GFLOP at a few hundred TFLOP/s), and
+# hundreds for a 70 B model or on a smaller GPU, and the requests decoding in the same batch wait for it
 # (notebook 03b measures that stall).
 #
 # ## 2. Shortest job first
@@ -339,7 +340,7 @@ show.aging_figure(agings, wait_L, short_mean)
 # shortest-first needs a prediction, and mispredictions cause the starvation it was meant to avoid; that is why most production
 # systems use FCFS with priority classes and explicit preemption rather than predicting lengths.
 #
-# ## 3. Priority classes, and priority inversion
+# ## 3. Priority classes, and head-of-line blocking across classes
 #
 # Requests are not all equal: paying users expect lower latency, internal services may need steadier
 # responses than external APIs, and a live conversation tolerates less delay than a batch job. `Priority`
@@ -380,7 +381,9 @@ figures.gantt_figure(eng.step_records, eng.requests, title="priority with preemp
 # %% [markdown]
 # Ordering the queue by class changes nothing here: nobody of either class is waiting when the slots
 # free up except the high-priority requests, and the slots do not free up for three seconds. The
-# high-priority requests wait behind the low class that got there first: priority inversion. Preemption
+# high-priority requests wait behind the low class that got there first: head-of-line blocking across
+# classes (not *priority inversion*, which names a low-priority task holding a lock a high-priority one
+# needs, cured by priority inheritance). Preemption
 # fixes it: the scheduler asks the policy `preempt_for(request, running)`, which names the lowest-class,
 # most recently admitted running request; its KV is dropped and it goes back to the queue (it will
 # recompute its prefix when it returns, notebook 05). The high class starts at once. The price is paid
@@ -556,7 +559,7 @@ with impl.attempt("ex03.FairPolicy"):
 # 1. A policy orders the waiting queue and, if it preempts, names who gives way; the scheduler asks it every step.
 # 2. FCFS is fair and never starves anyone, but it blocks short requests behind long ones (head-of-line blocking).
 # 3. Shortest-first cuts the mean completion; it needs predicted lengths, and starves long requests unless aging, paid for by the short ones, bounds the wait.
-# 4. Ordering the queue by class does not help while low-priority requests hold the slots: preemption ends priority inversion.
+# 4. Ordering the queue by class does not help while low-priority requests hold the slots: preemption ends head-of-line blocking across classes.
 # 5. MLFQ finds the short requests by watching them (tokens as the time slice), and fair queuing gives each tenant an equal share however much one sends.
 
 # %% [markdown]

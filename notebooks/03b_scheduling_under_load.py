@@ -168,7 +168,10 @@ for n in (1, 5):
 # 5 steps (75 ms, plus the passes; the cell asserts both bounds); the longest wait printed is shorter
 # because none of these 30 arrivals lands at the very worst moment, just after a pass. Where latency
 # matters most the extra wait is acceptable; where throughput matters most the saved overhead is worth
-# more. vLLM nevertheless schedules every step, because paging keeps the pass cheap.
+# more. The pass is not cheap, and paging is not why engines schedule every step: vLLM V0 added multi-step
+# scheduling (`--num-scheduler-steps`) to amortise exactly this overhead, and vLLM V1 schedules every step
+# but hides the pass by overlapping it with the GPU's execution (async scheduling). Schedule-every-N is the
+# historical mechanism; overlap is today's.
 #
 # The yardstick is the step the pass precedes: 1 ms of scheduling before a 10 ms step is 10% of the
 # machine. The same arithmetic on the engine, and minillm's own pass measured on this machine (CPU time,

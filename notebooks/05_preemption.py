@@ -352,7 +352,7 @@ assert s["num_preemptions"] == 0 and s["batch_size_mean"] < wm_runs[0.05][1]["ba
 #
 # ## 5. Priority preemption
 #
-# Preemption is also how priority classes get memory (notebook 03's priority inversion, now for KV
+# Preemption is also how priority classes get memory (notebook 03's head-of-line blocking across classes, now for KV
 # memory instead of a slot): a high-priority request that must run at once. Two low-priority
 # requests grow until they hold 48 of the cache's 50 blocks; at 1.8 s a high-priority request arrives
 # needing 7 blocks for its prompt. Under FCFS it waits for a low one to finish; `Priority` preempts

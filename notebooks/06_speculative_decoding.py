@@ -268,7 +268,7 @@ printouts.speculation_by_k(printed)     # per k: tokens per target step, alpha, 
 # but which costs over a third of the target per forward, gains a little with one or two guesses and
 # loses time from four on: each rejected guess wasted a draft forward. Published pairs have far cheaper
 # drafts: a 4 B-parameter draft for the 70 B Chinchilla (Chen et al., 2023: c ≈ 0.06 by parameters),
-# T5-small (77 M) for T5-XXL (11 B) (Leviathan et al., 2023: c ≈ 0.007), and section 4's 125 M draft for
+# T5-small (77 M) for T5-XXL (11 B) (Leviathan et al., 2023: c ≈ 0.007 as a ratio of parameter counts, not a measured cost), and section 4's 125 M draft for
 # Llama-3-8B (<span title="from the run">c = 0.016</span>, printed there). With so small a c the same α gives a clear gain.
 #
 # ## 4. When speculation makes things slower

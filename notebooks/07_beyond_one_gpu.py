@@ -162,8 +162,8 @@ fig.show()
 # * **1P3D** and **2P2D**: disaggregated;
 # * **chunked**: colocated, prefill chunks of at most 512 tokens share each step with the decodes
 #   (the answer of SARATHI, Agrawal et al., 2023, and Sarathi-Serve, OSDI 2024, to the same interference);
-# * **unchunked**: colocated, a whole prompt per step, prefill first (vLLM before chunked prefill, the
-#   baseline DistServe compared against).
+# * **unchunked**: colocated, a whole prompt per step, prefill first (vLLM before chunked prefill, one of
+#   DistServe's baselines; its other, DeepSpeed-MII, runs Dynamic SplitFuse, a form of chunked prefill).
 #
 # Goodput here is notebook 03b's SLO-meeting throughput (not DistServe's highest rate meeting an attainment
 # target): requests per second meeting TTFT <= 1 s and TPOT <= the SLO, under a loose (100 ms) and a tight
@@ -238,7 +238,7 @@ for key, label in (("good_loose", "TPOT <= 100 ms"), ("good_tight", "TPOT <= 25 
           ", ".join(f"{rate} req/s -> {b} ({rows[b][i][key]:.2f})" for i, (rate, b) in enumerate(zip(RATES, best))))
 
 # %% [markdown]
-# * **Against unchunked colocation** (the baseline DistServe compared with): under the tight 25 ms TPOT
+# * **Against unchunked colocation** (DistServe's vLLM baseline): under the tight 25 ms TPOT
 #   (right panel) a disaggregated deployment serves more within the SLOs at 4, 6 and 8 req/s (at 4 req/s
 #   1P3D's <span title="from the run">2.39</span> req/s against <span title="from the run">0.94</span>);
 #   under the loose 100 ms TPOT (left) unchunked colocation serves as much or more. This is the
@@ -248,15 +248,18 @@ for key, label in (("good_loose", "TPOT <= 100 ms"), ("good_tight", "TPOT <= 25 
 # * **Against chunked colocation**: disaggregation wins one cell of the eight (4 req/s under 25 ms:
 #   <span title="from the run">2.39</span> against <span title="from the run">2.32</span>); chunked
 #   prefill has the best goodput in the others. It recovers most of disaggregation's TPOT isolation on
-#   the same GPUs, and keeps up at rates where a fixed split has run out of one phase.
+#   the same GPUs, and keeps up at rates where a fixed split has run out of one phase. DistServe beat
+#   DeepSpeed-MII's chunked prefill too, with each phase's parallelism searched per workload and an OPT
+#   model up to 175 B; this model fixes both (next list), which is where the two results part.
 
 # %% [markdown]
 # Where this model differs from DistServe:
 #
 # * DistServe searches each phase's parallelism and placement per workload; here every instance is one
 #   A100, and the P:D ratio is all that varies.
-# * The KV transfer is one uncontended copy at link bandwidth, after the prefill ends (DistServe overlaps
-#   it layer by layer and places pairs to use NVLink).
+# * The KV transfer is one uncontended copy at link bandwidth, after the prefill ends (Splitwise, Patel et al., ISCA 2024,
+#   overlaps it layer by layer with the prefill; DistServe sends it after the prefill and places each
+#   pair so the copy runs over NVLink within a node).
 # * The decode pool re-admits each request through the ordinary scheduler, priced as one decode step
 #   over the arrived KV (`cluster.KVArrivedCostModel`).
 # * The roofline has no kernel-level interference beyond time sharing, which favours colocation.

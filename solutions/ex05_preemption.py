@@ -8,8 +8,8 @@ S_prefill (notebook 05, section 2).
 * ``swap_time``, ``recompute_time``, ``swap_or_recompute``: that rule. ``YourCostModel`` (given)
   makes the engine ask *your* rule whenever it preempts with ``preemption_mode="auto"``.
 * ``LeastProgressVictim``: which running request gives up its memory when one needs a block.
-* ``PriorityPreemption``: priority classes that push a lower class out (the fix for
-  priority inversion).
+* ``PriorityPreemption``: priority classes that push a lower class out (the fix for head-of-line
+  blocking across priority classes).
 * ``headroom_blocks``: the free blocks a running batch grows into over the next steps, the
   headroom that keeps admission from forcing a preemption (thrashing, section 4).
 * ``swap_recompute_crossover`` (a judgement question): on a given host link, the shortest victim

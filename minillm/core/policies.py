@@ -25,7 +25,7 @@ The built-in policies are the usual scheduling policies of LLM serving (notebook
 | "fair"     | ``Fair``     | tenant with the least weighted service      | never                        |
 
 "If it must": only when the waiting request cannot be admitted otherwise (no free
-slot under ``max_num_seqs``, or no KV memory): the fix for priority inversion.
+slot under ``max_num_seqs``, or no KV memory): the fix for head-of-line blocking across classes.
 Policies keep per-request state in ``request.policy_state`` (a dict).
 """
 
