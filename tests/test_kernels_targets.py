@@ -8,8 +8,8 @@ size), so a new kernel or a new launch is covered without editing this file.
 
 Two tiers. ``make test`` compiles a representative slice for every target: every kernel (attention
 for decode, split-K and prefill chunks, the KV stores, the block copy) at least once, on the largest
-head dim with 4-byte activations, the launch that presses shared memory hardest (a few minutes on a
-cold cache). ``make gpu-targets`` runs the full sweep (every model, dtype and cache kind below;
+head dim with 4-byte activations on an int8 cache, the launch that presses shared memory hardest
+(a few minutes on a cold cache). ``make gpu-targets`` runs the full sweep (every model, dtype and cache kind below;
 about 10 minutes on 2 cores with an empty Triton cache): run it before a change to ``kernels/``
 lands.
 
@@ -94,16 +94,18 @@ def sweep(capabilities, workers: int = 2, keep=lambda item: True) -> int:
 
 def representative(item) -> bool:
     """The slice ``make test`` compiles: per target, the largest head dim (qwen3-0.6b's 128) with
-    float32 activations and cache (4-byte elements: the largest tiles the launcher must fit), with
-    float16 activations and the int8 cache, and with bfloat16 and the fp8 cache where the target has
-    fp8: every kernel (attention's decode, split-K and prefill launches, both KV stores, the block
-    copy of data and of scales) at least once."""
+    float32 activations on a float32 and on an int8 cache (4-byte activations beside 1-byte keys: the
+    largest tiles the launcher fits, the full sweep's largest shared memory on every target), float16
+    on its own cache, and bfloat16 on the fp8 cache where the target has fp8: every kernel (attention's
+    decode, split-K and prefill launches, both KV stores, the block copy of data and of scales) at
+    least once. ``test_the_slice_holds_the_largest_tile`` checks the claim against the full sweep."""
     import torch
 
     _, model, dtype, kv = item
     return model == "qwen3-0.6b" and (dtype, kv) in {
         (torch.float32, torch.float32),
-        (torch.float16, torch.int8),
+        (torch.float32, torch.int8),
+        (torch.float16, torch.float16),
         (torch.bfloat16, torch.float8_e4m3fn),
     }
 
@@ -135,6 +137,22 @@ def test_every_launch_compiles_and_fits_every_target():
     """The full sweep, in make gpu-targets."""
     pytest.importorskip("triton.backends.nvidia")
     _check_sweep(_run(*map(str, TARGET_CAPS)))
+
+
+@pytest.mark.skipif(not FULL_SWEEP, reason="beside the full compile sweep: make gpu-targets runs it")
+def test_the_slice_holds_the_largest_tile():
+    """The representative slice's largest shared memory per target is the full sweep's (warm: the sweep
+    above compiled both)."""
+    pytest.importorskip("triton.backends.nvidia")
+    full, part = _run(*map(str, TARGET_CAPS)).stdout, _run("--representative", *map(str, TARGET_CAPS)).stdout
+    for cap in TARGET_CAPS:
+        largest = [
+            ln.rsplit("largest shared memory", 1)[1]
+            for ln in (full, part)
+            for ln in ln.splitlines()
+            if ln.startswith(f"sm_{cap}: ")
+        ]
+        assert len(largest) == 2 and largest[0] == largest[1], (cap, largest)
 
 
 def test_an_oversized_tile_is_reported():
