@@ -39,7 +39,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from .common import command_line, finish, goal, pct, pick, set_threads, table
+from .common import command_line, finish, goal, pct, pick, table
 
 NAME = "calibrate"
 
@@ -87,8 +87,9 @@ def run(args) -> dict:
 
     from ..sim import calibration as cal
 
-    chosen = calibration_threads(args)
-    threads = set_threads(argparse.Namespace(threads=chosen or None))
+    if calibration_threads(args):
+        torch.set_num_threads(calibration_threads(args))
+    threads = torch.get_num_threads()
     pinned = "pinned to one core" if getattr(args, "pin", True) else "not pinned"
     print(f"calibrate: {threads} torch thread{'s' if threads != 1 else ''}, {pinned} (torch {torch.__version__})")
     size = args.size
